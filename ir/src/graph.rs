@@ -1,0 +1,564 @@
+//! The graph: nodes on a petgraph `StableDiGraph` (edges run from producer to
+//! consumer and carry the consumer's input slot), and an arena of typed values.
+//!
+//! Every value has exactly one definition — a graph input, an initializer, or
+//! an output slot of a node — recorded in [`ValueDef`]. Node inputs are the
+//! source of truth for data flow; the petgraph edges mirror them and are kept
+//! in sync by the mutation methods here, which is why `Node`'s inputs and
+//! outputs are only reachable through accessors.
+
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::cmp::Reverse;
+use std::fmt;
+
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+
+use crate::{Attr, DType, Op, Tensor, TensorType};
+
+/// Index of a node. Stable across removals of other nodes.
+pub type NodeId = NodeIndex<u32>;
+
+/// Index of a value in the graph's arena.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct ValueId(u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// Where a value comes from.
+#[derive(Clone, PartialEq, Debug)]
+pub enum ValueDef {
+    /// A graph input (not an initializer).
+    Input,
+    /// An initializer: a constant stored with the model (weights, constants).
+    Init(Tensor),
+    /// Output `slot` of a node.
+    Node(NodeId, usize),
+    /// Referenced but never defined (a dangling name in the source).
+    Undefined,
+    /// Its definition was removed; any remaining use is an error.
+    Removed,
+}
+
+/// A value: a name (unique within the graph; the verifier checks), a type,
+/// and its definition.
+#[derive(Clone, PartialEq, Debug)]
+pub struct ValueData {
+    pub name: String,
+    pub ty: TensorType,
+    pub def: ValueDef,
+}
+
+impl ValueData {
+    pub fn init(&self) -> Option<&Tensor> {
+        match &self.def {
+            ValueDef::Init(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// An operator application.
+#[derive(Clone, PartialEq, Debug)]
+pub struct Node {
+    /// The node's name (the ONNX node name; unique names are the importer's job).
+    pub name: String,
+    pub op: Op,
+    /// Attributes by name; a `BTreeMap` so that printing and export are ordered.
+    pub attrs: BTreeMap<String, Attr>,
+    /// The precision the node computes in, when a pass has assigned one.
+    pub precision: Option<DType>,
+    inputs: Vec<Option<ValueId>>,
+    outputs: Vec<ValueId>,
+    /// Insertion sequence number: the tie-break that makes orders deterministic.
+    seq: u64,
+}
+
+impl Node {
+    /// Inputs in slot order; `None` is an omitted optional input.
+    pub fn inputs(&self) -> &[Option<ValueId>] {
+        &self.inputs
+    }
+
+    pub fn input(&self, slot: usize) -> Option<ValueId> {
+        self.inputs.get(slot).copied().flatten()
+    }
+
+    pub fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+
+    pub fn attr(&self, name: &str) -> Option<&Attr> {
+        self.attrs.get(name)
+    }
+
+    pub fn attr_int(&self, name: &str) -> Option<i64> {
+        self.attrs.get(name).and_then(Attr::as_int)
+    }
+
+    pub fn attr_ints(&self, name: &str) -> Option<&[i64]> {
+        self.attrs.get(name).and_then(Attr::as_ints)
+    }
+
+    pub fn attr_float(&self, name: &str) -> Option<f32> {
+        self.attrs.get(name).and_then(Attr::as_float)
+    }
+
+    pub fn attr_str(&self, name: &str) -> Option<&str> {
+        self.attrs.get(name).and_then(Attr::as_str)
+    }
+}
+
+/// Everything needed to add a node; output values are created by
+/// [`Graph::add_node`] with the given names and types.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub name: String,
+    pub op: Op,
+    pub attrs: BTreeMap<String, Attr>,
+    pub inputs: Vec<Option<ValueId>>,
+    pub outputs: Vec<(String, TensorType)>,
+    pub precision: Option<DType>,
+}
+
+impl NodeSpec {
+    pub fn new(name: impl Into<String>, op: Op) -> NodeSpec {
+        NodeSpec { name: name.into(), op, attrs: BTreeMap::new(), inputs: Vec::new(), outputs: Vec::new(), precision: None }
+    }
+
+    pub fn input(mut self, v: ValueId) -> Self {
+        self.inputs.push(Some(v));
+        self
+    }
+
+    pub fn output(mut self, name: impl Into<String>, ty: TensorType) -> Self {
+        self.outputs.push((name.into(), ty));
+        self
+    }
+
+    pub fn attr(mut self, name: &str, a: Attr) -> Self {
+        self.attrs.insert(name.to_string(), a);
+        self
+    }
+}
+
+/// A dataflow graph.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub name: String,
+    dag: StableDiGraph<Node, u32>,
+    values: Vec<ValueData>,
+    names: HashMap<String, ValueId>,
+    inputs: Vec<ValueId>,
+    inits: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    next_seq: u64,
+}
+
+impl Graph {
+    pub fn new(name: impl Into<String>) -> Graph {
+        Graph { name: name.into(), ..Graph::default() }
+    }
+
+    // ---- values -------------------------------------------------------------
+
+    fn push_value(&mut self, name: String, ty: TensorType, def: ValueDef) -> ValueId {
+        let id = ValueId(u32::try_from(self.values.len()).unwrap_or(u32::MAX));
+        self.names.entry(name.clone()).or_insert(id);
+        self.values.push(ValueData { name, ty, def });
+        id
+    }
+
+    /// Add a graph input.
+    pub fn add_input(&mut self, name: impl Into<String>, ty: TensorType) -> ValueId {
+        let id = self.push_value(name.into(), ty, ValueDef::Input);
+        self.inputs.push(id);
+        id
+    }
+
+    /// Add an initializer; its type is the tensor's.
+    pub fn add_init(&mut self, name: impl Into<String>, t: Tensor) -> ValueId {
+        let ty = TensorType::new(t.dtype, t.dims.iter().map(|&d| d.into()).collect());
+        let id = self.push_value(name.into(), ty, ValueDef::Init(t));
+        self.inits.push(id);
+        id
+    }
+
+    /// Mark an existing value (normally an initializer) as a graph input too,
+    /// as older ONNX models do to give inputs default values.
+    pub fn push_input(&mut self, v: ValueId) {
+        self.inputs.push(v);
+    }
+
+    /// A value named `name` that is used but has no definition yet; a later
+    /// definition under the same name does not replace it (the verifier
+    /// reports both). The parser and importers use this for forward references.
+    pub fn add_undefined(&mut self, name: impl Into<String>) -> ValueId {
+        self.push_value(name.into(), TensorType::unknown(), ValueDef::Undefined)
+    }
+
+    /// Give an undefined value its definition as output `slot` of `node`.
+    fn define(&mut self, v: ValueId, def: ValueDef) {
+        self.values[v.index()].def = def;
+    }
+
+    pub fn value(&self, v: ValueId) -> &ValueData {
+        &self.values[v.index()]
+    }
+
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.values[v.index()].ty
+    }
+
+    pub fn set_ty(&mut self, v: ValueId, ty: TensorType) {
+        self.values[v.index()].ty = ty;
+    }
+
+    pub fn value_name(&self, v: ValueId) -> &str {
+        &self.values[v.index()].name
+    }
+
+    /// The value first defined (or referenced) under `name`.
+    pub fn value_by_name(&self, name: &str) -> Option<ValueId> {
+        self.names.get(name).copied()
+    }
+
+    /// Replace an initializer's tensor (its type follows the tensor).
+    pub fn set_init(&mut self, v: ValueId, t: Tensor) {
+        let ty = TensorType::new(t.dtype, t.dims.iter().map(|&d| d.into()).collect());
+        let data = &mut self.values[v.index()];
+        data.ty = ty;
+        data.def = ValueDef::Init(t);
+    }
+
+    pub fn rename_value(&mut self, v: ValueId, name: impl Into<String>) {
+        let name = name.into();
+        let old = std::mem::replace(&mut self.values[v.index()].name, name.clone());
+        if self.names.get(&old) == Some(&v) {
+            self.names.remove(&old);
+        }
+        self.names.entry(name).or_insert(v);
+    }
+
+    /// A name not used by any value: `base`, else `base.1`, `base.2`, …
+    pub fn fresh_value_name(&self, base: &str) -> String {
+        if !self.names.contains_key(base) {
+            return base.to_string();
+        }
+        (1..).map(|i| format!("{base}.{i}")).find(|n| !self.names.contains_key(n)).unwrap_or_default()
+    }
+
+    /// Number of value slots, live or not (an upper bound for dense maps).
+    pub fn value_capacity(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Every value that is still defined (inputs, initializers, node outputs).
+    pub fn live_values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        (0..self.values.len())
+            .map(|i| ValueId(i as u32))
+            .filter(|v| matches!(self.values[v.index()].def, ValueDef::Input | ValueDef::Init(_) | ValueDef::Node(..)))
+    }
+
+    /// Every value in the arena, including undefined and removed ones.
+    pub fn all_values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        (0..self.values.len()).map(|i| ValueId(i as u32))
+    }
+
+    pub fn inputs(&self) -> &[ValueId] {
+        &self.inputs
+    }
+
+    pub fn inits(&self) -> &[ValueId] {
+        &self.inits
+    }
+
+    pub fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+
+    pub fn set_outputs(&mut self, outs: Vec<ValueId>) {
+        self.outputs = outs;
+    }
+
+    /// Remove an initializer (or input) that nothing uses any more.
+    pub fn remove_source(&mut self, v: ValueId) {
+        self.inits.retain(|&x| x != v);
+        self.inputs.retain(|&x| x != v);
+        self.values[v.index()].def = ValueDef::Removed;
+        let name = self.values[v.index()].name.clone();
+        if self.names.get(&name) == Some(&v) {
+            self.names.remove(&name);
+        }
+    }
+
+    /// The node producing `v`, if a node does.
+    pub fn producer(&self, v: ValueId) -> Option<(NodeId, usize)> {
+        match self.values[v.index()].def {
+            ValueDef::Node(n, slot) => Some((n, slot)),
+            _ => None,
+        }
+    }
+
+    // ---- nodes --------------------------------------------------------------
+
+    /// Add a node, creating its output values. Inputs may be any value,
+    /// defined or not.
+    pub fn add_node(&mut self, spec: NodeSpec) -> NodeId {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let node = Node {
+            name: spec.name,
+            op: spec.op,
+            attrs: spec.attrs,
+            precision: spec.precision,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            seq,
+        };
+        let id = self.dag.add_node(node);
+        let mut outs = Vec::with_capacity(spec.outputs.len());
+        for (slot, (name, ty)) in spec.outputs.into_iter().enumerate() {
+            outs.push(self.push_value(name, ty, ValueDef::Node(id, slot)));
+        }
+        self.dag[id].outputs = outs;
+        for v in spec.inputs {
+            self.push_node_input(id, v);
+        }
+        id
+    }
+
+    /// Add a node whose outputs are existing undefined values (forward
+    /// references resolved by the parser / importers).
+    pub fn add_node_defining(&mut self, spec: NodeSpec, outputs: Vec<ValueId>) -> NodeId {
+        let mut spec = spec;
+        let types: Vec<TensorType> = spec.outputs.drain(..).map(|(_, t)| t).collect();
+        let id = self.add_node(spec);
+        for (slot, v) in outputs.iter().enumerate() {
+            self.define(*v, ValueDef::Node(id, slot));
+            if let Some(t) = types.get(slot) {
+                self.values[v.index()].ty = t.clone();
+            }
+        }
+        self.dag[id].outputs = outputs;
+        id
+    }
+
+    fn push_node_input(&mut self, n: NodeId, v: Option<ValueId>) {
+        let slot = self.dag[n].inputs.len();
+        self.dag[n].inputs.push(v);
+        self.link(n, slot, v);
+    }
+
+    fn link(&mut self, n: NodeId, slot: usize, v: Option<ValueId>) {
+        if let Some((p, _)) = v.and_then(|v| self.producer(v)) {
+            self.dag.add_edge(p, n, slot as u32);
+        }
+    }
+
+    fn unlink(&mut self, n: NodeId, slot: usize) {
+        let edge = self.dag.edges_directed(n, Direction::Incoming).find(|e| *e.weight() as usize == slot).map(|e| e.id());
+        if let Some(e) = edge {
+            self.dag.remove_edge(e);
+        }
+    }
+
+    /// Re-wire input `slot` of `n` to `v`.
+    pub fn set_input(&mut self, n: NodeId, slot: usize, v: Option<ValueId>) {
+        self.unlink(n, slot);
+        let inputs = &mut self.dag[n].inputs;
+        if slot >= inputs.len() {
+            inputs.resize(slot + 1, None);
+        }
+        inputs[slot] = v;
+        self.link(n, slot, v);
+    }
+
+    /// Drop trailing omitted inputs or append new ones.
+    pub fn push_input_to(&mut self, n: NodeId, v: Option<ValueId>) {
+        self.push_node_input(n, v);
+    }
+
+    /// Make every use of `old` (node inputs and graph outputs) use `new`.
+    pub fn replace_all_uses(&mut self, old: ValueId, new: ValueId) {
+        for (n, slot) in self.users(old) {
+            self.set_input(n, slot, Some(new));
+        }
+        for o in &mut self.outputs {
+            if *o == old {
+                *o = new;
+            }
+        }
+    }
+
+    /// Remove a node; its outputs become `Removed`.
+    pub fn remove_node(&mut self, n: NodeId) -> Option<Node> {
+        let node = self.dag.remove_node(n)?;
+        for &v in &node.outputs {
+            self.values[v.index()].def = ValueDef::Removed;
+            let name = self.values[v.index()].name.clone();
+            if self.names.get(&name) == Some(&v) {
+                self.names.remove(&name);
+            }
+        }
+        Some(node)
+    }
+
+    pub fn node(&self, n: NodeId) -> &Node {
+        &self.dag[n]
+    }
+
+    /// Mutable access to a node's name, op, attributes and precision (its
+    /// inputs and outputs change only through the graph's methods).
+    pub fn node_mut(&mut self, n: NodeId) -> &mut Node {
+        &mut self.dag[n]
+    }
+
+    pub fn contains_node(&self, n: NodeId) -> bool {
+        self.dag.contains_node(n)
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.dag.node_count()
+    }
+
+    /// Node ids in insertion order (not necessarily topological).
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        let mut ids: Vec<NodeId> = self.dag.node_indices().collect();
+        ids.sort_by_key(|&n| self.dag[n].seq);
+        ids
+    }
+
+    /// The underlying petgraph graph (edges producer → consumer, weight = input slot).
+    pub fn dag(&self) -> &StableDiGraph<Node, u32> {
+        &self.dag
+    }
+
+    /// Consumers of `v` as `(node, input slot)`, in node insertion order.
+    pub fn users(&self, v: ValueId) -> Vec<(NodeId, usize)> {
+        let mut out: Vec<(NodeId, usize)> = match self.producer(v) {
+            Some((p, _)) => self
+                .dag
+                .edges_directed(p, Direction::Outgoing)
+                .filter(|e| self.dag[e.target()].inputs.get(*e.weight() as usize) == Some(&Some(v)))
+                .map(|e| (e.target(), *e.weight() as usize))
+                .collect(),
+            None => self
+                .dag
+                .node_indices()
+                .flat_map(|n| {
+                    self.dag[n].inputs.iter().enumerate().filter(|(_, i)| **i == Some(v)).map(move |(s, _)| (n, s))
+                })
+                .collect(),
+        };
+        out.sort_by_key(|&(n, s)| (self.dag[n].seq, s));
+        out.dedup();
+        out
+    }
+
+    /// Use counts of every value (node inputs plus graph outputs), indexed by `ValueId::index`.
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut counts = vec![0usize; self.values.len()];
+        for n in self.dag.node_indices() {
+            for v in self.dag[n].inputs.iter().flatten() {
+                counts[v.index()] += 1;
+            }
+        }
+        for v in &self.outputs {
+            counts[v.index()] += 1;
+        }
+        counts
+    }
+
+    /// A topological order of the nodes, deterministic: among ready nodes the
+    /// one inserted first goes first. `Err` holds the nodes left on cycles
+    /// (or downstream of one), in insertion order.
+    pub fn topo_order(&self) -> Result<Vec<NodeId>, Vec<NodeId>> {
+        let mut indeg: HashMap<NodeId, usize> = HashMap::with_capacity(self.dag.node_count());
+        let mut ready = BinaryHeap::new();
+        for n in self.dag.node_indices() {
+            let d = self.dag.edges_directed(n, Direction::Incoming).count();
+            indeg.insert(n, d);
+            if d == 0 {
+                ready.push(Reverse((self.dag[n].seq, n.index())));
+            }
+        }
+        let mut order = Vec::with_capacity(self.dag.node_count());
+        while let Some(Reverse((_, idx))) = ready.pop() {
+            let n = NodeIndex::new(idx);
+            order.push(n);
+            for e in self.dag.edges_directed(n, Direction::Outgoing) {
+                let t = e.target();
+                if let Some(d) = indeg.get_mut(&t) {
+                    *d -= 1;
+                    if *d == 0 {
+                        ready.push(Reverse((self.dag[t].seq, t.index())));
+                    }
+                }
+            }
+        }
+        if order.len() == self.dag.node_count() {
+            Ok(order)
+        } else {
+            let mut rest: Vec<NodeId> = indeg.into_iter().filter(|&(_, d)| d > 0).map(|(n, _)| n).collect();
+            rest.sort_by_key(|&n| self.dag[n].seq);
+            Err(rest)
+        }
+    }
+
+    /// Nodes in topological order, or insertion order when there is a cycle
+    /// (the verifier reports cycles; printing must still work).
+    pub fn schedule(&self) -> Vec<NodeId> {
+        self.topo_order().unwrap_or_else(|_| self.node_ids())
+    }
+
+    /// Renumber sequence numbers to the current schedule, so that later
+    /// insertions land after everything that exists now.
+    pub fn compact_order(&mut self) {
+        for (i, n) in self.schedule().into_iter().enumerate() {
+            self.dag[n].seq = i as u64;
+        }
+        self.next_seq = self.dag.node_count() as u64;
+    }
+}
+
+/// A model: a graph plus the ONNX model-level fields that must survive export.
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    pub graph: Graph,
+    pub ir_version: i64,
+    /// Opset imports as `(domain, version)`; the default domain is `""`.
+    pub opsets: Vec<(String, i64)>,
+    pub producer_name: String,
+    pub producer_version: String,
+    pub domain: String,
+    pub model_version: i64,
+    pub doc_string: String,
+    pub metadata: Vec<(String, String)>,
+    /// Model-local functions, kept opaque as encoded `FunctionProto`s.
+    pub functions: Vec<Vec<u8>>,
+    /// Directory that external-data locations are relative to (not printed).
+    pub base_dir: Option<std::path::PathBuf>,
+}
+
+impl Model {
+    pub fn new(graph: Graph) -> Model {
+        Model { graph, ir_version: 8, opsets: vec![(String::new(), 17)], ..Model::default() }
+    }
+
+    /// The default-domain opset version.
+    pub fn opset(&self) -> i64 {
+        self.opsets.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx").map_or(0, |(_, v)| *v)
+    }
+}

@@ -1,0 +1,316 @@
+//! Operators. Known ONNX operators are variants of [`Op`] (their attributes
+//! live on the node, see [`crate::Node::attrs`]); anything else is
+//! [`Op::Opaque`], which keeps its domain and type so it survives export.
+
+use std::fmt;
+
+/// What an operator is for, used for statistics (FLOPs per class) and by
+/// precision policies as a first coarse grouping.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum OpClass {
+    Conv,
+    MatMul,
+    Norm,
+    Softmax,
+    Pool,
+    Reduce,
+    Binary,
+    Unary,
+    Activation,
+    Movement,
+    Shape,
+    Cast,
+    Random,
+    Recurrent,
+    Control,
+    Loss,
+    Other,
+    Opaque,
+}
+
+impl OpClass {
+    pub fn name(self) -> &'static str {
+        match self {
+            OpClass::Conv => "conv",
+            OpClass::MatMul => "matmul",
+            OpClass::Norm => "norm",
+            OpClass::Softmax => "softmax",
+            OpClass::Pool => "pool",
+            OpClass::Reduce => "reduce",
+            OpClass::Binary => "binary",
+            OpClass::Unary => "unary",
+            OpClass::Activation => "activation",
+            OpClass::Movement => "movement",
+            OpClass::Shape => "shape",
+            OpClass::Cast => "cast",
+            OpClass::Random => "random",
+            OpClass::Recurrent => "recurrent",
+            OpClass::Control => "control",
+            OpClass::Loss => "loss",
+            OpClass::Other => "other",
+            OpClass::Opaque => "opaque",
+        }
+    }
+}
+
+macro_rules! define_ops {
+    ($($name:ident => $class:ident,)*) => {
+        /// An operator. Variant names are the ONNX op types of the default domain.
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+        pub enum Op {
+            $($name,)*
+            /// An operator the IR does not know: kept by domain and type.
+            Opaque { domain: String, op_type: String },
+        }
+
+        impl Op {
+            /// Every known operator (not `Opaque`).
+            pub const KNOWN: &'static [Op] = &[$(Op::$name,)*];
+
+            /// The ONNX op type.
+            pub fn op_type(&self) -> &str {
+                match self {
+                    $(Op::$name => stringify!($name),)*
+                    Op::Opaque { op_type, .. } => op_type,
+                }
+            }
+
+            pub fn class(&self) -> OpClass {
+                match self {
+                    $(Op::$name => OpClass::$class,)*
+                    Op::Opaque { .. } => OpClass::Opaque,
+                }
+            }
+
+            fn known_from_type(s: &str) -> Option<Op> {
+                match s {
+                    $(stringify!($name) => Some(Op::$name),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+define_ops! {
+    Conv => Conv,
+    ConvTranspose => Conv,
+    ConvInteger => Conv,
+    QLinearConv => Conv,
+    DeformConv => Conv,
+    Gemm => MatMul,
+    MatMul => MatMul,
+    MatMulInteger => MatMul,
+    QLinearMatMul => MatMul,
+    Einsum => MatMul,
+    BatchNormalization => Norm,
+    LayerNormalization => Norm,
+    InstanceNormalization => Norm,
+    GroupNormalization => Norm,
+    RMSNormalization => Norm,
+    LpNormalization => Norm,
+    MeanVarianceNormalization => Norm,
+    LRN => Norm,
+    Softmax => Softmax,
+    LogSoftmax => Softmax,
+    Hardmax => Softmax,
+    MaxPool => Pool,
+    AveragePool => Pool,
+    GlobalAveragePool => Pool,
+    GlobalMaxPool => Pool,
+    LpPool => Pool,
+    GlobalLpPool => Pool,
+    MaxRoiPool => Pool,
+    RoiAlign => Pool,
+    MaxUnpool => Pool,
+    ReduceSum => Reduce,
+    ReduceMean => Reduce,
+    ReduceMax => Reduce,
+    ReduceMin => Reduce,
+    ReduceProd => Reduce,
+    ReduceL1 => Reduce,
+    ReduceL2 => Reduce,
+    ReduceLogSum => Reduce,
+    ReduceLogSumExp => Reduce,
+    ReduceSumSquare => Reduce,
+    ArgMax => Reduce,
+    ArgMin => Reduce,
+    TopK => Reduce,
+    CumSum => Reduce,
+    Add => Binary,
+    Sub => Binary,
+    Mul => Binary,
+    Div => Binary,
+    Pow => Binary,
+    Mod => Binary,
+    Max => Binary,
+    Min => Binary,
+    Mean => Binary,
+    Sum => Binary,
+    PRelu => Binary,
+    BitShift => Binary,
+    And => Binary,
+    Or => Binary,
+    Xor => Binary,
+    Equal => Binary,
+    Less => Binary,
+    LessOrEqual => Binary,
+    Greater => Binary,
+    GreaterOrEqual => Binary,
+    BitwiseAnd => Binary,
+    BitwiseOr => Binary,
+    BitwiseXor => Binary,
+    Abs => Unary,
+    Neg => Unary,
+    Exp => Unary,
+    Log => Unary,
+    Sqrt => Unary,
+    Reciprocal => Unary,
+    Floor => Unary,
+    Ceil => Unary,
+    Round => Unary,
+    Sign => Unary,
+    Sin => Unary,
+    Cos => Unary,
+    Tan => Unary,
+    Asin => Unary,
+    Acos => Unary,
+    Atan => Unary,
+    Sinh => Unary,
+    Cosh => Unary,
+    Asinh => Unary,
+    Acosh => Unary,
+    Atanh => Unary,
+    Erf => Unary,
+    Not => Unary,
+    IsNaN => Unary,
+    IsInf => Unary,
+    BitwiseNot => Unary,
+    Relu => Activation,
+    LeakyRelu => Activation,
+    Elu => Activation,
+    Selu => Activation,
+    Celu => Activation,
+    Sigmoid => Activation,
+    HardSigmoid => Activation,
+    HardSwish => Activation,
+    Tanh => Activation,
+    Softplus => Activation,
+    Softsign => Activation,
+    Gelu => Activation,
+    Mish => Activation,
+    ThresholdedRelu => Activation,
+    Clip => Activation,
+    Shrink => Activation,
+    Reshape => Movement,
+    Transpose => Movement,
+    Concat => Movement,
+    Split => Movement,
+    Slice => Movement,
+    Gather => Movement,
+    GatherElements => Movement,
+    GatherND => Movement,
+    ScatterElements => Movement,
+    ScatterND => Movement,
+    Scatter => Movement,
+    Squeeze => Movement,
+    Unsqueeze => Movement,
+    Expand => Movement,
+    Flatten => Movement,
+    Pad => Movement,
+    Tile => Movement,
+    DepthToSpace => Movement,
+    SpaceToDepth => Movement,
+    Resize => Movement,
+    Upsample => Movement,
+    Identity => Movement,
+    Trilu => Movement,
+    ReverseSequence => Movement,
+    Compress => Movement,
+    NonZero => Movement,
+    OneHot => Movement,
+    Where => Movement,
+    Shape => Shape,
+    Size => Shape,
+    Constant => Shape,
+    ConstantOfShape => Shape,
+    Range => Shape,
+    EyeLike => Shape,
+    Cast => Cast,
+    CastLike => Cast,
+    QuantizeLinear => Cast,
+    DequantizeLinear => Cast,
+    DynamicQuantizeLinear => Cast,
+    Dropout => Random,
+    RandomNormal => Random,
+    RandomUniform => Random,
+    RandomNormalLike => Random,
+    RandomUniformLike => Random,
+    Bernoulli => Random,
+    Multinomial => Random,
+    LSTM => Recurrent,
+    GRU => Recurrent,
+    RNN => Recurrent,
+    Attention => Recurrent,
+    If => Control,
+    Loop => Control,
+    Scan => Control,
+    SoftmaxCrossEntropyLoss => Loss,
+    NegativeLogLikelihoodLoss => Loss,
+    NonMaxSuppression => Other,
+    Unique => Other,
+    DFT => Other,
+    STFT => Other,
+    GridSample => Other,
+    Col2Im => Other,
+    ImageDecoder => Other,
+}
+
+impl Op {
+    /// The op for an ONNX `(domain, op_type)`; the default domain is `""`
+    /// or `"ai.onnx"`. Unknown pairs become [`Op::Opaque`].
+    pub fn from_onnx(domain: &str, op_type: &str) -> Op {
+        if domain.is_empty() || domain == "ai.onnx" {
+            if let Some(op) = Op::known_from_type(op_type) {
+                return op;
+            }
+        }
+        Op::Opaque { domain: domain.to_string(), op_type: op_type.to_string() }
+    }
+
+    /// The ONNX domain (`""` for the default domain).
+    pub fn domain(&self) -> &str {
+        match self {
+            Op::Opaque { domain, .. } => domain,
+            _ => "",
+        }
+    }
+
+    pub fn is_opaque(&self) -> bool {
+        matches!(self, Op::Opaque { .. })
+    }
+}
+
+/// Text syntax: `Conv` for known ops, `!domain::Type` for opaque ones.
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Opaque { domain, op_type } => write!(f, "!{domain}::{op_type}"),
+            _ => f.write_str(self.op_type()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_ops_round_trip_by_name() {
+        for op in Op::KNOWN {
+            assert_eq!(&Op::from_onnx("", op.op_type()), op);
+        }
+        assert!(Op::from_onnx("com.microsoft", "FusedMatMul").is_opaque());
+        assert!(Op::from_onnx("", "NoSuchOp").is_opaque());
+    }
+}

@@ -1,0 +1,156 @@
+//! Constant tensors: initializers, `Constant` payloads and tensor attributes.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::DType;
+
+/// Where a tensor's bytes are.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum TensorData {
+    /// Little-endian bytes in ONNX raw layout (4-bit types two a byte, bool
+    /// one a byte). `Str` tensors hold each string as a u32 little-endian
+    /// length followed by its bytes.
+    Inline(Arc<[u8]>),
+    /// Bytes in a separate file, resolved against the model's base directory.
+    /// The file may be missing: then the values are absent but the dims are
+    /// known, which is never an error.
+    External { location: String, offset: u64, length: Option<u64> },
+    /// Dims and dtype known, values not (e.g. an elided dump).
+    Absent,
+}
+
+/// A constant tensor.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Tensor {
+    pub dtype: DType,
+    pub dims: Vec<i64>,
+    pub data: TensorData,
+}
+
+impl Tensor {
+    pub fn numel(&self) -> u64 {
+        self.dims.iter().map(|&d| d.max(0) as u64).product()
+    }
+
+    /// Bytes the values take in raw layout.
+    pub fn byte_len(&self) -> u64 {
+        self.dtype.storage_bytes(self.numel())
+    }
+
+    pub fn from_i64(dims: Vec<i64>, vals: &[i64]) -> Tensor {
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor { dtype: DType::I64, dims, data: TensorData::Inline(bytes.into()) }
+    }
+
+    pub fn from_f32(dims: Vec<i64>, vals: &[f32]) -> Tensor {
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor { dtype: DType::F32, dims, data: TensorData::Inline(bytes.into()) }
+    }
+
+    /// The inline bytes, if the values are held in memory.
+    pub fn inline_bytes(&self) -> Option<&[u8]> {
+        match &self.data {
+            TensorData::Inline(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The bytes, reading external data relative to `base_dir`. `Ok(None)`
+    /// when the values are absent (including a missing external file).
+    pub fn load(&self, base_dir: Option<&Path>) -> std::io::Result<Option<Arc<[u8]>>> {
+        match &self.data {
+            TensorData::Inline(b) => Ok(Some(b.clone())),
+            TensorData::Absent => Ok(None),
+            TensorData::External { location, offset, length } => {
+                let path = match base_dir {
+                    Some(d) => d.join(location),
+                    None => Path::new(location).to_path_buf(),
+                };
+                let Ok(file) = std::fs::File::open(&path) else { return Ok(None) };
+                use std::io::{Read, Seek, SeekFrom};
+                let mut file = file;
+                file.seek(SeekFrom::Start(*offset))?;
+                let len = length.unwrap_or(self.byte_len());
+                let mut buf = vec![0u8; len as usize];
+                file.read_exact(&mut buf)?;
+                Ok(Some(buf.into()))
+            }
+        }
+    }
+
+    /// Integer values widened to i64, when inline and of an integer or bool type.
+    pub fn as_i64s(&self) -> Option<Vec<i64>> {
+        let b = self.inline_bytes()?;
+        let n = self.numel() as usize;
+        let v: Vec<i64> = match self.dtype {
+            DType::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
+            DType::U64 => b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as i64).collect(),
+            DType::I32 => b.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
+            DType::U32 => b.chunks_exact(4).map(|c| i64::from(u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
+            DType::I16 => b.chunks_exact(2).map(|c| i64::from(i16::from_le_bytes(c.try_into().unwrap_or([0; 2])))).collect(),
+            DType::U16 => b.chunks_exact(2).map(|c| i64::from(u16::from_le_bytes(c.try_into().unwrap_or([0; 2])))).collect(),
+            DType::I8 => b.iter().map(|&x| i64::from(x as i8)).collect(),
+            DType::U8 | DType::Bool => b.iter().map(|&x| i64::from(x)).collect(),
+            _ => return None,
+        };
+        (v.len() == n).then_some(v)
+    }
+
+    /// Float values widened to f64, when inline and of a float type.
+    pub fn as_f64s(&self) -> Option<Vec<f64>> {
+        let b = self.inline_bytes()?;
+        let n = self.numel() as usize;
+        let v: Vec<f64> = match self.dtype {
+            DType::F64 => b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
+            DType::F32 => b.chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
+            DType::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+            DType::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+            _ => return self.as_i64s().map(|v| v.into_iter().map(|x| x as f64).collect()),
+        };
+        (v.len() == n).then_some(v)
+    }
+
+    /// Build a tensor of `dtype` from f64 values (rounding as a cast would).
+    pub fn from_f64s(dtype: DType, dims: Vec<i64>, vals: &[f64]) -> Option<Tensor> {
+        let mut bytes = Vec::with_capacity(vals.len() * 8);
+        for &v in vals {
+            match dtype {
+                DType::F64 => bytes.extend(v.to_le_bytes()),
+                DType::F32 => bytes.extend((v as f32).to_le_bytes()),
+                DType::F16 => bytes.extend(half::f16::from_f64(v).to_le_bytes()),
+                DType::BF16 => bytes.extend(half::bf16::from_f64(v).to_le_bytes()),
+                DType::I64 => bytes.extend((v as i64).to_le_bytes()),
+                DType::U64 => bytes.extend((v as u64).to_le_bytes()),
+                DType::I32 => bytes.extend((v as i32).to_le_bytes()),
+                DType::U32 => bytes.extend((v as u32).to_le_bytes()),
+                DType::I16 => bytes.extend((v as i16).to_le_bytes()),
+                DType::U16 => bytes.extend((v as u16).to_le_bytes()),
+                DType::I8 => bytes.push(v as i8 as u8),
+                DType::U8 => bytes.push(v as u8),
+                DType::Bool => bytes.push(u8::from(v != 0.0)),
+                _ => return None,
+            }
+        }
+        Some(Tensor { dtype, dims, data: TensorData::Inline(bytes.into()) })
+    }
+
+    /// Build from i64 values into an integer/bool dtype (wrapping as a cast would).
+    pub fn from_i64s(dtype: DType, dims: Vec<i64>, vals: &[i64]) -> Option<Tensor> {
+        if dtype.is_float() {
+            return Tensor::from_f64s(dtype, dims, &vals.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        }
+        let mut bytes = Vec::with_capacity(vals.len() * 8);
+        for &v in vals {
+            match dtype {
+                DType::I64 | DType::U64 => bytes.extend(v.to_le_bytes()),
+                DType::I32 | DType::U32 => bytes.extend((v as i32).to_le_bytes()),
+                DType::I16 | DType::U16 => bytes.extend((v as i16).to_le_bytes()),
+                DType::I8 | DType::U8 => bytes.push(v as u8),
+                DType::Bool => bytes.push(u8::from(v != 0)),
+                _ => return None,
+            }
+        }
+        Some(Tensor { dtype, dims, data: TensorData::Inline(bytes.into()) })
+    }
+}

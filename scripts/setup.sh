@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what qsync needs beyond the Rust toolchain: LLVM 22 / MLIR 22 (Debian
+# packages, for codegen) and the Python packages used by the ONNX interop tests.
+# Idempotent: a machine that already has everything spends well under a second here.
+set -euo pipefail
+
+apt_pkgs=(llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev libzstd-dev)
+py_pkgs=(onnx==1.20.1 onnxruntime==1.23.2 numpy==2.3.5)
+
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import onnx, onnxruntime, numpy' 2>/dev/null; then
+  echo "setup: installing ${py_pkgs[*]}" >&2
+  "$PY" -m pip install -q --disable-pip-version-check "${py_pkgs[@]}"
+fi
