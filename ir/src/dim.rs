@@ -486,7 +486,7 @@ mod tests {
 
     #[test]
     fn canonical_printing_round_trips() {
-        for s in ["batch", "batch*seq", "seq/2", "2*seq+1", "(seq+1)/2", "seq-1", "-seq", "768*batch*seq", "0", "\"odd dim\"*batch"] {
+        for s in ["batch", "batch*seq", "seq/2", "2*seq+1", "(seq+1)/2", "seq-1", "-seq", "768*batch*seq", "0", "batch*\"odd dim\""] {
             assert_eq!(d(s).to_string(), s, "printing {s}");
         }
     }
