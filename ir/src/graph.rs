@@ -164,6 +164,8 @@ pub struct Graph {
     inits: Vec<ValueId>,
     outputs: Vec<ValueId>,
     next_seq: u64,
+    /// Undefined values already used as inputs (their edges come at definition).
+    forward_used: std::collections::HashSet<ValueId>,
 }
 
 impl Graph {
@@ -351,7 +353,28 @@ impl Graph {
                 self.values[v.index()].ty = t.clone();
             }
         }
-        self.dag[id].outputs = outputs;
+        self.dag[id].outputs = outputs.clone();
+        // Uses recorded before the definition existed have no edge yet.
+        if !outputs.iter().any(|v| self.forward_used.remove(v)) {
+            return id;
+        }
+        let earlier: Vec<(NodeId, usize)> = self
+            .dag
+            .node_indices()
+            .flat_map(|n| {
+                self.dag[n]
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, i)| i.is_some_and(|v| outputs.contains(&v)))
+                    .map(move |(s, _)| (n, s))
+            })
+            .collect();
+        for (n, slot) in earlier {
+            self.unlink(n, slot);
+            let v = self.dag[n].inputs[slot];
+            self.link(n, slot, v);
+        }
         id
     }
 
@@ -362,6 +385,11 @@ impl Graph {
     }
 
     fn link(&mut self, n: NodeId, slot: usize, v: Option<ValueId>) {
+        if let Some(v) = v {
+            if matches!(self.values[v.index()].def, ValueDef::Undefined) {
+                self.forward_used.insert(v);
+            }
+        }
         if let Some((p, _)) = v.and_then(|v| self.producer(v)) {
             self.dag.add_edge(p, n, slot as u32);
         }
