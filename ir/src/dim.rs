@@ -295,11 +295,16 @@ fn write_sym(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
     }
 }
 
-fn write_atom(f: &mut fmt::Formatter<'_>, a: &Atom) -> fmt::Result {
+fn write_atom(f: &mut fmt::Formatter<'_>, a: &Atom, alone: bool) -> fmt::Result {
     match a {
         Atom::Sym(s) => write_sym(f, s),
         Atom::FloorDiv(p, d) => {
             let single_atom = matches!(p.0.as_slice(), [(m, 1)] if m.0.len() == 1 && matches!(m.0[0], Atom::Sym(_)));
+            // `a*b/2` would read as `(a*b)/2`: inside a product the whole
+            // division is parenthesised.
+            if !alone {
+                f.write_str("(")?;
+            }
             if single_atom {
                 write_poly(f, p)?;
             } else {
@@ -307,7 +312,11 @@ fn write_atom(f: &mut fmt::Formatter<'_>, a: &Atom) -> fmt::Result {
                 write_poly(f, p)?;
                 f.write_str(")")?;
             }
-            write!(f, "/{d}")
+            write!(f, "/{d}")?;
+            if !alone {
+                f.write_str(")")?;
+            }
+            Ok(())
         }
     }
 }
@@ -334,11 +343,12 @@ fn write_poly(f: &mut fmt::Formatter<'_>, p: &Poly) -> fmt::Result {
         if mag != 1 {
             write!(f, "{mag}*")?;
         }
+        let alone = mag == 1 && m.0.len() == 1;
         for (j, a) in m.0.iter().enumerate() {
             if j > 0 {
                 f.write_str("*")?;
             }
-            write_atom(f, a)?;
+            write_atom(f, a, alone)?;
         }
     }
     Ok(())
@@ -486,7 +496,7 @@ mod tests {
 
     #[test]
     fn canonical_printing_round_trips() {
-        for s in ["batch", "batch*seq", "seq/2", "2*seq+1", "(seq+1)/2", "seq-1", "-seq", "768*batch*seq", "0", "batch*\"odd dim\""] {
+        for s in ["batch", "batch*seq", "seq/2", "2*seq+1", "(seq+1)/2", "seq-1", "-seq", "768*batch*seq", "0", "2*(seq/2)", "batch*(seq/2)", "((seq+1)/2)/3", "batch*\"odd dim\""] {
             assert_eq!(d(s).to_string(), s, "printing {s}");
         }
     }

@@ -203,6 +203,20 @@ impl Graph {
         self.inputs.push(v);
     }
 
+    /// Record an existing value (given its tensor by [`Graph::set_init`]) as
+    /// an initializer; used when the definition follows a forward reference.
+    pub fn push_init_existing(&mut self, v: ValueId) {
+        if !self.inits.contains(&v) {
+            self.inits.push(v);
+        }
+    }
+
+    /// Turn an undefined value into a graph input.
+    pub fn define_input(&mut self, v: ValueId) {
+        self.values[v.index()].def = ValueDef::Input;
+        self.inputs.push(v);
+    }
+
     /// A value named `name` that is used but has no definition yet; a later
     /// definition under the same name does not replace it (the verifier
     /// reports both). The parser and importers use this for forward references.

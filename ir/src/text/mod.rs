@@ -90,3 +90,9 @@ pub fn quote_bytes(b: &[u8]) -> String {
     s.push('"');
     s
 }
+
+pub mod parser;
+pub mod printer;
+
+pub use parser::{parse_graph, parse_model, ParseError};
+pub use printer::{print_model, print_model_with, value_ref, PrintOptions};
