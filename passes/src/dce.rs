@@ -1,0 +1,56 @@
+//! `dce`: dead-code elimination.
+//!
+//! Reads: the graph. Removes every node none of whose outputs reaches a graph
+//! output, and initializers nothing uses (initializers that are also graph
+//! inputs stay: they are part of the model's interface). Opaque ops are kept,
+//! since the IR cannot know they are free of side effects. Requires nothing
+//! before it; guarantees that every remaining known-op node is live.
+
+use qsync_ir::{Model, ValueDef};
+
+use crate::manager::{Pass, PassContext, PassError, PassOutcome};
+
+#[derive(Debug, Default)]
+pub struct Dce;
+
+impl Pass for Dce {
+    fn name(&self) -> &'static str {
+        "dce"
+    }
+
+    fn run(&self, model: &mut Model, _cx: &mut PassContext) -> Result<PassOutcome, PassError> {
+        let g = &mut model.graph;
+        let mut uses = g.use_counts();
+        let mut removed_nodes = 0usize;
+        // Reverse topological order: a node's users are visited before it, so
+        // one sweep removes whole dead chains.
+        let mut order = g.schedule();
+        order.reverse();
+        for n in order {
+            let node = g.node(n);
+            if node.op.is_opaque() || node.outputs().iter().any(|o| uses[o.index()] > 0) {
+                continue;
+            }
+            let inputs: Vec<_> = node.inputs().iter().flatten().copied().collect();
+            for v in inputs {
+                uses[v.index()] = uses[v.index()].saturating_sub(1);
+            }
+            g.remove_node(n);
+            removed_nodes += 1;
+        }
+        let dead_inits: Vec<_> = g
+            .inits()
+            .iter()
+            .copied()
+            .filter(|&v| uses[v.index()] == 0 && !g.inputs().contains(&v) && matches!(g.value(v).def, ValueDef::Init(_)))
+            .collect();
+        for &v in &dead_inits {
+            g.remove_source(v);
+        }
+        if removed_nodes == 0 && dead_inits.is_empty() {
+            return Ok(PassOutcome::unchanged());
+        }
+        g.compact_order();
+        Ok(PassOutcome::changed(format!("removed {removed_nodes} nodes, {} initializers", dead_inits.len())))
+    }
+}

@@ -1,0 +1,152 @@
+//! The [`Pass`] trait and the [`PassManager`] that runs pipelines of passes.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use qsync_ir::infer::InferOptions;
+use qsync_ir::verify::{verify, VerifyError};
+use qsync_ir::Model;
+
+/// What a pass reports about one run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassOutcome {
+    pub changed: bool,
+    /// One line saying what changed, e.g. `removed 12 nodes, 3 initializers`.
+    pub summary: String,
+}
+
+impl PassOutcome {
+    pub fn unchanged() -> PassOutcome {
+        PassOutcome { changed: false, summary: "no change".into() }
+    }
+
+    pub fn changed(summary: impl Into<String>) -> PassOutcome {
+        PassOutcome { changed: true, summary: summary.into() }
+    }
+}
+
+/// Shared state passes may read: dimension bindings and diagnostics sink.
+#[derive(Clone, Debug, Default)]
+pub struct PassContext {
+    /// Bindings for symbolic dims, used whenever a pass (re-)infers shapes.
+    pub infer: InferOptions,
+    /// Warnings passes want the user to see, prefixed with the pass name.
+    pub warnings: Vec<String>,
+}
+
+/// A graph transformation.
+pub trait Pass: fmt::Debug {
+    /// The name used in pipelines (`--passes a,b`).
+    fn name(&self) -> &'static str;
+
+    /// Rewrite `model` in place.
+    fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassOutcome, PassError>;
+}
+
+/// Why a pipeline stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("unknown pass `{name}` (available: {available})")]
+    UnknownPass { name: String, available: String },
+    #[error("pass `{pass}` failed at node {node}: {message}")]
+    Failed { pass: String, node: String, message: String },
+    #[error("pass `{pass}` failed: {message}")]
+    FailedGraph { pass: String, message: String },
+    #[error("graph does not verify after pass `{pass}`:\n{}", list(.errors))]
+    Verify { pass: String, errors: Vec<VerifyError> },
+}
+
+fn list(errors: &[VerifyError]) -> String {
+    errors.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n")
+}
+
+/// One pass's line in the report.
+#[derive(Clone, Debug)]
+pub struct PassRun {
+    pub pass: String,
+    pub time: Duration,
+    pub nodes_before: usize,
+    pub nodes_after: usize,
+    pub outcome: PassOutcome,
+}
+
+/// What a pipeline did, pass by pass.
+#[derive(Clone, Debug, Default)]
+pub struct PassReport {
+    pub runs: Vec<PassRun>,
+}
+
+impl fmt::Display for PassReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for r in &self.runs {
+            writeln!(
+                f,
+                "{:<16} {:>9.3} ms  nodes {:>5} -> {:<5} {}",
+                r.pass,
+                r.time.as_secs_f64() * 1e3,
+                r.nodes_before,
+                r.nodes_after,
+                r.outcome.summary
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs passes in order.
+#[derive(Debug)]
+pub struct PassManager {
+    passes: Vec<Box<dyn Pass>>,
+    verify_each: bool,
+}
+
+impl Default for PassManager {
+    fn default() -> Self {
+        PassManager::new()
+    }
+}
+
+impl PassManager {
+    /// An empty pipeline; verification after each pass is on in debug builds.
+    pub fn new() -> PassManager {
+        PassManager { passes: Vec::new(), verify_each: cfg!(debug_assertions) }
+    }
+
+    pub fn add(&mut self, p: Box<dyn Pass>) -> &mut Self {
+        self.passes.push(p);
+        self
+    }
+
+    /// Turn verification after every pass on or off.
+    pub fn verify_each(&mut self, on: bool) -> &mut Self {
+        self.verify_each = on;
+        self
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.passes.iter().map(|p| p.name()).collect()
+    }
+
+    /// Run the pipeline. On failure, the model holds the state after the last
+    /// pass that succeeded or the failing pass's partial work.
+    pub fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassReport, PassError> {
+        let mut report = PassReport::default();
+        for p in &self.passes {
+            let nodes_before = model.graph.node_count();
+            let start = Instant::now();
+            let outcome = p.run(model, cx)?;
+            let time = start.elapsed();
+            if self.verify_each {
+                verify(&model.graph, model.opset()).map_err(|errors| PassError::Verify { pass: p.name().into(), errors })?;
+            }
+            report.runs.push(PassRun {
+                pass: p.name().into(),
+                time,
+                nodes_before,
+                nodes_after: model.graph.node_count(),
+                outcome,
+            });
+        }
+        Ok(report)
+    }
+}
