@@ -1,0 +1,173 @@
+//! Reading models in any accepted format and writing them back out.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use qsync_ir::infer::{infer_shapes, InferOptions};
+use qsync_ir::{Model, Tensor, TensorData, ValueDef};
+
+/// Input formats `qsyncc` accepts.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Format {
+    Onnx,
+    Qir,
+}
+
+/// A model ready for passes: imported, shapes inferred, verified.
+#[derive(Debug)]
+pub struct Loaded {
+    pub model: Model,
+    pub format: Format,
+    /// Nodes in the source file's main graph (every one is imported).
+    pub source_nodes: usize,
+    /// Live values whose dtype or shape could not be inferred.
+    pub unknown_shapes: usize,
+    /// When `--batch` was asked for but the graph fixes its batch.
+    pub fixed_batch: Option<i64>,
+    pub warnings: Vec<String>,
+}
+
+fn detect(path: &Path, head: &[u8]) -> Format {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("qir") => Format::Qir,
+        Some("onnx") => Format::Onnx,
+        _ => {
+            let text = String::from_utf8_lossy(&head[..head.len().min(64)]);
+            let first = text.trim_start().split_whitespace().next().unwrap_or("");
+            if ["ir_version", "opset", "graph", "producer", "#"].iter().any(|k| first.starts_with(k)) {
+                Format::Qir
+            } else {
+                Format::Onnx
+            }
+        }
+    }
+}
+
+/// Read, import, bind dims, infer shapes and verify.
+pub fn load_model(path: &Path, opts: &InferOptions) -> Result<Loaded> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let format = detect(path, &bytes);
+    let label = path.display().to_string();
+    let mut warnings = Vec::new();
+    let mut model = match format {
+        Format::Onnx => {
+            let base = path.parent().map(Path::to_path_buf);
+            let (model, report) = qsync_onnx::import_bytes(&bytes, base.as_deref(), &label)?;
+            warnings.extend(report.warnings);
+            model
+        }
+        Format::Qir => {
+            let text = std::str::from_utf8(&bytes).with_context(|| format!("{label}: text IR is not valid UTF-8"))?;
+            let mut m = qsync_ir::text::parse_model(text).map_err(|e| anyhow::anyhow!("{label}:{e}"))?;
+            m.base_dir = Some(path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf));
+            m
+        }
+    };
+    let source_nodes = model.graph.node_count();
+    let opset = model.opset();
+    let report = infer_shapes(&mut model.graph, opset, opts);
+    if !report.errors.is_empty() {
+        let lines: Vec<String> =
+            report.errors.iter().map(|e| format!("  node {:?} ({}): {}", e.node, e.op, e.message)).collect();
+        bail!("{label}: shape inference failed:\n{}", lines.join("\n"));
+    }
+    for w in &report.warnings {
+        warnings.push(format!("{label}: node {:?} ({}): {}", w.node, w.op, w.message));
+    }
+    if let Some(b) = report.fixed_batch {
+        warnings.push(format!(
+            "{label}: the batch is fixed at {b} inside the graph (constant reshape targets); inputs were not rebatched"
+        ));
+    }
+    if let Err(errors) = qsync_ir::verify::verify(&model.graph, opset) {
+        let lines: Vec<String> = errors.iter().map(|e| format!("  {e}")).collect();
+        bail!("{label}: the model does not verify:\n{}", lines.join("\n"));
+    }
+    Ok(Loaded {
+        model,
+        format,
+        source_nodes,
+        unknown_shapes: report.unknown.len(),
+        fixed_batch: report.fixed_batch,
+        warnings,
+    })
+}
+
+/// Write by extension: `.onnx` or `.qir`.
+pub fn save_model(model: &Model, path: &Path) -> Result<()> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("onnx") => {
+            qsync_onnx::export_file(model, path).with_context(|| format!("writing {}", path.display()))?;
+            Ok(())
+        }
+        Some("qir") => write_qir(model, path),
+        _ => bail!("{}: unknown output format (use .onnx or .qir)", path.display()),
+    }
+}
+
+/// Inline tensors above this size go to the `.qir.bin` sidecar.
+const SIDECAR_MIN_BYTES: usize = 1024;
+
+/// Write text IR; large inline tensors go to `<file>.bin` beside it, as
+/// external data, and external data of the source is copied beside the
+/// output so every reference resolves from there.
+pub fn write_qir(model: &Model, path: &Path) -> Result<()> {
+    let mut m = model.clone();
+    let out_dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let file_name = path.file_name().and_then(|n| n.to_str()).context("output path has no file name")?;
+    let sidecar = format!("{file_name}.bin");
+    let mut blob: Vec<u8> = Vec::new();
+    for v in m.graph.inits().to_vec() {
+        let ValueDef::Init(t) = &m.graph.value(v).def else { continue };
+        if let TensorData::Inline(bytes) = &t.data {
+            if bytes.len() >= SIDECAR_MIN_BYTES {
+                let offset = blob.len() as u64;
+                blob.extend_from_slice(bytes);
+                let nt = Tensor {
+                    dtype: t.dtype,
+                    dims: t.dims.clone(),
+                    data: TensorData::External { location: sidecar.clone(), offset, length: Some(bytes.len() as u64) },
+                };
+                m.graph.set_init(v, nt);
+            }
+        }
+    }
+    copy_external_data(model, out_dir)?;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    if !blob.is_empty() {
+        let p = out_dir.join(&sidecar);
+        std::fs::write(&p, &blob).with_context(|| format!("writing {}", p.display()))?;
+    }
+    std::fs::write(path, qsync_ir::text::print_model(&m)).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Copy each external-data file the model references (and that exists) from
+/// the model's base directory into `out_dir`, keeping its location.
+fn copy_external_data(model: &Model, out_dir: &Path) -> Result<()> {
+    let base = model.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    let mut seen = std::collections::BTreeSet::new();
+    for &v in model.graph.inits() {
+        let ValueDef::Init(Tensor { data: TensorData::External { location, .. }, .. }) = &model.graph.value(v).def else {
+            continue;
+        };
+        if !seen.insert(location.clone()) {
+            continue;
+        }
+        let src = base.join(location);
+        let dst = out_dir.join(location);
+        if !src.is_file() {
+            continue;
+        }
+        let same = match (src.canonicalize(), dst.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        if !same {
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            }
+            std::fs::copy(&src, &dst).with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+        }
+    }
+    Ok(())
+}

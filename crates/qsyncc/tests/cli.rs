@@ -1,0 +1,196 @@
+//! The `qsyncc` binary end to end: real models, bad input, exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn models_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
+    assert!(d.is_dir(), "real models expected at {}", d.display());
+    d
+}
+
+fn qsyncc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(args).output().expect("run qsyncc")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qsyncc-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("tmp");
+    d
+}
+
+fn inspect_json(path: &Path, extra: &[&str]) -> serde_json::Value {
+    let p = path.to_str().expect("utf8 path");
+    let mut args = vec!["inspect", p, "--json"];
+    args.extend_from_slice(extra);
+    let o = qsyncc(&args);
+    assert!(o.status.success(), "inspect {p} failed: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON")
+}
+
+#[test]
+fn every_shared_model_inspects_with_all_shapes_known() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(models_dir()).expect("models") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "onnx") {
+            continue;
+        }
+        seen += 1;
+        let bytes = std::fs::read(&path).expect("read");
+        let file_nodes = qsync_onnx::count_file_nodes(&bytes).expect("count nodes");
+        let j = inspect_json(&path, &[]);
+        assert_eq!(j["onnx_nodes"].as_u64(), Some(file_nodes as u64), "{}", path.display());
+        assert_eq!(j["unknown_shapes"].as_u64(), Some(0), "{}: {j}", path.display());
+        assert!(j["parameters"].as_u64().is_some_and(|p| p > 0), "{}", path.display());
+        let ops_total: u64 = j["ops"].as_object().expect("ops").values().filter_map(|v| v.as_u64()).sum();
+        assert_eq!(ops_total, file_nodes as u64, "{}: op histogram covers every node", path.display());
+    }
+    assert!(seen >= 8, "expected the shared models, saw {seen}");
+}
+
+#[test]
+fn batch_binding_makes_flops_concrete() {
+    let path = models_dir().join("resnet50_train.onnx");
+    let sym = inspect_json(&path, &[]);
+    assert!(sym["flops_total"].is_string(), "symbolic batch gives an expression: {}", sym["flops_total"]);
+    let b1 = inspect_json(&path, &["--batch", "1"]);
+    let b8 = inspect_json(&path, &["--batch", "8"]);
+    let (f1, f8) = (b1["flops_total"].as_i64().expect("concrete"), b8["flops_total"].as_i64().expect("concrete"));
+    assert_eq!(f8, 8 * f1);
+    // ResNet-50 forward is about 4.1 GMACs per image: 8.2 GFLOPs.
+    assert!((7.5e9..9.0e9).contains(&(f1 as f64)), "resnet50 FLOPs per image {f1}");
+    assert_eq!(b8["inputs"][0]["type"], "f32[8,3,224,224]");
+
+    let bert = models_dir().join("bert_base_train.onnx");
+    let j = inspect_json(&bert, &["--batch", "2", "--dim", "seq=128"]);
+    assert_eq!(j["inputs"][0]["type"], "i64[2,128]");
+    assert!(j["flops_total"].is_i64(), "{}", j["flops_total"]);
+}
+
+#[test]
+fn fixed_batch_models_are_not_rebatched() {
+    let j = inspect_json(&models_dir().join("resnet50.onnx"), &["--batch", "8"]);
+    assert_eq!(j["fixed_batch"].as_i64(), Some(1));
+    assert_eq!(j["inputs"][0]["type"], "f32[1,3,224,224]");
+}
+
+#[test]
+fn inspect_text_snapshot() {
+    for name in ["squeezenet1_1.onnx", "resnet50_train.onnx"] {
+        let p = models_dir().join(name);
+        let o = qsyncc(&["inspect", p.to_str().expect("utf8")]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout).replace(&*models_dir().to_string_lossy(), "<models>");
+        insta::assert_snapshot!(format!("inspect_{name}"), text);
+    }
+}
+
+#[test]
+fn opt_writes_onnx_and_text_ir_that_read_back() {
+    let dir = tmpdir("opt");
+    let src = models_dir().join("bert_tiny.onnx");
+    let onnx_out = dir.join("out.onnx");
+    let qir_out = dir.join("out.qir");
+    for out in [&onnx_out, &qir_out] {
+        let o = qsyncc(&[
+            "opt",
+            src.to_str().expect("utf8"),
+            "--passes",
+            "infer-shapes,fold-constants,dce,verify",
+            "-o",
+            out.to_str().expect("utf8"),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("fold-constants"), "pass report on stderr: {}", stderr(&o));
+    }
+    // Both outputs load again and describe the same graph.
+    let a = inspect_json(&onnx_out, &[]);
+    let b = inspect_json(&qir_out, &[]);
+    assert_eq!(a["ops"], b["ops"]);
+    assert_eq!(a["parameters"], b["parameters"]);
+    assert_eq!(b["unknown_shapes"].as_u64(), Some(0));
+    assert!(dir.join("out.qir.bin").is_file(), "large weights go to the sidecar");
+    // Text IR output is deterministic.
+    let again = dir.join("again.qir");
+    let o = qsyncc(&["opt", qir_out.to_str().expect("utf8"), "--passes", "verify", "-o", again.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t1 = std::fs::read_to_string(&qir_out).expect("qir");
+    let t2 = std::fs::read_to_string(&again).expect("qir").replace("again.qir.bin", "out.qir.bin");
+    assert_eq!(t1, t2);
+}
+
+fn assert_clean_failure(o: &Output, needle: &str) {
+    let e = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "exit code 2 expected; stderr: {e}");
+    assert!(!e.contains("panicked"), "must not panic: {e}");
+    assert!(e.contains(needle), "stderr should mention {needle:?}: {e}");
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_file() {
+    let dir = tmpdir("bad");
+    let real = std::fs::read(models_dir().join("resnet50_train.onnx")).expect("read");
+    let mut cases: Vec<(String, Vec<u8>)> = vec![
+        ("empty.onnx".into(), Vec::new()),
+        ("text.onnx".into(), b"this is not a model\n".to_vec()),
+        ("zip.onnx".into(), b"PK\x03\x04\x14\x00\x00\x00\x08\x00garbage".to_vec()),
+        ("half.onnx".into(), real[..real.len() / 2].to_vec()),
+        ("short.onnx".into(), real[..97].to_vec()),
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let random: Vec<u8> = (0..4096)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    cases.push(("random.onnx".into(), random));
+    cases.push(("bad.qir".into(), b"graph \"g\" {\n  %y = Frobnicate \"n\"(%x)\n}\n".to_vec()));
+    for (name, bytes) in cases {
+        let p = dir.join(&name);
+        std::fs::write(&p, bytes).expect("write");
+        let o = qsyncc(&["inspect", p.to_str().expect("utf8"), "--json"]);
+        assert_clean_failure(&o, &name);
+    }
+    let missing = dir.join("missing.onnx");
+    assert_clean_failure(&qsyncc(&["inspect", missing.to_str().expect("utf8")]), "missing.onnx");
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let m = m.to_str().expect("utf8");
+    for args in [
+        vec!["inspect", m, "--batch", "0"],
+        vec!["inspect", m, "--batch", "-3"],
+        vec!["inspect", m, "--batch", "lots"],
+        vec!["inspect", m, "--dim", "seq"],
+        vec!["inspect", m, "--dim", "seq=0"],
+        vec!["opt", m, "--passes", "no-such-pass"],
+    ] {
+        let o = qsyncc(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+    }
+}
+
+#[test]
+fn inconsistent_shapes_are_reported_with_the_node() {
+    let dir = tmpdir("shapes");
+    let p = dir.join("mismatch.qir");
+    std::fs::write(
+        &p,
+        "opset \"\" 17\ngraph \"g\" {\n  input %a: f32[2,3]\n  input %b: f32[4,5]\n  %c = Add \"the_add\"(%a, %b)\n  output %c\n}\n",
+    )
+    .expect("write");
+    let o = qsyncc(&["inspect", p.to_str().expect("utf8")]);
+    assert_clean_failure(&o, "the_add");
+}
