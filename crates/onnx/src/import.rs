@@ -244,6 +244,9 @@ impl Importer {
             collect_params(vi.r#type.as_ref(), &mut self.used_params);
         }
         let mut graph = Graph::new(g.name.clone());
+        if !g.quantization_annotation.is_empty() {
+            self.warnings.push(format!("{} quantization annotations dropped (not represented in the IR)", g.quantization_annotation.len()));
+        }
         if !g.sparse_initializer.is_empty() {
             return Err(self.invalid("graph", "sparse initializers are not supported"));
         }

@@ -301,3 +301,44 @@ fn external_data_is_referenced_copied_and_loaded() {
     let a2 = m2.graph.value(m2.graph.value_by_name("a").expect("a")).init().expect("init").clone();
     assert_eq!(a2.load(m2.base_dir.as_deref()).expect("io").as_deref(), Some(&data[8..]));
 }
+
+#[test]
+fn dim_expressions_and_fresh_symbols_round_trip() {
+    use qsync_ir::{Graph, Model, NodeSpec};
+    let mut g = Graph::new("dims");
+    let b = Dim::sym("batch");
+    let s = Dim::sym("seq");
+    let odd = Dim::sym("odd name");
+    let shape = vec![b.mul(&s), s.add(&Dim::from(1)).floor_div_const(2).expect("div"), odd.mul(&Dim::from(2)), odd.clone(), Dim::from(3)];
+    let x = g.add_input("x", TensorType::new(DType::F32, shape.clone()));
+    let n = g.add_node(NodeSpec::new("r", Op::Relu).input(x).output("y", TensorType::new(DType::F32, shape.clone())));
+    let y = g.node(n).outputs()[0];
+    g.set_outputs(vec![y]);
+    let m = Model::new(g);
+    let bytes = export_bytes(&m).unwrap_or_else(|e| panic!("{e}"));
+    let back = import_bytes(&bytes, None, "dims.onnx").unwrap_or_else(|e| panic!("{e}"));
+    assert!(model_diff(&m, &back).is_empty(), "{:?}", model_diff(&m, &back));
+    assert_eq!(back.graph.ty(back.graph.inputs()[0]).shape.as_deref(), Some(shape.as_slice()));
+
+    // A fresh symbol never collides with a dim_param the file uses.
+    let gp = proto::GraphProto {
+        node: vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        input: vec![proto::ValueInfoProto {
+            name: "x".into(),
+            r#type: vi("x", 1, &[p("unk__0")]).r#type.map(|mut t| {
+                if let Some(TypeValue::TensorType(tt)) = &mut t.value {
+                    if let Some(sh) = &mut tt.shape {
+                        sh.dim.push(proto::Dimension::default());
+                    }
+                }
+                t
+            }),
+            ..Default::default()
+        }],
+        output: vec![vi("y", 1, &[])],
+        ..Default::default()
+    };
+    let m = round_trip(&model(gp, 17));
+    let shape = m.graph.ty(m.graph.inputs()[0]).shape.clone();
+    assert_eq!(shape, Some(vec![Dim::sym("unk__0"), Dim::sym("unk__1")]));
+}
