@@ -52,7 +52,7 @@ pub fn load_model(path: &Path, opts: &InferOptions) -> Result<Loaded> {
     let mut model = match format {
         Format::Onnx => {
             let base = path.parent().map(Path::to_path_buf);
-            let (model, report) = qsync_onnx::import_bytes(&bytes, base.as_deref(), &label)?;
+            let (model, report) = qsync_onnx::import_bytes_with_report(&bytes, base.as_deref(), &label)?;
             warnings.extend(report.warnings);
             model
         }

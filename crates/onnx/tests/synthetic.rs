@@ -1,0 +1,344 @@
+//! Hand-built models covering the mapping rules one by one.
+
+mod common;
+
+use prost::Message;
+use qsync_ir::{Attr, DType, Dim, Op, RawAttrKind, TensorData, TensorType};
+use qsync_onnx::compare::model_diff;
+use qsync_onnx::proto::{self, attr_type, DimValue, TypeValue};
+use qsync_onnx::{export_bytes, export_file, import_bytes, import_bytes_with_report, import_file, OnnxError};
+
+fn vi(name: &str, elem: i32, dims: &[DimValue]) -> proto::ValueInfoProto {
+    let shape = proto::TensorShapeProto {
+        dim: dims.iter().map(|d| proto::Dimension { value: Some(d.clone()), denotation: String::new() }).collect(),
+    };
+    proto::ValueInfoProto {
+        name: name.into(),
+        r#type: Some(proto::TypeProto {
+            value: Some(TypeValue::TensorType(proto::TypeTensor { elem_type: elem, shape: Some(shape) })),
+            denotation: String::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, name: &str, ins: &[&str], outs: &[&str], attrs: Vec<proto::AttributeProto>) -> proto::NodeProto {
+    proto::NodeProto {
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: outs.iter().map(|s| s.to_string()).collect(),
+        name: name.into(),
+        op_type: op.into(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn attr(name: &str, ty: i32) -> proto::AttributeProto {
+    proto::AttributeProto { name: name.into(), r#type: ty, ..Default::default() }
+}
+
+fn model(g: proto::GraphProto, opset: i64) -> Vec<u8> {
+    proto::ModelProto {
+        ir_version: 8,
+        producer_name: "test".into(),
+        graph: Some(g),
+        opset_import: vec![proto::OperatorSetIdProto { domain: String::new(), version: opset }],
+        metadata_props: vec![proto::StringStringEntryProto { key: "k".into(), value: "v".into() }],
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn p(s: &str) -> DimValue {
+    DimValue::DimParam(s.into())
+}
+
+fn round_trip(bytes: &[u8]) -> qsync_ir::Model {
+    let a = import_bytes(bytes, None, "t.onnx").unwrap_or_else(|e| panic!("{e}"));
+    let out = export_bytes(&a).unwrap_or_else(|e| panic!("{e}"));
+    let b = import_bytes(&out, None, "t2.onnx").unwrap_or_else(|e| panic!("{e}"));
+    let d = model_diff(&a, &b);
+    assert!(d.is_empty(), "{}", d.join("\n"));
+    assert_eq!(out, export_bytes(&b).unwrap_or_else(|e| panic!("{e}")));
+    a
+}
+
+/// A graph exercising constants, forward references, optional inputs,
+/// unnamed nodes, symbolic dims and every attribute kind.
+fn rich_graph() -> proto::GraphProto {
+    let mut a_graph = attr("then_branch", attr_type::GRAPH);
+    a_graph.g = Some(Box::new(proto::GraphProto { name: "body".into(), ..Default::default() }));
+    let mut a_tp = attr("tp", attr_type::TYPE_PROTO);
+    a_tp.tp = vi("x", 1, &[]).r#type;
+    let mut a_floats = attr("fs", attr_type::FLOATS);
+    a_floats.floats = vec![1.5, -2.0];
+    let mut a_strings = attr("ss", attr_type::STRINGS);
+    a_strings.strings = vec![b"a".to_vec(), b"bc".to_vec()];
+    let mut a_s = attr("s", attr_type::STRING);
+    a_s.s = Some(b"hello".to_vec());
+    let mut untyped = attr("axis", attr_type::UNDEFINED);
+    untyped.i = Some(1);
+    let mut c_f = attr("value_float", attr_type::FLOAT);
+    c_f.f = Some(0.5);
+    let mut c_is = attr("value_ints", attr_type::INTS);
+    c_is.ints = vec![1, 2, 3];
+    let mut c_t = attr("value", attr_type::TENSOR);
+    c_t.t = Some(proto::TensorProto { dims: vec![2], data_type: 10, int32_data: vec![0x3c00, 0xc000], ..Default::default() });
+    proto::GraphProto {
+        name: "g".into(),
+        node: vec![
+            // Uses `late`, defined by the last node (forward reference).
+            node("Add", "", &["x", "late"], &["y"], vec![]),
+            node("Constant", "c_f", &[], &["cf"], vec![c_f]),
+            node("Constant", "", &[], &["ci"], vec![c_is]),
+            node("Constant", "c_t", &[], &["ct"], vec![c_t]),
+            node("Clip", "clip", &["y", "", "w"], &["z"], vec![]),
+            node("Custom", "custom", &["z"], &["u", ""], vec![a_graph, a_tp, a_floats, a_strings, a_s, untyped])
+                .tap(|n| n.domain = "com.example".into()),
+            node("Relu", "late_def", &["x"], &["late"], vec![]),
+        ],
+        initializer: vec![proto::TensorProto { name: "w".into(), data_type: 1, float_data: vec![3.0], ..Default::default() }],
+        input: vec![vi("x", 1, &[p("batch"), p("batch*seq"), DimValue::DimValue(4)]), vi("w", 1, &[])],
+        output: vec![vi("u", 1, &[]), vi("cf", 1, &[])],
+        value_info: vec![proto::ValueInfoProto { name: "y".into(), r#type: vi("y", 1, &[]).r#type.map(|mut t| {
+            if let Some(TypeValue::TensorType(tt)) = &mut t.value {
+                tt.shape = Some(proto::TensorShapeProto { dim: vec![proto::Dimension::default(), proto::Dimension::default()] });
+            }
+            t
+        }), ..Default::default() }],
+        ..Default::default()
+    }
+}
+
+trait Tap: Sized {
+    fn tap(mut self, f: impl FnOnce(&mut Self)) -> Self {
+        f(&mut self);
+        self
+    }
+}
+impl Tap for proto::NodeProto {}
+
+#[test]
+fn rich_graph_maps_every_rule() {
+    let bytes = model(rich_graph(), 17);
+    let (m, report) = import_bytes_with_report(&bytes, None, "rich.onnx").unwrap_or_else(|e| panic!("{e}"));
+    let g = &m.graph;
+    assert_eq!(g.node_count(), 7);
+    assert_eq!(m.metadata, vec![("k".to_string(), "v".to_string())]);
+    // Symbolic dims, including an expression.
+    let x = g.value_by_name("x").expect("x");
+    let want = vec![Dim::sym("batch"), Dim::sym("batch").mul(&Dim::sym("seq")), Dim::from(4)];
+    assert_eq!(g.ty(x), &TensorType::new(DType::F32, want));
+    // Initializer that is also an input.
+    let w = g.value_by_name("w").expect("w");
+    assert!(g.inputs().contains(&w) && g.inits().contains(&w));
+    // Unnamed dims get fresh symbols; unnamed nodes get OpType_index.
+    let y = g.value_by_name("y").expect("y");
+    assert_eq!(g.ty(y).shape, Some(vec![Dim::sym("unk__0"), Dim::sym("unk__1")]));
+    let names: Vec<String> = g.node_ids().iter().map(|&n| g.node(n).name.clone()).collect();
+    assert!(names.contains(&"Add_0".to_string()) && names.contains(&"Constant_2".to_string()), "{names:?}");
+    // Forward reference resolved: Add runs after late_def.
+    let order: Vec<String> = g.schedule().iter().map(|&n| g.node(n).name.clone()).collect();
+    let pos = |s: &str| order.iter().position(|n| n == s).expect("node");
+    assert!(pos("late_def") < pos("Add_0"), "{order:?}");
+    // Optional input.
+    let clip = g.node_ids().into_iter().find(|&n| g.node(n).name == "clip").expect("clip");
+    assert_eq!(g.node(clip).inputs()[1], None);
+    // Constants keep their attributes and type their outputs.
+    let cf = g.value_by_name("cf").expect("cf");
+    assert_eq!(g.ty(cf), &TensorType::new(DType::F32, vec![]));
+    let ct = g.value_by_name("ct").expect("ct");
+    let (cn, _) = g.producer(ct).expect("producer");
+    assert_eq!(g.node(cn).op, Op::Constant);
+    let t = g.node(cn).attr("value").and_then(Attr::as_tensor).expect("tensor");
+    assert_eq!(t.dtype, DType::F16);
+    assert_eq!(t.as_f64s(), Some(vec![1.0, -2.0]));
+    // Attributes of every kind; the untyped one is inferred.
+    let custom = g.node_ids().into_iter().find(|&n| g.node(n).name == "custom").expect("custom");
+    let cn = g.node(custom);
+    assert_eq!(cn.op, Op::Opaque { domain: "com.example".into(), op_type: "Custom".into() });
+    assert!(matches!(cn.attr("then_branch"), Some(Attr::Raw { kind: RawAttrKind::Graph, .. })));
+    assert!(matches!(cn.attr("tp"), Some(Attr::Raw { kind: RawAttrKind::TypeProto, .. })));
+    assert_eq!(cn.attr("fs"), Some(&Attr::Floats(vec![1.5, -2.0])));
+    assert_eq!(cn.attr_int("axis"), Some(1));
+    assert_eq!(cn.attr_str("s"), Some("hello"));
+    assert_eq!(cn.outputs().len(), 2);
+    assert!(report.warnings.iter().any(|w| w.contains("then_branch")), "{:?}", report.warnings);
+    round_trip(&bytes);
+}
+
+fn init_model(t: proto::TensorProto) -> Vec<u8> {
+    let name = t.name.clone();
+    model(
+        proto::GraphProto {
+            node: vec![node("Identity", "id", &[&name], &["out"], vec![])],
+            initializer: vec![t],
+            output: vec![vi("out", 0, &[])],
+            ..Default::default()
+        },
+        13,
+    )
+}
+
+fn init_of(bytes: &[u8]) -> qsync_ir::Tensor {
+    let m = round_trip(bytes);
+    let v = m.graph.inits()[0];
+    m.graph.value(v).init().expect("init").clone()
+}
+
+fn tp(dt: i32, dims: Vec<i64>) -> proto::TensorProto {
+    proto::TensorProto { name: "t".into(), data_type: dt, dims, ..Default::default() }
+}
+
+#[test]
+fn typed_tensor_fields_unpack() {
+    let t = init_of(&init_model(proto::TensorProto { int32_data: vec![1, 0, 1], ..tp(9, vec![3]) }));
+    assert_eq!((t.dtype, t.inline_bytes().map(<[u8]>::to_vec)), (DType::Bool, Some(vec![1, 0, 1])));
+    let t = init_of(&init_model(proto::TensorProto { int32_data: vec![-1, 127], ..tp(3, vec![2]) }));
+    assert_eq!(t.as_i64s(), Some(vec![-1, 127]));
+    let t = init_of(&init_model(proto::TensorProto { int32_data: vec![0x3f80, 0x4000], ..tp(16, vec![2]) }));
+    assert_eq!(t.as_f64s(), Some(vec![1.0, 2.0]));
+    let t = init_of(&init_model(proto::TensorProto { int64_data: vec![-5, 7], ..tp(7, vec![2]) }));
+    assert_eq!(t.as_i64s(), Some(vec![-5, 7]));
+    let t = init_of(&init_model(proto::TensorProto { double_data: vec![0.25], ..tp(11, vec![]) }));
+    assert_eq!(t.as_f64s(), Some(vec![0.25]));
+    let t = init_of(&init_model(proto::TensorProto { uint64_data: vec![u64::MAX], ..tp(13, vec![1]) }));
+    assert_eq!(t.inline_bytes().map(<[u8]>::to_vec), Some(vec![0xff; 8]));
+    let t = init_of(&init_model(proto::TensorProto { raw_data: vec![0, 0, 128, 63], ..tp(1, vec![1]) }));
+    assert_eq!(t.as_f64s(), Some(vec![1.0]));
+    let t = init_of(&init_model(proto::TensorProto { string_data: vec![b"ab".to_vec(), vec![]], ..tp(8, vec![2]) }));
+    assert_eq!(t.inline_bytes().map(<[u8]>::to_vec), Some(vec![2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]));
+    let t = init_of(&init_model(tp(1, vec![0, 3])));
+    assert_eq!(t.inline_bytes().map(<[u8]>::len), Some(0));
+}
+
+#[test]
+fn bad_tensor_data_is_an_error() {
+    let e = import_bytes(&init_model(proto::TensorProto { float_data: vec![1.0], ..tp(1, vec![2]) }), None, "bad.onnx").expect_err("count");
+    assert!(e.to_string().contains("bad.onnx") && e.to_string().contains("initializer `t`"), "{e}");
+    let e = import_bytes(&init_model(proto::TensorProto { raw_data: vec![1, 2, 3], ..tp(1, vec![1]) }), None, "bad.onnx").expect_err("raw");
+    assert!(matches!(e, OnnxError::Invalid { .. }), "{e}");
+    let e = import_bytes(&init_model(tp(1, vec![-1])), None, "bad.onnx").expect_err("negative dim");
+    assert!(matches!(e, OnnxError::Invalid { .. }), "{e}");
+    let e = import_bytes(&init_model(tp(1, vec![1 << 40, 1 << 40])), None, "bad.onnx").expect_err("huge");
+    assert!(matches!(e, OnnxError::Invalid { .. }), "{e}");
+    let e = import_bytes(&init_model(tp(99, vec![1])), None, "bad.onnx").expect_err("elem type");
+    assert!(matches!(e, OnnxError::UnknownElemType { code: 99, .. }) && e.to_string().contains("bad.onnx"), "{e}");
+}
+
+#[test]
+fn structural_errors_name_file_and_node() {
+    let g = proto::GraphProto {
+        node: vec![node("Relu", "r", &["nowhere"], &["y"], vec![])],
+        output: vec![vi("y", 1, &[])],
+        ..Default::default()
+    };
+    let e = import_bytes(&model(g.clone(), 17), None, "undef.onnx").expect_err("undefined");
+    assert!(matches!(e, OnnxError::UndefinedValue { .. }), "{e}");
+    let s = e.to_string();
+    assert!(s.contains("undef.onnx") && s.contains("`r`") && s.contains("nowhere"), "{s}");
+    for v in [10, 22, 1] {
+        let e = import_bytes(&model(g.clone(), v), None, "opset.onnx").expect_err("opset");
+        assert!(matches!(e, OnnxError::UnsupportedOpset { version, .. } if version == v), "{e}");
+        assert!(e.to_string().contains("opset.onnx"));
+    }
+    let no_graph = proto::ModelProto {
+        ir_version: 8,
+        opset_import: vec![proto::OperatorSetIdProto { domain: String::new(), version: 17 }],
+        ..Default::default()
+    };
+    let e = import_bytes(&no_graph.encode_to_vec(), None, "nograph.onnx").expect_err("no graph");
+    assert!(matches!(e, OnnxError::MissingGraph { .. }) && e.to_string().contains("nograph.onnx"), "{e}");
+    let mut bad_in = g.clone();
+    bad_in.input = vec![vi("nowhere", 42, &[])];
+    let e = import_bytes(&model(bad_in, 17), None, "elem.onnx").expect_err("elem");
+    assert!(matches!(e, OnnxError::UnknownElemType { code: 42, .. }), "{e}");
+    let dup = proto::GraphProto {
+        node: vec![node("Relu", "a", &["x"], &["y"], vec![]), node("Relu", "b", &["x"], &["y"], vec![])],
+        input: vec![vi("x", 1, &[])],
+        ..Default::default()
+    };
+    let e = import_bytes(&model(dup, 17), None, "dup.onnx").expect_err("dup");
+    assert!(matches!(e, OnnxError::DuplicateDefinition { .. }) && e.to_string().contains("`b`"), "{e}");
+}
+
+#[test]
+fn external_data_is_referenced_copied_and_loaded() {
+    let src_dir = common::temp_dir("ext-src");
+    let out_dir = common::temp_dir("ext-out");
+    let data: Vec<u8> = (0..16u8).collect();
+    std::fs::write(src_dir.join("w.bin"), &data).expect("write data");
+    let ext = |loc: &str, off: &str| proto::TensorProto {
+        data_location: proto::DATA_LOCATION_EXTERNAL,
+        external_data: vec![
+            proto::StringStringEntryProto { key: "location".into(), value: loc.into() },
+            proto::StringStringEntryProto { key: "offset".into(), value: off.into() },
+            proto::StringStringEntryProto { key: "length".into(), value: "8".into() },
+        ],
+        ..tp(1, vec![2])
+    };
+    let g = proto::GraphProto {
+        node: vec![node("Add", "add", &["a", "b"], &["y"], vec![])],
+        initializer: vec![proto::TensorProto { name: "a".into(), ..ext("w.bin", "8") }, proto::TensorProto { name: "b".into(), ..ext("gone.bin", "0") }],
+        output: vec![vi("y", 1, &[DimValue::DimValue(2)])],
+        ..Default::default()
+    };
+    let src = src_dir.join("m.onnx");
+    std::fs::write(&src, model(g, 17)).expect("write model");
+    let m = import_file(&src).unwrap_or_else(|e| panic!("{e}"));
+    let a = m.graph.value(m.graph.value_by_name("a").expect("a")).init().expect("init").clone();
+    assert_eq!(a.data, TensorData::External { location: "w.bin".into(), offset: 8, length: Some(8) });
+    assert_eq!(a.load(m.base_dir.as_deref()).expect("io").as_deref(), Some(&data[8..]));
+    let b = m.graph.value(m.graph.value_by_name("b").expect("b")).init().expect("init").clone();
+    assert_eq!(b.load(m.base_dir.as_deref()).expect("io"), None, "missing file: values absent");
+    assert_eq!(b.dims, vec![2]);
+    let out = out_dir.join("m.onnx");
+    export_file(&m, &out).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(std::fs::read(out_dir.join("w.bin")).expect("copied"), data);
+    assert!(!out_dir.join("gone.bin").exists());
+    let m2 = import_file(&out).unwrap_or_else(|e| panic!("{e}"));
+    assert!(model_diff(&m, &m2).is_empty());
+    let a2 = m2.graph.value(m2.graph.value_by_name("a").expect("a")).init().expect("init").clone();
+    assert_eq!(a2.load(m2.base_dir.as_deref()).expect("io").as_deref(), Some(&data[8..]));
+}
+
+#[test]
+fn dim_expressions_and_fresh_symbols_round_trip() {
+    use qsync_ir::{Graph, Model, NodeSpec};
+    let mut g = Graph::new("dims");
+    let b = Dim::sym("batch");
+    let s = Dim::sym("seq");
+    let odd = Dim::sym("odd name");
+    let shape = vec![b.mul(&s), s.add(&Dim::from(1)).floor_div_const(2).expect("div"), odd.mul(&Dim::from(2)), odd.clone(), Dim::from(3)];
+    let x = g.add_input("x", TensorType::new(DType::F32, shape.clone()));
+    let n = g.add_node(NodeSpec::new("r", Op::Relu).input(x).output("y", TensorType::new(DType::F32, shape.clone())));
+    let y = g.node(n).outputs()[0];
+    g.set_outputs(vec![y]);
+    let m = Model::new(g);
+    let bytes = export_bytes(&m).unwrap_or_else(|e| panic!("{e}"));
+    let back = import_bytes(&bytes, None, "dims.onnx").unwrap_or_else(|e| panic!("{e}"));
+    assert!(model_diff(&m, &back).is_empty(), "{:?}", model_diff(&m, &back));
+    assert_eq!(back.graph.ty(back.graph.inputs()[0]).shape.as_deref(), Some(shape.as_slice()));
+
+    // A fresh symbol never collides with a dim_param the file uses.
+    let gp = proto::GraphProto {
+        node: vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        input: vec![proto::ValueInfoProto {
+            name: "x".into(),
+            r#type: vi("x", 1, &[p("unk__0")]).r#type.map(|mut t| {
+                if let Some(TypeValue::TensorType(tt)) = &mut t.value {
+                    if let Some(sh) = &mut tt.shape {
+                        sh.dim.push(proto::Dimension::default());
+                    }
+                }
+                t
+            }),
+            ..Default::default()
+        }],
+        output: vec![vi("y", 1, &[])],
+        ..Default::default()
+    };
+    let m = round_trip(&model(gp, 17));
+    let shape = m.graph.ty(m.graph.inputs()[0]).shape.clone();
+    assert_eq!(shape, Some(vec![Dim::sym("unk__0"), Dim::sym("unk__1")]));
+}
