@@ -32,7 +32,7 @@ use std::path::Path;
 
 use prost::Message;
 use qsync_ir::infer::{infer_shapes, InferOptions};
-use qsync_ir::{Attr, DType, Dim, Graph, Model, NodeId, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId};
+use qsync_ir::{Attr, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType, ValueDef};
 
 use crate::proto::{self, attr_type, DimValue, TypeValue};
 use crate::OnnxError;
@@ -274,19 +274,10 @@ impl Importer {
                 }
             }
         }
-        let mut fixups: Vec<NodeId> = Vec::new();
+        // Forward references (a node using a value defined later) get their
+        // edges when the defining node is added: see `Graph::add_node_defining`.
         for (idx, n) in g.node.iter().enumerate() {
-            self.node(&mut graph, n, idx, &mut fixups)?;
-        }
-        for id in fixups {
-            let inputs: Vec<Option<ValueId>> = graph.node(id).inputs().to_vec();
-            for (slot, v) in inputs.into_iter().enumerate() {
-                if let Some(v) = v {
-                    if graph.producer(v).is_some() {
-                        graph.set_input(id, slot, Some(v));
-                    }
-                }
-            }
+            self.node(&mut graph, n, idx)?;
         }
         for id in graph.node_ids() {
             let node = graph.node(id);
@@ -336,7 +327,7 @@ impl Importer {
         Ok(graph)
     }
 
-    fn node(&mut self, graph: &mut Graph, n: &proto::NodeProto, idx: usize, fixups: &mut Vec<NodeId>) -> Result<(), OnnxError> {
+    fn node(&mut self, graph: &mut Graph, n: &proto::NodeProto, idx: usize) -> Result<(), OnnxError> {
         let name = if n.name.is_empty() { format!("{}_{}", n.op_type, idx) } else { n.name.clone() };
         let place = node_place(&name, &n.op_type);
         if n.op_type.is_empty() {
@@ -358,7 +349,6 @@ impl Importer {
                 return Err(self.invalid(place, format!("attribute `{}` given twice", a.name)));
             }
         }
-        let mut has_forward = false;
         let mut inputs = Vec::with_capacity(n.input.len());
         for s in &n.input {
             if s.is_empty() {
@@ -369,9 +359,6 @@ impl Importer {
                 Some(v) => v,
                 None => graph.add_undefined(s.clone()),
             };
-            if matches!(graph.value(v).def, ValueDef::Undefined) {
-                has_forward = true;
-            }
             inputs.push(Some(v));
         }
         let mut outs: Vec<ValueId> = Vec::with_capacity(n.output.len());
@@ -395,10 +382,7 @@ impl Importer {
             outputs: outs.iter().map(|_| (String::new(), TensorType::unknown())).collect(),
             precision: None,
         };
-        let id = graph.add_node_defining(spec, outs);
-        if has_forward {
-            fixups.push(id);
-        }
+        graph.add_node_defining(spec, outs);
         Ok(())
     }
 
