@@ -32,7 +32,7 @@ use std::path::Path;
 
 use prost::Message;
 use qsync_ir::infer::{infer_shapes, InferOptions};
-use qsync_ir::{Attr, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType, ValueDef};
+use qsync_ir::{Attr, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId};
 
 use crate::proto::{self, attr_type, DimValue, TypeValue};
 use crate::OnnxError;
