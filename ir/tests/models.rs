@@ -54,6 +54,9 @@ fn run_model(path: &Path, opts: &InferOptions) -> (usize, usize, Vec<String>) {
     for &v in &report.unknown {
         problems.push(format!("unknown: {} : {}", g.value_name(v), g.ty(v)));
     }
+    if let Err(es) = qsync_ir::verify::verify(g, l.opset) {
+        problems.extend(es.iter().map(|e| format!("verify: {e}")));
+    }
     let mut compared = 0;
     if opts.batch.is_none() && opts.dims.is_empty() {
         for v in g.live_values() {

@@ -193,10 +193,6 @@ impl<'a> Cx<'a> {
         self.node.attr_ints(name).map(<[i64]>::to_vec)
     }
 
-    pub fn float(&self, name: &str, default: f32) -> f32 {
-        self.node.attr_float(name).unwrap_or(default)
-    }
-
     pub fn string(&self, name: &str) -> Option<&str> {
         self.node.attr_str(name)
     }
