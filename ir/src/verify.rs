@@ -198,6 +198,42 @@ fn check_node(graph: &Graph, n: NodeId, opset: i64, known: &[Option<crate::infer
     }
 }
 
+/// Cycle check on node inputs (the source of truth), in case the petgraph
+/// edges missed a forward reference resolved after its user was added.
+fn cycle_by_inputs(graph: &Graph) -> Result<(), Vec<NodeId>> {
+    let ids = graph.node_ids();
+    let mut indeg: std::collections::HashMap<NodeId, usize> = ids.iter().map(|&n| (n, 0)).collect();
+    let mut users: std::collections::HashMap<NodeId, Vec<NodeId>> = std::collections::HashMap::new();
+    for &n in &ids {
+        for v in graph.node(n).inputs().iter().flatten() {
+            if let Some((p, _)) = graph.producer(*v) {
+                if graph.contains_node(p) {
+                    *indeg.entry(n).or_default() += 1;
+                    users.entry(p).or_default().push(n);
+                }
+            }
+        }
+    }
+    let mut ready: Vec<NodeId> = ids.iter().copied().filter(|n| indeg[n] == 0).collect();
+    let mut done = 0;
+    while let Some(n) = ready.pop() {
+        done += 1;
+        for &u in users.get(&n).map_or(&[][..], Vec::as_slice) {
+            if let Some(d) = indeg.get_mut(&u) {
+                *d -= 1;
+                if *d == 0 {
+                    ready.push(u);
+                }
+            }
+        }
+    }
+    if done == ids.len() {
+        Ok(())
+    } else {
+        Err(ids.into_iter().filter(|n| indeg[n] > 0).collect())
+    }
+}
+
 /// Check the graph; `Err` holds every problem found.
 pub fn verify(graph: &Graph, opset: i64) -> Result<(), Vec<VerifyError>> {
     let mut errs = Vec::new();
@@ -212,7 +248,7 @@ pub fn verify(graph: &Graph, opset: i64) -> Result<(), Vec<VerifyError>> {
         }
     }
     // Cycles.
-    if let Err(rest) = graph.topo_order() {
+    if let Err(rest) = graph.topo_order().and_then(|_| cycle_by_inputs(graph)) {
         let names: Vec<String> = rest.iter().map(|&n| format!("{:?} ({})", graph.node(n).name, graph.node(n).op.op_type())).collect();
         errs.push(VerifyError::graph(format!("dependency cycle through nodes {}", names.join(", "))));
     }
@@ -233,5 +269,101 @@ pub fn verify(graph: &Graph, opset: i64) -> Result<(), Vec<VerifyError>> {
         Ok(())
     } else {
         Err(errs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{Attr, Dim, NodeSpec, Tensor, TensorType};
+
+    fn t(dt: DType, dims: &[i64]) -> TensorType {
+        TensorType::new(dt, dims.iter().map(|&d| Dim::from(d)).collect())
+    }
+
+    fn has(errs: &[VerifyError], node: Option<&str>, needle: &str) -> bool {
+        errs.iter().any(|e| e.node.as_deref() == node && e.message.contains(needle))
+    }
+
+    #[test]
+    fn clean_graph_verifies() {
+        let mut g = Graph::new("ok");
+        let x = g.add_input("x", t(DType::F32, &[1, 3, 8, 8]));
+        let w = g.add_init("w", Tensor { dtype: DType::F32, dims: vec![4, 3, 3, 3], data: crate::TensorData::Absent });
+        let n = g.add_node(NodeSpec::new("conv", Op::Conv).input(x).input(w).output("y", t(DType::F32, &[1, 4, 6, 6])));
+        let y = g.node(n).outputs()[0];
+        g.set_outputs(vec![y]);
+        assert_eq!(verify(&g, 17), Ok(()));
+    }
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let mut g = Graph::new("bad");
+        let x = g.add_input("x", t(DType::F32, &[1, 3, 8, 8]));
+        let h = g.add_input("h", t(DType::F16, &[1, 3, 8, 8]));
+        let w16 = g.add_init("w", Tensor { dtype: DType::F16, dims: vec![4, 3, 3, 3], data: crate::TensorData::Absent });
+        // Conv X/W dtypes differ, and the recorded output shape is wrong.
+        g.add_node(NodeSpec::new("/conv1/Conv", Op::Conv).input(x).input(w16).output("c", t(DType::F32, &[1, 4, 7, 6])));
+        // Conv arity.
+        g.add_node(NodeSpec::new("lonely", Op::Conv).input(x).output("c2", t(DType::F32, &[1, 4, 6, 6])));
+        // Add of f32 and f16.
+        g.add_node(NodeSpec::new("add", Op::Add).input(x).input(h).output("a", t(DType::F32, &[1, 3, 8, 8])));
+        // Use of an undefined value.
+        let u = g.add_undefined("ghost");
+        g.add_node(NodeSpec::new("relu", Op::Relu).input(u).output("r", TensorType::unknown()));
+        // Doubly defined name.
+        g.add_node(NodeSpec::new("dup", Op::Relu).input(x).output("a", t(DType::F32, &[1, 3, 8, 8])));
+        // Cast output vs `to`.
+        g.add_node(NodeSpec::new("cast", Op::Cast).input(x).attr("to", Attr::Int(10)).output("k", t(DType::F32, &[1, 3, 8, 8])));
+        // Wrong rank recorded.
+        g.add_node(NodeSpec::new("flat", Op::Flatten).input(x).output("f", t(DType::F32, &[1, 3, 64])));
+        // Where branches differ; condition not bool.
+        g.add_node(NodeSpec::new("where", Op::Where).input(x).input(x).input(h).output("wh", t(DType::F32, &[1, 3, 8, 8])));
+        // Removed value used.
+        let rm = g.add_node(NodeSpec::new("gone", Op::Relu).input(x).output("gone_out", t(DType::F32, &[1, 3, 8, 8])));
+        let gone = g.node(rm).outputs()[0];
+        g.add_node(NodeSpec::new("user", Op::Relu).input(gone).output("uu", t(DType::F32, &[1, 3, 8, 8])));
+        g.remove_node(rm);
+        let ghost_out = g.add_undefined("missing_out");
+        g.set_outputs(vec![ghost_out, gone]);
+
+        let errs = verify(&g, 17).unwrap_err();
+        let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        let dump = text.join("\n");
+        assert!(text.contains(&"node \"/conv1/Conv\" (Conv): input 1 has dtype f16 but input 0 has f32".to_string()), "{dump}");
+        assert!(has(&errs, Some("/conv1/Conv"), "dimension 2 = 7 but the op gives 6"), "{dump}");
+        assert!(has(&errs, Some("lonely"), "has 1 inputs, expected 2 to 3"), "{dump}");
+        assert!(has(&errs, Some("add"), "input 1 has dtype f16"), "{dump}");
+        assert!(has(&errs, Some("relu"), "`ghost` is undefined"), "{dump}");
+        assert!(has(&errs, None, "value `a` is defined 2 times"), "{dump}");
+        assert!(has(&errs, Some("cast"), "output has dtype f32 but `to` is f16"), "{dump}");
+        assert!(has(&errs, Some("flat"), "rank 3 but the op gives rank 2"), "{dump}");
+        assert!(has(&errs, Some("where"), "input 2 has dtype f16 but input 1 has f32"), "{dump}");
+        assert!(has(&errs, Some("where"), "condition has dtype f32"), "{dump}");
+        assert!(has(&errs, Some("user"), "`gone_out` was removed"), "{dump}");
+        assert!(has(&errs, None, "graph output `missing_out` is undefined"), "{dump}");
+        assert!(has(&errs, None, "graph output `gone_out` was removed"), "{dump}");
+    }
+
+    #[test]
+    fn reports_cycles_by_name() {
+        let mut g = Graph::new("cyc");
+        let fwd = g.add_undefined("b_out");
+        let a = g.add_node(NodeSpec::new("A", Op::Relu).input(fwd).output("a_out", TensorType::unknown()));
+        let a_out = g.node(a).outputs()[0];
+        g.add_node_defining(NodeSpec::new("B", Op::Relu).input(a_out).output("b_out", TensorType::unknown()), vec![fwd]);
+        let errs = verify(&g, 17).unwrap_err();
+        let dump: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert!(errs.iter().any(|e| e.message.contains("cycle") && e.message.contains("\"A\"") && e.message.contains("\"B\"")), "{dump:?}");
+    }
+
+    #[test]
+    fn symbolic_dims_against_other_symbols_are_fine() {
+        let mut g = Graph::new("sym");
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::from(4)]));
+        g.add_node(NodeSpec::new("r", Op::Relu).input(x).output("y", TensorType::new(DType::F32, vec![Dim::sym("n"), Dim::from(4)])));
+        assert_eq!(verify(&g, 17), Ok(()));
     }
 }
