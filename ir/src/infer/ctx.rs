@@ -40,6 +40,10 @@ impl Known {
         self.dtype.is_float()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn len(&self) -> usize {
         if self.is_float() {
             self.floats.len()
@@ -349,10 +353,8 @@ pub fn zip_known(a: &Known, b: &Known, f: &dyn Fn(&Dim, &Dim) -> Option<Dim>) ->
     }
     let (la, lb) = (a.vals.len(), b.vals.len());
     let n = if la == lb { la } else if la == 1 { lb } else if lb == 1 { la } else { return None };
-    if a.dims.len() > 1 || b.dims.len() > 1 {
-        if a.dims != b.dims {
-            return None;
-        }
+    if (a.dims.len() > 1 || b.dims.len() > 1) && a.dims != b.dims {
+        return None;
     }
     let dims = if a.dims.len() >= b.dims.len() && la == n { a.dims.clone() } else { b.dims.clone() };
     let mut out = Vec::with_capacity(n);

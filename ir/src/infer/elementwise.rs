@@ -202,7 +202,7 @@ pub fn dropout(cx: &Cx) -> InferResult {
     let x = cx.req(0)?;
     let mut ts = vec![x.clone()];
     if cx.n_out() > 1 {
-        let mask = if cx.opset >= 12 { Some(DType::Bool) } else { x.dtype };
+        let mask = if cx.opset >= 10 { Some(DType::Bool) } else { x.dtype };
         ts.push(tt(mask, x.shape.clone()));
     }
     done_many(ts)

@@ -208,9 +208,12 @@ pub fn slice_len(d: &Dim, start: &Dim, end: &Dim, step: i64) -> Result<(Dim, Dim
     }
 }
 
+/// starts, ends, axes, steps.
+type SliceArgs = (Vec<Dim>, Vec<Dim>, Option<Vec<i64>>, Option<Vec<i64>>);
+
 pub fn slice(cx: &Cx) -> InferResult {
     let x = cx.req(0)?;
-    let (starts, ends, axes, steps): (Vec<Dim>, Vec<Dim>, Option<Vec<i64>>, Option<Vec<i64>>) = if cx.opset < 10 {
+    let (starts, ends, axes, steps): SliceArgs = if cx.opset < 10 {
         let f = |n: &str| cx.ints(n).map(|v| v.into_iter().map(Dim::from).collect::<Vec<_>>());
         (f("starts").ok_or("missing starts")?, f("ends").ok_or("missing ends")?, cx.ints("axes"), None)
     } else {
@@ -463,7 +466,7 @@ pub fn resize(cx: &Cx) -> InferResult {
         None => (0..s.len()).collect(),
     };
     let mut out = s.clone();
-    if let Some(sz) = sizes_slot.filter(|&i| cx.has(i) && cx.known(i).is_some_and(|k| k.len() > 0)) {
+    if let Some(sz) = sizes_slot.filter(|&i| cx.has(i) && cx.known(i).is_some_and(|k| !k.is_empty())) {
         let Some(v) = cx.known_dims(sz) else { return done(tt(x.dtype, None)) };
         if v.len() != axes.len() {
             return Err(format!("{} sizes for {} axes", v.len(), axes.len()));

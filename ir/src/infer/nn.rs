@@ -23,6 +23,7 @@ fn pads_of(cx: &Cx, n: usize) -> Result<Vec<i64>, String> {
 
 /// Output size of a sliding window: `floor_or_ceil((in + pads - dil*(k-1) - 1) / s) + 1`,
 /// or `ceil(in / s)` for SAME auto-padding.
+#[allow(clippy::too_many_arguments)]
 fn window_out(input: &Dim, k: i64, s: i64, d: i64, pb: i64, pe: i64, auto_pad: &str, ceil: bool) -> Result<Dim, String> {
     if s <= 0 || d <= 0 || k <= 0 {
         return Err(format!("bad window: kernel {k}, stride {s}, dilation {d}"));

@@ -401,3 +401,40 @@ fn eval_node_semantics() {
     let out = eval_node(&g, g.producer(wh).unwrap().0, &[Some(&cond), Some(&st), Some(&idx)], 17).unwrap();
     assert_eq!(out[0].as_i64s().unwrap(), vec![1, 0]);
 }
+
+#[test]
+fn misc_ops() {
+    let mut g = Graph::new("t");
+    let x = g.add_input("x", ty("f32[N,16,H,W]"));
+    let q = g.add_input("q", ty("f32[batch,12,seq,64]"));
+    let k = g.add_input("k", ty("f32[batch,12,seq,64]"));
+    let e = node(&mut g, Op::Einsum, &[q, k], &[("equation", Attr::String(b"bhqd,bhkd->bhqk".to_vec()))]);
+    let e2 = node(&mut g, Op::Einsum, &[q], &[("equation", Attr::String(b"...ij->...ji".to_vec()))]);
+    let pads = i64s(&mut g, "pads", &[0, 0, 1, 2, 0, 0, 3, 4]);
+    let p = node(&mut g, Op::Pad, &[x, pads], &[]);
+    let d2s = node(&mut g, Op::DepthToSpace, &[x], &[("blocksize", Attr::Int(2))]);
+    let s2d = node(&mut g, Op::SpaceToDepth, &[d2s], &[("blocksize", Attr::Int(2))]);
+    let reps = i64s(&mut g, "reps", &[1, 2, 1, 1]);
+    let tl = node(&mut g, Op::Tile, &[x, reps], &[]);
+    let scales = g.add_init("scales", Tensor::from_f32(vec![4], &[1.0, 1.0, 2.0, 2.0]));
+    let rz = g.add_node(NodeSpec { inputs: vec![Some(x), None, Some(scales)], ..NodeSpec::new("rz", Op::Resize).output("rz_out", TensorType::unknown()) });
+    let rz = g.node(rz).outputs()[0];
+    let ids = g.add_input("ids", ty("i64[batch,seq]"));
+    let depth = scalar(&mut g, "depth", 10);
+    let vals = g.add_init("vals", Tensor::from_f32(vec![2], &[0.0, 1.0]));
+    let oh = node(&mut g, Op::OneHot, &[ids, depth, vals], &[]);
+    let nz = node(&mut g, Op::NonZero, &[ids], &[]);
+    let fl = node(&mut g, Op::Flatten, &[x], &[("axis", Attr::Int(2))]);
+    let r = run(&mut g, 18);
+    assert!(r.errors.is_empty() && r.unknown.is_empty(), "{r:?}");
+    assert_eq!(g.ty(e), &ty("f32[batch,12,seq,seq]"));
+    assert_eq!(g.ty(e2), &ty("f32[batch,12,64,seq]"));
+    assert_eq!(g.ty(p), &ty("f32[N,16,H+4,W+6]"));
+    assert_eq!(g.ty(d2s), &ty("f32[N,4,2*H,2*W]"));
+    assert_eq!(g.ty(s2d), &ty("f32[N,16,H,W]"));
+    assert_eq!(g.ty(tl), &ty("f32[N,32,H,W]"));
+    assert_eq!(g.ty(rz), &ty("f32[N,16,2*H,2*W]"));
+    assert_eq!(g.ty(oh), &ty("f32[batch,seq,10]"));
+    assert_eq!(g.ty(nz).shape.as_ref().unwrap()[0], d("2"));
+    assert_eq!(g.ty(fl), &ty("f32[16*N,H*W]"));
+}
