@@ -57,6 +57,17 @@ fn run_model(path: &Path, opts: &InferOptions) -> (usize, usize, Vec<String>) {
     if let Err(es) = qsync_ir::verify::verify(g, l.opset) {
         problems.extend(es.iter().map(|e| format!("verify: {e}")));
     }
+    eprintln!("  warnings {}", report.warnings.len());
+    if std::env::var_os("QSYNC_SHOW").is_some() {
+        for n in g.node_ids() {
+            let node = g.node(n);
+            if matches!(node.op.op_type(), "Reshape" | "Expand" | "Range" | "Slice" | "ConstantOfShape") {
+                for &o in node.outputs() {
+                    eprintln!("  {} {} : {}", node.op.op_type(), g.value_name(o), g.ty(o));
+                }
+            }
+        }
+    }
     let mut compared = 0;
     if opts.batch.is_none() && opts.dims.is_empty() {
         for v in g.live_values() {

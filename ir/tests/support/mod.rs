@@ -19,8 +19,10 @@ pub struct Loaded {
 /// Run the converter on `model` and parse the JSON it writes.
 pub fn model_json(model: &Path) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/onnx_to_json.py");
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out = std::env::temp_dir().join(format!(
-        "qsync_ir_{}_{}.json",
+        "qsync_ir_{}_{}_{k}.json",
         model.file_stem().unwrap().to_string_lossy(),
         std::process::id()
     ));
