@@ -81,10 +81,18 @@ fn summarize(path: &Path, l: &Loaded) -> Summary {
             }
         }
     }
+    // Normalization running statistics are buffers, not trained parameters.
+    let buffers: std::collections::HashSet<qsync_ir::ValueId> = g
+        .node_ids()
+        .into_iter()
+        .filter(|&n| matches!(g.node(n).op, Op::BatchNormalization))
+        .flat_map(|n| [g.node(n).input(3), g.node(n).input(4)])
+        .flatten()
+        .collect();
     let (mut parameters, mut parameter_bytes, mut absent) = (0u64, 0u64, 0usize);
     for &v in g.inits() {
         if let ValueDef::Init(t) = &g.value(v).def {
-            if t.dtype.is_float() {
+            if t.dtype.is_float() && !buffers.contains(&v) {
                 parameters += t.numel();
                 parameter_bytes += t.byte_len();
             }
