@@ -237,9 +237,10 @@ fn cycle_by_inputs(graph: &Graph) -> Result<(), Vec<NodeId>> {
 /// Check the graph; `Err` holds every problem found.
 pub fn verify(graph: &Graph, opset: i64) -> Result<(), Vec<VerifyError>> {
     let mut errs = Vec::new();
-    // Doubly defined names.
+    // Doubly defined names. The empty name marks an omitted optional output
+    // (ONNX writes `""`), of which a graph may have many.
     let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
-    for v in graph.live_values() {
+    for v in graph.live_values().filter(|&v| !graph.value_name(v).is_empty()) {
         *by_name.entry(graph.value_name(v)).or_default() += 1;
     }
     for (name, count) in by_name {
