@@ -150,3 +150,52 @@ impl PassManager {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qsync_ir::text::parse_model;
+
+    /// A pass that leaves a use of a removed value behind.
+    #[derive(Debug)]
+    struct Breaker;
+
+    impl Pass for Breaker {
+        fn name(&self) -> &'static str {
+            "breaker"
+        }
+        fn run(&self, model: &mut Model, _cx: &mut PassContext) -> Result<PassOutcome, PassError> {
+            let g = &mut model.graph;
+            let first = g.schedule()[0];
+            g.remove_node(first);
+            Ok(PassOutcome::changed("removed a live node"))
+        }
+    }
+
+    fn model() -> Model {
+        parse_model(
+            "opset \"\" 17\ngraph \"g\" {\n  input %x: f32[2]\n  %y: f32[2] = Relu \"r\"(%x)\n  %z: f32[2] = Neg \"n\"(%y)\n  output %z\n}\n",
+        )
+        .expect("parse")
+    }
+
+    #[test]
+    fn verification_after_each_pass_names_the_pass() {
+        let mut pm = PassManager::new();
+        pm.add(Box::new(Breaker)).verify_each(true);
+        let err = pm.run(&mut model(), &mut PassContext::default()).expect_err("must fail");
+        let text = err.to_string();
+        assert!(text.contains("after pass `breaker`"), "{text}");
+        assert!(text.contains("\"n\" (Neg)") && text.contains("removed"), "{text}");
+    }
+
+    #[test]
+    fn verification_can_be_turned_off() {
+        let mut pm = PassManager::new();
+        pm.add(Box::new(Breaker)).verify_each(false);
+        let report = pm.run(&mut model(), &mut PassContext::default()).expect("runs");
+        assert_eq!(report.runs.len(), 1);
+        assert_eq!((report.runs[0].nodes_before, report.runs[0].nodes_after), (2, 1));
+        assert!(report.to_string().contains("breaker"));
+    }
+}
