@@ -74,7 +74,8 @@ impl Plan {
                 None if is_precision_dependent(&node.op) => {
                     let mut widest: Option<Precision> = None;
                     for v in node.inputs().iter().flatten() {
-                        if !graph.ty(*v).dtype.is_some_and(DType::is_float) {
+                        // Constants and weights are cast to the activation's precision.
+                        if !graph.ty(*v).dtype.is_some_and(DType::is_float) || graph.value(*v).init().is_some() {
                             continue;
                         }
                         let q = match graph.producer(*v) {
