@@ -34,6 +34,13 @@ pub struct IntraNode {
 }
 
 /// Fractions of peak that real kernels reach (calibrated, not datasheet).
+///
+/// Calibrated against published NVIDIA ResNet-50 training throughput at batch
+/// 32 (tests/real_models.rs prints them). V100: cuDNN FP32 convolutions reach
+/// ~90% of peak (Winograd cuts work on 3×3 layers), HBM2 streams ~85%, FP16
+/// Tensor Core convs ~60%. T4: the 70 W cap holds clocks well under boost
+/// under sustained load, so Tensor Cores reach ~30%, GDDR6 ~60%. Other
+/// devices keep the defaults (0.6 / 0.75 / 0.8) until profiled.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Efficiency {
