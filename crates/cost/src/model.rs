@@ -1,0 +1,205 @@
+//! The operator cost model: roofline time per phase of a node at a
+//! precision on a device, overridden by calibration profiles.
+//!
+//! `time = max(flops / (peak · eff), bytes / (bandwidth · eff_mem)) + kernels · launch`.
+//! Conv/GEMM phases run on Tensor Cores when the device has them for the
+//! precision and every GEMM dimension (channel counts for convolutions) is a
+//! multiple of the device's alignment; otherwise at the CUDA-core rate.
+//! INT8 Conv/GEMM follow QSync: the forward quantizes activation and weight
+//! (min/max, scale, quantize), multiplies in INT8 and dequantizes the INT32
+//! result to FP32; the backward runs in FP16 after casting the FP32 output
+//! gradient, the weight and the saved INT8 input to FP16.
+
+use std::collections::HashMap;
+
+use qsync_ir::NodeId;
+use serde::Serialize;
+
+use crate::cast::CastModel;
+use crate::facts::{GraphFacts, Kind, NodeFacts, Work};
+use crate::profile::{CastFit, Measured, Profile};
+use crate::{Bindings, Device, Precision, Result};
+
+/// Seconds charged to host-side shape arithmetic and views: they launch no
+/// kernel, but every node gets a positive cost.
+pub const HOST_OP_S: f64 = 1e-7;
+
+/// The cost of one node at one precision.
+#[derive(Copy, Clone, PartialEq, Debug, Default, Serialize)]
+pub struct OpCost {
+    /// Forward seconds, quantization work included.
+    pub fwd: f64,
+    /// Input-gradient seconds (0 when no input needs a gradient).
+    pub bwd_input: f64,
+    /// Weight-gradient seconds (0 when the node trains no parameter).
+    pub bwd_weight: f64,
+    /// Part of `fwd` spent quantizing / dequantizing (INT8 only).
+    pub quant: f64,
+    pub fwd_flops: f64,
+    pub bwd_input_flops: f64,
+    pub bwd_weight_flops: f64,
+    pub fwd_bytes: f64,
+    pub bwd_bytes: f64,
+    /// Whether the forward runs on Tensor Cores.
+    pub tensor_core: bool,
+    /// Whether a profile entry supplied the forward time.
+    pub measured: bool,
+}
+
+impl OpCost {
+    /// Forward plus backward seconds.
+    pub fn total(&self) -> f64 {
+        self.fwd + self.bwd_input + self.bwd_weight
+    }
+}
+
+/// Costs on one device, optionally calibrated.
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    device: Device,
+    casts: CastModel,
+    measured: HashMap<String, [Option<Measured>; 7]>,
+    fits: Vec<CastFit>,
+}
+
+impl CostModel {
+    /// A model for `device`; a profile's measured ops and fitted cast
+    /// models replace the analytic ones where they have data.
+    pub fn new(device: &Device, profile: Option<&Profile>) -> Result<CostModel> {
+        let mut casts = CastModel::analytic(device);
+        let (mut measured, mut fits) = (HashMap::new(), Vec::new());
+        if let Some(p) = profile {
+            measured = p.op_table();
+            fits = p.cast_fits()?;
+            for f in &fits {
+                casts.set(f.from, f.to, f.fit.model);
+            }
+        }
+        Ok(CostModel { device: device.clone(), casts, measured, fits })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn casts(&self) -> &CastModel {
+        &self.casts
+    }
+
+    /// The cast fits taken from the profile, with their errors.
+    pub fn cast_fits(&self) -> &[CastFit] {
+        &self.fits
+    }
+
+    /// Seconds to cast `elements` values (Campo eq. 1 / QSync's linear models).
+    pub fn cast_cost(&self, from: Precision, to: Precision, elements: f64) -> f64 {
+        self.casts.cast(from, to, elements)
+    }
+
+    /// Whether node facts `f` run on Tensor Cores at `p` on this device.
+    pub fn tensor_core_eligible(&self, f: &NodeFacts, p: Precision) -> bool {
+        let a = self.device.alignment(p) as i64;
+        f.kind.is_gemm_like() && self.device.tensor_peak(p) > 0.0 && a > 0 && f.align_dims.iter().all(|&d| d % a == 0)
+    }
+
+    /// The cost of node `n` at precision `p`. Pure and allocation-free.
+    pub fn op_cost(&self, facts: &GraphFacts, n: NodeId, p: Precision) -> Result<OpCost> {
+        self.device.require(p)?;
+        self.facts_cost(facts.node(n)?, p)
+    }
+
+    /// Convenience for one-off queries: builds the graph facts first (slow;
+    /// build a [`GraphFacts`] once and call [`CostModel::op_cost`] in loops).
+    pub fn op_cost_in(&self, graph: &qsync_ir::Graph, n: NodeId, p: Precision, bindings: &Bindings) -> Result<OpCost> {
+        self.op_cost(&GraphFacts::new(graph, bindings)?, n, p)
+    }
+
+    /// The cost of a node given its facts.
+    pub fn facts_cost(&self, f: &NodeFacts, p: Precision) -> Result<OpCost> {
+        self.device.require(p)?;
+        if matches!(f.kind, Kind::Host | Kind::View) {
+            return Ok(OpCost { fwd: HOST_OP_S, ..OpCost::default() });
+        }
+        let mut c = if p == Precision::Int8 { self.int8_cost(f) } else { self.float_cost(f, p) };
+        if let Some(m) = self.measured.get(&f.profile_key).and_then(|t| t[p.index()]) {
+            c.fwd = m.fwd;
+            c.quant = c.quant.min(m.fwd);
+            c.bwd_input = m.bwd_input.unwrap_or(c.bwd_input);
+            c.bwd_weight = m.bwd_weight.unwrap_or(c.bwd_weight);
+            c.measured = true;
+        }
+        Ok(c)
+    }
+
+    fn float_cost(&self, f: &NodeFacts, p: Precision) -> OpCost {
+        let tc = self.tensor_core_eligible(f, p);
+        OpCost {
+            fwd: self.phase(&f.fwd, f.kind, p, tc),
+            bwd_input: self.phase(&f.bwd_input, f.kind, p, tc),
+            bwd_weight: self.phase(&f.bwd_weight, f.kind, p, tc),
+            quant: 0.0,
+            fwd_flops: f.fwd.flops,
+            bwd_input_flops: f.bwd_input.flops,
+            bwd_weight_flops: f.bwd_weight.flops,
+            fwd_bytes: bytes(&f.fwd, p),
+            bwd_bytes: bytes(&f.bwd_input, p) + bytes(&f.bwd_weight, p),
+            tensor_core: tc,
+            measured: false,
+        }
+    }
+
+    /// QSync INT8: quantized forward, FP16 backward (FP32 where the device
+    /// has no FP16).
+    fn int8_cost(&self, f: &NodeFacts, ) -> OpCost {
+        let bwd_p = if self.device.supports(Precision::Fp16) { Precision::Fp16 } else { Precision::Fp32 };
+        let mut c = self.float_cost(f, bwd_p);
+        let tc = self.tensor_core_eligible(f, Precision::Int8);
+        if !f.kind.is_gemm_like() {
+            // Not a quantized kernel: the forward just moves 1-byte data.
+            c.fwd = self.phase(&f.fwd, f.kind, Precision::Int8, false);
+            c.fwd_bytes = bytes(&f.fwd, Precision::Int8);
+            c.tensor_core = false;
+            return c;
+        }
+        let cs = &self.casts;
+        // Forward: quantize activation and weight, INT8 GEMM writing INT32,
+        // dequantize (INT32 read, FP32 written) to the FP32 output.
+        let gemm = Work { elems: f.act_in + f.weight, fixed_bytes: f.fwd.fixed_bytes + 4.0 * f.out, ..f.fwd };
+        let dequant = 8.0 * f.out / (self.device.mem_bytes_per_s() * self.device.efficiency.memory) + self.device.launch_s();
+        let quant = cs.quantize(Precision::Fp32, f.act_in) + cs.quantize(Precision::Fp32, f.weight) + dequant;
+        c.fwd = self.phase(&gemm, f.kind, Precision::Int8, tc) + quant;
+        c.quant = quant;
+        c.fwd_bytes = bytes(&gemm, Precision::Int8) + 8.0 * f.out;
+        c.tensor_core = tc;
+        // Backward in FP16: casts of the output gradient and weight (dgrad),
+        // and of the saved INT8 input (wgrad).
+        if !f.bwd_input.is_empty() {
+            c.bwd_input += cs.cast(Precision::Fp32, bwd_p, f.out) + cs.cast(Precision::Fp32, bwd_p, f.weight);
+        }
+        if !f.bwd_weight.is_empty() {
+            c.bwd_weight += cs.dequantize(bwd_p, f.act_in) + if f.bwd_input.is_empty() { cs.cast(Precision::Fp32, bwd_p, f.out) } else { 0.0 };
+        }
+        c
+    }
+
+    /// Roofline time of one phase.
+    fn phase(&self, w: &Work, kind: Kind, p: Precision, tc: bool) -> f64 {
+        if w.is_empty() {
+            return 0.0;
+        }
+        let d = &self.device;
+        let rate = if tc && kind.is_gemm_like() {
+            d.tensor_peak(p) * d.efficiency.tensor_core
+        } else {
+            let peak = if d.cuda_peak(p) > 0.0 { d.cuda_peak(p) } else { d.cuda_peak(Precision::Fp32) };
+            peak * d.efficiency.cuda_core
+        };
+        let compute = if rate > 0.0 { w.flops / rate } else { 0.0 };
+        let memory = bytes(w, p) / (d.mem_bytes_per_s() * d.efficiency.memory);
+        compute.max(memory) + w.kernels * d.launch_s()
+    }
+}
+
+fn bytes(w: &Work, p: Precision) -> f64 {
+    w.elems * p.bytes() + w.fixed_bytes
+}
