@@ -45,16 +45,17 @@ impl Lcg {
     }
 }
 
-/// A random program of `n` ops; about one in four has weights, with gradient
-/// sizes drawn from `grads` in order so that every program built from the
-/// same `grads` all-reduces the same tensors.
+/// A random program of `n ≥ grads.len()` ops; about one in four has weights,
+/// taking every gradient size of `grads` in order, so that every program
+/// built from the same `grads` all-reduces the same tensors.
 pub fn random_program(rng: &mut Lcg, n: usize, grads: &[u64]) -> LocalProgram {
     let mut g = grads.iter();
     let ops = (0..n)
         .map(|i| {
             let fwd = rng.range(0.0, 50.0);
             let dg = rng.range(0.0, 80.0);
-            let cost = match (i % 4 == 1).then(|| g.next()).flatten() {
+            let must = g.len() >= n - i;
+            let cost = match (i % 4 == 1 || must).then(|| g.next()).flatten() {
                 Some(&bytes) => OpCost::weighted(fwd, dg, rng.range(0.0, 80.0), bytes),
                 None => OpCost::new(fwd, dg),
             };
