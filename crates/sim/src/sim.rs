@@ -1,0 +1,415 @@
+//! The replayer proper: one timeline per device type, merged through the
+//! collectives (QSync eq. 6).
+//!
+//! **Local DFG.** A device runs its forward ops in order, then for each op in
+//! reverse its input-gradient and weight-gradient kernels, on one compute
+//! stream with no gaps; that stream is the same whatever the network does, so
+//! it is a prefix sum over a step array `[fwd_0 … fwd_{n−1}, dgrad_{n−1},
+//! wgrad_{n−1}, …, dgrad_0, wgrad_0]`. Weight gradients fill DDP buckets in
+//! the order they are produced; a bucket is ready when its last gradient is.
+//!
+//! **Global DFG.** Collective `n` starts when every type has bucket `n` ready
+//! and collective `n−1` has ended, and lasts as long as its slowest
+//! participant. Each type's optimizer step starts once its backward is done
+//! and the last collective has ended; the iteration ends with the last
+//! optimizer step.
+//!
+//! **Incremental.** [`Simulator::set_op_cost`] rewrites three steps and marks
+//! the type's prefix sum stale from the first of them; [`Simulator::result`]
+//! recomputes only stale suffixes, with the same additions in the same order
+//! as a full simulation, so both give bit-identical results. The global merge
+//! (a pass over the buckets) is redone each time.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{AllReduceAlgo, Cluster, LocalProgram, OpCost, SimError};
+
+/// Simulation settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SimConfig {
+    /// DDP bucket capacity: a bucket closes once it holds at least this many
+    /// bytes. PyTorch's default is 25 MiB.
+    pub bucket_cap_bytes: u64,
+    pub algo: AllReduceAlgo,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig { bucket_cap_bytes: 25 << 20, algo: AllReduceAlgo::Hierarchical }
+    }
+}
+
+/// Results for one device type (every device of the type behaves alike).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceResult {
+    pub name: String,
+    pub count: u64,
+    /// Busy time of the compute stream: forward, backward, optimizer.
+    pub compute_us: f64,
+    /// Busy time of the communication stream (the collectives' global spans).
+    pub comm_us: f64,
+    /// Iteration time minus compute: waiting on collectives or on stragglers.
+    pub idle_us: f64,
+    /// End of the forward pass.
+    pub forward_end_us: f64,
+    /// End of the backward pass.
+    pub backward_end_us: f64,
+    /// End of the optimizer step.
+    pub finish_us: f64,
+    /// Static memory plus every activation saved for backward (the peak is
+    /// reached when the forward ends).
+    pub peak_memory_bytes: u64,
+    pub memory_capacity_bytes: Option<u64>,
+    /// Whether the peak fits the capacity (true when no capacity is known).
+    pub fits: bool,
+}
+
+/// One all-reduce.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CollectiveResult {
+    pub bytes: u64,
+    /// Per device type, when its bucket was ready.
+    pub ready_us: Vec<f64>,
+    pub start_us: f64,
+    pub end_us: f64,
+}
+
+/// One simulated iteration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimResult {
+    pub iteration_us: f64,
+    /// Global batch over iteration time (0 when the iteration takes no time).
+    pub samples_per_s: f64,
+    pub global_batch: u64,
+    /// Gradient payload all-reduced per iteration.
+    pub allreduce_bytes: u64,
+    pub devices: Vec<DeviceResult>,
+    pub collectives: Vec<CollectiveResult>,
+}
+
+/// A DDP bucket: a run of consecutive gradients in production order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Bucket {
+    pub bytes: u64,
+    /// Index of its last gradient in production order.
+    pub last_grad: usize,
+    /// Global duration: the slowest type's share.
+    pub dur_us: f64,
+}
+
+/// One device type's local DFG.
+#[derive(Debug, Clone)]
+pub(crate) struct Timeline {
+    pub program: LocalProgram,
+    /// Step durations, see the module doc for the layout.
+    pub dur: Vec<f64>,
+    /// Step end times (prefix sums of `dur`).
+    pub end: Vec<f64>,
+    /// First step whose `end` is stale (`end.len()` when none is).
+    pub stale_from: usize,
+    /// Steps of the weight-gradient kernels that produce gradients, in
+    /// production order.
+    pub grad_steps: Vec<usize>,
+    pub saved_bytes: u64,
+}
+
+impl Timeline {
+    fn new(program: LocalProgram) -> Timeline {
+        let n = program.ops.len();
+        let mut dur = vec![0.0; 3 * n];
+        let mut grad_steps = Vec::new();
+        for (i, op) in program.ops.iter().enumerate() {
+            dur[i] = op.cost.fwd_us;
+            let (dg, wg) = bwd_steps(n, i);
+            dur[dg] = op.cost.input_grad_us;
+            dur[wg] = op.cost.weight_grad_us;
+        }
+        for i in (0..n).rev() {
+            if program.ops[i].cost.grad_bytes > 0 {
+                grad_steps.push(bwd_steps(n, i).1);
+            }
+        }
+        let saved_bytes = program.ops.iter().map(|o| o.cost.saved_bytes).sum();
+        let mut t = Timeline { program, end: vec![0.0; 3 * n], dur, stale_from: 0, grad_steps, saved_bytes };
+        t.refresh();
+        t
+    }
+
+    fn refresh(&mut self) {
+        let mut acc = if self.stale_from == 0 { 0.0 } else { self.end[self.stale_from - 1] };
+        for k in self.stale_from..self.dur.len() {
+            acc += self.dur[k];
+            self.end[k] = acc;
+        }
+        self.stale_from = self.dur.len();
+    }
+
+    pub fn n_ops(&self) -> usize {
+        self.program.ops.len()
+    }
+
+    pub fn forward_end(&self) -> f64 {
+        let n = self.n_ops();
+        if n == 0 {
+            0.0
+        } else {
+            self.end[n - 1]
+        }
+    }
+
+    pub fn backward_end(&self) -> f64 {
+        self.end.last().copied().unwrap_or(0.0)
+    }
+
+    /// Start of step `k`.
+    pub fn start(&self, k: usize) -> f64 {
+        self.end[k] - self.dur[k]
+    }
+}
+
+/// Steps of op `i`'s input-gradient and weight-gradient kernels.
+pub(crate) fn bwd_steps(n: usize, i: usize) -> (usize, usize) {
+    let r = n - 1 - i;
+    (n + 2 * r, n + 2 * r + 1)
+}
+
+/// The replayer for one cluster and one program per device type.
+#[derive(Debug, Clone)]
+pub struct Simulator {
+    pub(crate) cluster: Cluster,
+    pub(crate) config: SimConfig,
+    pub(crate) timelines: Vec<Timeline>,
+    pub(crate) buckets: Vec<Bucket>,
+    result: Option<SimResult>,
+}
+
+impl Simulator {
+    /// Check the input and simulate. `programs[t]` is what every device of
+    /// `cluster.types[t]` runs.
+    pub fn new(cluster: Cluster, programs: Vec<LocalProgram>, config: SimConfig) -> Result<Simulator, SimError> {
+        cluster.validate()?;
+        if config.bucket_cap_bytes == 0 {
+            return Err(SimError::ZeroBucketCap);
+        }
+        if programs.len() != cluster.types.len() {
+            return Err(SimError::ProgramCount { types: cluster.types.len(), programs: programs.len() });
+        }
+        for (t, p) in programs.iter().enumerate() {
+            check_program(&cluster, t, p)?;
+        }
+        let grads = grad_sequence(&programs[0]);
+        for (t, p) in programs.iter().enumerate().skip(1) {
+            check_same_grads(&cluster, t, &grads, p)?;
+        }
+        let buckets = make_buckets(&cluster, &config, &grads);
+        let timelines = programs.into_iter().map(Timeline::new).collect();
+        let mut sim = Simulator { cluster, config, timelines, buckets, result: None };
+        let r = sim.merge();
+        sim.result = Some(r);
+        Ok(sim)
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    /// Index of the device type called `name`.
+    pub fn device_index(&self, name: &str) -> Option<usize> {
+        self.cluster.types.iter().position(|t| t.name == name)
+    }
+
+    /// The program device type `t` runs (with every change applied).
+    pub fn program(&self, t: usize) -> Option<&LocalProgram> {
+        self.timelines.get(t).map(|tl| &tl.program)
+    }
+
+    /// Number of DDP buckets (= collectives per iteration).
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Change op `op` of device type `t`. Its gradient bytes must stay the
+    /// same (the buckets are shared by all types); a plan that changes the op
+    /// list goes through [`Simulator::set_program`].
+    pub fn set_op_cost(&mut self, t: usize, op: usize, cost: OpCost) -> Result<(), SimError> {
+        let tl = self.timelines.get_mut(t).ok_or(SimError::NoDevice(t))?;
+        let device = &self.cluster.types[t].name;
+        let n = tl.program.ops.len();
+        let old = tl.program.ops.get(op).ok_or_else(|| SimError::NoOp { device: device.clone(), index: op, len: n })?;
+        let name = &old.name;
+        check_cost(device, op, name, &cost)?;
+        if old.cost.grad_bytes != cost.grad_bytes {
+            let (old, new) = (old.cost.grad_bytes, cost.grad_bytes);
+            return Err(SimError::GradBytesChanged { device: device.clone(), index: op, op: name.clone(), old, new });
+        }
+        let (dg, wg) = bwd_steps(n, op);
+        let mut first = usize::MAX;
+        for (k, v) in [(op, cost.fwd_us), (dg, cost.input_grad_us), (wg, cost.weight_grad_us)] {
+            if tl.dur[k].to_bits() != v.to_bits() {
+                tl.dur[k] = v;
+                first = first.min(k);
+            }
+        }
+        tl.stale_from = tl.stale_from.min(first);
+        tl.saved_bytes = tl.saved_bytes - tl.program.ops[op].cost.saved_bytes + cost.saved_bytes;
+        tl.program.ops[op].cost = cost;
+        self.result = None;
+        Ok(())
+    }
+
+    /// Change the optimizer step time of device type `t`.
+    pub fn set_optimizer_us(&mut self, t: usize, us: f64) -> Result<(), SimError> {
+        let tl = self.timelines.get_mut(t).ok_or(SimError::NoDevice(t))?;
+        if !us.is_finite() || us < 0.0 {
+            let device = self.cluster.types[t].name.clone();
+            return Err(SimError::BadNumber { device, what: "optimizer time", value: us });
+        }
+        tl.program.optimizer_us = us;
+        self.result = None;
+        Ok(())
+    }
+
+    /// Replace device type `t`'s whole program (e.g. a plan that inserts
+    /// casts). Only that type's timeline is rebuilt; it must produce the same
+    /// gradients as the others.
+    pub fn set_program(&mut self, t: usize, program: LocalProgram) -> Result<(), SimError> {
+        if t >= self.timelines.len() {
+            return Err(SimError::NoDevice(t));
+        }
+        check_program(&self.cluster, t, &program)?;
+        let reference = if t == 0 { 1 } else { 0 };
+        if let Some(other) = self.timelines.get(reference) {
+            check_same_grads(&self.cluster, t, &grad_sequence(&other.program), &program)?;
+        } else {
+            let grads = grad_sequence(&program);
+            self.buckets = make_buckets(&self.cluster, &self.config, &grads);
+        }
+        self.timelines[t] = Timeline::new(program);
+        self.result = None;
+        Ok(())
+    }
+
+    /// The simulated iteration with every change so far applied.
+    pub fn result(&mut self) -> &SimResult {
+        let r = match self.result.take() {
+            Some(r) => r,
+            None => self.merge(),
+        };
+        self.result.insert(r)
+    }
+
+    /// Bring stale timelines up to date and redo the global merge (eq. 6).
+    fn merge(&mut self) -> SimResult {
+        for tl in &mut self.timelines {
+            if tl.stale_from < tl.dur.len() {
+                tl.refresh();
+            }
+        }
+        let mut collectives = Vec::with_capacity(self.buckets.len());
+        let mut prev_end = 0.0f64;
+        for b in &self.buckets {
+            let ready_us: Vec<f64> = self.timelines.iter().map(|tl| tl.end[tl.grad_steps[b.last_grad]]).collect();
+            let start_us = ready_us.iter().fold(prev_end, |a, &r| a.max(r));
+            let end_us = start_us + b.dur_us;
+            prev_end = end_us;
+            collectives.push(CollectiveResult { bytes: b.bytes, ready_us, start_us, end_us });
+        }
+        let comm_us: f64 = self.buckets.iter().map(|b| b.dur_us).sum();
+        let mut devices = Vec::with_capacity(self.timelines.len());
+        for (tl, ty) in self.timelines.iter().zip(&self.cluster.types) {
+            let backward_end_us = tl.backward_end();
+            let finish_us = backward_end_us.max(prev_end) + tl.program.optimizer_us;
+            let peak_memory_bytes = ty.static_memory_bytes + tl.saved_bytes;
+            devices.push(DeviceResult {
+                name: ty.name.clone(),
+                count: ty.count(),
+                compute_us: backward_end_us + tl.program.optimizer_us,
+                comm_us,
+                idle_us: 0.0,
+                forward_end_us: tl.forward_end(),
+                backward_end_us,
+                finish_us,
+                peak_memory_bytes,
+                memory_capacity_bytes: ty.memory_capacity_bytes,
+                fits: ty.memory_capacity_bytes.is_none_or(|c| peak_memory_bytes <= c),
+            });
+        }
+        let iteration_us = devices.iter().fold(0.0f64, |a, d| a.max(d.finish_us));
+        for d in &mut devices {
+            d.idle_us = iteration_us - d.compute_us;
+        }
+        let global_batch = self.cluster.global_batch();
+        let samples_per_s = if iteration_us > 0.0 { global_batch as f64 / (iteration_us * 1e-6) } else { 0.0 };
+        SimResult {
+            iteration_us,
+            samples_per_s,
+            global_batch,
+            allreduce_bytes: self.buckets.iter().map(|b| b.bytes).sum(),
+            devices,
+            collectives,
+        }
+    }
+}
+
+fn check_cost(device: &str, index: usize, op: &str, c: &OpCost) -> Result<(), SimError> {
+    for (what, value) in [("forward time", c.fwd_us), ("input-gradient time", c.input_grad_us), ("weight-gradient time", c.weight_grad_us)] {
+        if !value.is_finite() || value < 0.0 {
+            return Err(SimError::BadCost { device: device.to_string(), index, op: op.to_string(), what, value });
+        }
+    }
+    Ok(())
+}
+
+fn check_program(cluster: &Cluster, t: usize, p: &LocalProgram) -> Result<(), SimError> {
+    let device = &cluster.types[t].name;
+    for (i, op) in p.ops.iter().enumerate() {
+        check_cost(device, i, &op.name, &op.cost)?;
+    }
+    if !p.optimizer_us.is_finite() || p.optimizer_us < 0.0 {
+        return Err(SimError::BadNumber { device: device.clone(), what: "optimizer time", value: p.optimizer_us });
+    }
+    Ok(())
+}
+
+/// Gradient sizes in production (backward) order.
+fn grad_sequence(p: &LocalProgram) -> Vec<u64> {
+    p.ops.iter().rev().map(|o| o.cost.grad_bytes).filter(|&b| b > 0).collect()
+}
+
+fn check_same_grads(cluster: &Cluster, t: usize, reference: &[u64], p: &LocalProgram) -> Result<(), SimError> {
+    let found = grad_sequence(p);
+    if found == reference {
+        return Ok(());
+    }
+    let ref_t = if t == 0 { 1 } else { 0 };
+    Err(SimError::MismatchedGradients {
+        device: cluster.types[t].name.clone(),
+        reference: cluster.types[ref_t].name.clone(),
+        found: found.len(),
+        found_bytes: found.iter().sum(),
+        expected: reference.len(),
+        expected_bytes: reference.iter().sum(),
+    })
+}
+
+/// DDP bucketing: take gradients in production order, close a bucket as soon
+/// as it holds at least the capacity, and close the last one at the end.
+fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Bucket> {
+    let mut buckets = Vec::new();
+    let mut bytes = 0u64;
+    for (k, &g) in grads.iter().enumerate() {
+        bytes += g;
+        if bytes >= config.bucket_cap_bytes || k + 1 == grads.len() {
+            let dur_us = (0..cluster.types.len())
+                .map(|t| cluster.allreduce_us(t, bytes, config.algo))
+                .fold(0.0f64, f64::max);
+            buckets.push(Bucket { bytes, last_grad: k, dur_us });
+            bytes = 0;
+        }
+    }
+    buckets
+}
