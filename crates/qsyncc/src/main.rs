@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod inspect;
 mod load;
+mod simulate;
 
 #[derive(Parser, Debug)]
 #[command(name = "qsyncc", version, about = "Mixed-precision planning compiler for hybrid GPU clusters")]
@@ -48,6 +49,8 @@ enum Cmd {
         #[arg(long)]
         no_verify: bool,
     },
+    /// Predict iteration time and memory on a hybrid data-parallel cluster.
+    Simulate(simulate::SimulateArgs),
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -60,7 +63,7 @@ struct DimArgs {
     dims: Vec<(String, i64)>,
 }
 
-fn parse_dim_binding(s: &str) -> Result<(String, i64), String> {
+pub(crate) fn parse_dim_binding(s: &str) -> Result<(String, i64), String> {
     let (name, val) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=N"))?;
     let name = name.trim();
     if name.is_empty() {
@@ -104,6 +107,7 @@ fn run(cli: Cli) -> Result<()> {
                 None => write_stdout(&qsync_ir::text::print_model(&loaded.model)),
             }
         }
+        Cmd::Simulate(args) => write_stdout(&simulate::run(&args)?),
     }
 }
 

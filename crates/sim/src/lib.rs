@@ -43,11 +43,13 @@
 
 mod cluster;
 mod error;
+pub mod predict;
 mod program;
 mod sim;
 mod trace;
 
 pub use cluster::{AllReduceAlgo, Cluster, DeviceType};
 pub use error::SimError;
+pub use predict::{optimizer_seconds, PredictError, PredictOptions, Predictor, Target};
 pub use program::{CostSource, LocalOp, LocalProgram, OpCost};
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};

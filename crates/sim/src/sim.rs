@@ -273,6 +273,16 @@ impl Simulator {
         Ok(())
     }
 
+    /// Change the memory of device type `t` that does not depend on the
+    /// timeline (weights, optimizer state, activations when the caller
+    /// estimates the whole peak itself).
+    pub fn set_static_memory(&mut self, t: usize, bytes: u64) -> Result<(), SimError> {
+        let ty = self.cluster.types.get_mut(t).ok_or(SimError::NoDevice(t))?;
+        ty.static_memory_bytes = bytes;
+        self.result = None;
+        Ok(())
+    }
+
     /// Replace device type `t`'s whole program (e.g. a plan that inserts
     /// casts). Only that type's timeline is rebuilt; it must produce the same
     /// gradients as the others.

@@ -1,0 +1,288 @@
+//! `qsyncc simulate`: predicted iteration time and memory of a model on a
+//! hybrid data-parallel cluster, from the cost model and the replayer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use qsync_cost::{Bindings, DeviceDb, Optimizer, Plan, Precision};
+use qsync_ir::infer::InferOptions;
+use qsync_ir::Graph;
+use qsync_sim::{PredictOptions, Predictor, SimConfig, Target};
+use serde::Serialize;
+
+use crate::load;
+
+/// Arguments of `qsyncc simulate`.
+#[derive(clap::Args, Debug)]
+pub struct SimulateArgs {
+    /// An ONNX model (.onnx) or qsync text IR (.qir).
+    pub model: PathBuf,
+    /// Device types and counts: `v100:16,t4:16` (a name alone is one device;
+    /// `t4:16/4` puts 4 devices in each node; the default is up to 8 a node).
+    #[arg(long)]
+    pub targets: String,
+    /// Samples per device per iteration (the global batch is this times the device count).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
+    pub batch: i64,
+    /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
+    #[arg(long = "dim", value_parser = crate::parse_dim_binding)]
+    pub dims: Vec<(String, i64)>,
+    /// Uniform precision of a device type: `t4=fp16` (repeatable; default fp32,
+    /// or the precisions annotated in the model).
+    #[arg(long, value_delimiter = ',')]
+    pub precision: Vec<String>,
+    /// Available memory of a device type: `t4=30%` or `t4=0.3` (repeatable).
+    #[arg(long, value_delimiter = ',')]
+    pub memory: Vec<String>,
+    /// Optimizer whose state is kept: sgd, momentum or adam.
+    #[arg(long, default_value = "adam")]
+    pub optimizer: String,
+    /// Gradient bucket size in MiB.
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
+    /// Extra device description files (JSON, the format of the bundled ones).
+    #[arg(long = "device-file")]
+    pub device_files: Vec<PathBuf>,
+    /// Write a Chrome trace (opens in Perfetto) of the iteration.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `name[:count[/per_node]]`.
+fn parse_target(s: &str) -> Result<(String, u32, u32)> {
+    let s = s.trim();
+    let (name, rest) = s.split_once(':').unwrap_or((s, "1"));
+    let (count, per_node) = match rest.split_once('/') {
+        Some((c, p)) => (c, Some(p)),
+        None => (rest, None),
+    };
+    let count: u32 = count.trim().parse().with_context(|| format!("target `{s}`: `{count}` is not a device count"))?;
+    if count == 0 {
+        bail!("target `{s}`: the device count must be at least 1");
+    }
+    let per_node = match per_node {
+        Some(p) => p.trim().parse::<u32>().ok().filter(|&p| p > 0).with_context(|| format!("target `{s}`: bad devices per node `{p}`"))?,
+        None => count.min(8),
+    };
+    if name.trim().is_empty() {
+        bail!("target `{s}` has no device name");
+    }
+    Ok((name.trim().to_ascii_lowercase(), count, per_node))
+}
+
+fn parse_kv<'a>(flag: &str, s: &'a str) -> Result<(String, &'a str)> {
+    let (k, v) = s.split_once('=').with_context(|| format!("--{flag} `{s}` is not DEVICE=VALUE"))?;
+    Ok((k.trim().to_ascii_lowercase(), v.trim()))
+}
+
+fn parse_fraction(s: &str) -> Result<f64> {
+    let f = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => s.parse::<f64>(),
+    }
+    .with_context(|| format!("`{s}` is not a fraction (30% or 0.3)"))?;
+    if !(f > 0.0 && f <= 1.0) {
+        bail!("memory fraction `{s}` must be in (0, 100%]");
+    }
+    Ok(f)
+}
+
+/// Symbols still free in the graph's shapes.
+fn free_symbols(g: &Graph) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for v in g.live_values() {
+        for d in g.ty(v).shape.iter().flatten() {
+            out.extend(d.symbols().iter().map(|s| s.to_string()));
+        }
+    }
+    out
+}
+
+/// Unbound symbols other than the batch take this value, with a warning.
+const DEFAULT_DIM: i64 = 128;
+
+#[derive(Serialize, Debug)]
+struct DeviceJson {
+    count: u64,
+    local_batch: u32,
+    precision: String,
+    compute_ms: f64,
+    comm_ms: f64,
+    idle_ms: f64,
+    peak_memory_bytes: u64,
+    memory_capacity_bytes: Option<u64>,
+    fits: bool,
+    memory: qsync_cost::MemoryBreakdown,
+}
+
+#[derive(Serialize, Debug)]
+struct SimJson {
+    model: String,
+    iteration_ms: f64,
+    samples_per_s: f64,
+    global_batch: u64,
+    allreduce_bytes: u64,
+    devices: BTreeMap<String, DeviceJson>,
+    warnings: Vec<String>,
+}
+
+pub fn run(a: &SimulateArgs) -> Result<String> {
+    let mut db = DeviceDb::bundled()?;
+    for f in &a.device_files {
+        db.load_file(f)?;
+    }
+    let specs: Vec<(String, u32, u32)> = a.targets.split(',').map(parse_target).collect::<Result<_>>()?;
+    let mut seen = BTreeSet::new();
+    for (name, _, _) in &specs {
+        db.get(name)?;
+        if !seen.insert(name.clone()) {
+            bail!("--targets names `{name}` twice");
+        }
+    }
+    let mut precisions: BTreeMap<String, Precision> = BTreeMap::new();
+    for s in &a.precision {
+        let (k, v) = parse_kv("precision", s)?;
+        if !seen.contains(&k) {
+            bail!("--precision names `{k}`, which is not among --targets");
+        }
+        let p: Precision = v.parse().map_err(|e| anyhow::anyhow!("--precision {s}: {e}"))?;
+        precisions.insert(k, p);
+    }
+    let mut fractions: BTreeMap<String, f64> = BTreeMap::new();
+    for s in &a.memory {
+        let (k, v) = parse_kv("memory", s)?;
+        if !seen.contains(&k) {
+            bail!("--memory names `{k}`, which is not among --targets");
+        }
+        fractions.insert(k, parse_fraction(v)?);
+    }
+    let optimizer = match a.optimizer.as_str() {
+        "sgd" => Optimizer::Sgd { momentum: false },
+        "momentum" | "sgd-momentum" => Optimizer::Sgd { momentum: true },
+        "adam" | "adamw" => Optimizer::Adam,
+        o => bail!("unknown optimizer `{o}` (sgd, momentum, adam)"),
+    };
+    if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0) {
+        bail!("--bucket-mb must be positive");
+    }
+
+    let opts = InferOptions { batch: Some(a.batch), dims: a.dims.iter().cloned().collect() };
+    let loaded = load::load_model(&a.model, &opts)?;
+    let mut warnings = loaded.warnings.clone();
+    let g = &loaded.model.graph;
+    let work_scale = match loaded.fixed_batch {
+        Some(b) if b > 0 => a.batch as f64 / b as f64,
+        _ => 1.0,
+    };
+    let mut bindings = Bindings::new();
+    for s in free_symbols(g) {
+        warnings.push(format!("dimension `{s}` is not bound; using {DEFAULT_DIM} (bind it with --dim {s}=N)"));
+        bindings.set(&s, DEFAULT_DIM);
+    }
+    // Precisions annotated in the model (a planned model) are its plan.
+    let mut annotated = Plan::new();
+    for n in g.node_ids() {
+        if let Some(p) = g.node(n).precision.and_then(Precision::from_dtype) {
+            annotated.set(n, p);
+        }
+    }
+    let mut targets = Vec::new();
+    for (name, count, per_node) in &specs {
+        let device = db.get(name)?.clone();
+        let plan = match precisions.get(name) {
+            Some(&p) => Plan::uniform(g, p),
+            None => annotated.clone(),
+        };
+        targets.push(Target {
+            device,
+            count: *count,
+            per_node: *per_node,
+            local_batch: a.batch as u32,
+            plan,
+            memory_fraction: fractions.get(name).copied(),
+        });
+    }
+    let popts = PredictOptions {
+        bindings,
+        work_scale,
+        optimizer,
+        config: SimConfig { bucket_cap_bytes: (a.bucket_mb * (1u64 << 20) as f64) as u64, ..SimConfig::default() },
+    };
+    let label = a.model.display().to_string();
+    let mut pred = Predictor::new(g, targets, popts).with_context(|| label.clone())?;
+    if let Some(path) = &a.trace {
+        std::fs::write(path, pred.chrome_trace_json()).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let r = pred.result().clone();
+    let mut devices = BTreeMap::new();
+    for (i, d) in r.devices.iter().enumerate() {
+        let precision = precisions.get(&d.name).map_or_else(
+            || if g.node_ids().iter().any(|&n| g.node(n).precision.is_some()) { "planned".to_string() } else { "fp32".to_string() },
+            |p| p.to_string(),
+        );
+        if !d.fits {
+            warnings.push(format!(
+                "{}: the plan does not fit: {:.2} GiB needed, {:.2} GiB available",
+                d.name,
+                d.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+                d.memory_capacity_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64
+            ));
+        }
+        devices.insert(
+            d.name.clone(),
+            DeviceJson {
+                count: d.count,
+                local_batch: a.batch as u32,
+                precision,
+                compute_ms: d.compute_us / 1e3,
+                comm_ms: d.comm_us / 1e3,
+                idle_ms: d.idle_us / 1e3,
+                peak_memory_bytes: d.peak_memory_bytes,
+                memory_capacity_bytes: d.memory_capacity_bytes,
+                fits: d.fits,
+                memory: pred.memory(i).copied().unwrap_or_default(),
+            },
+        );
+    }
+    let out = SimJson {
+        model: label,
+        iteration_ms: r.iteration_us / 1e3,
+        samples_per_s: r.samples_per_s,
+        global_batch: r.global_batch,
+        allreduce_bytes: r.allreduce_bytes,
+        devices,
+        warnings,
+    };
+    if a.json {
+        return Ok(serde_json::to_string_pretty(&out)? + "\n");
+    }
+    let mut o = String::new();
+    let _ = writeln!(o, "model        {}", out.model);
+    let _ = writeln!(o, "iteration    {:.3} ms  ({:.1} samples/s, global batch {})", out.iteration_ms, out.samples_per_s, out.global_batch);
+    let _ = writeln!(o, "all-reduce   {:.1} MiB of gradients", out.allreduce_bytes as f64 / (1u64 << 20) as f64);
+    let _ = writeln!(o, "{:<12} {:>5} {:>9} {:>12} {:>10} {:>10} {:>12} {:>12}", "device", "count", "precision", "compute ms", "comm ms", "idle ms", "memory GiB", "capacity GiB");
+    for (name, d) in &out.devices {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let _ = writeln!(
+            o,
+            "{name:<12} {:>5} {:>9} {:>12.3} {:>10.3} {:>10.3} {:>12.2} {:>12.2}{}",
+            d.count,
+            d.precision,
+            d.compute_ms,
+            d.comm_ms,
+            d.idle_ms,
+            gib(d.peak_memory_bytes),
+            gib(d.memory_capacity_bytes.unwrap_or(0)),
+            if d.fits { "" } else { "  DOES NOT FIT" }
+        );
+    }
+    for w in &out.warnings {
+        let _ = writeln!(o, "warning: {w}");
+    }
+    Ok(o)
+}
