@@ -356,7 +356,13 @@ impl P {
                 }
                 Tok::Name(n) => {
                     self.pos += 1;
-                    if self.eat_op(":") {
+                    if self.is_op("[") {
+                        // `__annotations__["0"] = Type`: submodule types of containers.
+                        while !matches!(self.peek(), Tok::Newline | Tok::Eof) {
+                            self.pos += 1;
+                        }
+                        self.newline()?;
+                    } else if self.eat_op(":") {
                         let ty = self.skip_type()?;
                         c.attrs.push((n, ty));
                         self.newline()?;
