@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use qsync_ir::infer::Incremental;
-use qsync_ir::{Attr, DType, Graph, NodeSpec, Op, Tensor, TensorData, TensorType, ValueId};
+use qsync_ir::{Attr, DType, Graph, NodeSpec, Op, Tensor, TensorType, ValueId};
 
 use crate::archive::Archive;
 use crate::code::{self, ClassDef, CodeFile, Expr, FnDef, Stmt, StmtKind};
@@ -649,9 +649,4 @@ fn collect_assigned(body: &[Stmt], out: &mut Vec<String>) {
             _ => {}
         }
     }
-}
-
-/// Whether a tensor holds inline values (used by tests).
-pub fn is_inline(t: &Tensor) -> bool {
-    matches!(t.data, TensorData::Inline(_))
 }

@@ -422,10 +422,9 @@ impl<'a> Vm<'a> {
                 }
                 b'b' => {
                     let state = self.pop()?;
-                    match self.top()? {
-                        PyVal::Object(o) => o.borrow_mut().state = state,
-                        // OrderedDict and friends built by REDUCE carry no state worth keeping.
-                        _ => {}
+                    // OrderedDict and friends built by REDUCE carry no state worth keeping.
+                    if let PyVal::Object(o) = self.top()? {
+                        o.borrow_mut().state = state;
                     }
                 }
                 b'Q' => {
@@ -515,7 +514,7 @@ impl<'a> Vm<'a> {
 }
 
 fn pairs(items: Vec<PyVal>) -> Option<Vec<(PyVal, PyVal)>> {
-    if items.len() % 2 != 0 {
+    if !items.len().is_multiple_of(2) {
         return None;
     }
     let mut it = items.into_iter();

@@ -13,7 +13,9 @@ fn archive(name: &str) -> Vec<u8> {
 }
 
 /// Rewrite an archive, replacing or dropping members (`None` drops).
-fn rewrite(bytes: &[u8], edit: &dyn Fn(&str, Vec<u8>) -> Option<Vec<u8>>) -> Vec<u8> {
+type Edit<'a> = &'a dyn Fn(&str, Vec<u8>) -> Option<Vec<u8>>;
+
+fn rewrite(bytes: &[u8], edit: Edit) -> Vec<u8> {
     let mut zin = zip::ZipArchive::new(Cursor::new(bytes)).expect("zip");
     let mut out = zip::ZipWriter::new(Cursor::new(Vec::new()));
     let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use qsync_ir::{Graph, Model, Op, OpClass, ValueDef};
+use qsync_ir::{Graph, Model, Op, OpClass};
 
 fn models_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models")
@@ -59,7 +59,7 @@ fn check(name: &str, params: u64) -> (Model, Model) {
     let unknown: Vec<_> = g.live_values().filter(|&v| !g.ty(v).is_complete()).map(|v| g.value_name(v).to_string()).collect();
     assert!(unknown.is_empty(), "{name}: unknown shapes {unknown:?}");
     assert_eq!(parameters(g), params, "{name}: parameters");
-    let onnx = qsync_onnx::import_file(&models_dir().join(format!("{name}.onnx"))).unwrap_or_else(|e| panic!("{e}"));
+    let onnx = qsync_onnx::import_file(models_dir().join(format!("{name}.onnx"))).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{name}: ts {:?}\n onnx {:?}", histogram(g), histogram(&onnx.graph));
     for c in [OpClass::Conv, OpClass::MatMul] {
         assert_eq!(class_count(g, c), class_count(&onnx.graph, c), "{name}: {c:?} count");
