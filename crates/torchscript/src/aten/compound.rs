@@ -17,9 +17,9 @@ pub(super) fn ones_like(lw: &mut Lowerer, v: ValueId) -> Result<ValueId> {
 
 pub(super) fn fill(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
     let (shape, value_idx, dtype_idx, like) = match name {
-        "zeros" | "ones" => (lw.shape_tensor(&a.get(0, "size"))?, None, 1, None),
+        "zeros" | "ones" | "empty" => (lw.shape_tensor(&a.get(0, "size"))?, None, 1, None),
         "full" => (lw.shape_tensor(&a.get(0, "size"))?, Some(1), 2, None),
-        "new_zeros" | "new_ones" => (lw.shape_tensor(&a.get(1, "size"))?, None, 2, Some(lw.tensor(&a.get(0, "input"), name)?)),
+        "new_zeros" | "new_ones" | "new_empty" => (lw.shape_tensor(&a.get(1, "size"))?, None, 2, Some(lw.tensor(&a.get(0, "input"), name)?)),
         "new_full" => (lw.shape_tensor(&a.get(1, "size"))?, Some(2), 3, Some(lw.tensor(&a.get(0, "input"), name)?)),
         "full_like" => {
             let x = lw.tensor(&a.get(0, "input"), name)?;
@@ -228,4 +228,170 @@ pub(super) fn pool(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
         Op::AveragePool
     };
     Ok(Val::Tensor(lw.node(op, vec![x], attrs)?))
+}
+
+/// A static size of `x` along `dim`, when the shape says so.
+fn static_dim(lw: &Lowerer, x: ValueId, dim: i64) -> Option<(usize, i64)> {
+    let s = lw.ty(x).shape.as_ref()?;
+    let r = s.len() as i64;
+    let d = if dim < 0 { dim + r } else { dim };
+    let c = s.get(usize::try_from(d).ok()?)?.as_const()?;
+    Some((d as usize, c))
+}
+
+/// `split` / `split_with_sizes` / `chunk` / `unbind`: one `Split` with static sizes.
+pub(super) fn split(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
+    let x = lw.tensor(&a.get(0, "input"), name)?;
+    let dim = if name == "unbind" { int(&a.get(1, "dim")).unwrap_or(0) } else { int(&a.get(2, "dim")).unwrap_or(0) };
+    let Some((axis, len)) = static_dim(lw, x, dim) else { return lw.opaque(name, a) };
+    let sizes: Vec<i64> = match name {
+        "unbind" => vec![1; len.max(0) as usize],
+        "chunk" => {
+            let c = int(&a.get(1, "chunks")).unwrap_or(1).max(1);
+            let each = (len + c - 1) / c;
+            let mut v = Vec::new();
+            let mut left = len;
+            while left > 0 && each > 0 {
+                v.push(each.min(left));
+                left -= each;
+            }
+            v
+        }
+        _ => match a.get(1, "split_size") {
+            Val::Int(s) if s > 0 => {
+                let mut v = Vec::new();
+                let mut left = len;
+                while left > 0 {
+                    v.push(s.min(left));
+                    left -= s;
+                }
+                v
+            }
+            other => match ints(&other) {
+                Some(v) => v,
+                None => return lw.opaque(name, a),
+            },
+        },
+    };
+    if sizes.is_empty() {
+        return Ok(Val::List(Vec::new()));
+    }
+    let s = lw.const_i64s(&sizes)?;
+    let outs = lw.node_n(Op::Split, vec![Some(x), Some(s)], vec![("axis", Attr::Int(axis as i64))], sizes.len())?;
+    let mut items = Vec::new();
+    for o in outs {
+        items.push(Val::Tensor(if name == "unbind" {
+            let ax = lw.const_i64s(&[axis as i64])?;
+            lw.node(Op::Squeeze, vec![o, ax], vec![])?
+        } else {
+            o
+        }));
+    }
+    Ok(Val::List(items))
+}
+
+/// `max`/`min`: of two tensors, over all elements, or along a dim (values, indices).
+pub(super) fn max_min(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
+    let x = lw.tensor(&a.get(0, "input"), name)?;
+    let is_max = name == "max";
+    match a.get(1, "dim") {
+        Val::Tensor(y) => Ok(Val::Tensor(lw.node(if is_max { Op::Max } else { Op::Min }, vec![x, y], vec![])?)),
+        Val::Int(d) => {
+            let keep = int(&a.get(2, "keepdim")).unwrap_or(0);
+            let attrs = vec![("axes", Attr::Ints(vec![d])), ("keepdims", Attr::Int(keep))];
+            let v = lw.node(if is_max { Op::ReduceMax } else { Op::ReduceMin }, vec![x], attrs)?;
+            let attrs = vec![("axis", Attr::Int(d)), ("keepdims", Attr::Int(keep))];
+            let i = lw.node(if is_max { Op::ArgMax } else { Op::ArgMin }, vec![x], attrs)?;
+            Ok(Val::Tuple(vec![Val::Tensor(v), Val::Tensor(i)]))
+        }
+        _ => Ok(Val::Tensor(lw.node(if is_max { Op::ReduceMax } else { Op::ReduceMin }, vec![x], vec![("keepdims", Attr::Int(0))])?)),
+    }
+}
+
+/// Adaptive pooling whose input divides evenly into the output: a plain pool.
+pub(super) fn adaptive_pool(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
+    let x = lw.tensor(&a.get(0, "input"), name)?;
+    let out = ints(&a.get(1, "output_size")).unwrap_or_default();
+    let is_max = name.contains("max");
+    if !out.is_empty() && out.iter().all(|&o| o == 1) {
+        let op = if is_max { Op::GlobalMaxPool } else { Op::GlobalAveragePool };
+        return Ok(Val::Tensor(lw.node(op, vec![x], vec![])?));
+    }
+    let r = lw.rank(x)? as i64;
+    let mut k = Vec::new();
+    for (i, &o) in out.iter().enumerate() {
+        match static_dim(lw, x, r - out.len() as i64 + i as i64) {
+            Some((_, n)) if o > 0 && n % o == 0 => k.push(n / o),
+            _ => return lw.opaque(name, a),
+        }
+    }
+    if k.iter().all(|&x| x == 1) {
+        return Ok(Val::Tensor(x));
+    }
+    let pads = vec![0; 2 * k.len()];
+    let attrs = vec![("kernel_shape", Attr::Ints(k.clone())), ("strides", Attr::Ints(k)), ("pads", Attr::Ints(pads))];
+    let op = if is_max { Op::MaxPool } else { Op::AveragePool };
+    Ok(Val::Tensor(lw.node(op, vec![x], attrs)?))
+}
+
+/// `baddbmm(input, b1, b2, beta, alpha)` = `beta·input + alpha·(b1 @ b2)`.
+pub(super) fn baddbmm(lw: &mut Lowerer, a: &Args) -> Result<Val> {
+    let c = lw.tensor(&a.get(0, "input"), "baddbmm")?;
+    let p = lw.tensor(&a.get(1, "batch1"), "baddbmm")?;
+    let q = lw.tensor(&a.get(2, "batch2"), "baddbmm")?;
+    let mut m = lw.node(Op::MatMul, vec![p, q], vec![])?;
+    let alpha = float(&a.get(4, "alpha")).unwrap_or(1.0);
+    if alpha != 1.0 {
+        m = lw.binary(Op::Mul, &Val::Tensor(m), &Val::Float(alpha))?;
+    }
+    let beta = float(&a.get(3, "beta")).unwrap_or(1.0);
+    if beta == 0.0 {
+        return Ok(Val::Tensor(m));
+    }
+    let c = if beta == 1.0 { c } else { lw.binary(Op::Mul, &Val::Tensor(c), &Val::Float(beta))? };
+    Ok(Val::Tensor(lw.node(Op::Add, vec![c, m], vec![])?))
+}
+
+/// `constant_pad_nd(x, pad, value)` / `pad(x, pad, "constant", value)`:
+/// torch lists (begin, end) pairs from the last axis backwards.
+pub(super) fn pad(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
+    let x = lw.tensor(&a.get(0, "input"), name)?;
+    let Some(p) = ints(&a.get(1, "pad")) else { return lw.opaque(name, a) };
+    let (mode, value) = if name == "pad" { (a.get(2, "mode"), a.get(3, "value")) } else { (Val::Str("constant".into()), a.get(2, "value")) };
+    if !matches!(&mode, Val::Str(m) if m == "constant") {
+        return lw.opaque(name, a);
+    }
+    let r = lw.rank(x)?;
+    let mut begins = vec![0; r];
+    let mut ends = vec![0; r];
+    for (i, pair) in p.chunks(2).enumerate() {
+        let Some(ax) = r.checked_sub(i + 1) else { return lw.err("pad: more pairs than axes") };
+        begins[ax] = pair[0];
+        ends[ax] = pair.get(1).copied().unwrap_or(0);
+    }
+    begins.extend(ends);
+    let pads = lw.const_i64s(&begins)?;
+    let d = lw.ty(x).dtype;
+    let v = lw.as_tensor(&if matches!(value, Val::None) { Val::Float(0.0) } else { value }, d)?;
+    let v = lw.cast(v, d.unwrap_or(DType::F32))?;
+    Ok(Val::Tensor(lw.node(Op::Pad, vec![x, pads, v], vec![("mode", Attr::String(b"constant".to_vec()))])?))
+}
+
+/// `unflatten(x, dim, sizes)`: a reshape that splits one axis.
+pub(super) fn unflatten(lw: &mut Lowerer, a: &Args) -> Result<Val> {
+    let x = lw.tensor(&a.get(0, "input"), "unflatten")?;
+    let r = lw.rank(x)? as i64;
+    let d = int(&a.get(1, "dim")).unwrap_or(0);
+    let d = if d < 0 { d + r } else { d };
+    let (Val::List(sizes) | Val::Tuple(sizes)) = a.get(2, "sizes") else { return lw.err("unflatten: sizes are not a list") };
+    let mut dims = Vec::new();
+    for i in 0..d {
+        dims.push(lw.size(x, i)?);
+    }
+    dims.extend(sizes);
+    for i in d + 1..r {
+        dims.push(lw.size(x, i)?);
+    }
+    let s = lw.shape_tensor(&Val::List(dims))?;
+    Ok(Val::Tensor(lw.node(Op::Reshape, vec![x, s], vec![])?))
 }

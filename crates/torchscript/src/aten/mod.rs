@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::lower::{Lowerer, Val};
 
 mod compound;
-use compound::{arange, conv, fill, index, ones_like, pool, sdpa};
+use compound::{adaptive_pool, arange, baddbmm, conv, fill, index, max_min, ones_like, pad, pool, sdpa, split, unflatten};
 
 /// Positional-or-keyword argument access.
 pub(crate) struct Args {
@@ -623,15 +623,18 @@ pub fn lower(lw: &mut Lowerer, name: &str, pos: Vec<Val>, kw: Vec<(String, Val)>
             t(lw.node_n(Op::LayerNormalization, ins, attrs, 1)?[0])
         }
         "max_pool1d" | "max_pool2d" | "avg_pool1d" | "avg_pool2d" => pool(lw, name, &a),
-        "adaptive_avg_pool1d" | "adaptive_avg_pool2d" | "adaptive_max_pool2d" => {
+        "adaptive_avg_pool1d" | "adaptive_avg_pool2d" | "adaptive_max_pool2d" | "adaptive_avg_pool3d" => adaptive_pool(lw, name, &a),
+        "split" | "split_with_sizes" | "chunk" | "unbind" => split(lw, name, &a),
+        "max" | "min" => max_min(lw, name, &a),
+        "baddbmm" => baddbmm(lw, &a),
+        "constant_pad_nd" | "pad" => pad(lw, name, &a),
+        "unflatten" => unflatten(lw, &a),
+        "repeat" => {
             let x = lw.tensor(&x0, name)?;
-            let out = ints(&a.get(1, "output_size")).unwrap_or_default();
-            if !out.is_empty() && out.iter().all(|&o| o == 1) {
-                let op = if name.contains("max") { Op::GlobalMaxPool } else { Op::GlobalAveragePool };
-                return t(lw.node(op, vec![x], vec![])?);
-            }
-            lw.opaque(name, &a)
+            let r = lw.shape_tensor(&a.get(1, "repeats"))?;
+            t(lw.node(Op::Tile, vec![x, r], vec![])?)
         }
+        "ScalarImplicit" | "Int" | "Float" | "Bool" | "numpy_T" => Ok(x0),
         "mean" | "sum" | "amax" | "amin" => {
             let x = lw.tensor(&x0, name)?;
             let dims = ints(&a.get(1, "dim"));
@@ -717,7 +720,7 @@ pub fn lower(lw: &mut Lowerer, name: &str, pos: Vec<Val>, kw: Vec<(String, Val)>
             let s = lw.node(Op::Shape, vec![o], vec![])?;
             t(lw.node(Op::Expand, vec![x, s], vec![])?)
         }
-        "zeros" | "ones" | "full" | "new_zeros" | "new_ones" | "new_full" | "zeros_like" | "ones_like" | "full_like" => fill(lw, name, &a),
+        "zeros" | "ones" | "full" | "empty" | "new_empty" | "empty_like" | "new_zeros" | "new_ones" | "new_full" | "zeros_like" | "ones_like" | "full_like" => fill(lw, name, &a),
         "arange" => arange(lw, &a),
         "index" => index(lw, &a),
         "gather" => {
