@@ -172,7 +172,7 @@ impl<'a> Lowerer<'a> {
     }
 
     pub fn rank(&self, v: ValueId) -> Result<usize> {
-        self.g.ty(v).rank().ok_or_else(|| self.error(format!("the rank of `{}` is unknown", self.g.value_name(v))))
+        self.g.ty(v).rank().ok_or_else(|| self.error(format!("`{}`: its {}", self.g.value_name(v), crate::aten::UNKNOWN_RANK)))
     }
 
     // ---- modules, parameters, code -----------------------------------------

@@ -101,3 +101,10 @@ fn attention_decomposes_into_two_matmuls() {
     assert_eq!(out_types(&m), ["f32[1,2,5,8]"]);
     assert_eq!(ops(&m).iter().filter(|o| *o == "MatMul").count(), 2);
 }
+
+#[test]
+fn rank_dependent_ops_after_opaque_ones_degrade_to_opaque() {
+    let (m, w) = lower("y = torch.roll(x, [1], [0])\nreturn torch.transpose(y, 0, 1)", &["x=f32[4,3]"]);
+    assert_eq!(ops(&m), ["!aten::roll", "!aten::transpose"]);
+    assert_eq!(w.len(), 2, "{w:?}");
+}

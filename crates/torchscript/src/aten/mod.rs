@@ -310,10 +310,21 @@ fn binary_op(name: &str) -> Option<Op> {
     })
 }
 
-/// Lower `torch.<name>(…)`.
+/// Lower `torch.<name>(…)`. A lowering that needs a rank or size the graph
+/// does not know (downstream of an opaque op) degrades to an opaque node.
 pub fn lower(lw: &mut Lowerer, name: &str, pos: Vec<Val>, kw: Vec<(String, Val)>) -> Result<Val> {
     let name = if name.ends_with('_') && !name.starts_with("__") { name.trim_end_matches('_') } else { name };
     let a = Args { pos, kw };
+    match lower_op(lw, name, &a) {
+        Err(crate::TsError::Code { msg, .. }) if msg.contains(UNKNOWN_RANK) => lw.opaque(name, &a),
+        r => r,
+    }
+}
+
+/// The marker of [`Lowerer::rank`]'s error, for the fallback above.
+pub(crate) const UNKNOWN_RANK: &str = "rank is unknown";
+
+fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
     let x0 = a.get(0, "input");
     let t = |v| Ok(Val::Tensor(v));
     if let Some(op) = unary_op(name) {
@@ -353,10 +364,10 @@ pub fn lower(lw: &mut Lowerer, name: &str, pos: Vec<Val>, kw: Vec<(String, Val)>
             }
             t(lw.binary(op, &x, &y)?)
         }
-        "div" | "floor_divide" | "true_divide" => {
+        "div" | "floor_divide" | "floordiv" | "true_divide" => {
             let mode = match a.get(2, "rounding_mode") {
                 Val::Str(s) => Some(s),
-                _ if name == "floor_divide" => Some("floor".to_string()),
+                _ if name.starts_with("floor") => Some("floor".to_string()),
                 _ => None,
             };
             let q = lw.binary(Op::Div, &x0, &a.get(1, "other"))?;
@@ -584,7 +595,7 @@ pub fn lower(lw: &mut Lowerer, name: &str, pos: Vec<Val>, kw: Vec<(String, Val)>
             let alpha = float(&a.get(4, "alpha")).unwrap_or(1.0) as f32;
             t(lw.node(Op::Gemm, vec![m1, m2, c], vec![("alpha", Attr::Float(alpha)), ("beta", Attr::Float(beta))])?)
         }
-        "_convolution" | "conv1d" | "conv2d" | "conv3d" | "conv_transpose1d" | "conv_transpose2d" => conv(lw, name, &a),
+        "_convolution" | "conv1d" | "conv2d" | "conv3d" | "conv_transpose1d" | "conv_transpose2d" => conv(lw, name, a),
         "batch_norm" => {
             let x = lw.tensor(&x0, name)?;
             let (mean, var) = (lw.tensor(&a.get(3, "running_mean"), name)?, lw.tensor(&a.get(4, "running_var"), name)?);
@@ -622,13 +633,13 @@ pub fn lower(lw: &mut Lowerer, name: &str, pos: Vec<Val>, kw: Vec<(String, Val)>
             let attrs = vec![("axis", Attr::Int(-(shape.len() as i64))), ("epsilon", Attr::Float(eps))];
             t(lw.node_n(Op::LayerNormalization, ins, attrs, 1)?[0])
         }
-        "max_pool1d" | "max_pool2d" | "avg_pool1d" | "avg_pool2d" => pool(lw, name, &a),
-        "adaptive_avg_pool1d" | "adaptive_avg_pool2d" | "adaptive_max_pool2d" | "adaptive_avg_pool3d" => adaptive_pool(lw, name, &a),
-        "split" | "split_with_sizes" | "chunk" | "unbind" => split(lw, name, &a),
-        "max" | "min" => max_min(lw, name, &a),
-        "baddbmm" => baddbmm(lw, &a),
-        "constant_pad_nd" | "pad" => pad(lw, name, &a),
-        "unflatten" => unflatten(lw, &a),
+        "max_pool1d" | "max_pool2d" | "avg_pool1d" | "avg_pool2d" => pool(lw, name, a),
+        "adaptive_avg_pool1d" | "adaptive_avg_pool2d" | "adaptive_max_pool2d" | "adaptive_avg_pool3d" => adaptive_pool(lw, name, a),
+        "split" | "split_with_sizes" | "chunk" | "unbind" => split(lw, name, a),
+        "max" | "min" => max_min(lw, name, a),
+        "baddbmm" => baddbmm(lw, a),
+        "constant_pad_nd" | "pad" => pad(lw, name, a),
+        "unflatten" => unflatten(lw, a),
         "repeat" => {
             let x = lw.tensor(&x0, name)?;
             let r = lw.shape_tensor(&a.get(1, "repeats"))?;
@@ -720,16 +731,16 @@ pub fn lower(lw: &mut Lowerer, name: &str, pos: Vec<Val>, kw: Vec<(String, Val)>
             let s = lw.node(Op::Shape, vec![o], vec![])?;
             t(lw.node(Op::Expand, vec![x, s], vec![])?)
         }
-        "zeros" | "ones" | "full" | "empty" | "new_empty" | "empty_like" | "new_zeros" | "new_ones" | "new_full" | "zeros_like" | "ones_like" | "full_like" => fill(lw, name, &a),
-        "arange" => arange(lw, &a),
-        "index" => index(lw, &a),
+        "zeros" | "ones" | "full" | "empty" | "new_empty" | "empty_like" | "new_zeros" | "new_ones" | "new_full" | "zeros_like" | "ones_like" | "full_like" => fill(lw, name, a),
+        "arange" => arange(lw, a),
+        "index" => index(lw, a),
         "gather" => {
             let x = lw.tensor(&x0, name)?;
             let dim = int(&a.get(1, "dim")).unwrap_or(0);
             let i = lw.tensor(&a.get(2, "index"), name)?;
             t(lw.node(Op::GatherElements, vec![x, i], vec![("axis", Attr::Int(dim))])?)
         }
-        "scaled_dot_product_attention" => sdpa(lw, &a),
+        "scaled_dot_product_attention" => sdpa(lw, a),
         "einsum" => {
             let Val::Str(eq) = x0 else { return lw.err("einsum: equation is not a string") };
             let Val::List(ops) = a.get(1, "tensors") else { return lw.err("einsum: operands are not a list") };
@@ -746,7 +757,7 @@ pub fn lower(lw: &mut Lowerer, name: &str, pos: Vec<Val>, kw: Vec<(String, Val)>
             let d = lw.const_scalar(DType::I64, int(&a.get(1, "dim")).unwrap_or(0) as f64)?;
             t(lw.node(Op::CumSum, vec![x, d], vec![])?)
         }
-        _ => lw.opaque(name, &a),
+        _ => lw.opaque(name, a),
     }
 }
 
