@@ -38,7 +38,7 @@ fn detect(path: &Path, head: &[u8]) -> Format {
         _ if qsync_torchscript::looks_like_archive(head) => Format::TorchScript,
         _ => {
             let text = String::from_utf8_lossy(&head[..head.len().min(64)]);
-            let first = text.trim_start().split_whitespace().next().unwrap_or("");
+            let first = text.split_whitespace().next().unwrap_or("");
             if ["ir_version", "opset", "graph", "producer", "#"].iter().any(|k| first.starts_with(k)) {
                 Format::Qir
             } else {
