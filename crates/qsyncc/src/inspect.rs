@@ -113,6 +113,7 @@ fn summarize(path: &Path, l: &Loaded) -> Summary {
         format: match l.format {
             crate::load::Format::Onnx => "onnx",
             crate::load::Format::Qir => "qir",
+            crate::load::Format::TorchScript => "torchscript",
         },
         ir_version: m.ir_version,
         opset: m.opset(),

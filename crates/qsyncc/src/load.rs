@@ -5,12 +5,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use qsync_ir::infer::{infer_shapes, InferOptions};
 use qsync_ir::{Model, Tensor, TensorData, ValueDef};
+use qsync_torchscript::InputSpec;
 
 /// Input formats `qsyncc` accepts.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Format {
     Onnx,
     Qir,
+    /// A `torch.jit` archive (`.pt`): a zip holding `data.pkl` and `code/`.
+    TorchScript,
 }
 
 /// A model ready for passes: imported, shapes inferred, verified.
@@ -31,9 +34,11 @@ fn detect(path: &Path, head: &[u8]) -> Format {
     match path.extension().and_then(|e| e.to_str()) {
         Some("qir") => Format::Qir,
         Some("onnx") => Format::Onnx,
+        Some("pt" | "pth" | "ptl") => Format::TorchScript,
+        _ if qsync_torchscript::looks_like_archive(head) => Format::TorchScript,
         _ => {
             let text = String::from_utf8_lossy(&head[..head.len().min(64)]);
-            let first = text.trim_start().split_whitespace().next().unwrap_or("");
+            let first = text.split_whitespace().next().unwrap_or("");
             if ["ir_version", "opset", "graph", "producer", "#"].iter().any(|k| first.starts_with(k)) {
                 Format::Qir
             } else {
@@ -43,8 +48,10 @@ fn detect(path: &Path, head: &[u8]) -> Format {
     }
 }
 
-/// Read, import, bind dims, infer shapes and verify.
-pub fn load_model(path: &Path, opts: &InferOptions) -> Result<Loaded> {
+/// Read, import, bind dims, infer shapes and verify. `inputs` (`--input
+/// NAME=TYPE`) give TorchScript inputs their types and override the declared
+/// types of ONNX / text IR inputs of those names.
+pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Result<Loaded> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let format = detect(path, &bytes);
     let label = path.display().to_string();
@@ -62,7 +69,20 @@ pub fn load_model(path: &Path, opts: &InferOptions) -> Result<Loaded> {
             m.base_dir = Some(path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf));
             m
         }
+        Format::TorchScript => {
+            let (model, report) = qsync_torchscript::import_bytes(&bytes, &label, inputs)?;
+            warnings.extend(report.warnings);
+            model
+        }
     };
+    if format != Format::TorchScript {
+        for s in inputs {
+            let Some(v) = model.graph.inputs().iter().copied().find(|&v| model.graph.value_name(v) == s.name) else {
+                bail!("{label}: --input `{}` names no graph input", s.name);
+            };
+            model.graph.set_ty(v, s.ty.clone());
+        }
+    }
     let source_nodes = model.graph.node_count();
     let opset = model.opset();
     let report = infer_shapes(&mut model.graph, opset, opts);

@@ -23,7 +23,7 @@ struct Cli {
 enum Cmd {
     /// Summarise a model: op histogram, parameters, FLOPs per op class, inputs and outputs.
     Inspect {
-        /// An ONNX model (.onnx) or qsync text IR (.qir).
+        /// An ONNX model (.onnx), a TorchScript archive (.pt) or qsync text IR (.qir).
         model: PathBuf,
         #[command(flatten)]
         dims: DimArgs,
@@ -61,6 +61,10 @@ struct DimArgs {
     /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
     #[arg(long = "dim", value_parser = parse_dim_binding)]
     dims: Vec<(String, i64)>,
+    /// Give an input its type: `--input x=f32[1,3,224,224]` (repeatable).
+    /// Needed for TorchScript archives without recorded traced inputs.
+    #[arg(long = "input", value_parser = qsync_torchscript::InputSpec::parse)]
+    inputs: Vec<qsync_torchscript::InputSpec>,
 }
 
 pub(crate) fn parse_dim_binding(s: &str) -> Result<(String, i64), String> {
@@ -85,12 +89,12 @@ impl DimArgs {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Inspect { model, dims, ir, json } => {
-            let loaded = load::load_model(&model, &dims.options())?;
+            let loaded = load::load_model(&model, &dims.options(), &dims.inputs)?;
             let out = inspect::render(&model, &loaded, ir, json)?;
             write_stdout(&out)
         }
         Cmd::Opt { model, passes, output, dims, no_verify } => {
-            let mut loaded = load::load_model(&model, &dims.options())?;
+            let mut loaded = load::load_model(&model, &dims.options(), &dims.inputs)?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }

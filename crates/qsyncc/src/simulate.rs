@@ -172,7 +172,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
     }
 
     let opts = InferOptions { batch: Some(a.batch), dims: a.dims.iter().cloned().collect() };
-    let loaded = load::load_model(&a.model, &opts)?;
+    let loaded = load::load_model(&a.model, &opts, &[])?;
     let mut warnings = loaded.warnings.clone();
     let g = &loaded.model.graph;
     let work_scale = match loaded.fixed_batch {

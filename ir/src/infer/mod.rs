@@ -275,3 +275,47 @@ pub fn infer_shapes(graph: &mut Graph, opset: i64, opts: &InferOptions) -> Infer
 pub fn eval_node(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opset: i64) -> Option<Vec<Tensor>> {
     eval::eval(graph, node, inputs, opset)
 }
+
+/// Inference one node at a time, for frontends that need the types (and
+/// known contents) of what they have built so far — e.g. a transpose of two
+/// axes needs its input's rank to become an ONNX permutation.
+#[derive(Clone, Debug, Default)]
+pub struct Incremental {
+    known: Vec<Option<Known>>,
+}
+
+impl Incremental {
+    pub fn new() -> Incremental {
+        Incremental::default()
+    }
+
+    /// Infer the outputs of node `n` (its inputs already inferred) and record
+    /// their types on the graph. `Ok(false)` when the op has no rule.
+    pub fn infer_node(&mut self, graph: &mut Graph, n: NodeId, opset: i64) -> Result<bool, String> {
+        if self.known.len() < graph.value_capacity() {
+            self.known.resize(graph.value_capacity(), None);
+        }
+        let cx = node_cx(graph, n, opset, &self.known);
+        let outs: Vec<ValueId> = graph.node(n).outputs().to_vec();
+        match infer_op(&cx)? {
+            Outcome::Skip(_) => Ok(false),
+            Outcome::Done(inf) => {
+                for (slot, &v) in outs.iter().enumerate() {
+                    if let Some(t) = inf.types.get(slot) {
+                        let declared = graph.ty(v).clone();
+                        let merged = TensorType { dtype: t.dtype.or(declared.dtype), shape: t.shape.clone().or(declared.shape) };
+                        graph.set_ty(v, merged);
+                    }
+                    self.known[v.index()] = inf.known.get(slot).cloned().flatten();
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// The known contents of `v` (small integer tensors, shape arithmetic),
+    /// falling back to an initializer's values.
+    pub fn known(&self, graph: &Graph, v: ValueId) -> Option<Known> {
+        self.known.get(v.index()).cloned().flatten().or_else(|| graph.value(v).init().and_then(Known::from_tensor))
+    }
+}

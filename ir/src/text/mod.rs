@@ -94,5 +94,5 @@ pub fn quote_bytes(b: &[u8]) -> String {
 pub mod parser;
 pub mod printer;
 
-pub use parser::{parse_graph, parse_model, ParseError};
+pub use parser::{parse_graph, parse_model, parse_type, ParseError};
 pub use printer::{print_model, print_model_with, value_ref, PrintOptions};

@@ -217,6 +217,16 @@ pub fn parse_graph(src: &str) -> Result<Graph, ParseError> {
     parse_model(src).map(|m| m.graph)
 }
 
+/// Parse a value type alone, as written in the text format: `f32[1,3,224,224]`,
+/// `i64[batch,seq]`, `f32` (unknown rank). Used for `--input NAME=TYPE`.
+pub fn parse_type(src: &str) -> Result<TensorType, ParseError> {
+    let lexed = lex(src)?;
+    let mut p = Parser { toks: lexed.toks, pos: 0, graph: Graph::default(), pending: HashMap::new() };
+    let ty = p.ty()?;
+    p.expect_eof()?;
+    Ok(ty)
+}
+
 struct Parser {
     toks: Vec<(Tok, usize, usize)>,
     pos: usize,
