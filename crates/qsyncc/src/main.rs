@@ -93,7 +93,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             let mut pm = qsync_passes::pipeline_from_spec(&passes)?;
             pm.verify_each(!no_verify);
-            let mut cx = qsync_passes::PassContext { infer: dims.options(), warnings: Vec::new() };
+            let mut cx = qsync_passes::PassContext { infer: dims.options(), warnings: Vec::new(), target: None };
             let report = pm.run(&mut loaded.model, &mut cx).with_context(|| format!("{}", model.display()))?;
             for w in &cx.warnings {
                 eprintln!("warning: {w}");
