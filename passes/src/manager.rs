@@ -35,6 +35,8 @@ pub struct PassContext {
     /// The target device planning passes cost for (`v100`, `t4`, …);
     /// `None`: a generic device with every precision.
     pub target: Option<String>,
+    /// Plan inference graphs (weights stored low) whatever a pass's own `mode`.
+    pub inference: bool,
 }
 
 /// A graph transformation.

@@ -130,6 +130,6 @@ impl Pass for Amp {
         super::require_support(&oracle, self.options.dtype, self.name(), cx.target.as_deref())?;
         plan_amp(&mut model.graph, &self.policy, self.options.dtype, &oracle);
         super::apply_overrides(&mut model.graph, &self.options.overrides, &oracle, self.name())?;
-        super::finish(model, self.options.mode, self.name())
+        super::finish(model, self.options.mode, cx, self.name())
     }
 }

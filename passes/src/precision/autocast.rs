@@ -83,6 +83,6 @@ impl Pass for Autocast {
         plan_autocast(&mut model.graph, &self.policy, self.options.dtype, &oracle)
             .map_err(|message| PassError::FailedGraph { pass: self.name().into(), message })?;
         super::apply_overrides(&mut model.graph, &self.options.overrides, &oracle, self.name())?;
-        super::finish(model, self.options.mode, self.name())
+        super::finish(model, self.options.mode, cx, self.name())
     }
 }

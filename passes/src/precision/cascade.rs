@@ -219,7 +219,7 @@ impl Pass for CascadePass {
         }
         let after = c.total();
         c.apply(&mut model.graph);
-        let mut out = super::finish(model, self.options.mode, self.name())?;
+        let mut out = super::finish(model, self.options.mode, cx, self.name())?;
         out.summary += &format!(", analytic cost {:.3} ms -> {:.3} ms", before * 1e3, after * 1e3);
         Ok(out)
     }

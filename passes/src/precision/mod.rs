@@ -92,7 +92,8 @@ pub fn apply_overrides(g: &mut Graph, overrides: &[Override], oracle: &dyn CostO
 }
 
 /// Materialize the plan and summarise it.
-pub fn finish(model: &mut Model, mode: Mode, pass: &str) -> Result<PassOutcome, PassError> {
+pub fn finish(model: &mut Model, mode: Mode, cx: &PassContext, pass: &str) -> Result<PassOutcome, PassError> {
+    let mode = if cx.inference { Mode::Inference } else { mode };
     let low = count_low(&model.graph);
     let stats = materialize(model, mode).map_err(|message| PassError::FailedGraph { pass: pass.into(), message })?;
     let mut summary = format!("{low} nodes below f32, {} casts added ({} of weights)", stats.casts, stats.weight_casts);

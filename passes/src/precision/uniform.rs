@@ -41,6 +41,6 @@ impl Pass for Uniform {
         super::require_support(&oracle, self.options.dtype, self.name(), cx.target.as_deref())?;
         plan_uniform(&mut model.graph, self.options.dtype);
         super::apply_overrides(&mut model.graph, &self.options.overrides, &oracle, self.name())?;
-        super::finish(model, self.options.mode, self.name())
+        super::finish(model, self.options.mode, cx, self.name())
     }
 }
