@@ -73,3 +73,33 @@ fn amp_adds_no_more_casts_than_onnxconverter() {
         assert!(activation_casts <= converter, "{model}: {activation_casts} activation casts");
     }
 }
+
+/// The models with weights, planned by amp / autocast / uniform=f16 and
+/// exported, run in onnxruntime within FP16 tolerance of the FP32 original
+/// (`passes/tests/numerics.py`).
+#[test]
+fn planned_models_with_weights_stay_within_fp16_tolerance() {
+    use std::process::Command;
+    let probe = Command::new("python3").args(["-c", "import onnx, onnxruntime"]).output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("python3 cannot import onnx and onnxruntime ({}): run scripts/setup.sh", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => panic!("python3 not runnable ({e}): run scripts/setup.sh"),
+    }
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../passes/tests/numerics.py");
+    let dir = std::env::temp_dir().join(format!("qsync-numerics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for model in ["squeezenet1_1.onnx", "bert_tiny.onnx"] {
+        let src = qsync_tests::models_dir().join(model);
+        for spec in ["amp", "autocast", "uniform=f16", "amp(mode=inference)"] {
+            let (m, _) = run(&src, spec);
+            let out = dir.join(format!("{}.{}.onnx", model.trim_end_matches(".onnx"), spec.replace(['(', ')', '='], "_")));
+            qsync_onnx::export_file(&m, &out).unwrap_or_else(|e| panic!("{e}"));
+            let o = Command::new("python3").arg(&script).arg(&src).arg(&out).output().expect("run numerics.py");
+            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            eprintln!("{model} {spec}:\n{text}");
+            assert!(o.status.success(), "{model} {spec}: {text}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
