@@ -224,3 +224,39 @@ impl Pass for CascadePass {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::precision::AnalyticOracle;
+    use qsync_ir::text::parse_model;
+
+    const SRC: &str = "opset \"\" 17\ngraph \"g\" {\n  input %x: f32[64,64]\n  input %w: f32[64,64]\n  %a: f32[64,64] = MatMul \"mm1\"(%x, %w)\n  %r: f32[64,64] = Relu \"relu\"(%a)\n  %t: f32[64,64] = Transpose \"tr\"(%r)\n  %b: f32[64,64] = MatMul \"mm2\"(%t, %w)\n  %s: f32[64,64] = Add \"add\"(%b, %r)\n  output %s\n}\n";
+
+    fn node(g: &Graph, name: &str) -> NodeId {
+        g.node_ids().into_iter().find(|&n| g.node(n).name == name).expect("node")
+    }
+
+    #[test]
+    fn changes_cascade_and_deltas_match_a_fresh_costing() {
+        let mut m = parse_model(SRC).expect("parse");
+        let oracle = AnalyticOracle::for_target("t4").expect("t4");
+        let g = m.graph.clone();
+        let mut c = Cascade::new(&g, &oracle).expect("acyclic");
+        let start = c.total();
+        let d1 = c.set_precision(node(&g, "mm1"), DType::F16).expect("f16");
+        // Relu and Transpose follow mm1; Add has an f32 input (mm2) so stays f32.
+        assert_eq!(c.precision(node(&g, "relu")), Some(DType::F16));
+        assert_eq!(c.precision(node(&g, "tr")), Some(DType::F16));
+        assert_eq!(c.precision(node(&g, "add")), Some(DType::F32));
+        let d2 = c.set_precision(node(&g, "mm2"), DType::F16).expect("f16");
+        assert_eq!(c.precision(node(&g, "add")), Some(DType::F16));
+        c.apply(&mut m.graph);
+        let fresh = Cascade::new(&m.graph, &oracle).expect("acyclic");
+        assert!((start + d1 + d2 - fresh.total()).abs() < 1e-12, "{} vs {}", start + d1 + d2, fresh.total());
+        assert_eq!(c.set_precision(node(&g, "mm1"), DType::BF16), Err(CascadeError::Unsupported(DType::BF16)));
+        assert!(matches!(c.set_precision(node(&g, "mm1"), DType::I8), Ok(_)));
+        // INT8 outputs f32, so the Relu after it goes back to f32.
+        assert_eq!(c.precision(node(&g, "relu")), Some(DType::F32));
+    }
+}
