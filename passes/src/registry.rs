@@ -197,7 +197,7 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
     };
     match name {
         "infer-shapes" => no_args(Box::new(InferShapes)),
-        "fold-constants" => no_args(Box::new(FoldConstants::default())),
+        "fold-constants" => no_args(Box::<FoldConstants>::default()),
         "dce" => no_args(Box::new(Dce)),
         "verify" => no_args(Box::new(Verify)),
         "amp" => {

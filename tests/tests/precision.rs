@@ -13,7 +13,7 @@ fn casts(m: &Model) -> usize {
 
 fn run(path: &std::path::Path, spec: &str) -> (Model, usize) {
     let mut m = qsync_onnx::import_file(path).unwrap_or_else(|e| panic!("{e}"));
-    let mut pm = pipeline_from_spec("infer-shapes").expect("pipeline");
+    let pm = pipeline_from_spec("infer-shapes").expect("pipeline");
     pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let before = casts(&m);
     let outputs: Vec<String> = m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();

@@ -255,7 +255,7 @@ mod tests {
         let fresh = Cascade::new(&m.graph, &oracle).expect("acyclic");
         assert!((start + d1 + d2 - fresh.total()).abs() < 1e-12, "{} vs {}", start + d1 + d2, fresh.total());
         assert_eq!(c.set_precision(node(&g, "mm1"), DType::BF16), Err(CascadeError::Unsupported(DType::BF16)));
-        assert!(matches!(c.set_precision(node(&g, "mm1"), DType::I8), Ok(_)));
+        assert!(c.set_precision(node(&g, "mm1"), DType::I8).is_ok());
         // INT8 outputs f32, so the Relu after it goes back to f32.
         assert_eq!(c.precision(node(&g, "relu")), Some(DType::F32));
     }

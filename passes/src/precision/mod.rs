@@ -116,9 +116,7 @@ fn is_low(g: &Graph, n: NodeId) -> bool {
 
 /// The wider of two float precisions (f16 with bf16 gives f32).
 pub fn widest(a: DType, b: DType) -> DType {
-    if a == b {
-        a
-    } else if a.bits() > b.bits() && !is_quant(a) {
+    if a == b || (a.bits() > b.bits() && !is_quant(a)) {
         a
     } else if b.bits() > a.bits() && !is_quant(b) {
         b
