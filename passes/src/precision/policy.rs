@@ -245,3 +245,21 @@ mod tests {
         assert!(Override::parse("x=f99").is_err());
     }
 }
+
+#[cfg(test)]
+mod file_tests {
+    use super::*;
+
+    #[test]
+    fn a_user_policy_file_loads_and_drives_amp() {
+        let dir = std::env::temp_dir().join(format!("qsync-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp");
+        let path = dir.join("mine.json");
+        std::fs::write(&path, r#"{"name":"mine","kind":"tf-amp","lists":{"allow":["Gemm"],"clear":["Relu"]}}"#).expect("write");
+        let p = Policy::load(path.to_str().expect("utf8")).expect("load");
+        assert_eq!((p.name.as_str(), p.category("Gemm"), p.category("Conv")), ("mine", Category::Allow, Category::Unlisted));
+        let spec = format!("amp(policy={})", path.display());
+        assert!(crate::pipeline_from_spec(&spec).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
