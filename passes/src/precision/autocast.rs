@@ -15,6 +15,7 @@
 
 use qsync_ir::{DType, Graph, Model, ValueDef};
 
+use super::materialize::pinned_input;
 use super::policy::{Category, Policy, PolicyKind};
 use super::{lowerable, planned_dtype, widest, CostOracle, PlanOptions};
 use crate::manager::{Pass, PassContext, PassError, PassOutcome};
@@ -28,13 +29,16 @@ pub fn plan_autocast(g: &mut Graph, policy: &Policy, low: DType, oracle: &dyn Co
             continue;
         }
         let cat = policy.category(g.node(n).op.op_type());
+        let op = &g.node(n).op;
         let inputs = |scalars: bool| {
             g.node(n)
                 .inputs()
                 .iter()
-                .flatten()
-                .filter(|&&v| scalars || !is_scalar_constant(g, v))
-                .filter_map(|&v| planned_dtype(g, v))
+                .enumerate()
+                .filter(|(slot, _)| !pinned_input(op, *slot))
+                .filter_map(|(_, v)| *v)
+                .filter(|&v| scalars || !is_scalar_constant(g, v))
+                .filter_map(|v| planned_dtype(g, v))
                 .filter(|d| d.is_float())
                 .reduce(widest)
         };

@@ -161,7 +161,15 @@ impl<'a> Cascade<'a> {
     }
 
     fn widest_input(&self, n: NodeId) -> Option<DType> {
-        self.g.node(n).inputs().iter().flatten().filter_map(|&v| self.input_precision(v)).reduce(widest)
+        let op = &self.g.node(n).op;
+        self.g
+            .node(n)
+            .inputs()
+            .iter()
+            .enumerate()
+            .filter(|(slot, _)| !super::materialize::pinned_input(op, *slot))
+            .filter_map(|(_, v)| v.and_then(|v| self.input_precision(v)))
+            .reduce(widest)
     }
 
     fn node_cost(&self, n: NodeId) -> f64 {

@@ -235,7 +235,12 @@ impl Materializer<'_> {
 
     fn outputs(&mut self) {
         let mut outs = self.g.outputs().to_vec();
+        let mut done: HashMap<ValueId, ValueId> = HashMap::new();
         for o in &mut outs {
+            if let Some(&c) = done.get(o) {
+                *o = c;
+                continue;
+            }
             let (Some(orig), Some(cur)) = (self.orig[o.index()], self.cur[o.index()]) else { continue };
             if orig == cur || !orig.is_float() {
                 continue;
@@ -247,6 +252,7 @@ impl Materializer<'_> {
             let (cn, _) = self.g.producer(c).expect("a cast output");
             self.g.rename_value(c, name.clone());
             self.g.node_mut(cn).name = format!("{name}.cast_{orig}");
+            done.insert(*o, c);
             *o = c;
         }
         self.g.set_outputs(outs);
