@@ -12,7 +12,8 @@
 pub mod dce;
 pub mod fold;
 pub mod manager;
+pub mod precision;
 pub mod registry;
 
 pub use manager::{Pass, PassContext, PassError, PassManager, PassOutcome, PassReport, PassRun};
-pub use registry::{available_passes, pass_by_name, pipeline_from_spec};
+pub use registry::{available_passes, parse_entry, pass_by_name, pass_with_args, pipeline_from_spec, PassArgs};

@@ -32,6 +32,11 @@ pub struct PassContext {
     pub infer: InferOptions,
     /// Warnings passes want the user to see, prefixed with the pass name.
     pub warnings: Vec<String>,
+    /// The target device planning passes cost for (`v100`, `t4`, …);
+    /// `None`: a generic device with every precision.
+    pub target: Option<String>,
+    /// Plan inference graphs (weights stored low) whatever a pass's own `mode`.
+    pub inference: bool,
 }
 
 /// A graph transformation.
@@ -50,6 +55,8 @@ pub enum PassError {
     UnknownPass { name: String, available: String },
     #[error("pass `{pass}` failed at node {node}: {message}")]
     Failed { pass: String, node: String, message: String },
+    #[error("bad arguments for `{entry}`: {message}")]
+    BadArguments { entry: String, message: String },
     #[error("pass `{pass}` failed: {message}")]
     FailedGraph { pass: String, message: String },
     #[error("graph does not verify after pass `{pass}`:\n{}", list(.errors))]

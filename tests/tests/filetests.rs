@@ -5,6 +5,7 @@
 //! # passes: infer-shapes,fold-constants,dce
 //! # bind: batch=4 seq=16          (optional; `batch=N` binds the leading input dim)
 //! # expect: error                 (optional; the snapshot is then the error)
+//! # target: v100                  (optional; the device planning passes target)
 //! ```
 //!
 //! The output (printed model, or the error) is checked against an insta
@@ -19,6 +20,7 @@ fn run_filetest(src: &str) -> String {
     let mut passes = None;
     let mut opts = InferOptions::default();
     let mut expect_error = false;
+    let mut target = None;
     for line in src.lines().take_while(|l| l.starts_with('#')) {
         let body = line.trim_start_matches('#').trim();
         if let Some(p) = body.strip_prefix("passes:") {
@@ -35,6 +37,8 @@ fn run_filetest(src: &str) -> String {
                 }
             }
             opts.dims = dims;
+        } else if let Some(t) = body.strip_prefix("target:") {
+            target = Some(t.trim().to_string());
         } else if body == "expect: error" {
             expect_error = true;
         }
@@ -47,7 +51,7 @@ fn run_filetest(src: &str) -> String {
     };
     let mut pm = pipeline_from_spec(&passes).unwrap_or_else(|e| panic!("{e}"));
     pm.verify_each(true);
-    let mut cx = PassContext { infer: opts, warnings: Vec::new() };
+    let mut cx = PassContext { infer: opts, target, ..PassContext::default() };
     match pm.run(&mut model, &mut cx) {
         Ok(_) if expect_error => panic!("expected an error, but the pipeline succeeded"),
         Ok(report) => {

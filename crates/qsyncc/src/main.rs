@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod inspect;
 mod load;
+mod plan;
 mod simulate;
 
 #[derive(Parser, Debug)]
@@ -48,6 +49,16 @@ enum Cmd {
         /// Skip verification after each pass (on by default).
         #[arg(long)]
         no_verify: bool,
+        /// The device precision passes plan for (its precisions bound what they may choose).
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(qsync_passes::precision::KNOWN_TARGETS))]
+        target: Option<String>,
+        /// `training` keeps FP32 master weights cast per use; `inference` stores weights low.
+        #[arg(long, default_value = "training", value_parser = ["training", "inference"])]
+        mode: String,
+        /// Print planning figures as one JSON object on stdout (the model then
+        /// goes only to `-o`).
+        #[arg(long)]
+        json: bool,
     },
     /// Predict iteration time and memory on a hybrid data-parallel cluster.
     Simulate(simulate::SimulateArgs),
@@ -93,19 +104,32 @@ fn run(cli: Cli) -> Result<()> {
             let out = inspect::render(&model, &loaded, ir, json)?;
             write_stdout(&out)
         }
-        Cmd::Opt { model, passes, output, dims, no_verify } => {
+        Cmd::Opt { model, passes, output, dims, no_verify, target, mode, json } => {
             let mut loaded = load::load_model(&model, &dims.options(), &dims.inputs)?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }
             let mut pm = qsync_passes::pipeline_from_spec(&passes)?;
             pm.verify_each(!no_verify);
-            let mut cx = qsync_passes::PassContext { infer: dims.options(), warnings: Vec::new() };
+            let input = loaded.model.clone();
+            let mut cx = qsync_passes::PassContext {
+                infer: dims.options(),
+                warnings: Vec::new(),
+                target: target.clone(),
+                inference: mode == "inference",
+            };
             let report = pm.run(&mut loaded.model, &mut cx).with_context(|| format!("{}", model.display()))?;
             for w in &cx.warnings {
                 eprintln!("warning: {w}");
             }
             eprint!("{report}");
+            if json {
+                let figures = plan::figures(&input.graph, &loaded.model.graph, target.as_deref(), &mode);
+                if let Some(path) = &output {
+                    load::save_model(&loaded.model, path)?;
+                }
+                return write_stdout(&(serde_json::to_string_pretty(&figures)? + "\n"));
+            }
             match output {
                 Some(path) => load::save_model(&loaded.model, &path),
                 None => write_stdout(&qsync_ir::text::print_model(&loaded.model)),

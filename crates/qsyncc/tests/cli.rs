@@ -194,3 +194,34 @@ fn inconsistent_shapes_are_reported_with_the_node() {
     let o = qsyncc(&["inspect", p.to_str().expect("utf8")]);
     assert_clean_failure(&o, "the_add");
 }
+
+#[test]
+fn opt_json_reports_planning_figures() {
+    let dir = tmpdir("plan");
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let m = m.to_str().expect("utf8");
+    for (passes, target) in [("amp", "v100"), ("autocast", "t4"), ("uniform=f16", "a100-40gb"), ("cascade=f16", "t4")] {
+        let out = dir.join("out.onnx");
+        let o = qsyncc(&["opt", m, "--passes", passes, "--target", target, "--json", "-o", out.to_str().expect("utf8")]);
+        assert!(o.status.success(), "{passes}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        let casts = v["casts"].as_u64().expect("casts");
+        let added = v["casts_added"].as_i64().expect("casts_added");
+        let weights = v["weight_casts"].as_u64().expect("weight_casts");
+        let frac = v["low_precision_flop_fraction"].as_f64().expect("fraction");
+        assert!(casts > 0 && added > 0 && weights <= added as u64, "{passes}: {v}");
+        assert!((0.9..=1.0).contains(&frac), "{passes}: {v}");
+        assert!(v.get("predicted_ms").is_some(), "{passes}: the cost-model slot is present");
+        assert!(out.is_file());
+    }
+    // Inference mode stores weights low: no weight casts.
+    let o = qsyncc(&["opt", m, "--passes", "amp", "--mode", "inference", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["weight_casts"], 0, "{v}");
+    // A precision the target lacks, an unknown target, bad pass arguments: exit 2.
+    assert_clean_failure(&qsyncc(&["opt", m, "--passes", "uniform=bf16", "--target", "v100", "--json"]), "no bf16");
+    let o = qsyncc(&["opt", m, "--passes", "amp", "--target", "nosuchgpu", "--json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_clean_failure(&qsyncc(&["opt", m, "--passes", "amp(bogus=1)"]), "unknown argument `bogus`");
+    assert_clean_failure(&qsyncc(&["opt", m, "--passes", "amp(policy=/no/such.json)"]), "cannot read");
+}

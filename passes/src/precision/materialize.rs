@@ -1,0 +1,293 @@
+//! Materialization: turn a plan (each node's `precision` annotation) into
+//! the casts that make the graph compute it.
+//!
+//! **Reads:** `Node::precision` (a node without one, or one that
+//! [`lowerable`] rejects, computes in the dtypes the graph already has), value
+//! dtypes and shapes, initializer data (inference mode and INT8 weight scales).
+//! **Guarantees:**
+//! - every float input of a node planned at float precision `p` has dtype `p`
+//!   (except [`pinned_input`] slots, which keep their dtype), and its float
+//!   outputs have dtype `p` (except [`pinned_output`] slots);
+//! - one Cast per (value, target dtype), shared by every consumer, named
+//!   `{value}.cast_{dtype}` (node and output alike); a cast of a cast is
+//!   never made — casts always read the original value;
+//! - graph inputs and outputs keep their dtypes: an output produced at another
+//!   precision is renamed `{value}.{dtype}` and a Cast back writes the
+//!   original name;
+//! - integer and bool values are never cast; Shape / Size / Cast read any dtype;
+//! - training mode ([`Mode::Training`]): initializers stay FP32 masters, cast
+//!   once per (initializer, dtype) per iteration — visible to the cost model;
+//!   inference mode stores the converted weights instead (round to nearest
+//!   even via `half`), reusing the original name when no FP32 use remains;
+//! - INT8 / FP8 compute is a QuantizeLinear → DequantizeLinear pair on each
+//!   float input with the op itself in FP32 — runnable in onnxruntime, and the
+//!   op's output is FP32 as QSync's INT8 kernels' is. Weight scales are
+//!   `absmax / qmax` from the initializer when its data is present; otherwise
+//!   (activations, absent weights) the scale is a placeholder initializer
+//!   `{value}.qscale` = 1/qmax, which the calibration-driven planner will fill.
+//!
+//! **Requires:** `infer-shapes` has run (dtypes known); the graph is acyclic.
+
+use std::collections::HashMap;
+
+use qsync_ir::{Attr, DType, Graph, Model, NodeId, NodeSpec, Op, OpClass, Tensor, TensorData, TensorType, ValueDef, ValueId};
+
+/// Whether weights keep FP32 master copies.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
+pub enum Mode {
+    /// FP32 master weights, cast per use each iteration.
+    #[default]
+    Training,
+    /// Weights stored in the low precision.
+    Inference,
+}
+
+/// What materialization added.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MaterializeStats {
+    pub casts: usize,
+    /// Of `casts`, those reading an initializer (per-iteration weight casts).
+    pub weight_casts: usize,
+    pub qdq_pairs: usize,
+    pub converted_weights: usize,
+}
+
+/// Whether a precision means quantized compute (QDQ around an FP32 op).
+pub fn is_quantized(p: DType) -> bool {
+    matches!(p, DType::I8 | DType::F8E4M3)
+}
+
+/// Whether a node may compute below FP32 at all: known ops with float data,
+/// excluding shape computation, casts and quantization, control flow,
+/// random generators (Dropout aside), and ops whose type constraints pin
+/// FP32 (Range, ConstantOfShape, …) or that the IR keeps opaque.
+pub fn lowerable(g: &Graph, n: NodeId) -> bool {
+    let node = g.node(n);
+    let class_ok = match node.op.class() {
+        OpClass::Shape | OpClass::Cast | OpClass::Control | OpClass::Other | OpClass::Opaque => false,
+        OpClass::Random => node.op == Op::Dropout,
+        _ => true,
+    };
+    let is_float = |v: &ValueId| g.ty(*v).dtype.is_some_and(DType::is_float);
+    class_ok && (node.inputs().iter().flatten().any(is_float) || node.outputs().iter().any(is_float))
+}
+
+/// Float input slots that keep their dtype whatever the node's precision
+/// (ONNX gives them their own type variable, or they are FP32 by convention).
+pub fn pinned_input(op: &Op, slot: usize) -> bool {
+    match op {
+        Op::Resize => slot == 1 || slot == 2,
+        Op::Upsample | Op::Dropout => slot == 1,
+        _ => false,
+    }
+}
+
+/// Float output slots that keep their dtype (LayerNormalization's mean and
+/// inverse std-dev follow `stash_type`, FP32).
+pub fn pinned_output(op: &Op, slot: usize) -> bool {
+    matches!(op, Op::LayerNormalization) && slot > 0
+}
+
+/// Ops that accept an input of any dtype in slot 0.
+fn any_dtype_input(op: &Op) -> bool {
+    matches!(op, Op::Shape | Op::Size | Op::Cast | Op::CastLike)
+}
+
+/// The precision a node computes in after planning, `None` = as the graph is.
+pub fn planned_precision(g: &Graph, n: NodeId) -> Option<DType> {
+    g.node(n).precision.filter(|&p| (p.is_float() || is_quantized(p)) && lowerable(g, n))
+}
+
+struct Materializer<'a> {
+    g: &'a mut Graph,
+    base_dir: Option<std::path::PathBuf>,
+    orig: Vec<Option<DType>>,
+    cur: Vec<Option<DType>>,
+    casts: HashMap<(ValueId, DType), ValueId>,
+    stats: MaterializeStats,
+}
+
+/// Insert the casts (and QDQ pairs) a plan needs. Errors name the node.
+pub fn materialize(model: &mut Model, mode: Mode) -> Result<MaterializeStats, String> {
+    let base_dir = model.base_dir.clone();
+    let g = &mut model.graph;
+    let order = g.topo_order().map_err(|rest| format!("the graph has a cycle through node `{}`", g.node(rest[0]).name))?;
+    let orig: Vec<Option<DType>> = g.all_values().map(|v| g.ty(v).dtype).collect();
+    let mut m = Materializer { cur: orig.clone(), orig, g, base_dir, casts: HashMap::new(), stats: MaterializeStats::default() };
+    for n in order {
+        m.node(n)?;
+    }
+    m.outputs();
+    if mode == Mode::Inference {
+        m.store_weights_low();
+    }
+    Ok(m.stats)
+}
+
+impl Materializer<'_> {
+    fn node(&mut self, n: NodeId) -> Result<(), String> {
+        let prec = planned_precision(self.g, n);
+        let op = self.g.node(n).op.clone();
+        let inputs: Vec<Option<ValueId>> = self.g.node(n).inputs().to_vec();
+        for (slot, v) in inputs.into_iter().enumerate() {
+            let Some(v) = v else { continue };
+            let Some(orig) = self.orig.get(v.index()).copied().flatten() else { continue };
+            if !orig.is_float() || (slot == 0 && any_dtype_input(&op)) {
+                continue;
+            }
+            let new = match prec {
+                Some(p) if is_quantized(p) && !pinned_input(&op, slot) => self.qdq(v, p)?,
+                Some(p) if !pinned_input(&op, slot) => self.cast_to(v, p),
+                _ => self.cast_to(v, orig),
+            };
+            if new != v {
+                self.g.set_input(n, slot, Some(new));
+            }
+        }
+        if let Some(p) = prec.filter(|p| !is_quantized(*p)) {
+            let outs = self.g.node(n).outputs().to_vec();
+            for (slot, v) in outs.into_iter().enumerate() {
+                if self.orig[v.index()].is_some_and(DType::is_float) && !pinned_output(&op, slot) {
+                    let shape = self.g.ty(v).shape.clone();
+                    self.g.set_ty(v, TensorType { dtype: Some(p), shape });
+                    self.cur[v.index()] = Some(p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn track(&mut self, v: ValueId, d: DType) {
+        if self.cur.len() <= v.index() {
+            self.cur.resize(v.index() + 1, None);
+            self.orig.resize(v.index() + 1, None);
+        }
+        self.cur[v.index()] = Some(d);
+        self.orig[v.index()] = Some(d);
+    }
+
+    /// `v` as dtype `to`: itself, or the shared cast of it.
+    fn cast_to(&mut self, v: ValueId, to: DType) -> ValueId {
+        if self.cur[v.index()] == Some(to) {
+            return v;
+        }
+        if let Some(&c) = self.casts.get(&(v, to)) {
+            return c;
+        }
+        let name = self.g.fresh_value_name(&format!("{}.cast_{to}", self.g.value_name(v)));
+        let ty = TensorType { dtype: Some(to), shape: self.g.ty(v).shape.clone() };
+        let spec = NodeSpec::new(name.clone(), Op::Cast).input(v).attr("to", Attr::Int(i64::from(to.onnx_code()))).output(name, ty);
+        let n = self.g.add_node(spec);
+        let out = self.g.node(n).outputs()[0];
+        self.track(out, to);
+        self.casts.insert((v, to), out);
+        self.stats.casts += 1;
+        if matches!(self.g.value(v).def, ValueDef::Init(_)) {
+            self.stats.weight_casts += 1;
+        }
+        out
+    }
+
+    /// `v` through QuantizeLinear → DequantizeLinear at `q`, as FP32.
+    fn qdq(&mut self, v: ValueId, q: DType) -> Result<ValueId, String> {
+        if let Some(&c) = self.casts.get(&(v, q)) {
+            return Ok(c);
+        }
+        let src = self.cast_to(v, DType::F32);
+        let base = self.g.value_name(v).to_string();
+        let qmax = if q == DType::I8 { 127.0 } else { 448.0 };
+        let absmax = self.init_values(v).map(|vals| vals.iter().fold(0.0f64, |a, x| a.max(x.abs())));
+        let scale = absmax.filter(|a| *a > 0.0 && a.is_finite()).map_or(1.0 / qmax, |a| a / qmax);
+        let scale_name = self.g.fresh_value_name(&format!("{base}.qscale"));
+        let scale_v = self.g.add_init(scale_name, Tensor::from_f32(vec![], &[scale as f32]));
+        let zp_name = self.g.fresh_value_name(&format!("{base}.qzero"));
+        let zp = Tensor { dtype: q, dims: vec![], data: TensorData::Inline(vec![0u8].into()) };
+        let zp_v = self.g.add_init(zp_name, zp);
+        let shape = self.g.ty(src).shape.clone();
+        let qname = self.g.fresh_value_name(&format!("{base}.quant_{q}"));
+        let qspec = NodeSpec::new(qname.clone(), Op::QuantizeLinear)
+            .input(src)
+            .input(scale_v)
+            .input(zp_v)
+            .output(qname, TensorType { dtype: Some(q), shape: shape.clone() });
+        let qn = self.g.add_node(qspec);
+        let qv = self.g.node(qn).outputs()[0];
+        let dname = self.g.fresh_value_name(&format!("{base}.dequant_{q}"));
+        let dspec = NodeSpec::new(dname.clone(), Op::DequantizeLinear)
+            .input(qv)
+            .input(scale_v)
+            .input(zp_v)
+            .output(dname, TensorType { dtype: Some(DType::F32), shape });
+        let dn = self.g.add_node(dspec);
+        let dv = self.g.node(dn).outputs()[0];
+        self.track(qv, q);
+        self.track(dv, DType::F32);
+        self.casts.insert((v, q), dv);
+        self.stats.qdq_pairs += 1;
+        Ok(dv)
+    }
+
+    fn init_values(&self, v: ValueId) -> Option<Vec<f64>> {
+        let t = self.g.value(v).init()?;
+        let bytes = t.load(self.base_dir.as_deref()).ok()??;
+        Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
+    }
+
+    fn outputs(&mut self) {
+        let mut outs = self.g.outputs().to_vec();
+        let mut done: HashMap<ValueId, ValueId> = HashMap::new();
+        for o in &mut outs {
+            if let Some(&c) = done.get(o) {
+                *o = c;
+                continue;
+            }
+            let (Some(orig), Some(cur)) = (self.orig[o.index()], self.cur[o.index()]) else { continue };
+            if orig == cur || !orig.is_float() {
+                continue;
+            }
+            let name = self.g.value_name(*o).to_string();
+            let renamed = self.g.fresh_value_name(&format!("{name}.{cur}"));
+            self.g.rename_value(*o, renamed);
+            let c = self.cast_to(*o, orig);
+            let (cn, _) = self.g.producer(c).expect("a cast output");
+            self.g.rename_value(c, name.clone());
+            self.g.node_mut(cn).name = format!("{name}.cast_{orig}");
+            done.insert(*o, c);
+            *o = c;
+        }
+        self.g.set_outputs(outs);
+    }
+
+    /// Replace casts of FP32 initializers by converted initializers.
+    fn store_weights_low(&mut self) {
+        let mut cast_nodes: Vec<(ValueId, DType, ValueId)> =
+            self.casts.iter().filter(|(&(v, _), _)| self.g.value(v).init().is_some()).map(|(&(v, d), &c)| (v, d, c)).collect();
+        cast_nodes.sort();
+        for (w, to, c) in cast_nodes {
+            if !matches!(to, DType::F16 | DType::BF16 | DType::F32) {
+                continue;
+            }
+            let Some(t) = self.g.value(w).init().cloned() else { continue };
+            let converted = match self.init_values(w) {
+                Some(vals) => Tensor::from_f64s(to, t.dims.clone(), &vals),
+                None => Some(Tensor { dtype: to, dims: t.dims.clone(), data: TensorData::Absent }),
+            };
+            let Some(converted) = converted else { continue };
+            let Some((cn, _)) = self.g.producer(c) else { continue };
+            let cname = self.g.value_name(c).to_string();
+            self.g.rename_value(c, format!("{cname}.removed"));
+            let nw = self.g.add_init(cname, converted);
+            self.g.replace_all_uses(c, nw);
+            self.g.remove_node(cn);
+            self.stats.casts -= 1;
+            self.stats.weight_casts -= 1;
+            self.stats.converted_weights += 1;
+            let still_used = !self.g.users(w).is_empty() || self.g.outputs().contains(&w) || self.g.inputs().contains(&w);
+            if !still_used {
+                let wname = self.g.value_name(w).to_string();
+                self.g.remove_source(w);
+                self.g.rename_value(nw, wname);
+            }
+        }
+    }
+}

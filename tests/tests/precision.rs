@@ -1,0 +1,105 @@
+//! Precision passes on every real model: the result verifies, shape
+//! inference agrees with the types materialization wrote, outputs keep their
+//! dtypes, and cast counts stay sane (amp on the big graphs adds no more
+//! casts than onnxconverter-common's 201 / 214, NOTES.md).
+
+use qsync_ir::infer::{infer_shapes, InferOptions};
+use qsync_ir::{Model, Op};
+use qsync_passes::{pipeline_from_spec, PassContext};
+
+fn casts(m: &Model) -> usize {
+    m.graph.node_ids().iter().filter(|&&n| m.graph.node(n).op == Op::Cast).count()
+}
+
+fn run(path: &std::path::Path, spec: &str) -> (Model, usize) {
+    let mut m = qsync_onnx::import_file(path).unwrap_or_else(|e| panic!("{e}"));
+    let pm = pipeline_from_spec("infer-shapes").expect("pipeline");
+    pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let before = casts(&m);
+    let outputs: Vec<String> = m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();
+    let mut pm = pipeline_from_spec(&format!("{spec},verify")).expect("pipeline");
+    pm.verify_each(true);
+    pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{} {spec}: {e}", path.display()));
+    let after: Vec<String> = m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();
+    assert_eq!(outputs, after, "{} {spec}: outputs keep names and types", path.display());
+    let types: Vec<String> = m.graph.all_values().map(|v| m.graph.ty(v).to_string()).collect();
+    let mut again = m.clone();
+    let opset = again.opset();
+    let r = infer_shapes(&mut again.graph, opset, &InferOptions::default());
+    assert!(r.errors.is_empty(), "{} {spec}: {:?}", path.display(), r.errors);
+    let re: Vec<String> = again.graph.all_values().map(|v| again.graph.ty(v).to_string()).collect();
+    let names: Vec<&str> = again.graph.all_values().map(|v| again.graph.value_name(v)).collect();
+    for ((a, b), n) in types.iter().zip(&re).zip(&names) {
+        assert_eq!(a, b, "{} {spec}: infer-shapes disagrees on value {n}", path.display());
+    }
+    let added = casts(&m) - before;
+    (m, added)
+}
+
+#[test]
+fn every_model_through_every_precision_pass() {
+    for path in qsync_tests::onnx_models() {
+        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        let mut counts = Vec::new();
+        for spec in ["amp", "autocast", "uniform=f16", "cascade=f16", "amp(mode=inference)"] {
+            let (m, added) = run(&path, spec);
+            let nodes = m.graph.node_count();
+            assert!(added < nodes, "{name} {spec}: {added} casts in {nodes} nodes");
+            counts.push(format!("{spec}={added}"));
+        }
+        eprintln!("{name}: casts added {}", counts.join(" "));
+    }
+}
+
+/// onnxconverter stores weights in FP16, so its figure compares with our
+/// inference mode, and with the activation casts (casts not reading an
+/// initializer) of training mode, whose extra casts are the per-iteration
+/// FP32-master weight casts.
+#[test]
+fn amp_adds_no_more_casts_than_onnxconverter() {
+    for (model, converter) in [("bert_base_qa.onnx", 201), ("resnet50_train.onnx", 214)] {
+        let path = qsync_tests::models_dir().join(model);
+        let (_, added) = run(&path, "amp(mode=inference)");
+        assert!(added <= converter, "{model}: amp added {added} casts, onnxconverter {converter}");
+        let (m, _) = run(&path, "amp");
+        let g = &m.graph;
+        let activation_casts = g
+            .node_ids()
+            .into_iter()
+            .filter(|&n| g.node(n).op == Op::Cast)
+            .filter(|&n| g.node(n).input(0).is_some_and(|v| g.value(v).init().is_none()))
+            .count();
+        eprintln!("{model}: amp inference {added}, training activation casts {activation_casts}");
+        assert!(activation_casts <= converter, "{model}: {activation_casts} activation casts");
+    }
+}
+
+/// The models with weights, planned by amp / autocast / uniform=f16 and
+/// exported, run in onnxruntime within FP16 tolerance of the FP32 original
+/// (`passes/tests/numerics.py`).
+#[test]
+fn planned_models_with_weights_stay_within_fp16_tolerance() {
+    use std::process::Command;
+    let probe = Command::new("python3").args(["-c", "import onnx, onnxruntime"]).output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("python3 cannot import onnx and onnxruntime ({}): run scripts/setup.sh", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => panic!("python3 not runnable ({e}): run scripts/setup.sh"),
+    }
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../passes/tests/numerics.py");
+    let dir = std::env::temp_dir().join(format!("qsync-numerics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for model in ["squeezenet1_1.onnx", "bert_tiny.onnx"] {
+        let src = qsync_tests::models_dir().join(model);
+        for spec in ["amp", "autocast", "uniform=f16", "amp(mode=inference)"] {
+            let (m, _) = run(&src, spec);
+            let out = dir.join(format!("{}.{}.onnx", model.trim_end_matches(".onnx"), spec.replace(['(', ')', '='], "_")));
+            qsync_onnx::export_file(&m, &out).unwrap_or_else(|e| panic!("{e}"));
+            let o = Command::new("python3").arg(&script).arg(&src).arg(&out).output().expect("run numerics.py");
+            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            eprintln!("{model} {spec}:\n{text}");
+            assert!(o.status.success(), "{model} {spec}: {text}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
