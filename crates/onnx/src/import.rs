@@ -5,8 +5,8 @@
 //! - model fields (IR version, producer, domain, version, doc, metadata) and
 //!   the opset imports; the default domain must be at opset 11..=21;
 //! - graph inputs (initializers that are also inputs stay one value, marked
-//!   as an input too), outputs and `value_info` types; `dim_param`s become
-//!   symbols, or dimension expressions when the string is one (`batch*seq`);
+//!   as an input too), outputs and `value_info` types (the annotated names
+//!   are kept in `Model::annotated`); `dim_param`s become symbols, or dimension expressions when the string is one (`batch*seq`);
 //!   unnamed unknown dims get fresh deterministic symbols `unk__0`, `unk__1`, …
 //!   (skipping names the file already uses);
 //! - initializers: `raw_data`, every typed field (with the 16/8-bit and bool
@@ -185,6 +185,7 @@ impl Importer {
         if !mp.training_info.is_empty() {
             self.warnings.push(format!("{} training_info entries dropped (not represented in the IR)", mp.training_info.len()));
         }
+        let annotated = Some(g.value_info.iter().map(|vi| vi.name.clone()).collect());
         let graph = self.graph(g)?;
         Ok(Model {
             graph,
@@ -198,6 +199,7 @@ impl Importer {
             metadata: mp.metadata_props.into_iter().map(|e| (e.key, e.value)).collect(),
             functions,
             base_dir: None,
+            annotated,
         })
     }
 

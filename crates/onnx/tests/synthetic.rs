@@ -343,3 +343,37 @@ fn dim_expressions_and_fresh_symbols_round_trip() {
     let shape = m.graph.ty(m.graph.inputs()[0]).shape.clone();
     assert_eq!(shape, Some(vec![Dim::sym("unk__0"), Dim::sym("unk__1")]));
 }
+
+/// Export annotates (`value_info`) exactly the intermediate values the source
+/// file annotated: onnxruntime picks shape-dependent fusions (e.g. folding a
+/// scalar `Mul` into `FusedMatMul`) from `value_info`, so annotating a legacy
+/// export that had none changed its outputs in the last bits.
+#[test]
+fn export_annotates_only_what_the_source_annotated() {
+    let g = proto::GraphProto {
+        name: "g".into(),
+        node: vec![
+            node("Relu", "r", &["x"], &["a"], vec![]),
+            node("Neg", "n", &["a"], &["c"], vec![]),
+            node("Abs", "b", &["c"], &["y"], vec![]),
+        ],
+        input: vec![vi("x", 1, &[p("batch"), DimValue::DimValue(4)])],
+        output: vec![vi("y", 1, &[p("batch"), DimValue::DimValue(4)])],
+        value_info: vec![vi("a", 1, &[p("batch"), DimValue::DimValue(4)])],
+        ..Default::default()
+    };
+    let bytes = model(g, 17);
+    let mut m = round_trip(&bytes);
+    let names = |m: &qsync_ir::Model| -> Vec<String> {
+        let out = export_bytes(m).unwrap_or_else(|e| panic!("{e}"));
+        let mp = proto::ModelProto::decode(out.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+        mp.graph.expect("graph").value_info.into_iter().map(|v| v.name).collect()
+    };
+    assert_eq!(names(&m), vec!["a".to_string()]);
+    // `c` is still typed by inference after import.
+    let c = m.graph.value_by_name("c").expect("c");
+    assert!(m.graph.ty(c).is_complete());
+    // A model not read from ONNX (annotated = None) annotates every typed value.
+    m.annotated = None;
+    assert_eq!(names(&m), vec!["a".to_string(), "c".to_string()]);
+}
