@@ -377,3 +377,30 @@ fn export_annotates_only_what_the_source_annotated() {
     m.annotated = None;
     assert_eq!(names(&m), vec!["a".to_string(), "c".to_string()]);
 }
+
+/// The dynamo exporter at opset 17 writes Split-18's `num_outputs`, which
+/// Split-13 lacks (onnx.checker rejects it): import drops it when it equals
+/// the output count, so a round trip gives a valid file; at 18 it stays.
+#[test]
+fn split_num_outputs_below_opset_18_is_dropped() {
+    let mut k = attr("num_outputs", attr_type::INT);
+    k.i = Some(3);
+    let mut ax = attr("axis", attr_type::INT);
+    ax.i = Some(1);
+    let g = |opset_note: &str| proto::GraphProto {
+        name: opset_note.into(),
+        node: vec![node("Split", "s", &["x"], &["a", "b", "c"], vec![ax.clone(), k.clone()])],
+        input: vec![vi("x", 1, &[p("batch"), DimValue::DimValue(6)])],
+        output: vec![vi("a", 1, &[]), vi("b", 1, &[]), vi("c", 1, &[])],
+        ..Default::default()
+    };
+    for (opset, kept) in [(17, false), (18, true)] {
+        let (m, report) = import_bytes_with_report(&model(g("g"), opset), None, "s.onnx").unwrap_or_else(|e| panic!("{e}"));
+        let gr = &m.graph;
+        let n = gr.node_ids()[0];
+        assert_eq!(gr.node(n).attr("num_outputs").is_some(), kept, "opset {opset}");
+        assert_eq!(report.warnings.iter().any(|w| w.contains("num_outputs")), !kept, "{:?}", report.warnings);
+        let a = gr.value_by_name("a").expect("a");
+        assert_eq!(gr.ty(a), &TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::from(2)]));
+    }
+}
