@@ -592,6 +592,12 @@ pub struct Model {
     pub functions: Vec<Vec<u8>>,
     /// Directory that external-data locations are relative to (not printed).
     pub base_dir: Option<std::path::PathBuf>,
+    /// Names of the intermediate values whose types the source file declared
+    /// (ONNX `value_info`), so that export annotates the same values and no
+    /// others: runtimes pick shape-dependent fusions from these annotations,
+    /// and a round trip must not change numerics. `None` (a model built in
+    /// memory or parsed from text IR): export annotates every typed value.
+    pub annotated: Option<std::collections::BTreeSet<String>>,
 }
 
 impl Model {

@@ -12,7 +12,10 @@
 //! - graph inputs and outputs with their types, symbolic dims as `dim_param`
 //!   (expressions such as `batch*seq` as their text, which import parses
 //!   back); `value_info` for every other node output whose element type is
-//!   known (values of unknown type are omitted rather than written wrongly);
+//!   known (values of unknown type are omitted rather than written wrongly)
+//!   — for an imported model only the outputs its file annotated
+//!   (`Model::annotated`): runtimes choose shape-dependent fusions from
+//!   `value_info`, so annotating more would change a round trip's numerics;
 //! - model fields, opset imports and model-local functions.
 //!
 //! Guarantees: deterministic (the same model gives the same bytes), and
@@ -124,7 +127,7 @@ pub fn to_proto(model: &Model, label: &str) -> Result<proto::ModelProto, OnnxErr
         domain: model.domain.clone(),
         model_version: model.model_version,
         doc_string: model.doc_string.clone(),
-        graph: Some(graph_proto(&model.graph, label)?),
+        graph: Some(graph_proto(&model.graph, model.annotated.as_ref(), label)?),
         opset_import: model.opsets.iter().map(|(d, v)| proto::OperatorSetIdProto { domain: d.clone(), version: *v }).collect(),
         metadata_props: model.metadata.iter().map(|(k, v)| entry(k, v)).collect(),
         training_info: Vec::new(),
@@ -163,7 +166,7 @@ fn value_info(g: &Graph, v: ValueId) -> proto::ValueInfoProto {
     }
 }
 
-fn graph_proto(g: &Graph, label: &str) -> Result<proto::GraphProto, OnnxError> {
+fn graph_proto(g: &Graph, annotated: Option<&BTreeSet<String>>, label: &str) -> Result<proto::GraphProto, OnnxError> {
     let order = g.schedule();
     let mut nodes = Vec::with_capacity(order.len());
     for &id in &order {
@@ -196,6 +199,9 @@ fn graph_proto(g: &Graph, label: &str) -> Result<proto::GraphProto, OnnxError> {
         for &v in g.node(id).outputs() {
             let data = g.value(v);
             if data.name.is_empty() || outputs.contains(&v) || data.ty.dtype.is_none() {
+                continue;
+            }
+            if annotated.is_some_and(|a| !a.contains(&data.name)) {
                 continue;
             }
             vinfo.push(value_info(g, v));

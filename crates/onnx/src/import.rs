@@ -5,8 +5,8 @@
 //! - model fields (IR version, producer, domain, version, doc, metadata) and
 //!   the opset imports; the default domain must be at opset 11..=21;
 //! - graph inputs (initializers that are also inputs stay one value, marked
-//!   as an input too), outputs and `value_info` types; `dim_param`s become
-//!   symbols, or dimension expressions when the string is one (`batch*seq`);
+//!   as an input too), outputs and `value_info` types (the annotated names
+//!   are kept in `Model::annotated`); `dim_param`s become symbols, or dimension expressions when the string is one (`batch*seq`);
 //!   unnamed unknown dims get fresh deterministic symbols `unk__0`, `unk__1`, …
 //!   (skipping names the file already uses);
 //! - initializers: `raw_data`, every typed field (with the 16/8-bit and bool
@@ -17,8 +17,10 @@
 //!   taken from the attribute when nothing else gives one); empty optional
 //!   inputs become `None`; forward references are resolved; unnamed nodes
 //!   are named `{OpType}_{index}` (index in the file);
-//! - every attribute kind; subgraphs, sparse tensors and type protos are kept
-//!   as encoded bytes ([`Attr::Raw`]).
+//! - every attribute kind (except Split's `num_outputs` below opset 18,
+//!   which the dynamo exporter writes but that opset lacks: dropped with a
+//!   warning when it equals the output count); subgraphs, sparse tensors
+//!   and type protos are kept as encoded bytes ([`Attr::Raw`]).
 //!
 //! What it keeps opaque, with a warning in [`ImportReport`]: control flow
 //! (`If`/`Loop`/`Scan` bodies stay encoded attributes), model-local functions
@@ -95,7 +97,7 @@ pub fn import_bytes_with_report(
     if mp.ir_version <= 0 && mp.opset_import.is_empty() {
         return Err(OnnxError::NotOnnx { file, why: "no IR version and no opset imports".into() });
     }
-    let mut imp = Importer { file, warnings: Vec::new(), used_params: HashSet::new(), unk: 0 };
+    let mut imp = Importer { file, warnings: Vec::new(), used_params: HashSet::new(), unk: 0, opset: 0 };
     let mut model = imp.model(mp)?;
     model.base_dir = base_dir.map(Path::to_path_buf);
     let opset = model.opset();
@@ -139,6 +141,8 @@ struct Importer {
     /// Every `dim_param` in the file, so fresh symbols do not collide.
     used_params: HashSet<String>,
     unk: usize,
+    /// The default-domain opset (set before the graph is read).
+    opset: i64,
 }
 
 fn node_place(name: &str, op_type: &str) -> String {
@@ -168,6 +172,7 @@ impl Importer {
                 if !OPSET_RANGE.contains(&o.version) {
                     return Err(OnnxError::UnsupportedOpset { file: self.file.clone(), domain: o.domain.clone(), version: o.version });
                 }
+                self.opset = o.version;
             }
         }
         if !default_seen {
@@ -185,6 +190,7 @@ impl Importer {
         if !mp.training_info.is_empty() {
             self.warnings.push(format!("{} training_info entries dropped (not represented in the IR)", mp.training_info.len()));
         }
+        let annotated = Some(g.value_info.iter().map(|vi| vi.name.clone()).collect());
         let graph = self.graph(g)?;
         Ok(Model {
             graph,
@@ -198,6 +204,7 @@ impl Importer {
             metadata: mp.metadata_props.into_iter().map(|e| (e.key, e.value)).collect(),
             functions,
             base_dir: None,
+            annotated,
         })
     }
 
@@ -347,6 +354,18 @@ impl Importer {
             }
             if attrs.insert(a.name.clone(), attr).is_some() {
                 return Err(self.invalid(place, format!("attribute `{}` given twice", a.name)));
+            }
+        }
+        // The dynamo exporter writes Split-18's `num_outputs` at opsets
+        // below 18, where Split has no such attribute (the checker rejects
+        // the file; runtimes split evenly). With no `split` input and as many
+        // outputs it restates what the outputs say: drop it.
+        if op == Op::Split && self.opset < 18 && n.input.get(1).is_none_or(String::is_empty) {
+            if let Some(Attr::Int(k)) = attrs.get("num_outputs") {
+                if *k == n.output.len() as i64 {
+                    attrs.remove("num_outputs");
+                    self.warnings.push(format!("{place}: `num_outputs` is not a Split attribute before opset 18; dropped (it equals the output count)"));
+                }
             }
         }
         let mut inputs = Vec::with_capacity(n.input.len());

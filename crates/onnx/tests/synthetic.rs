@@ -343,3 +343,64 @@ fn dim_expressions_and_fresh_symbols_round_trip() {
     let shape = m.graph.ty(m.graph.inputs()[0]).shape.clone();
     assert_eq!(shape, Some(vec![Dim::sym("unk__0"), Dim::sym("unk__1")]));
 }
+
+/// Export annotates (`value_info`) exactly the intermediate values the source
+/// file annotated: onnxruntime picks shape-dependent fusions (e.g. folding a
+/// scalar `Mul` into `FusedMatMul`) from `value_info`, so annotating a legacy
+/// export that had none changed its outputs in the last bits.
+#[test]
+fn export_annotates_only_what_the_source_annotated() {
+    let g = proto::GraphProto {
+        name: "g".into(),
+        node: vec![
+            node("Relu", "r", &["x"], &["a"], vec![]),
+            node("Neg", "n", &["a"], &["c"], vec![]),
+            node("Abs", "b", &["c"], &["y"], vec![]),
+        ],
+        input: vec![vi("x", 1, &[p("batch"), DimValue::DimValue(4)])],
+        output: vec![vi("y", 1, &[p("batch"), DimValue::DimValue(4)])],
+        value_info: vec![vi("a", 1, &[p("batch"), DimValue::DimValue(4)])],
+        ..Default::default()
+    };
+    let bytes = model(g, 17);
+    let mut m = round_trip(&bytes);
+    let names = |m: &qsync_ir::Model| -> Vec<String> {
+        let out = export_bytes(m).unwrap_or_else(|e| panic!("{e}"));
+        let mp = proto::ModelProto::decode(out.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+        mp.graph.expect("graph").value_info.into_iter().map(|v| v.name).collect()
+    };
+    assert_eq!(names(&m), vec!["a".to_string()]);
+    // `c` is still typed by inference after import.
+    let c = m.graph.value_by_name("c").expect("c");
+    assert!(m.graph.ty(c).is_complete());
+    // A model not read from ONNX (annotated = None) annotates every typed value.
+    m.annotated = None;
+    assert_eq!(names(&m), vec!["a".to_string(), "c".to_string()]);
+}
+
+/// The dynamo exporter at opset 17 writes Split-18's `num_outputs`, which
+/// Split-13 lacks (onnx.checker rejects it): import drops it when it equals
+/// the output count, so a round trip gives a valid file; at 18 it stays.
+#[test]
+fn split_num_outputs_below_opset_18_is_dropped() {
+    let mut k = attr("num_outputs", attr_type::INT);
+    k.i = Some(3);
+    let mut ax = attr("axis", attr_type::INT);
+    ax.i = Some(1);
+    let g = |opset_note: &str| proto::GraphProto {
+        name: opset_note.into(),
+        node: vec![node("Split", "s", &["x"], &["a", "b", "c"], vec![ax.clone(), k.clone()])],
+        input: vec![vi("x", 1, &[p("batch"), DimValue::DimValue(6)])],
+        output: vec![vi("a", 1, &[]), vi("b", 1, &[]), vi("c", 1, &[])],
+        ..Default::default()
+    };
+    for (opset, kept) in [(17, false), (18, true)] {
+        let (m, report) = import_bytes_with_report(&model(g("g"), opset), None, "s.onnx").unwrap_or_else(|e| panic!("{e}"));
+        let gr = &m.graph;
+        let n = gr.node_ids()[0];
+        assert_eq!(gr.node(n).attr("num_outputs").is_some(), kept, "opset {opset}");
+        assert_eq!(report.warnings.iter().any(|w| w.contains("num_outputs")), !kept, "{:?}", report.warnings);
+        let a = gr.value_by_name("a").expect("a");
+        assert_eq!(gr.ty(a), &TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::from(2)]));
+    }
+}

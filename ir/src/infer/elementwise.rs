@@ -27,6 +27,17 @@ fn div_dim(a: &Dim, b: &Dim) -> Option<Dim> {
     }
 }
 
+/// `Mod` of two constants: the sign of the divisor (`fmod=0`) or of the
+/// dividend (`fmod=1`, C `fmod`).
+fn mod_dim(a: &Dim, b: &Dim, fmod: bool) -> Option<Dim> {
+    let (x, y) = (a.as_const()?, b.as_const()?);
+    if y == 0 {
+        return None;
+    }
+    let r = x.wrapping_rem(y);
+    Some(Dim::from(if !fmod && r != 0 && (r < 0) != (y < 0) { r + y } else { r }))
+}
+
 fn cmp_dim(op: &Op, a: &Dim, b: &Dim) -> Option<Dim> {
     let bit = |x: bool| Some(Dim::from(i64::from(x)));
     if let (Some(x), Some(y)) = (a.as_const(), b.as_const()) {
@@ -64,12 +75,14 @@ pub fn binary(cx: &Cx) -> InferResult {
     let known = match (cx.known(0), cx.known(1)) {
         (Some(ka), Some(kb)) => {
             let op = cx.node.op.clone();
+            let fmod = cx.int("fmod", 0) != 0;
             let f = move |x: &Dim, y: &Dim| -> Option<Dim> {
                 match op {
                     Op::Add => Some(x.add(y)),
                     Op::Sub => Some(x.sub(y)),
                     Op::Mul => Some(x.mul(y)),
                     Op::Div => div_dim(x, y),
+                    Op::Mod => mod_dim(x, y, fmod),
                     Op::And => Some(Dim::from(i64::from(x.as_const()? != 0 && y.as_const()? != 0))),
                     Op::Or => Some(Dim::from(i64::from(x.as_const()? != 0 || y.as_const()? != 0))),
                     _ => cmp_dim(&op, x, y),
@@ -105,7 +118,32 @@ pub fn variadic(cx: &Cx) -> InferResult {
     }
     let shapes: Vec<Option<&[crate::Dim]>> = present.iter().map(|t| t.shape.as_deref()).collect();
     let shape = broadcast_all(&shapes)?;
-    done(tt(present.iter().find_map(|t| t.dtype), shape))
+    let dtype = present.iter().find_map(|t| t.dtype);
+    // Max/Min of known integers (exporters clamp sizes this way).
+    let known = match (&cx.node.op, dtype) {
+        (Op::Max | Op::Min, Some(dt)) if !dt.is_float() => {
+            let is_max = matches!(cx.node.op, Op::Max);
+            let pick = move |x: &Dim, y: &Dim| -> Option<Dim> {
+                let (a, b) = (x.as_const()?, y.as_const()?);
+                Some(Dim::from(if is_max { a.max(b) } else { a.min(b) }))
+            };
+            let mut acc: Option<Known> = None;
+            for i in (0..cx.n_in()).filter(|&i| cx.has(i)) {
+                let k = cx.known(i).filter(|k| !k.is_float()).cloned();
+                acc = match (acc, k) {
+                    (None, Some(k)) if i == 0 || !cx.has(0) => Some(k),
+                    (Some(a), Some(k)) => zip_known(&a, &k, &pick).map(|(dims, vals)| Known::ints(dt, dims, vals)),
+                    _ => None,
+                };
+                if acc.is_none() {
+                    break;
+                }
+            }
+            acc
+        }
+        _ => None,
+    };
+    done_known(tt(dtype, shape), known)
 }
 
 /// Where(cond, x, y): broadcast all three; dtype of x (or y).

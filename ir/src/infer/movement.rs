@@ -7,10 +7,12 @@
 use super::ctx::{broadcast, done, done_known, done_many, norm_axes, norm_axis, product, tt, AxesSrc, Cx, InferResult, Inferred, Known, Outcome, MAX_KNOWN};
 use crate::{DType, Dim, TensorType};
 
-/// Known contents of an output when it is small and 0-/1-D.
+/// Known contents of an output when it is small and its shape constant
+/// (any rank: exporters route pad lists through 2-D `Reshape`/`Slice`/
+/// `Transpose`, e.g. `[-1, 2]` → reverse rows → transpose → flatten).
 fn known_out(dtype: Option<DType>, shape: &[Dim], vals: Vec<Dim>) -> Option<Known> {
     let dt = dtype?;
-    if dt.is_float() || shape.len() > 1 || vals.len() > MAX_KNOWN {
+    if dt.is_float() || vals.len() > MAX_KNOWN {
         return None;
     }
     let dims: Vec<i64> = shape.iter().map(Dim::as_const).collect::<Option<_>>()?;
@@ -67,7 +69,47 @@ pub fn transpose(cx: &Cx) -> InferResult {
         return Err(format!("perm has {} entries for rank {}", perm.len(), s.len()));
     }
     let p = norm_axes(&perm, s.len())?;
-    done(tt(x.dtype, Some(p.iter().map(|&i| s[i].clone()).collect())))
+    let out: Vec<Dim> = p.iter().map(|&i| s[i].clone()).collect();
+    let known = cx.known(0).filter(|k| !k.is_float() && k.dims.len() == p.len()).and_then(|k| {
+        let strides = strides_of(&k.dims);
+        let odims: Vec<i64> = p.iter().map(|&i| k.dims[i]).collect();
+        let vals = for_each_index(&odims, |idx| {
+            let flat: i64 = idx.iter().zip(&p).map(|(&j, &a)| j * strides[a]).sum();
+            k.vals.get(usize::try_from(flat).ok()?).cloned()
+        })?;
+        known_out(Some(k.dtype), &out, vals)
+    });
+    done_known(tt(x.dtype, Some(out)), known)
+}
+
+/// Row-major strides of a constant shape.
+fn strides_of(dims: &[i64]) -> Vec<i64> {
+    let mut st = vec![1; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        st[i] = st[i + 1] * dims[i + 1];
+    }
+    st
+}
+
+/// `f` at every multi-index of `dims`, in row-major order; `None` if any is.
+fn for_each_index(dims: &[i64], mut f: impl FnMut(&[i64]) -> Option<Dim>) -> Option<Vec<Dim>> {
+    let n: i64 = dims.iter().product();
+    if n < 0 || n as usize > MAX_KNOWN {
+        return None;
+    }
+    let mut idx = vec![0i64; dims.len()];
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        out.push(f(&idx)?);
+        for a in (0..dims.len()).rev() {
+            idx[a] += 1;
+            if idx[a] < dims[a] {
+                break;
+            }
+            idx[a] = 0;
+        }
+    }
+    Some(out)
 }
 
 pub fn concat(cx: &Cx) -> InferResult {
@@ -252,22 +294,23 @@ pub fn slice(cx: &Cx) -> InferResult {
         return Err(format!("{} steps for {n} starts", steps.len()));
     }
     let mut out = s.clone();
-    let mut sel: Option<(Dim, i64)> = None;
+    // Per axis: (first index, step) of the selection, when constant.
+    let mut sel: Vec<Option<(i64, i64)>> = vec![Some((0, 1)); s.len()];
     for i in 0..n {
         let (len, st) = slice_len(&s[axes[i]], &starts[i], &ends[i], steps[i])?;
         out[axes[i]] = len;
-        if s.len() == 1 {
-            sel = st.as_const().map(|c| (Dim::from(c), steps[i]));
-        }
+        sel[axes[i]] = st.as_const().map(|c| (c, steps[i]));
     }
-    let known = match (cx.known(0), sel, out.first().and_then(Dim::as_const)) {
-        (Some(k), Some((st, step)), Some(len)) if s.len() == 1 && !k.is_float() => {
-            let st = st.as_const().unwrap_or(0);
-            let vals: Option<Vec<Dim>> = (0..len).map(|j| k.vals.get(usize::try_from(st + j * step).ok()?).cloned()).collect();
-            vals.and_then(|v| known_out(Some(k.dtype), &out, v))
-        }
-        _ => None,
-    };
+    let known = cx.known(0).filter(|k| !k.is_float() && k.dims.len() == s.len()).and_then(|k| {
+        let sel: Vec<(i64, i64)> = sel.into_iter().collect::<Option<_>>()?;
+        let odims: Vec<i64> = out.iter().map(Dim::as_const).collect::<Option<_>>()?;
+        let strides = strides_of(&k.dims);
+        let vals = for_each_index(&odims, |idx| {
+            let flat: i64 = idx.iter().zip(&sel).zip(&strides).map(|((&j, &(st, step)), &stride)| (st + j * step) * stride).sum();
+            k.vals.get(usize::try_from(flat).ok()?).cloned()
+        })?;
+        known_out(Some(k.dtype), &out, vals)
+    });
     done_known(tt(x.dtype, Some(out)), known)
 }
 

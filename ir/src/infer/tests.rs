@@ -438,3 +438,36 @@ fn misc_ops() {
     assert_eq!(g.ty(nz).shape.as_ref().unwrap()[0], d("2"));
     assert_eq!(g.ty(fl), &ty("f32[16*N,H*W]"));
 }
+
+/// Known integer contents flow through `Mod` (both sign conventions),
+/// `Max`/`Min`, and N-D `Slice`/`Transpose` (legacy pad-list arithmetic).
+#[test]
+fn known_contents_mod_max_and_2d_movement() {
+    let mut g = Graph::new("t");
+    let a = scalar(&mut g, "a", -7);
+    let b = scalar(&mut g, "b", 3);
+    let m0 = node(&mut g, Op::Mod, &[a, b], &[]);
+    let m1 = node(&mut g, Op::Mod, &[a, b], &[("fmod", Attr::Int(1))]);
+    let mx = node(&mut g, Op::Max, &[m0, b], &[]);
+    let mn = node(&mut g, Op::Min, &[m1, b], &[]);
+    let v = i64s(&mut g, "v", &[1, 2, 3, 4, 5, 6]);
+    let rows = i64s(&mut g, "rows", &[-1, 2]);
+    let m = node(&mut g, Op::Reshape, &[v, rows], &[]);
+    let st = i64s(&mut g, "st", &[-1]);
+    let en = i64s(&mut g, "en", &[i64::MIN + 1]);
+    let ax = i64s(&mut g, "ax", &[0]);
+    let rev = node(&mut g, Op::Slice, &[m, st, en, ax, st], &[]);
+    let t = node(&mut g, Op::Transpose, &[rev], &[("perm", Attr::Ints(vec![1, 0]))]);
+    let r = run(&mut g, 17);
+    assert!(r.errors.is_empty() && r.unknown.is_empty(), "{r:?}");
+    let k = known_table(&g, 17);
+    let vals = |v: ValueId| k[v.index()].as_ref().and_then(Known::consts);
+    assert_eq!(vals(m0), Some(vec![2]));
+    assert_eq!(vals(m1), Some(vec![-1]));
+    assert_eq!(vals(mx), Some(vec![3]));
+    assert_eq!(vals(mn), Some(vec![-1]));
+    // [[1,2],[3,4],[5,6]] → rows reversed → transposed.
+    assert_eq!(vals(rev), Some(vec![5, 6, 3, 4, 1, 2]));
+    assert_eq!(g.ty(t), &ty("i64[2,3]"));
+    assert_eq!(vals(t), Some(vec![5, 3, 1, 6, 4, 2]));
+}
