@@ -72,17 +72,29 @@ fn incremental_set_precision_equals_fresh_prediction() {
     }
 }
 
+/// Uniform FP16 / BF16 plans need no more memory than FP32. INT8 is not
+/// ordered with them, honestly: QSync's INT8 Conv/GEMM dequantize into FP32
+/// outputs, so the FP32 activations their neighbours save for backward stay,
+/// and the INT8 copy each quantized kernel saves is added on top (uniform
+/// INT8 ResNet-50 on a T4 needs ~5% more than FP32; BERT-tiny ~0.2% more
+/// than FP16). The planner, not this property, decides when INT8 pays.
 #[test]
 fn lowering_precision_everywhere_never_raises_memory() {
-    for model in ["bert_tiny.onnx", "squeezenet1_1.onnx"] {
+    for model in ["bert_tiny.onnx", "squeezenet1_1.onnx", "resnet50_train.onnx"] {
         let g = load(model, 8);
-        let mut last = f64::INFINITY;
-        for p in [Precision::Fp32, Precision::Fp16, Precision::Int8] {
-            let targets = vec![Target::new(device("t4"), 1, 8, Plan::uniform(&g, p))];
-            let pred = Predictor::new(&g, targets, opts(&g)).expect("predict");
-            let total = pred.memory(0).expect("memory").total;
-            assert!(total <= last, "{model}: {p} needs {total} bytes, more than the wider precision's {last}");
-            last = total;
+        for dev in ["t4", "a10"] {
+            let total = |p: Precision| {
+                let targets = vec![Target::new(device(dev), 1, 8, Plan::uniform(&g, p))];
+                Predictor::new(&g, targets, opts(&g)).expect("predict").memory(0).expect("memory").total
+            };
+            let fp32 = total(Precision::Fp32);
+            for p in [Precision::Fp16] {
+                let low = total(p);
+                assert!(low <= fp32, "{model} on {dev}: {p} needs {low} bytes, more than FP32's {fp32}");
+            }
+            if device(dev).supports(Precision::Bf16) {
+                assert!(total(Precision::Bf16) <= fp32, "{model} on {dev}: bf16");
+            }
         }
     }
 }
@@ -112,7 +124,9 @@ fn a_slower_device_never_makes_the_iteration_faster() {
             last = it;
         }
         // Replacing the T4s by V100s never slows the cluster down.
-        let v100s = vec![Target::new(device("v100"), 16, 8, Plan::new()), Target::new(device("v100"), 16, 8, plan.clone())];
+        let mut second = device("v100");
+        second.name = "v100b".into();
+        let v100s = vec![Target::new(device("v100"), 16, 8, Plan::new()), Target::new(second, 16, 8, plan.clone())];
         let fast = Predictor::new(&g, v100s, opts(&g)).expect("predict").result().iteration_us;
         let t4s = vec![Target::new(device("v100"), 16, 8, Plan::new()), Target::new(device("t4"), 16, 8, plan)];
         let slow = Predictor::new(&g, t4s, opts(&g)).expect("predict").result().iteration_us;
