@@ -179,7 +179,7 @@ impl<'g> Predictor<'g> {
             cluster_types.push(dt);
             types.push(TypeState { model, plan: t.plan.clone(), resolved, memory, index });
         }
-        let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config.clone())?;
+        let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config)?;
         Ok(Predictor { graph, facts, opts, types, targets, sim })
     }
 
