@@ -65,41 +65,81 @@ impl Plan {
     /// Effective compute and output precisions of every node.
     pub fn resolve(&self, graph: &Graph) -> ResolvedPlan {
         let bound = node_bound(graph);
-        let mut compute = vec![Precision::Fp32; bound];
-        let mut output = vec![Precision::Fp32; bound];
+        let mut r = ResolvedPlan { compute: vec![Precision::Fp32; bound], output: vec![Precision::Fp32; bound] };
         for n in graph.schedule() {
-            let node = graph.node(n);
-            let p = match self.get(n) {
-                Some(p) => p,
-                None if is_precision_dependent(&node.op) => {
-                    let mut widest: Option<Precision> = None;
-                    for v in node.inputs().iter().flatten() {
-                        // Constants and weights are cast to the activation's precision.
-                        if !graph.ty(*v).dtype.is_some_and(DType::is_float) || graph.value(*v).init().is_some() {
-                            continue;
-                        }
-                        let q = match graph.producer(*v) {
-                            Some((pn, _)) => output[pn.index()],
-                            None => graph.ty(*v).dtype.and_then(Precision::from_dtype).unwrap_or(Precision::Fp32),
-                        };
-                        widest = Some(widest.map_or(q, |w| w.widest(q)));
-                    }
-                    widest.unwrap_or(Precision::Fp32)
-                }
-                None => Precision::Fp32,
-            };
-            compute[n.index()] = p;
-            output[n.index()] = match p {
-                Precision::Int8 if !is_precision_dependent(&node.op) => Precision::Fp32,
-                Precision::Tf32 => Precision::Fp32,
-                q => q,
-            };
+            let (c, o) = self.node_precision(graph, n, &r.output);
+            r.compute[n.index()] = c;
+            r.output[n.index()] = o;
         }
-        ResolvedPlan { compute, output }
+        r
+    }
+
+    /// Compute and output precision of `n`, given its producers' outputs.
+    fn node_precision(&self, graph: &Graph, n: NodeId, output: &[Precision]) -> (Precision, Precision) {
+        let node = graph.node(n);
+        let p = match self.get(n) {
+            Some(p) => p,
+            None if is_precision_dependent(&node.op) => {
+                let mut widest: Option<Precision> = None;
+                for v in node.inputs().iter().flatten() {
+                    // Constants and weights are cast to the activation's precision.
+                    if !graph.ty(*v).dtype.is_some_and(DType::is_float) || graph.value(*v).init().is_some() {
+                        continue;
+                    }
+                    let q = match graph.producer(*v) {
+                        Some((pn, _)) => output.get(pn.index()).copied().unwrap_or(Precision::Fp32),
+                        None => graph.ty(*v).dtype.and_then(Precision::from_dtype).unwrap_or(Precision::Fp32),
+                    };
+                    widest = Some(widest.map_or(q, |w| w.widest(q)));
+                }
+                widest.unwrap_or(Precision::Fp32)
+            }
+            None => Precision::Fp32,
+        };
+        let out = match p {
+            Precision::Int8 if !is_precision_dependent(&node.op) => Precision::Fp32,
+            Precision::Tf32 => Precision::Fp32,
+            q => q,
+        };
+        (p, out)
     }
 }
 
 impl ResolvedPlan {
+    /// Bring `self` (the resolution of `plan` before the choice of `n`
+    /// changed) up to date with `plan` after it: re-resolves `n` (which must be a node of
+    /// `graph`), then,
+    /// breadth-first, only the consumers whose inputs changed precision.
+    /// Returns every node whose compute precision changed, in id order.
+    /// Equals `plan.resolve(graph)` when `self` was up to date before.
+    pub fn update(&mut self, graph: &Graph, plan: &Plan, n: NodeId) -> Vec<NodeId> {
+        // Compute precisions before the update, of every node touched.
+        let mut before: BTreeMap<NodeId, Precision> = BTreeMap::new();
+        if n.index() >= self.compute.len() || !graph.contains_node(n) {
+            return Vec::new();
+        }
+        let mut queue = std::collections::VecDeque::from([n]);
+        while let Some(m) = queue.pop_front() {
+            let (c, o) = plan.node_precision(graph, m, &self.output);
+            let i = m.index();
+            before.entry(m).or_insert(self.compute[i]);
+            self.compute[i] = c;
+            if o != self.output[i] {
+                self.output[i] = o;
+                // A DAG: a consumer re-resolved before all its inputs settled
+                // is queued again when the next one changes.
+                for &v in graph.node(m).outputs() {
+                    for (u, _) in graph.users(v) {
+                        if plan.get(u).is_none() && is_precision_dependent(&graph.node(u).op) {
+                            queue.push_back(u);
+                        }
+                    }
+                }
+            }
+        }
+        before.into_iter().filter(|&(m, p)| self.compute[m.index()] != p).map(|(m, _)| m).collect()
+    }
+
     /// The precision node `n` computes in.
     pub fn compute(&self, n: NodeId) -> Precision {
         self.compute.get(n.index()).copied().unwrap_or(Precision::Fp32)

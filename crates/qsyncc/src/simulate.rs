@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use qsync_cost::{Bindings, DeviceDb, Optimizer, Plan, Precision};
+use qsync_cost::{Bindings, DeviceDb, Optimizer, Plan, Precision, Profile};
 use qsync_ir::infer::InferOptions;
 use qsync_ir::Graph;
 use qsync_sim::{PredictOptions, Predictor, SimConfig, Target};
@@ -45,6 +45,11 @@ pub struct SimulateArgs {
     /// Extra device description files (JSON, the format of the bundled ones).
     #[arg(long = "device-file")]
     pub device_files: Vec<PathBuf>,
+    /// A calibration profile (JSON, see `qsync_cost::profile`): measured op
+    /// times and cast samples override the analytic model on the device the
+    /// profile names in its `device` field (repeatable, one per device type).
+    #[arg(long = "calibration")]
+    pub calibrations: Vec<PathBuf>,
     /// Write a Chrome trace (opens in Perfetto) of the iteration.
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -151,6 +156,11 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             bail!("--precision names `{k}`, which is not among --targets");
         }
         let p: Precision = v.parse().map_err(|e| anyhow::anyhow!("--precision {s}: {e}"))?;
+        let d = db.get(&k)?;
+        if !d.supports(p) {
+            let known: Vec<String> = d.supported_precisions.iter().map(|p| p.to_string()).collect();
+            bail!("--precision {s}: device `{k}` does not support {p} (it supports {})", known.join(", "));
+        }
         precisions.insert(k, p);
     }
     let mut fractions: BTreeMap<String, f64> = BTreeMap::new();
@@ -160,6 +170,19 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             bail!("--memory names `{k}`, which is not among --targets");
         }
         fractions.insert(k, parse_fraction(v)?);
+    }
+    let mut calibrations: BTreeMap<String, Profile> = BTreeMap::new();
+    for f in &a.calibrations {
+        let profile = Profile::load_file(f)?;
+        let Some(name) = profile.device.as_deref().map(str::to_ascii_lowercase) else {
+            bail!("calibration profile `{}` does not name its device (add \"device\": \"NAME\")", f.display());
+        };
+        if !seen.contains(&name) {
+            bail!("calibration profile `{}` is for device `{name}`, which is not among --targets", f.display());
+        }
+        if calibrations.insert(name.clone(), profile).is_some() {
+            bail!("two calibration profiles for device `{name}`");
+        }
     }
     let optimizer = match a.optimizer.as_str() {
         "sgd" => Optimizer::Sgd { momentum: false },
@@ -205,6 +228,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             local_batch: a.batch as u32,
             plan,
             memory_fraction: fractions.get(name).copied(),
+            calibration: calibrations.get(name).cloned(),
         });
     }
     let popts = PredictOptions {

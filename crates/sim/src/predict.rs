@@ -7,12 +7,19 @@
 //! one type and re-simulates incrementally — what the planners call in their
 //! inner loops.
 //!
+//! Each target may carry a calibration [`Profile`] for its device: measured
+//! operator times and cast fits replace the analytic ones wherever the
+//! profile has data (`qsync_cost::profile` documents the format). A profile
+//! that names a different device is refused.
+//!
 //! Work of graphs with a batch fixed inside them (dynamo exports bake batch 1
 //! into reshape targets) is scaled by `local batch / fixed batch`: op times
-//! and saved activations scale linearly, weights and their gradients do not.
+//! and saved activations (and the per-node gradient buffers of the workspace)
+//! scale linearly; weights, their gradients and optimizer state do not.
 
 use qsync_cost::{
-    estimate_memory, Bindings, CostModel, Device, GraphFacts, MemoryBreakdown, Optimizer, Plan, Precision, ResolvedPlan,
+    estimate_memory, Bindings, CostModel, Device, GraphFacts, MemoryBreakdown, Optimizer, Plan, Precision, Profile,
+    ResolvedPlan,
 };
 use qsync_ir::{Graph, NodeId};
 
@@ -41,6 +48,15 @@ pub struct Target {
     pub plan: Plan,
     /// Available fraction of device memory (`None`: the device's default).
     pub memory_fraction: Option<f64>,
+    /// Measured costs of this device (its `device`, when named, must match).
+    pub calibration: Option<Profile>,
+}
+
+impl Target {
+    /// `count` devices, up to 8 a node, full memory, uncalibrated.
+    pub fn new(device: Device, count: u32, local_batch: u32, plan: Plan) -> Target {
+        Target { device, count, per_node: count.clamp(1, 8), local_batch, plan, memory_fraction: None, calibration: None }
+    }
 }
 
 /// Everything the predictor needs besides the targets.
@@ -98,6 +114,26 @@ pub fn optimizer_seconds(device: &Device, params: f64, optimizer: Optimizer) -> 
     params * touched / (device.mem_bytes_per_s() * device.efficiency.memory) + device.launch_s()
 }
 
+/// Memory of `target` under `resolved`, with batch-proportional parts
+/// scaled by `opts.work_scale` (graphs with a fixed batch).
+fn scaled_memory(
+    graph: &Graph,
+    facts: &GraphFacts,
+    resolved: &ResolvedPlan,
+    target: &Target,
+    opts: &PredictOptions,
+) -> Result<MemoryBreakdown, PredictError> {
+    let mut m = estimate_memory(graph, facts, resolved, &target.device, opts.optimizer, target.memory_fraction)?;
+    let s = opts.work_scale;
+    if s != 1.0 {
+        let buffers = (m.workspace - target.device.workspace_bytes as f64).max(0.0);
+        m.activations *= s;
+        m.workspace = target.device.workspace_bytes as f64 + buffers * s;
+        m.total = m.master_weights + m.low_precision_weights + m.gradients + m.optimizer_state + m.activations + m.workspace;
+    }
+    Ok(m)
+}
+
 impl<'g> Predictor<'g> {
     /// Cost every node for every target and simulate once.
     pub fn new(graph: &'g Graph, targets: Vec<Target>, opts: PredictOptions) -> Result<Predictor<'g>, PredictError> {
@@ -109,7 +145,15 @@ impl<'g> Predictor<'g> {
         let mut programs = Vec::with_capacity(targets.len());
         let mut cluster_types = Vec::with_capacity(targets.len());
         for t in &targets {
-            let model = CostModel::new(&t.device, None)?;
+            if let Some(named) = t.calibration.as_ref().and_then(|p| p.device.as_deref()) {
+                if !named.eq_ignore_ascii_case(&t.device.name) {
+                    return Err(PredictError::Target {
+                        device: t.device.name.clone(),
+                        reason: format!("the calibration profile is for device `{named}`"),
+                    });
+                }
+            }
+            let model = CostModel::new(&t.device, t.calibration.as_ref())?;
             let resolved = t.plan.resolve(graph);
             for n in &order {
                 let p = resolved.compute(*n);
@@ -120,9 +164,7 @@ impl<'g> Predictor<'g> {
                     });
                 }
             }
-            let mut memory = estimate_memory(graph, &facts, &resolved, &t.device, opts.optimizer, t.memory_fraction)?;
-            memory.total += memory.activations * (opts.work_scale - 1.0);
-            memory.activations *= opts.work_scale;
+            let memory = scaled_memory(graph, &facts, &resolved, t, &opts)?;
             let mut index = vec![None; bound];
             let mut ops = Vec::with_capacity(order.len());
             for (i, &n) in order.iter().enumerate() {
@@ -137,7 +179,7 @@ impl<'g> Predictor<'g> {
             cluster_types.push(dt);
             types.push(TypeState { model, plan: t.plan.clone(), resolved, memory, index });
         }
-        let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config.clone())?;
+        let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config)?;
         Ok(Predictor { graph, facts, opts, types, targets, sim })
     }
 
@@ -173,33 +215,41 @@ impl<'g> Predictor<'g> {
     }
 
     /// Change one node's precision on device type `t` (an index into the
-    /// targets) and re-simulate what changed. Precision-dependent successors
-    /// are re-resolved and re-costed too.
+    /// targets) and re-simulate what changed: the node and the
+    /// precision-dependent successors whose effective precision follows it
+    /// are re-resolved breadth-first and re-costed; memory is re-estimated
+    /// only when some precision changed. The result equals a fresh
+    /// [`Predictor::new`] with the changed plan.
     pub fn set_precision(&mut self, t: usize, n: NodeId, p: Precision) -> Result<(), PredictError> {
         let ts = self.types.get_mut(t).ok_or(SimError::NoDevice(t))?;
-        let device = &self.targets[t].device;
-        if !device.supports(p) {
-            return Err(PredictError::Target { device: device.name.clone(), reason: format!("does not support {p}") });
+        let target = &self.targets[t];
+        if !target.device.supports(p) {
+            return Err(PredictError::Target { device: target.device.name.clone(), reason: format!("does not support {p}") });
+        }
+        if ts.index.get(n.index()).copied().flatten().is_none() {
+            return Err(PredictError::Cost(qsync_cost::CostError::NoSuchNode(n.index())));
+        }
+        if ts.plan.get(n) == Some(p) {
+            return Ok(());
         }
         ts.plan.set(n, p);
-        let resolved = ts.plan.resolve(self.graph);
-        for &m in self.facts.order() {
-            if resolved.compute(m) == ts.resolved.compute(m) {
-                continue;
-            }
+        let changed = ts.resolved.update(self.graph, &ts.plan, n);
+        for &m in &changed {
             let Some(i) = ts.index.get(m.index()).copied().flatten() else { continue };
-            let cost = Self::sim_cost(self.graph, &self.facts, &ts.model, m, resolved.compute(m), self.opts.work_scale)?;
+            let cost = Self::sim_cost(self.graph, &self.facts, &ts.model, m, ts.resolved.compute(m), self.opts.work_scale)?;
             self.sim.set_op_cost(t, i, cost)?;
         }
-        let target = &self.targets[t];
-        let mut memory =
-            estimate_memory(self.graph, &self.facts, &resolved, &target.device, self.opts.optimizer, target.memory_fraction)?;
-        memory.total += memory.activations * (self.opts.work_scale - 1.0);
-        memory.activations *= self.opts.work_scale;
-        self.sim.set_static_memory(t, memory.total.max(0.0) as u64)?;
-        ts.memory = memory;
-        ts.resolved = resolved;
+        if !changed.is_empty() {
+            let memory = scaled_memory(self.graph, &self.facts, &ts.resolved, target, &self.opts)?;
+            self.sim.set_static_memory(t, memory.total.max(0.0) as u64)?;
+            ts.memory = memory;
+        }
         Ok(())
+    }
+
+    /// The explicit plan of device type `t`.
+    pub fn plan(&self, t: usize) -> Option<&Plan> {
+        self.types.get(t).map(|s| &s.plan)
     }
 
     /// The simulated iteration.
