@@ -85,7 +85,27 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
     }
     let source_nodes = model.graph.node_count();
     let opset = model.opset();
-    let report = infer_shapes(&mut model.graph, opset, opts);
+    let pristine = opts.batch.is_some().then(|| model.graph.clone());
+    let mut report = infer_shapes(&mut model.graph, opset, opts);
+    if let (Some(asked), Some(first), Some(pristine)) = (opts.batch, report.errors.first().cloned(), pristine) {
+        // Some exports declare a symbolic batch but bake the traced batch into
+        // reshape targets. Binding another batch then contradicts the graph;
+        // treat such a graph as fixing its batch, as for constant inputs.
+        for traced in [1, 2] {
+            let mut g = pristine.clone();
+            let retry = infer_shapes(&mut g, opset, &InferOptions { batch: Some(traced), ..opts.clone() });
+            if retry.errors.is_empty() && retry.unknown.len() <= report.unknown.len() {
+                warnings.push(format!(
+                    "{label}: a batch of {asked} contradicts the graph (node {:?} ({}): {}); it fixes its batch at {traced} inside",
+                    first.node, first.op, first.message
+                ));
+                model.graph = g;
+                report = retry;
+                report.fixed_batch = Some(traced);
+                break;
+            }
+        }
+    }
     if !report.errors.is_empty() {
         let lines: Vec<String> =
             report.errors.iter().map(|e| format!("  node {:?} ({}): {}", e.node, e.op, e.message)).collect();
@@ -94,7 +114,7 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
     for w in &report.warnings {
         warnings.push(format!("{label}: node {:?} ({}): {}", w.node, w.op, w.message));
     }
-    if let Some(b) = report.fixed_batch {
+    if let Some(b) = report.fixed_batch.filter(|_| !warnings.iter().any(|w| w.contains("contradicts the graph"))) {
         warnings.push(format!(
             "{label}: the batch is fixed at {b} inside the graph (constant reshape targets); inputs were not rebatched"
         ));

@@ -225,3 +225,21 @@ fn opt_json_reports_planning_figures() {
     assert_clean_failure(&qsyncc(&["opt", m, "--passes", "amp(bogus=1)"]), "unknown argument `bogus`");
     assert_clean_failure(&qsyncc(&["opt", m, "--passes", "amp(policy=/no/such.json)"]), "cannot read");
 }
+
+#[test]
+fn symbolic_batch_contradicted_by_the_graph_is_treated_as_fixed() {
+    // Exporters sometimes declare a symbolic batch but bake the traced batch
+    // (here 1) into a reshape target.
+    let dir = tmpdir("traced_batch");
+    let p = dir.join("traced.qir");
+    std::fs::write(
+        &p,
+        "opset \"\" 17\ngraph \"g\" {\n  init %t: i64[2] = [1, 12]\n  input %x: f32[batch,3,4]\n  %y = Reshape \"flat\"(%x, %t)\n  output %y\n}\n",
+    )
+    .expect("write");
+    let j = inspect_json(&p, &["--batch", "8"]);
+    assert_eq!(j["fixed_batch"].as_i64(), Some(1), "{j}");
+    assert_eq!(j["inputs"][0]["type"], "f32[1,3,4]");
+    let warnings = j["warnings"].to_string();
+    assert!(warnings.contains("contradicts the graph") && warnings.contains("flat"), "{warnings}");
+}
