@@ -1,37 +1,15 @@
 //! The `qsyncc` binary end to end: real models, bad input, exit codes.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn models_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
-    assert!(d.is_dir(), "real models expected at {}", d.display());
-    d
-}
+use std::process::Output;
 
-fn qsyncc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(args).output().expect("run qsyncc")
-}
+use common::{inspect_json, models_dir, qsyncc, stderr, tmpdir};
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qsyncc-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("tmp");
-    d
-}
 
-fn inspect_json(path: &Path, extra: &[&str]) -> serde_json::Value {
-    let p = path.to_str().expect("utf8 path");
-    let mut args = vec!["inspect", p, "--json"];
-    args.extend_from_slice(extra);
-    let o = qsyncc(&args);
-    assert!(o.status.success(), "inspect {p} failed: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON")
-}
+
+
 
 #[test]
 fn every_shared_model_inspects_with_all_shapes_known() {

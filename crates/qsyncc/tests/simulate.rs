@@ -1,41 +1,22 @@
 //! `qsyncc simulate` end to end: every shared model, the JSON contract,
 //! traces, custom devices, calibration, and clear errors (exit 2).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn models_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
-    assert!(d.is_dir(), "real models expected at {}", d.display());
-    d
-}
+use std::path::{Path, PathBuf};
+
+use common::{models_dir, qsyncc, run_json, stderr, tmpdir};
+
 
 fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny_mlp.qir")
 }
 
-fn qsyncc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(args).output().expect("run qsyncc")
-}
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qsyncc-sim-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("tmp");
-    d
-}
 
 fn simulate_json(model: &Path, extra: &[&str]) -> serde_json::Value {
-    let p = model.to_str().expect("utf8 path");
-    let mut args = vec!["simulate", p, "--json"];
-    args.extend_from_slice(extra);
-    let o = qsyncc(&args);
-    assert!(o.status.success(), "simulate {p} {extra:?} failed: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).expect("simulate --json prints JSON")
+    run_json("simulate", model, extra)
 }
 
 fn iteration_ms(j: &serde_json::Value) -> f64 {

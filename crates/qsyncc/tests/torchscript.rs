@@ -3,25 +3,13 @@
 //! convolutions and matrix multiplications (and FLOPs within 1%) as their
 //! ONNX exports; `--input` gives symbolic shapes; bad archives exit 2.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn models_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models")
-}
 
-fn qsyncc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(args).output().expect("run qsyncc")
-}
+use common::{inspect_json, models_dir, qsyncc};
 
-fn inspect_json(path: &Path, extra: &[&str]) -> serde_json::Value {
-    let p = path.to_str().expect("utf8 path");
-    let mut args = vec!["inspect", p, "--json"];
-    args.extend_from_slice(extra);
-    let o = qsyncc(&args);
-    assert!(o.status.success(), "inspect {p} failed: {}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON")
-}
+
+
 
 fn count(j: &serde_json::Value, ops: &[&str]) -> u64 {
     ops.iter().map(|o| j["ops"][*o].as_u64().unwrap_or(0)).sum()
