@@ -78,7 +78,11 @@ fn external_locations(model: &Model) -> BTreeSet<String> {
     out
 }
 
-fn copy_external_data(model: &Model, base: &Path, out_dir: &Path, label: &str) -> Result<(), OnnxError> {
+/// Copy every external-data file `model` references (and that exists under
+/// `base`) into `out_dir` under the same relative location, so references
+/// resolve from a model written there. Nothing happens when the directories
+/// are the same; absolute or escaping locations are left alone.
+pub fn copy_external_data(model: &Model, base: &Path, out_dir: &Path, label: &str) -> Result<(), OnnxError> {
     let same_dir = match (base.canonicalize(), out_dir.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => base == out_dir,

@@ -172,7 +172,9 @@ pub fn write_qir(model: &Model, path: &Path) -> Result<()> {
             }
         }
     }
-    copy_external_data(model, out_dir)?;
+    if let Some(base) = &model.base_dir {
+        qsync_onnx::export::copy_external_data(model, base, out_dir, &path.display().to_string())?;
+    }
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     if !blob.is_empty() {
         let p = out_dir.join(&sidecar);
@@ -181,33 +183,3 @@ pub fn write_qir(model: &Model, path: &Path) -> Result<()> {
     std::fs::write(path, qsync_ir::text::print_model(&m)).with_context(|| format!("writing {}", path.display()))
 }
 
-/// Copy each external-data file the model references (and that exists) from
-/// the model's base directory into `out_dir`, keeping its location.
-fn copy_external_data(model: &Model, out_dir: &Path) -> Result<()> {
-    let base = model.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
-    let mut seen = std::collections::BTreeSet::new();
-    for &v in model.graph.inits() {
-        let ValueDef::Init(Tensor { data: TensorData::External { location, .. }, .. }) = &model.graph.value(v).def else {
-            continue;
-        };
-        if !seen.insert(location.clone()) {
-            continue;
-        }
-        let src = base.join(location);
-        let dst = out_dir.join(location);
-        if !src.is_file() {
-            continue;
-        }
-        let same = match (src.canonicalize(), dst.canonicalize()) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => false,
-        };
-        if !same {
-            if let Some(parent) = dst.parent() {
-                std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-            }
-            std::fs::copy(&src, &dst).with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
-        }
-    }
-    Ok(())
-}
