@@ -4,9 +4,10 @@
 //! its operators subject to memory ≤ its capacity and global throughput ≥
 //! T_min, the throughput of UP (the uniform lowest precision that fits).
 //!
-//! - **UP**: every inference type at the highest uniform precision level
-//!   that fits its memory (FP32, then FP16, then INT8 — INT8 only for
-//!   Conv/GEMM, whose neighbours drop to FP16 at that level).
+//! - **UP**: every inference type at one uniform precision level (FP32,
+//!   FP16, INT8 — INT8 only for Conv/GEMM, whose neighbours drop to FP16 at
+//!   that level); of the levels that fit memory, the fastest — normally the
+//!   lowest precision that fits, QSync's T_min.
 //! - **Greedy** (QSync as published): start from UP, then recover precision
 //!   from a max-heap of indicator decrements, keeping a step only if memory
 //!   fits and throughput stays ≥ T_min.
@@ -401,55 +402,44 @@ pub fn allocate(
     let n_types = cx.targets.len();
     let base: Vec<Plan> = (0..n_types).map(|t| if cx.levels[t].is_none() { cx.training_plan() } else { cx.uniform(t, Precision::Fp32) }).collect();
 
-    // UP: per inference type, the highest uniform level that fits.
+    // UP: every inference type at one uniform level; of the levels that fit,
+    // the fastest (normally the lowest precision: QSync's T_min).
     progress("uniform precision (UP)");
-    let mut up_plans = base.clone();
     let mut level_sets: Vec<Precision> = cx.levels.iter().flatten().flatten().copied().collect();
     level_sets.sort_by(|a, b| b.bits().cmp(&a.bits()));
     level_sets.dedup_by_key(|p| p.bits());
-    let mut settled = vec![false; n_types];
-    for t in 0..n_types {
-        settled[t] = cx.levels[t].is_none();
-    }
+    let mut best: Option<(f64, Vec<Plan>)> = None;
+    let mut lowest_failure = String::new();
     for &p in &level_sets {
-        let plans: Vec<Plan> =
-            (0..n_types).map(|t| if settled[t] { up_plans[t].clone() } else { cx.uniform(t, p) }).collect();
+        let plans: Vec<Plan> = (0..n_types).map(|t| if cx.levels[t].is_none() { base[t].clone() } else { cx.uniform(t, p) }).collect();
         let mut pred = cx.predictor(&plans)?;
         let r = pred.result().clone();
-        for t in 0..n_types {
-            if !settled[t] && r.devices[t].fits {
-                up_plans[t] = plans[t].clone();
-                settled[t] = true;
+        if r.devices.iter().all(|d| d.fits) {
+            if best.as_ref().is_none_or(|(b, _)| r.samples_per_s > *b) {
+                best = Some((r.samples_per_s, plans));
             }
-        }
-        if settled.iter().all(|&s| s) {
-            break;
-        }
-    }
-    {
-        let mut pred = cx.predictor(&up_plans)?;
-        let r = pred.result().clone();
-        let bad: Vec<String> = r
-            .devices
-            .iter()
-            .enumerate()
-            .filter(|(t, d)| !d.fits || !settled[*t])
-            .map(|(_, d)| {
-                format!(
-                    "{} needs {:.2} GiB at its lowest precision, {:.2} GiB available",
-                    d.name,
-                    d.peak_memory_bytes as f64 / (1u64 << 30) as f64,
-                    d.memory_capacity_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64
-                )
-            })
-            .collect();
-        if !bad.is_empty() {
-            return Err(PlanError::Infeasible(format!(
-                "the model does not fit even at the lowest allowed precision: {} (lower --batch, raise --memory or allow lower --precisions)",
-                bad.join("; ")
-            )));
+        } else {
+            lowest_failure = r
+                .devices
+                .iter()
+                .filter(|d| !d.fits)
+                .map(|d| {
+                    format!(
+                        "{} needs {:.2} GiB at {p}, {:.2} GiB available",
+                        d.name,
+                        d.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+                        d.memory_capacity_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
         }
     }
+    let Some((_, up_plans)) = best else {
+        return Err(PlanError::Infeasible(format!(
+            "the model does not fit even at the lowest allowed precision: {lowest_failure} (lower --batch, raise --memory or allow lower --precisions)"
+        )));
+    };
     let mut up_pred = cx.predictor(&up_plans)?;
     let up = cx.eval("up", &mut up_pred);
     let up_trace = up_pred.chrome_trace_json();
