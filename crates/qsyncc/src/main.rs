@@ -11,6 +11,8 @@ use clap::{Args, Parser, Subcommand};
 mod inspect;
 mod load;
 mod plan;
+mod planner;
+mod sha256;
 mod simulate;
 
 #[derive(Parser, Debug)]
@@ -149,7 +151,30 @@ fn write_stdout(s: &str) -> Result<()> {
     }
 }
 
+/// Subcommands (and flags) that select the classic interface; any other
+/// first argument is a model path for the planner.
+const SUBCOMMANDS: &[&str] = &["inspect", "opt", "simulate", "help"];
+
 fn main() -> ExitCode {
+    let first = std::env::args().nth(1);
+    if let Some(f) = first.filter(|f| !f.starts_with('-') && !SUBCOMMANDS.contains(&f.as_str())) {
+        let _ = f;
+        let args = match planner::PlanArgs::try_parse() {
+            Ok(a) => a,
+            Err(e) => {
+                let code = if e.use_stderr() { 2 } else { 0 };
+                let _ = e.print();
+                return ExitCode::from(code);
+            }
+        };
+        return match planner::run(&args).and_then(|s| write_stdout(&s)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

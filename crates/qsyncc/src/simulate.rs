@@ -59,7 +59,7 @@ pub struct SimulateArgs {
 }
 
 /// `name[:count[/per_node]]`.
-fn parse_target(s: &str) -> Result<(String, u32, u32)> {
+pub(crate) fn parse_target(s: &str) -> Result<(String, u32, u32)> {
     let s = s.trim();
     let (name, rest) = s.split_once(':').unwrap_or((s, "1"));
     let (count, per_node) = match rest.split_once('/') {
@@ -80,12 +80,12 @@ fn parse_target(s: &str) -> Result<(String, u32, u32)> {
     Ok((name.trim().to_ascii_lowercase(), count, per_node))
 }
 
-fn parse_kv<'a>(flag: &str, s: &'a str) -> Result<(String, &'a str)> {
+pub(crate) fn parse_kv<'a>(flag: &str, s: &'a str) -> Result<(String, &'a str)> {
     let (k, v) = s.split_once('=').with_context(|| format!("--{flag} `{s}` is not DEVICE=VALUE"))?;
     Ok((k.trim().to_ascii_lowercase(), v.trim()))
 }
 
-fn parse_fraction(s: &str) -> Result<f64> {
+pub(crate) fn parse_fraction(s: &str) -> Result<f64> {
     let f = match s.strip_suffix('%') {
         Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
         None => s.parse::<f64>(),
@@ -98,7 +98,7 @@ fn parse_fraction(s: &str) -> Result<f64> {
 }
 
 /// Symbols still free in the graph's shapes.
-fn free_symbols(g: &Graph) -> BTreeSet<String> {
+pub(crate) fn free_symbols(g: &Graph) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for v in g.live_values() {
         for d in g.ty(v).shape.iter().flatten() {
@@ -109,7 +109,7 @@ fn free_symbols(g: &Graph) -> BTreeSet<String> {
 }
 
 /// Unbound symbols other than the batch take this value, with a warning.
-const DEFAULT_DIM: i64 = 128;
+pub(crate) const DEFAULT_DIM: i64 = 128;
 
 #[derive(Serialize, Debug)]
 struct DeviceJson {

@@ -1,0 +1,699 @@
+//! QSync's allocator (Sec. V) and the baselines it is compared with.
+//!
+//! Problem (1): per inference device type, minimise the indicator sum over
+//! its operators subject to memory ≤ its capacity and global throughput ≥
+//! T_min, the throughput of UP (the uniform lowest precision that fits).
+//!
+//! - **UP**: every inference type at one uniform precision level (FP32,
+//!   FP16, INT8 — INT8 only for Conv/GEMM, whose neighbours drop to FP16 at
+//!   that level); of the levels that fit memory, the fastest — normally the
+//!   lowest precision that fits, QSync's T_min.
+//! - **Greedy** (QSync as published): start from UP, then recover precision
+//!   from a max-heap of indicator decrements, keeping a step only if memory
+//!   fits and throughput stays ≥ T_min.
+//! - **Ours**: start from the *fastest* plan under the memory cap instead,
+//!   then the same recovery. Operators are grouped into classes of
+//!   structurally identical operators (op, attributes, input shapes — the
+//!   repeated blocks of ResNets and Transformers collapse into one class
+//!   each); a class takes one precision for all its members. The fastest
+//!   class assignment under the memory budget (capacity minus what the
+//!   candidates do not control) is a multiple-choice knapsack: searched
+//!   exhaustively when the combinations are few, by DP over discretised
+//!   memory otherwise; the DP's allotment is each class's memory budget.
+//!   The start is checked by the predictor (the knapsack's memory is a
+//!   linear estimate) and the budget shrunk until it really fits. The result
+//!   is kept only if it dominates greedy (throughput ≥, indicator ≤);
+//!   otherwise greedy's plan is returned and the outcome says so.
+//! - **DBS**: every device at FP32, the global batch split in proportion to
+//!   each type's FP32 speed. Its iteration is the slowest type's compute
+//!   scaled to its new batch plus the exposed communication of the FP32
+//!   iteration (gradients do not depend on the batch).
+//!
+//! Training device types (the fastest at FP32 when the cluster is hybrid)
+//! stay FP32, or AMP (Conv/GEMM in FP16) when asked.
+
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use qsync_cost::{is_precision_dependent, CostModel, GraphFacts, Kind, Plan, Precision};
+use qsync_ir::{Graph, NodeId, OpClass};
+use qsync_sim::{PredictError, PredictOptions, Predictor, Target};
+use serde::Serialize;
+
+use crate::indicator::Indicator;
+
+/// Why planning failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Predict(#[from] PredictError),
+    #[error(transparent)]
+    Cost(#[from] qsync_cost::CostError),
+    #[error("{0}")]
+    Infeasible(String),
+}
+
+/// Knobs of the allocator.
+#[derive(Clone, Debug)]
+pub struct AllocOptions {
+    /// Precisions inference devices may use (FP32 is always allowed).
+    pub precisions: Vec<Precision>,
+    /// Training devices on AMP instead of FP32.
+    pub train_amp: bool,
+    /// Class combinations searched exhaustively (else DP).
+    pub exhaustive_limit: u64,
+    /// Combinations the optimality-gap search may evaluate with the predictor.
+    pub gap_limit: u64,
+}
+
+impl Default for AllocOptions {
+    fn default() -> Self {
+        AllocOptions {
+            precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
+            train_amp: false,
+            exhaustive_limit: 4096,
+            gap_limit: 512,
+        }
+    }
+}
+
+/// One device type under one method.
+#[derive(Clone, Debug, Serialize)]
+pub struct TypeEval {
+    pub name: String,
+    pub count: u32,
+    pub local_batch: u32,
+    pub role: &'static str,
+    #[serde(skip)]
+    pub plan: Plan,
+    pub peak_memory_bytes: u64,
+    pub memory_capacity_bytes: u64,
+    pub fits: bool,
+    pub indicator: f64,
+    pub precision_histogram: BTreeMap<String, usize>,
+    pub compute_ms: f64,
+    pub forward_end_ms: f64,
+    pub backward_end_ms: f64,
+    pub finish_ms: f64,
+}
+
+/// A whole-cluster plan and its predicted figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct Eval {
+    pub method: String,
+    pub iteration_ms: f64,
+    pub samples_per_s: f64,
+    pub indicator_sum: f64,
+    pub types: Vec<TypeEval>,
+}
+
+/// DBS: the batch split and its predicted figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct DbsEval {
+    pub iteration_ms: f64,
+    pub samples_per_s: f64,
+    pub indicator_sum: f64,
+    /// Device type → local batch.
+    pub batch_split: BTreeMap<String, u32>,
+    /// Device type → whether the larger batch still fits (activations scaled).
+    pub fits: BTreeMap<String, bool>,
+}
+
+/// Optimality gap against an exhaustive search over class-uniform plans.
+#[derive(Clone, Debug, Serialize)]
+pub struct Gap {
+    pub combinations: u64,
+    pub optimal_indicator_sum: f64,
+    pub ours_indicator_sum: f64,
+    /// (ours − optimal) / optimal; 0 when the optimum is 0 and ours too.
+    pub relative_gap: f64,
+}
+
+/// Everything one planning run produces.
+#[derive(Debug)]
+pub struct Outcome {
+    pub t_min: f64,
+    pub up: Eval,
+    pub greedy: Eval,
+    pub ours: Eval,
+    pub dbs: DbsEval,
+    /// `ours` or `greedy-fallback`.
+    pub chosen: &'static str,
+    pub gap: Option<Gap>,
+    pub candidates: usize,
+    pub classes: usize,
+    /// Recovery steps tried / kept (ours).
+    pub steps_tried: usize,
+    pub steps_kept: usize,
+    pub up_trace: String,
+    pub ours_trace: String,
+}
+
+/// The state the search shares.
+struct Ctx<'g> {
+    g: &'g Graph,
+    facts: &'g GraphFacts,
+    targets: Vec<Target>,
+    popts: PredictOptions,
+    ind: &'g Indicator,
+    candidates: Vec<NodeId>,
+    gemm: HashMap<NodeId, bool>,
+    /// Per type: None for training types, else its levels (bits descending).
+    levels: Vec<Option<Vec<Precision>>>,
+    /// Training types on AMP.
+    amp: bool,
+}
+
+/// Nodes the allocator chooses precisions for: lowerable operators that are
+/// not precision-dependent and do real work.
+pub fn candidates(g: &Graph, facts: &GraphFacts) -> Vec<NodeId> {
+    facts
+        .order()
+        .iter()
+        .copied()
+        .filter(|&n| {
+            let node = g.node(n);
+            !is_precision_dependent(&node.op)
+                && node.op.class() != OpClass::Shape
+                && qsync_passes::precision::lowerable(g, n)
+                && facts.node(n).is_ok_and(|f| matches!(f.kind, Kind::Conv | Kind::Gemm | Kind::Norm | Kind::Softmax | Kind::Reduce))
+        })
+        .collect()
+}
+
+impl<'g> Ctx<'g> {
+    fn allowed(&self, t: usize, n: NodeId) -> Vec<Precision> {
+        let Some(levels) = &self.levels[t] else { return vec![Precision::Fp32] };
+        let gemm = self.gemm.get(&n).copied().unwrap_or(false);
+        levels.iter().copied().filter(|p| gemm || (!p.is_fixed_point() && p.bits() >= 16)).collect()
+    }
+
+    /// The node's precision at uniform level `p`: the lowest it allows with at least `p`'s bits.
+    fn at_level(&self, t: usize, n: NodeId, p: Precision) -> Precision {
+        self.allowed(t, n).into_iter().rev().find(|q| q.bits() >= p.bits()).unwrap_or(Precision::Fp32)
+    }
+
+    fn training_plan(&self) -> Plan {
+        let mut plan = Plan::new();
+        for &n in &self.candidates {
+            let gemm = self.gemm.get(&n).copied().unwrap_or(false);
+            plan.set(n, if gemm && self.amp { Precision::Fp16 } else { Precision::Fp32 });
+        }
+        plan
+    }
+
+    fn uniform(&self, t: usize, p: Precision) -> Plan {
+        let mut plan = Plan::new();
+        for &n in &self.candidates {
+            plan.set(n, self.at_level(t, n, p));
+        }
+        plan
+    }
+
+    fn predictor(&self, plans: &[Plan]) -> Result<Predictor<'g>, PlanError> {
+        let mut targets = self.targets.clone();
+        for (t, p) in targets.iter_mut().zip(plans) {
+            t.plan = p.clone();
+        }
+        Ok(Predictor::new(self.g, targets, self.popts.clone())?)
+    }
+
+    fn indicator_of(&self, plan: &Plan) -> f64 {
+        self.candidates.iter().map(|&n| self.ind.omega(n, plan.get(n).unwrap_or(Precision::Fp32))).sum()
+    }
+
+    fn eval(&self, method: &str, pred: &mut Predictor<'g>) -> Eval {
+        let r = pred.result().clone();
+        let mut types = Vec::new();
+        for (t, d) in r.devices.iter().enumerate() {
+            let plan = pred.plan(t).cloned().unwrap_or_default();
+            let mut hist = BTreeMap::new();
+            for &n in &self.candidates {
+                *hist.entry(plan.get(n).unwrap_or(Precision::Fp32).to_string()).or_insert(0) += 1;
+            }
+            let indicator = if self.levels[t].is_some() { self.indicator_of(&plan) } else { 0.0 };
+            let mem = pred.memory(t).copied().unwrap_or_default();
+            types.push(TypeEval {
+                name: d.name.clone(),
+                count: self.targets[t].count,
+                local_batch: self.targets[t].local_batch,
+                role: if self.levels[t].is_some() { "inference" } else { "training" },
+                plan,
+                peak_memory_bytes: d.peak_memory_bytes,
+                memory_capacity_bytes: mem.capacity.max(0.0) as u64,
+                fits: d.fits,
+                indicator,
+                precision_histogram: hist,
+                compute_ms: d.compute_us / 1e3,
+                forward_end_ms: d.forward_end_us / 1e3,
+                backward_end_ms: d.backward_end_us / 1e3,
+                finish_ms: d.finish_us / 1e3,
+            });
+        }
+        Eval {
+            method: method.to_string(),
+            iteration_ms: r.iteration_us / 1e3,
+            samples_per_s: r.samples_per_s,
+            indicator_sum: types.iter().map(|t| t.indicator).sum(),
+            types,
+        }
+    }
+
+    /// Max-heap recovery (QSync Sec. V) on `pred`, in place. Returns (tried, kept).
+    fn recover(&self, pred: &mut Predictor<'g>, t_min: f64) -> Result<(usize, usize), PlanError> {
+        let mut heaps: Vec<BinaryHeap<Step>> = Vec::new();
+        for t in 0..self.targets.len() {
+            let mut h = BinaryHeap::new();
+            if self.levels[t].is_some() {
+                let plan = pred.plan(t).cloned().unwrap_or_default();
+                for &n in &self.candidates {
+                    if let Some(s) = self.next_step(t, n, plan.get(n).unwrap_or(Precision::Fp32)) {
+                        h.push(s);
+                    }
+                }
+            }
+            heaps.push(h);
+        }
+        let (mut tried, mut kept) = (0, 0);
+        loop {
+            let mut any = false;
+            for t in 0..heaps.len() {
+                let Some(s) = heaps[t].pop() else { continue };
+                any = true;
+                tried += 1;
+                pred.set_precision(t, s.node, s.to)?;
+                let r = pred.result();
+                let ok = r.devices.iter().all(|d| d.fits) && r.samples_per_s >= t_min * (1.0 - 1e-9);
+                if ok {
+                    kept += 1;
+                    if let Some(next) = self.next_step(t, s.node, s.to) {
+                        heaps[t].push(next);
+                    }
+                } else {
+                    pred.set_precision(t, s.node, s.from)?;
+                }
+            }
+            if !any {
+                return Ok((tried, kept));
+            }
+        }
+    }
+
+    fn next_step(&self, t: usize, n: NodeId, from: Precision) -> Option<Step> {
+        let to = self.allowed(t, n).into_iter().rev().find(|q| q.bits() > from.bits())?;
+        let dec = self.ind.omega(n, from) - self.ind.omega(n, to);
+        Some(Step { dec, node: n, from, to })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    dec: f64,
+    node: NodeId,
+    from: Precision,
+    to: Precision,
+}
+
+impl PartialEq for Step {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == std::cmp::Ordering::Equal
+    }
+}
+impl Eq for Step {}
+impl PartialOrd for Step {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Step {
+    /// Largest decrement first; ties to the earlier node (determinism).
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.dec.total_cmp(&o.dec).then_with(|| o.node.index().cmp(&self.node.index()))
+    }
+}
+
+/// A structural signature: op, attributes and input / output types.
+fn signature(g: &Graph, n: NodeId) -> String {
+    let node = g.node(n);
+    let ins: Vec<String> = node.inputs().iter().map(|v| v.map_or("-".to_string(), |v| format!("{:?}", g.ty(v)))).collect();
+    let outs: Vec<String> = node.outputs().iter().map(|&v| format!("{:?}", g.ty(v))).collect();
+    format!("{:?}|{:?}|{}|{}", node.op, node.attrs, ins.join(","), outs.join(","))
+}
+
+/// Classes of structurally identical candidates, in first-appearance order.
+pub fn classes(g: &Graph, candidates: &[NodeId]) -> Vec<Vec<NodeId>> {
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut out: Vec<Vec<NodeId>> = Vec::new();
+    for &n in candidates {
+        let s = signature(g, n);
+        let i = *index.entry(s).or_insert_with(|| {
+            out.push(Vec::new());
+            out.len() - 1
+        });
+        out[i].push(n);
+    }
+    out
+}
+
+/// Linear memory estimate of a node at `p` (activation copy + weight copy).
+fn node_memory(facts: &GraphFacts, n: NodeId, p: Precision) -> f64 {
+    let Ok(f) = facts.node(n) else { return 0.0 };
+    let low_w = if p.bits() < 32 && p != Precision::Tf32 { f.weight * p.bytes() } else { 0.0 };
+    f.act_in * p.bytes() + low_w
+}
+
+/// Plan a hybrid cluster. `targets` carry device, count, batch, memory
+/// fraction and calibration; their plans are ignored.
+pub fn allocate(
+    g: &Graph,
+    facts: &GraphFacts,
+    targets: Vec<Target>,
+    popts: PredictOptions,
+    ind: &Indicator,
+    opts: &AllocOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Outcome, PlanError> {
+    let cands = candidates(g, facts);
+    let gemm: HashMap<NodeId, bool> =
+        cands.iter().map(|&n| (n, facts.node(n).is_ok_and(|f| f.kind.is_gemm_like()))).collect();
+    // The training type: the fastest at FP32, when the cluster is hybrid.
+    let training = if targets.len() > 1 {
+        (0..targets.len()).max_by(|&a, &b| {
+            targets[a].device.cuda_peak(Precision::Fp32).total_cmp(&targets[b].device.cuda_peak(Precision::Fp32)).then(b.cmp(&a))
+        })
+    } else {
+        None
+    };
+    let mut levels = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        if Some(i) == training {
+            levels.push(None);
+            continue;
+        }
+        let mut l: Vec<Precision> = Vec::new();
+        for &p in std::iter::once(&Precision::Fp32).chain(opts.precisions.iter()) {
+            if t.device.supports(p) && !l.iter().any(|q| q.bits() == p.bits()) {
+                l.push(p);
+            }
+        }
+        l.sort_by(|a, b| b.bits().cmp(&a.bits()));
+        levels.push(Some(l));
+    }
+    let cx = Ctx { g, facts, targets, popts, ind, candidates: cands, gemm, levels, amp: opts.train_amp };
+    let n_types = cx.targets.len();
+    let base: Vec<Plan> = (0..n_types).map(|t| if cx.levels[t].is_none() { cx.training_plan() } else { cx.uniform(t, Precision::Fp32) }).collect();
+
+    // UP: every inference type at one uniform level; of the levels that fit,
+    // the fastest (normally the lowest precision: QSync's T_min).
+    progress("uniform precision (UP)");
+    let mut level_sets: Vec<Precision> = cx.levels.iter().flatten().flatten().copied().collect();
+    level_sets.sort_by(|a, b| b.bits().cmp(&a.bits()));
+    level_sets.dedup_by_key(|p| p.bits());
+    let mut best: Option<(f64, Vec<Plan>)> = None;
+    let mut lowest_failure = String::new();
+    for &p in &level_sets {
+        let plans: Vec<Plan> = (0..n_types).map(|t| if cx.levels[t].is_none() { base[t].clone() } else { cx.uniform(t, p) }).collect();
+        let mut pred = cx.predictor(&plans)?;
+        let r = pred.result().clone();
+        if r.devices.iter().all(|d| d.fits) {
+            if best.as_ref().is_none_or(|(b, _)| r.samples_per_s > *b) {
+                best = Some((r.samples_per_s, plans));
+            }
+        } else {
+            lowest_failure = r
+                .devices
+                .iter()
+                .filter(|d| !d.fits)
+                .map(|d| {
+                    format!(
+                        "{} needs {:.2} GiB at {p}, {:.2} GiB available",
+                        d.name,
+                        d.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+                        d.memory_capacity_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+        }
+    }
+    let Some((_, up_plans)) = best else {
+        return Err(PlanError::Infeasible(format!(
+            "the model does not fit even at the lowest allowed precision: {lowest_failure} (lower --batch, raise --memory or allow lower --precisions)"
+        )));
+    };
+    let mut up_pred = cx.predictor(&up_plans)?;
+    let up = cx.eval("up", &mut up_pred);
+    let up_trace = up_pred.chrome_trace_json();
+    let t_min = up.samples_per_s;
+
+    // Greedy: recovery from UP.
+    progress("QSync greedy recovery");
+    let mut gp = cx.predictor(&up_plans)?;
+    cx.recover(&mut gp, t_min)?;
+    let greedy = cx.eval("greedy", &mut gp);
+
+    // Ours: fastest start under memory, then recovery.
+    progress("fastest start (class knapsack)");
+    let cls = classes(g, &cx.candidates);
+    let mut start = up_plans.clone();
+    for t in 0..n_types {
+        if cx.levels[t].is_none() {
+            continue;
+        }
+        if let Some(p) = fastest_start(&cx, t, &cls, &start, opts)? {
+            start[t] = p;
+        }
+    }
+    let mut sp = cx.predictor(&start)?;
+    let sr = sp.result().clone();
+    if !(sr.devices.iter().all(|d| d.fits) && sr.samples_per_s >= t_min) {
+        start = up_plans.clone();
+        sp = cx.predictor(&start)?;
+    }
+    progress("indicator recovery (max-heap)");
+    let (tried, kept) = cx.recover(&mut sp, t_min)?;
+    let mut ours = cx.eval("qsync", &mut sp);
+    let mut ours_trace = sp.chrome_trace_json();
+    let dominates = ours.samples_per_s >= greedy.samples_per_s * (1.0 - 1e-12) && ours.indicator_sum <= greedy.indicator_sum * (1.0 + 1e-12);
+    let chosen = if dominates {
+        "ours"
+    } else {
+        ours = Eval { method: "qsync".into(), ..greedy.clone() };
+        ours_trace = gp.chrome_trace_json();
+        "greedy-fallback"
+    };
+
+    progress("dynamic batch sizing (DBS)");
+    let dbs = dbs(&cx)?;
+    let gap = optimality_gap(&cx, &cls, &up_plans, t_min, ours.indicator_sum, opts)?;
+    Ok(Outcome {
+        t_min,
+        up,
+        greedy,
+        ours,
+        dbs,
+        chosen,
+        gap,
+        candidates: cx.candidates.len(),
+        classes: cls.len(),
+        steps_tried: tried,
+        steps_kept: kept,
+        up_trace,
+        ours_trace,
+    })
+}
+
+/// The fastest class-uniform plan of type `t` under its memory cap.
+fn fastest_start(cx: &Ctx<'_>, t: usize, cls: &[Vec<NodeId>], current: &[Plan], opts: &AllocOptions) -> Result<Option<Plan>, PlanError> {
+    let Some(levels) = cx.levels[t].clone() else { return Ok(None) };
+    let model = CostModel::new(&cx.targets[t].device, cx.targets[t].calibration.as_ref())?;
+    // Per class and level: (time, memory) of its members.
+    let mut items: Vec<Vec<(Precision, f64, f64)>> = Vec::new();
+    for c in cls {
+        let mut opts_c = Vec::new();
+        for &p in &levels {
+            let (mut time, mut mem) = (0.0, 0.0);
+            for &n in c {
+                let q = cx.at_level(t, n, p);
+                time += model.op_cost(cx.facts, n, q)?.total();
+                mem += node_memory(cx.facts, n, q);
+            }
+            if !opts_c.iter().any(|&(_, tt, mm)| tt == time && mm == mem) {
+                opts_c.push((p, time, mem));
+            }
+        }
+        items.push(opts_c);
+    }
+    // Memory the candidates do not control, from the FP32 plan.
+    let mut fp32 = current.to_vec();
+    fp32[t] = cx.uniform(t, Precision::Fp32);
+    let mut pred = cx.predictor(&fp32)?;
+    let total_fp32 = pred.memory(t).map_or(0.0, |m| m.total);
+    let capacity = pred.memory(t).map_or(0.0, |m| m.capacity);
+    let _ = pred.result();
+    let cand_fp32: f64 = items.iter().map(|o| o[0].2).sum();
+    let fixed = total_fp32 - cand_fp32;
+    let mut budget = capacity - fixed;
+    for _ in 0..6 {
+        let Some(choice) = knapsack(&items, budget, opts.exhaustive_limit) else { return Ok(None) };
+        let mut plan = Plan::new();
+        for (c, &k) in cls.iter().zip(&choice) {
+            for &n in c {
+                plan.set(n, cx.at_level(t, n, items_p(&items, c, cls, k)));
+            }
+        }
+        let mut plans = current.to_vec();
+        plans[t] = plan.clone();
+        let mut pred = cx.predictor(&plans)?;
+        let m = pred.memory(t).copied().unwrap_or_default();
+        if pred.result().devices[t].fits {
+            return Ok(Some(plan));
+        }
+        budget -= (m.total - m.capacity).max(0.0) * 1.1 + 1.0;
+    }
+    Ok(None)
+}
+
+fn items_p(items: &[Vec<(Precision, f64, f64)>], c: &[NodeId], cls: &[Vec<NodeId>], k: usize) -> Precision {
+    let i = cls.iter().position(|x| x.as_slice() == c).unwrap_or(0);
+    items[i][k].0
+}
+
+/// Multiple-choice knapsack: one option per class, minimise time with
+/// memory ≤ budget. Exhaustive when the combinations are few, else DP over
+/// memory discretised into 1024 steps (rounded up, so the DP never overshoots
+/// its own estimate).
+fn knapsack(items: &[Vec<(Precision, f64, f64)>], budget: f64, exhaustive_limit: u64) -> Option<Vec<usize>> {
+    if budget < 0.0 {
+        return None;
+    }
+    let combos = items.iter().try_fold(1u64, |a, o| a.checked_mul(o.len() as u64)).unwrap_or(u64::MAX);
+    if combos <= exhaustive_limit {
+        let mut best: Option<(f64, Vec<usize>)> = None;
+        let mut idx = vec![0usize; items.len()];
+        for _ in 0..combos {
+            let (time, mem): (f64, f64) = idx.iter().zip(items).fold((0.0, 0.0), |(a, b), (&k, o)| (a + o[k].1, b + o[k].2));
+            if mem <= budget && best.as_ref().is_none_or(|(bt, _)| time < *bt) {
+                best = Some((time, idx.clone()));
+            }
+            for (i, o) in idx.iter_mut().zip(items) {
+                *i += 1;
+                if *i < o.len() {
+                    break;
+                }
+                *i = 0;
+            }
+        }
+        return best.map(|(_, c)| c);
+    }
+    const STEPS: usize = 1024;
+    let unit = (budget / STEPS as f64).max(1.0);
+    let cells = (budget / unit).floor() as usize;
+    let inf = f64::INFINITY;
+    let mut dp = vec![0.0f64; cells + 1];
+    let mut choice: Vec<Vec<u8>> = Vec::with_capacity(items.len());
+    for o in items {
+        let mut next = vec![inf; cells + 1];
+        let mut ch = vec![u8::MAX; cells + 1];
+        for (k, &(_, time, mem)) in o.iter().enumerate() {
+            let w = (mem / unit).ceil() as usize;
+            for m in w..=cells {
+                let v = dp[m - w] + time;
+                if v < next[m] {
+                    next[m] = v;
+                    ch[m] = k as u8;
+                }
+            }
+        }
+        dp = next;
+        choice.push(ch);
+    }
+    if !dp[cells].is_finite() {
+        return None;
+    }
+    // Walk back.
+    let mut m = cells;
+    let mut out = vec![0usize; items.len()];
+    for i in (0..items.len()).rev() {
+        let k = choice[i][m];
+        if k == u8::MAX {
+            return None;
+        }
+        out[i] = k as usize;
+        m -= (items[i][k as usize].2 / unit).ceil() as usize;
+    }
+    Some(out)
+}
+
+/// DBS: FP32 everywhere, the global batch split by FP32 speed.
+fn dbs(cx: &Ctx<'_>) -> Result<DbsEval, PlanError> {
+    let plans: Vec<Plan> = (0..cx.targets.len()).map(|t| cx.uniform(t, Precision::Fp32)).collect();
+    let mut pred = cx.predictor(&plans)?;
+    let r = pred.result().clone();
+    let global: f64 = cx.targets.iter().map(|t| f64::from(t.count) * f64::from(t.local_batch)).sum();
+    let speed: Vec<f64> = r.devices.iter().zip(&cx.targets).map(|(d, t)| f64::from(t.local_batch) / d.compute_us.max(1e-9)).collect();
+    let total_speed: f64 = speed.iter().zip(&cx.targets).map(|(s, t)| s * f64::from(t.count)).sum();
+    let max_compute = r.devices.iter().map(|d| d.compute_us).fold(0.0, f64::max);
+    let exposed = (r.iteration_us - max_compute).max(0.0);
+    let (mut split, mut fits) = (BTreeMap::new(), BTreeMap::new());
+    let mut slowest = 0.0f64;
+    for (t, (d, s)) in r.devices.iter().zip(&speed).enumerate() {
+        let b = (global * s / total_speed).round().max(1.0);
+        let scale = b / f64::from(cx.targets[t].local_batch);
+        slowest = slowest.max(d.compute_us * scale);
+        let m = pred.memory(t).copied().unwrap_or_default();
+        fits.insert(d.name.clone(), m.total + m.activations * (scale - 1.0) <= m.capacity);
+        split.insert(d.name.clone(), b as u32);
+    }
+    let global_eff: f64 = split.values().zip(&cx.targets).map(|(&b, t)| f64::from(b) * f64::from(t.count)).sum();
+    let it = slowest + exposed;
+    Ok(DbsEval {
+        iteration_ms: it / 1e3,
+        samples_per_s: if it > 0.0 { global_eff / (it / 1e6) } else { 0.0 },
+        indicator_sum: 0.0,
+        batch_split: split,
+        fits,
+    })
+}
+
+/// Exhaustive search over class-uniform plans of the one inference type,
+/// when the combinations are few: the best indicator sum under the
+/// constraints, against ours.
+fn optimality_gap(cx: &Ctx<'_>, cls: &[Vec<NodeId>], up: &[Plan], t_min: f64, ours: f64, opts: &AllocOptions) -> Result<Option<Gap>, PlanError> {
+    let inf: Vec<usize> = (0..cx.targets.len()).filter(|&t| cx.levels[t].is_some()).collect();
+    let [t] = inf.as_slice() else { return Ok(None) };
+    let t = *t;
+    let levels = cx.levels[t].clone().unwrap_or_default();
+    let combos = (levels.len() as u64).checked_pow(cls.len() as u32).unwrap_or(u64::MAX);
+    if combos > opts.gap_limit {
+        return Ok(None);
+    }
+    let mut pred = cx.predictor(up)?;
+    let mut best = f64::INFINITY;
+    let mut idx = vec![0usize; cls.len()];
+    for _ in 0..combos {
+        let mut plan = Plan::new();
+        for (c, &k) in cls.iter().zip(&idx) {
+            for &n in c {
+                let p = cx.at_level(t, n, levels[k]);
+                plan.set(n, p);
+                pred.set_precision(t, n, p)?;
+            }
+        }
+        let r = pred.result();
+        if r.devices.iter().all(|d| d.fits) && r.samples_per_s >= t_min * (1.0 - 1e-9) {
+            best = best.min(cx.indicator_of(&plan));
+        }
+        for i in idx.iter_mut() {
+            *i += 1;
+            if *i < levels.len() {
+                break;
+            }
+            *i = 0;
+        }
+    }
+    if !best.is_finite() {
+        return Ok(None);
+    }
+    let rel = if best > 0.0 { (ours - best) / best } else if ours > 0.0 { f64::INFINITY } else { 0.0 };
+    Ok(Some(Gap { combinations: combos, optimal_indicator_sum: best, ours_indicator_sum: ours, relative_gap: rel }))
+}

@@ -1,0 +1,422 @@
+//! QSync's indicator Ω_o^(b) (Prop. 2–3, eqs. 3–5): the variance a
+//! low-precision operator adds to training, used to rank which operators to
+//! give precision back first.
+//!
+//! For operator `o` at precision `b` (Ω = 0 at FP32):
+//!
+//! ```text
+//! Ω = γ² d_o σ_fp + (d_L − d_o) σ_bp                                   (3)
+//! fixed point (INT8):   σ_fp = ( ‖x‖² q_v² D_v + ‖v‖² q_x² D_x ) / 6    (4)
+//!                       σ_bp = ( ‖∇v‖² q_v² D_v + ‖v‖² 2^{2e_∇v} ε₁₆² D_∇v ) / 6   (5)
+//! floating point:       σ_fp = ε² ( ‖x‖² 2^{2e_v} D_v + ‖v‖² 2^{2e_x} D_x ) / 6
+//!                       σ_bp = ε² ( ‖∇v‖² 2^{2e_v} D_v + ‖v‖² 2^{2e_∇v} D_∇v ) / 6
+//! ```
+//!
+//! `v` is the operator's activation input, `x` its weight, `∇v` the gradient
+//! arriving at its output; `D` are element counts, `q` quantization scales
+//! (activations asymmetric: range / 255; weights symmetric: absmax / 127, as
+//! `materialize` quantizes them), `e` effective exponents `⌊log2 absmax⌋` and
+//! `ε = 2^-k` with `k = mantissa bits − 1` (the paper's k = 9 for FP16).
+//! INT8 backward runs in FP16, hence ε₁₆ in its σ_bp. Operators without
+//! weights (Softmax, norms without affine data, …) add only their input's
+//! quantization variance (Prop. 2) in the forward and nothing backward.
+//!
+//! `d_o` is the operator's depth — the longest producer chain from a graph
+//! input, found by DFS over the forward DAG (first operator: 1) — and `d_L`
+//! the model depth (the deepest operator).
+//!
+//! **Statistics.** Weights: from the initializer when its data is inline,
+//! otherwise estimated (He-style: std = 1/√fan_in, absmax = 3 std); the
+//! [`Indicator::sources`] say which. Activations and gradients: from a
+//! [`Calibration`] file when one is given (see its docs for the format and
+//! `scripts/calibrate.py` for how to make one), otherwise estimated from
+//! shapes (unit-variance activations with absmax 4; gradients with
+//! per-element std 1e-3, absmax 4e-3).
+
+use std::collections::{BTreeMap, HashMap};
+
+use qsync_cost::{GraphFacts, Precision};
+use qsync_ir::{DType, Graph, NodeId, Op, ValueId};
+use serde::{Deserialize, Serialize};
+
+/// Summary statistics of one tensor, averaged over calibration iterations.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorStats {
+    /// Squared L2 norm, ‖t‖².
+    pub norm2: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Elements (D). When absent in a calibration file, the graph's count is used.
+    #[serde(default)]
+    pub numel: f64,
+}
+
+impl TensorStats {
+    fn absmax(&self) -> f64 {
+        self.min.abs().max(self.max.abs())
+    }
+
+    /// 2^{2e} with e the effective exponent ⌊log2 absmax⌋.
+    fn exp2(&self) -> f64 {
+        let a = self.absmax();
+        if a > 0.0 && a.is_finite() {
+            4f64.powf(a.log2().floor())
+        } else {
+            0.0
+        }
+    }
+
+    /// Asymmetric 8-bit scale of an activation.
+    fn q_act(&self) -> f64 {
+        (self.max - self.min).max(0.0) / 255.0
+    }
+
+    /// Symmetric 8-bit scale of a weight.
+    fn q_weight(&self) -> f64 {
+        self.absmax() / 127.0
+    }
+
+    /// Statistics of a tensor's values.
+    pub fn of(values: &[f64]) -> TensorStats {
+        let (mut n2, mut lo, mut hi) = (0.0, f64::INFINITY, f64::NEG_INFINITY);
+        for &x in values {
+            n2 += x * x;
+            lo = lo.min(x);
+            hi = hi.max(x);
+        }
+        if values.is_empty() {
+            (lo, hi) = (0.0, 0.0);
+        }
+        TensorStats { norm2: n2, min: lo, max: hi, numel: values.len() as f64 }
+    }
+}
+
+/// Per-operator statistics in a calibration file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpStats {
+    /// The operator's activation input v.
+    pub input: Option<TensorStats>,
+    /// Its weight x (usually known from the model; the file may override it).
+    pub weight: Option<TensorStats>,
+    /// The gradient arriving at its output, ∇v.
+    pub grad_output: Option<TensorStats>,
+}
+
+/// The calibration file (`--calibration FILE`), version 1:
+///
+/// ```json
+/// { "format": "qsync-calibration", "version": 1,
+///   "model": "resnet50", "iterations": 50, "batch": 16,
+///   "ops": { "layer1.0.conv1": { "input": {"norm2": 1.2e5, "min": -3.1, "max": 4.0, "numel": 802816},
+///                                "weight": {...}, "grad_output": {...} } } }
+/// ```
+///
+/// Keys name PyTorch modules (`layer1.0.conv1`) or graph nodes. A key
+/// matches a node whose name equals it, whose parameter initializer is
+/// `KEY.weight`/`KEY.bias`, or whose name contains `/KEY-with-dots-as-slashes/`
+/// (the legacy exporter's scoped names). Statistics are running means over
+/// the first `iterations` steps (the paper uses 50).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    #[serde(default)]
+    pub format: Option<String>,
+    pub version: u32,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub iterations: Option<u32>,
+    #[serde(default)]
+    pub batch: Option<u32>,
+    pub ops: BTreeMap<String, OpStats>,
+}
+
+impl Calibration {
+    pub fn from_json(text: &str) -> Result<Calibration, String> {
+        let c: Calibration = serde_json::from_str(text).map_err(|e| format!("not a calibration file: {e}"))?;
+        if c.version != 1 {
+            return Err(format!("calibration version {} is not supported (1 is)", c.version));
+        }
+        Ok(c)
+    }
+}
+
+/// Where an operator's statistics came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Calibrated,
+    Initializer,
+    Estimated,
+}
+
+/// Everything eqs. (3)–(5) need about one operator.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OpTerms {
+    pub depth: u32,
+    pub v: TensorStats,
+    pub x: Option<TensorStats>,
+    pub grad: TensorStats,
+    pub weight_source: Option<Source>,
+    pub activation_source: Source,
+}
+
+/// Counts of where statistics came from, for the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Sources {
+    pub weights_from_initializers: usize,
+    pub weights_estimated: usize,
+    pub activations_calibrated: usize,
+    pub activations_estimated: usize,
+}
+
+/// The indicator of every operator of a graph.
+#[derive(Clone, Debug)]
+pub struct Indicator {
+    terms: HashMap<NodeId, OpTerms>,
+    model_depth: u32,
+    /// γ of eq. (3); 1 unless told otherwise.
+    pub gamma: f64,
+    pub sources: Sources,
+}
+
+/// ε = 2^-k of a floating-point format (k = mantissa bits − 1); 0 at FP32.
+pub fn epsilon(p: Precision) -> f64 {
+    match p {
+        Precision::Fp32 => 0.0,
+        Precision::Tf32 | Precision::Fp16 => 2f64.powi(-9),
+        Precision::Bf16 => 2f64.powi(-6),
+        Precision::Fp8e4m3 => 2f64.powi(-2),
+        Precision::Fp8e5m2 => 2f64.powi(-1),
+        Precision::Int8 => 0.0,
+    }
+}
+
+/// Longest producer chain from a graph input to each node (first node: 1).
+pub fn depths(g: &Graph) -> HashMap<NodeId, u32> {
+    let mut d: HashMap<NodeId, u32> = HashMap::new();
+    for n in g.schedule() {
+        let pd = g.node(n).inputs().iter().flatten().filter_map(|&v| g.producer(v)).map(|(p, _)| d.get(&p).copied().unwrap_or(0)).max();
+        d.insert(n, pd.unwrap_or(0) + 1);
+    }
+    d
+}
+
+fn is_float(g: &Graph, v: ValueId) -> bool {
+    g.ty(v).dtype.is_some_and(DType::is_float)
+}
+
+/// Estimated weight statistics from the shape alone.
+fn estimate_weight(g: &Graph, n: NodeId, v: ValueId, numel: f64) -> TensorStats {
+    let dims: Vec<f64> = g.ty(v).shape.iter().flatten().filter_map(|d| d.as_const()).map(|d| d as f64).collect();
+    let first = dims.first().copied().unwrap_or(1.0).max(1.0);
+    let fan_in = match g.node(n).op {
+        Op::MatMul => first,
+        _ => (numel / first).max(1.0),
+    };
+    let std = 1.0 / fan_in.sqrt();
+    TensorStats { norm2: numel * std * std, min: -3.0 * std, max: 3.0 * std, numel }
+}
+
+const ACT_ABSMAX: f64 = 4.0;
+const GRAD_STD: f64 = 1e-3;
+
+impl Indicator {
+    /// Terms for every node `candidates` names. `calibration` supplies
+    /// activation / gradient statistics (and may override weights).
+    pub fn new(g: &Graph, facts: &GraphFacts, candidates: &[NodeId], calibration: Option<&Calibration>) -> Indicator {
+        let depth = depths(g);
+        let model_depth = depth.values().copied().max().unwrap_or(1);
+        let calib = calibration.map(|c| match_calibration(g, c)).unwrap_or_default();
+        let mut sources = Sources::default();
+        let mut terms = HashMap::new();
+        for &n in candidates {
+            let node = g.node(n);
+            let ins: Vec<ValueId> = node.inputs().iter().flatten().copied().filter(|&v| is_float(g, v)).collect();
+            let act = ins.iter().copied().find(|&v| !facts.is_param(v) && g.value(v).init().is_none());
+            let weight = ins.iter().copied().find(|&v| facts.is_param(v) || g.value(v).init().is_some());
+            let d_v = act.and_then(|v| facts.elements(v)).unwrap_or(0.0);
+            let d_out: f64 = node.outputs().iter().filter_map(|&v| facts.elements(v)).sum();
+            let cal = calib.get(&n);
+            let (v, activation_source) = match cal.and_then(|c| c.input) {
+                Some(s) => (TensorStats { numel: if s.numel > 0.0 { s.numel } else { d_v }, ..s }, Source::Calibrated),
+                None => (TensorStats { norm2: d_v, min: -ACT_ABSMAX, max: ACT_ABSMAX, numel: d_v }, Source::Estimated),
+            };
+            let grad = match cal.and_then(|c| c.grad_output) {
+                Some(s) => TensorStats { numel: if s.numel > 0.0 { s.numel } else { d_out }, ..s },
+                None => TensorStats { norm2: d_out * GRAD_STD * GRAD_STD, min: -4.0 * GRAD_STD, max: 4.0 * GRAD_STD, numel: d_out },
+            };
+            match activation_source {
+                Source::Calibrated => sources.activations_calibrated += 1,
+                _ => sources.activations_estimated += 1,
+            }
+            let (x, weight_source) = match weight {
+                None => (None, None),
+                Some(w) => {
+                    let numel = facts.elements(w).unwrap_or(0.0);
+                    if let Some(s) = cal.and_then(|c| c.weight) {
+                        (Some(TensorStats { numel: if s.numel > 0.0 { s.numel } else { numel }, ..s }), Some(Source::Calibrated))
+                    } else if let Some(vals) = g.value(w).init().and_then(|t| t.as_f64s()) {
+                        sources.weights_from_initializers += 1;
+                        (Some(TensorStats::of(&vals)), Some(Source::Initializer))
+                    } else {
+                        sources.weights_estimated += 1;
+                        (Some(estimate_weight(g, n, w, numel)), Some(Source::Estimated))
+                    }
+                }
+            };
+            terms.insert(n, OpTerms { depth: depth.get(&n).copied().unwrap_or(1), v, x, grad, weight_source, activation_source });
+        }
+        Indicator { terms, model_depth, gamma: 1.0, sources }
+    }
+
+    /// d_L.
+    pub fn model_depth(&self) -> u32 {
+        self.model_depth
+    }
+
+    pub fn terms(&self, n: NodeId) -> Option<&OpTerms> {
+        self.terms.get(&n)
+    }
+
+    /// (σ_fp, σ_bp) of eqs. (4)–(5).
+    pub fn sigmas(&self, n: NodeId, p: Precision) -> (f64, f64) {
+        let Some(t) = self.terms.get(&n) else { return (0.0, 0.0) };
+        if p == Precision::Fp32 {
+            return (0.0, 0.0);
+        }
+        let (v, g) = (&t.v, &t.grad);
+        if p.is_fixed_point() {
+            let qv = v.q_act();
+            match &t.x {
+                Some(x) => {
+                    let qx = x.q_weight();
+                    let e16 = epsilon(Precision::Fp16);
+                    let fp = (x.norm2 * qv * qv * v.numel + v.norm2 * qx * qx * x.numel) / 6.0;
+                    let bp = (g.norm2 * qv * qv * v.numel + v.norm2 * g.exp2() * e16 * e16 * g.numel) / 6.0;
+                    (fp, bp)
+                }
+                None => (qv * qv * v.numel / 6.0, 0.0),
+            }
+        } else {
+            let e2 = epsilon(p).powi(2);
+            match &t.x {
+                Some(x) => {
+                    let fp = e2 * (x.norm2 * v.exp2() * v.numel + v.norm2 * x.exp2() * x.numel) / 6.0;
+                    let bp = e2 * (g.norm2 * v.exp2() * v.numel + v.norm2 * g.exp2() * g.numel) / 6.0;
+                    (fp, bp)
+                }
+                None => (e2 * v.exp2() * v.numel / 6.0, 0.0),
+            }
+        }
+    }
+
+    /// Ω_o^(b), eq. (3).
+    pub fn omega(&self, n: NodeId, p: Precision) -> f64 {
+        let Some(t) = self.terms.get(&n) else { return 0.0 };
+        let (fp, bp) = self.sigmas(n, p);
+        let d = f64::from(t.depth);
+        self.gamma * self.gamma * d * fp + (f64::from(self.model_depth) - d).max(0.0) * bp
+    }
+}
+
+/// Node → its calibration entry (see [`Calibration`] for the matching rules).
+fn match_calibration<'c>(g: &Graph, c: &'c Calibration) -> HashMap<NodeId, &'c OpStats> {
+    let mut out = HashMap::new();
+    for n in g.node_ids() {
+        let node = g.node(n);
+        let params: Vec<&str> = node.inputs().iter().flatten().filter(|&&v| g.value(v).init().is_some()).map(|&v| g.value_name(v)).collect();
+        for (k, s) in &c.ops {
+            let scoped = format!("/{}/", k.replace('.', "/"));
+            let hit = node.name == *k
+                || params.iter().any(|p| p.strip_prefix(k.as_str()).is_some_and(|r| r == ".weight" || r == ".bias"))
+                || node.name.contains(&scoped);
+            if hit {
+                out.insert(n, s);
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qsync_cost::Bindings;
+
+    const TWO_LAYERS: &str = r#"opset "" 17
+graph "two" {
+  init %w1: f32[2,2] = [1.0, -2.0, 0.5, 0.25]
+  init %w2: f32[2,1] = [3.0, -1.0]
+  input %x: f32[1,2]
+  %h: f32[1,2] = MatMul "fc1"(%x, %w1)
+  %r: f32[1,2] = Relu "relu"(%h)
+  %y: f32[1,1] = MatMul "fc2"(%r, %w2)
+  output %y
+}
+"#;
+
+    fn setup(cal: Option<&Calibration>) -> (Graph, Indicator, NodeId, NodeId) {
+        let g = qsync_ir::text::parse_graph(TWO_LAYERS).expect("parses");
+        let facts = GraphFacts::new(&g, &Bindings::new()).expect("facts");
+        let by = |name: &str| g.node_ids().into_iter().find(|&n| g.node(n).name == name).expect("node");
+        let (fc1, fc2) = (by("fc1"), by("fc2"));
+        let ind = Indicator::new(&g, &facts, &[fc1, fc2], cal);
+        (g, ind, fc1, fc2)
+    }
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-12 * b.abs().max(1e-300), "{a} != {b}");
+    }
+
+    #[test]
+    fn depths_and_estimated_fp16_by_hand() {
+        let (_, ind, fc1, fc2) = setup(None);
+        assert_eq!(ind.model_depth(), 3);
+        assert_eq!(ind.terms(fc1).map(|t| t.depth), Some(1));
+        assert_eq!(ind.terms(fc2).map(|t| t.depth), Some(3));
+        assert_eq!(ind.sources.weights_from_initializers, 2);
+        // fc1, FP16: ε = 2^-9. v estimated: ‖v‖² = D_v = 2, absmax 4 → 2^{2e} = 16.
+        // w1 = [1,-2,.5,.25]: ‖x‖² = 5.3125, absmax 2 → 2^{2e} = 4, D_x = 4.
+        // ∇v: D = 2, ‖∇v‖² = 2e-6, absmax 4e-3 → e = -8, 2^{2e} = 2^-16.
+        let e2 = 2f64.powi(-18);
+        let fp = e2 * (5.3125 * 16.0 * 2.0 + 2.0 * 4.0 * 4.0) / 6.0;
+        let bp = e2 * (2e-6 * 16.0 * 2.0 + 2.0 * 2f64.powi(-16) * 2.0) / 6.0;
+        close(ind.omega(fc1, Precision::Fp16), 1.0 * fp + 2.0 * bp);
+        // fc2 is the deepest: no backward term.
+        let fp2 = e2 * (10.0 * 16.0 * 2.0 + 2.0 * 4.0 * 2.0) / 6.0;
+        close(ind.omega(fc2, Precision::Fp16), 3.0 * fp2);
+        assert_eq!(ind.omega(fc1, Precision::Fp32), 0.0);
+    }
+
+    #[test]
+    fn calibrated_int8_by_hand() {
+        let mut ops = BTreeMap::new();
+        ops.insert(
+            "fc1".to_string(),
+            OpStats {
+                input: Some(TensorStats { norm2: 2.0, min: -1.0, max: 1.55, numel: 0.0 }),
+                weight: None,
+                grad_output: Some(TensorStats { norm2: 0.5, min: -0.5, max: 0.25, numel: 2.0 }),
+            },
+        );
+        let cal = Calibration { version: 1, ops, ..Default::default() };
+        let (_, ind, fc1, _) = setup(Some(&cal));
+        assert_eq!(ind.sources.activations_calibrated, 1);
+        let qv = 2.55 / 255.0; // 0.01
+        let qx = 2.0 / 127.0;
+        let fp = (5.3125 * qv * qv * 2.0 + 2.0 * qx * qx * 4.0) / 6.0;
+        // ∇v absmax 0.5 → e = -1 → 2^{2e} = 1/4; ε₁₆² = 2^-18.
+        let bp = (0.5 * qv * qv * 2.0 + 2.0 * 0.25 * 2f64.powi(-18) * 2.0) / 6.0;
+        close(ind.omega(fc1, Precision::Int8), fp + 2.0 * bp);
+        assert!(ind.omega(fc1, Precision::Int8) > ind.omega(fc1, Precision::Fp16));
+    }
+
+    #[test]
+    fn calibration_json_parses_and_matches_module_names() {
+        let text = r#"{"version": 1, "ops": {"fc1": {"input": {"norm2": 1, "min": 0, "max": 1}}}}"#;
+        let c = Calibration::from_json(text).expect("parses");
+        assert!(c.ops["fc1"].input.is_some());
+        assert!(Calibration::from_json(r#"{"version": 9, "ops": {}}"#).is_err());
+    }
+}

@@ -1,0 +1,19 @@
+//! # qsync-planner — QSync's indicator and allocator
+//!
+//! Given a graph and a hybrid cluster, decide what precision each operator
+//! runs in on each device type (QSync, IPDPS'24, Sec. IV-A and V):
+//!
+//! - [`indicator`]: Ω_o^(b), the variance an operator at precision b adds
+//!   (Prop. 2–3, eqs. 3–5), from initializers and an optional calibration file;
+//! - [`allocator`]: UP, DBS, QSync's greedy and our allocator (fastest start
+//!   under memory over classes of repeated operators, then max-heap recovery),
+//!   all evaluated by the predictor of `qsync-sim`.
+//!
+//! Reads the IR, the cost model and the predictor; knows nothing of files
+//! or the CLI.
+
+pub mod allocator;
+pub mod indicator;
+
+pub use allocator::{allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Outcome, PlanError, TypeEval};
+pub use indicator::{Calibration, Indicator, OpStats, Source, Sources, TensorStats};

@@ -1,0 +1,129 @@
+//! `qsyncc MODEL --targets … -o DIR`: the planner end to end on every
+//! shared model, ClusterB, error exits, a `plan.json` snapshot, and
+//! onnxruntime numerics of the per-device graphs (when Python has it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn models_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
+    assert!(d.is_dir(), "real models expected at {}", d.display());
+    d
+}
+
+fn qsyncc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(args).output().expect("run qsyncc")
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qsyncc-plan-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn read_json(p: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Run the planner and check every file and the headline invariants.
+fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
+    let path = models_dir().join(model);
+    let out = tmpdir(&format!("{model}-{}", extra.join("_").replace(['%', '='], "")));
+    let mut args = vec![path.to_str().expect("utf8"), "--targets", "v100:16,t4:16", "-o", out.to_str().expect("utf8"), "--json"];
+    args.extend_from_slice(extra);
+    let o = qsyncc(&args);
+    assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+    let manifest = read_json(&out.join("manifest.json"));
+    assert_eq!(manifest["schema"], "qsync-plan/1");
+    assert_eq!(manifest["model"]["sha256"].as_str().map(str::len), Some(64));
+    read_json(&out.join("timeline.json"));
+    assert!(std::fs::read_to_string(out.join("report.md")).expect("report").contains("<svg"));
+    for dev in ["v100", "t4"] {
+        read_json(&out.join(dev).join("plan.json"));
+        let bytes = std::fs::read(out.join(dev).join("model.onnx")).expect("model.onnx");
+        qsync_onnx::import_bytes_with_report(&bytes, None, dev).expect("per-device ONNX imports");
+        let d = &summary["devices"][dev];
+        let (peak, cap) = (d["peak_memory_bytes"].as_f64().expect("peak"), d["memory_capacity_bytes"].as_f64().expect("cap"));
+        assert!(peak <= cap, "{model} {dev}: {peak} > {cap}");
+        assert!(d["precision_histogram"].is_object() && d["indicator"].is_number());
+    }
+    let sps = summary["samples_per_s"].as_f64().expect("samples_per_s");
+    let up = summary["baselines"]["up"]["samples_per_s"].as_f64().expect("up");
+    assert!(summary["baselines"]["dbs"]["iteration_ms"].is_number());
+    assert!(sps >= up * (1.0 - 1e-9), "{model}: {sps} < UP {up}");
+    let greedy = &summary["baselines"]["greedy"];
+    assert!(sps >= greedy["samples_per_s"].as_f64().expect("g") * (1.0 - 1e-9));
+    assert!(summary["indicator_sum"].as_f64().expect("i") <= greedy["indicator_sum"].as_f64().expect("gi") * (1.0 + 1e-9));
+    (out, summary)
+}
+
+#[test]
+fn every_shared_model_plans_on_cluster_a() {
+    for e in std::fs::read_dir(models_dir()).expect("models") {
+        let p = e.expect("entry").path();
+        if p.extension().and_then(|x| x.to_str()) == Some("onnx") {
+            let name = p.file_name().and_then(|n| n.to_str()).expect("name").to_string();
+            plan(&name, &["--batch", "16"]);
+        }
+    }
+}
+
+#[test]
+fn cluster_b_cnns() {
+    for m in ["resnet50_train.onnx", "vgg16.onnx", "vgg16_bn.onnx"] {
+        plan(m, &["--memory", "t4=30%", "--batch", "32"]);
+    }
+}
+
+#[test]
+fn bert_tiny_plan_snapshot() {
+    let (out, _) = plan("bert_tiny.onnx", &["--batch", "16"]);
+    let t4 = read_json(&out.join("t4").join("plan.json"));
+    let rows: Vec<String> = t4["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["planned"] == true)
+        .map(|n| format!("{} {} {}", n["name"].as_str().unwrap_or(""), n["op"].as_str().unwrap_or(""), n["precision"].as_str().unwrap_or("")))
+        .collect();
+    insta::assert_snapshot!(rows.join("\n"));
+}
+
+#[test]
+fn bad_input_exits_2() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let m = m.to_str().expect("utf8");
+    let out = tmpdir("bad");
+    let o = out.to_str().expect("utf8");
+    for (args, needle) in [
+        (vec![m, "--targets", "v100,h9000", "-o", o], "h9000"),
+        (vec![m, "--targets", "v100,t4", "-o", o, "--precisions", "fp12"], "fp12"),
+        (vec![m, "--targets", "v100,t4", "-o", o, "--memory", "t4=0.01%", "--batch", "64"], "does not fit"),
+    ] {
+        let r = qsyncc(&args);
+        assert_eq!(r.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&r.stderr).contains(needle), "{args:?}: {}", String::from_utf8_lossy(&r.stderr));
+    }
+    // The subcommands still work beside the bare form.
+    assert!(qsyncc(&["inspect", m]).status.success());
+}
+
+#[test]
+fn per_device_onnx_runs_in_onnxruntime() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../passes/tests/numerics.py");
+    let has_ort = Command::new("python3").args(["-c", "import onnxruntime, onnx"]).output().is_ok_and(|o| o.status.success());
+    if !has_ort {
+        eprintln!("skipping: python3 with onnxruntime and onnx not found");
+        return;
+    }
+    for m in ["squeezenet1_1.onnx", "bert_tiny.onnx"] {
+        let (out, _) = plan(m, &["--batch", "16"]);
+        for dev in ["v100", "t4"] {
+            let planned = out.join(dev).join("model.onnx");
+            let r = Command::new("python3").arg(&script).arg(models_dir().join(m)).arg(&planned).output().expect("python3");
+            assert!(r.status.success(), "{m} {dev}: {}{}", String::from_utf8_lossy(&r.stdout), String::from_utf8_lossy(&r.stderr));
+        }
+    }
+}
