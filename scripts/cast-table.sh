@@ -17,7 +17,7 @@ block = json.load(open(sys.argv[1]))
 out = {}
 models = os.path.join(os.path.dirname(os.path.abspath(".")), "shared", "models")
 for name, ops in sorted(block.items()):
-    m = onnx.load(os.path.join(models, name))
+    m = onnx.load(os.path.join(models, name), load_external_data=False)
     before = sum(n.op_type == "Cast" for n in m.graph.node)
     try:
         c = float16.convert_float_to_float16(m, keep_io_types=True, op_block_list=ops)

@@ -27,7 +27,7 @@ fn planned(path: &std::path::Path, spec: &str) -> Model {
 fn casts(m: &Model, base: usize) -> (usize, usize, f64) {
     let g = &m.graph;
     let oracle = AnalyticOracle::for_target("t4").expect("t4");
-    let (mut n, mut w, mut t) = (0, 0, 0.0);
+    let (mut n, mut w, mut t) = (0usize, 0usize, 0.0f64);
     for id in g.node_ids() {
         let node = g.node(id);
         if node.op != Op::Cast {
