@@ -10,6 +10,7 @@
 //! devices, no files.
 
 pub mod dce;
+pub mod egraph;
 pub mod fold;
 pub mod manager;
 pub mod precision;

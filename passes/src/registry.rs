@@ -16,7 +16,8 @@
 //! `override=PATTERN=PRECISION` (exact node name or glob with `*` and `?`;
 //! the last `=` separates), `mode=training|inference`; `amp` and `autocast`
 //! also `policy=` (a built-in name, `tf-amp` / `torch-autocast`, or a JSON
-//! file path). `uniform` requires its precision.
+//! file path). `uniform` requires its precision. `egraph-casts` takes runner
+//! limits `iters=`, `nodes=`, `time_ms=` and `policy=` (default `tf-amp`).
 
 use qsync_ir::infer::infer_shapes;
 use qsync_ir::verify::verify;
@@ -84,7 +85,7 @@ impl Pass for Verify {
 
 /// Names of every registered pass, in the order they are documented.
 pub fn available_passes() -> &'static [&'static str] {
-    &["infer-shapes", "fold-constants", "dce", "verify", "amp", "autocast", "uniform", "cascade"]
+    &["infer-shapes", "fold-constants", "dce", "verify", "amp", "autocast", "uniform", "cascade", "egraph-casts"]
 }
 
 /// A pipeline entry's arguments.
@@ -218,6 +219,24 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
         "cascade" => {
             let (dtype, options) = precision_options(name, args, PREC)?;
             Ok(Box::new(CascadePass { dtype, options }))
+        }
+        "egraph-casts" => {
+            let bad = |message: String| PassError::BadArguments { entry: name.into(), message };
+            let mut limits = crate::egraph::Limits::default();
+            for (k, v) in &args.named {
+                let num = || v.parse::<u64>().map_err(|_| bad(format!("`{k}={v}`: not a number")));
+                match k.as_str() {
+                    "iters" => limits.iters = num()? as usize,
+                    "nodes" => limits.nodes = num()? as usize,
+                    "time_ms" => limits.time = std::time::Duration::from_millis(num()?),
+                    "policy" => {}
+                    _ => return Err(bad(format!("unknown argument `{k}` (takes iters, nodes, time_ms, policy)"))),
+                }
+            }
+            if args.main.is_some() {
+                return Err(bad("takes only named arguments".into()));
+            }
+            Ok(Box::new(crate::egraph::EgraphCasts { limits, policy: policy_arg(name, args, "tf-amp")? }))
         }
         _ => Err(PassError::UnknownPass { name: name.into(), available: available_passes().join(", ") }),
     }

@@ -1,0 +1,219 @@
+//! Extraction: the cheapest equal graph, costed DAG-aware.
+//!
+//! Own costs come from the [`CostOracle`]: a Cast costs
+//! `cast_time(from, to, elements)`, a region op `op_time(node, dtype)`, a
+//! leaf nothing, a stored constant its bytes × [`MEMORY_COST_PER_BYTE`].
+//! The cost of a selection (one e-node per e-class reached from the roots)
+//! is the sum of own costs over the *distinct* e-classes it reaches: a cast
+//! shared by several consumers is counted once.
+//!
+//! Candidates: the bottom-up tree-cost choice (egg's extractor with the same
+//! own costs), refined by [`dag_refine`], which re-picks each class's node by
+//! the DAG cost it adds given what the rest of the selection already pays
+//! for. The pass keeps the input whenever no candidate is strictly cheaper.
+//! On small e-graphs the ILP ([`ilp_cost`], `good_lp` + the pure-Rust
+//! `microlp` solver) computes the optimum, which tests use to check the
+//! extractor.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use egg::{CostFunction, Extractor, Id, Language};
+use qsync_ir::{DType, Graph, NodeId};
+
+use super::language::{dtype_of, CastGraph, CastLang, Key};
+use crate::precision::CostOracle;
+
+/// Memory cost of keeping one byte of a stored constant, in seconds-equivalent.
+pub const MEMORY_COST_PER_BYTE: f64 = 1e-13;
+
+/// Added to every cast so that, at equal time, fewer casts win.
+pub const CAST_EPSILON: f64 = 1e-12;
+
+/// Own costs of e-nodes.
+pub struct Costs<'a> {
+    pub g: &'a Graph,
+    pub eg: &'a CastGraph,
+    pub oracle: &'a dyn CostOracle,
+    cache: HashMap<(u32, DType), f64>,
+    /// Multiplier on cast time (2 in training: forward and gradient casts).
+    weight: f64,
+}
+
+impl std::fmt::Debug for Costs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Costs")
+    }
+}
+
+impl<'a> Costs<'a> {
+    pub fn new(g: &'a Graph, eg: &'a CastGraph, oracle: &'a dyn CostOracle) -> Self {
+        Costs { g, eg, oracle, cache: HashMap::new(), weight: 1.0 }
+    }
+
+    /// Scale cast times by `w`.
+    pub fn cast_weight(mut self, w: f64) -> Self {
+        self.weight = w;
+        self
+    }
+
+    /// The node's own cost, excluding its children.
+    pub fn own(&mut self, n: &CastLang) -> f64 {
+        match n.key() {
+            Key::Leaf { .. } => 0.0,
+            Key::Stored { dt, elems, .. } => dt.storage_bytes(elems) as f64 * MEMORY_COST_PER_BYTE,
+            Key::Cast { to } => {
+                let c = n.kids()[0];
+                let from = dtype_of(self.eg, c).unwrap_or(DType::F32);
+                self.weight * self.oracle.cast_time(from, to, self.eg[c].data.elems) + CAST_EPSILON
+            }
+            Key::Node { node, dt, .. } => {
+                let (g, oracle) = (self.g, self.oracle);
+                *self.cache.entry((node, dt)).or_insert_with(|| oracle.op_time(g, NodeId::new(node as usize), dt))
+            }
+        }
+    }
+}
+
+impl CostFunction<CastLang> for Costs<'_> {
+    type Cost = f64;
+    fn cost<C>(&mut self, enode: &CastLang, mut costs: C) -> f64
+    where
+        C: FnMut(Id) -> f64,
+    {
+        let own = self.own(enode);
+        enode.fold(own, |acc, c| acc + costs(c))
+    }
+}
+
+/// A selection: the chosen e-node of each canonical e-class.
+pub type Choice = BTreeMap<Id, CastLang>;
+
+/// The DAG cost of `choice` from `roots` (each reached class once), or
+/// `None` when the selection is cyclic or incomplete.
+pub fn dag_cost(costs: &mut Costs<'_>, choice: &Choice, roots: &[Id]) -> Option<f64> {
+    let eg = costs.eg;
+    let mut state: HashMap<Id, bool> = HashMap::new(); // false = in progress
+    let mut total = 0.0;
+    let mut stack: Vec<(Id, bool)> = roots.iter().map(|&r| (eg.find(r), false)).collect();
+    while let Some((c, done)) = stack.pop() {
+        if done {
+            state.insert(c, true);
+            continue;
+        }
+        match state.get(&c) {
+            Some(true) => continue,
+            Some(false) => return None,
+            None => {}
+        }
+        let n = choice.get(&c)?;
+        state.insert(c, false);
+        total += costs.own(n);
+        stack.push((c, true));
+        for &k in n.kids() {
+            let k = eg.find(k);
+            match state.get(&k) {
+                Some(false) => return None,
+                Some(true) => {}
+                None => stack.push((k, false)),
+            }
+        }
+    }
+    Some(total)
+}
+
+/// The tree-cost selection (egg's bottom-up extractor) over every class.
+pub fn tree_choice(costs: Costs<'_>) -> Choice {
+    let eg = costs.eg;
+    let ex = Extractor::new(eg, costs);
+    eg.classes().map(|c| (c.id, ex.find_best_node(c.id).clone())).collect()
+}
+
+/// Greedy DAG refinement: for each reached class, try each alternative
+/// e-node and keep it when the whole selection's DAG cost drops. Stops after
+/// `rounds` sweeps or when nothing improves.
+pub fn dag_refine(costs: &mut Costs<'_>, mut choice: Choice, roots: &[Id], rounds: usize) -> (Choice, f64) {
+    let eg = costs.eg;
+    let mut best = dag_cost(costs, &choice, roots).unwrap_or(f64::INFINITY);
+    for _ in 0..rounds {
+        let mut improved = false;
+        let classes: Vec<Id> = reached(eg, &choice, roots).into_iter().collect();
+        for c in classes {
+            for alt in eg[c].nodes.iter() {
+                let alt = alt.clone().map_children(|k| eg.find(k));
+                if choice.get(&c) == Some(&alt) {
+                    continue;
+                }
+                let old = choice.insert(c, alt);
+                match dag_cost(costs, &choice, roots) {
+                    Some(v) if v < best - 1e-15 => {
+                        best = v;
+                        improved = true;
+                    }
+                    _ => {
+                        if let Some(o) = old {
+                            choice.insert(c, o);
+                        }
+                    }
+                }
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    (choice, best)
+}
+
+/// Classes reached from `roots` under `choice`, sorted.
+pub fn reached(eg: &CastGraph, choice: &Choice, roots: &[Id]) -> BTreeSet<Id> {
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
+    while let Some(c) = stack.pop() {
+        if !seen.insert(c) {
+            continue;
+        }
+        if let Some(n) = choice.get(&c) {
+            stack.extend(n.kids().iter().map(|&k| eg.find(k)));
+        }
+    }
+    seen
+}
+
+/// The optimal DAG cost by ILP (pure-Rust `microlp`): a binary per e-node,
+/// a binary per class, each root's class chosen, a chosen class picks one of
+/// its nodes, a chosen node's children are chosen, and a topological order
+/// variable per class forbids cycles. `None` when the solver fails.
+pub fn ilp_cost(costs: &mut Costs<'_>, roots: &[Id]) -> Option<f64> {
+    use good_lp::{constraint, microlp, variable, Expression, ProblemVariables, Solution, SolverModel};
+    let eg = costs.eg;
+    let classes: Vec<Id> = eg.classes().map(|c| c.id).collect();
+    let big = classes.len() as f64 + 1.0;
+    let mut vars = ProblemVariables::new();
+    let cls: HashMap<Id, _> = classes.iter().map(|&c| (c, vars.add(variable().binary()))).collect();
+    let ord: HashMap<Id, _> = classes.iter().map(|&c| (c, vars.add(variable().min(0.0).max(big)))).collect();
+    let mut nodes = Vec::new();
+    for &c in &classes {
+        for n in eg[c].nodes.iter() {
+            let cost = costs.own(n);
+            nodes.push((c, n.clone(), cost, vars.add(variable().binary())));
+        }
+    }
+    let objective: Expression = nodes.iter().map(|(_, _, cost, v)| *cost * *v).sum();
+    let mut model = vars.minimise(objective).using(microlp);
+    for &r in roots {
+        model = model.with(constraint!(cls[&eg.find(r)] == 1.0));
+    }
+    for &c in &classes {
+        let picks: Expression = nodes.iter().filter(|(nc, ..)| *nc == c).map(|(_, _, _, v)| *v).sum();
+        model = model.with(constraint!(picks == cls[&c]));
+    }
+    for (c, n, _, v) in &nodes {
+        for &k in n.kids() {
+            let k = eg.find(k);
+            model = model.with(constraint!(cls[&k] >= *v));
+            model = model.with(constraint!(ord[c] - ord[&k] + big * (1.0 - *v) >= 1.0));
+        }
+    }
+    let sol = model.solve().ok()?;
+    Some(nodes.iter().map(|(_, _, cost, v)| cost * sol.value(*v).round()).sum())
+}

@@ -1,0 +1,126 @@
+//! The e-graph language: dtype-typed values, Cast, and the region's other ops.
+//!
+//! Every e-node is `Op(Key, children)`. The [`Key`] says what the node is;
+//! children are e-classes of *typed values* (the float data inputs, in slot
+//! order). Non-float inputs of an op (shape tensors, indices, axes) are not
+//! children: they stay as the original IR node has them.
+//!
+//! - [`Key::Leaf`]: a value from outside the rewritable region (graph input,
+//!   initializer, output of a kept op), keyed by its [`ValueId`] so it is
+//!   preserved verbatim — an uninterpreted node;
+//! - [`Key::Stored`]: a low-precision stored copy of an initializer (see
+//!   the constant-folding rule in [`super::rules`]);
+//! - [`Key::Cast`]: ONNX Cast to a dtype, one child;
+//! - [`Key::Node`]: output `slot` of IR node `node`, computing in `dt`
+//!   (data movement and order-preserving ops — the only ops whose precision
+//!   the rules may move).
+//!
+//! The [`Typing`] analysis gives every e-class one dtype and element count;
+//! rules only ever union e-classes of equal dtype, so a class's dtype is the
+//! dtype of every value extraction can pick for it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use egg::{define_language, Analysis, DidMerge, EGraph, Id};
+use qsync_ir::DType;
+
+/// What an e-node is.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Key {
+    /// An IR value kept as is: (value index, dtype, elements).
+    Leaf { value: u32, dt: DType, elems: u64 },
+    /// Initializer `value` stored converted to `dt`.
+    Stored { value: u32, dt: DType, elems: u64 },
+    /// Cast to `to`.
+    Cast { to: DType },
+    /// Output `slot` of IR node `node` computed at `dt`.
+    Node { node: u32, slot: u16, dt: DType, elems: u64 },
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Leaf { value, dt, .. } => write!(f, "v{value}:{dt}"),
+            Key::Stored { value, dt, .. } => write!(f, "stored(v{value}):{dt}"),
+            Key::Cast { to } => write!(f, "cast_{to}"),
+            Key::Node { node, slot, dt, .. } => write!(f, "n{node}.{slot}:{dt}"),
+        }
+    }
+}
+
+impl FromStr for Key {
+    type Err = String;
+    /// Keys are made by the importer, never parsed.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Err(format!("`{s}`: e-graph keys are not parsed"))
+    }
+}
+
+define_language! {
+    /// An e-node: a key and its value children.
+    pub enum CastLang {
+        Op(Key, Vec<Id>),
+    }
+}
+
+impl CastLang {
+    /// The node's key.
+    pub fn key(&self) -> Key {
+        match self {
+            CastLang::Op(k, _) => *k,
+        }
+    }
+
+    /// The node's children.
+    pub fn kids(&self) -> &[Id] {
+        match self {
+            CastLang::Op(_, c) => c,
+        }
+    }
+}
+
+/// An e-class's type.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ClassType {
+    pub dt: Option<DType>,
+    pub elems: u64,
+}
+
+/// The dtype analysis.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Typing;
+
+/// The e-graph type used throughout.
+pub type CastGraph = EGraph<CastLang, Typing>;
+
+impl Analysis<CastLang> for Typing {
+    type Data = ClassType;
+
+    fn make(egraph: &mut CastGraph, enode: &CastLang, _id: Id) -> ClassType {
+        match enode.key() {
+            Key::Leaf { dt, elems, .. } | Key::Stored { dt, elems, .. } | Key::Node { dt, elems, .. } => {
+                ClassType { dt: Some(dt), elems }
+            }
+            Key::Cast { to } => {
+                let elems = enode.kids().first().map_or(0, |&c| egraph[c].data.elems);
+                ClassType { dt: Some(to), elems }
+            }
+        }
+    }
+
+    fn merge(&mut self, a: &mut ClassType, b: ClassType) -> DidMerge {
+        // Rules union only equal dtypes (checked in debug builds).
+        debug_assert!(a.dt.is_none() || b.dt.is_none() || a.dt == b.dt, "merging {a:?} with {b:?}");
+        if a.dt.is_none() && b.dt.is_some() {
+            *a = b;
+            return DidMerge(true, false);
+        }
+        DidMerge(false, a.dt != b.dt)
+    }
+}
+
+/// The dtype of e-class `c`.
+pub fn dtype_of(eg: &CastGraph, c: Id) -> Option<DType> {
+    eg[c].data.dt
+}

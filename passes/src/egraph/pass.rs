@@ -1,0 +1,422 @@
+//! `egraph-casts`: import the cast region, saturate, extract, rebuild.
+//!
+//! **Reads:** value dtypes and shapes, Cast nodes, node precisions, the
+//! policy (which ops may change precision), the target's cost oracle.
+//! **Guarantees:**
+//! - the *region* is every float↔float Cast (f64/f32/f16/bf16/i8) and every
+//!   data-movement or order-preserving op ([`transparent`]) whose float
+//!   inputs and outputs share one dtype; nothing producing a graph output is
+//!   in it. Every other op is kept verbatim, with its precision and the dtype
+//!   of each input it reads: its inputs are the *roots* of extraction;
+//! - graph outputs keep their names and dtypes;
+//! - the result is used only when its DAG cost is strictly below the input's
+//!   and it has no more casts; otherwise the graph is returned unchanged;
+//! - new nodes are named `{node}.{dtype}` / `{value}.cast_{dtype}`, stored
+//!   constants `{init}.{dtype}`; output is deterministic (egg's
+//!   `deterministic` feature, ordered maps) unless the time limit stops the
+//!   runner;
+//! - the summary reports casts before → after, activation casts, the
+//!   runner's stop reason, iterations and e-nodes.
+//!
+//! Cost: a cast costs `2 · cast_time` in training (the forward cast and the
+//! backward cast of its gradient), `cast_time` in inference; region ops cost
+//! `op_time` at their dtype. **Requires:** `infer-shapes`; any planning pass
+//! (or none: imported models that already contain casts).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use egg::{Id, Runner};
+use qsync_ir::{Attr, DType, Graph, Model, NodeId, NodeSpec, Op, OpClass, Tensor, TensorData, TensorType, ValueId};
+
+use super::extract::{dag_cost, dag_refine, reached, tree_choice, Choice, Costs};
+use super::language::{CastGraph, CastLang, Key, Typing};
+use super::rules::{rules, RuleCx};
+use crate::manager::{Pass, PassContext, PassError, PassOutcome};
+use crate::precision::oracle::numel;
+use crate::precision::{lowerable, oracle_for, Category, CostOracle, Policy};
+
+/// Runner limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub iters: usize,
+    pub nodes: usize,
+    pub time: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { iters: 30, nodes: 200_000, time: Duration::from_secs(5) }
+    }
+}
+
+/// The pass.
+#[derive(Debug)]
+pub struct EgraphCasts {
+    pub limits: Limits,
+    /// Which ops may change precision (the planner's policy; `tf-amp` default).
+    pub policy: Policy,
+}
+
+/// Ops a cast commutes with (data movement and order-preserving ops).
+pub fn transparent(op: &Op) -> bool {
+    use Op::*;
+    matches!(
+        op,
+        Reshape | Transpose | Flatten | Slice | Gather | Concat | Split | Squeeze | Unsqueeze | Expand | Identity | Relu | MaxPool | Max | Min
+    )
+}
+
+fn castable(d: DType) -> bool {
+    matches!(d, DType::F64 | DType::F32 | DType::F16 | DType::BF16 | DType::I8)
+}
+
+/// Whether node `n` is in the rewritable region.
+fn in_region(g: &Graph, n: NodeId, outputs: &[ValueId]) -> bool {
+    let node = g.node(n);
+    if node.outputs().iter().any(|o| outputs.contains(o)) {
+        return false;
+    }
+    let dt = |v: ValueId| g.ty(v).dtype;
+    if node.op == Op::Cast {
+        let (Some(i), Some(&o)) = (node.input(0), node.outputs().first()) else { return false };
+        return node.outputs().len() == 1 && dt(i).is_some_and(castable) && dt(o).is_some_and(castable);
+    }
+    if !transparent(&node.op) || node.outputs().is_empty() {
+        return false;
+    }
+    let Some(d) = dt(node.outputs()[0]).filter(|d| d.is_float()) else { return false };
+    let outs_ok = node.outputs().iter().all(|&o| dt(o) == Some(d));
+    let float_ins: Vec<ValueId> = node.inputs().iter().flatten().copied().filter(|&v| dt(v).is_some_and(DType::is_float)).collect();
+    outs_ok && !float_ins.is_empty() && float_ins.iter().all(|&v| dt(v) == Some(d))
+}
+
+/// Float input slots of a region node (its e-node children, in order).
+fn child_slots(g: &Graph, n: NodeId) -> Vec<usize> {
+    let node = g.node(n);
+    if node.op == Op::Cast {
+        return vec![0];
+    }
+    node.inputs()
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_some_and(|v| g.ty(v).dtype.is_some_and(DType::is_float)))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+struct Import {
+    eg: CastGraph,
+    class_of: HashMap<ValueId, Id>,
+    region: Vec<NodeId>,
+    roots: Vec<(NodeId, usize, ValueId)>,
+}
+
+fn import(g: &Graph, order: &[NodeId]) -> Import {
+    let outputs = g.outputs().to_vec();
+    let mut eg = CastGraph::default();
+    let mut class_of: HashMap<ValueId, Id> = HashMap::new();
+    let mut region = Vec::new();
+    let mut roots = Vec::new();
+    let leaf = |eg: &mut CastGraph, class_of: &mut HashMap<ValueId, Id>, v: ValueId| -> Id {
+        *class_of.entry(v).or_insert_with(|| {
+            let ty = g.ty(v);
+            eg.add(CastLang::Op(
+                Key::Leaf { value: v.index() as u32, dt: ty.dtype.unwrap_or(DType::F32), elems: numel(ty) },
+                vec![],
+            ))
+        })
+    };
+    for &n in order {
+        if in_region(g, n, &outputs) {
+            let node = g.node(n);
+            let kids: Vec<Id> =
+                child_slots(g, n).into_iter().filter_map(|s| node.input(s)).map(|v| leaf(&mut eg, &mut class_of, v)).collect();
+            for (slot, &o) in node.outputs().iter().enumerate() {
+                let ty = g.ty(o);
+                let dt = ty.dtype.unwrap_or(DType::F32);
+                let key = if node.op == Op::Cast {
+                    Key::Cast { to: dt }
+                } else {
+                    Key::Node { node: n.index() as u32, slot: slot as u16, dt, elems: numel(ty) }
+                };
+                let id = eg.add(CastLang::Op(key, kids.clone()));
+                class_of.insert(o, id);
+            }
+            region.push(n);
+        }
+    }
+    let region_out: std::collections::HashSet<ValueId> =
+        region.iter().flat_map(|&n| g.node(n).outputs().to_vec()).collect();
+    for &n in order {
+        if region.contains(&n) {
+            continue;
+        }
+        for (slot, v) in g.node(n).inputs().iter().enumerate() {
+            if let Some(v) = *v {
+                if region_out.contains(&v) {
+                    roots.push((n, slot, v));
+                }
+            }
+        }
+    }
+    Import { eg, class_of, region, roots }
+}
+
+impl EgraphCasts {
+    fn rule_cx(&self, g: &Graph, region: &[NodeId], oracle: &dyn CostOracle, inference: bool) -> RuleCx {
+        let mut cx = RuleCx::default();
+        for &n in region {
+            let node = g.node(n);
+            if node.op == Op::Cast {
+                continue;
+            }
+            let Some(orig) = node.outputs().first().and_then(|&o| g.ty(o).dtype) else { continue };
+            let mut ok = vec![orig];
+            if lowerable(g, n) && self.policy.category(node.op.op_type()) != Category::Deny {
+                ok.extend([DType::F32, DType::F16, DType::BF16].into_iter().filter(|&d| d != orig && oracle.supports(d)));
+            }
+            cx.allowed.insert(n.index() as u32, ok);
+        }
+        for &v in g.inits() {
+            let Some(t) = g.value(v).init() else { continue };
+            let constant = inference || t.numel() <= 1;
+            if t.dtype.is_float() && constant && !g.inputs().contains(&v) {
+                cx.foldable.insert(v.index() as u32);
+            }
+        }
+        cx
+    }
+}
+
+/// Casts in the graph, and those reading an initializer.
+pub fn count_casts(g: &Graph) -> (usize, usize) {
+    let casts: Vec<NodeId> = g.node_ids().into_iter().filter(|&n| g.node(n).op == Op::Cast).collect();
+    let weight = casts.iter().filter(|&&n| g.node(n).input(0).is_some_and(|v| g.value(v).init().is_some())).count();
+    (casts.len(), weight)
+}
+
+impl Pass for EgraphCasts {
+    fn name(&self) -> &'static str {
+        "egraph-casts"
+    }
+
+    fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassOutcome, PassError> {
+        let oracle = oracle_for(cx, self.name())?;
+        let g = &model.graph;
+        if g.node_ids().iter().any(|&n| g.node(n).op.class() == OpClass::Control) {
+            return Ok(PassOutcome { changed: false, summary: "graph has subgraphs; unchanged".into() });
+        }
+        let order = g.topo_order().map_err(|_| PassError::FailedGraph { pass: self.name().into(), message: "the graph has a cycle".into() })?;
+        let (casts_before, weight_before) = count_casts(g);
+        let imp = import(g, &order);
+        if imp.roots.is_empty() {
+            return Ok(PassOutcome { changed: false, summary: format!("no cast region; {casts_before} casts unchanged") });
+        }
+        let rcx = Arc::new(self.rule_cx(g, &imp.region, &oracle, cx.inference));
+        let runner = Runner::<_, Typing, ()>::default()
+            .with_egraph(imp.eg)
+            .with_iter_limit(self.limits.iters)
+            .with_node_limit(self.limits.nodes)
+            .with_time_limit(self.limits.time)
+            .run(&rules(&rcx));
+        let stop = match &runner.stop_reason {
+            Some(egg::StopReason::Saturated) => "saturated".to_string(),
+            Some(egg::StopReason::IterationLimit(i)) => format!("iteration limit {i}"),
+            Some(egg::StopReason::NodeLimit(n)) => format!("node limit {n}"),
+            Some(egg::StopReason::TimeLimit(t)) => format!("time limit {t:.2}s"),
+            Some(egg::StopReason::Other(s)) => s.clone(),
+            None => "not run".into(),
+        };
+        let eg = &runner.egraph;
+        let stats = format!("{stop} after {} iterations, {} e-nodes", runner.iterations.len(), eg.total_number_of_nodes());
+        let roots: Vec<Id> = imp.roots.iter().map(|(_, _, v)| eg.find(imp.class_of[v])).collect();
+        let weight = if cx.inference { 1.0 } else { 2.0 };
+        let mut costs = Costs::new(g, eg, &oracle).cast_weight(weight);
+        let orig_cost = original_cost(g, &imp.region, &imp.roots, &oracle, weight);
+        let choice = tree_choice(Costs::new(g, eg, &oracle).cast_weight(weight));
+        let (choice, new_cost) = dag_refine(&mut costs, choice, &roots, 2);
+        let new_cost = dag_cost(&mut costs, &choice, &roots).unwrap_or(new_cost);
+        let region_casts_before = imp.region.iter().filter(|&&n| g.node(n).op == Op::Cast).count();
+        let new_casts = reached(eg, &choice, &roots).iter().filter(|c| matches!(choice[c].key(), Key::Cast { .. })).count();
+        if !(new_cost < orig_cost * (1.0 - 1e-9)) || new_casts > region_casts_before {
+            return Ok(PassOutcome {
+                changed: false,
+                summary: format!("nothing cheaper ({stats}); {casts_before} casts ({} activation) unchanged", casts_before - weight_before),
+            });
+        }
+        let roots_with: Vec<(NodeId, usize, ValueId, Id)> = imp.roots.iter().zip(&roots).map(|(&(n, s, v), &c)| (n, s, v, c)).collect();
+        let base_dir = model.base_dir.clone();
+        let region = imp.region.clone();
+        rebuild(&mut model.graph, eg, &choice, &roots_with, &region, base_dir.as_deref());
+        let (casts_after, weight_after) = count_casts(&model.graph);
+        Ok(PassOutcome::changed(format!(
+            "casts {casts_before} -> {casts_after} (activation {} -> {}), cast-region cost {:.3e}s -> {:.3e}s; {stats}",
+            casts_before - weight_before,
+            casts_after - weight_after,
+            orig_cost,
+            new_cost
+        )))
+    }
+}
+
+/// The input region's cost: own costs of region nodes reachable from roots.
+fn original_cost(g: &Graph, region: &[NodeId], roots: &[(NodeId, usize, ValueId)], oracle: &dyn CostOracle, weight: f64) -> f64 {
+    let in_region: std::collections::HashSet<NodeId> = region.iter().copied().collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack: Vec<ValueId> = roots.iter().map(|r| r.2).collect();
+    let mut total = 0.0;
+    while let Some(v) = stack.pop() {
+        let Some((n, _)) = g.producer(v) else { continue };
+        if !in_region.contains(&n) || !seen.insert(n) {
+            continue;
+        }
+        let node = g.node(n);
+        if node.op == Op::Cast {
+            let (Some(i), Some(&o)) = (node.input(0), node.outputs().first()) else { continue };
+            let (from, to) = (g.ty(i).dtype.unwrap_or(DType::F32), g.ty(o).dtype.unwrap_or(DType::F32));
+            total += weight * oracle.cast_time(from, to, numel(g.ty(i))) + super::extract::CAST_EPSILON;
+        } else if let Some(dt) = node.outputs().first().and_then(|&o| g.ty(o).dtype) {
+            total += oracle.op_time(g, n, dt);
+        }
+        stack.extend(child_slots(g, n).into_iter().filter_map(|s| node.input(s)));
+    }
+    total
+}
+
+struct Rebuild<'a> {
+    g: &'a mut Graph,
+    eg: &'a CastGraph,
+    choice: &'a Choice,
+    memo: HashMap<Id, ValueId>,
+    made: BTreeMap<(u32, DType, Vec<ValueId>), NodeId>,
+    casts: HashMap<(ValueId, DType), ValueId>,
+    stored: HashMap<(ValueId, DType), ValueId>,
+    base_dir: Option<&'a std::path::Path>,
+    vals: Vec<ValueId>,
+}
+
+impl Rebuild<'_> {
+    fn value(&mut self, c: Id) -> ValueId {
+        let c = self.eg.find(c);
+        if let Some(&v) = self.memo.get(&c) {
+            return v;
+        }
+        let node = self.choice[&c].clone();
+        let kids: Vec<ValueId> = node.kids().iter().map(|&k| self.value(k)).collect();
+        let v = match node.key() {
+            Key::Leaf { value, .. } => self.vals[value as usize],
+            Key::Stored { value, dt, .. } => {
+                let w = self.vals[value as usize];
+                self.store(w, dt)
+            }
+            Key::Cast { to } => self.cast(kids[0], to),
+            Key::Node { node: n, slot, dt, .. } => self.node(NodeId::new(n as usize), slot as usize, dt, kids),
+        };
+        self.memo.insert(c, v);
+        v
+    }
+
+    fn cast(&mut self, x: ValueId, to: DType) -> ValueId {
+        if let Some(&c) = self.casts.get(&(x, to)) {
+            return c;
+        }
+        let name = self.g.fresh_value_name(&format!("{}.cast_{to}", self.g.value_name(x)));
+        let ty = TensorType { dtype: Some(to), shape: self.g.ty(x).shape.clone() };
+        let spec = NodeSpec::new(name.clone(), Op::Cast).input(x).attr("to", Attr::Int(i64::from(to.onnx_code()))).output(name, ty);
+        let n = self.g.add_node(spec);
+        let out = self.g.node(n).outputs()[0];
+        self.casts.insert((x, to), out);
+        out
+    }
+
+    fn store(&mut self, w: ValueId, to: DType) -> ValueId {
+        if let Some(&s) = self.stored.get(&(w, to)) {
+            return s;
+        }
+        let t = self.g.value(w).init().cloned().expect("a foldable value is an initializer");
+        let vals = t.load(self.base_dir).ok().flatten().and_then(|bytes| {
+            Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
+        });
+        let converted = vals
+            .and_then(|v| Tensor::from_f64s(to, t.dims.clone(), &v))
+            .unwrap_or(Tensor { dtype: to, dims: t.dims.clone(), data: TensorData::Absent });
+        let name = self.g.fresh_value_name(&format!("{}.{to}", self.g.value_name(w)));
+        let s = self.g.add_init(name, converted);
+        self.stored.insert((w, to), s);
+        s
+    }
+
+    fn node(&mut self, n: NodeId, slot: usize, dt: DType, kids: Vec<ValueId>) -> ValueId {
+        let slots = child_slots(self.g, n);
+        let orig = self.g.node(n).clone();
+        let orig_dt = orig.outputs().first().and_then(|&o| self.g.ty(o).dtype);
+        let same = slots.iter().zip(&kids).all(|(&s, &k)| orig.input(s) == Some(k));
+        if same && orig_dt == Some(dt) {
+            return orig.outputs()[slot];
+        }
+        let key = (n.index() as u32, dt, kids.clone());
+        if let Some(&m) = self.made.get(&key) {
+            return self.g.node(m).outputs()[slot];
+        }
+        let name = self.g.fresh_value_name(&format!("{}.{dt}", orig.name));
+        let mut spec = NodeSpec::new(name, orig.op.clone());
+        spec.attrs = orig.attrs.clone();
+        spec.inputs = orig.inputs().to_vec();
+        for (&s, &k) in slots.iter().zip(&kids) {
+            spec.inputs[s] = Some(k);
+        }
+        for &o in orig.outputs() {
+            let oname = self.g.fresh_value_name(&format!("{}.{dt}", self.g.value_name(o)));
+            spec.outputs.push((oname, TensorType { dtype: Some(dt), shape: self.g.ty(o).shape.clone() }));
+        }
+        spec.precision = if orig.precision.is_some() || orig_dt != Some(dt) { Some(dt) } else { None };
+        let m = self.g.add_node(spec);
+        self.made.insert(key, m);
+        self.g.node(m).outputs()[slot]
+    }
+}
+
+fn rebuild(g: &mut Graph, eg: &CastGraph, choice: &Choice, roots: &[(NodeId, usize, ValueId, Id)], region: &[NodeId], base_dir: Option<&std::path::Path>) {
+    let mut casts = HashMap::new();
+    for &n in region {
+        let node = g.node(n);
+        if node.op == Op::Cast {
+            if let (Some(i), Some(&o)) = (node.input(0), node.outputs().first()) {
+                if let Some(to) = g.ty(o).dtype {
+                    casts.entry((i, to)).or_insert(o);
+                }
+            }
+        }
+    }
+    let mut rb = Rebuild { g, eg, choice, memo: HashMap::new(), made: BTreeMap::new(), casts, stored: HashMap::new(), base_dir, vals: Vec::new() };
+    rb.vals = rb.g.all_values().collect();
+    let mut rewires = Vec::new();
+    for &(n, slot, old, c) in roots {
+        let new = rb.value(c);
+        if new != old {
+            rewires.push((n, slot, new));
+        }
+    }
+    let g = rb.g;
+    for (n, slot, new) in rewires {
+        g.set_input(n, slot, Some(new));
+    }
+    // Remove region nodes left without users, consumers first.
+    let outputs = g.outputs().to_vec();
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for &n in region.iter().rev() {
+            if !g.contains_node(n) {
+                continue;
+            }
+            let dead = g.node(n).outputs().iter().all(|&o| g.users(o).is_empty() && !outputs.contains(&o));
+            if dead {
+                g.remove_node(n);
+                changed = true;
+            }
+        }
+    }
+}

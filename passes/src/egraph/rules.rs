@@ -1,0 +1,207 @@
+//! Rewrite rules and the policy that makes them sound.
+//!
+//! Every rule is an *equality*: it adds e-nodes computing exactly the same
+//! tensor (bit for bit, up to the sign of zero where noted) to an e-class;
+//! extraction then picks the cheapest. No rule ever unions e-classes of
+//! different dtypes, so the dtype every kept op reads and every graph output
+//! has is fixed by construction.
+//!
+//! | rule | rewrite | preserves | why it is sound |
+//! |------|---------|-----------|-----------------|
+//! | `cast-identity` | `cast_t(x:t) = x` | bits | a cast to its own type copies |
+//! | `cast-exact-chain` | `cast_a(cast_b(x:s)) = cast_a(x)` when s→b is exact | bits | `cast_b` keeps the value (f16/bf16→f32/f64, f32→f64, i8→f16/bf16/f32/f64 are injective and value-preserving), so the outer cast sees the same number; the round trips f16→f32→f16, bf16→f32→bf16, i8→f32→i8 are the case a = s |
+//! | `cast-hoist` | `cast_t(op_s(x..)) = op_t(cast_t(x)..)` | bits (movement); values (order-preserving) | movement ops (Reshape, Transpose, Flatten, Slice, Gather data, Concat, Split, Squeeze, Unsqueeze, Expand, Identity) only copy elements, and a cast is elementwise; Relu, MaxPool, Max, Min select one of their inputs (or 0), and rounding is monotone, so `round(max(a,b)) = max(round a, round b)` — only `Relu(-tiny)` may give -0 instead of +0 |
+//! | `cast-sink` | `op_t(cast_t(y_1)..cast_t(y_k)) = cast_t(op_s(y_1..y_k))` | as `cast-hoist` | the same equality read backwards; sinks a cast below fan-in (Concat / Max of k casts becomes one cast) |
+//! | `fold-constant` | `cast_t(w) = stored_t(w)` for a constant initializer | bits | the stored copy is the cast computed once, offline (round to nearest even, as Cast does) |
+//!
+//! **Policy.** `cast-hoist` / `cast-sink` move an op from precision s to t;
+//! they fire only when the plan's policy allows that op at *both*
+//! precisions ([`RuleCx::allows`]): t is the op's current dtype, or the op is
+//! lowerable, the target supports t, and the policy does not deny the op.
+//! Ops outside the two lists above never change precision: they are leaves.
+//! *Duplicate casts merge* by hash-consing (one e-node per cast of an
+//! e-class); *hoisting above fan-out* and *sinking below fan-in* fall out of
+//! `cast-hoist` / `cast-sink` plus DAG-aware extraction, which counts a
+//! shared cast once.
+//!
+//! **Constants and weights.** Training updates every trained parameter each
+//! step, so a stored low copy of a parameter must itself be refreshed by a
+//! cast every iteration: it saves no cast and costs memory, and the rule
+//! never offers it. It is offered only for *constants* — initializers that are
+//! not trained (scalars and single-element tensors in training mode; every
+//! initializer in inference mode) — where extraction weighs the stored
+//! copy's memory (bytes × [`super::extract::MEMORY_COST_PER_BYTE`]) against the
+//! per-iteration cast's time from the cost oracle.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
+use qsync_ir::DType;
+
+use super::language::{dtype_of, CastGraph, CastLang, Key, Typing};
+
+/// Whether casting `from` → `to` keeps every value exactly.
+pub fn exact_widening(from: DType, to: DType) -> bool {
+    use DType::*;
+    matches!((from, to), (F16 | BF16, F32 | F64) | (F32, F64) | (I8, F16 | BF16 | F32 | F64))
+}
+
+/// What the rules may do, precomputed from the graph and plan.
+#[derive(Clone, Debug, Default)]
+pub struct RuleCx {
+    /// Per rewritable node: the dtypes the policy allows it at.
+    pub allowed: BTreeMap<u32, Vec<DType>>,
+    /// Initializers (value index) that may be stored converted.
+    pub foldable: BTreeSet<u32>,
+}
+
+impl RuleCx {
+    /// Whether node `n` may compute at `dt`.
+    pub fn allows(&self, n: u32, dt: DType) -> bool {
+        self.allowed.get(&n).is_some_and(|v| v.contains(&dt))
+    }
+}
+
+/// The rules, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Identity,
+    ExactChain,
+    Hoist,
+    Sink,
+    Fold,
+}
+
+/// One rule: a searcher (which e-classes may match) and an applier (which
+/// re-reads the class and adds the equal e-nodes).
+#[derive(Clone, Debug)]
+struct Rule {
+    kind: Kind,
+    cx: Arc<RuleCx>,
+}
+
+fn nodes(eg: &CastGraph, c: Id) -> Vec<CastLang> {
+    eg[c].nodes.clone()
+}
+
+fn casts_in(eg: &CastGraph, c: Id) -> impl Iterator<Item = (DType, Id)> + '_ {
+    eg[c].nodes.iter().filter_map(|n| match n.key() {
+        Key::Cast { to } => Some((to, n.kids()[0])),
+        _ => None,
+    })
+}
+
+impl Rule {
+    fn matches(&self, eg: &CastGraph, c: Id) -> bool {
+        let has_cast = casts_in(eg, c).next().is_some();
+        match self.kind {
+            Kind::Identity | Kind::ExactChain | Kind::Hoist | Kind::Fold => has_cast,
+            Kind::Sink => eg[c].nodes.iter().any(|n| matches!(n.key(), Key::Node { .. })),
+        }
+    }
+
+    /// Add everything equal to class `c` this rule knows; returns whether
+    /// anything was unioned.
+    fn apply(&self, eg: &mut CastGraph, c: Id) -> bool {
+        let mut out = Vec::new();
+        let c_dt = dtype_of(eg, c);
+        for node in nodes(eg, c) {
+            let kids = node.kids().to_vec();
+            match (self.kind, node.key()) {
+                (Kind::Identity, Key::Cast { to }) if dtype_of(eg, kids[0]) == Some(to) => out.push(kids[0]),
+                (Kind::ExactChain, Key::Cast { to }) => {
+                    for (mid, x) in casts_in(eg, kids[0]).collect::<Vec<_>>() {
+                        let Some(src) = dtype_of(eg, x) else { continue };
+                        if exact_widening(src, mid) {
+                            out.push(if src == to { x } else { eg.add(CastLang::Op(Key::Cast { to }, vec![x])) });
+                        }
+                    }
+                }
+                (Kind::Hoist, Key::Cast { to }) if to.is_float() => {
+                    for inner in nodes(eg, kids[0]) {
+                        let Key::Node { node: n, slot, dt: s, elems } = inner.key() else { continue };
+                        if s == to || !self.cx.allows(n, s) || !self.cx.allows(n, to) {
+                            continue;
+                        }
+                        let new_kids: Vec<Id> =
+                            inner.kids().iter().map(|&k| eg.add(CastLang::Op(Key::Cast { to }, vec![k]))).collect();
+                        out.push(eg.add(CastLang::Op(Key::Node { node: n, slot, dt: to, elems }, new_kids)));
+                    }
+                }
+                (Kind::Sink, Key::Node { node: n, slot, dt: t, elems }) => {
+                    let Some(first) = kids.first() else { continue };
+                    let sources: Vec<DType> = casts_in(eg, *first).filter(|(to, _)| *to == t).filter_map(|(_, y)| dtype_of(eg, y)).collect();
+                    for s in sources {
+                        if s == t || !s.is_float() || !self.cx.allows(n, s) || !self.cx.allows(n, t) {
+                            continue;
+                        }
+                        let ys: Option<Vec<Id>> = kids
+                            .iter()
+                            .map(|&k| casts_in(eg, k).find(|&(to, y)| to == t && dtype_of(eg, y) == Some(s)).map(|(_, y)| y))
+                            .collect();
+                        let Some(ys) = ys else { continue };
+                        let inner = eg.add(CastLang::Op(Key::Node { node: n, slot, dt: s, elems }, ys));
+                        out.push(eg.add(CastLang::Op(Key::Cast { to: t }, vec![inner])));
+                    }
+                }
+                (Kind::Fold, Key::Cast { to }) if matches!(to, DType::F16 | DType::BF16 | DType::F32) => {
+                    for leaf in nodes(eg, kids[0]) {
+                        if let Key::Leaf { value, elems, .. } = leaf.key() {
+                            if self.cx.foldable.contains(&value) {
+                                out.push(eg.add(CastLang::Op(Key::Stored { value, dt: to, elems }, vec![])));
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut changed = false;
+        for id in out {
+            debug_assert_eq!(dtype_of(eg, id), c_dt);
+            if dtype_of(eg, id) == c_dt {
+                changed |= eg.union(c, id);
+            }
+        }
+        changed
+    }
+}
+
+impl Searcher<CastLang, Typing> for Rule {
+    fn search_eclass_with_limit(&self, eg: &CastGraph, eclass: Id, limit: usize) -> Option<SearchMatches<'_, CastLang>> {
+        (limit > 0 && self.matches(eg, eclass)).then(|| SearchMatches { eclass, substs: vec![Subst::default()], ast: None })
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        Vec::new()
+    }
+}
+
+impl Applier<CastLang, Typing> for Rule {
+    fn apply_one(&self, eg: &mut CastGraph, eclass: Id, _: &Subst, _: Option<&PatternAst<CastLang>>, _: Symbol) -> Vec<Id> {
+        let c = eg.find(eclass);
+        if self.apply(eg, c) {
+            vec![c]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+/// Every rule, in a fixed order.
+pub fn rules(cx: &Arc<RuleCx>) -> Vec<Rewrite<CastLang, Typing>> {
+    [
+        ("cast-identity", Kind::Identity),
+        ("cast-exact-chain", Kind::ExactChain),
+        ("cast-hoist", Kind::Hoist),
+        ("cast-sink", Kind::Sink),
+        ("fold-constant", Kind::Fold),
+    ]
+    .into_iter()
+    .map(|(name, kind)| {
+        let r = Rule { kind, cx: cx.clone() };
+        Rewrite::new(name, r.clone(), r).expect("rules bind no variables")
+    })
+    .collect()
+}

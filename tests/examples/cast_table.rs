@@ -1,0 +1,117 @@
+//! The cast table (issue 5): casts and predicted cast time per shared model
+//! for naive insertion (`uniform=f16`), `amp`, `campo` (not in this
+//! checkout), `amp,egraph-casts`, and onnxconverter-common.
+//!
+//! `cast_table blocklists OUT.json`: per model, the op types `amp` keeps in
+//! FP32 (the op_block_list given to onnxconverter-common).
+//! `cast_table table [CONVERTER.json]`: the Markdown table; CONVERTER.json
+//! maps model → casts onnxconverter-common added.
+#![allow(clippy::print_stdout)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use qsync_ir::{DType, Model, Op};
+use qsync_passes::precision::oracle::numel;
+use qsync_passes::precision::{lowerable, AnalyticOracle, CostOracle};
+use qsync_passes::{pipeline_from_spec, PassContext};
+
+fn planned(path: &std::path::Path, spec: &str) -> Model {
+    let mut m = qsync_onnx::import_file(path).unwrap_or_else(|e| panic!("{e}"));
+    let pm = pipeline_from_spec(&format!("infer-shapes,{spec}")).expect("pipeline");
+    let mut cx = PassContext { target: Some("t4".into()), ..PassContext::default() };
+    pm.run(&mut m, &mut cx).unwrap_or_else(|e| panic!("{} {spec}: {e}", path.display()));
+    m
+}
+
+/// (casts, weight casts, predicted cast time in µs: forward + gradient cast on t4).
+fn casts(m: &Model, base: usize) -> (usize, usize, f64) {
+    let g = &m.graph;
+    let oracle = AnalyticOracle::for_target("t4").expect("t4");
+    let (mut n, mut w, mut t) = (0usize, 0usize, 0.0f64);
+    for id in g.node_ids() {
+        let node = g.node(id);
+        if node.op != Op::Cast {
+            continue;
+        }
+        let (Some(i), Some(&o)) = (node.input(0), node.outputs().first()) else { continue };
+        n += 1;
+        w += usize::from(g.value(i).init().is_some());
+        let (from, to) = (g.ty(i).dtype.unwrap_or(DType::F32), g.ty(o).dtype.unwrap_or(DType::F32));
+        t += 2.0 * oracle.cast_time(from, to, numel(g.ty(i)));
+    }
+    (n.saturating_sub(base), w, t * 1e6)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let models = qsync_tests::onnx_models();
+    match args.first().map(String::as_str) {
+        Some("blocklists") => {
+            let mut out = BTreeMap::new();
+            for p in &models {
+                let m = planned(p, "amp");
+                let g = &m.graph;
+                let kept: BTreeSet<String> = g
+                    .node_ids()
+                    .into_iter()
+                    .filter(|&n| lowerable(g, n) && g.node(n).precision.is_none_or(|d| d == DType::F32))
+                    .map(|n| g.node(n).op.op_type().to_string())
+                    .collect();
+                out.insert(p.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default(), kept);
+            }
+            std::fs::write(&args[1], serde_json_like(&out)).expect("write blocklists");
+        }
+        _ => {
+            let conv: BTreeMap<String, i64> = args
+                .get(1)
+                .and_then(|f| std::fs::read_to_string(f).ok())
+                .map(|t| parse_counts(&t))
+                .unwrap_or_default();
+            println!("| model | (a) naive uniform=f16 | (b) amp | (c) campo | (d) amp+egraph-casts | vs amp | (d) activation casts | (e) onnxconverter-common activation casts |");
+            println!("|---|---|---|---|---|---|---|---|");
+            let mut ratios = Vec::new();
+            for p in &models {
+                let name = p.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+                let base = casts(&planned(p, "dce"), 0).0;
+                let a = casts(&planned(p, "uniform=f16"), base);
+                let b = casts(&planned(p, "amp"), base);
+                let d = casts(&planned(p, "amp,egraph-casts"), base);
+                let ratio = if b.0 > 0 { 1.0 - d.0 as f64 / b.0 as f64 } else { 0.0 };
+                ratios.push(ratio);
+                let e = conv.get(&name).map_or("—".to_string(), |c| c.to_string());
+                println!(
+                    "| {name} | {} ({:.0} µs) | {} ({:.0} µs) | not merged | {} ({:.0} µs) | {:+.1}% | {} | {e} |",
+                    a.0,
+                    a.2,
+                    b.0,
+                    b.2,
+                    d.0,
+                    d.2,
+                    -100.0 * ratio,
+                    d.0.saturating_sub(d.1)
+                );
+            }
+            let avg = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
+            println!("\nAverage cast reduction of amp+egraph-casts vs amp: {:.1}%", 100.0 * avg);
+        }
+    }
+}
+
+fn serde_json_like(m: &BTreeMap<String, BTreeSet<String>>) -> String {
+    let items: Vec<String> = m
+        .iter()
+        .map(|(k, v)| format!("\"{k}\": [{}]", v.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ")))
+        .collect();
+    format!("{{{}}}\n", items.join(",\n"))
+}
+
+fn parse_counts(t: &str) -> BTreeMap<String, i64> {
+    t.trim()
+        .trim_matches(|c| c == '{' || c == '}')
+        .split(',')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once(':')?;
+            Some((k.trim().trim_matches('"').to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
