@@ -12,7 +12,6 @@ mod inspect;
 mod load;
 mod plan;
 mod planner;
-mod sha256;
 mod simulate;
 
 #[derive(Parser, Debug)]

@@ -263,7 +263,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
     let model_name = a.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
     let manifest = json!({
         "schema": SCHEMA,
-        "model": { "name": model_name, "path": label, "sha256": crate::sha256::hex(&bytes) },
+        "model": { "name": model_name, "path": label, "sha256": sha256_hex(&bytes) },
         "targets": out.ours.types.iter().zip(&specs).map(|(te, (_, _, per_node))| json!({
             "device": te.name, "count": te.count, "per_node": per_node, "local_batch": te.local_batch,
             "memory_fraction": fractions.get(&te.name), "role": te.role,
@@ -389,4 +389,19 @@ fn svg(out: &Outcome) -> String {
     let _ = writeln!(s, "<text x=\"{left}\" y=\"{:.1}\">0 … {span:.1} ms (blue forward, orange backward, green optimizer, grey waiting)</text>", h - 6.0);
     s += "</svg>";
     s
+}
+
+/// Lower-case hex SHA-256 of the model file, recorded in the manifest.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sha256_of_known_inputs() {
+        assert_eq!(super::sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(super::sha256_hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    }
 }
