@@ -83,7 +83,7 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
             continue;
         }
         ctx.insert(n, DType::F32);
-        let (d, _) = plancost::delta(g, &ctx, &[n], low, oracle);
+        let (d, _) = plancost::delta(g, &mut ctx, &[n], low, oracle);
         if d < 0.0 {
             ctx.insert(n, low);
             low_set.insert(n);
@@ -164,7 +164,7 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
             continue;
         }
         chain.sort();
-        let (d, _) = plancost::delta(g, &a, &chain, low, oracle);
+        let (d, _) = plancost::delta(g, &mut a, &chain, low, oracle);
         if d < 0.0 {
             for &x in &chain {
                 a.insert(x, low);
@@ -175,6 +175,24 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
         }
     }
     (a, report)
+}
+
+/// Reconciliation after the traverses: each node where the campo plan and
+/// `amp`'s differ moves to `amp`'s precision when that alone lowers the
+/// predicted time (casts included). Returns how many moved.
+pub fn reconcile(g: &Graph, plan: &mut Assignment, amp: &Assignment, oracle: &dyn CostOracle) -> usize {
+    let mut moved = 0;
+    let mut differing: Vec<NodeId> = plan.iter().filter(|(n, p)| amp.get(n).is_some_and(|q| q != *p)).map(|(&n, _)| n).collect();
+    differing.sort();
+    for n in differing {
+        let Some(&q) = amp.get(&n) else { continue };
+        let (d, dc) = plancost::delta(g, plan, &[n], q, oracle);
+        if d < 0.0 && dc <= 0 {
+            plan.insert(n, q);
+            moved += 1;
+        }
+    }
+    moved
 }
 
 /// Materialize a copy of `model` under `a`: (casts added, prediction).
@@ -404,15 +422,32 @@ impl Pass for Campo {
             super::apply_overrides(&mut h, &self.options.overrides, oracle, self.name())?;
             plan = plancost::assignment_of(&h);
         }
+        let reconciled = reconcile(&model.graph, &mut plan, &amp_plan, oracle);
         let (campo_casts, campo_t) = evaluate(model, &plan, mode, oracle).map_err(fail)?;
         let (amp_casts, amp_t) = evaluate(model, &amp_plan, mode, oracle).map_err(fail)?;
-        let fell_back = campo_casts > amp_casts || campo_t.total() > amp_t.total();
-        let chosen = if fell_back { &amp_plan } else { &plan };
+        let mut fp32_plan = plan.clone();
+        for p in fp32_plan.values_mut() {
+            *p = DType::F32;
+        }
+        let (fp32_casts, fp32_t) = evaluate(model, &fp32_plan, mode, oracle).map_err(fail)?;
+        let campo_ok = campo_casts <= amp_casts && campo_t.total() <= amp_t.total();
+        let fp32_wins = fp32_casts <= amp_casts && fp32_t.total() < amp_t.total().min(if campo_ok { campo_t.total() } else { f64::INFINITY });
+        let fell_back = !campo_ok && !fp32_wins;
+        let chosen = if fp32_wins {
+            &fp32_plan
+        } else if fell_back {
+            &amp_plan
+        } else {
+            &plan
+        };
         plancost::write(&mut model.graph, chosen);
         let mut note = format!(
-            "traverses: {} allow ops kept f32, {} clear ops lowered, {} clear chains kept f32",
-            report.rejected_allow, report.clear_lowered, report.clear_chains_rejected
+            "traverses: {} allow ops kept f32, {} clear ops lowered, {} clear chains kept f32, {} ops reconciled",
+            report.rejected_allow, report.clear_lowered, report.clear_chains_rejected, reconciled
         );
+        if fp32_wins {
+            note += &format!("; fp32 predicted fastest ({:.3} ms, amp {:.3} ms): nothing lowered", fp32_t.total() * 1e3, amp_t.total() * 1e3);
+        }
         if fell_back {
             note += &format!(
                 "; fell back to amp (campo {campo_casts} casts / {:.3} ms, amp {amp_casts} casts / {:.3} ms)",
@@ -420,7 +455,7 @@ impl Pass for Campo {
                 amp_t.total() * 1e3
             );
         }
-        if self.padding && !fell_back {
+        if self.padding && !fell_back && !fp32_wins {
             let before = model.graph.clone();
             let padded = pad_for_tensor_cores(&mut model.graph, low, oracle);
             if !padded.is_empty() {

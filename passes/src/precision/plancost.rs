@@ -89,27 +89,39 @@ pub fn node_time(g: &Graph, a: &Assignment, n: NodeId, oracle: &dyn CostOracle) 
 }
 
 /// Predicted change (seconds) when every node of `set` moves to `p`.
-/// Cast counts change by the second element.
-pub fn delta(g: &Graph, a: &Assignment, set: &[NodeId], p: DType, oracle: &dyn CostOracle) -> (f64, i64) {
+/// Cast counts change by the second element. `a` is restored on return.
+pub fn delta(g: &Graph, a: &mut Assignment, set: &[NodeId], p: DType, oracle: &dyn CostOracle) -> (f64, i64) {
     let mut vals = BTreeSet::new();
     for &n in set {
         touched_values(g, n, &mut vals);
     }
-    let mut b = a.clone();
     let (mut before, mut after) = (0.0, 0.0);
     let (mut cb, mut ca) = (0i64, 0i64);
+    let measure = |a: &Assignment, t: &mut f64, c: &mut i64| {
+        for &n in set {
+            if lowerable(g, n) {
+                *t += node_time(g, a, n, oracle);
+            }
+        }
+        for &v in &vals {
+            *t += value_cast_cost(g, a, v, oracle);
+            *c += value_cast_count(g, a, v) as i64;
+        }
+    };
+    measure(a, &mut before, &mut cb);
+    // Try the change in place, then restore.
+    let saved: Vec<(NodeId, Option<DType>)> = set.iter().map(|&n| (n, a.get(&n).copied())).collect();
     for &n in set {
         if lowerable(g, n) {
-            before += node_time(g, a, n, oracle);
-            b.insert(n, p);
-            after += node_time(g, &b, n, oracle);
+            a.insert(n, p);
         }
     }
-    for &v in &vals {
-        before += value_cast_cost(g, a, v, oracle);
-        after += value_cast_cost(g, &b, v, oracle);
-        cb += value_cast_count(g, a, v) as i64;
-        ca += value_cast_count(g, &b, v) as i64;
+    measure(a, &mut after, &mut ca);
+    for (n, old) in saved {
+        match old {
+            Some(o) => a.insert(n, o),
+            None => a.remove(&n),
+        };
     }
     (after - before, ca - cb)
 }
