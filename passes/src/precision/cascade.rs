@@ -250,7 +250,7 @@ mod tests {
         let mut m = parse_model(SRC).expect("parse");
         let oracle = AnalyticOracle::for_target("t4").expect("t4");
         let g = m.graph.clone();
-        let mut c = Cascade::new(&g, &*oracle).expect("acyclic");
+        let mut c = Cascade::new(&g, &oracle).expect("acyclic");
         let start = c.total();
         let d1 = c.set_precision(node(&g, "mm1"), DType::F16).expect("f16");
         // Relu and Transpose follow mm1; Add has an f32 input (mm2) so stays f32.
@@ -260,7 +260,7 @@ mod tests {
         let d2 = c.set_precision(node(&g, "mm2"), DType::F16).expect("f16");
         assert_eq!(c.precision(node(&g, "add")), Some(DType::F16));
         c.apply(&mut m.graph);
-        let fresh = Cascade::new(&m.graph, &*oracle).expect("acyclic");
+        let fresh = Cascade::new(&m.graph, &oracle).expect("acyclic");
         assert!((start + d1 + d2 - fresh.total()).abs() < 1e-12, "{} vs {}", start + d1 + d2, fresh.total());
         assert_eq!(c.set_precision(node(&g, "mm1"), DType::BF16), Err(CascadeError::Unsupported(DType::BF16)));
         assert!(c.set_precision(node(&g, "mm1"), DType::I8).is_ok());
