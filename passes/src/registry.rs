@@ -16,7 +16,10 @@
 //! `override=PATTERN=PRECISION` (exact node name or glob with `*` and `?`;
 //! the last `=` separates), `mode=training|inference`; `amp` and `autocast`
 //! also `policy=` (a built-in name, `tf-amp` / `torch-autocast`, or a JSON
-//! file path). `uniform` requires its precision. `egraph-casts` takes runner
+//! file path). `uniform` requires its precision. `campo` and `comp` take
+//! what `amp` takes (a `tf-amp` policy); `campo` also `padding=on|off`
+//! (Tensor Core padding, on by default), `comp` also `threshold=X` (the
+//! variance proxy's threshold, default 1e-2). `egraph-casts` takes runner
 //! limits `iters=`, `nodes=`, `time_ms=` and `policy=` (default `tf-amp`).
 
 use qsync_ir::infer::infer_shapes;
@@ -29,6 +32,8 @@ use crate::dce::Dce;
 use crate::fold::FoldConstants;
 use crate::manager::{Pass, PassContext, PassError, PassManager, PassOutcome};
 use crate::precision::amp::Amp;
+use crate::precision::campo::Campo;
+use crate::precision::comp::{Comp, VarianceProxy};
 use crate::precision::autocast::Autocast;
 use crate::precision::cascade::CascadePass;
 use crate::precision::oracle::PLAN_PRECISIONS;
@@ -85,7 +90,7 @@ impl Pass for Verify {
 
 /// Names of every registered pass, in the order they are documented.
 pub fn available_passes() -> &'static [&'static str] {
-    &["infer-shapes", "fold-constants", "dce", "verify", "amp", "autocast", "uniform", "cascade", "egraph-casts"]
+    &["infer-shapes", "fold-constants", "dce", "verify", "amp", "autocast", "uniform", "cascade", "campo", "comp", "egraph-casts"]
 }
 
 /// A pipeline entry's arguments.
@@ -215,6 +220,26 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
                 return Err(PassError::BadArguments { entry: name.into(), message: "needs a precision: `uniform=f16`".into() });
             }
             Ok(Box::new(Uniform { options }))
+        }
+        "campo" => {
+            let (_, options) = precision_options(name, args, &["dtype", "override", "mode", "policy", "padding"])?;
+            let padding = match args.last("padding") {
+                None | Some("on") => true,
+                Some("off") => false,
+                Some(v) => return Err(PassError::BadArguments { entry: name.into(), message: format!("padding `{v}` is not on or off") }),
+            };
+            Ok(Box::new(Campo::new(policy_arg(name, args, "tf-amp")?, options, padding)?))
+        }
+        "comp" => {
+            let (_, options) = precision_options(name, args, &["dtype", "override", "mode", "policy", "threshold"])?;
+            let threshold = match args.last("threshold") {
+                None => VarianceProxy::DEFAULT_THRESHOLD,
+                Some(v) => v.parse::<f64>().ok().filter(|t| t.is_finite() && *t >= 0.0).ok_or_else(|| PassError::BadArguments {
+                    entry: name.into(),
+                    message: format!("threshold `{v}` is not a non-negative number"),
+                })?,
+            };
+            Ok(Box::new(Comp::new(policy_arg(name, args, "tf-amp")?, options, threshold)?))
         }
         "cascade" => {
             let (dtype, options) = precision_options(name, args, PREC)?;

@@ -12,6 +12,10 @@ fn casts(m: &Model) -> usize {
 }
 
 fn run(path: &std::path::Path, spec: &str) -> (Model, usize) {
+    run_on(path, spec, None)
+}
+
+fn run_on(path: &std::path::Path, spec: &str, target: Option<&str>) -> (Model, usize) {
     let mut m = qsync_onnx::import_file(path).unwrap_or_else(|e| panic!("{e}"));
     let pm = pipeline_from_spec("infer-shapes").expect("pipeline");
     pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -19,7 +23,8 @@ fn run(path: &std::path::Path, spec: &str) -> (Model, usize) {
     let outputs: Vec<String> = m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();
     let mut pm = pipeline_from_spec(&format!("{spec},verify")).expect("pipeline");
     pm.verify_each(true);
-    pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{} {spec}: {e}", path.display()));
+    let mut cx = PassContext { target: target.map(str::to_string), ..PassContext::default() };
+    pm.run(&mut m, &mut cx).unwrap_or_else(|e| panic!("{} {spec}: {e}", path.display()));
     let after: Vec<String> = m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();
     assert_eq!(outputs, after, "{} {spec}: outputs keep names and types", path.display());
     let types: Vec<String> = m.graph.all_values().map(|v| m.graph.ty(v).to_string()).collect();
@@ -41,7 +46,7 @@ fn every_model_through_every_precision_pass() {
     for path in qsync_tests::onnx_models() {
         let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
         let mut counts = Vec::new();
-        for spec in ["amp", "autocast", "uniform=f16", "cascade=f16", "amp(mode=inference)"] {
+        for spec in ["amp", "autocast", "uniform=f16", "cascade=f16", "amp(mode=inference)", "campo", "comp"] {
             let (m, added) = run(&path, spec);
             let nodes = m.graph.node_count();
             assert!(added < nodes, "{name} {spec}: {added} casts in {nodes} nodes");
@@ -91,8 +96,10 @@ fn planned_models_with_weights_stay_within_fp16_tolerance() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     for model in ["squeezenet1_1.onnx", "bert_tiny.onnx"] {
         let src = qsync_tests::models_dir().join(model);
-        for spec in ["amp", "autocast", "uniform=f16", "amp(mode=inference)"] {
-            let (m, _) = run(&src, spec);
+        for spec in ["amp", "autocast", "uniform=f16", "amp(mode=inference)", "campo", "comp"] {
+            // campo and comp plan with the cost model of a real target.
+            let target = matches!(spec, "campo" | "comp").then_some("v100");
+            let (m, _) = run_on(&src, spec, target);
             let out = dir.join(format!("{}.{}.onnx", model.trim_end_matches(".onnx"), spec.replace(['(', ')', '='], "_")));
             qsync_onnx::export_file(&m, &out).unwrap_or_else(|e| panic!("{e}"));
             let o = Command::new("python3").arg(&script).arg(&src).arg(&out).output().expect("run numerics.py");
@@ -102,4 +109,30 @@ fn planned_models_with_weights_stay_within_fp16_tolerance() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Campo's guarantee (issue 4): on every shared model and on V100 and T4,
+/// campo adds no more casts than amp and is never predicted slower (same
+/// cost-model oracle). comp runs on the same grid.
+#[test]
+fn campo_never_worse_than_amp_on_v100_and_t4() {
+    use qsync_passes::precision::{CostModelOracle, CostOracle};
+    for path in qsync_tests::onnx_models() {
+        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        for target in ["v100", "t4"] {
+            let oracle = CostModelOracle::for_target(target, &InferOptions::default()).expect("oracle");
+            let (amp, amp_casts) = run_on(&path, "amp", Some(target));
+            let (campo, campo_casts) = run_on(&path, "campo", Some(target));
+            let (comp, comp_casts) = run_on(&path, "comp", Some(target));
+            let (ta, tc, tp) = (oracle.predict(&amp.graph).total(), oracle.predict(&campo.graph).total(), oracle.predict(&comp.graph).total());
+            eprintln!(
+                "{name} {target}: amp {amp_casts} casts {:.3} ms, campo {campo_casts} casts {:.3} ms, comp {comp_casts} casts {:.3} ms",
+                ta * 1e3,
+                tc * 1e3,
+                tp * 1e3
+            );
+            assert!(campo_casts <= amp_casts, "{name} {target}: campo {campo_casts} casts > amp {amp_casts}");
+            assert!(tc <= ta * (1.0 + 1e-9), "{name} {target}: campo {tc} s > amp {ta} s");
+        }
+    }
 }

@@ -35,6 +35,9 @@ enum Cmd {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Also predict the planned model's iteration time on this device.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(qsync_passes::precision::KNOWN_TARGETS))]
+        target: Option<String>,
     },
     /// Run passes over a model and write the result.
     Opt {
@@ -100,9 +103,9 @@ impl DimArgs {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Inspect { model, dims, ir, json } => {
+        Cmd::Inspect { model, dims, ir, json, target } => {
             let loaded = load::load_model(&model, &dims.options(), &dims.inputs)?;
-            let out = inspect::render(&model, &loaded, ir, json)?;
+            let out = inspect::render(&model, &loaded, ir, json, target.as_deref(), &dims.options())?;
             write_stdout(&out)
         }
         Cmd::Opt { model, passes, output, dims, no_verify, target, mode, json } => {
@@ -125,7 +128,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             eprint!("{report}");
             if json {
-                let figures = plan::figures(&input.graph, &loaded.model.graph, target.as_deref(), &mode);
+                let figures = plan::figures(&input.graph, &loaded.model.graph, target.as_deref(), &mode, &dims.options());
                 if let Some(path) = &output {
                     load::save_model(&loaded.model, path)?;
                 }

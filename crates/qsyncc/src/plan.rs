@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 
+use qsync_ir::infer::InferOptions;
 use qsync_ir::{DType, Dim, Graph, Op};
 use serde::Serialize;
 
@@ -26,10 +27,29 @@ pub struct Figures {
     precisions: std::collections::BTreeMap<String, usize>,
     target: Option<String>,
     mode: String,
-    /// COST MODEL HOOK: `{ "forward": ms, "backward": ms }` on the target,
-    /// filled in when `crates/cost` implements `qsync_passes::precision::CostOracle`.
-    /// Always null until then.
-    predicted_ms: Option<serde_json::Value>,
+    /// `{ "forward", "backward", "total" }` milliseconds of one training
+    /// iteration on the target, from the cost model
+    /// (`qsync_passes::precision::CostModelOracle::predict`: every node at
+    /// its planned precision, every Cast with its gradient's cast back;
+    /// symbolic dims from `--batch` / `--dim`, else batch 32, others 128).
+    /// Null without `--target`.
+    predicted_ms: Option<PredictedMs>,
+}
+
+#[derive(Serialize, Debug, Clone, Copy)]
+pub struct PredictedMs {
+    pub forward: f64,
+    pub backward: f64,
+    pub total: f64,
+}
+
+/// The cost model's prediction for `g` on `target`.
+pub fn predict(g: &Graph, target: &str, opts: &InferOptions) -> Option<PredictedMs> {
+    use qsync_passes::precision::CostOracle;
+    let oracle = qsync_passes::precision::CostModelOracle::for_target(target, opts).ok()?;
+    let p = oracle.predict(g);
+    let r = |x: f64| (x * 1e6).round() / 1e3;
+    Some(PredictedMs { forward: r(p.forward), backward: r(p.backward), total: r(p.total()) })
 }
 
 fn cast_names(g: &Graph) -> HashSet<String> {
@@ -44,7 +64,7 @@ fn value(d: &Dim) -> f64 {
     d.substitute(&|_| Some(Dim::from(SYMBOLIC_DIM))).as_const().unwrap_or(0) as f64
 }
 
-pub fn figures(input: &Graph, result: &Graph, target: Option<&str>, mode: &str) -> Figures {
+pub fn figures(input: &Graph, result: &Graph, target: Option<&str>, mode: &str, opts: &InferOptions) -> Figures {
     let before = cast_names(input);
     let added: Vec<_> = result
         .node_ids()
@@ -72,6 +92,45 @@ pub fn figures(input: &Graph, result: &Graph, target: Option<&str>, mode: &str) 
         precisions,
         target: target.map(str::to_string),
         mode: mode.to_string(),
-        predicted_ms: None,
+        predicted_ms: target.and_then(|t| predict(result, t, opts)),
     }
+}
+
+/// What `qsyncc inspect` shows of a planned model: the same figures as
+/// `opt --json`, read from the graph alone (a node computes at its plan
+/// annotation, or at the dtype of its first float output once exported).
+#[derive(Serialize, Debug)]
+pub struct Planned {
+    pub casts: usize,
+    /// Casts reading an initializer (per-iteration casts of master weights).
+    pub weight_casts: usize,
+    pub low_precision_flop_fraction: f64,
+    pub predicted_ms: Option<PredictedMs>,
+}
+
+/// `None` when the graph has no casts, no low-precision node and no target.
+pub fn planned(g: &Graph, target: Option<&str>, opts: &InferOptions) -> Option<Planned> {
+    let casts: Vec<_> = g.node_ids().into_iter().filter(|&n| g.node(n).op == Op::Cast).collect();
+    let weight_casts = casts.iter().filter(|&&n| g.node(n).input(0).is_some_and(|v| g.value(v).init().is_some())).count();
+    let (mut low, mut total) = (0.0, 0.0);
+    for n in g.node_ids() {
+        if g.node(n).op == Op::Cast {
+            continue;
+        }
+        let f = node_flops(g, n).map_or(0.0, |d| value(&d));
+        total += f;
+        let p = qsync_passes::precision::oracle::compute_precision(g, n);
+        if p != DType::F32 && p != DType::F64 {
+            low += f;
+        }
+    }
+    if casts.is_empty() && low == 0.0 && target.is_none() {
+        return None;
+    }
+    Some(Planned {
+        casts: casts.len(),
+        weight_casts,
+        low_precision_flop_fraction: if total > 0.0 { low / total } else { 0.0 },
+        predicted_ms: target.and_then(|t| predict(g, t, opts)),
+    })
 }

@@ -204,6 +204,7 @@ impl Pass for EgraphCasts {
 
     fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassOutcome, PassError> {
         let oracle = oracle_for(cx, self.name())?;
+        let oracle: &dyn CostOracle = oracle.as_ref();
         let g = &model.graph;
         if g.node_ids().iter().any(|&n| g.node(n).op.class() == OpClass::Control) {
             return Ok(PassOutcome { changed: false, summary: "graph has subgraphs; unchanged".into() });
@@ -214,7 +215,7 @@ impl Pass for EgraphCasts {
         if imp.roots.is_empty() {
             return Ok(PassOutcome { changed: false, summary: format!("no cast region; {casts_before} casts unchanged") });
         }
-        let rcx = Arc::new(self.rule_cx(g, &imp.region, &oracle, cx.inference));
+        let rcx = Arc::new(self.rule_cx(g, &imp.region, oracle, cx.inference));
         let runner = Runner::<_, Typing, ()>::default()
             .with_egraph(imp.eg)
             .with_iter_limit(self.limits.iters)
@@ -233,9 +234,9 @@ impl Pass for EgraphCasts {
         let stats = format!("{stop} after {} iterations, {} e-nodes", runner.iterations.len(), eg.total_number_of_nodes());
         let roots: Vec<Id> = imp.roots.iter().map(|(_, _, v)| eg.find(imp.class_of[v])).collect();
         let weight = if cx.inference { 1.0 } else { 2.0 };
-        let mut costs = Costs::new(g, eg, &oracle).cast_weight(weight);
-        let orig_cost = original_cost(g, &imp.region, &imp.roots, &oracle, weight);
-        let choice = tree_choice(Costs::new(g, eg, &oracle).cast_weight(weight));
+        let mut costs = Costs::new(g, eg, oracle).cast_weight(weight);
+        let orig_cost = original_cost(g, &imp.region, &imp.roots, oracle, weight);
+        let choice = tree_choice(Costs::new(g, eg, oracle).cast_weight(weight));
         let (choice, new_cost) = dag_refine(&mut costs, choice, &roots, 2);
         let new_cost = dag_cost(&mut costs, &choice, &roots).unwrap_or(new_cost);
         let region_casts_before = imp.region.iter().filter(|&&n| g.node(n).op == Op::Cast).count();

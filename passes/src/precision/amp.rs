@@ -127,9 +127,9 @@ impl Pass for Amp {
 
     fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassOutcome, PassError> {
         let oracle = super::oracle_for(cx, self.name())?;
-        super::require_support(&oracle, self.options.dtype, self.name(), cx.target.as_deref())?;
-        plan_amp(&mut model.graph, &self.policy, self.options.dtype, &oracle);
-        super::apply_overrides(&mut model.graph, &self.options.overrides, &oracle, self.name())?;
+        super::require_support(&*oracle, self.options.dtype, self.name(), cx.target.as_deref())?;
+        plan_amp(&mut model.graph, &self.policy, self.options.dtype, &*oracle);
+        super::apply_overrides(&mut model.graph, &self.options.overrides, &*oracle, self.name())?;
         super::finish(model, self.options.mode, cx, self.name())
     }
 }

@@ -83,10 +83,10 @@ impl Pass for Autocast {
 
     fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassOutcome, PassError> {
         let oracle = super::oracle_for(cx, self.name())?;
-        super::require_support(&oracle, self.options.dtype, self.name(), cx.target.as_deref())?;
-        plan_autocast(&mut model.graph, &self.policy, self.options.dtype, &oracle)
+        super::require_support(&*oracle, self.options.dtype, self.name(), cx.target.as_deref())?;
+        plan_autocast(&mut model.graph, &self.policy, self.options.dtype, &*oracle)
             .map_err(|message| PassError::FailedGraph { pass: self.name().into(), message })?;
-        super::apply_overrides(&mut model.graph, &self.options.overrides, &oracle, self.name())?;
+        super::apply_overrides(&mut model.graph, &self.options.overrides, &*oracle, self.name())?;
         super::finish(model, self.options.mode, cx, self.name())
     }
 }

@@ -206,11 +206,11 @@ impl Pass for CascadePass {
     fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassOutcome, PassError> {
         let oracle = super::oracle_for(cx, self.name())?;
         if let Some(p) = self.dtype {
-            super::require_support(&oracle, p, self.name(), cx.target.as_deref())?;
+            super::require_support(&*oracle, p, self.name(), cx.target.as_deref())?;
         }
         let err = |e: CascadeError| PassError::FailedGraph { pass: "cascade".into(), message: e.to_string() };
         let snapshot = model.graph.clone();
-        let mut c = Cascade::new(&snapshot, &oracle).map_err(err)?;
+        let mut c = Cascade::new(&snapshot, &*oracle).map_err(err)?;
         let before = c.total();
         for n in snapshot.topo_order().unwrap_or_default() {
             if !lowerable(&snapshot, n) || is_dependent(&snapshot.node(n).op) {

@@ -12,9 +12,13 @@
 
 pub mod amp;
 pub mod autocast;
+pub mod campo;
 pub mod cascade;
+pub mod comp;
+pub mod costmodel;
 pub mod materialize;
 pub mod oracle;
+pub mod plancost;
 pub mod policy;
 pub mod uniform;
 
@@ -22,7 +26,8 @@ use qsync_ir::{DType, Graph, Model, NodeId};
 
 pub use cascade::Cascade;
 pub use materialize::{lowerable, materialize, MaterializeStats, Mode};
-pub use oracle::{AnalyticOracle, CostOracle, KNOWN_TARGETS};
+pub use costmodel::CostModelOracle;
+pub use oracle::{AnalyticOracle, CostOracle, Prediction, KNOWN_TARGETS};
 pub use policy::{Category, Override, Policy, PolicyError, PolicyKind};
 
 use crate::manager::{PassContext, PassError, PassOutcome};
@@ -43,15 +48,26 @@ impl Default for PlanOptions {
     }
 }
 
-/// The oracle for the context's target (the generic analytic one when no
-/// target is named).
-pub fn oracle_for(cx: &PassContext, pass: &str) -> Result<AnalyticOracle, PassError> {
+/// The oracle for the context's target: the cost model on that device
+/// ([`CostModelOracle`], symbolic dims bound from `cx.infer` then the
+/// documented defaults), or the generic [`AnalyticOracle`] when no target
+/// is named (hand-computable numbers for tests).
+pub fn oracle_for(cx: &PassContext, pass: &str) -> Result<Box<dyn CostOracle>, PassError> {
     match cx.target.as_deref() {
-        None => Ok(AnalyticOracle::default()),
-        Some(t) => AnalyticOracle::for_target(t).ok_or_else(|| PassError::FailedGraph {
-            pass: pass.into(),
-            message: format!("unknown target `{t}` (known: {})", KNOWN_TARGETS.join(", ")),
-        }),
+        None => Ok(Box::new(AnalyticOracle::default())),
+        Some(t) => {
+            let unknown = || PassError::FailedGraph {
+                pass: pass.into(),
+                message: format!("unknown target `{t}` (known: {})", KNOWN_TARGETS.join(", ")),
+            };
+            if !KNOWN_TARGETS.contains(&t) {
+                return Err(unknown());
+            }
+            match CostModelOracle::for_target(t, &cx.infer) {
+                Ok(o) => Ok(Box::new(o)),
+                Err(_) => AnalyticOracle::for_target(t).map(|o| Box::new(o) as Box<dyn CostOracle>).ok_or_else(unknown),
+            }
+        }
     }
 }
 

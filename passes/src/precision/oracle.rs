@@ -14,7 +14,7 @@
 //! [`AnalyticOracle`] is a small documented stand-in used by tests and as the
 //! default until then.
 
-use qsync_ir::{DType, Dim, Graph, NodeId, Op, OpClass, TensorType};
+use qsync_ir::{DType, Dim, Graph, NodeId, Op, OpClass, TensorType, ValueId};
 
 /// The size assumed for a symbolic or unknown dimension when costing.
 pub const SYMBOLIC_DIM: i64 = 8;
@@ -35,6 +35,58 @@ pub trait CostOracle {
     fn tensor_core_eligible(&self, g: &Graph, n: NodeId, p: DType) -> bool {
         tensor_core_shapes(g, n, p)
     }
+    /// Elements of value `v` as this oracle sizes it (symbolic dims bound).
+    fn elements(&self, _g: &Graph, v: ValueId) -> u64 {
+        numel(_g.ty(v))
+    }
+    /// Predicted forward and backward seconds of a materialized graph: every
+    /// node at the precision it computes in ([`compute_precision`]), every
+    /// Cast as a cast (and, in backward, the gradient's cast back unless the
+    /// cast reads a graph input). This default splits op time 1 : 2 between
+    /// forward and backward, as [`CostOracle::op_time`]'s training semantics
+    /// assume.
+    fn predict(&self, g: &Graph) -> Prediction {
+        let mut pr = Prediction::default();
+        for n in g.node_ids() {
+            let node = g.node(n);
+            if node.op == Op::Cast {
+                let (Some(i), Some(o)) = (node.input(0), node.outputs().first().copied()) else { continue };
+                let (Some(a), Some(b)) = (g.ty(i).dtype, g.ty(o).dtype) else { continue };
+                let e = self.elements(g, i);
+                pr.forward += self.cast_time(a, b, e);
+                if !g.inputs().contains(&i) && a.is_float() {
+                    pr.backward += self.cast_time(b, a, e);
+                }
+                continue;
+            }
+            let t = self.op_time(g, n, compute_precision(g, n));
+            pr.forward += t / 3.0;
+            pr.backward += 2.0 * t / 3.0;
+        }
+        pr
+    }
+}
+
+/// Predicted seconds of one training iteration, by phase.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct Prediction {
+    pub forward: f64,
+    pub backward: f64,
+}
+
+impl Prediction {
+    pub fn total(&self) -> f64 {
+        self.forward + self.backward
+    }
+}
+
+/// The precision node `n` computes in: its plan when it has one the node
+/// can use, else the dtype of its first float output (f32 without one).
+pub fn compute_precision(g: &Graph, n: NodeId) -> DType {
+    if let Some(p) = super::materialize::planned_precision(g, n) {
+        return p;
+    }
+    g.node(n).outputs().iter().filter_map(|&v| g.ty(v).dtype).find(|d| d.is_float()).unwrap_or(DType::F32)
 }
 
 /// Precisions a planner may pick for float compute, widest first.
