@@ -19,7 +19,7 @@ pub fn resolve_arch(target: &str) -> Result<Arch> {
 }
 
 /// Writes the requested artefacts and returns a summary for stderr.
-pub fn run(model_path: &Path, model: &Model, target: &str, emit: &str, out: &Path) -> Result<String> {
+pub fn run(model_path: &Path, model: &Model, target: &str, emit: &str, out: &Path, all_kernels: bool) -> Result<String> {
     let arch = resolve_arch(target)?;
     let mut want_mlir = false;
     let mut want_ptx = false;
@@ -47,7 +47,7 @@ pub fn run(model_path: &Path, model: &Model, target: &str, emit: &str, out: &Pat
         let _ = writeln!(summary, "wrote {} ({} generic qsync.* op types)", path.display(), m.generic_ops.len());
     }
     if want_ptx {
-        let kernels = select_kernels(&model.graph);
+        let kernels = if all_kernels { qsync_kernels::KernelSpec::all() } else { select_kernels(&model.graph) };
         let ptx = emit_ptx(&kernels, arch).with_context(|| format!("{label}: PTX for {arch}"))?;
         let path = out.join("kernels.ptx");
         std::fs::write(&path, &ptx).with_context(|| format!("cannot write {}", path.display()))?;

@@ -64,6 +64,9 @@ enum Cmd {
         /// Output directory (created if missing).
         #[arg(short, long)]
         output: PathBuf,
+        /// Emit every kernel qsync has, not only those the plan needs.
+        #[arg(long)]
+        all_kernels: bool,
         #[command(flatten)]
         dims: DimArgs,
     },
@@ -105,7 +108,7 @@ fn run(cli: Cli) -> Result<()> {
             let out = inspect::render(&model, &loaded, ir, json)?;
             write_stdout(&out)
         }
-        Cmd::Codegen { model, target, passes, emit, output, dims } => {
+        Cmd::Codegen { model, target, passes, emit, output, all_kernels, dims } => {
             let mut loaded = load::load_model(&model, &dims.options())?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
@@ -117,7 +120,7 @@ fn run(cli: Cli) -> Result<()> {
             for w in &cx.warnings {
                 eprintln!("warning: {w}");
             }
-            let summary = codegen::run(&model, &loaded.model, &target, &emit, &output)?;
+            let summary = codegen::run(&model, &loaded.model, &target, &emit, &output, all_kernels)?;
             eprint!("{summary}");
             Ok(())
         }

@@ -1,0 +1,23 @@
+//! Budget: PTX for every kernel and every architecture in under a second.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use qsync_codegen::{emit_ptx, Arch};
+use qsync_kernels::KernelSpec;
+
+fn all_kernels_all_archs(c: &mut Criterion) {
+    let specs = KernelSpec::all();
+    let mut g = c.benchmark_group("ptx");
+    g.sample_size(10);
+    g.bench_function("all_kernels_all_archs", |b| {
+        b.iter(|| {
+            for arch in Arch::ALL {
+                let ptx = emit_ptx(&specs, arch).expect("PTX");
+                std::hint::black_box(ptx);
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, all_kernels_all_archs);
+criterion_main!(benches);
