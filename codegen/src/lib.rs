@@ -15,7 +15,7 @@ pub mod ptx;
 pub mod select;
 
 pub use mlir::{emit_mlir, MlirOutput};
-pub use ptx::{emit_ptx, Arch};
+pub use ptx::{emit_ptx, emit_ptx_archs, Arch};
 pub use select::select_kernels;
 
 /// Errors of code generation.

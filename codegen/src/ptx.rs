@@ -88,3 +88,15 @@ pub fn emit_ptx(specs: &[KernelSpec], arch: Arch) -> Result<String, CodegenError
     let buf = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(|e| CodegenError::Ptx(e.to_string()))?;
     String::from_utf8(buf.as_slice().to_vec()).map_err(|e| CodegenError::Ptx(format!("PTX is not UTF-8: {e}")))
 }
+
+/// [`emit_ptx`] for several architectures at once, one thread each (LLVM
+/// contexts are independent), in `archs` order.
+pub fn emit_ptx_archs(specs: &[KernelSpec], archs: &[Arch]) -> Result<Vec<(Arch, String)>, CodegenError> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = archs.iter().map(|&a| s.spawn(move || emit_ptx(specs, a).map(|p| (a, p)))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(CodegenError::Ptx("PTX emission thread panicked".into()))))
+            .collect()
+    })
+}

@@ -31,12 +31,15 @@ impl std::fmt::Debug for HostKernels<'_> {
     }
 }
 
-/// Optimises a module with LLVM's default O2 pipeline for `tm`.
+/// Optimises a module with LLVM's `default<O1>` pipeline for `tm`: the
+/// bodies are straight-line code that needs inlining, folding and CFG
+/// cleanup, not O2's loop transformations (and O1 keeps PTX emission for
+/// every kernel and architecture well inside its budget).
 pub fn optimize(module: &Module, tm: &TargetMachine) -> Result<(), KernelError> {
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
     module
-        .run_passes("default<O2>", tm, PassBuilderOptions::create())
+        .run_passes("default<O1>", tm, PassBuilderOptions::create())
         .map_err(|e| KernelError::Llvm(format!("optimisation failed: {e}")))
 }
 
