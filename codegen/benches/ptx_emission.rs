@@ -16,7 +16,7 @@ fn all_kernels_all_archs(c: &mut Criterion) {
             }
         })
     });
-    g.bench_function("all_kernels_all_archs_threaded", |b| {
+    g.bench_function("all_kernels_all_archs_shared", |b| {
         b.iter(|| std::hint::black_box(emit_ptx_archs(&specs, &Arch::ALL).expect("PTX")))
     });
     g.finish();

@@ -6,6 +6,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use inkwell::context::Context;
+use inkwell::memory_buffer::MemoryBuffer;
+use inkwell::module::Module;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
 use inkwell::OptimizationLevel;
 use qsync_kernels::{build_module, optimize, Flavor, KernelSpec};
@@ -70,30 +72,51 @@ impl FromStr for Arch {
     }
 }
 
+/// Instruction selection at `Less`: ptxas does the register allocation and
+/// scheduling that matter, and the cheaper setting keeps emission fast.
 fn target_machine(arch: Arch) -> Result<TargetMachine, CodegenError> {
     Target::initialize_nvptx(&InitializationConfig::default());
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let target = Target::from_triple(&triple).map_err(|e| CodegenError::Ptx(e.to_string()))?;
     target
-        .create_target_machine(&triple, arch.name(), arch.ptx_feature(), OptimizationLevel::Default, RelocMode::Default, CodeModel::Default)
+        .create_target_machine(&triple, arch.name(), arch.ptx_feature(), OptimizationLevel::Less, RelocMode::Default, CodeModel::Default)
         .ok_or_else(|| CodegenError::Ptx(format!("no NVPTX target machine for {arch}")))
 }
 
 /// PTX assembly holding one `.entry` per spec, for `arch`.
 pub fn emit_ptx(specs: &[KernelSpec], arch: Arch) -> Result<String, CodegenError> {
-    let ctx = Context::create();
-    let module = build_module(&ctx, &format!("qsync_{}", arch.name()), specs, Flavor::Ptx)?;
-    let tm = target_machine(arch)?;
-    optimize(&module, &tm)?;
-    let buf = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(|e| CodegenError::Ptx(e.to_string()))?;
-    String::from_utf8(buf.as_slice().to_vec()).map_err(|e| CodegenError::Ptx(format!("PTX is not UTF-8: {e}")))
+    let mut one = emit_ptx_archs(specs, &[arch])?;
+    one.pop().map(|(_, p)| p).ok_or_else(|| CodegenError::Ptx("no PTX produced".into()))
 }
 
-/// [`emit_ptx`] for several architectures at once, one thread each (LLVM
-/// contexts are independent), in `archs` order.
+/// [`emit_ptx`] for several architectures: the module is built and
+/// optimised once (the NVPTX data layout and IR-level target information do
+/// not depend on the SM), then instruction selection runs per architecture
+/// on threads, each parsing the optimised bitcode into its own LLVM context.
+/// Same output as calling [`emit_ptx`] per arch, in `archs` order.
 pub fn emit_ptx_archs(specs: &[KernelSpec], archs: &[Arch]) -> Result<Vec<(Arch, String)>, CodegenError> {
+    let Some(&first) = archs.first() else { return Ok(Vec::new()) };
+    let bitcode = {
+        let ctx = Context::create();
+        let module = build_module(&ctx, "qsync_kernels", specs, Flavor::Ptx)?;
+        optimize(&module, &target_machine(first)?)?;
+        module.write_bitcode_to_memory().as_slice().to_vec()
+    };
+    let lower = |arch: Arch| -> Result<(Arch, String), CodegenError> {
+        let ctx = Context::create();
+        let buf = MemoryBuffer::create_from_memory_range_copy(&bitcode, "qsync_kernels");
+        let m = Module::parse_bitcode_from_buffer(&buf, &ctx).map_err(|e| CodegenError::Ptx(e.to_string()))?;
+        m.set_name(&format!("qsync_{}", arch.name()));
+        let tm = target_machine(arch)?;
+        let out = tm.write_to_memory_buffer(&m, FileType::Assembly).map_err(|e| CodegenError::Ptx(e.to_string()))?;
+        let ptx = String::from_utf8(out.as_slice().to_vec()).map_err(|e| CodegenError::Ptx(format!("PTX is not UTF-8: {e}")))?;
+        Ok((arch, ptx))
+    };
+    if archs.len() == 1 {
+        return Ok(vec![lower(first)?]);
+    }
     std::thread::scope(|s| {
-        let handles: Vec<_> = archs.iter().map(|&a| s.spawn(move || emit_ptx(specs, a).map(|p| (a, p)))).collect();
+        let handles: Vec<_> = archs.iter().map(|&a| s.spawn(move || lower(a))).collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(CodegenError::Ptx("PTX emission thread panicked".into()))))
