@@ -107,7 +107,7 @@ impl Gen {
     fn f(&mut self) -> f32 {
         self.0 += 1;
         let h = qsync_kernels::rng::hash(77, self.0);
-        if h % 53 == 0 {
+        if h.is_multiple_of(53) {
             f32::from_bits(h as u32)
         } else {
             ((h >> 40) as f32 / 16_777_216.0 - 0.5) * 8.0

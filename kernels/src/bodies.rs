@@ -36,6 +36,9 @@ pub(crate) fn emit_body<'ctx>(ctx: &'ctx Context, m: &Module<'ctx>, spec: &Kerne
     Ok(cx.f)
 }
 
+/// The per-element function of [`chunked`]: `(index, inputs) → outputs`.
+type Lane<'c, 'ctx> = dyn Fn(&Cx<'_, 'ctx>, IntValue<'ctx>, &[IntValue<'ctx>]) -> R<Vec<IntValue<'ctx>>> + 'c;
+
 /// One stream of a chunked element-wise kernel: a pointer and its element width.
 struct Stream<'ctx> {
     ptr: PointerValue<'ctx>,
@@ -52,7 +55,7 @@ fn chunked<'ctx>(
     c: IntValue<'ctx>,
     ins: &[Stream<'ctx>],
     outs: &[Stream<'ctx>],
-    lane: &dyn Fn(&Cx<'_, 'ctx>, IntValue<'ctx>, &[IntValue<'ctx>]) -> R<Vec<IntValue<'ctx>>>,
+    lane: &Lane<'_, 'ctx>,
 ) -> R<()> {
     let w = VECTOR_WIDTH;
     let base = cx.mul(c, cx.i64c(w))?;

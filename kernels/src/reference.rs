@@ -225,7 +225,7 @@ pub fn quantize_i4(x: &[f32], scale: &[f32], group: usize, rounding: Rounding, s
 
 fn nibble(q: &[u8], i: usize) -> i32 {
     let b = q[i / 2];
-    let n = if i % 2 == 0 { b << 4 } else { b & 0xf0 };
+    let n = if i.is_multiple_of(2) { b << 4 } else { b & 0xf0 };
     i32::from((n as i8) >> 4)
 }
 

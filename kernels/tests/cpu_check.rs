@@ -3,6 +3,8 @@
 //! that are not multiples of the vector width or block, misaligned slices),
 //! and statistically for stochastic rounding.
 
+#![allow(clippy::excessive_precision)] // tie cases are written out in full
+
 use inkwell::context::Context;
 use qsync_kernels::reference as r;
 use qsync_kernels::{HostKernels, Half, QBits, Rounding};
