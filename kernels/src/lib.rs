@@ -15,15 +15,20 @@
 //! Tests hold the two equal bit for bit on edge cases and random inputs, and
 //! check stochastic rounding for bias statistically.
 
+#[cfg(feature = "llvm")]
 pub mod emit;
+#[cfg(feature = "llvm")]
 pub mod jit;
 pub mod reference;
 pub mod rng;
 pub mod spec;
 
+#[cfg(feature = "llvm")]
 mod bodies;
 
+#[cfg(feature = "llvm")]
 pub use emit::{build_module, Flavor};
+#[cfg(feature = "llvm")]
 pub use jit::{optimize, HostKernels};
 pub use spec::{Arg, Half, KernelSpec, QBits, Rounding, PACK_HEADER_BYTES, VECTOR_WIDTH};
 
@@ -38,6 +43,7 @@ pub enum KernelError {
     BadInput(String),
 }
 
+#[cfg(feature = "llvm")]
 impl From<inkwell::builder::BuilderError> for KernelError {
     fn from(e: inkwell::builder::BuilderError) -> Self {
         KernelError::Llvm(format!("IR builder: {e}"))

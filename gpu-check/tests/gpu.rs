@@ -1,5 +1,5 @@
-//! The GPU check (run by `scripts/gpu-check.sh`): load this machine's PTX
-//! with the CUDA driver, run every kernel on seeded inputs and compare with
+//! The GPU check (run by `scripts/gpu-check.sh`): load this GPU's PTX (from
+//! `qsyncc codegen --all-kernels`, see the crate doc) with the CUDA driver, run every kernel on seeded inputs and compare with
 //! the CPU reference (bitwise; stochastic rounding is bitwise too, since
 //! the generator is counter-based), then measure bandwidth on 256 MiB
 //! tensors against the GPU's peak.
@@ -14,7 +14,6 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use qsync_codegen::{emit_ptx, Arch};
 use qsync_kernels::reference as r;
 use qsync_kernels::{Half, KernelSpec, QBits, Rounding};
 
@@ -82,7 +81,7 @@ impl Gpu {
     }
 }
 
-fn setup() -> Result<(Gpu, Arch), String> {
+fn setup() -> Result<(Gpu, String), String> {
     if std::env::var("QSYNC_GPU_TEST").as_deref() != Ok("1") {
         return Err("QSYNC_GPU_TEST is not 1 (scripts/gpu-check.sh sets it)".into());
     }
@@ -92,9 +91,13 @@ fn setup() -> Result<(Gpu, Arch), String> {
     }
     let ctx = CudaContext::new(0).map_err(|e| format!("no CUDA device 0: {e}"))?;
     let (maj, min) = ctx.compute_capability().map_err(|e| e.to_string())?;
-    let arch = Arch::from_compute_capability(maj as u32, min as u32)
-        .ok_or_else(|| format!("compute capability {maj}.{min} has no qsync arch"))?;
-    let ptx = emit_ptx(&KernelSpec::all(), arch).map_err(|e| e.to_string())?;
+    let arch = qsync_gpu_check::sm_name(maj, min);
+    let ptx = qsync_gpu_check::read_ptx(&qsync_gpu_check::ptx_dir(), &arch)?;
+    for k in KernelSpec::all() {
+        if !ptx.contains(&format!(".entry {}(", k.name())) {
+            return Err(format!("{arch}/kernels.ptx lacks {k}: generate it with --all-kernels"));
+        }
+    }
     let module = ctx.load_module(ptx.into()).map_err(|e| format!("PTX for {arch} does not load: {e}"))?;
     let sms = ctx
         .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -232,6 +235,11 @@ fn bandwidth(g: &Gpu, spec: KernelSpec, bytes_moved: f64, args: &[A]) -> f64 {
 fn gpu_kernels_match_reference_and_bandwidth() {
     let (g, arch) = match setup() {
         Ok(x) => x,
+        // Asked for explicitly (QSYNC_GPU_TEST=1) with a driver present: a
+        // missing device or PTX is a failure, not a skip.
+        Err(why) if std::env::var("QSYNC_GPU_TEST").as_deref() == Ok("1") && why.contains("kernels.ptx") => {
+            panic!("gpu check: {why}")
+        }
         Err(why) => {
             println!("gpu check skipped: {why}");
             return;
@@ -259,7 +267,7 @@ fn gpu_kernels_match_reference_and_bandwidth() {
     let dq = KernelSpec::DequantizeInt8 { symmetric: true };
     rows.push(("dequantize_i8", bandwidth(&g, dq, 5.0 * nf, &[A::P(&q), A::P(&s), A::P(&z), A::U(nn), A::U(nn), A::P(&f)])));
     let peak = std::env::var("QSYNC_PEAK_GBS").ok().and_then(|v| v.parse::<f64>().ok());
-    let mut json = serde_json::json!({ "arch": arch.name(), "peak_gb_s": peak, "kernels": {} });
+    let mut json = serde_json::json!({ "arch": arch, "peak_gb_s": peak, "kernels": {} });
     for (name, gbs) in &rows {
         let frac = peak.map(|p| gbs / p);
         println!("bandwidth {name}: {gbs:.1} GB/s{}", frac.map(|f| format!(" ({:.0}% of peak)", f * 100.0)).unwrap_or_default());
