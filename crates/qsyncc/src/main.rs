@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+mod codegen;
 mod inspect;
 mod load;
 mod plan;
@@ -66,6 +67,27 @@ enum Cmd {
     },
     /// Predict iteration time and memory on a hybrid data-parallel cluster.
     Simulate(simulate::SimulateArgs),
+    /// Emit the code one device runs: `DIR/model.mlir` and `DIR/kernels.ptx`.
+    Codegen {
+        model: PathBuf,
+        /// Device name from the device database (t4, v100, a100-40gb, …) or an `sm_XX`.
+        #[arg(long)]
+        target: String,
+        /// Comma-separated pipeline run before emission.
+        #[arg(long, default_value = "verify")]
+        passes: String,
+        /// What to write: `mlir`, `ptx` or both (`mlir,ptx`).
+        #[arg(long, default_value = "mlir,ptx")]
+        emit: String,
+        /// Output directory (created if missing).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Emit every kernel qsync has, not only those the plan needs.
+        #[arg(long)]
+        all_kernels: bool,
+        #[command(flatten)]
+        dims: DimArgs,
+    },
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -107,6 +129,22 @@ fn run(cli: Cli) -> Result<()> {
             let loaded = load::load_model(&model, &dims.options(), &dims.inputs)?;
             let out = inspect::render(&model, &loaded, ir, json, target.as_deref(), &dims.options())?;
             write_stdout(&out)
+        }
+        Cmd::Codegen { model, target, passes, emit, output, all_kernels, dims } => {
+            let mut loaded = load::load_model(&model, &dims.options(), &dims.inputs)?;
+            for w in &loaded.warnings {
+                eprintln!("warning: {w}");
+            }
+            let mut pm = qsync_passes::pipeline_from_spec(&passes)?;
+            pm.verify_each(true);
+            let mut cx = qsync_passes::PassContext { infer: dims.options(), ..Default::default() };
+            pm.run(&mut loaded.model, &mut cx).with_context(|| format!("{}", model.display()))?;
+            for w in &cx.warnings {
+                eprintln!("warning: {w}");
+            }
+            let summary = codegen::run(&model, &loaded.model, &target, &emit, &output, all_kernels)?;
+            eprint!("{summary}");
+            Ok(())
         }
         Cmd::Opt { model, passes, output, dims, no_verify, target, mode, json } => {
             let mut loaded = load::load_model(&model, &dims.options(), &dims.inputs)?;

@@ -221,3 +221,44 @@ fn symbolic_batch_contradicted_by_the_graph_is_treated_as_fixed() {
     let warnings = j["warnings"].to_string();
     assert!(warnings.contains("contradicts the graph") && warnings.contains("flat"), "{warnings}");
 }
+
+#[test]
+fn codegen_writes_mlir_and_ptx_for_t4_and_v100() {
+    for (model, target, sm) in
+        [("squeezenet1_1.onnx", "t4", "sm_75"), ("bert_tiny.onnx", "v100", "sm_70"), ("bert_tiny.onnx", "t4", "sm_75"), ("squeezenet1_1.onnx", "v100", "sm_70")]
+    {
+        let dir = tmpdir(&format!("codegen-{target}-{model}"));
+        let path = models_dir().join(model);
+        let o = qsyncc(&[
+            "codegen",
+            path.to_str().expect("utf8"),
+            "--target",
+            target,
+            "--emit",
+            "mlir,ptx",
+            "-o",
+            dir.to_str().expect("utf8"),
+        ]);
+        assert!(o.status.success(), "{model} {target}: {}", stderr(&o));
+        let ptx = std::fs::read_to_string(dir.join("kernels.ptx")).expect("kernels.ptx");
+        assert!(ptx.contains(&format!(".target {sm}")), "{model} {target}");
+        assert!(ptx.matches(".entry ").count() >= 10, "{model} {target}: too few .entry kernels");
+        let mlir = std::fs::read_to_string(dir.join("model.mlir")).expect("model.mlir");
+        assert!(mlir.contains("func.func"), "{model}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn codegen_rejects_unknown_targets_and_emit_kinds() {
+    let path = models_dir().join("squeezenet1_1.onnx");
+    let p = path.to_str().expect("utf8");
+    let dir = tmpdir("codegen-bad");
+    let d = dir.to_str().expect("utf8");
+    let o = qsyncc(&["codegen", p, "--target", "k80", "-o", d]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = qsyncc(&["codegen", p, "--target", "t4", "--emit", "llvm", "-o", d]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = qsyncc(&["codegen", p, "--target", "sm_90", "--emit", "ptx", "-o", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -1,0 +1,403 @@
+//! A planned graph as MLIR: one `func.func @<graph>` whose arguments are the
+//! graph inputs then the initializers (weights stay outside the module) and
+//! whose results are the graph outputs.
+//!
+//! Lowering, node by node in schedule order:
+//! - `Cast` between float types → `arith.extf`/`arith.truncf`, float ↔ int →
+//!   `arith.sitofp`/`uitofp`/`fptosi`/`fptoui`, other casts → `tosa.cast`;
+//! - `Add`/`Sub`/`Mul`/`Div` on float tensors of one type → `arith.*f`;
+//!   `Add`/`Sub` that broadcast at equal rank → `tosa.add`/`tosa.sub`;
+//! - unary ops with a one-operand tosa twin (`Relu` as `tosa.clamp`, `Tanh`,
+//!   `Sigmoid`, `Exp`, `Log`, `Abs`, `Erf`, `Reciprocal`, `Identity`,
+//!   `Transpose`) → that tosa op;
+//! - anything else — or any node whose types are not fully known — → a
+//!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node
+//!   name, its precision and its scalar/list attributes. Those are listed
+//!   in [`MlirOutput::generic_ops`], and the module then verifies only with
+//!   unregistered dialects allowed (`mlir-opt --allow-unregistered-dialect`).
+//!
+//! The text is built here and handed to MLIR through melior, which parses
+//! and verifies it in-process; the printed module is what MLIR printed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use melior::ir::operation::OperationLike;
+use melior::ir::Module;
+use melior::utility::register_all_dialects;
+use melior::Context;
+use qsync_ir::{Attr, DType, Graph, Op, TensorType, ValueId};
+
+use crate::CodegenError;
+
+/// The emitted module and what it needed.
+#[derive(Debug, Clone)]
+pub struct MlirOutput {
+    /// The verified module as MLIR printed it.
+    pub text: String,
+    /// Op types emitted as generic `qsync.*` operations, with counts.
+    pub generic_ops: BTreeMap<String, usize>,
+}
+
+impl MlirOutput {
+    /// Whether the module verifies without `--allow-unregistered-dialect`.
+    pub fn all_ops_mapped(&self) -> bool {
+        self.generic_ops.is_empty()
+    }
+
+    /// A one-line warning naming the generic ops, if any.
+    pub fn warning(&self) -> Option<String> {
+        if self.generic_ops.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = self.generic_ops.iter().map(|(k, v)| format!("{k}×{v}")).collect();
+        Some(format!(
+            "{} op type(s) have no tosa/arith lowering and were emitted as generic qsync.* operations: {}",
+            list.len(),
+            list.join(", ")
+        ))
+    }
+}
+
+fn elem(d: DType) -> &'static str {
+    match d {
+        DType::F64 => "f64",
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F8E4M3 => "f8E4M3FN",
+        DType::F8E5M2 => "f8E5M2",
+        DType::I64 | DType::U64 => "i64",
+        DType::I32 | DType::U32 => "i32",
+        DType::I16 | DType::U16 => "i16",
+        DType::I8 | DType::U8 => "i8",
+        DType::I4 | DType::U4 => "i4",
+        DType::Bool => "i1",
+        DType::Str => "!qsync.string",
+    }
+}
+
+/// `tensor<?x4xf32>`; unknown rank `tensor<*x…>`; unknown dtype `!qsync.unknown`.
+fn tensor_type(t: &TensorType) -> String {
+    let Some(d) = t.dtype else { return "!qsync.unknown".into() };
+    match &t.shape {
+        None => format!("tensor<*x{}>", elem(d)),
+        Some(s) => {
+            let mut out = String::from("tensor<");
+            for dim in s {
+                match dim.as_const() {
+                    Some(c) if c >= 0 => write!(out, "{c}x").ok(),
+                    _ => write!(out, "?x").ok(),
+                };
+            }
+            format!("{out}{}>", elem(d))
+        }
+    }
+}
+
+/// Fully typed: known dtype (not a string) and known rank.
+fn plain(t: &TensorType) -> bool {
+    t.shape.is_some() && t.dtype.is_some_and(|d| d != DType::Str)
+}
+
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
+}
+
+fn float_width(d: DType) -> u32 {
+    match d {
+        DType::F64 => 64,
+        DType::F32 => 32,
+        _ => 16,
+    }
+}
+
+/// An MLIR string literal.
+fn quote(s: &[u8]) -> String {
+    let mut out = String::from("\"");
+    for &b in s {
+        match b {
+            b'"' | b'\\' => write!(out, "\\{b:02X}").ok(),
+            0x20..=0x7e => write!(out, "{}", b as char).ok(),
+            _ => write!(out, "\\{b:02X}").ok(),
+        };
+    }
+    out.push('"');
+    out
+}
+
+fn float_attr(f: f32) -> String {
+    if f.is_finite() {
+        // MLIR float literals need a decimal point: `1.0e-12`, not `1e-12`.
+        let e = format!("{f:e}");
+        let e = match e.split_once('e') {
+            Some((m, x)) if !m.contains('.') => format!("{m}.0e{x}"),
+            _ => e,
+        };
+        format!("{e} : f32")
+    } else {
+        format!("0x{:08X} : f32", f.to_bits())
+    }
+}
+
+fn attr_text(a: &Attr) -> Option<String> {
+    Some(match a {
+        Attr::Int(i) => format!("{i} : i64"),
+        Attr::Float(f) => float_attr(*f),
+        Attr::String(s) => quote(s),
+        Attr::Ints(v) => format!("array<i64{}>", v.iter().map(|i| format!(" {i}")).collect::<Vec<_>>().join(",").replacen(' ', ": ", 1)),
+        Attr::Floats(v) => format!("[{}]", v.iter().map(|f| float_attr(*f)).collect::<Vec<_>>().join(", ")),
+        Attr::Strings(v) => format!("[{}]", v.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ")),
+        Attr::Tensor(_) | Attr::Tensors(_) | Attr::Raw { .. } => return None,
+    })
+}
+
+/// `BatchNormalization` → `batch_normalization`.
+fn snake(s: &str) -> String {
+    let mut out = String::new();
+    let chars: Vec<char> = s.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if c.is_ascii_uppercase() {
+            let prev_lower = i > 0 && (chars[i - 1].is_ascii_lowercase() || chars[i - 1].is_ascii_digit());
+            let next_lower = chars.get(i + 1).is_some_and(|n| n.is_ascii_lowercase());
+            if i > 0 && (prev_lower || (next_lower && chars[i - 1].is_ascii_uppercase())) {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else if c.is_ascii_alphanumeric() {
+            out.push(c);
+        } else {
+            out.push('_');
+        }
+    }
+    out
+}
+
+struct Emitter<'g> {
+    g: &'g Graph,
+    names: HashMap<ValueId, String>,
+    body: String,
+    generic: BTreeMap<String, usize>,
+    next: usize,
+}
+
+impl Emitter<'_> {
+    fn name(&self, v: ValueId) -> String {
+        self.names.get(&v).cloned().unwrap_or_else(|| "%undef".into())
+    }
+    fn ty(&self, v: ValueId) -> String {
+        tensor_type(self.g.ty(v))
+    }
+
+    /// The structured lowering of a node, or `None` for the generic form.
+    fn lower(&self, node: &qsync_ir::Node, ins: &[ValueId], outs: &[ValueId]) -> Option<String> {
+        if outs.len() != 1 || ins.iter().chain(outs).any(|&v| !plain(self.g.ty(v))) {
+            return None;
+        }
+        let (o, ot) = (outs[0], self.g.ty(outs[0]));
+        let od = ot.dtype?;
+        let one = |op: &str, attrs: &str| -> Option<String> {
+            (ins.len() == 1).then(|| format!("{op} {}{attrs} : ({}) -> {}", self.name(ins[0]), self.ty(ins[0]), self.ty(o)))
+        };
+        let same_float = ins.iter().all(|&v| self.g.ty(v) == ot) && is_float(od);
+        match node.op {
+            Op::Cast if ins.len() == 1 => {
+                let id = self.g.ty(ins[0]).dtype?;
+                let same_shape = self.g.ty(ins[0]).shape == ot.shape;
+                let op = match (is_float(id), is_float(od)) {
+                    _ if !same_shape => return None,
+                    (true, true) if float_width(od) < float_width(id) || (id != od && float_width(id) == float_width(od)) => {
+                        if float_width(id) == float_width(od) {
+                            return one("tosa.cast", "");
+                        }
+                        "arith.truncf"
+                    }
+                    (true, true) if id == od => return one("tosa.identity", ""),
+                    (true, true) => "arith.extf",
+                    (false, true) if id == DType::Bool => return one("tosa.cast", ""),
+                    (false, true) if matches!(id, DType::U8 | DType::U16 | DType::U32 | DType::U64) => "arith.uitofp",
+                    (false, true) => "arith.sitofp",
+                    (true, false) if od == DType::Bool => return one("tosa.cast", ""),
+                    (true, false) if matches!(od, DType::U8 | DType::U16 | DType::U32 | DType::U64) => "arith.fptoui",
+                    (true, false) => "arith.fptosi",
+                    (false, false) => return one("tosa.cast", ""),
+                };
+                Some(format!("{op} {} : {} to {}", self.name(ins[0]), self.ty(ins[0]), self.ty(o)))
+            }
+            Op::Add | Op::Sub | Op::Mul | Op::Div if ins.len() == 2 && same_float => {
+                let op = match node.op {
+                    Op::Add => "arith.addf",
+                    Op::Sub => "arith.subf",
+                    Op::Mul => "arith.mulf",
+                    _ => "arith.divf",
+                };
+                Some(format!("{op} {}, {} : {}", self.name(ins[0]), self.name(ins[1]), self.ty(o)))
+            }
+            Op::Add | Op::Sub if ins.len() == 2 && self.broadcasts(ins, ot) => {
+                let op = if node.op == Op::Add { "tosa.add" } else { "tosa.sub" };
+                Some(format!(
+                    "{op} {}, {} : ({}, {}) -> {}",
+                    self.name(ins[0]),
+                    self.name(ins[1]),
+                    self.ty(ins[0]),
+                    self.ty(ins[1]),
+                    self.ty(o)
+                ))
+            }
+            Op::Relu if same_float => {
+                let e = elem(od);
+                one("tosa.clamp", &format!(" {{max_val = {} : {e}, min_val = 0.0 : {e}}}", inf_of(od)))
+            }
+            Op::Tanh | Op::Sigmoid | Op::Exp | Op::Log | Op::Abs | Op::Erf | Op::Reciprocal | Op::Identity if same_float => {
+                one(&format!("tosa.{}", snake(node.op.op_type())), "")
+            }
+            Op::Transpose if ins.len() == 1 => {
+                let rank = self.g.ty(ins[0]).rank()? as i64;
+                let perm: Vec<i64> =
+                    node.attr_ints("perm").map(<[i64]>::to_vec).unwrap_or_else(|| (0..rank).rev().collect());
+                if perm.len() as i64 != rank || self.g.ty(ins[0]).dtype != Some(od) {
+                    return None;
+                }
+                let p: Vec<String> = perm.iter().map(i64::to_string).collect();
+                one("tosa.transpose", &format!(" {{perms = array<i32: {}>}}", p.join(", ")))
+            }
+            _ => None,
+        }
+    }
+
+    /// Equal-rank operands whose static dims equal the result's or are 1,
+    /// all of one float or integer type (tosa's broadcasting rule).
+    fn broadcasts(&self, ins: &[ValueId], ot: &TensorType) -> bool {
+        let (Some(os), Some(od)) = (&ot.shape, ot.dtype) else { return false };
+        ins.iter().all(|&v| {
+            let t = self.g.ty(v);
+            let Some(s) = &t.shape else { return false };
+            t.dtype == Some(od)
+                && s.len() == os.len()
+                && s.iter().zip(os).all(|(a, b)| a == b || a.as_const() == Some(1))
+        }) && !matches!(od, DType::Bool | DType::Str)
+    }
+
+    fn generic(&mut self, node: &qsync_ir::Node, ins: &[ValueId], outs: &[ValueId]) -> String {
+        let op_name = match &node.op {
+            Op::Opaque { .. } => "qsync.opaque".to_string(),
+            op => format!("qsync.{}", snake(op.op_type())),
+        };
+        *self.generic.entry(node.op.to_string()).or_default() += 1;
+        let mut attrs = vec![format!("onnx.op = {}", quote(node.op.op_type().as_bytes())), format!("onnx.name = {}", quote(node.name.as_bytes()))];
+        if !node.op.domain().is_empty() {
+            attrs.push(format!("onnx.domain = {}", quote(node.op.domain().as_bytes())));
+        }
+        if let Some(p) = node.precision {
+            attrs.push(format!("qsync.precision = {}", quote(p.name().as_bytes())));
+        }
+        let absent: Vec<String> =
+            node.inputs().iter().enumerate().filter(|(_, v)| v.is_none()).map(|(i, _)| i.to_string()).collect();
+        if !absent.is_empty() {
+            attrs.push(format!("onnx.absent_inputs = array<i64: {}>", absent.join(", ")));
+        }
+        for (k, a) in &node.attrs {
+            if let Some(t) = attr_text(a) {
+                attrs.push(format!("{} = {t}", quote(k.as_bytes())));
+            }
+        }
+        let ops: Vec<String> = ins.iter().map(|&v| self.name(v)).collect();
+        let its: Vec<String> = ins.iter().map(|&v| self.ty(v)).collect();
+        let ots: Vec<String> = outs.iter().map(|&v| self.ty(v)).collect();
+        format!("\"{op_name}\"({}) {{{}}} : ({}) -> ({})", ops.join(", "), attrs.join(", "), its.join(", "), ots.join(", "))
+    }
+
+    fn node(&mut self, id: qsync_ir::NodeId) {
+        let node = self.g.node(id);
+        let ins: Vec<ValueId> = node.inputs().iter().flatten().copied().collect();
+        let outs: Vec<ValueId> = node.outputs().to_vec();
+        let rhs = match self.lower(node, &ins, &outs) {
+            Some(s) => s,
+            None => self.generic(node, &ins, &outs),
+        };
+        let base = self.next;
+        self.next += 1;
+        let lhs = match outs.len() {
+            0 => String::new(),
+            1 => format!("%{base} = "),
+            k => format!("%{base}:{k} = "),
+        };
+        for (i, &o) in outs.iter().enumerate() {
+            let n = if outs.len() == 1 { format!("%{base}") } else { format!("%{base}#{i}") };
+            self.names.insert(o, n);
+        }
+        let _ = writeln!(self.body, "    {lhs}{rhs}");
+    }
+}
+
+fn inf_of(d: DType) -> String {
+    match d {
+        DType::F16 => "0x7C00".into(),
+        DType::BF16 => "0x7F80".into(),
+        DType::F64 => "0x7FF0000000000000".into(),
+        _ => "0x7F800000".into(),
+    }
+}
+
+/// A valid MLIR symbol for the function.
+fn symbol(name: &str) -> String {
+    let s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        format!("g_{s}")
+    } else {
+        s
+    }
+}
+
+/// The MLIR module text for `graph`, before verification.
+pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>) {
+    let mut e = Emitter { g: graph, names: HashMap::new(), body: String::new(), generic: BTreeMap::new(), next: 0 };
+    let mut args = Vec::new();
+    for (i, &v) in graph.inputs().iter().chain(graph.inits()).enumerate() {
+        e.names.insert(v, format!("%arg{i}"));
+        args.push(format!("%arg{i}: {} {{qsync.name = {}}}", e.ty(v), quote(graph.value_name(v).as_bytes())));
+    }
+    for id in graph.schedule() {
+        e.node(id);
+    }
+    let outs: Vec<ValueId> = graph.outputs().to_vec();
+    let rets: Vec<String> = outs.iter().map(|&v| e.name(v)).collect();
+    let rtys: Vec<String> = outs.iter().map(|&v| e.ty(v)).collect();
+    let mut text = String::from("module {\n");
+    let _ = writeln!(text, "  func.func @{}({}) -> ({}) {{", symbol(name), args.join(", "), rtys.join(", "));
+    text.push_str(&e.body);
+    let _ = writeln!(text, "    func.return {}{}", rets.join(", "), if rets.is_empty() { String::new() } else { format!(" : {}", rtys.join(", ")) });
+    text.push_str("  }\n}\n");
+    (text, e.generic)
+}
+
+/// Emits `graph` as MLIR and verifies it in-process (unregistered dialects
+/// allowed exactly when generic `qsync.*` operations were needed).
+pub fn emit_mlir(graph: &Graph, name: &str) -> Result<MlirOutput, CodegenError> {
+    let (text, generic_ops) = mlir_text(graph, name);
+    let printed = verify_text(&text, !generic_ops.is_empty()).map_err(|message| CodegenError::Mlir { graph: name.to_string(), message })?;
+    Ok(MlirOutput { text: printed, generic_ops })
+}
+
+/// Parses and verifies MLIR text; returns MLIR's own printing of it.
+pub fn verify_text(text: &str, allow_unregistered: bool) -> Result<String, String> {
+    let ctx = Context::new();
+    let registry = melior::dialect::DialectRegistry::new();
+    register_all_dialects(&registry);
+    ctx.append_dialect_registry(&registry);
+    ctx.load_all_available_dialects();
+    ctx.set_allow_unregistered_dialects(allow_unregistered);
+    let diags = std::rc::Rc::new(std::cell::RefCell::new(Vec::<String>::new()));
+    let sink = diags.clone();
+    let handler = ctx.attach_diagnostic_handler(move |d| {
+        sink.borrow_mut().push(format!("{}: {d}", d.location()));
+        true
+    });
+    let result = match Module::parse(&ctx, text) {
+        None => Err(format!("does not parse: {}", diags.borrow().join("; "))),
+        Some(m) if !m.as_operation().verify() => Err(format!("verifier: {}", diags.borrow().join("; "))),
+        Some(m) => Ok(m.as_operation().to_string()),
+    };
+    ctx.detach_diagnostic_handler(handler);
+    result
+}

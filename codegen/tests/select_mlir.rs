@@ -1,0 +1,123 @@
+//! Kernel selection from planned graphs, and MLIR emission: every shared
+//! model verifies in-process and with `mlir-opt-22 --allow-unregistered-dialect`;
+//! a model whose ops all map verifies with no flag.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use qsync_codegen::{emit_mlir, select_kernels};
+use qsync_ir::infer::{infer_shapes, InferOptions};
+use qsync_ir::{DType, Model};
+use qsync_kernels::{Half, KernelSpec, QBits, Rounding};
+
+fn models_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/models")
+}
+
+fn load(path: &Path) -> Model {
+    let mut m = qsync_onnx::import_file(path).expect("import");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    m
+}
+
+fn parse(text: &str) -> Model {
+    let mut m = qsync_ir::text::parse_model(text).expect("text IR");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    m
+}
+
+/// Runs `mlir-opt-22` on the text; a missing tool is a clear failure.
+fn mlir_opt(text: &str, allow_unregistered: bool, tag: &str) {
+    let tool = std::env::var("QSYNC_MLIR_OPT").unwrap_or_else(|_| "mlir-opt-22".into());
+    let path = std::env::temp_dir().join(format!("qsync-mlir-{}-{tag}.mlir", std::process::id()));
+    std::fs::write(&path, text).expect("write mlir");
+    let mut cmd = Command::new(&tool);
+    if allow_unregistered {
+        cmd.arg("--allow-unregistered-dialect");
+    }
+    let out = cmd.arg(&path).output().unwrap_or_else(|e| {
+        panic!("`{tool}` is needed to check emitted MLIR (Debian package mlir-22-tools; set QSYNC_MLIR_OPT to another path): {e}")
+    });
+    assert!(out.status.success(), "{tag}: {tool} rejected the module:\n{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_file(&path);
+}
+
+const MAPPED: &str = r#"opset "" 18
+graph "mapped" {
+  input %x: f32[batch,4]
+  input %b: f32[1,4]
+  %y = Add "add"(%x, %b)
+  %r = Relu "relu"(%y)
+  %h = Cast "to_half"(%r) {to=10}
+  %e = Cast "to_float"(%h) {to=1}
+  %t = Tanh "tanh"(%e)
+  %s = Sub "sub"(%t, %e)
+  %z = Transpose "tr"(%s) {perm=[1, 0]}
+  output %h, %z
+}
+"#;
+
+#[test]
+fn fully_mapped_model_verifies_without_unregistered_dialects() {
+    let m = parse(MAPPED);
+    let out = emit_mlir(&m.graph, "mapped").expect("mlir");
+    assert!(out.all_ops_mapped(), "{:?}", out.generic_ops);
+    assert!(out.warning().is_none());
+    for op in ["tosa.add", "tosa.clamp", "arith.truncf", "arith.extf", "tosa.tanh", "arith.subf", "tosa.transpose"] {
+        assert!(out.text.contains(op), "missing {op}:\n{}", out.text);
+    }
+    assert!(out.text.contains("tensor<?x4xf32>"), "symbolic dims print as ?:\n{}", out.text);
+    mlir_opt(&out.text, false, "mapped");
+}
+
+#[test]
+fn every_shared_model_emits_verified_mlir() {
+    let mut seen = 0;
+    let mut entries: Vec<PathBuf> =
+        std::fs::read_dir(models_dir()).expect("models").map(|e| e.expect("entry").path()).collect();
+    entries.sort();
+    for path in entries {
+        if path.extension().is_none_or(|e| e != "onnx") {
+            continue;
+        }
+        seen += 1;
+        let m = load(&path);
+        let tag = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
+        let out = emit_mlir(&m.graph, &tag).unwrap_or_else(|e| {
+            let (text, _) = qsync_codegen::mlir::mlir_text(&m.graph, &tag);
+            let _ = std::fs::write(std::env::temp_dir().join(format!("qsync-failed-{tag}.mlir")), text);
+            panic!("{tag}: {e}")
+        });
+        // Never dropped: one generic op or structured op per node.
+        let generic: usize = out.generic_ops.values().sum();
+        assert!(generic <= m.graph.node_count(), "{tag}");
+        assert!(out.warning().is_some() || out.all_ops_mapped());
+        mlir_opt(&out.text, true, &tag);
+    }
+    assert!(seen >= 8, "expected the shared models, saw {seen}");
+}
+
+#[test]
+fn selection_follows_the_plan() {
+    let m = parse(MAPPED);
+    let k = select_kernels(&m.graph);
+    assert!(k.contains(&KernelSpec::CastTo(Half::F16)) && k.contains(&KernelSpec::CastFrom(Half::F16)));
+    assert!(!k.contains(&KernelSpec::CastTo(Half::BF16)), "no bf16 in the plan");
+    assert!(!k.iter().any(|s| matches!(s, KernelSpec::QuantizeInt8 { .. })), "no int8 in the plan");
+    // Always: gradient-compression kernels.
+    for s in [KernelSpec::RowMinMax, KernelSpec::PackBits { bits: 2, rounding: Rounding::Stochastic }, KernelSpec::DequantAccumulate { bits: QBits::Int4 }] {
+        assert!(k.contains(&s), "{s}");
+    }
+    // An int8 plan: mark a node i8.
+    let mut m2 = parse(MAPPED);
+    let id = m2.graph.schedule()[0];
+    m2.graph.node_mut(id).precision = Some(DType::I8);
+    let k2 = select_kernels(&m2.graph);
+    assert!(k2.contains(&KernelSpec::QuantizeInt8 { symmetric: true, rounding: Rounding::Nearest }));
+    assert!(k2.contains(&KernelSpec::DequantizeInt8 { symmetric: true }));
+    assert!(!k2.contains(&KernelSpec::DequantizeInt8 { symmetric: false }));
+    // Deterministic order.
+    assert_eq!(k2, select_kernels(&m2.graph));
+}
