@@ -131,14 +131,17 @@ impl Rule {
                 }
                 (Kind::Sink, Key::Node { node: n, slot, dt: t, elems }) => {
                     let Some(first) = kids.first() else { continue };
-                    let sources: Vec<DType> = casts_in(eg, *first).filter(|(to, _)| *to == t).filter_map(|(_, y)| dtype_of(eg, y)).collect();
+                    let sources: Vec<DType> =
+                        casts_in(eg, *first).filter(|(to, _)| *to == t).filter_map(|(_, y)| dtype_of(eg, y)).collect();
                     for s in sources {
                         if s == t || !s.is_float() || !self.cx.allows(n, s) || !self.cx.allows(n, t) {
                             continue;
                         }
                         let ys: Option<Vec<Id>> = kids
                             .iter()
-                            .map(|&k| casts_in(eg, k).find(|&(to, y)| to == t && dtype_of(eg, y) == Some(s)).map(|(_, y)| y))
+                            .map(|&k| {
+                                casts_in(eg, k).find(|&(to, y)| to == t && dtype_of(eg, y) == Some(s)).map(|(_, y)| y)
+                            })
                             .collect();
                         let Some(ys) = ys else { continue };
                         let inner = eg.add(CastLang::Op(Key::Node { node: n, slot, dt: s, elems }, ys));
@@ -169,8 +172,17 @@ impl Rule {
 }
 
 impl Searcher<CastLang, Typing> for Rule {
-    fn search_eclass_with_limit(&self, eg: &CastGraph, eclass: Id, limit: usize) -> Option<SearchMatches<'_, CastLang>> {
-        (limit > 0 && self.matches(eg, eclass)).then(|| SearchMatches { eclass, substs: vec![Subst::default()], ast: None })
+    fn search_eclass_with_limit(
+        &self,
+        eg: &CastGraph,
+        eclass: Id,
+        limit: usize,
+    ) -> Option<SearchMatches<'_, CastLang>> {
+        (limit > 0 && self.matches(eg, eclass)).then(|| SearchMatches {
+            eclass,
+            substs: vec![Subst::default()],
+            ast: None,
+        })
     }
 
     fn vars(&self) -> Vec<Var> {
@@ -179,7 +191,14 @@ impl Searcher<CastLang, Typing> for Rule {
 }
 
 impl Applier<CastLang, Typing> for Rule {
-    fn apply_one(&self, eg: &mut CastGraph, eclass: Id, _: &Subst, _: Option<&PatternAst<CastLang>>, _: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        eg: &mut CastGraph,
+        eclass: Id,
+        _: &Subst,
+        _: Option<&PatternAst<CastLang>>,
+        _: Symbol,
+    ) -> Vec<Id> {
         let c = eg.find(eclass);
         if self.apply(eg, c) {
             vec![c]
