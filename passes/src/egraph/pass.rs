@@ -206,6 +206,19 @@ impl EgraphCasts {
                 cx.foldable.insert(v.index() as u32);
             }
         }
+        // `Constant` nodes (exporters emit them for scales, masks, fill
+        // values) are never trained: foldable in training too.
+        for n in g.node_ids() {
+            let node = g.node(n);
+            if node.op != Op::Constant {
+                continue;
+            }
+            if let (Some(&o), Some(Attr::Tensor(t))) = (node.outputs().first(), node.attr("value")) {
+                if t.dtype.is_float() && !g.outputs().contains(&o) {
+                    cx.foldable.insert(o.index() as u32);
+                }
+            }
+        }
         cx
     }
 }
@@ -391,6 +404,18 @@ fn original_cost(
     total
 }
 
+/// The tensor of an initializer or of a `Constant` node's output.
+fn constant_value(g: &Graph, v: ValueId) -> Option<Tensor> {
+    if let Some(t) = g.value(v).init() {
+        return Some(t.clone());
+    }
+    let (n, _) = g.producer(v)?;
+    match g.node(n).attr("value") {
+        Some(Attr::Tensor(t)) if g.node(n).op == Op::Constant => Some(t.clone()),
+        _ => None,
+    }
+}
+
 struct Rebuild<'a> {
     g: &'a mut Graph,
     eg: &'a CastGraph,
@@ -444,7 +469,7 @@ impl Rebuild<'_> {
         if let Some(&s) = self.stored.get(&(w, to)) {
             return s;
         }
-        let t = self.g.value(w).init().cloned().expect("a foldable value is an initializer");
+        let t = constant_value(self.g, w).expect("a foldable value is an initializer or a Constant");
         let vals = t.load(self.base_dir).ok().flatten().and_then(|bytes| {
             Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
         });

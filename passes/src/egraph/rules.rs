@@ -12,7 +12,7 @@
 //! | `cast-exact-chain` | `cast_a(cast_b(x:s)) = cast_a(x)` when s→b is exact | bits | `cast_b` keeps the value (f16/bf16→f32/f64, f32→f64, i8→f16/bf16/f32/f64 are injective and value-preserving), so the outer cast sees the same number; the round trips f16→f32→f16, bf16→f32→bf16, i8→f32→i8 are the case a = s |
 //! | `cast-hoist` | `cast_t(op_s(x..)) = op_t(cast_t(x)..)` | bits (movement); values (order-preserving) | movement ops (Reshape, Transpose, Flatten, Slice, Gather data, Concat, Split, Squeeze, Unsqueeze, Expand, Identity) only copy elements, and a cast is elementwise; Relu, MaxPool, Max, Min select one of their inputs (or 0), and rounding is monotone, so `round(max(a,b)) = max(round a, round b)` — only `Relu(-tiny)` may give -0 instead of +0 |
 //! | `cast-sink` | `op_t(cast_t(y_1)..cast_t(y_k)) = cast_t(op_s(y_1..y_k))` | as `cast-hoist` | the same equality read backwards; sinks a cast below fan-in (Concat / Max of k casts becomes one cast) |
-//! | `fold-constant` | `cast_t(w) = stored_t(w)` for a constant initializer | bits | the stored copy is the cast computed once, offline (round to nearest even, as Cast does) |
+//! | `fold-constant` | `cast_t(w) = stored_t(w)` for a constant initializer or `Constant` node output | bits | the stored copy is the cast computed once, offline (round to nearest even, as Cast does) |
 //!
 //! **Policy.** `cast-hoist` / `cast-sink` move an op from precision s to t;
 //! they fire only when the plan's policy allows that op at *both*
