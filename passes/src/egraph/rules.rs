@@ -29,7 +29,8 @@
 //! cast every iteration: it saves no cast and costs memory, and the rule
 //! never offers it. It is offered only for *constants* — initializers that are
 //! not trained (scalars and single-element tensors in training mode; every
-//! initializer in inference mode) — where extraction weighs the stored
+//! initializer in inference mode) and the outputs of `Constant` nodes
+//! (never trained, in either mode) — where extraction weighs the stored
 //! copy's memory (bytes × [`super::extract::MEMORY_COST_PER_BYTE`]) against the
 //! per-iteration cast's time from the cost oracle.
 
