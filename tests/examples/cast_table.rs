@@ -46,6 +46,42 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let models = qsync_tests::onnx_models();
     match args.first().map(String::as_str) {
+        Some("breakdown") => {
+            // Where each model's casts come from after `args[1]` (default amp):
+            // by what the cast reads and which op types read the cast.
+            let spec = args.get(1).map_or("amp", String::as_str);
+            for p in &models {
+                let m = planned(p, spec);
+                let g = &m.graph;
+                let mut by: BTreeMap<String, usize> = BTreeMap::new();
+                for id in g.node_ids() {
+                    let node = g.node(id);
+                    if node.op != Op::Cast {
+                        continue;
+                    }
+                    let Some(i) = node.input(0) else { continue };
+                    let src = if g.value(i).init().is_some() {
+                        "init".to_string()
+                    } else if let Some((pn, _)) = g.producer(i) {
+                        format!("{}", g.node(pn).op.op_type())
+                    } else {
+                        "input".to_string()
+                    };
+                    let users: BTreeSet<String> = node
+                        .outputs()
+                        .iter()
+                        .flat_map(|&o| g.users(o))
+                        .map(|(u, slot)| format!("{}#{slot}", g.node(u).op.op_type()))
+                        .collect();
+                    let users: Vec<String> = users.into_iter().collect();
+                    *by.entry(format!("{src} -> {}", users.join("|"))).or_default() += 1;
+                }
+                println!("{} ({spec}):", p.display());
+                for (k, v) in by {
+                    println!("  {v:4} {k}");
+                }
+            }
+        }
         Some("blocklists") => {
             let mut out = BTreeMap::new();
             for p in &models {
@@ -62,14 +98,12 @@ fn main() {
             std::fs::write(&args[1], serde_json_like(&out)).expect("write blocklists");
         }
         _ => {
-            let conv: BTreeMap<String, i64> = args
-                .get(1)
-                .and_then(|f| std::fs::read_to_string(f).ok())
-                .map(|t| parse_counts(&t))
-                .unwrap_or_default();
-            println!("| model | (a) naive uniform=f16 | (b) amp | (c) campo | (d) amp+egraph-casts | vs amp | (d) activation casts | (e) onnxconverter-common activation casts |");
-            println!("|---|---|---|---|---|---|---|---|");
+            let conv: BTreeMap<String, i64> =
+                args.get(1).and_then(|f| std::fs::read_to_string(f).ok()).map(|t| parse_counts(&t)).unwrap_or_default();
+            println!("| model | (a) naive uniform=f16 | (b) amp | (c) campo | (d) amp+egraph-casts | vs amp | (b) amp activation casts | (d) activation casts | activation vs amp | (e) onnxconverter-common activation casts |");
+            println!("|---|---|---|---|---|---|---|---|---|---|");
             let mut ratios = Vec::new();
+            let mut act_ratios = Vec::new();
             for p in &models {
                 let name = p.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
                 let base = casts(&planned(p, "dce"), 0).0;
@@ -79,8 +113,11 @@ fn main() {
                 let ratio = if b.0 > 0 { 1.0 - d.0 as f64 / b.0 as f64 } else { 0.0 };
                 ratios.push(ratio);
                 let e = conv.get(&name).map_or("—".to_string(), |c| c.to_string());
+                let (b_act, d_act) = (b.0.saturating_sub(b.1), d.0.saturating_sub(d.1));
+                let act_ratio = if b_act > 0 { 1.0 - d_act as f64 / b_act as f64 } else { 0.0 };
+                act_ratios.push(act_ratio);
                 println!(
-                    "| {name} | {} ({:.0} µs) | {} ({:.0} µs) | not merged | {} ({:.0} µs) | {:+.1}% | {} | {e} |",
+                    "| {name} | {} ({:.0} µs) | {} ({:.0} µs) | not merged | {} ({:.0} µs) | {:+.1}% | {b_act} | {} | {:+.1}% | {e} |",
                     a.0,
                     a.2,
                     b.0,
@@ -88,11 +125,17 @@ fn main() {
                     d.0,
                     d.2,
                     -100.0 * ratio,
-                    d.0.saturating_sub(d.1)
+                    d_act,
+                    -100.0 * act_ratio
                 );
             }
             let avg = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
-            println!("\nAverage cast reduction of amp+egraph-casts vs amp: {:.1}%", 100.0 * avg);
+            let act_avg = act_ratios.iter().sum::<f64>() / act_ratios.len().max(1) as f64;
+            println!(
+                "\nAverage cast reduction of amp+egraph-casts vs amp: {:.1}% (activation casts: {:.1}%)",
+                100.0 * avg,
+                100.0 * act_avg
+            );
         }
     }
 }

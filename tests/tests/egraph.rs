@@ -19,7 +19,8 @@ fn run(path: &std::path::Path, spec: &str) -> Model {
     let before = outputs(&m);
     let mut pm = pipeline_from_spec(&format!("infer-shapes,{spec},verify")).expect("pipeline");
     pm.verify_each(true);
-    let report = pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{} {spec}: {e}", path.display()));
+    let report =
+        pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{} {spec}: {e}", path.display()));
     for r in &report.runs {
         if r.pass == "egraph-casts" {
             eprintln!("{}: {}", path.display(), r.outcome.summary);
@@ -45,7 +46,10 @@ fn every_model_through_amp_then_egraph_casts() {
 fn egraph_casts_is_bitwise_exact_in_onnxruntime() {
     use std::process::Command;
     let probe = Command::new("python3").args(["-c", "import onnx, onnxruntime"]).output();
-    assert!(probe.is_ok_and(|o| o.status.success()), "python3 with onnx and onnxruntime is needed: run scripts/setup.sh");
+    assert!(
+        probe.is_ok_and(|o| o.status.success()),
+        "python3 with onnx and onnxruntime is needed: run scripts/setup.sh"
+    );
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../passes/tests/numerics.py");
     let dir = std::env::temp_dir().join(format!("qsync-egraph-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -55,10 +59,61 @@ fn egraph_casts_is_bitwise_exact_in_onnxruntime() {
         let b = dir.join(format!("{model}.amp_egraph.onnx"));
         qsync_onnx::export_file(&run(&src, "amp"), &a).unwrap_or_else(|e| panic!("{e}"));
         qsync_onnx::export_file(&run(&src, "amp,egraph-casts"), &b).unwrap_or_else(|e| panic!("{e}"));
-        let o = Command::new("python3").arg(&script).arg(&a).arg(&b).args(["0", "0"]).output().expect("run numerics.py");
+        let o =
+            Command::new("python3").arg(&script).arg(&a).arg(&b).args(["0", "0"]).output().expect("run numerics.py");
         let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         eprintln!("{model}: amp vs amp,egraph-casts\n{text}");
         assert!(o.status.success(), "{model}: {text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The check of the DAG extractor: on every egraph filetest graph
+/// and on the small real models (whole cast regions after `amp`, in
+/// training and inference mode), the extractor's DAG cost equals the ILP
+/// optimum (`extract::ilp_cost`, good_lp + microlp). Tolerance: 1e-9
+/// relative plus 1e-15 s absolute (float summation order; the ILP sees
+/// nanoseconds), far below the smallest cost term (the 1e-12 s tie-break).
+#[test]
+fn dag_extractor_matches_the_ilp_optimum() {
+    use qsync_passes::egraph::{EgraphCasts, Limits};
+    use qsync_passes::precision::Policy;
+    let pass = EgraphCasts { limits: Limits::default(), policy: Policy::load("tf-amp").expect("policy") };
+    let check = |label: &str, m: &Model, cx: &PassContext| -> bool {
+        let Some(c) = pass.ilp_check(m, cx, 4000).unwrap_or_else(|e| panic!("{label}: {e}")) else {
+            eprintln!("{label}: no cast region, or too big for the ILP");
+            return false;
+        };
+        let ilp = c.ilp.unwrap_or_else(|| panic!("{label}: the ILP solver failed ({c:?})"));
+        eprintln!(
+            "{label}: {} e-classes, {} e-nodes; input {:.6e}s, DAG extractor {:.6e}s, ILP optimum {:.6e}s",
+            c.eclasses, c.enodes, c.input, c.dag, ilp
+        );
+        assert!((c.dag - ilp).abs() <= 1e-9 * ilp.abs() + 1e-15, "{label}: DAG {} vs ILP {}", c.dag, ilp);
+        assert!(c.dag <= c.input + 1e-15, "{label}: extractor costlier than the input");
+        true
+    };
+    let mut checked = 0;
+    let dir = qsync_tests::filetests_dir().join("egraph");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("filetests").map(|e| e.expect("entry").path()).collect();
+    files.sort();
+    for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "qir")) {
+        let src = std::fs::read_to_string(f).expect("read");
+        let m = qsync_ir::text::parse_model(&src).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        checked += usize::from(check(&f.display().to_string(), &m, &PassContext::default()));
+    }
+    assert!(checked >= 6, "every egraph filetest has a cast region");
+    for model in ["squeezenet1_1.onnx", "bert_tiny.onnx"] {
+        for inference in [false, true] {
+            let mut m =
+                qsync_onnx::import_file(qsync_tests::models_dir().join(model)).unwrap_or_else(|e| panic!("{e}"));
+            let mut cx = PassContext { inference, target: Some("t4".into()), ..PassContext::default() };
+            pipeline_from_spec("infer-shapes,amp")
+                .expect("spec")
+                .run(&mut m, &mut cx)
+                .unwrap_or_else(|e| panic!("{e}"));
+            checked += usize::from(check(&format!("{model} amp inference={inference}"), &m, &cx));
+        }
+    }
+    assert!(checked >= 8, "real subgraphs checked too");
 }

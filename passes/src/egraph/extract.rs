@@ -191,10 +191,13 @@ pub fn ilp_cost(costs: &mut Costs<'_>, roots: &[Id]) -> Option<f64> {
     let mut vars = ProblemVariables::new();
     let cls: HashMap<Id, _> = classes.iter().map(|&c| (c, vars.add(variable().binary()))).collect();
     let ord: HashMap<Id, _> = classes.iter().map(|&c| (c, vars.add(variable().min(0.0).max(big)))).collect();
+    // Costs are seconds (casts ~1e-6, the tie-break epsilon 1e-12): the
+    // solver sees nanoseconds so its tolerances do not swallow them.
+    const SCALE: f64 = 1e9;
     let mut nodes = Vec::new();
     for &c in &classes {
         for n in eg[c].nodes.iter() {
-            let cost = costs.own(n);
+            let cost = costs.own(n) * SCALE;
             nodes.push((c, n.clone(), cost, vars.add(variable().binary())));
         }
     }
@@ -215,5 +218,5 @@ pub fn ilp_cost(costs: &mut Costs<'_>, roots: &[Id]) -> Option<f64> {
         }
     }
     let sol = model.solve().ok()?;
-    Some(nodes.iter().map(|(_, _, cost, v)| cost * sol.value(*v).round()).sum())
+    Some(nodes.iter().map(|(_, _, cost, v)| cost / SCALE * sol.value(*v).round()).sum())
 }

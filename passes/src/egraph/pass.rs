@@ -64,7 +64,21 @@ pub fn transparent(op: &Op) -> bool {
     use Op::*;
     matches!(
         op,
-        Reshape | Transpose | Flatten | Slice | Gather | Concat | Split | Squeeze | Unsqueeze | Expand | Identity | Relu | MaxPool | Max | Min
+        Reshape
+            | Transpose
+            | Flatten
+            | Slice
+            | Gather
+            | Concat
+            | Split
+            | Squeeze
+            | Unsqueeze
+            | Expand
+            | Identity
+            | Relu
+            | MaxPool
+            | Max
+            | Min
     )
 }
 
@@ -88,7 +102,8 @@ fn in_region(g: &Graph, n: NodeId, outputs: &[ValueId]) -> bool {
     }
     let Some(d) = dt(node.outputs()[0]).filter(|d| d.is_float()) else { return false };
     let outs_ok = node.outputs().iter().all(|&o| dt(o) == Some(d));
-    let float_ins: Vec<ValueId> = node.inputs().iter().flatten().copied().filter(|&v| dt(v).is_some_and(DType::is_float)).collect();
+    let float_ins: Vec<ValueId> =
+        node.inputs().iter().flatten().copied().filter(|&v| dt(v).is_some_and(DType::is_float)).collect();
     outs_ok && !float_ins.is_empty() && float_ins.iter().all(|&v| dt(v) == Some(d))
 }
 
@@ -131,8 +146,11 @@ fn import(g: &Graph, order: &[NodeId]) -> Import {
     for &n in order {
         if in_region(g, n, &outputs) {
             let node = g.node(n);
-            let kids: Vec<Id> =
-                child_slots(g, n).into_iter().filter_map(|s| node.input(s)).map(|v| leaf(&mut eg, &mut class_of, v)).collect();
+            let kids: Vec<Id> = child_slots(g, n)
+                .into_iter()
+                .filter_map(|s| node.input(s))
+                .map(|v| leaf(&mut eg, &mut class_of, v))
+                .collect();
             for (slot, &o) in node.outputs().iter().enumerate() {
                 let ty = g.ty(o);
                 let dt = ty.dtype.unwrap_or(DType::F32);
@@ -175,7 +193,9 @@ impl EgraphCasts {
             let Some(orig) = node.outputs().first().and_then(|&o| g.ty(o).dtype) else { continue };
             let mut ok = vec![orig];
             if lowerable(g, n) && self.policy.category(node.op.op_type()) != Category::Deny {
-                ok.extend([DType::F32, DType::F16, DType::BF16].into_iter().filter(|&d| d != orig && oracle.supports(d)));
+                ok.extend(
+                    [DType::F32, DType::F16, DType::BF16].into_iter().filter(|&d| d != orig && oracle.supports(d)),
+                );
             }
             cx.allowed.insert(n.index() as u32, ok);
         }
@@ -184,6 +204,19 @@ impl EgraphCasts {
             let constant = inference || t.numel() <= 1;
             if t.dtype.is_float() && constant && !g.inputs().contains(&v) {
                 cx.foldable.insert(v.index() as u32);
+            }
+        }
+        // `Constant` nodes (exporters emit them for scales, masks, fill
+        // values) are never trained: foldable in training too.
+        for n in g.node_ids() {
+            let node = g.node(n);
+            if node.op != Op::Constant {
+                continue;
+            }
+            if let (Some(&o), Some(Attr::Tensor(t))) = (node.outputs().first(), node.attr("value")) {
+                if t.dtype.is_float() && !g.outputs().contains(&o) {
+                    cx.foldable.insert(o.index() as u32);
+                }
             }
         }
         cx
@@ -197,27 +230,59 @@ pub fn count_casts(g: &Graph) -> (usize, usize) {
     (casts.len(), weight)
 }
 
-impl Pass for EgraphCasts {
-    fn name(&self) -> &'static str {
-        "egraph-casts"
-    }
+/// A saturated e-graph of one graph's cast region.
+struct Saturated {
+    imp: Import,
+    egraph: CastGraph,
+    roots: Vec<Id>,
+    /// Cast-time multiplier (2 in training: forward and gradient casts).
+    weight: f64,
+    stats: String,
+}
 
-    fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassOutcome, PassError> {
-        let oracle = oracle_for(cx, self.name())?;
-        let oracle: &dyn CostOracle = oracle.as_ref();
-        let g = &model.graph;
+/// The DAG extractor: egg's tree choice refined DAG-aware.
+fn extract(g: &Graph, eg: &CastGraph, oracle: &dyn CostOracle, weight: f64, roots: &[Id]) -> (Choice, f64) {
+    let mut costs = Costs::new(g, eg, oracle).cast_weight(weight);
+    let choice = tree_choice(Costs::new(g, eg, oracle).cast_weight(weight));
+    dag_refine(&mut costs, choice, roots, 2)
+}
+
+/// The DAG extractor's cost against the ILP optimum on one graph's
+/// saturated cast region (see [`EgraphCasts::ilp_check`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IlpCheck {
+    pub eclasses: usize,
+    pub enodes: usize,
+    /// The input region's cost.
+    pub input: f64,
+    /// The DAG extractor's selection cost.
+    pub dag: f64,
+    /// The ILP optimum (`None`: the solver failed).
+    pub ilp: Option<f64>,
+}
+
+impl EgraphCasts {
+    /// Import and saturate; `Ok(Err(why))` when there is nothing to rewrite.
+    fn saturate(
+        &self,
+        g: &Graph,
+        cx: &PassContext,
+        oracle: &dyn CostOracle,
+    ) -> Result<Result<Saturated, String>, PassError> {
         if g.node_ids().iter().any(|&n| g.node(n).op.class() == OpClass::Control) {
-            return Ok(PassOutcome { changed: false, summary: "graph has subgraphs; unchanged".into() });
+            return Ok(Err("graph has subgraphs".into()));
         }
-        let order = g.topo_order().map_err(|_| PassError::FailedGraph { pass: self.name().into(), message: "the graph has a cycle".into() })?;
-        let (casts_before, weight_before) = count_casts(g);
-        let imp = import(g, &order);
+        let order = g.topo_order().map_err(|_| PassError::FailedGraph {
+            pass: self.name().into(),
+            message: "the graph has a cycle".into(),
+        })?;
+        let mut imp = import(g, &order);
         if imp.roots.is_empty() {
-            return Ok(PassOutcome { changed: false, summary: format!("no cast region; {casts_before} casts unchanged") });
+            return Ok(Err("no cast region".into()));
         }
         let rcx = Arc::new(self.rule_cx(g, &imp.region, oracle, cx.inference));
         let runner = Runner::<_, Typing, ()>::default()
-            .with_egraph(imp.eg)
+            .with_egraph(std::mem::take(&mut imp.eg))
             .with_iter_limit(self.limits.iters)
             .with_node_limit(self.limits.nodes)
             .with_time_limit(self.limits.time)
@@ -230,24 +295,73 @@ impl Pass for EgraphCasts {
             Some(egg::StopReason::Other(s)) => s.clone(),
             None => "not run".into(),
         };
-        let eg = &runner.egraph;
-        let stats = format!("{stop} after {} iterations, {} e-nodes", runner.iterations.len(), eg.total_number_of_nodes());
-        let roots: Vec<Id> = imp.roots.iter().map(|(_, _, v)| eg.find(imp.class_of[v])).collect();
+        let egraph = runner.egraph;
+        let stats =
+            format!("{stop} after {} iterations, {} e-nodes", runner.iterations.len(), egraph.total_number_of_nodes());
+        let roots: Vec<Id> = imp.roots.iter().map(|(_, _, v)| egraph.find(imp.class_of[v])).collect();
         let weight = if cx.inference { 1.0 } else { 2.0 };
+        Ok(Ok(Saturated { imp, egraph, roots, weight, stats }))
+    }
+
+    /// Saturate `model`'s cast region and compare the DAG extractor with the
+    /// ILP optimum ([`super::extract::ilp_cost`]). `None` when the graph has
+    /// no cast region or its e-graph exceeds `max_enodes` (the ILP is for
+    /// small graphs).
+    pub fn ilp_check(&self, model: &Model, cx: &PassContext, max_enodes: usize) -> Result<Option<IlpCheck>, PassError> {
+        let oracle = oracle_for(cx, self.name())?;
+        let oracle: &dyn CostOracle = oracle.as_ref();
+        let g = &model.graph;
+        let Ok(sat) = self.saturate(g, cx, oracle)? else { return Ok(None) };
+        let eg = &sat.egraph;
+        if eg.total_number_of_nodes() > max_enodes {
+            return Ok(None);
+        }
+        let (choice, dag) = extract(g, eg, oracle, sat.weight, &sat.roots);
+        let mut costs = Costs::new(g, eg, oracle).cast_weight(sat.weight);
+        let dag = dag_cost(&mut costs, &choice, &sat.roots).unwrap_or(dag);
+        let ilp = super::extract::ilp_cost(&mut costs, &sat.roots);
+        let input = original_cost(g, &sat.imp.region, &sat.imp.roots, oracle, sat.weight);
+        Ok(Some(IlpCheck { eclasses: eg.number_of_classes(), enodes: eg.total_number_of_nodes(), input, dag, ilp }))
+    }
+}
+
+impl Pass for EgraphCasts {
+    fn name(&self) -> &'static str {
+        "egraph-casts"
+    }
+
+    fn run(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassOutcome, PassError> {
+        let oracle = oracle_for(cx, self.name())?;
+        let oracle: &dyn CostOracle = oracle.as_ref();
+        let g = &model.graph;
+        let (casts_before, weight_before) = count_casts(g);
+        let sat = match self.saturate(g, cx, oracle)? {
+            Ok(s) => s,
+            Err(why) => {
+                return Ok(PassOutcome { changed: false, summary: format!("{why}; {casts_before} casts unchanged") })
+            }
+        };
+        let (imp, eg, stats) = (&sat.imp, &sat.egraph, &sat.stats);
+        let roots = &sat.roots;
+        let weight = sat.weight;
         let mut costs = Costs::new(g, eg, oracle).cast_weight(weight);
         let orig_cost = original_cost(g, &imp.region, &imp.roots, oracle, weight);
-        let choice = tree_choice(Costs::new(g, eg, oracle).cast_weight(weight));
-        let (choice, new_cost) = dag_refine(&mut costs, choice, &roots, 2);
-        let new_cost = dag_cost(&mut costs, &choice, &roots).unwrap_or(new_cost);
+        let (choice, new_cost) = extract(g, eg, oracle, weight, roots);
+        let new_cost = dag_cost(&mut costs, &choice, roots).unwrap_or(new_cost);
         let region_casts_before = imp.region.iter().filter(|&&n| g.node(n).op == Op::Cast).count();
-        let new_casts = reached(eg, &choice, &roots).iter().filter(|c| matches!(choice[c].key(), Key::Cast { .. })).count();
+        let new_casts =
+            reached(eg, &choice, roots).iter().filter(|c| matches!(choice[c].key(), Key::Cast { .. })).count();
         if !(new_cost < orig_cost * (1.0 - 1e-9)) || new_casts > region_casts_before {
             return Ok(PassOutcome {
                 changed: false,
-                summary: format!("nothing cheaper ({stats}); {casts_before} casts ({} activation) unchanged", casts_before - weight_before),
+                summary: format!(
+                    "nothing cheaper ({stats}); {casts_before} casts ({} activation) unchanged",
+                    casts_before - weight_before
+                ),
             });
         }
-        let roots_with: Vec<(NodeId, usize, ValueId, Id)> = imp.roots.iter().zip(&roots).map(|(&(n, s, v), &c)| (n, s, v, c)).collect();
+        let roots_with: Vec<(NodeId, usize, ValueId, Id)> =
+            imp.roots.iter().zip(roots).map(|(&(n, s, v), &c)| (n, s, v, c)).collect();
         let base_dir = model.base_dir.clone();
         let region = imp.region.clone();
         rebuild(&mut model.graph, eg, &choice, &roots_with, &region, base_dir.as_deref());
@@ -263,7 +377,13 @@ impl Pass for EgraphCasts {
 }
 
 /// The input region's cost: own costs of region nodes reachable from roots.
-fn original_cost(g: &Graph, region: &[NodeId], roots: &[(NodeId, usize, ValueId)], oracle: &dyn CostOracle, weight: f64) -> f64 {
+fn original_cost(
+    g: &Graph,
+    region: &[NodeId],
+    roots: &[(NodeId, usize, ValueId)],
+    oracle: &dyn CostOracle,
+    weight: f64,
+) -> f64 {
     let in_region: std::collections::HashSet<NodeId> = region.iter().copied().collect();
     let mut seen = std::collections::HashSet::new();
     let mut stack: Vec<ValueId> = roots.iter().map(|r| r.2).collect();
@@ -284,6 +404,18 @@ fn original_cost(g: &Graph, region: &[NodeId], roots: &[(NodeId, usize, ValueId)
         stack.extend(child_slots(g, n).into_iter().filter_map(|s| node.input(s)));
     }
     total
+}
+
+/// The tensor of an initializer or of a `Constant` node's output.
+fn constant_value(g: &Graph, v: ValueId) -> Option<Tensor> {
+    if let Some(t) = g.value(v).init() {
+        return Some(t.clone());
+    }
+    let (n, _) = g.producer(v)?;
+    match g.node(n).attr("value") {
+        Some(Attr::Tensor(t)) if g.node(n).op == Op::Constant => Some(t.clone()),
+        _ => None,
+    }
 }
 
 struct Rebuild<'a> {
@@ -325,7 +457,10 @@ impl Rebuild<'_> {
         }
         let name = self.g.fresh_value_name(&format!("{}.cast_{to}", self.g.value_name(x)));
         let ty = TensorType { dtype: Some(to), shape: self.g.ty(x).shape.clone() };
-        let spec = NodeSpec::new(name.clone(), Op::Cast).input(x).attr("to", Attr::Int(i64::from(to.onnx_code()))).output(name, ty);
+        let spec = NodeSpec::new(name.clone(), Op::Cast)
+            .input(x)
+            .attr("to", Attr::Int(i64::from(to.onnx_code())))
+            .output(name, ty);
         let n = self.g.add_node(spec);
         let out = self.g.node(n).outputs()[0];
         self.casts.insert((x, to), out);
@@ -336,13 +471,15 @@ impl Rebuild<'_> {
         if let Some(&s) = self.stored.get(&(w, to)) {
             return s;
         }
-        let t = self.g.value(w).init().cloned().expect("a foldable value is an initializer");
+        let t = constant_value(self.g, w).expect("a foldable value is an initializer or a Constant");
         let vals = t.load(self.base_dir).ok().flatten().and_then(|bytes| {
             Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
         });
-        let converted = vals
-            .and_then(|v| Tensor::from_f64s(to, t.dims.clone(), &v))
-            .unwrap_or(Tensor { dtype: to, dims: t.dims.clone(), data: TensorData::Absent });
+        let converted = vals.and_then(|v| Tensor::from_f64s(to, t.dims.clone(), &v)).unwrap_or(Tensor {
+            dtype: to,
+            dims: t.dims.clone(),
+            data: TensorData::Absent,
+        });
         let name = self.g.fresh_value_name(&format!("{}.{to}", self.g.value_name(w)));
         let s = self.g.add_init(name, converted);
         self.stored.insert((w, to), s);
@@ -379,7 +516,14 @@ impl Rebuild<'_> {
     }
 }
 
-fn rebuild(g: &mut Graph, eg: &CastGraph, choice: &Choice, roots: &[(NodeId, usize, ValueId, Id)], region: &[NodeId], base_dir: Option<&std::path::Path>) {
+fn rebuild(
+    g: &mut Graph,
+    eg: &CastGraph,
+    choice: &Choice,
+    roots: &[(NodeId, usize, ValueId, Id)],
+    region: &[NodeId],
+    base_dir: Option<&std::path::Path>,
+) {
     let mut casts = HashMap::new();
     for &n in region {
         let node = g.node(n);
@@ -391,7 +535,17 @@ fn rebuild(g: &mut Graph, eg: &CastGraph, choice: &Choice, roots: &[(NodeId, usi
             }
         }
     }
-    let mut rb = Rebuild { g, eg, choice, memo: HashMap::new(), made: BTreeMap::new(), casts, stored: HashMap::new(), base_dir, vals: Vec::new() };
+    let mut rb = Rebuild {
+        g,
+        eg,
+        choice,
+        memo: HashMap::new(),
+        made: BTreeMap::new(),
+        casts,
+        stored: HashMap::new(),
+        base_dir,
+        vals: Vec::new(),
+    };
     rb.vals = rb.g.all_values().collect();
     let mut rewires = Vec::new();
     for &(n, slot, old, c) in roots {

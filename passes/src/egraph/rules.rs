@@ -12,7 +12,7 @@
 //! | `cast-exact-chain` | `cast_a(cast_b(x:s)) = cast_a(x)` when s→b is exact | bits | `cast_b` keeps the value (f16/bf16→f32/f64, f32→f64, i8→f16/bf16/f32/f64 are injective and value-preserving), so the outer cast sees the same number; the round trips f16→f32→f16, bf16→f32→bf16, i8→f32→i8 are the case a = s |
 //! | `cast-hoist` | `cast_t(op_s(x..)) = op_t(cast_t(x)..)` | bits (movement); values (order-preserving) | movement ops (Reshape, Transpose, Flatten, Slice, Gather data, Concat, Split, Squeeze, Unsqueeze, Expand, Identity) only copy elements, and a cast is elementwise; Relu, MaxPool, Max, Min select one of their inputs (or 0), and rounding is monotone, so `round(max(a,b)) = max(round a, round b)` — only `Relu(-tiny)` may give -0 instead of +0 |
 //! | `cast-sink` | `op_t(cast_t(y_1)..cast_t(y_k)) = cast_t(op_s(y_1..y_k))` | as `cast-hoist` | the same equality read backwards; sinks a cast below fan-in (Concat / Max of k casts becomes one cast) |
-//! | `fold-constant` | `cast_t(w) = stored_t(w)` for a constant initializer | bits | the stored copy is the cast computed once, offline (round to nearest even, as Cast does) |
+//! | `fold-constant` | `cast_t(w) = stored_t(w)` for a constant initializer or `Constant` node output | bits | the stored copy is the cast computed once, offline (round to nearest even, as Cast does) |
 //!
 //! **Policy.** `cast-hoist` / `cast-sink` move an op from precision s to t;
 //! they fire only when the plan's policy allows that op at *both*
@@ -29,7 +29,8 @@
 //! cast every iteration: it saves no cast and costs memory, and the rule
 //! never offers it. It is offered only for *constants* — initializers that are
 //! not trained (scalars and single-element tensors in training mode; every
-//! initializer in inference mode) — where extraction weighs the stored
+//! initializer in inference mode) and the outputs of `Constant` nodes
+//! (never trained, in either mode) — where extraction weighs the stored
 //! copy's memory (bytes × [`super::extract::MEMORY_COST_PER_BYTE`]) against the
 //! per-iteration cast's time from the cost oracle.
 
@@ -131,14 +132,17 @@ impl Rule {
                 }
                 (Kind::Sink, Key::Node { node: n, slot, dt: t, elems }) => {
                     let Some(first) = kids.first() else { continue };
-                    let sources: Vec<DType> = casts_in(eg, *first).filter(|(to, _)| *to == t).filter_map(|(_, y)| dtype_of(eg, y)).collect();
+                    let sources: Vec<DType> =
+                        casts_in(eg, *first).filter(|(to, _)| *to == t).filter_map(|(_, y)| dtype_of(eg, y)).collect();
                     for s in sources {
                         if s == t || !s.is_float() || !self.cx.allows(n, s) || !self.cx.allows(n, t) {
                             continue;
                         }
                         let ys: Option<Vec<Id>> = kids
                             .iter()
-                            .map(|&k| casts_in(eg, k).find(|&(to, y)| to == t && dtype_of(eg, y) == Some(s)).map(|(_, y)| y))
+                            .map(|&k| {
+                                casts_in(eg, k).find(|&(to, y)| to == t && dtype_of(eg, y) == Some(s)).map(|(_, y)| y)
+                            })
                             .collect();
                         let Some(ys) = ys else { continue };
                         let inner = eg.add(CastLang::Op(Key::Node { node: n, slot, dt: s, elems }, ys));
@@ -169,8 +173,17 @@ impl Rule {
 }
 
 impl Searcher<CastLang, Typing> for Rule {
-    fn search_eclass_with_limit(&self, eg: &CastGraph, eclass: Id, limit: usize) -> Option<SearchMatches<'_, CastLang>> {
-        (limit > 0 && self.matches(eg, eclass)).then(|| SearchMatches { eclass, substs: vec![Subst::default()], ast: None })
+    fn search_eclass_with_limit(
+        &self,
+        eg: &CastGraph,
+        eclass: Id,
+        limit: usize,
+    ) -> Option<SearchMatches<'_, CastLang>> {
+        (limit > 0 && self.matches(eg, eclass)).then(|| SearchMatches {
+            eclass,
+            substs: vec![Subst::default()],
+            ast: None,
+        })
     }
 
     fn vars(&self) -> Vec<Var> {
@@ -179,7 +192,14 @@ impl Searcher<CastLang, Typing> for Rule {
 }
 
 impl Applier<CastLang, Typing> for Rule {
-    fn apply_one(&self, eg: &mut CastGraph, eclass: Id, _: &Subst, _: Option<&PatternAst<CastLang>>, _: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        eg: &mut CastGraph,
+        eclass: Id,
+        _: &Subst,
+        _: Option<&PatternAst<CastLang>>,
+        _: Symbol,
+    ) -> Vec<Id> {
         let c = eg.find(eclass);
         if self.apply(eg, c) {
             vec![c]
