@@ -191,14 +191,16 @@ fn write_stdout(s: &str) -> Result<()> {
     }
 }
 
-/// Subcommands (and flags) that select the classic interface; any other
-/// first argument is a model path for the planner.
-const SUBCOMMANDS: &[&str] = &["inspect", "opt", "simulate", "help"];
+/// Whether `arg` names a subcommand (or `help`); any other first argument
+/// is a model path for the planner.
+fn is_subcommand(arg: &str) -> bool {
+    use clap::CommandFactory;
+    arg == "help" || Cli::command().get_subcommands().any(|c| c.get_name() == arg)
+}
 
 fn main() -> ExitCode {
     let first = std::env::args().nth(1);
-    if let Some(f) = first.filter(|f| !f.starts_with('-') && !SUBCOMMANDS.contains(&f.as_str())) {
-        let _ = f;
+    if first.is_some_and(|f| !f.starts_with('-') && !is_subcommand(&f)) {
         let args = match planner::PlanArgs::try_parse() {
             Ok(a) => a,
             Err(e) => {
