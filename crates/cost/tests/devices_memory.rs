@@ -151,7 +151,7 @@ fn decomposed_gelu_and_constant_operands_keep_what_autograd_keeps() {
         for &i in ins {
             s = s.input(i);
         }
-        let n = g.add_node(s.output(&format!("{name}_out"), t(&[4, 16])));
+        let n = g.add_node(s.output(format!("{name}_out"), t(&[4, 16])));
         g.node(n).outputs()[0]
     };
     let fc1 = g.add_node(NodeSpec::new("fc1", Op::Gemm).input(x).input(w1).attr("transB", Attr::Int(1)).output("h", t(&[4, 16])));
