@@ -5,7 +5,7 @@
 //! v100:16,t4:16 -o DIR --json` does minus process start.
 //!
 //! Measured once (release, a shared 2-core machine, criterion median of 10):
-//! see README "Planner performance".
+//! median 130 ms (CI 127.7–132.8 ms), budget 2 s.
 
 use std::path::PathBuf;
 use std::time::Duration;
