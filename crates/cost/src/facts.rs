@@ -8,7 +8,7 @@
 //! parameters, which values need gradients, and which values backward keeps
 //! alive. Reads the graph's value types: run `infer-shapes` first.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use qsync_ir::{DType, Dim, Graph, NodeId, Op, OpClass, ValueDef, ValueId};
 
@@ -163,6 +163,41 @@ fn saves_nothing(op: &Op) -> bool {
         || matches!(op, Op::Add | Op::Sub | Op::Neg | Op::Sum | Op::Mean | Op::GlobalAveragePool | Op::AveragePool | Op::Dropout)
 }
 
+/// Decomposed erf-GELUs, as exporters without an ONNX `Gelu` write them:
+/// `Mul(x, Add(Erf(Div(x, c)), 1))` (the `* 0.5` after or before it is a
+/// Mul by a constant, which keeps nothing). PyTorch trains the fused op,
+/// whose backward keeps only `x`. Returns the outer Mul → `x`, and the inner
+/// Div / Erf / Add nodes, which then keep nothing.
+fn erf_gelus(graph: &Graph) -> (HashMap<NodeId, ValueId>, HashSet<NodeId>) {
+    let (mut muls, mut inner) = (HashMap::new(), HashSet::new());
+    let prod = |v: Option<ValueId>, op: fn(&Op) -> bool| -> Option<NodeId> {
+        let (p, _) = graph.producer(v?)?;
+        op(&graph.node(p).op).then_some(p)
+    };
+    for n in graph.node_ids() {
+        let node = graph.node(n);
+        if !matches!(node.op, Op::Mul) || node.inputs().len() != 2 {
+            continue;
+        }
+        for (xi, ai) in [(0, 1), (1, 0)] {
+            let Some(x) = node.input(xi) else { continue };
+            let Some(add) = prod(node.input(ai), |o| matches!(o, Op::Add)) else { continue };
+            let an = graph.node(add);
+            let Some((erf, _)) = [an.input(0), an.input(1)].into_iter().find_map(|v| prod(v, |o| matches!(o, Op::Erf)).map(|e| (e, v))) else {
+                continue;
+            };
+            let Some(div) = prod(graph.node(erf).input(0), |o| matches!(o, Op::Div | Op::Mul)) else { continue };
+            if graph.node(div).input(0) != Some(x) {
+                continue;
+            }
+            muls.insert(n, x);
+            inner.extend([add, erf, div]);
+            break;
+        }
+    }
+    (muls, inner)
+}
+
 impl GraphFacts {
     /// Bind every dimension and compute the facts of every node. Errors name
     /// the node and value with an unbound symbol or an unknown shape.
@@ -214,6 +249,7 @@ impl GraphFacts {
         let mut nodes: Vec<Option<NodeFacts>> = vec![None; node_bound(graph)];
         let mut saved: Vec<Vec<ValueId>> = vec![Vec::new(); node_bound(graph)];
         let mut saved_extra = vec![0.0; node_bound(graph)];
+        let (gelu_mul, gelu_inner) = erf_gelus(graph);
         for &n in &order {
             let node = graph.node(n);
             let needs_backward = node.inputs().iter().flatten().any(|v| requires_grad[v.index()] && is_float(*v));
@@ -224,11 +260,24 @@ impl GraphFacts {
                 requires_grad[o.index()] = grads_flow && is_float(o);
             }
             let f = node_facts(graph, n, &elems, &shapes, &unbound, &is_param, &requires_grad, grads_flow)?;
-            if grads_flow && !saves_nothing(&node.op) {
-                let vals: Vec<ValueId> = if saves_output(&node.op) {
+            if grads_flow && !saves_nothing(&node.op) && !gelu_inner.contains(&n) {
+                let keep = |v: ValueId| is_float(v) && !is_param[v.index()] && graph.value(v).init().is_none();
+                let vals: Vec<ValueId> = if let Some(&x) = gelu_mul.get(&n) {
+                    // A decomposed erf-GELU: PyTorch's GeluBackward keeps only x.
+                    vec![x]
+                } else if saves_output(&node.op) {
                     node.outputs().first().copied().into_iter().collect()
+                } else if matches!(node.op, Op::Mul | Op::Div | Op::MatMul) && node.inputs().len() == 2 {
+                    // Autograd keeps an operand only when the other one's
+                    // gradient needs it: Mul/MatMul keep a iff b requires grad
+                    // and b iff a does; Div keeps b iff either does, a iff b does.
+                    let (a, b) = (node.input(0), node.input(1));
+                    let rg = |v: Option<ValueId>| v.is_some_and(|v| requires_grad[v.index()]);
+                    let keep_a = rg(b);
+                    let keep_b = if matches!(node.op, Op::Div) { rg(a) || rg(b) } else { rg(a) };
+                    [(a, keep_a), (b, keep_b)].into_iter().filter_map(|(v, k)| v.filter(|&v| k && keep(v))).collect()
                 } else {
-                    node.inputs().iter().flatten().copied().filter(|&v| is_float(v) && !is_param[v.index()] && graph.value(v).init().is_none()).collect()
+                    node.inputs().iter().flatten().copied().filter(|&v| keep(v)).collect()
                 };
                 saved[n.index()] = vals;
             }

@@ -132,3 +132,42 @@ fn lowering_precision_uniformly_never_raises_memory_on_real_models() {
         assert!(m32.fits());
     }
 }
+
+/// An exporter's erf-GELU, `Mul(Mul(h, Add(Erf(Div(h, √2)), 1)), 0.5)`,
+/// keeps only `h` (PyTorch trains the fused GELU), and a Mul by a tensor
+/// that needs no gradient keeps only that tensor.
+#[test]
+fn decomposed_gelu_and_constant_operands_keep_what_autograd_keeps() {
+    let mut g = Graph::new("gelu");
+    let x = g.add_input("x", t(&[4, 8]));
+    let mask = g.add_input("mask", t(&[4, 16]));
+    let w1 = g.add_init("w1", Tensor::from_f32(vec![16, 8], &[0.0; 128]));
+    let w2 = g.add_init("w2", Tensor::from_f32(vec![2, 16], &[0.0; 32]));
+    let sqrt2 = g.add_init("sqrt2", Tensor::from_f32(vec![], &[std::f32::consts::SQRT_2]));
+    let one = g.add_init("one", Tensor::from_f32(vec![], &[1.0]));
+    let half = g.add_init("half", Tensor::from_f32(vec![], &[0.5]));
+    let val = |g: &mut Graph, name: &str, op: Op, ins: &[qsync_ir::ValueId]| {
+        let mut s = NodeSpec::new(name, op);
+        for &i in ins {
+            s = s.input(i);
+        }
+        let n = g.add_node(s.output(format!("{name}_out"), t(&[4, 16])));
+        g.node(n).outputs()[0]
+    };
+    let fc1 = g.add_node(NodeSpec::new("fc1", Op::Gemm).input(x).input(w1).attr("transB", Attr::Int(1)).output("h", t(&[4, 16])));
+    let h = g.node(fc1).outputs()[0];
+    let d = val(&mut g, "div", Op::Div, &[h, sqrt2]);
+    let e = val(&mut g, "erf", Op::Erf, &[d]);
+    let a = val(&mut g, "add", Op::Add, &[e, one]);
+    let m = val(&mut g, "mul", Op::Mul, &[h, a]);
+    let gl = val(&mut g, "mul_half", Op::Mul, &[m, half]);
+    let masked = val(&mut g, "mask_mul", Op::Mul, &[gl, mask]);
+    g.add_node(NodeSpec::new("fc2", Op::Gemm).input(masked).input(w2).attr("transB", Attr::Int(1)).output("y", t(&[4, 2])));
+    let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
+    let v100 = DeviceDb::bundled().unwrap().get("v100").unwrap().clone();
+    let m = estimate_memory(&g, &facts, &Plan::new().resolve(&g), &v100, Optimizer::Adam, None).unwrap();
+    // fc1 keeps x (32); the GELU keeps h (64); mask_mul keeps only the mask
+    // (64), not its input; fc2 keeps its input (64) → 224 · 4 B. Before:
+    // Div, Erf and both Muls kept their float inputs too (+ 3 · 64 · 4 B).
+    assert_eq!(m.activations, 224.0 * 4.0);
+}

@@ -276,8 +276,8 @@ impl<'g> Ctx<'g> {
         let (mut tried, mut kept) = (0, 0);
         loop {
             let mut any = false;
-            for t in 0..heaps.len() {
-                let Some(s) = heaps[t].pop() else { continue };
+            for (t, heap) in heaps.iter_mut().enumerate() {
+                let Some(s) = heap.pop() else { continue };
                 any = true;
                 tried += 1;
                 pred.set_precision(t, s.node, s.to)?;
@@ -286,7 +286,7 @@ impl<'g> Ctx<'g> {
                 if ok {
                     kept += 1;
                     if let Some(next) = self.next_step(t, s.node, s.to) {
-                        heaps[t].push(next);
+                        heap.push(next);
                     }
                 } else {
                     pred.set_precision(t, s.node, s.from)?;
@@ -395,7 +395,7 @@ pub fn allocate(
                 l.push(p);
             }
         }
-        l.sort_by(|a, b| b.bits().cmp(&a.bits()));
+        l.sort_by_key(|p| std::cmp::Reverse(p.bits()));
         levels.push(Some(l));
     }
     let cx = Ctx { g, facts, targets, popts, ind, candidates: cands, gemm, levels, amp: opts.train_amp };
@@ -406,7 +406,7 @@ pub fn allocate(
     // the fastest (normally the lowest precision: QSync's T_min).
     progress("uniform precision (UP)");
     let mut level_sets: Vec<Precision> = cx.levels.iter().flatten().flatten().copied().collect();
-    level_sets.sort_by(|a, b| b.bits().cmp(&a.bits()));
+    level_sets.sort_by_key(|p| std::cmp::Reverse(p.bits()));
     level_sets.dedup_by_key(|p| p.bits());
     let mut best: Option<(f64, Vec<Plan>)> = None;
     let mut lowest_failure = String::new();

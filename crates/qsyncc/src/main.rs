@@ -8,12 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-mod codegen;
-mod inspect;
-mod load;
-mod plan;
-mod planner;
-mod simulate;
+use qsyncc::{codegen, inspect, load, parse_dim_binding, plan, planner, simulate};
 
 #[derive(Parser, Debug)]
 #[command(name = "qsyncc", version, about = "Mixed-precision planning compiler for hybrid GPU clusters")]
@@ -104,18 +99,6 @@ struct DimArgs {
     inputs: Vec<qsync_torchscript::InputSpec>,
 }
 
-pub(crate) fn parse_dim_binding(s: &str) -> Result<(String, i64), String> {
-    let (name, val) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=N"))?;
-    let name = name.trim();
-    if name.is_empty() {
-        return Err(format!("`{s}` has an empty dimension name"));
-    }
-    let v: i64 = val.trim().parse().map_err(|_| format!("`{val}` is not an integer"))?;
-    if v < 1 {
-        return Err(format!("dimension `{name}` must be at least 1, got {v}"));
-    }
-    Ok((name.to_string(), v))
-}
 
 impl DimArgs {
     fn options(&self) -> qsync_ir::infer::InferOptions {

@@ -71,8 +71,8 @@ fn every_shared_model_plans_on_cluster_a() {
 }
 
 #[test]
-fn cluster_b_cnns() {
-    for m in ["resnet50_train.onnx", "vgg16.onnx", "vgg16_bn.onnx"] {
+fn cluster_b_all_four() {
+    for m in ["resnet50_train.onnx", "vgg16.onnx", "vgg16_bn.onnx", "bert_base_train.onnx"] {
         plan(m, &["--memory", "t4=30%", "--batch", "32"]);
     }
 }
