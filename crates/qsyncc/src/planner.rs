@@ -79,6 +79,10 @@ pub struct PlanArgs {
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
+    /// What each `<device>/` directory gets: `onnx` (always written), and
+    /// `mlir` / `ptx` for the device's `model.mlir` and `kernels.ptx`.
+    #[arg(long, default_value = "onnx", value_delimiter = ',')]
+    pub emit: Vec<String>,
 }
 
 fn progress(quiet: bool, msg: &str, start: std::time::Instant) {
@@ -89,6 +93,9 @@ fn progress(quiet: bool, msg: &str, start: std::time::Instant) {
 
 /// Run the planner; returns what goes to stdout.
 pub fn run(a: &PlanArgs) -> Result<String> {
+    if let Some(bad) = a.emit.iter().map(|e| e.trim()).find(|e| !matches!(*e, "onnx" | "mlir" | "ptx")) {
+        bail!("unknown --emit kind `{bad}` (expected onnx, mlir, ptx)");
+    }
     let start = std::time::Instant::now();
     let mut db = DeviceDb::bundled()?;
     for f in &a.device_files {
@@ -204,6 +211,11 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         }
         let casts = model.graph.node_ids().iter().filter(|&&n| model.graph.node(n).op == qsync_ir::Op::Cast).count();
         load::save_model(&model, &dir.join("model.onnx"))?;
+        let code: Vec<&str> = a.emit.iter().map(|e| e.trim()).filter(|e| *e == "mlir" || *e == "ptx").collect();
+        if !code.is_empty() {
+            crate::codegen::run(&a.model, &model, &te.name, &code.join(","), &dir, false)
+                .with_context(|| format!("{label}: code for {}", te.name))?;
+        }
         let cm = CostModel::new(&targets[t].device, None)?;
         let resolved = te.plan.resolve(g);
         let mut nodes = Vec::new();

@@ -2,24 +2,15 @@
 //! shared model, ClusterB, error exits, a `plan.json` snapshot, and
 //! onnxruntime numerics of the per-device graphs (when Python has it).
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn models_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
-    assert!(d.is_dir(), "real models expected at {}", d.display());
-    d
-}
+use common::{models_dir, qsyncc, tmpdir};
 
-fn qsyncc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(args).output().expect("run qsyncc")
-}
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qsyncc-plan-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
+
 
 fn read_json(p: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -114,10 +105,7 @@ fn bad_input_exits_2() {
 fn per_device_onnx_runs_in_onnxruntime() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../passes/tests/numerics.py");
     let has_ort = Command::new("python3").args(["-c", "import onnxruntime, onnx"]).output().is_ok_and(|o| o.status.success());
-    if !has_ort {
-        eprintln!("skipping: python3 with onnxruntime and onnx not found");
-        return;
-    }
+    assert!(has_ort, "python3 with onnx and onnxruntime is needed: run scripts/setup.sh");
     for m in ["squeezenet1_1.onnx", "bert_tiny.onnx"] {
         let (out, _) = plan(m, &["--batch", "16"]);
         for dev in ["v100", "t4"] {
@@ -126,4 +114,29 @@ fn per_device_onnx_runs_in_onnxruntime() {
             assert!(r.status.success(), "{m} {dev}: {}{}", String::from_utf8_lossy(&r.stdout), String::from_utf8_lossy(&r.stderr));
         }
     }
+}
+
+#[test]
+fn emit_writes_each_devices_code() {
+    let dir = tmpdir("plan-emit");
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let o = qsyncc(&[
+        m.to_str().expect("utf8"),
+        "--targets",
+        "v100:16,t4:16",
+        "--emit",
+        "onnx,mlir,ptx",
+        "-o",
+        dir.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (dev, sm) in [("v100", "sm_70"), ("t4", "sm_75")] {
+        let ptx = std::fs::read_to_string(dir.join(dev).join("kernels.ptx")).expect("kernels.ptx");
+        assert!(ptx.contains(&format!(".target {sm}")) && ptx.contains(".entry "), "{dev}");
+        let mlir = std::fs::read_to_string(dir.join(dev).join("model.mlir")).expect("model.mlir");
+        assert!(mlir.contains("func.func"), "{dev}");
+        assert!(dir.join(dev).join("model.onnx").is_file());
+    }
+    let o = qsyncc(&[m.to_str().expect("utf8"), "--targets", "t4", "--emit", "llvm", "-o", dir.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
 }
