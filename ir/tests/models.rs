@@ -11,13 +11,19 @@ use std::path::{Path, PathBuf};
 use qsync_ir::infer::{infer_shapes, InferOptions};
 use qsync_ir::{Dim, TensorType};
 
+/// `../shared/models` beside the checkout; the tests fail without it.
+fn models_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models");
+    assert!(dir.is_dir(), "the real models are expected at {}", dir.display());
+    dir
+}
+
 fn models() -> Vec<PathBuf> {
-    let dir = Path::new("/work/shared/models");
-    let mut v: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "onnx")).collect(),
-        Err(_) => Vec::new(),
-    };
+    let rd = std::fs::read_dir(models_dir()).expect("read the models directory");
+    let mut v: Vec<PathBuf> =
+        rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "onnx")).collect();
     v.sort();
+    assert!(!v.is_empty(), "no .onnx models in {}", models_dir().display());
     v
 }
 
@@ -86,10 +92,6 @@ fn run_model(path: &Path, opts: &InferOptions) -> (usize, usize, Vec<String>) {
 #[test]
 fn every_model_infers_completely_and_agrees_with_onnx() {
     let ms = models();
-    if ms.is_empty() {
-        eprintln!("no models in /work/shared/models; skipping");
-        return;
-    }
     let mut all = Vec::new();
     for m in &ms {
         let (unknown, compared, problems) = run_model(m, &InferOptions::default());
@@ -104,11 +106,8 @@ fn every_model_infers_completely_and_agrees_with_onnx() {
 
 #[test]
 fn batch_binding_propagates_on_bert_train() {
-    let p = Path::new("/work/shared/models/bert_base_train.onnx");
-    if !p.exists() {
-        return;
-    }
-    let mut l = support::load(p);
+    let p = models_dir().join("bert_base_train.onnx");
+    let mut l = support::load(&p);
     let opts = InferOptions { batch: Some(4), dims: [("seq".to_string(), 128)].into_iter().collect() };
     let report = infer_shapes(&mut l.graph, l.opset, &opts);
     assert!(report.errors.is_empty(), "{:?}", report.errors);
@@ -123,11 +122,8 @@ fn batch_binding_propagates_on_bert_train() {
 
 #[test]
 fn batch_on_fixed_batch_model_reports_it() {
-    let p = Path::new("/work/shared/models/resnet50.onnx");
-    if !p.exists() {
-        return;
-    }
-    let mut l = support::load(p);
+    let p = models_dir().join("resnet50.onnx");
+    let mut l = support::load(&p);
     let report = infer_shapes(&mut l.graph, l.opset, &InferOptions { batch: Some(8), ..Default::default() });
     assert_eq!(report.fixed_batch, Some(1));
     assert!(report.errors.is_empty());
