@@ -111,28 +111,61 @@ fn planned_models_with_weights_stay_within_fp16_tolerance() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Campo's guarantee (issue 4): on every shared model and on V100 and T4,
-/// campo adds no more casts than amp and is never predicted slower (same
-/// cost-model oracle). comp runs on the same grid.
+/// Campo's guarantee (issue 4): on every shared model, for every planned
+/// dtype on targets that have it (f16: v100, t4; bf16: a100-40gb, h100-sxm;
+/// i8: t4, a100-40gb; f8e4m3: h100-sxm), campo adds no more casts than amp
+/// and is never predicted slower. Times are the CLI's `predicted_ms`
+/// (`CostModelOracle::predict` on the planned graph, default bindings).
+/// comp runs on the same grid.
 #[test]
-fn campo_never_worse_than_amp_on_v100_and_t4() {
+fn campo_never_worse_than_amp_on_every_dtype_and_target() {
     use qsync_passes::precision::{CostModelOracle, CostOracle};
+    let grid: [(&str, &[&str]); 4] =
+        [("f16", &["v100", "t4"]), ("bf16", &["a100-40gb", "h100-sxm"]), ("i8", &["t4", "a100-40gb"]), ("f8e4m3", &["h100-sxm"])];
     for path in qsync_tests::onnx_models() {
         let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-        for target in ["v100", "t4"] {
-            let oracle = CostModelOracle::for_target(target, &InferOptions::default()).expect("oracle");
-            let (amp, amp_casts) = run_on(&path, "amp", Some(target));
-            let (campo, campo_casts) = run_on(&path, "campo", Some(target));
-            let (comp, comp_casts) = run_on(&path, "comp", Some(target));
-            let (ta, tc, tp) = (oracle.predict(&amp.graph).total(), oracle.predict(&campo.graph).total(), oracle.predict(&comp.graph).total());
-            eprintln!(
-                "{name} {target}: amp {amp_casts} casts {:.3} ms, campo {campo_casts} casts {:.3} ms, comp {comp_casts} casts {:.3} ms",
-                ta * 1e3,
-                tc * 1e3,
-                tp * 1e3
-            );
-            assert!(campo_casts <= amp_casts, "{name} {target}: campo {campo_casts} casts > amp {amp_casts}");
-            assert!(tc <= ta * (1.0 + 1e-9), "{name} {target}: campo {tc} s > amp {ta} s");
+        for (dtype, targets) in grid {
+            for &target in targets {
+                let oracle = CostModelOracle::for_target(target, &InferOptions::default()).expect("oracle");
+                let d = match dtype {
+                    "f16" => qsync_ir::DType::F16,
+                    "bf16" => qsync_ir::DType::BF16,
+                    "i8" => qsync_ir::DType::I8,
+                    _ => qsync_ir::DType::F8E4M3,
+                };
+                assert!(oracle.supports(d), "{target} lacks {dtype}");
+                let (amp, amp_casts) = run_on(&path, &format!("amp={dtype}"), Some(target));
+                let (campo, campo_casts) = run_on(&path, &format!("campo={dtype}"), Some(target));
+                let (comp, comp_casts) = run_on(&path, &format!("comp={dtype}"), Some(target));
+                let (ta, tc, tp) =
+                    (oracle.predict(&amp.graph).total(), oracle.predict(&campo.graph).total(), oracle.predict(&comp.graph).total());
+                eprintln!(
+                    "{name} {target} {dtype}: amp {amp_casts} casts {:.3} ms, campo {campo_casts} casts {:.3} ms, comp {comp_casts} casts {:.3} ms",
+                    ta * 1e3,
+                    tc * 1e3,
+                    tp * 1e3
+                );
+                assert!(campo_casts <= amp_casts, "{name} {target} {dtype}: campo {campo_casts} casts > amp {amp_casts}");
+                assert!(tc <= ta * (1.0 + 1e-9), "{name} {target} {dtype}: campo {tc} s > amp {ta} s");
+            }
+        }
+    }
+}
+
+/// A precision the target lacks is never chosen: every planning pass fails
+/// with a clear error instead.
+#[test]
+fn no_pass_chooses_a_precision_the_target_lacks() {
+    let path = qsync_tests::models_dir().join("squeezenet1_1.onnx");
+    for (dtype, target) in [("bf16", "v100"), ("f8e4m3", "v100"), ("f8e4m3", "a100-40gb")] {
+        for pass in ["amp", "autocast", "uniform", "campo", "comp", "cascade"] {
+            let mut m = qsync_onnx::import_file(&path).unwrap_or_else(|e| panic!("{e}"));
+            pipeline_from_spec("infer-shapes").expect("pipeline").run(&mut m, &mut PassContext::default()).expect("infer");
+            let pm = pipeline_from_spec(&format!("{pass}={dtype}")).expect("pipeline");
+            let mut cx = PassContext { target: Some(target.to_string()), ..PassContext::default() };
+            let err = pm.run(&mut m, &mut cx).err().unwrap_or_else(|| panic!("{pass}={dtype} on {target} succeeded"));
+            let text = err.to_string();
+            assert!(text.contains(&format!("has no {dtype} kernels")), "{pass}={dtype} on {target}: {text}");
         }
     }
 }

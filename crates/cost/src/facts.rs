@@ -252,12 +252,16 @@ impl GraphFacts {
         let (gelu_mul, gelu_inner) = erf_gelus(graph);
         for &n in &order {
             let node = graph.node(n);
-            let needs_backward = node.inputs().iter().flatten().any(|v| requires_grad[v.index()] && is_float(*v));
+            // QuantizeLinear / DequantizeLinear pass gradients straight
+            // through (quantization-aware training): the quantized value
+            // between them carries the gradient though it is not float.
+            let qdq = matches!(node.op, Op::QuantizeLinear | Op::DequantizeLinear);
+            let needs_backward = node.inputs().iter().flatten().any(|v| requires_grad[v.index()] && (is_float(*v) || qdq));
             let differentiable = !matches!(node.op.class(), OpClass::Shape | OpClass::Random)
                 && !matches!(node.op, Op::ArgMax | Op::ArgMin | Op::Equal | Op::Less | Op::Greater | Op::Not | Op::NonZero);
             let grads_flow = needs_backward && (differentiable || matches!(node.op, Op::Dropout));
             for &o in node.outputs() {
-                requires_grad[o.index()] = grads_flow && is_float(o);
+                requires_grad[o.index()] = grads_flow && (is_float(o) || qdq);
             }
             let f = node_facts(graph, n, &elems, &shapes, &unbound, &is_param, &requires_grad, grads_flow)?;
             if grads_flow && !saves_nothing(&node.op) && !gelu_inner.contains(&n) {

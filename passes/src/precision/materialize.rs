@@ -144,7 +144,10 @@ impl Materializer<'_> {
                 self.g.set_input(n, slot, Some(new));
             }
         }
-        if let Some(p) = prec.filter(|p| !is_quantized(*p)) {
+        // A quantized node is an FP32 op between QDQ pairs: its float outputs
+        // are FP32 (a node whose graph dtype is another float, e.g. F64,
+        // reads FP32 and so writes FP32).
+        if let Some(p) = prec.map(|p| if is_quantized(p) { DType::F32 } else { p }) {
             let outs = self.g.node(n).outputs().to_vec();
             for (slot, v) in outs.into_iter().enumerate() {
                 if self.orig[v.index()].is_some_and(DType::is_float) && !pinned_output(&op, slot) {

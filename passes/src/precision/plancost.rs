@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use qsync_ir::{DType, Graph, NodeId, Op, ValueId};
 
-use super::materialize::{lowerable, pinned_input, pinned_output};
+use super::materialize::{is_quantized, lowerable, pinned_input, pinned_output};
 use super::CostOracle;
 
 /// A tentative plan: compute precision per lowerable node.
@@ -32,7 +32,10 @@ pub fn value_dtype(g: &Graph, a: &Assignment, v: ValueId) -> Option<DType> {
         return Some(d);
     }
     match g.producer(v) {
-        Some((p, slot)) if !pinned_output(&g.node(p).op, slot) => Some(a.get(&p).copied().unwrap_or(d)),
+        // A quantized (QDQ) node computes around an FP32 op: its output is FP32.
+        Some((p, slot)) if !pinned_output(&g.node(p).op, slot) => {
+            Some(a.get(&p).copied().map_or(d, |q| if is_quantized(q) { DType::F32 } else { q }))
+        }
         _ => Some(d),
     }
 }
@@ -55,22 +58,42 @@ fn demands(g: &Graph, a: &Assignment, v: ValueId) -> BTreeSet<DType> {
     out
 }
 
-/// Seconds of the casts value `v` needs under `a`.
-pub fn value_cast_cost(g: &Graph, a: &Assignment, v: ValueId, oracle: &dyn CostOracle) -> f64 {
-    let Some(have) = value_dtype(g, a, v).filter(|d| d.is_float()) else { return 0.0 };
-    let e = oracle.elements(g, v);
-    let back = !g.inputs().contains(&v);
-    demands(g, a, v)
-        .into_iter()
-        .filter(|&d| d != have && d.is_float())
-        .map(|d| oracle.cast_time(have, d, e) + if back { oracle.cast_time(d, have, e) } else { 0.0 })
-        .sum()
+/// The float conversions (casts) value `v` needs under `a`, as materialization
+/// makes them: one per demanded float dtype; a quantized demand (a QDQ pair)
+/// reads the FP32 copy, so it needs a cast to FP32 when `v` is not FP32.
+fn cast_targets(g: &Graph, a: &Assignment, v: ValueId) -> (Option<DType>, BTreeSet<DType>, BTreeSet<DType>) {
+    let Some(have) = value_dtype(g, a, v).filter(|d| d.is_float()) else { return (None, BTreeSet::new(), BTreeSet::new()) };
+    let ds = demands(g, a, v);
+    let qdq: BTreeSet<DType> = ds.iter().copied().filter(|&d| is_quantized(d)).collect();
+    let mut casts: BTreeSet<DType> = ds.into_iter().filter(|&d| !is_quantized(d) && d.is_float() && d != have).collect();
+    if !qdq.is_empty() && have != DType::F32 {
+        casts.insert(DType::F32);
+    }
+    (Some(have), casts, qdq)
 }
 
-/// Number of casts value `v` needs under `a`.
+/// Seconds of the casts (and QDQ pairs) value `v` needs under `a`: each
+/// cast's forward conversion plus, unless `v` is a graph input, the
+/// gradient's conversion back; each QDQ pair's quantize and dequantize
+/// (forward) and the straight-through gradient's pass back.
+pub fn value_cast_cost(g: &Graph, a: &Assignment, v: ValueId, oracle: &dyn CostOracle) -> f64 {
+    let (Some(have), casts, qdq) = cast_targets(g, a, v) else { return 0.0 };
+    let e = oracle.elements(g, v);
+    let back = !g.inputs().contains(&v);
+    let c: f64 = casts.into_iter().map(|d| oracle.cast_time(have, d, e) + if back { oracle.cast_time(d, have, e) } else { 0.0 }).sum();
+    let q: f64 = qdq
+        .into_iter()
+        .map(|d| {
+            let pair = oracle.cast_time(DType::F32, d, e) + oracle.cast_time(d, DType::F32, e);
+            pair + if back { pair } else { 0.0 }
+        })
+        .sum();
+    c + q
+}
+
+/// Number of casts value `v` needs under `a` (QDQ pairs are not casts).
 pub fn value_cast_count(g: &Graph, a: &Assignment, v: ValueId) -> usize {
-    let Some(have) = value_dtype(g, a, v).filter(|d| d.is_float()) else { return 0 };
-    demands(g, a, v).into_iter().filter(|&d| d != have && d.is_float()).count()
+    cast_targets(g, a, v).1.len()
 }
 
 /// Float values a node reads or writes.
@@ -131,7 +154,7 @@ pub fn assignment_of(g: &Graph) -> Assignment {
     g.node_ids()
         .into_iter()
         .filter(|&n| lowerable(g, n))
-        .map(|n| (n, g.node(n).precision.filter(|p| p.is_float()).unwrap_or(DType::F32)))
+        .map(|n| (n, g.node(n).precision.filter(|&p| p.is_float() || is_quantized(p)).unwrap_or(DType::F32)))
         .collect()
 }
 
