@@ -1,6 +1,6 @@
 //! The cast table (issue 5): casts and predicted cast time per shared model
-//! for naive insertion (`uniform=f16`), `amp`, `campo` (not in this
-//! checkout), `amp,egraph-casts`, and onnxconverter-common.
+//! for naive insertion (`uniform=f16`), `amp`, `campo`, `campo,egraph-casts`,
+//! `amp,egraph-casts`, and onnxconverter-common.
 //!
 //! `cast_table blocklists OUT.json`: per model, the op types `amp` keeps in
 //! FP32 (the op_block_list given to onnxconverter-common).
@@ -100,8 +100,8 @@ fn main() {
         _ => {
             let conv: BTreeMap<String, i64> =
                 args.get(1).and_then(|f| std::fs::read_to_string(f).ok()).map(|t| parse_counts(&t)).unwrap_or_default();
-            println!("| model | (a) naive uniform=f16 | (b) amp | (c) campo | (d) amp+egraph-casts | vs amp | (b) amp activation casts | (d) activation casts | activation vs amp | (e) onnxconverter-common activation casts |");
-            println!("|---|---|---|---|---|---|---|---|---|---|");
+            println!("| model | (a) naive uniform=f16 | (b) amp | (c) campo | (d) campo+egraph-casts | (d) vs amp | amp+egraph-casts | (b) amp activation casts | (d) activation casts | activation vs amp | (e) onnxconverter-common activation casts |");
+            println!("|---|---|---|---|---|---|---|---|---|---|---|");
             let mut ratios = Vec::new();
             let mut act_ratios = Vec::new();
             for p in &models {
@@ -109,7 +109,9 @@ fn main() {
                 let base = casts(&planned(p, "dce"), 0).0;
                 let a = casts(&planned(p, "uniform=f16"), base);
                 let b = casts(&planned(p, "amp"), base);
-                let d = casts(&planned(p, "amp,egraph-casts"), base);
+                let c = casts(&planned(p, "campo"), base);
+                let d = casts(&planned(p, "campo,egraph-casts"), base);
+                let ae = casts(&planned(p, "amp,egraph-casts"), base);
                 let ratio = if b.0 > 0 { 1.0 - d.0 as f64 / b.0 as f64 } else { 0.0 };
                 ratios.push(ratio);
                 let e = conv.get(&name).map_or("—".to_string(), |c| c.to_string());
@@ -117,14 +119,18 @@ fn main() {
                 let act_ratio = if b_act > 0 { 1.0 - d_act as f64 / b_act as f64 } else { 0.0 };
                 act_ratios.push(act_ratio);
                 println!(
-                    "| {name} | {} ({:.0} µs) | {} ({:.0} µs) | not merged | {} ({:.0} µs) | {:+.1}% | {b_act} | {} | {:+.1}% | {e} |",
+                    "| {name} | {} ({:.0} µs) | {} ({:.0} µs) | {} ({:.0} µs) | {} ({:.0} µs) | {:+.1}% | {} ({:.0} µs) | {b_act} | {} | {:+.1}% | {e} |",
                     a.0,
                     a.2,
                     b.0,
                     b.2,
+                    c.0,
+                    c.2,
                     d.0,
                     d.2,
                     -100.0 * ratio,
+                    ae.0,
+                    ae.2,
                     d_act,
                     -100.0 * act_ratio
                 );
@@ -132,7 +138,7 @@ fn main() {
             let avg = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
             let act_avg = act_ratios.iter().sum::<f64>() / act_ratios.len().max(1) as f64;
             println!(
-                "\nAverage cast reduction of amp+egraph-casts vs amp: {:.1}% (activation casts: {:.1}%)",
+                "\nAverage cast reduction of campo+egraph-casts vs amp: {:.1}% (activation casts: {:.1}%)",
                 100.0 * avg,
                 100.0 * act_avg
             );
