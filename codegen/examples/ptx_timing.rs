@@ -39,7 +39,14 @@ fn main() {
         let triple = inkwell::targets::TargetTriple::create("nvptx64-nvidia-cuda");
         let tm = inkwell::targets::Target::from_triple(&triple)
             .unwrap()
-            .create_target_machine(&triple, "sm_80", "+ptx70", inkwell::OptimizationLevel::Less, Default::default(), Default::default())
+            .create_target_machine(
+                &triple,
+                "sm_80",
+                "+ptx70",
+                inkwell::OptimizationLevel::Less,
+                Default::default(),
+                Default::default(),
+            )
             .unwrap();
         qsync_kernels::optimize(&m, &tm).unwrap();
     }

@@ -145,7 +145,10 @@ fn attr_text(a: &Attr) -> Option<String> {
         Attr::Int(i) => format!("{i} : i64"),
         Attr::Float(f) => float_attr(*f),
         Attr::String(s) => quote(s),
-        Attr::Ints(v) => format!("array<i64{}>", v.iter().map(|i| format!(" {i}")).collect::<Vec<_>>().join(",").replacen(' ', ": ", 1)),
+        Attr::Ints(v) => format!(
+            "array<i64{}>",
+            v.iter().map(|i| format!(" {i}")).collect::<Vec<_>>().join(",").replacen(' ', ": ", 1)
+        ),
         Attr::Floats(v) => format!("[{}]", v.iter().map(|f| float_attr(*f)).collect::<Vec<_>>().join(", ")),
         Attr::Strings(v) => format!("[{}]", v.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ")),
         Attr::Tensor(_) | Attr::Tensors(_) | Attr::Raw { .. } => return None,
@@ -197,7 +200,8 @@ impl Emitter<'_> {
         let (o, ot) = (outs[0], self.g.ty(outs[0]));
         let od = ot.dtype?;
         let one = |op: &str, attrs: &str| -> Option<String> {
-            (ins.len() == 1).then(|| format!("{op} {}{attrs} : ({}) -> {}", self.name(ins[0]), self.ty(ins[0]), self.ty(o)))
+            (ins.len() == 1)
+                .then(|| format!("{op} {}{attrs} : ({}) -> {}", self.name(ins[0]), self.ty(ins[0]), self.ty(o)))
         };
         let same_float = ins.iter().all(|&v| self.g.ty(v) == ot) && is_float(od);
         match node.op {
@@ -206,7 +210,9 @@ impl Emitter<'_> {
                 let same_shape = self.g.ty(ins[0]).shape == ot.shape;
                 let op = match (is_float(id), is_float(od)) {
                     _ if !same_shape => return None,
-                    (true, true) if float_width(od) < float_width(id) || (id != od && float_width(id) == float_width(od)) => {
+                    (true, true)
+                        if float_width(od) < float_width(id) || (id != od && float_width(id) == float_width(od)) =>
+                    {
                         if float_width(id) == float_width(od) {
                             return one("tosa.cast", "");
                         }
@@ -248,7 +254,9 @@ impl Emitter<'_> {
                 let e = elem(od);
                 one("tosa.clamp", &format!(" {{max_val = {} : {e}, min_val = 0.0 : {e}}}", inf_of(od)))
             }
-            Op::Tanh | Op::Sigmoid | Op::Exp | Op::Log | Op::Abs | Op::Erf | Op::Reciprocal | Op::Identity if same_float => {
+            Op::Tanh | Op::Sigmoid | Op::Exp | Op::Log | Op::Abs | Op::Erf | Op::Reciprocal | Op::Identity
+                if same_float =>
+            {
                 one(&format!("tosa.{}", snake(node.op.op_type())), "")
             }
             Op::Transpose if ins.len() == 1 => {
@@ -284,7 +292,10 @@ impl Emitter<'_> {
             op => format!("qsync.{}", snake(op.op_type())),
         };
         *self.generic.entry(node.op.to_string()).or_default() += 1;
-        let mut attrs = vec![format!("onnx.op = {}", quote(node.op.op_type().as_bytes())), format!("onnx.name = {}", quote(node.name.as_bytes()))];
+        let mut attrs = vec![
+            format!("onnx.op = {}", quote(node.op.op_type().as_bytes())),
+            format!("onnx.name = {}", quote(node.name.as_bytes())),
+        ];
         if !node.op.domain().is_empty() {
             attrs.push(format!("onnx.domain = {}", quote(node.op.domain().as_bytes())));
         }
@@ -304,7 +315,13 @@ impl Emitter<'_> {
         let ops: Vec<String> = ins.iter().map(|&v| self.name(v)).collect();
         let its: Vec<String> = ins.iter().map(|&v| self.ty(v)).collect();
         let ots: Vec<String> = outs.iter().map(|&v| self.ty(v)).collect();
-        format!("\"{op_name}\"({}) {{{}}} : ({}) -> ({})", ops.join(", "), attrs.join(", "), its.join(", "), ots.join(", "))
+        format!(
+            "\"{op_name}\"({}) {{{}}} : ({}) -> ({})",
+            ops.join(", "),
+            attrs.join(", "),
+            its.join(", "),
+            ots.join(", ")
+        )
     }
 
     fn node(&mut self, id: qsync_ir::NodeId) {
@@ -366,7 +383,12 @@ pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>)
     let mut text = String::from("module {\n");
     let _ = writeln!(text, "  func.func @{}({}) -> ({}) {{", symbol(name), args.join(", "), rtys.join(", "));
     text.push_str(&e.body);
-    let _ = writeln!(text, "    func.return {}{}", rets.join(", "), if rets.is_empty() { String::new() } else { format!(" : {}", rtys.join(", ")) });
+    let _ = writeln!(
+        text,
+        "    func.return {}{}",
+        rets.join(", "),
+        if rets.is_empty() { String::new() } else { format!(" : {}", rtys.join(", ")) }
+    );
     text.push_str("  }\n}\n");
     (text, e.generic)
 }
@@ -375,7 +397,8 @@ pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>)
 /// allowed exactly when generic `qsync.*` operations were needed).
 pub fn emit_mlir(graph: &Graph, name: &str) -> Result<MlirOutput, CodegenError> {
     let (text, generic_ops) = mlir_text(graph, name);
-    let printed = verify_text(&text, !generic_ops.is_empty()).map_err(|message| CodegenError::Mlir { graph: name.to_string(), message })?;
+    let printed = verify_text(&text, !generic_ops.is_empty())
+        .map_err(|message| CodegenError::Mlir { graph: name.to_string(), message })?;
     Ok(MlirOutput { text: printed, generic_ops })
 }
 

@@ -79,7 +79,14 @@ fn target_machine(arch: Arch) -> Result<TargetMachine, CodegenError> {
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let target = Target::from_triple(&triple).map_err(|e| CodegenError::Ptx(e.to_string()))?;
     target
-        .create_target_machine(&triple, arch.name(), arch.ptx_feature(), OptimizationLevel::Less, RelocMode::Default, CodeModel::Default)
+        .create_target_machine(
+            &triple,
+            arch.name(),
+            arch.ptx_feature(),
+            OptimizationLevel::Less,
+            RelocMode::Default,
+            CodeModel::Default,
+        )
         .ok_or_else(|| CodegenError::Ptx(format!("no NVPTX target machine for {arch}")))
 }
 
@@ -109,7 +116,8 @@ pub fn emit_ptx_archs(specs: &[KernelSpec], archs: &[Arch]) -> Result<Vec<(Arch,
         m.set_name(&format!("qsync_{}", arch.name()));
         let tm = target_machine(arch)?;
         let out = tm.write_to_memory_buffer(&m, FileType::Assembly).map_err(|e| CodegenError::Ptx(e.to_string()))?;
-        let ptx = String::from_utf8(out.as_slice().to_vec()).map_err(|e| CodegenError::Ptx(format!("PTX is not UTF-8: {e}")))?;
+        let ptx = String::from_utf8(out.as_slice().to_vec())
+            .map_err(|e| CodegenError::Ptx(format!("PTX is not UTF-8: {e}")))?;
         Ok((arch, ptx))
     };
     if archs.len() == 1 {

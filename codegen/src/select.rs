@@ -87,6 +87,9 @@ pub fn select_kernels(graph: &Graph) -> Vec<KernelSpec> {
         }
         want.push(KernelSpec::UnpackBits { bits });
     }
-    want.extend([KernelSpec::DequantAccumulate { bits: QBits::Int8 }, KernelSpec::DequantAccumulate { bits: QBits::Int4 }]);
+    want.extend([
+        KernelSpec::DequantAccumulate { bits: QBits::Int8 },
+        KernelSpec::DequantAccumulate { bits: QBits::Int4 },
+    ]);
     KernelSpec::all().into_iter().filter(|k| want.contains(k)).collect()
 }

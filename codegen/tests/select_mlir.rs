@@ -107,7 +107,11 @@ fn selection_follows_the_plan() {
     assert!(!k.contains(&KernelSpec::CastTo(Half::BF16)), "no bf16 in the plan");
     assert!(!k.iter().any(|s| matches!(s, KernelSpec::QuantizeInt8 { .. })), "no int8 in the plan");
     // Always: gradient-compression kernels.
-    for s in [KernelSpec::RowMinMax, KernelSpec::PackBits { bits: 2, rounding: Rounding::Stochastic }, KernelSpec::DequantAccumulate { bits: QBits::Int4 }] {
+    for s in [
+        KernelSpec::RowMinMax,
+        KernelSpec::PackBits { bits: 2, rounding: Rounding::Stochastic },
+        KernelSpec::DequantAccumulate { bits: QBits::Int4 },
+    ] {
         assert!(k.contains(&s), "{s}");
     }
     // An int8 plan: mark a node i8.

@@ -141,16 +141,31 @@ fn check_kernels(g: &Gpu) {
         let (rmin, rmax) = (g.zeros(4 * rows), g.zeros(4 * rows));
         g.run(KernelSpec::RowMinMax, &[A::P(&dx), A::U(nn), A::U(group as u64), A::P(&rmin), A::P(&rmax)]);
         let (wmin, wmax) = r::row_min_max(&x, group);
-        assert_eq!(g.down::<f32>(&rmin, rows).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), wmin.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
-        assert_eq!(g.down::<f32>(&rmax, rows).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), wmax.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            g.down::<f32>(&rmin, rows).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            wmin.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            g.down::<f32>(&rmax, rows).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            wmax.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
         let t = g.zeros(12);
         g.run(KernelSpec::TensorMinMax, &[A::P(&rmin), A::P(&rmax), A::U(rows as u64), A::P(&t)]);
-        assert_eq!(g.down::<f32>(&t, 3).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), r::tensor_min_max(&wmin, &wmax).iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            g.down::<f32>(&t, 3).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            r::tensor_min_max(&wmin, &wmax).iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
         for (bits, sym) in [(QBits::Int8, true), (QBits::Int8, false), (QBits::Int4, true)] {
             let (s, z) = (g.zeros(4 * rows), g.zeros(4 * rows));
-            g.run(KernelSpec::QuantParams { bits, symmetric: sym }, &[A::P(&rmin), A::P(&rmax), A::U(rows as u64), A::P(&s), A::P(&z)]);
+            g.run(
+                KernelSpec::QuantParams { bits, symmetric: sym },
+                &[A::P(&rmin), A::P(&rmax), A::U(rows as u64), A::P(&s), A::P(&z)],
+            );
             let (ws, wz) = r::quant_params_all(&wmin, &wmax, bits, sym);
-            assert_eq!(g.down::<f32>(&s, rows).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), ws.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_eq!(
+                g.down::<f32>(&s, rows).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                ws.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
             assert_eq!(g.down::<i32>(&z, rows), wz);
             for rounding in [Rounding::Nearest, Rounding::Stochastic] {
                 if bits == QBits::Int8 {
@@ -161,12 +176,19 @@ fn check_kernels(g: &Gpu) {
                     let got: Vec<i8> = g.down(&q, n);
                     assert_eq!(got, want, "{spec}");
                     let d = g.zeros(4 * n);
-                    g.run(KernelSpec::DequantizeInt8 { symmetric: sym }, &[A::P(&q), A::P(&s), A::P(&z), A::U(nn), A::U(group as u64), A::P(&d)]);
-                    let wd: Vec<u32> = r::dequantize_i8(&want, &ws, &wz, group, sym).iter().map(|v| v.to_bits()).collect();
+                    g.run(
+                        KernelSpec::DequantizeInt8 { symmetric: sym },
+                        &[A::P(&q), A::P(&s), A::P(&z), A::U(nn), A::U(group as u64), A::P(&d)],
+                    );
+                    let wd: Vec<u32> =
+                        r::dequantize_i8(&want, &ws, &wz, group, sym).iter().map(|v| v.to_bits()).collect();
                     assert_eq!(g.down::<u32>(&d, n), wd, "dequantize sym={sym}");
                 } else {
                     let q = g.zeros(n.div_ceil(2));
-                    g.run(KernelSpec::QuantizeInt4 { rounding }, &[A::P(&dx), A::P(&s), A::U(nn), A::U(group as u64), A::U(7), A::P(&q)]);
+                    g.run(
+                        KernelSpec::QuantizeInt4 { rounding },
+                        &[A::P(&dx), A::P(&s), A::U(nn), A::U(group as u64), A::U(7), A::P(&q)],
+                    );
                     let want = r::quantize_i4(&x, &ws, group, rounding, 7);
                     assert_eq!(g.down::<u8>(&q, n.div_ceil(2)), want, "int4 {rounding:?}");
                     let d = g.zeros(4 * n);
@@ -205,17 +227,26 @@ fn check_kernels(g: &Gpu) {
             let (a, b) = r::row_min_max(&xs, group);
             let (sc, z) = r::quant_params_all(&a, &b, bits, true);
             match bits {
-                QBits::Int8 => q.extend(r::quantize_i8(&xs, &sc, &z, group, true, Rounding::Nearest, 0).iter().map(|&c| c as u8)),
+                QBits::Int8 => {
+                    q.extend(r::quantize_i8(&xs, &sc, &z, group, true, Rounding::Nearest, 0).iter().map(|&c| c as u8))
+                }
                 QBits::Int4 => q.extend(r::quantize_i4(&xs, &sc, group, Rounding::Nearest, 0)),
             }
             s.extend(sc);
         }
         let init: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let (dq, ds, dacc) = (g.up(&q), g.up(&s), g.up(&init));
-        g.run(KernelSpec::DequantAccumulate { bits }, &[A::P(&dq), A::P(&ds), A::U(nn), A::U(group as u64), A::U(k as u64), A::P(&dacc)]);
+        g.run(
+            KernelSpec::DequantAccumulate { bits },
+            &[A::P(&dq), A::P(&ds), A::U(nn), A::U(group as u64), A::U(k as u64), A::P(&dacc)],
+        );
         let mut want = init;
         r::dequant_accumulate(&q, &s, n, group, k, bits, &mut want);
-        assert_eq!(g.down::<u32>(&dacc, n), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "accumulate {bits:?}");
+        assert_eq!(
+            g.down::<u32>(&dacc, n),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "accumulate {bits:?}"
+        );
     }
 }
 
@@ -257,20 +288,41 @@ fn gpu_kernels_match_reference_and_bandwidth() {
     let z = g.up(&[0i32]);
     let mut rows = Vec::new();
     let nf = n as f64;
-    rows.push(("cast_f32_to_f16", bandwidth(&g, KernelSpec::CastTo(Half::F16), 6.0 * nf, &[A::P(&x), A::P(&h), A::U(nn)])));
-    rows.push(("cast_f16_to_f32", bandwidth(&g, KernelSpec::CastFrom(Half::F16), 6.0 * nf, &[A::P(&h), A::P(&f), A::U(nn)])));
-    rows.push(("cast_f32_to_bf16", bandwidth(&g, KernelSpec::CastTo(Half::BF16), 6.0 * nf, &[A::P(&x), A::P(&h), A::U(nn)])));
+    rows.push((
+        "cast_f32_to_f16",
+        bandwidth(&g, KernelSpec::CastTo(Half::F16), 6.0 * nf, &[A::P(&x), A::P(&h), A::U(nn)]),
+    ));
+    rows.push((
+        "cast_f16_to_f32",
+        bandwidth(&g, KernelSpec::CastFrom(Half::F16), 6.0 * nf, &[A::P(&h), A::P(&f), A::U(nn)]),
+    ));
+    rows.push((
+        "cast_f32_to_bf16",
+        bandwidth(&g, KernelSpec::CastTo(Half::BF16), 6.0 * nf, &[A::P(&x), A::P(&h), A::U(nn)]),
+    ));
     let qs = KernelSpec::QuantizeInt8 { symmetric: true, rounding: Rounding::Nearest };
-    rows.push(("quantize_i8_per_tensor", bandwidth(&g, qs, 5.0 * nf, &[A::P(&x), A::P(&s), A::P(&z), A::U(nn), A::U(nn), A::U(1), A::P(&q)])));
+    rows.push((
+        "quantize_i8_per_tensor",
+        bandwidth(&g, qs, 5.0 * nf, &[A::P(&x), A::P(&s), A::P(&z), A::U(nn), A::U(nn), A::U(1), A::P(&q)]),
+    ));
     let qsr = KernelSpec::QuantizeInt8 { symmetric: true, rounding: Rounding::Stochastic };
-    rows.push(("quantize_i8_stochastic", bandwidth(&g, qsr, 5.0 * nf, &[A::P(&x), A::P(&s), A::P(&z), A::U(nn), A::U(nn), A::U(1), A::P(&q)])));
+    rows.push((
+        "quantize_i8_stochastic",
+        bandwidth(&g, qsr, 5.0 * nf, &[A::P(&x), A::P(&s), A::P(&z), A::U(nn), A::U(nn), A::U(1), A::P(&q)]),
+    ));
     let dq = KernelSpec::DequantizeInt8 { symmetric: true };
-    rows.push(("dequantize_i8", bandwidth(&g, dq, 5.0 * nf, &[A::P(&q), A::P(&s), A::P(&z), A::U(nn), A::U(nn), A::P(&f)])));
+    rows.push((
+        "dequantize_i8",
+        bandwidth(&g, dq, 5.0 * nf, &[A::P(&q), A::P(&s), A::P(&z), A::U(nn), A::U(nn), A::P(&f)]),
+    ));
     let peak = std::env::var("QSYNC_PEAK_GBS").ok().and_then(|v| v.parse::<f64>().ok());
     let mut json = serde_json::json!({ "arch": arch, "peak_gb_s": peak, "kernels": {} });
     for (name, gbs) in &rows {
         let frac = peak.map(|p| gbs / p);
-        println!("bandwidth {name}: {gbs:.1} GB/s{}", frac.map(|f| format!(" ({:.0}% of peak)", f * 100.0)).unwrap_or_default());
+        println!(
+            "bandwidth {name}: {gbs:.1} GB/s{}",
+            frac.map(|f| format!(" ({:.0}% of peak)", f * 100.0)).unwrap_or_default()
+        );
         json["kernels"][*name] = serde_json::json!({ "gb_s": gbs, "fraction_of_peak": frac });
     }
     let path = std::env::var("QSYNC_GPU_REPORT").unwrap_or_else(|_| "target/gpu-report.json".into());

@@ -18,7 +18,10 @@ pub enum Attr {
     Tensors(Vec<Tensor>),
     /// An attribute the IR keeps opaque, by `AttributeProto.type` code, with
     /// the encoded message(s) (GraphProto, SparseTensorProto, TypeProto).
-    Raw { kind: RawAttrKind, items: Vec<Vec<u8>> },
+    Raw {
+        kind: RawAttrKind,
+        items: Vec<Vec<u8>>,
+    },
 }
 
 /// The opaque attribute kinds (`AttributeProto.AttributeType`).

@@ -496,7 +496,21 @@ mod tests {
 
     #[test]
     fn canonical_printing_round_trips() {
-        for s in ["batch", "batch*seq", "seq/2", "2*seq+1", "(seq+1)/2", "seq-1", "-seq", "768*batch*seq", "0", "2*(seq/2)", "batch*(seq/2)", "((seq+1)/2)/3", "batch*\"odd dim\""] {
+        for s in [
+            "batch",
+            "batch*seq",
+            "seq/2",
+            "2*seq+1",
+            "(seq+1)/2",
+            "seq-1",
+            "-seq",
+            "768*batch*seq",
+            "0",
+            "2*(seq/2)",
+            "batch*(seq/2)",
+            "((seq+1)/2)/3",
+            "batch*\"odd dim\"",
+        ] {
             assert_eq!(d(s).to_string(), s, "printing {s}");
         }
     }

@@ -128,7 +128,16 @@ impl DType {
     pub fn is_int(self) -> bool {
         matches!(
             self,
-            DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::U64 | DType::U32 | DType::U16 | DType::U8 | DType::I4 | DType::U4
+            DType::I64
+                | DType::I32
+                | DType::I16
+                | DType::I8
+                | DType::U64
+                | DType::U32
+                | DType::U16
+                | DType::U8
+                | DType::I4
+                | DType::U4
         )
     }
 

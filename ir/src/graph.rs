@@ -7,8 +7,8 @@
 //! in sync by the mutation methods here, which is why `Node`'s inputs and
 //! outputs are only reachable through accessors.
 
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
 
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
@@ -134,7 +134,14 @@ pub struct NodeSpec {
 
 impl NodeSpec {
     pub fn new(name: impl Into<String>, op: Op) -> NodeSpec {
-        NodeSpec { name: name.into(), op, attrs: BTreeMap::new(), inputs: Vec::new(), outputs: Vec::new(), precision: None }
+        NodeSpec {
+            name: name.into(),
+            op,
+            attrs: BTreeMap::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            precision: None,
+        }
     }
 
     pub fn input(mut self, v: ValueId) -> Self {
@@ -410,7 +417,8 @@ impl Graph {
     }
 
     fn unlink(&mut self, n: NodeId, slot: usize) {
-        let edge = self.dag.edges_directed(n, Direction::Incoming).find(|e| *e.weight() as usize == slot).map(|e| e.id());
+        let edge =
+            self.dag.edges_directed(n, Direction::Incoming).find(|e| *e.weight() as usize == slot).map(|e| e.id());
         if let Some(e) = edge {
             self.dag.remove_edge(e);
         }

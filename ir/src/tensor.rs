@@ -85,11 +85,21 @@ impl Tensor {
         let n = self.numel() as usize;
         let v: Vec<i64> = match self.dtype {
             DType::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
-            DType::U64 => b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as i64).collect(),
-            DType::I32 => b.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
-            DType::U32 => b.chunks_exact(4).map(|c| i64::from(u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
-            DType::I16 => b.chunks_exact(2).map(|c| i64::from(i16::from_le_bytes(c.try_into().unwrap_or([0; 2])))).collect(),
-            DType::U16 => b.chunks_exact(2).map(|c| i64::from(u16::from_le_bytes(c.try_into().unwrap_or([0; 2])))).collect(),
+            DType::U64 => {
+                b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as i64).collect()
+            }
+            DType::I32 => {
+                b.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect()
+            }
+            DType::U32 => {
+                b.chunks_exact(4).map(|c| i64::from(u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect()
+            }
+            DType::I16 => {
+                b.chunks_exact(2).map(|c| i64::from(i16::from_le_bytes(c.try_into().unwrap_or([0; 2])))).collect()
+            }
+            DType::U16 => {
+                b.chunks_exact(2).map(|c| i64::from(u16::from_le_bytes(c.try_into().unwrap_or([0; 2])))).collect()
+            }
             DType::I8 => b.iter().map(|&x| i64::from(x as i8)).collect(),
             DType::U8 | DType::Bool => b.iter().map(|&x| i64::from(x)).collect(),
             _ => return None,
@@ -103,7 +113,9 @@ impl Tensor {
         let n = self.numel() as usize;
         let v: Vec<f64> = match self.dtype {
             DType::F64 => b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
-            DType::F32 => b.chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
+            DType::F32 => {
+                b.chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect()
+            }
             DType::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
             DType::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
             _ => return self.as_i64s().map(|v| v.into_iter().map(|x| x as f64).collect()),

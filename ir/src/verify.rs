@@ -55,16 +55,78 @@ const MANY: usize = usize::MAX;
 fn arity(op: &Op, opset: i64) -> Option<(usize, usize)> {
     use Op::*;
     Some(match op {
-        Abs | Neg | Exp | Log | Sqrt | Reciprocal | Floor | Ceil | Round | Sign | Sin | Cos | Tan | Asin | Acos | Atan | Sinh
-        | Cosh | Asinh | Acosh | Atanh | Erf | Not | BitwiseNot | Relu | LeakyRelu | Elu | Selu | Celu | Sigmoid
-        | HardSigmoid | HardSwish | Tanh | Softplus | Softsign | Gelu | Mish | ThresholdedRelu | Shrink | Identity
-        | Softmax | LogSoftmax | Hardmax | IsNaN | IsInf | Transpose | Flatten | Shape | Size | NonZero | EyeLike
-        | GlobalAveragePool | GlobalMaxPool | GlobalLpPool | MaxPool | AveragePool | LpPool | LRN | ArgMax | ArgMin
-        | DepthToSpace | SpaceToDepth | LpNormalization | MeanVarianceNormalization | RandomNormalLike
-        | RandomUniformLike | Bernoulli | Multinomial | DynamicQuantizeLinear => (1, 1),
-        Add | Sub | Mul | Div | Pow | Mod | BitShift | And | Or | Xor | BitwiseAnd | BitwiseOr | BitwiseXor | Equal | Less
-        | LessOrEqual | Greater | GreaterOrEqual | PRelu | MatMul | GatherElements | GatherND | Gather | CastLike
-        | CumSum | Expand | Tile => (2, 2),
+        Abs
+        | Neg
+        | Exp
+        | Log
+        | Sqrt
+        | Reciprocal
+        | Floor
+        | Ceil
+        | Round
+        | Sign
+        | Sin
+        | Cos
+        | Tan
+        | Asin
+        | Acos
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | Erf
+        | Not
+        | BitwiseNot
+        | Relu
+        | LeakyRelu
+        | Elu
+        | Selu
+        | Celu
+        | Sigmoid
+        | HardSigmoid
+        | HardSwish
+        | Tanh
+        | Softplus
+        | Softsign
+        | Gelu
+        | Mish
+        | ThresholdedRelu
+        | Shrink
+        | Identity
+        | Softmax
+        | LogSoftmax
+        | Hardmax
+        | IsNaN
+        | IsInf
+        | Transpose
+        | Flatten
+        | Shape
+        | Size
+        | NonZero
+        | EyeLike
+        | GlobalAveragePool
+        | GlobalMaxPool
+        | GlobalLpPool
+        | MaxPool
+        | AveragePool
+        | LpPool
+        | LRN
+        | ArgMax
+        | ArgMin
+        | DepthToSpace
+        | SpaceToDepth
+        | LpNormalization
+        | MeanVarianceNormalization
+        | RandomNormalLike
+        | RandomUniformLike
+        | Bernoulli
+        | Multinomial
+        | DynamicQuantizeLinear => (1, 1),
+        Add | Sub | Mul | Div | Pow | Mod | BitShift | And | Or | Xor | BitwiseAnd | BitwiseOr | BitwiseXor | Equal
+        | Less | LessOrEqual | Greater | GreaterOrEqual | PRelu | MatMul | GatherElements | GatherND | Gather
+        | CastLike | CumSum | Expand | Tile => (2, 2),
         Max | Min | Sum | Mean | Concat | Einsum => (1, MANY),
         Where | Range | OneHot => (3, 3),
         Cast | ConstantOfShape => (1, 1),
@@ -73,20 +135,50 @@ fn arity(op: &Op, opset: i64) -> Option<(usize, usize)> {
         ConvInteger | MatMulInteger => (2, 4),
         QLinearConv => (8, 9),
         QLinearMatMul => (8, 8),
-        Reshape => if opset >= 5 { (2, 2) } else { (1, 1) },
+        Reshape => {
+            if opset >= 5 {
+                (2, 2)
+            } else {
+                (1, 1)
+            }
+        }
         Split => (1, 2),
-        Slice => if opset >= 10 { (3, 5) } else { (1, 1) },
-        Squeeze | Unsqueeze => if opset >= 13 { (1, 2) } else { (1, 1) },
-        Pad => if opset >= 11 { (2, 4) } else { (1, 1) },
+        Slice => {
+            if opset >= 10 {
+                (3, 5)
+            } else {
+                (1, 1)
+            }
+        }
+        Squeeze | Unsqueeze => {
+            if opset >= 13 {
+                (1, 2)
+            } else {
+                (1, 1)
+            }
+        }
+        Pad => {
+            if opset >= 11 {
+                (2, 4)
+            } else {
+                (1, 1)
+            }
+        }
         BatchNormalization => (5, 5),
         LayerNormalization => (2, 3),
         InstanceNormalization => (3, 3),
         GroupNormalization => (3, 3),
-        ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceProd | ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp
-        | ReduceSumSquare => (1, 2),
+        ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceProd | ReduceL1 | ReduceL2 | ReduceLogSum
+        | ReduceLogSumExp | ReduceSumSquare => (1, 2),
         Dropout => (1, 3),
         Clip => (1, 3),
-        TopK => if opset >= 10 { (2, 2) } else { (1, 1) },
+        TopK => {
+            if opset >= 10 {
+                (2, 2)
+            } else {
+                (1, 1)
+            }
+        }
         Resize => (1, 4),
         Upsample => (1, 2),
         QuantizeLinear | DequantizeLinear => (2, 3),
@@ -101,8 +193,10 @@ fn arity(op: &Op, opset: i64) -> Option<(usize, usize)> {
 fn same_dtype_slots(op: &Op, n_in: usize) -> Vec<usize> {
     use Op::*;
     match op {
-        Add | Sub | Mul | Div | Mod | And | Or | Xor | BitwiseAnd | BitwiseOr | BitwiseXor | BitShift | Equal | Less
-        | LessOrEqual | Greater | GreaterOrEqual | PRelu | Max | Min | Sum | Mean | Concat | MatMul => (0..n_in).collect(),
+        Add | Sub | Mul | Div | Mod | And | Or | Xor | BitwiseAnd | BitwiseOr | BitwiseXor | BitShift | Equal
+        | Less | LessOrEqual | Greater | GreaterOrEqual | PRelu | Max | Min | Sum | Mean | Concat | MatMul => {
+            (0..n_in).collect()
+        }
         Conv | ConvTranspose | Gemm => (0..n_in.min(3)).collect(),
         LayerNormalization | InstanceNormalization | GroupNormalization => (0..n_in.min(3)).collect(),
         Where => vec![1, 2],
@@ -111,7 +205,13 @@ fn same_dtype_slots(op: &Op, n_in: usize) -> Vec<usize> {
     }
 }
 
-fn check_node(graph: &Graph, n: NodeId, opset: i64, known: &[Option<crate::infer::Known>], errs: &mut Vec<VerifyError>) {
+fn check_node(
+    graph: &Graph,
+    n: NodeId,
+    opset: i64,
+    known: &[Option<crate::infer::Known>],
+    errs: &mut Vec<VerifyError>,
+) {
     let node = graph.node(n);
     let mut inputs_ok = true;
     for (slot, v) in node.inputs().iter().enumerate() {
@@ -140,14 +240,18 @@ fn check_node(graph: &Graph, n: NodeId, opset: i64, known: &[Option<crate::infer
             };
             errs.push(VerifyError::at(node, format!("has {n_in} inputs, expected {want}")));
             inputs_ok = false;
-        } else if lo > 0 && node.input(0).is_none() && !matches!(node.op, Op::Concat | Op::Max | Op::Min | Op::Sum | Op::Mean) {
+        } else if lo > 0
+            && node.input(0).is_none()
+            && !matches!(node.op, Op::Concat | Op::Max | Op::Min | Op::Sum | Op::Mean)
+        {
             errs.push(VerifyError::at(node, "required input 0 is missing".into()));
             inputs_ok = false;
         }
     }
     // Dtype agreement.
     let slots = same_dtype_slots(&node.op, n_in);
-    let typed: Vec<(usize, DType)> = slots.iter().filter_map(|&s| node.input(s).and_then(|v| graph.ty(v).dtype).map(|d| (s, d))).collect();
+    let typed: Vec<(usize, DType)> =
+        slots.iter().filter_map(|&s| node.input(s).and_then(|v| graph.ty(v).dtype).map(|d| (s, d))).collect();
     if let Some(&(s0, d0)) = typed.first() {
         for &(s, d) in &typed[1..] {
             if d != d0 {
@@ -166,7 +270,9 @@ fn check_node(graph: &Graph, n: NodeId, opset: i64, known: &[Option<crate::infer
         let to = node.attr_int("to").and_then(|c| i32::try_from(c).ok()).and_then(DType::from_onnx_code);
         match (to, node.outputs().first().and_then(|&v| graph.ty(v).dtype)) {
             (None, _) => errs.push(VerifyError::at(node, "missing or invalid `to`".into())),
-            (Some(t), Some(o)) if t != o => errs.push(VerifyError::at(node, format!("output has dtype {o} but `to` is {t}"))),
+            (Some(t), Some(o)) if t != o => {
+                errs.push(VerifyError::at(node, format!("output has dtype {o} but `to` is {t}")))
+            }
             _ => {}
         }
     }
@@ -183,14 +289,32 @@ fn check_node(graph: &Graph, n: NodeId, opset: i64, known: &[Option<crate::infer
                 let name = graph.value_name(v);
                 if let (Some(a), Some(b)) = (rec.dtype, inf.dtype) {
                     if a != b && !matches!(node.op, Op::Cast) {
-                        errs.push(VerifyError::at(node, format!("output {slot} `{name}` has dtype {a} but the op gives {b}")));
+                        errs.push(VerifyError::at(
+                            node,
+                            format!("output {slot} `{name}` has dtype {a} but the op gives {b}"),
+                        ));
                     }
                 }
                 if let (Some(a), Some(b)) = (&rec.shape, &inf.shape) {
                     if a.len() != b.len() {
-                        errs.push(VerifyError::at(node, format!("output {slot} `{name}` has rank {} but the op gives rank {} ({rec} vs {inf})", a.len(), b.len())));
-                    } else if let Some(i) = (0..a.len()).find(|&i| matches!((a[i].as_const(), b[i].as_const()), (Some(x), Some(y)) if x != y)) {
-                        errs.push(VerifyError::at(node, format!("output {slot} `{name}` has dimension {i} = {} but the op gives {} ({rec} vs {inf})", a[i], b[i])));
+                        errs.push(VerifyError::at(
+                            node,
+                            format!(
+                                "output {slot} `{name}` has rank {} but the op gives rank {} ({rec} vs {inf})",
+                                a.len(),
+                                b.len()
+                            ),
+                        ));
+                    } else if let Some(i) = (0..a.len())
+                        .find(|&i| matches!((a[i].as_const(), b[i].as_const()), (Some(x), Some(y)) if x != y))
+                    {
+                        errs.push(VerifyError::at(
+                            node,
+                            format!(
+                                "output {slot} `{name}` has dimension {i} = {} but the op gives {} ({rec} vs {inf})",
+                                a[i], b[i]
+                            ),
+                        ));
                     }
                 }
             }
@@ -250,7 +374,8 @@ pub fn verify(graph: &Graph, opset: i64) -> Result<(), Vec<VerifyError>> {
     }
     // Cycles.
     if let Err(rest) = graph.topo_order().and_then(|_| cycle_by_inputs(graph)) {
-        let names: Vec<String> = rest.iter().map(|&n| format!("{:?} ({})", graph.node(n).name, graph.node(n).op.op_type())).collect();
+        let names: Vec<String> =
+            rest.iter().map(|&n| format!("{:?} ({})", graph.node(n).name, graph.node(n).op.op_type())).collect();
         errs.push(VerifyError::graph(format!("dependency cycle through nodes {}", names.join(", "))));
     }
     // Nodes.
@@ -261,8 +386,12 @@ pub fn verify(graph: &Graph, opset: i64) -> Result<(), Vec<VerifyError>> {
     // Graph outputs.
     for &v in graph.outputs() {
         match graph.value(v).def {
-            ValueDef::Undefined => errs.push(VerifyError::graph(format!("graph output `{}` is undefined", graph.value_name(v)))),
-            ValueDef::Removed => errs.push(VerifyError::graph(format!("graph output `{}` was removed", graph.value_name(v)))),
+            ValueDef::Undefined => {
+                errs.push(VerifyError::graph(format!("graph output `{}` is undefined", graph.value_name(v))))
+            }
+            ValueDef::Removed => {
+                errs.push(VerifyError::graph(format!("graph output `{}` was removed", graph.value_name(v))))
+            }
             _ => {}
         }
     }
@@ -304,9 +433,12 @@ mod tests {
         let mut g = Graph::new("bad");
         let x = g.add_input("x", t(DType::F32, &[1, 3, 8, 8]));
         let h = g.add_input("h", t(DType::F16, &[1, 3, 8, 8]));
-        let w16 = g.add_init("w", Tensor { dtype: DType::F16, dims: vec![4, 3, 3, 3], data: crate::TensorData::Absent });
+        let w16 =
+            g.add_init("w", Tensor { dtype: DType::F16, dims: vec![4, 3, 3, 3], data: crate::TensorData::Absent });
         // Conv X/W dtypes differ, and the recorded output shape is wrong.
-        g.add_node(NodeSpec::new("/conv1/Conv", Op::Conv).input(x).input(w16).output("c", t(DType::F32, &[1, 4, 7, 6])));
+        g.add_node(
+            NodeSpec::new("/conv1/Conv", Op::Conv).input(x).input(w16).output("c", t(DType::F32, &[1, 4, 7, 6])),
+        );
         // Conv arity.
         g.add_node(NodeSpec::new("lonely", Op::Conv).input(x).output("c2", t(DType::F32, &[1, 4, 6, 6])));
         // Add of f32 and f16.
@@ -317,11 +449,18 @@ mod tests {
         // Doubly defined name.
         g.add_node(NodeSpec::new("dup", Op::Relu).input(x).output("a", t(DType::F32, &[1, 3, 8, 8])));
         // Cast output vs `to`.
-        g.add_node(NodeSpec::new("cast", Op::Cast).input(x).attr("to", Attr::Int(10)).output("k", t(DType::F32, &[1, 3, 8, 8])));
+        g.add_node(
+            NodeSpec::new("cast", Op::Cast)
+                .input(x)
+                .attr("to", Attr::Int(10))
+                .output("k", t(DType::F32, &[1, 3, 8, 8])),
+        );
         // Wrong rank recorded.
         g.add_node(NodeSpec::new("flat", Op::Flatten).input(x).output("f", t(DType::F32, &[1, 3, 64])));
         // Where branches differ; condition not bool.
-        g.add_node(NodeSpec::new("where", Op::Where).input(x).input(x).input(h).output("wh", t(DType::F32, &[1, 3, 8, 8])));
+        g.add_node(
+            NodeSpec::new("where", Op::Where).input(x).input(x).input(h).output("wh", t(DType::F32, &[1, 3, 8, 8])),
+        );
         // Removed value used.
         let rm = g.add_node(NodeSpec::new("gone", Op::Relu).input(x).output("gone_out", t(DType::F32, &[1, 3, 8, 8])));
         let gone = g.node(rm).outputs()[0];
@@ -333,7 +472,10 @@ mod tests {
         let errs = verify(&g, 17).unwrap_err();
         let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
         let dump = text.join("\n");
-        assert!(text.contains(&"node \"/conv1/Conv\" (Conv): input 1 has dtype f16 but input 0 has f32".to_string()), "{dump}");
+        assert!(
+            text.contains(&"node \"/conv1/Conv\" (Conv): input 1 has dtype f16 but input 0 has f32".to_string()),
+            "{dump}"
+        );
         assert!(has(&errs, Some("/conv1/Conv"), "dimension 2 = 7 but the op gives 6"), "{dump}");
         assert!(has(&errs, Some("lonely"), "has 1 inputs, expected 2 to 3"), "{dump}");
         assert!(has(&errs, Some("add"), "input 1 has dtype f16"), "{dump}");
@@ -354,17 +496,28 @@ mod tests {
         let fwd = g.add_undefined("b_out");
         let a = g.add_node(NodeSpec::new("A", Op::Relu).input(fwd).output("a_out", TensorType::unknown()));
         let a_out = g.node(a).outputs()[0];
-        g.add_node_defining(NodeSpec::new("B", Op::Relu).input(a_out).output("b_out", TensorType::unknown()), vec![fwd]);
+        g.add_node_defining(
+            NodeSpec::new("B", Op::Relu).input(a_out).output("b_out", TensorType::unknown()),
+            vec![fwd],
+        );
         let errs = verify(&g, 17).unwrap_err();
         let dump: Vec<String> = errs.iter().map(ToString::to_string).collect();
-        assert!(errs.iter().any(|e| e.message.contains("cycle") && e.message.contains("\"A\"") && e.message.contains("\"B\"")), "{dump:?}");
+        assert!(
+            errs.iter()
+                .any(|e| e.message.contains("cycle") && e.message.contains("\"A\"") && e.message.contains("\"B\"")),
+            "{dump:?}"
+        );
     }
 
     #[test]
     fn symbolic_dims_against_other_symbols_are_fine() {
         let mut g = Graph::new("sym");
         let x = g.add_input("x", TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::from(4)]));
-        g.add_node(NodeSpec::new("r", Op::Relu).input(x).output("y", TensorType::new(DType::F32, vec![Dim::sym("n"), Dim::from(4)])));
+        g.add_node(
+            NodeSpec::new("r", Op::Relu)
+                .input(x)
+                .output("y", TensorType::new(DType::F32, vec![Dim::sym("n"), Dim::from(4)])),
+        );
         assert_eq!(verify(&g, 17), Ok(()));
     }
 }

@@ -41,7 +41,8 @@ fn agrees(ours: &TensorType, reference: &serde_json::Value) -> Result<(), String
         return Err(format!("rank {} vs onnx {}", a.len(), b.len()));
     }
     for (x, y) in a.iter().zip(b) {
-        let onnx_knows = y.as_const().is_some() || y.as_sym().is_some_and(|s| !s.starts_with("unk__") && !s.contains("_d"));
+        let onnx_knows =
+            y.as_const().is_some() || y.as_sym().is_some_and(|s| !s.starts_with("unk__") && !s.contains("_d"));
         if onnx_knows && x != y {
             return Err(format!("dim {x} vs onnx {y}"));
         }

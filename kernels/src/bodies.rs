@@ -186,7 +186,12 @@ fn cast_from<'ctx>(cx: &Cx<'_, 'ctx>, h: Half, c: IntValue<'ctx>) -> R<()> {
 }
 
 /// NaN-ignoring `(min, max)` update: the first of equal values stays.
-fn min_max_step<'ctx>(cx: &Cx<'_, 'ctx>, v: FloatValue<'ctx>, mn: FloatValue<'ctx>, mx: FloatValue<'ctx>) -> R<[FloatValue<'ctx>; 2]> {
+fn min_max_step<'ctx>(
+    cx: &Cx<'_, 'ctx>,
+    v: FloatValue<'ctx>,
+    mn: FloatValue<'ctx>,
+    mx: FloatValue<'ctx>,
+) -> R<[FloatValue<'ctx>; 2]> {
     Ok([cx.sel_f(cx.fcmp(F::OLT, v, mn)?, v, mn)?, cx.sel_f(cx.fcmp(F::OGT, v, mx)?, v, mx)?])
 }
 
@@ -207,7 +212,8 @@ fn reduce<'ctx>(
 }
 
 fn row_min_max<'ctx>(cx: &Cx<'_, 'ctx>, r: IntValue<'ctx>) -> R<()> {
-    let (x, n, cols, rmin, rmax) = (cx.param_ptr(0)?, cx.param_int(1)?, cx.param_int(2)?, cx.param_ptr(3)?, cx.param_ptr(4)?);
+    let (x, n, cols, rmin, rmax) =
+        (cx.param_ptr(0)?, cx.param_int(1)?, cx.param_int(2)?, cx.param_ptr(3)?, cx.param_ptr(4)?);
     let start = cx.mul(r, cols)?;
     let end = cx.umin(cx.add(start, cols)?, n)?;
     let [mn, mx] = reduce(cx, start, end, &|cx, i| {
@@ -351,7 +357,8 @@ fn nibble<'ctx>(cx: &Cx<'_, 'ctx>, q: PointerValue<'ctx>, i: IntValue<'ctx>) -> 
 }
 
 fn dequantize_i4<'ctx>(cx: &Cx<'_, 'ctx>, byte: IntValue<'ctx>) -> R<()> {
-    let (q, scale, n, group, out) = (cx.param_ptr(0)?, cx.param_ptr(1)?, cx.param_int(2)?, cx.param_int(3)?, cx.param_ptr(4)?);
+    let (q, scale, n, group, out) =
+        (cx.param_ptr(0)?, cx.param_ptr(1)?, cx.param_int(2)?, cx.param_int(3)?, cx.param_ptr(4)?);
     for e in 0..2 {
         let i = cx.add(cx.mul(byte, cx.i64c(2))?, cx.i64c(e))?;
         cx.if_then(cx.icmp(I::ULT, i, n)?, |cx| {
@@ -385,14 +392,20 @@ fn dequant_accumulate<'ctx>(cx: &Cx<'_, 'ctx>, bits: QBits, i: IntValue<'ctx>) -
 }
 
 /// `(gap, 1/gap or 0)` as in [`crate::reference::pack_gap`].
-fn pack_gap<'ctx>(cx: &Cx<'_, 'ctx>, mn: FloatValue<'ctx>, mx: FloatValue<'ctx>, bits: u8) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+fn pack_gap<'ctx>(
+    cx: &Cx<'_, 'ctx>,
+    mn: FloatValue<'ctx>,
+    mx: FloatValue<'ctx>,
+    bits: u8,
+) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
     let gap = cx.fdiv(cx.fsub(mx, mn)?, cx.f32c(((1u32 << bits) - 1) as f32))?;
     let inv = cx.sel_f(valid_scale(cx, gap)?, cx.fdiv(cx.f32c(1.0), gap)?, cx.f32c(0.0))?;
     Ok((gap, inv))
 }
 
 fn pack<'ctx>(cx: &Cx<'_, 'ctx>, bits: u8, rounding: Rounding, byte: IntValue<'ctx>) -> R<()> {
-    let (x, range, n, seed, out) = (cx.param_ptr(0)?, cx.param_ptr(1)?, cx.param_int(2)?, cx.param_int(3)?, cx.param_ptr(4)?);
+    let (x, range, n, seed, out) =
+        (cx.param_ptr(0)?, cx.param_ptr(1)?, cx.param_int(2)?, cx.param_int(3)?, cx.param_ptr(4)?);
     let per = u64::from(8 / bits);
     let (mn, mx) = (cx.load_f(range, cx.i64c(0))?, cx.load_f(range, cx.i64c(1))?);
     let (_, inv) = pack_gap(cx, mn, mx, bits)?;

@@ -20,9 +20,11 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
 use inkwell::types::IntType;
-use inkwell::values::{BasicValue, BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValue, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
+};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 
 use crate::spec::{Arg, KernelSpec};
@@ -247,7 +249,13 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         // SAFETY: builds a `getelementptr inbounds` instruction; no Rust memory is touched.
         Ok(unsafe { self.b.build_in_bounds_gep(ty, p, &[i], "")? })
     }
-    pub fn load(&self, ty: BasicTypeEnum<'ctx>, p: PointerValue<'ctx>, i: IntValue<'ctx>, align: u32) -> R<BasicValueEnum<'ctx>> {
+    pub fn load(
+        &self,
+        ty: BasicTypeEnum<'ctx>,
+        p: PointerValue<'ctx>,
+        i: IntValue<'ctx>,
+        align: u32,
+    ) -> R<BasicValueEnum<'ctx>> {
         let v = self.b.build_load(ty, self.gep(ty, p, i)?, "")?;
         if let Some(inst) = v.as_instruction_value() {
             inst.set_alignment(align).map_err(|e| KernelError::Llvm(e.to_string()))?;
@@ -260,7 +268,14 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     pub fn load_f(&self, p: PointerValue<'ctx>, i: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
         Ok(self.load(self.ctx.f32_type().into(), p, i, 4)?.into_float_value())
     }
-    pub fn store(&self, ty: BasicTypeEnum<'ctx>, p: PointerValue<'ctx>, i: IntValue<'ctx>, v: BasicValueEnum<'ctx>, align: u32) -> R<()> {
+    pub fn store(
+        &self,
+        ty: BasicTypeEnum<'ctx>,
+        p: PointerValue<'ctx>,
+        i: IntValue<'ctx>,
+        v: BasicValueEnum<'ctx>,
+        align: u32,
+    ) -> R<()> {
         let inst = self.b.build_store(self.gep(ty, p, i)?, v)?;
         inst.set_alignment(align).map_err(|e| KernelError::Llvm(e.to_string()))?;
         Ok(())
@@ -445,7 +460,8 @@ fn emit_ptx_entry<'ctx>(ctx: &'ctx Context, m: &Module<'ctx>, spec: &KernelSpec,
     let args: Vec<BasicValueEnum> = cx.f.get_param_iter().collect();
     let sreg = |name: &str| -> R<IntValue<'ctx>> {
         let full = format!("llvm.nvvm.read.ptx.sreg.{name}");
-        let f = m.get_function(&full).unwrap_or_else(|| m.add_function(&full, ctx.i32_type().fn_type(&[], false), None));
+        let f =
+            m.get_function(&full).unwrap_or_else(|| m.add_function(&full, ctx.i32_type().fn_type(&[], false), None));
         let v = cx.b.build_call(f, &[], "")?.try_as_basic_value().basic();
         let v = v.ok_or_else(|| KernelError::Llvm(format!("{full} returned nothing")))?.into_int_value();
         cx.zext(v, 64)

@@ -67,7 +67,14 @@ impl<'ctx> HostKernels<'ctx> {
         let triple = TargetMachine::get_default_triple();
         let target = Target::from_triple(&triple).map_err(|e| KernelError::Llvm(e.to_string()))?;
         let tm = target
-            .create_target_machine(&triple, "generic", "", OptimizationLevel::Default, RelocMode::Default, CodeModel::JITDefault)
+            .create_target_machine(
+                &triple,
+                "generic",
+                "",
+                OptimizationLevel::Default,
+                RelocMode::Default,
+                CodeModel::JITDefault,
+            )
             .ok_or_else(|| KernelError::Llvm("no host target machine".into()))?;
         optimize(&module, &tm)?;
         let engine = module
@@ -127,7 +134,13 @@ impl<'ctx> HostKernels<'ctx> {
         Ok(out)
     }
 
-    pub fn quant_params_all(&self, mins: &[f32], maxs: &[f32], bits: QBits, symmetric: bool) -> Result<(Vec<f32>, Vec<i32>), KernelError> {
+    pub fn quant_params_all(
+        &self,
+        mins: &[f32],
+        maxs: &[f32],
+        bits: QBits,
+        symmetric: bool,
+    ) -> Result<(Vec<f32>, Vec<i32>), KernelError> {
         check("group maxima", mins.len(), maxs.len())?;
         let g = mins.len();
         let (mut s, mut z) = (vec![0f32; g], vec![0i32; g]);
@@ -164,21 +177,42 @@ impl<'ctx> HostKernels<'ctx> {
         Ok(q)
     }
 
-    pub fn dequantize_i8(&self, q: &[i8], scale: &[f32], zp: &[i32], group: usize, symmetric: bool) -> Result<Vec<f32>, KernelError> {
+    pub fn dequantize_i8(
+        &self,
+        q: &[i8],
+        scale: &[f32],
+        zp: &[i32],
+        group: usize,
+        symmetric: bool,
+    ) -> Result<Vec<f32>, KernelError> {
         let g = groups(q.len(), group);
         check("scales", g, scale.len())?;
         check("zero points", g, zp.len())?;
         let mut out = vec![0f32; q.len()];
-        let args =
-            [q.as_ptr() as u64, scale.as_ptr() as u64, zp.as_ptr() as u64, q.len() as u64, group as u64, out.as_mut_ptr() as u64];
+        let args = [
+            q.as_ptr() as u64,
+            scale.as_ptr() as u64,
+            zp.as_ptr() as u64,
+            q.len() as u64,
+            group as u64,
+            out.as_mut_ptr() as u64,
+        ];
         self.call(KernelSpec::DequantizeInt8 { symmetric }, &args)?;
         Ok(out)
     }
 
-    pub fn quantize_i4(&self, x: &[f32], scale: &[f32], group: usize, rounding: Rounding, seed: u64) -> Result<Vec<u8>, KernelError> {
+    pub fn quantize_i4(
+        &self,
+        x: &[f32],
+        scale: &[f32],
+        group: usize,
+        rounding: Rounding,
+        seed: u64,
+    ) -> Result<Vec<u8>, KernelError> {
         check("scales", groups(x.len(), group), scale.len())?;
         let mut q = vec![0u8; x.len().div_ceil(2)];
-        let args = [x.as_ptr() as u64, scale.as_ptr() as u64, x.len() as u64, group as u64, seed, q.as_mut_ptr() as u64];
+        let args =
+            [x.as_ptr() as u64, scale.as_ptr() as u64, x.len() as u64, group as u64, seed, q.as_mut_ptr() as u64];
         self.call(KernelSpec::QuantizeInt4 { rounding }, &args)?;
         Ok(q)
     }
@@ -210,11 +244,20 @@ impl<'ctx> HostKernels<'ctx> {
         check("quantized chunks (bytes)", chunk * k, q.len())?;
         check("scales", groups(n, group) * k, scale.len())?;
         check("accumulator", n, out.len())?;
-        let args = [q.as_ptr() as u64, scale.as_ptr() as u64, n as u64, group as u64, k as u64, out.as_mut_ptr() as u64];
+        let args =
+            [q.as_ptr() as u64, scale.as_ptr() as u64, n as u64, group as u64, k as u64, out.as_mut_ptr() as u64];
         self.call(KernelSpec::DequantAccumulate { bits }, &args)
     }
 
-    pub fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, KernelError> {
+    pub fn pack(
+        &self,
+        x: &[f32],
+        mn: f32,
+        mx: f32,
+        bits: u8,
+        rounding: Rounding,
+        seed: u64,
+    ) -> Result<Vec<u8>, KernelError> {
         let spec = KernelSpec::PackBits { bits, rounding };
         spec.validate()?;
         let range = [mn, mx];

@@ -96,7 +96,9 @@ pub fn cast_from(fmt: Half, src: &[u16]) -> Vec<f32> {
 
 /// NaN-ignoring running min and max, first of equal values kept.
 fn min_max(it: impl Iterator<Item = f32>) -> (f32, f32) {
-    it.fold((f32::INFINITY, f32::NEG_INFINITY), |(mn, mx), v| (if v < mn { v } else { mn }, if v > mx { v } else { mx }))
+    it.fold((f32::INFINITY, f32::NEG_INFINITY), |(mn, mx), v| {
+        (if v < mn { v } else { mn }, if v > mx { v } else { mx })
+    })
 }
 
 /// Stage one: per-row `(min, max)` over rows of `cols` (the last may be short).

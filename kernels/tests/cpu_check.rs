@@ -7,7 +7,7 @@
 
 use inkwell::context::Context;
 use qsync_kernels::reference as r;
-use qsync_kernels::{HostKernels, Half, QBits, Rounding};
+use qsync_kernels::{Half, HostKernels, QBits, Rounding};
 
 /// A small seeded generator for test data (splitmix64).
 struct Gen(u64);
@@ -33,16 +33,72 @@ impl Gen {
 /// subnormals, extremes, f16/bf16 range ends and rounding ties.
 fn edge_f32() -> Vec<f32> {
     let mut v: Vec<f32> = vec![
-        0.0, -0.0, 1.0, -1.0, 0.5, -0.5, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN,
-        f32::MIN_POSITIVE, -f32::MIN_POSITIVE, f32::MAX, f32::MIN, f32::EPSILON,
-        65504.0, 65519.99, 65520.0, 65536.0, -65520.0, 6.1035156e-5, 5.9604645e-8, 2.9802322e-8, 2.98e-8,
-        8.940697e-8, 1.0009765625, 1.00048828125, 1.00146484375, 3.3895314e38, 3.3961775e38,
-        127.0, 127.5, -127.5, 128.0, -128.5, 254.5, 255.5, 0.49999997, 2.5, 3.5, -2.5,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::MAX,
+        f32::MIN,
+        f32::EPSILON,
+        65504.0,
+        65519.99,
+        65520.0,
+        65536.0,
+        -65520.0,
+        6.1035156e-5,
+        5.9604645e-8,
+        2.9802322e-8,
+        2.98e-8,
+        8.940697e-8,
+        1.0009765625,
+        1.00048828125,
+        1.00146484375,
+        3.3895314e38,
+        3.3961775e38,
+        127.0,
+        127.5,
+        -127.5,
+        128.0,
+        -128.5,
+        254.5,
+        255.5,
+        0.49999997,
+        2.5,
+        3.5,
+        -2.5,
     ];
-    for b in [0x7f80_0001u32, 0xff80_0001, 0x7fbf_ffff, 0x7fc0_0001, 0x0000_0001, 0x8000_0001, 0x007f_ffff, 0x0040_0000,
-        0x3380_0000, 0x3380_0001, 0x337f_ffff, 0x3880_0000, 0x387f_ffff, 0x3f80_1000, 0x3f80_3000, 0x3f80_8000, 0x3f81_8000,
-        0x477f_efff, 0x477f_f000, 0x7f7f_8000, 0x7f7f_7fff, 0x7f7f_ffff]
-    {
+    for b in [
+        0x7f80_0001u32,
+        0xff80_0001,
+        0x7fbf_ffff,
+        0x7fc0_0001,
+        0x0000_0001,
+        0x8000_0001,
+        0x007f_ffff,
+        0x0040_0000,
+        0x3380_0000,
+        0x3380_0001,
+        0x337f_ffff,
+        0x3880_0000,
+        0x387f_ffff,
+        0x3f80_1000,
+        0x3f80_3000,
+        0x3f80_8000,
+        0x3f81_8000,
+        0x477f_efff,
+        0x477f_f000,
+        0x7f7f_8000,
+        0x7f7f_7fff,
+        0x7f7f_ffff,
+    ] {
         v.push(f32::from_bits(b));
     }
     v
@@ -77,7 +133,11 @@ fn casts_match_reference_bitwise() {
         // Every 16-bit pattern back to f32.
         let all: Vec<u16> = (0..=u16::MAX).collect();
         assert_eq!(bits(&k.cast_from(h, &all).expect("cast")), bits(&r::cast_from(h, &all)), "{h:?} widen");
-        assert_eq!(bits(&k.cast_from(h, &all[3..]).expect("cast")), bits(&r::cast_from(h, &all[3..])), "{h:?} widen misaligned");
+        assert_eq!(
+            bits(&k.cast_from(h, &all[3..]).expect("cast")),
+            bits(&r::cast_from(h, &all[3..])),
+            "{h:?} widen misaligned"
+        );
     }
 }
 
@@ -177,7 +237,11 @@ fn int8_quantize_dequantize_match_for_every_granularity() {
             let (s, z) = scales(&x, group, QBits::Int8, sym);
             for rounding in [Rounding::Nearest, Rounding::Stochastic] {
                 let q = k.quantize_i8(&x, &s, &z, group, sym, rounding, 42).expect("quantize");
-                assert_eq!(q, r::quantize_i8(&x, &s, &z, group, sym, rounding, 42), "group={group} sym={sym} {rounding:?}");
+                assert_eq!(
+                    q,
+                    r::quantize_i8(&x, &s, &z, group, sym, rounding, 42),
+                    "group={group} sym={sym} {rounding:?}"
+                );
                 let qm = k.quantize_i8(&x[1..], &s, &z, group, sym, rounding, 42).expect("quantize");
                 assert_eq!(qm, r::quantize_i8(&x[1..], &s, &z, group, sym, rounding, 42), "misaligned");
             }
@@ -190,7 +254,15 @@ fn int8_quantize_dequantize_match_for_every_granularity() {
     }
     // Range ends: ±max map to ±127, out of range saturates, NaN to the zero point.
     let s = [1.0f32];
-    let q = k.quantize_i8(&[127.0, -127.0, 300.0, -300.0, f32::NAN, 0.5, 1.5, -0.5], &s, &[0], 8, true, Rounding::Nearest, 0);
+    let q = k.quantize_i8(
+        &[127.0, -127.0, 300.0, -300.0, f32::NAN, 0.5, 1.5, -0.5],
+        &s,
+        &[0],
+        8,
+        true,
+        Rounding::Nearest,
+        0,
+    );
     assert_eq!(q.expect("q"), vec![127, -127, 127, -127, 0, 0, 2, 0]);
 }
 
@@ -222,7 +294,9 @@ fn int4_and_dequant_accumulate_match() {
             let x: Vec<f32> = (0..n).map(|_| g.normal_ish(2.0)).collect();
             let (sc, z) = scales(&x, group, bits_kind, true);
             match bits_kind {
-                QBits::Int8 => q.extend(r::quantize_i8(&x, &sc, &z, group, true, Rounding::Nearest, 0).iter().map(|&c| c as u8)),
+                QBits::Int8 => {
+                    q.extend(r::quantize_i8(&x, &sc, &z, group, true, Rounding::Nearest, 0).iter().map(|&c| c as u8))
+                }
                 QBits::Int4 => q.extend(r::quantize_i4(&x, &sc, group, Rounding::Nearest, 0)),
             }
             s.extend(sc);

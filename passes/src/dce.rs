@@ -42,7 +42,9 @@ impl Pass for Dce {
             .inits()
             .iter()
             .copied()
-            .filter(|&v| uses[v.index()] == 0 && !g.inputs().contains(&v) && matches!(g.value(v).def, ValueDef::Init(_)))
+            .filter(|&v| {
+                uses[v.index()] == 0 && !g.inputs().contains(&v) && matches!(g.value(v).def, ValueDef::Init(_))
+            })
             .collect();
         for &v in &dead_inits {
             g.remove_source(v);

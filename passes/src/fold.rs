@@ -51,7 +51,9 @@ impl Pass for FoldConstants {
                 continue;
             }
             let Some(results) = eval_node(g, n, &inputs, opset) else { continue };
-            if results.len() != node.outputs().len() || results.iter().map(Tensor::byte_len).sum::<u64>() > self.max_bytes {
+            if results.len() != node.outputs().len()
+                || results.iter().map(Tensor::byte_len).sum::<u64>() > self.max_bytes
+            {
                 continue;
             }
             let outs: Vec<_> = node.outputs().to_vec();

@@ -144,7 +144,8 @@ impl PassManager {
             let outcome = p.run(model, cx)?;
             let time = start.elapsed();
             if self.verify_each {
-                verify(&model.graph, model.opset()).map_err(|errors| PassError::Verify { pass: p.name().into(), errors })?;
+                verify(&model.graph, model.opset())
+                    .map_err(|errors| PassError::Verify { pass: p.name().into(), errors })?;
             }
             report.runs.push(PassRun {
                 pass: p.name().into(),

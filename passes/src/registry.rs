@@ -32,10 +32,10 @@ use crate::dce::Dce;
 use crate::fold::FoldConstants;
 use crate::manager::{Pass, PassContext, PassError, PassManager, PassOutcome};
 use crate::precision::amp::Amp;
-use crate::precision::campo::Campo;
-use crate::precision::comp::{Comp, VarianceProxy};
 use crate::precision::autocast::Autocast;
+use crate::precision::campo::Campo;
 use crate::precision::cascade::CascadePass;
+use crate::precision::comp::{Comp, VarianceProxy};
 use crate::precision::oracle::PLAN_PRECISIONS;
 use crate::precision::uniform::Uniform;
 use crate::precision::{Mode, Override, PlanOptions, Policy};
@@ -90,7 +90,19 @@ impl Pass for Verify {
 
 /// Names of every registered pass, in the order they are documented.
 pub fn available_passes() -> &'static [&'static str] {
-    &["infer-shapes", "fold-constants", "dce", "verify", "amp", "autocast", "uniform", "cascade", "campo", "comp", "egraph-casts"]
+    &[
+        "infer-shapes",
+        "fold-constants",
+        "dce",
+        "verify",
+        "amp",
+        "autocast",
+        "uniform",
+        "cascade",
+        "campo",
+        "comp",
+        "egraph-casts",
+    ]
 }
 
 /// A pipeline entry's arguments.
@@ -149,7 +161,9 @@ pub fn parse_entry(entry: &str) -> Result<(String, PassArgs), PassError> {
         return Ok((entry[..open].trim().to_string(), args));
     }
     match entry.split_once('=') {
-        Some((name, v)) => Ok((name.trim().to_string(), PassArgs { main: Some(v.trim().to_string()), named: Vec::new() })),
+        Some((name, v)) => {
+            Ok((name.trim().to_string(), PassArgs { main: Some(v.trim().to_string()), named: Vec::new() }))
+        }
         None => Ok((entry.to_string(), PassArgs::default())),
     }
 }
@@ -169,7 +183,8 @@ fn precision_options(name: &str, args: &PassArgs, allowed: &[&str]) -> Result<(O
         ),
         None => None,
     };
-    let overrides = args.all("override").map(Override::parse).collect::<Result<Vec<_>, _>>().map_err(|e| bad(e.to_string()))?;
+    let overrides =
+        args.all("override").map(Override::parse).collect::<Result<Vec<_>, _>>().map_err(|e| bad(e.to_string()))?;
     let mode = match args.last("mode") {
         None | Some("training") => Mode::Training,
         Some("inference") => Mode::Inference,
@@ -217,7 +232,10 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
         "uniform" => {
             let (dtype, options) = precision_options(name, args, PREC)?;
             if dtype.is_none() {
-                return Err(PassError::BadArguments { entry: name.into(), message: "needs a precision: `uniform=f16`".into() });
+                return Err(PassError::BadArguments {
+                    entry: name.into(),
+                    message: "needs a precision: `uniform=f16`".into(),
+                });
             }
             Ok(Box::new(Uniform { options }))
         }
@@ -226,7 +244,12 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
             let padding = match args.last("padding") {
                 None | Some("on") => true,
                 Some("off") => false,
-                Some(v) => return Err(PassError::BadArguments { entry: name.into(), message: format!("padding `{v}` is not on or off") }),
+                Some(v) => {
+                    return Err(PassError::BadArguments {
+                        entry: name.into(),
+                        message: format!("padding `{v}` is not on or off"),
+                    })
+                }
             };
             Ok(Box::new(Campo::new(policy_arg(name, args, "tf-amp")?, options, padding)?))
         }
@@ -234,9 +257,11 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
             let (_, options) = precision_options(name, args, &["dtype", "override", "mode", "policy", "threshold"])?;
             let threshold = match args.last("threshold") {
                 None => VarianceProxy::DEFAULT_THRESHOLD,
-                Some(v) => v.parse::<f64>().ok().filter(|t| t.is_finite() && *t >= 0.0).ok_or_else(|| PassError::BadArguments {
-                    entry: name.into(),
-                    message: format!("threshold `{v}` is not a non-negative number"),
+                Some(v) => v.parse::<f64>().ok().filter(|t| t.is_finite() && *t >= 0.0).ok_or_else(|| {
+                    PassError::BadArguments {
+                        entry: name.into(),
+                        message: format!("threshold `{v}` is not a non-negative number"),
+                    }
                 })?,
             };
             Ok(Box::new(Comp::new(policy_arg(name, args, "tf-amp")?, options, threshold)?))

@@ -36,9 +36,15 @@ fn onnx_round_trip_gives_identical_ir_text() {
     for path in qsync_tests::onnx_models() {
         let m = load(&path);
         let bytes = qsync_onnx::export_bytes(&m).unwrap_or_else(|e| panic!("{e}"));
-        let again = qsync_onnx::import_bytes(&bytes, m.base_dir.as_deref(), "round-trip").unwrap_or_else(|e| panic!("{e}"));
+        let again =
+            qsync_onnx::import_bytes(&bytes, m.base_dir.as_deref(), "round-trip").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(print_model(&again), print_model(&m), "{}", path.display());
-        assert_eq!(qsync_onnx::export_bytes(&again).expect("export"), bytes, "{}: export is deterministic", path.display());
+        assert_eq!(
+            qsync_onnx::export_bytes(&again).expect("export"),
+            bytes,
+            "{}: export is deterministic",
+            path.display()
+        );
     }
 }
 

@@ -20,12 +20,14 @@ fn run_on(path: &std::path::Path, spec: &str, target: Option<&str>) -> (Model, u
     let pm = pipeline_from_spec("infer-shapes").expect("pipeline");
     pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let before = casts(&m);
-    let outputs: Vec<String> = m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();
+    let outputs: Vec<String> =
+        m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();
     let mut pm = pipeline_from_spec(&format!("{spec},verify")).expect("pipeline");
     pm.verify_each(true);
     let mut cx = PassContext { target: target.map(str::to_string), ..PassContext::default() };
     pm.run(&mut m, &mut cx).unwrap_or_else(|e| panic!("{} {spec}: {e}", path.display()));
-    let after: Vec<String> = m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();
+    let after: Vec<String> =
+        m.graph.outputs().iter().map(|&v| format!("{}:{}", m.graph.value_name(v), m.graph.ty(v))).collect();
     assert_eq!(outputs, after, "{} {spec}: outputs keep names and types", path.display());
     let types: Vec<String> = m.graph.all_values().map(|v| m.graph.ty(v).to_string()).collect();
     let mut again = m.clone();
@@ -88,7 +90,10 @@ fn planned_models_with_weights_stay_within_fp16_tolerance() {
     let probe = Command::new("python3").args(["-c", "import onnx, onnxruntime"]).output();
     match probe {
         Ok(o) if o.status.success() => {}
-        Ok(o) => panic!("python3 cannot import onnx and onnxruntime ({}): run scripts/setup.sh", String::from_utf8_lossy(&o.stderr)),
+        Ok(o) => panic!(
+            "python3 cannot import onnx and onnxruntime ({}): run scripts/setup.sh",
+            String::from_utf8_lossy(&o.stderr)
+        ),
         Err(e) => panic!("python3 not runnable ({e}): run scripts/setup.sh"),
     }
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../passes/tests/numerics.py");
@@ -100,7 +105,8 @@ fn planned_models_with_weights_stay_within_fp16_tolerance() {
             // campo and comp plan with the cost model of a real target.
             let target = matches!(spec, "campo" | "comp").then_some("v100");
             let (m, _) = run_on(&src, spec, target);
-            let out = dir.join(format!("{}.{}.onnx", model.trim_end_matches(".onnx"), spec.replace(['(', ')', '='], "_")));
+            let out =
+                dir.join(format!("{}.{}.onnx", model.trim_end_matches(".onnx"), spec.replace(['(', ')', '='], "_")));
             qsync_onnx::export_file(&m, &out).unwrap_or_else(|e| panic!("{e}"));
             let o = Command::new("python3").arg(&script).arg(&src).arg(&out).output().expect("run numerics.py");
             let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
@@ -120,8 +126,12 @@ fn planned_models_with_weights_stay_within_fp16_tolerance() {
 #[test]
 fn campo_never_worse_than_amp_on_every_dtype_and_target() {
     use qsync_passes::precision::{CostModelOracle, CostOracle};
-    let grid: [(&str, &[&str]); 4] =
-        [("f16", &["v100", "t4"]), ("bf16", &["a100-40gb", "h100-sxm"]), ("i8", &["t4", "a100-40gb"]), ("f8e4m3", &["h100-sxm"])];
+    let grid: [(&str, &[&str]); 4] = [
+        ("f16", &["v100", "t4"]),
+        ("bf16", &["a100-40gb", "h100-sxm"]),
+        ("i8", &["t4", "a100-40gb"]),
+        ("f8e4m3", &["h100-sxm"]),
+    ];
     for path in qsync_tests::onnx_models() {
         let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
         for (dtype, targets) in grid {
@@ -137,15 +147,21 @@ fn campo_never_worse_than_amp_on_every_dtype_and_target() {
                 let (amp, amp_casts) = run_on(&path, &format!("amp={dtype}"), Some(target));
                 let (campo, campo_casts) = run_on(&path, &format!("campo={dtype}"), Some(target));
                 let (comp, comp_casts) = run_on(&path, &format!("comp={dtype}"), Some(target));
-                let (ta, tc, tp) =
-                    (oracle.predict(&amp.graph).total(), oracle.predict(&campo.graph).total(), oracle.predict(&comp.graph).total());
+                let (ta, tc, tp) = (
+                    oracle.predict(&amp.graph).total(),
+                    oracle.predict(&campo.graph).total(),
+                    oracle.predict(&comp.graph).total(),
+                );
                 eprintln!(
                     "{name} {target} {dtype}: amp {amp_casts} casts {:.3} ms, campo {campo_casts} casts {:.3} ms, comp {comp_casts} casts {:.3} ms",
                     ta * 1e3,
                     tc * 1e3,
                     tp * 1e3
                 );
-                assert!(campo_casts <= amp_casts, "{name} {target} {dtype}: campo {campo_casts} casts > amp {amp_casts}");
+                assert!(
+                    campo_casts <= amp_casts,
+                    "{name} {target} {dtype}: campo {campo_casts} casts > amp {amp_casts}"
+                );
                 assert!(tc <= ta * (1.0 + 1e-9), "{name} {target} {dtype}: campo {tc} s > amp {ta} s");
             }
         }
@@ -160,7 +176,10 @@ fn no_pass_chooses_a_precision_the_target_lacks() {
     for (dtype, target) in [("bf16", "v100"), ("f8e4m3", "v100"), ("f8e4m3", "a100-40gb")] {
         for pass in ["amp", "autocast", "uniform", "campo", "comp", "cascade"] {
             let mut m = qsync_onnx::import_file(&path).unwrap_or_else(|e| panic!("{e}"));
-            pipeline_from_spec("infer-shapes").expect("pipeline").run(&mut m, &mut PassContext::default()).expect("infer");
+            pipeline_from_spec("infer-shapes")
+                .expect("pipeline")
+                .run(&mut m, &mut PassContext::default())
+                .expect("infer");
             let pm = pipeline_from_spec(&format!("{pass}={dtype}")).expect("pipeline");
             let mut cx = PassContext { target: Some(target.to_string()), ..PassContext::default() };
             let err = pm.run(&mut m, &mut cx).err().unwrap_or_else(|| panic!("{pass}={dtype} on {target} succeeded"));

@@ -59,7 +59,8 @@ pub fn fit_linear(samples: &[(f64, f64)]) -> Result<LinearFit> {
     let ss_res: f64 = samples.iter().map(|s| (s.1 - model.eval(s.0)).powi(2)).sum();
     let ss_tot: f64 = samples.iter().map(|s| (s.1 - my).powi(2)).sum();
     let r2 = if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 1.0 };
-    let max_rel_err = samples.iter().filter(|s| s.1 != 0.0).map(|s| ((model.eval(s.0) - s.1) / s.1).abs()).fold(0.0, f64::max);
+    let max_rel_err =
+        samples.iter().filter(|s| s.1 != 0.0).map(|s| ((model.eval(s.0) - s.1) / s.1).abs()).fold(0.0, f64::max);
     Ok(LinearFit { model, r2, max_rel_err, samples: samples.len() })
 }
 

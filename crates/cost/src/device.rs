@@ -110,19 +110,29 @@ const BUNDLED: [(&str, &str); 10] = [
 impl Device {
     /// Parse and validate one device file; `file` names it in errors.
     pub fn from_json(text: &str, file: &str) -> Result<Device> {
-        let mut d: Device =
-            serde_json::from_str(text).map_err(|e| CostError::DeviceParse { file: file.to_string(), message: e.to_string() })?;
+        let mut d: Device = serde_json::from_str(text)
+            .map_err(|e| CostError::DeviceParse { file: file.to_string(), message: e.to_string() })?;
         d.validate(file)?;
         Ok(d)
     }
 
     /// Check every field and fill the lookup tables.
     pub fn validate(&mut self, file: &str) -> Result<()> {
-        let bad = |field: &str, message: String| CostError::DeviceField { file: file.to_string(), field: field.to_string(), message };
-        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_') {
-            return Err(bad("name", format!("`{}` must be non-empty lowercase ASCII letters, digits, `-` or `_`", self.name)));
+        let bad = |field: &str, message: String| CostError::DeviceField {
+            file: file.to_string(),
+            field: field.to_string(),
+            message,
+        };
+        if self.name.is_empty()
+            || !self.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+        {
+            return Err(bad(
+                "name",
+                format!("`{}` must be non-empty lowercase ASCII letters, digits, `-` or `_`", self.name),
+            ));
         }
-        let arch_ok = self.arch.strip_prefix("sm_").is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        let arch_ok =
+            self.arch.strip_prefix("sm_").is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
         if !arch_ok {
             return Err(bad("arch", format!("`{}` is not of the form sm_XX", self.arch)));
         }
@@ -141,7 +151,11 @@ impl Device {
         positive("network_gbit_s", self.network_gbit_s)?;
         positive("launch_overhead_us", self.launch_overhead_us)?;
         let e = &self.efficiency;
-        for (f, v) in [("efficiency.tensor_core", e.tensor_core), ("efficiency.cuda_core", e.cuda_core), ("efficiency.memory", e.memory)] {
+        for (f, v) in [
+            ("efficiency.tensor_core", e.tensor_core),
+            ("efficiency.cuda_core", e.cuda_core),
+            ("efficiency.memory", e.memory),
+        ] {
             if !(v.is_finite() && v > 0.0 && v <= 1.0) {
                 return Err(bad(f, format!("must be in (0, 1], got {v}")));
             }
@@ -173,20 +187,35 @@ impl Device {
             }
             let a = self.tensor_core_alignment.get(&p).copied().unwrap_or(0);
             if a == 0 {
-                return Err(bad(&format!("tensor_core_alignment.{p}"), "missing or zero for a precision with Tensor Cores".into()));
+                return Err(bad(
+                    &format!("tensor_core_alignment.{p}"),
+                    "missing or zero for a precision with Tensor Cores".into(),
+                ));
             }
             t.tc[p.index()] = v * 1e12;
             t.align[p.index()] = a;
         }
         for &p in &self.supported_precisions {
             if t.cuda[p.index()] == 0.0 && t.tc[p.index()] == 0.0 {
-                return Err(bad("supported_precisions", format!("{p} is supported but has no CUDA-core or Tensor Core rate")));
+                return Err(bad(
+                    "supported_precisions",
+                    format!("{p} is supported but has no CUDA-core or Tensor Core rate"),
+                ));
             }
         }
-        let mut needed: Vec<String> = ["arch", "memory_bytes", "memory_bandwidth_gb_s", "intra_node", "network_gbit_s", "launch_overhead_us", "efficiency", "workspace_bytes"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut needed: Vec<String> = [
+            "arch",
+            "memory_bytes",
+            "memory_bandwidth_gb_s",
+            "intra_node",
+            "network_gbit_s",
+            "launch_overhead_us",
+            "efficiency",
+            "workspace_bytes",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         needed.extend(self.cuda_core_tflops.keys().map(|p| format!("cuda_core_tflops.{p}")));
         needed.extend(self.tensor_core_tflops.keys().map(|p| format!("tensor_core_tflops.{p}")));
         if !self.tensor_core_tflops.is_empty() {
@@ -281,7 +310,8 @@ impl DeviceDb {
     /// Load a device file (`--device-file`); a device of the same name is replaced.
     pub fn load_file(&mut self, path: impl AsRef<Path>) -> Result<&Device> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| CostError::Io { path: path.to_path_buf(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| CostError::Io { path: path.to_path_buf(), source })?;
         let d = Device::from_json(&text, &path.display().to_string())?;
         let name = d.name.clone();
         self.insert(d);
@@ -295,7 +325,9 @@ impl DeviceDb {
     /// The device called `name` (case-insensitive).
     pub fn get(&self, name: &str) -> Result<&Device> {
         let key = name.trim().to_ascii_lowercase();
-        self.devices.get(&key).ok_or_else(|| CostError::UnknownDevice { name: name.to_string(), known: self.names().join(", ") })
+        self.devices
+            .get(&key)
+            .ok_or_else(|| CostError::UnknownDevice { name: name.to_string(), known: self.names().join(", ") })
     }
 
     pub fn names(&self) -> Vec<String> {

@@ -45,7 +45,8 @@ impl Bindings {
             return Ok(c);
         }
         let r = d.substitute(&|s| self.get(s).map(Dim::from));
-        r.as_const().ok_or_else(|| d.symbols().iter().filter(|s| self.get(s).is_none()).map(|s| s.to_string()).collect())
+        r.as_const()
+            .ok_or_else(|| d.symbols().iter().filter(|s| self.get(s).is_none()).map(|s| s.to_string()).collect())
     }
 }
 
@@ -147,7 +148,15 @@ fn view_op(op: &Op) -> bool {
 fn elementwise_flops(op: &Op) -> f64 {
     match op {
         Op::Erf | Op::Gelu | Op::Pow | Op::Mish | Op::Softplus | Op::Selu | Op::Elu | Op::Celu => 8.0,
-        Op::Exp | Op::Log | Op::Sqrt | Op::Reciprocal | Op::Div | Op::Sigmoid | Op::Tanh | Op::HardSwish | Op::HardSigmoid => 4.0,
+        Op::Exp
+        | Op::Log
+        | Op::Sqrt
+        | Op::Reciprocal
+        | Op::Div
+        | Op::Sigmoid
+        | Op::Tanh
+        | Op::HardSwish
+        | Op::HardSigmoid => 4.0,
         _ => 1.0,
     }
 }
@@ -160,7 +169,10 @@ fn saves_output(op: &Op) -> bool {
 /// Ops whose backward needs none of their inputs.
 fn saves_nothing(op: &Op) -> bool {
     matches!(op.class(), OpClass::Movement | OpClass::Shape | OpClass::Cast | OpClass::Reduce)
-        || matches!(op, Op::Add | Op::Sub | Op::Neg | Op::Sum | Op::Mean | Op::GlobalAveragePool | Op::AveragePool | Op::Dropout)
+        || matches!(
+            op,
+            Op::Add | Op::Sub | Op::Neg | Op::Sum | Op::Mean | Op::GlobalAveragePool | Op::AveragePool | Op::Dropout
+        )
 }
 
 /// Decomposed erf-GELUs, as exporters without an ONNX `Gelu` write them:
@@ -183,7 +195,9 @@ fn erf_gelus(graph: &Graph) -> (HashMap<NodeId, ValueId>, HashSet<NodeId>) {
             let Some(x) = node.input(xi) else { continue };
             let Some(add) = prod(node.input(ai), |o| matches!(o, Op::Add)) else { continue };
             let an = graph.node(add);
-            let Some((erf, _)) = [an.input(0), an.input(1)].into_iter().find_map(|v| prod(v, |o| matches!(o, Op::Erf)).map(|e| (e, v))) else {
+            let Some((erf, _)) =
+                [an.input(0), an.input(1)].into_iter().find_map(|v| prod(v, |o| matches!(o, Op::Erf)).map(|e| (e, v)))
+            else {
                 continue;
             };
             let Some(div) = prod(graph.node(erf).input(0), |o| matches!(o, Op::Div | Op::Mul)) else { continue };
@@ -256,9 +270,13 @@ impl GraphFacts {
             // through (quantization-aware training): the quantized value
             // between them carries the gradient though it is not float.
             let qdq = matches!(node.op, Op::QuantizeLinear | Op::DequantizeLinear);
-            let needs_backward = node.inputs().iter().flatten().any(|v| requires_grad[v.index()] && (is_float(*v) || qdq));
+            let needs_backward =
+                node.inputs().iter().flatten().any(|v| requires_grad[v.index()] && (is_float(*v) || qdq));
             let differentiable = !matches!(node.op.class(), OpClass::Shape | OpClass::Random)
-                && !matches!(node.op, Op::ArgMax | Op::ArgMin | Op::Equal | Op::Less | Op::Greater | Op::Not | Op::NonZero);
+                && !matches!(
+                    node.op,
+                    Op::ArgMax | Op::ArgMin | Op::Equal | Op::Less | Op::Greater | Op::Not | Op::NonZero
+                );
             let grads_flow = needs_backward && (differentiable || matches!(node.op, Op::Dropout));
             for &o in node.outputs() {
                 requires_grad[o.index()] = grads_flow && (is_float(o) || qdq);
@@ -353,7 +371,8 @@ fn node_facts(
         let ty = graph.ty(o);
         !ty.dtype.is_some_and(DType::is_float) && elems[o.index()].is_none_or(|e| e <= 4096.0)
     });
-    let host = op.class() == OpClass::Shape || (all_int_small && !matches!(op.class(), OpClass::Conv | OpClass::MatMul));
+    let host =
+        op.class() == OpClass::Shape || (all_int_small && !matches!(op.class(), OpClass::Conv | OpClass::MatMul));
     let kind = if host {
         Kind::Host
     } else if view_op(op) {
@@ -385,15 +404,32 @@ fn node_facts(
         .collect();
     let profile_key = format!("{}|{}", op.op_type(), key_shapes.join(","));
     if kind == Kind::Host || kind == Kind::View {
-        return Ok(NodeFacts { kind, fwd: tiny, bwd_input: tiny, bwd_weight: tiny, act_in: 0.0, weight: 0.0, out: 0.0, align_dims: Vec::new(), needs_backward, profile_key });
+        return Ok(NodeFacts {
+            kind,
+            fwd: tiny,
+            bwd_input: tiny,
+            bwd_weight: tiny,
+            act_in: 0.0,
+            weight: 0.0,
+            out: 0.0,
+            align_dims: Vec::new(),
+            needs_backward,
+            profile_key,
+        });
     }
 
     // Every value this node touches must have a concrete shape.
     let known = |v: ValueId| -> Result<f64> {
         if let Some((dim, syms)) = &unbound[v.index()] {
-            return Err(CostError::UnboundSymbol { node: node.name.clone(), value: graph.value_name(v).to_string(), dim: dim.clone(), symbols: syms.join(", ") });
+            return Err(CostError::UnboundSymbol {
+                node: node.name.clone(),
+                value: graph.value_name(v).to_string(),
+                dim: dim.clone(),
+                symbols: syms.join(", "),
+            });
         }
-        elems[v.index()].ok_or_else(|| CostError::UnknownShape { node: node.name.clone(), value: graph.value_name(v).to_string() })
+        elems[v.index()]
+            .ok_or_else(|| CostError::UnknownShape { node: node.name.clone(), value: graph.value_name(v).to_string() })
     };
     let is_float = |v: ValueId| graph.ty(v).dtype.is_some_and(DType::is_float);
     let (mut act_in, mut weight, mut int_in, mut act_grad) = (0.0, 0.0, 0.0, 0.0);
@@ -419,7 +455,11 @@ fn node_facts(
             }
         }
     }
-    let out0 = node.outputs().first().copied().ok_or_else(|| CostError::BadNode { node: node.name.clone(), op: op.op_type().into(), message: "no outputs".into() })?;
+    let out0 = node.outputs().first().copied().ok_or_else(|| CostError::BadNode {
+        node: node.name.clone(),
+        op: op.op_type().into(),
+        message: "no outputs".into(),
+    })?;
     let mut out = known(out0)?;
     for &o in node.outputs().iter().skip(1) {
         if is_float(o) {
@@ -450,7 +490,8 @@ fn node_facts(
             let bias = if node.input(2).is_some() { out } else { 0.0 };
             fwd = Work::new(2.0 * macs + bias, act_in + weight + out);
             bwd_input = if act_grad > 0.0 { Work::new(2.0 * macs, out + weight + act_grad) } else { tiny };
-            bwd_weight = if n_weight > 0.0 && has_bwd { Work::new(2.0 * macs + bias, out + act_in + weight) } else { tiny };
+            bwd_weight =
+                if n_weight > 0.0 && has_bwd { Work::new(2.0 * macs + bias, out + act_in + weight) } else { tiny };
         }
         Kind::Gemm => {
             let a = shape(0).ok_or_else(|| bad("A has no shape"))?;
@@ -474,24 +515,36 @@ fn node_facts(
             align_dims = vec![m, nn, k];
             let bias = if matches!(op, Op::Gemm) && node.input(2).is_some() { out } else { 0.0 };
             fwd = Work::new(2.0 * macs + bias, act_in + weight + out);
-            bwd_input = if act_grad > 0.0 { Work::new(2.0 * macs * n_act_grad, out + act_in + weight + act_grad) } else { tiny };
-            bwd_weight = if n_weight > 0.0 && has_bwd { Work::new(2.0 * macs + bias, out + act_in + weight) } else { tiny };
+            bwd_input = if act_grad > 0.0 {
+                Work::new(2.0 * macs * n_act_grad, out + act_in + weight + act_grad)
+            } else {
+                tiny
+            };
+            bwd_weight =
+                if n_weight > 0.0 && has_bwd { Work::new(2.0 * macs + bias, out + act_in + weight) } else { tiny };
         }
         _ => {
             // Memory-bound kinds: (fwd flops/elem, fwd traffic, bwd flops/elem, bwd traffic).
             let (ff, fe, bf, be) = match kind {
-                Kind::Norm => (8.0 * act_in, 2.0 * act_in + out + weight, 10.0 * act_in, 3.0 * out + 2.0 * act_in + weight),
+                Kind::Norm => {
+                    (8.0 * act_in, 2.0 * act_in + out + weight, 10.0 * act_in, 3.0 * out + 2.0 * act_in + weight)
+                }
                 Kind::Softmax => (5.0 * act_in, act_in + out, 3.0 * out, 3.0 * out),
                 Kind::Loss => (6.0 * act_in, act_in + out, 3.0 * act_in, 2.0 * act_in),
                 Kind::Pool => {
-                    let window: f64 = node.attr_ints("kernel_shape").map_or(1.0, |k| k.iter().map(|&d| d as f64).product());
+                    let window: f64 =
+                        node.attr_ints("kernel_shape").map_or(1.0, |k| k.iter().map(|&d| d as f64).product());
                     let f = if matches!(op, Op::GlobalAveragePool | Op::GlobalMaxPool) { act_in } else { out * window };
                     (f, act_in + out, f, act_in + out)
                 }
                 Kind::Reduce => (act_in, act_in + out, act_in, act_in + out),
                 Kind::Dropout => (3.0 * out, act_in + out, out, act_in + out),
                 Kind::Copy => {
-                    let moved = if matches!(op, Op::Gather | Op::GatherElements | Op::GatherND) { 2.0 * out } else { act_in.max(out) + out };
+                    let moved = if matches!(op, Op::Gather | Op::GatherElements | Op::GatherND) {
+                        2.0 * out
+                    } else {
+                        act_in.max(out) + out
+                    };
                     (0.0, moved, 0.0, moved)
                 }
                 _ => {
@@ -504,7 +557,13 @@ fn node_facts(
             fwd = f;
             bwd_input = if act_grad > 0.0 {
                 let mut w = Work::new(bf, be);
-                w.fixed_bytes = if matches!(kind, Kind::Dropout) { out } else if matches!(op, Op::MaxPool) { out * 8.0 } else { 0.0 };
+                w.fixed_bytes = if matches!(kind, Kind::Dropout) {
+                    out
+                } else if matches!(op, Op::MaxPool) {
+                    out * 8.0
+                } else {
+                    0.0
+                };
                 w
             } else {
                 tiny
@@ -512,7 +571,11 @@ fn node_facts(
             // Norm affine gradients come out of the input-gradient kernel;
             // other parameters (biases, embeddings) need a reduction or a scatter.
             bwd_weight = if n_weight > 0.0 && has_bwd && kind != Kind::Norm {
-                if kind == Kind::Copy { Work::new(out, weight + 2.0 * out) } else { Work::new(out, out + weight) }
+                if kind == Kind::Copy {
+                    Work::new(out, weight + 2.0 * out)
+                } else {
+                    Work::new(out, out + weight)
+                }
             } else {
                 tiny
             };

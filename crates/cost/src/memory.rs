@@ -101,7 +101,8 @@ pub fn estimate_memory(
         if gemm && p.bits() < 32 && p != Precision::Tf32 {
             for v in node.inputs().iter().flatten() {
                 if facts.is_param(*v) && weight_copies.insert((*v, p)) {
-                    m.low_precision_weights += facts.elements(*v).unwrap_or(0.0) * p.bytes() + if p.is_fixed_point() { 4.0 } else { 0.0 };
+                    m.low_precision_weights +=
+                        facts.elements(*v).unwrap_or(0.0) * p.bytes() + if p.is_fixed_point() { 4.0 } else { 0.0 };
                 }
             }
         }
@@ -116,7 +117,8 @@ pub fn estimate_memory(
             };
             let at = Precision::from_dtype(at).unwrap_or(Precision::Fp32);
             if saved.insert((v, at)) {
-                m.activations += facts.elements(v).unwrap_or(0.0) * at.bytes() + if at.is_fixed_point() { 4.0 } else { 0.0 };
+                m.activations +=
+                    facts.elements(v).unwrap_or(0.0) * at.bytes() + if at.is_fixed_point() { 4.0 } else { 0.0 };
             }
         }
         extra += facts.saved_extra_bytes(n);
@@ -128,7 +130,8 @@ pub fn estimate_memory(
     }
     m.activations += extra;
     m.workspace = device.workspace_bytes as f64 + transient;
-    m.total = m.master_weights + m.low_precision_weights + m.gradients + m.optimizer_state + m.activations + m.workspace;
+    m.total =
+        m.master_weights + m.low_precision_weights + m.gradients + m.optimizer_state + m.activations + m.workspace;
     let frac = available_fraction.unwrap_or_else(|| device.default_memory_fraction());
     m.capacity = device.memory_bytes as f64 * frac;
     Ok(m)

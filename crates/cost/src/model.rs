@@ -150,7 +150,7 @@ impl CostModel {
 
     /// QSync INT8: quantized forward, FP16 backward (FP32 where the device
     /// has no FP16).
-    fn int8_cost(&self, f: &NodeFacts, ) -> OpCost {
+    fn int8_cost(&self, f: &NodeFacts) -> OpCost {
         let bwd_p = if self.device.supports(Precision::Fp16) { Precision::Fp16 } else { Precision::Fp32 };
         let mut c = self.float_cost(f, bwd_p);
         let tc = self.tensor_core_eligible(f, Precision::Int8);
@@ -165,7 +165,8 @@ impl CostModel {
         // Forward: quantize activation and weight, INT8 GEMM writing INT32,
         // dequantize (INT32 read, FP32 written) to the FP32 output.
         let gemm = Work { elems: f.act_in + f.weight, fixed_bytes: f.fwd.fixed_bytes + 4.0 * f.out, ..f.fwd };
-        let dequant = 8.0 * f.out / (self.device.mem_bytes_per_s() * self.device.efficiency.memory) + self.device.launch_s();
+        let dequant =
+            8.0 * f.out / (self.device.mem_bytes_per_s() * self.device.efficiency.memory) + self.device.launch_s();
         let quant = cs.quantize(Precision::Fp32, f.act_in) + cs.quantize(Precision::Fp32, f.weight) + dequant;
         c.fwd = self.phase(&gemm, f.kind, Precision::Int8, tc) + quant;
         c.quant = quant;
@@ -177,7 +178,8 @@ impl CostModel {
             c.bwd_input += cs.cast(Precision::Fp32, bwd_p, f.out) + cs.cast(Precision::Fp32, bwd_p, f.weight);
         }
         if !f.bwd_weight.is_empty() {
-            c.bwd_weight += cs.dequantize(bwd_p, f.act_in) + if f.bwd_input.is_empty() { cs.cast(Precision::Fp32, bwd_p, f.out) } else { 0.0 };
+            c.bwd_weight += cs.dequantize(bwd_p, f.act_in)
+                + if f.bwd_input.is_empty() { cs.cast(Precision::Fp32, bwd_p, f.out) } else { 0.0 };
         }
         c
     }

@@ -16,7 +16,10 @@ use crate::Precision;
 
 /// Whether `op` is precision-dependent (O_dep): its precision follows its inputs.
 pub fn is_precision_dependent(op: &Op) -> bool {
-    matches!(op.class(), OpClass::Binary | OpClass::Unary | OpClass::Activation | OpClass::Pool | OpClass::Movement | OpClass::Random)
+    matches!(
+        op.class(),
+        OpClass::Binary | OpClass::Unary | OpClass::Activation | OpClass::Pool | OpClass::Movement | OpClass::Random
+    )
 }
 
 /// Explicit per-node precisions; unlisted nodes are FP32 (or follow their

@@ -24,8 +24,15 @@ pub enum Precision {
 }
 
 impl Precision {
-    pub const ALL: [Precision; 7] =
-        [Precision::Fp32, Precision::Tf32, Precision::Fp16, Precision::Bf16, Precision::Int8, Precision::Fp8e4m3, Precision::Fp8e5m2];
+    pub const ALL: [Precision; 7] = [
+        Precision::Fp32,
+        Precision::Tf32,
+        Precision::Fp16,
+        Precision::Bf16,
+        Precision::Int8,
+        Precision::Fp8e4m3,
+        Precision::Fp8e5m2,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {

@@ -101,10 +101,13 @@ pub struct CastFit {
 impl Profile {
     /// Parse and check a profile; `file` names it in errors.
     pub fn from_json(text: &str, file: &str) -> Result<Profile> {
-        let p: Profile = serde_json::from_str(text).map_err(|e| CostError::Profile { file: file.into(), message: e.to_string() })?;
+        let p: Profile =
+            serde_json::from_str(text).map_err(|e| CostError::Profile { file: file.into(), message: e.to_string() })?;
         let bad = |m: String| CostError::Profile { file: file.into(), message: m };
         for (i, o) in p.ops.iter().enumerate() {
-            for (what, v) in [("fwd_us", Some(o.fwd_us)), ("bwd_input_us", o.bwd_input_us), ("bwd_weight_us", o.bwd_weight_us)] {
+            for (what, v) in
+                [("fwd_us", Some(o.fwd_us)), ("bwd_input_us", o.bwd_input_us), ("bwd_weight_us", o.bwd_weight_us)]
+            {
                 if let Some(v) = v {
                     if !(v.is_finite() && v >= 0.0) {
                         return Err(bad(format!("ops[{i}] ({}): {what} must be a non-negative number, got {v}", o.op)));
@@ -117,7 +120,10 @@ impl Profile {
         }
         for (i, c) in p.casts.iter().enumerate() {
             if c.samples.iter().any(|&(x, y)| !(x.is_finite() && y.is_finite() && x >= 0.0 && y >= 0.0)) {
-                return Err(bad(format!("casts[{i}] ({} -> {}): samples must be non-negative [elements, us] pairs", c.from, c.to)));
+                return Err(bad(format!(
+                    "casts[{i}] ({} -> {}): samples must be non-negative [elements, us] pairs",
+                    c.from, c.to
+                )));
             }
         }
         Ok(p)
@@ -125,7 +131,8 @@ impl Profile {
 
     pub fn load_file(path: impl AsRef<Path>) -> Result<Profile> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| CostError::Io { path: path.to_path_buf(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| CostError::Io { path: path.to_path_buf(), source })?;
         Profile::from_json(&text, &path.display().to_string())
     }
 
@@ -133,7 +140,11 @@ impl Profile {
     pub fn op_table(&self) -> HashMap<String, [Option<Measured>; 7]> {
         let mut t: HashMap<String, [Option<Measured>; 7]> = HashMap::new();
         for o in &self.ops {
-            let m = Measured { fwd: o.fwd_us * 1e-6, bwd_input: o.bwd_input_us.map(|v| v * 1e-6), bwd_weight: o.bwd_weight_us.map(|v| v * 1e-6) };
+            let m = Measured {
+                fwd: o.fwd_us * 1e-6,
+                bwd_input: o.bwd_input_us.map(|v| v * 1e-6),
+                bwd_weight: o.bwd_weight_us.map(|v| v * 1e-6),
+            };
             t.entry(o.key()).or_default()[o.precision.index()] = Some(m);
         }
         t

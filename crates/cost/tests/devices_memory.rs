@@ -22,10 +22,16 @@ fn every_bundled_device_loads_and_cites_sources() {
     }
     // QSync Table I.
     let t4 = db.get("t4").unwrap();
-    assert_eq!((t4.cuda_peak(Precision::Fp32), t4.tensor_peak(Precision::Fp16), t4.tensor_peak(Precision::Int8)), (8.1e12, 65e12, 130e12));
+    assert_eq!(
+        (t4.cuda_peak(Precision::Fp32), t4.tensor_peak(Precision::Fp16), t4.tensor_peak(Precision::Int8)),
+        (8.1e12, 65e12, 130e12)
+    );
     assert_eq!(t4.memory_bytes, 16 << 30);
     let v100 = db.get("V100").unwrap();
-    assert_eq!((v100.cuda_peak(Precision::Fp32), v100.tensor_peak(Precision::Fp16), v100.tensor_peak(Precision::Int8)), (15.7e12, 125e12, 0.0));
+    assert_eq!(
+        (v100.cuda_peak(Precision::Fp32), v100.tensor_peak(Precision::Fp16), v100.tensor_peak(Precision::Int8)),
+        (15.7e12, 125e12, 0.0)
+    );
     assert_eq!(v100.memory_bytes, 32 << 30);
     assert_eq!((v100.alignment(Precision::Fp16), t4.alignment(Precision::Int8)), (8, 16));
     assert!(!v100.supports(Precision::Bf16));
@@ -67,11 +73,20 @@ fn tiny() -> (Graph, Vec<qsync_ir::NodeId>) {
     let w1 = g.add_init("w1", Tensor::from_f32(vec![16, 8], &[0.0; 128]));
     let b1 = g.add_init("b1", Tensor::from_f32(vec![16], &[0.0; 16]));
     let w2 = g.add_init("w2", Tensor::from_f32(vec![2, 16], &[0.0; 32]));
-    let fc1 = g.add_node(NodeSpec::new("fc1", Op::Gemm).input(x).input(w1).input(b1).attr("transB", Attr::Int(1)).output("h", t(&[4, 16])));
+    let fc1 = g.add_node(
+        NodeSpec::new("fc1", Op::Gemm)
+            .input(x)
+            .input(w1)
+            .input(b1)
+            .attr("transB", Attr::Int(1))
+            .output("h", t(&[4, 16])),
+    );
     let h = g.node(fc1).outputs()[0];
     let relu = g.add_node(NodeSpec::new("relu", Op::Relu).input(h).output("r", t(&[4, 16])));
     let r = g.node(relu).outputs()[0];
-    let fc2 = g.add_node(NodeSpec::new("fc2", Op::Gemm).input(r).input(w2).attr("transB", Attr::Int(1)).output("y", t(&[4, 2])));
+    let fc2 = g.add_node(
+        NodeSpec::new("fc2", Op::Gemm).input(r).input(w2).attr("transB", Attr::Int(1)).output("y", t(&[4, 2])),
+    );
     (g, vec![fc1, relu, fc2])
 }
 
@@ -119,7 +134,8 @@ fn lowering_precision_uniformly_never_raises_memory_on_real_models() {
         let mut dims = std::collections::BTreeMap::new();
         dims.insert("batch".to_string(), 32);
         dims.insert("seq".to_string(), 128);
-        let _ = qsync_ir::infer::infer_shapes(&mut m.graph, opset, &qsync_ir::infer::InferOptions { batch: None, dims });
+        let _ =
+            qsync_ir::infer::infer_shapes(&mut m.graph, opset, &qsync_ir::infer::InferOptions { batch: None, dims });
         let g = &m.graph;
         let facts = GraphFacts::new(g, &Bindings::new().with("batch", 32).with("seq", 128)).unwrap();
         let t4 = db.get("t4").unwrap();
@@ -154,7 +170,9 @@ fn decomposed_gelu_and_constant_operands_keep_what_autograd_keeps() {
         let n = g.add_node(s.output(format!("{name}_out"), t(&[4, 16])));
         g.node(n).outputs()[0]
     };
-    let fc1 = g.add_node(NodeSpec::new("fc1", Op::Gemm).input(x).input(w1).attr("transB", Attr::Int(1)).output("h", t(&[4, 16])));
+    let fc1 = g.add_node(
+        NodeSpec::new("fc1", Op::Gemm).input(x).input(w1).attr("transB", Attr::Int(1)).output("h", t(&[4, 16])),
+    );
     let h = g.node(fc1).outputs()[0];
     let d = val(&mut g, "div", Op::Div, &[h, sqrt2]);
     let e = val(&mut g, "erf", Op::Erf, &[d]);
@@ -162,7 +180,9 @@ fn decomposed_gelu_and_constant_operands_keep_what_autograd_keeps() {
     let m = val(&mut g, "mul", Op::Mul, &[h, a]);
     let gl = val(&mut g, "mul_half", Op::Mul, &[m, half]);
     let masked = val(&mut g, "mask_mul", Op::Mul, &[gl, mask]);
-    g.add_node(NodeSpec::new("fc2", Op::Gemm).input(masked).input(w2).attr("transB", Attr::Int(1)).output("y", t(&[4, 2])));
+    g.add_node(
+        NodeSpec::new("fc2", Op::Gemm).input(masked).input(w2).attr("transB", Attr::Int(1)).output("y", t(&[4, 2])),
+    );
     let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
     let v100 = DeviceDb::bundled().unwrap().get("v100").unwrap().clone();
     let m = estimate_memory(&g, &facts, &Plan::new().resolve(&g), &v100, Optimizer::Adam, None).unwrap();

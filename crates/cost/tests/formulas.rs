@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use qsync_cost::{fit_linear, Bindings, CostModel, DeviceDb, GraphFacts, Plan, Precision, Profile};
-use qsync_ir::{DType, Dim, Graph, NodeId, NodeSpec, Op, Tensor, TensorType, Attr};
+use qsync_ir::{Attr, DType, Dim, Graph, NodeId, NodeSpec, Op, Tensor, TensorType};
 
 fn t(dims: &[i64]) -> TensorType {
     TensorType::new(DType::F32, dims.iter().map(|&d| Dim::from(d)).collect())
@@ -24,7 +24,8 @@ fn gemm_graph(m: i64, k: i64, n: i64) -> (Graph, NodeId) {
     let rv = g.node(r).outputs()[0];
     let w = init(&mut g, "w", &[n, k]);
     let b = init(&mut g, "b", &[n]);
-    let spec = NodeSpec::new("fc", Op::Gemm).input(rv).input(w).input(b).attr("transB", Attr::Int(1)).output("y", t(&[m, n]));
+    let spec =
+        NodeSpec::new("fc", Op::Gemm).input(rv).input(w).input(b).attr("transB", Attr::Int(1)).output("y", t(&[m, n]));
     let fc = g.add_node(spec);
     let y = g.node(fc).outputs()[0];
     g.set_outputs(vec![y]);
@@ -75,7 +76,11 @@ fn conv3x3_fp32_on_v100_by_hand() {
     let r = g.add_node(NodeSpec::new("shift", Op::Add).input(x).input(b).output("r", t(&[32, 64, 56, 56])));
     let rv = g.node(r).outputs()[0];
     let w = init(&mut g, "w", &[64, 64, 3, 3]);
-    let spec = NodeSpec::new("conv", Op::Conv).input(rv).input(w).attr("pads", Attr::Ints(vec![1, 1, 1, 1])).output("y", t(&[32, 64, 56, 56]));
+    let spec = NodeSpec::new("conv", Op::Conv)
+        .input(rv)
+        .input(w)
+        .attr("pads", Attr::Ints(vec![1, 1, 1, 1]))
+        .output("y", t(&[32, 64, 56, 56]));
     let conv = g.add_node(spec);
     let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
     let c = model("v100").op_cost(&facts, conv, Precision::Fp32).unwrap();
@@ -89,7 +94,9 @@ fn conv3x3_fp32_on_v100_by_hand() {
 
 #[test]
 fn tensor_cores_need_aligned_dims() {
-    for (dev, p, ok, bad) in [("v100", Precision::Fp16, 768, 767), ("t4", Precision::Fp16, 776, 772), ("t4", Precision::Int8, 768, 776)] {
+    for (dev, p, ok, bad) in
+        [("v100", Precision::Fp16, 768, 767), ("t4", Precision::Fp16, 776, 772), ("t4", Precision::Int8, 768, 776)]
+    {
         let cm = model(dev);
         let (g, fc) = gemm_graph(128, ok, 3072);
         let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
@@ -123,7 +130,9 @@ fn int8_quantizes_forward_and_runs_backward_in_fp16() {
     let dequant = 8.0 * y / (320e9 * 0.6) + 4e-6;
     assert!(close(i8c.quant, casts.quantize(Precision::Fp32, x) + casts.quantize(Precision::Fp32, w) + dequant));
     // Backward = the FP16 backward plus its casts.
-    let want_dx = f16.bwd_input + casts.cast(Precision::Fp32, Precision::Fp16, y) + casts.cast(Precision::Fp32, Precision::Fp16, w);
+    let want_dx = f16.bwd_input
+        + casts.cast(Precision::Fp32, Precision::Fp16, y)
+        + casts.cast(Precision::Fp32, Precision::Fp16, w);
     let want_dw = f16.bwd_weight + casts.dequantize(Precision::Fp16, x);
     assert!(close(i8c.bwd_input, want_dx) && close(i8c.bwd_weight, want_dw));
     assert_eq!(i8c.bwd_input_flops, f16.bwd_input_flops);
@@ -166,7 +175,8 @@ fn least_squares_recovers_r_and_c() {
     assert!((f.model.r - r).abs() / r < 1e-9 && (f.model.c - c).abs() / c < 1e-6);
     assert!(f.r2 > 0.999_999 && f.max_rel_err < 1e-9);
     // ±3% deterministic noise: close, and the error is reported.
-    let noisy: Vec<(f64, f64)> = exact.iter().enumerate().map(|(i, &(x, y))| (x, y * if i % 2 == 0 { 1.03 } else { 0.97 })).collect();
+    let noisy: Vec<(f64, f64)> =
+        exact.iter().enumerate().map(|(i, &(x, y))| (x, y * if i % 2 == 0 { 1.03 } else { 0.97 })).collect();
     let f = fit_linear(&noisy).unwrap();
     assert!((f.model.r - r).abs() / r < 0.05 && f.r2 < 1.0 && f.r2 > 0.98);
     assert!(f.max_rel_err > 0.01 && f.max_rel_err < 0.1);
@@ -192,7 +202,8 @@ fn profile_overrides_the_analytic_model() {
     let m = cm.casts().model(Precision::Fp32, Precision::Fp16);
     assert!(close(cm.cast_cost(Precision::Fp32, Precision::Fp16, 1e6), m.r * 1e6 + m.c));
     // Bad profiles are errors naming the file.
-    let err = Profile::from_json(r#"{"ops":[{"op":"Relu","inputs":[],"precision":"fp9","fwd_us":1}]}"#, "bad.json").unwrap_err();
+    let err = Profile::from_json(r#"{"ops":[{"op":"Relu","inputs":[],"precision":"fp9","fwd_us":1}]}"#, "bad.json")
+        .unwrap_err();
     assert!(err.to_string().contains("bad.json"), "{err}");
 }
 

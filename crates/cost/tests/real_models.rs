@@ -47,9 +47,27 @@ fn every_node_has_a_finite_positive_cost_and_throughput_is_plausible() {
     let t4 = CostModel::new(db.get("t4").unwrap(), None).unwrap();
     // (model, device, precision, published samples/s, source)
     let published = [
-        ("resnet50_train.onnx", "v100", Precision::Fp32, 380.0, "NVIDIA DeepLearningExamples ResNet-50 v1.5 PyTorch, 1x V100 32GB FP32 ~ 360-400 img/s"),
-        ("resnet50_train.onnx", "v100", Precision::Fp16, 1100.0, "NVIDIA DeepLearningExamples ResNet-50 v1.5 PyTorch, 1x V100 AMP ~ 1000-1200 img/s"),
-        ("resnet50_train.onnx", "t4", Precision::Fp16, 250.0, "NVIDIA DeepLearningExamples ResNet-50 v1.5, 1x T4 AMP ~ 250 img/s"),
+        (
+            "resnet50_train.onnx",
+            "v100",
+            Precision::Fp32,
+            380.0,
+            "NVIDIA DeepLearningExamples ResNet-50 v1.5 PyTorch, 1x V100 32GB FP32 ~ 360-400 img/s",
+        ),
+        (
+            "resnet50_train.onnx",
+            "v100",
+            Precision::Fp16,
+            1100.0,
+            "NVIDIA DeepLearningExamples ResNet-50 v1.5 PyTorch, 1x V100 AMP ~ 1000-1200 img/s",
+        ),
+        (
+            "resnet50_train.onnx",
+            "t4",
+            Precision::Fp16,
+            250.0,
+            "NVIDIA DeepLearningExamples ResNet-50 v1.5, 1x T4 AMP ~ 250 img/s",
+        ),
         ("resnet50_train.onnx", "t4", Precision::Fp32, 0.0, "-"),
         ("bert_base_train.onnx", "v100", Precision::Fp32, 0.0, "-"),
         ("bert_base_train.onnx", "v100", Precision::Fp16, 0.0, "-"),
@@ -62,8 +80,20 @@ fn every_node_has_a_finite_positive_cost_and_throughput_is_plausible() {
         let cm = if dev == "v100" { &v100 } else { &t4 };
         let (secs, by_kind) = iteration(g, &facts, cm, p);
         let tput = 32.0 / secs;
-        let mem = estimate_memory(g, &facts, &Plan::uniform(g, p).resolve(g), cm.device(), Optimizer::Sgd { momentum: true }, None).unwrap();
-        print!("{model} {dev} {p}: fwd+bwd {:.1} ms/iter at batch 32 = {tput:.0} samples/s; memory {:.2} GiB", secs * 1e3, mem.total / (1u64 << 30) as f64);
+        let mem = estimate_memory(
+            g,
+            &facts,
+            &Plan::uniform(g, p).resolve(g),
+            cm.device(),
+            Optimizer::Sgd { momentum: true },
+            None,
+        )
+        .unwrap();
+        print!(
+            "{model} {dev} {p}: fwd+bwd {:.1} ms/iter at batch 32 = {tput:.0} samples/s; memory {:.2} GiB",
+            secs * 1e3,
+            mem.total / (1u64 << 30) as f64
+        );
         if want > 0.0 {
             print!("; published {want:.0} ({src}); ratio {:.2}", tput / want);
         }

@@ -25,7 +25,9 @@ pub enum OnnxError {
     UnsupportedOpset { file: String, domain: String, version: i64 },
     #[error("{file}: {place}: unknown tensor element type code {code}")]
     UnknownElemType { file: String, place: String, code: i32 },
-    #[error("{file}: {place}: value `{value}` is used but never defined (no node, initializer or graph input produces it)")]
+    #[error(
+        "{file}: {place}: value `{value}` is used but never defined (no node, initializer or graph input produces it)"
+    )]
     UndefinedValue { file: String, place: String, value: String },
     #[error("{file}: {place}: value `{value}` is defined more than once")]
     DuplicateDefinition { file: String, place: String, value: String },

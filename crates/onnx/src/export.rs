@@ -121,7 +121,8 @@ pub fn to_proto(model: &Model, label: &str) -> Result<proto::ModelProto, OnnxErr
     let mut functions = Vec::with_capacity(model.functions.len());
     for (i, f) in model.functions.iter().enumerate() {
         functions.push(
-            proto::FunctionProto::decode(f.as_slice()).map_err(|e| export_err(label, format!("function #{i} does not decode: {e}")))?,
+            proto::FunctionProto::decode(f.as_slice())
+                .map_err(|e| export_err(label, format!("function #{i} does not decode: {e}")))?,
         );
     }
     Ok(proto::ModelProto {
@@ -132,7 +133,11 @@ pub fn to_proto(model: &Model, label: &str) -> Result<proto::ModelProto, OnnxErr
         model_version: model.model_version,
         doc_string: model.doc_string.clone(),
         graph: Some(graph_proto(&model.graph, model.annotated.as_ref(), label)?),
-        opset_import: model.opsets.iter().map(|(d, v)| proto::OperatorSetIdProto { domain: d.clone(), version: *v }).collect(),
+        opset_import: model
+            .opsets
+            .iter()
+            .map(|(d, v)| proto::OperatorSetIdProto { domain: d.clone(), version: *v })
+            .collect(),
         metadata_props: model.metadata.iter().map(|(k, v)| entry(k, v)).collect(),
         training_info: Vec::new(),
         functions,
@@ -263,7 +268,9 @@ pub fn tensor_proto(t: &Tensor, name: &str, label: &str) -> Result<proto::Tensor
 
 fn attr_proto(name: &str, a: &Attr, label: &str, node: &str) -> Result<proto::AttributeProto, OnnxError> {
     let mut p = proto::AttributeProto { name: name.to_string(), ..proto::AttributeProto::default() };
-    let bad = |what: &str, e: prost::DecodeError| export_err(label, format!("node `{node}`, attribute `{name}`: stored {what} does not decode: {e}"));
+    let bad = |what: &str, e: prost::DecodeError| {
+        export_err(label, format!("node `{node}`, attribute `{name}`: stored {what} does not decode: {e}"))
+    };
     let tname = "";
     match a {
         Attr::Int(i) => {
@@ -320,7 +327,8 @@ fn attr_proto(name: &str, a: &Attr, label: &str, node: &str) -> Result<proto::At
             RawAttrKind::SparseTensors => {
                 p.r#type = attr_type::SPARSE_TENSORS;
                 for b in items {
-                    p.sparse_tensors.push(proto::SparseTensorProto::decode(b.as_slice()).map_err(|e| bad("sparse tensor", e))?);
+                    p.sparse_tensors
+                        .push(proto::SparseTensorProto::decode(b.as_slice()).map_err(|e| bad("sparse tensor", e))?);
                 }
             }
             RawAttrKind::TypeProto => {

@@ -34,7 +34,9 @@ use std::path::Path;
 
 use prost::Message;
 use qsync_ir::infer::{infer_shapes, InferOptions};
-use qsync_ir::{Attr, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId};
+use qsync_ir::{
+    Attr, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId,
+};
 
 use crate::proto::{self, attr_type, DimValue, TypeValue};
 use crate::OnnxError;
@@ -170,7 +172,11 @@ impl Importer {
             if o.domain.is_empty() || o.domain == "ai.onnx" {
                 default_seen = true;
                 if !OPSET_RANGE.contains(&o.version) {
-                    return Err(OnnxError::UnsupportedOpset { file: self.file.clone(), domain: o.domain.clone(), version: o.version });
+                    return Err(OnnxError::UnsupportedOpset {
+                        file: self.file.clone(),
+                        domain: o.domain.clone(),
+                        version: o.version,
+                    });
                 }
                 self.opset = o.version;
             }
@@ -188,7 +194,8 @@ impl Importer {
             functions.push(f.encode_to_vec());
         }
         if !mp.training_info.is_empty() {
-            self.warnings.push(format!("{} training_info entries dropped (not represented in the IR)", mp.training_info.len()));
+            self.warnings
+                .push(format!("{} training_info entries dropped (not represented in the IR)", mp.training_info.len()));
         }
         let annotated = Some(g.value_info.iter().map(|vi| vi.name.clone()).collect());
         let graph = self.graph(g)?;
@@ -219,13 +226,18 @@ impl Importer {
     }
 
     fn dtype(&self, code: i32, place: &str) -> Result<DType, OnnxError> {
-        DType::from_onnx_code(code).ok_or_else(|| OnnxError::UnknownElemType { file: self.file.clone(), place: place.to_string(), code })
+        DType::from_onnx_code(code).ok_or_else(|| OnnxError::UnknownElemType {
+            file: self.file.clone(),
+            place: place.to_string(),
+            code,
+        })
     }
 
     fn ty(&mut self, t: Option<&proto::TypeProto>, place: &str) -> Result<TensorType, OnnxError> {
         let Some(value) = t.and_then(|t| t.value.as_ref()) else { return Ok(TensorType::unknown()) };
         let TypeValue::TensorType(tt) = value else {
-            self.warnings.push(format!("{place}: non-tensor type (sequence/map/optional/sparse/opaque) imported as unknown"));
+            self.warnings
+                .push(format!("{place}: non-tensor type (sequence/map/optional/sparse/opaque) imported as unknown"));
             return Ok(TensorType::unknown());
         };
         let dtype = if tt.elem_type == 0 { None } else { Some(self.dtype(tt.elem_type, place)?) };
@@ -252,7 +264,10 @@ impl Importer {
         }
         let mut graph = Graph::new(g.name.clone());
         if !g.quantization_annotation.is_empty() {
-            self.warnings.push(format!("{} quantization annotations dropped (not represented in the IR)", g.quantization_annotation.len()));
+            self.warnings.push(format!(
+                "{} quantization annotations dropped (not represented in the IR)",
+                g.quantization_annotation.len()
+            ));
         }
         if !g.sparse_initializer.is_empty() {
             return Err(self.invalid("graph", "sparse initializers are not supported"));
@@ -274,7 +289,11 @@ impl Importer {
             match graph.value_by_name(&vi.name) {
                 Some(v) if graph.value(v).init().is_some() && !graph.inputs().contains(&v) => graph.push_input(v),
                 Some(_) => {
-                    return Err(OnnxError::DuplicateDefinition { file: self.file.clone(), place, value: vi.name.clone() })
+                    return Err(OnnxError::DuplicateDefinition {
+                        file: self.file.clone(),
+                        place,
+                        value: vi.name.clone(),
+                    })
                 }
                 None => {
                     graph.add_input(vi.name.clone(), ty);
@@ -324,7 +343,9 @@ impl Importer {
         graph.set_outputs(outs);
         for id in graph.node_ids() {
             if graph.node(id).op == Op::Constant {
-                if let (Some(&v), Some(ty)) = (graph.node(id).outputs().first(), constant_type(graph.node(id).attrs.iter())) {
+                if let (Some(&v), Some(ty)) =
+                    (graph.node(id).outputs().first(), constant_type(graph.node(id).attrs.iter()))
+                {
                     if graph.ty(v).dtype.is_none() {
                         graph.set_ty(v, ty);
                     }
@@ -388,7 +409,9 @@ impl Importer {
             }
             let v = match graph.value_by_name(s) {
                 Some(v) if matches!(graph.value(v).def, ValueDef::Undefined) && !outs.contains(&v) => v,
-                Some(_) => return Err(OnnxError::DuplicateDefinition { file: self.file.clone(), place, value: s.clone() }),
+                Some(_) => {
+                    return Err(OnnxError::DuplicateDefinition { file: self.file.clone(), place, value: s.clone() })
+                }
                 None => graph.add_undefined(s.clone()),
             };
             outs.push(v);
@@ -420,11 +443,16 @@ impl Importer {
                 Some(t) => Attr::Tensor(self.tensor(t, &place)?),
                 None => return Err(self.invalid(place, "tensor attribute without a tensor")),
             },
-            attr_type::GRAPH => raw(RawAttrKind::Graph, vec![a.g.as_ref().map(|g| g.encode_to_vec()).unwrap_or_default()]),
-            attr_type::SPARSE_TENSOR => {
-                raw(RawAttrKind::SparseTensor, vec![a.sparse_tensor.as_ref().map(Message::encode_to_vec).unwrap_or_default()])
+            attr_type::GRAPH => {
+                raw(RawAttrKind::Graph, vec![a.g.as_ref().map(|g| g.encode_to_vec()).unwrap_or_default()])
             }
-            attr_type::TYPE_PROTO => raw(RawAttrKind::TypeProto, vec![a.tp.as_ref().map(Message::encode_to_vec).unwrap_or_default()]),
+            attr_type::SPARSE_TENSOR => raw(
+                RawAttrKind::SparseTensor,
+                vec![a.sparse_tensor.as_ref().map(Message::encode_to_vec).unwrap_or_default()],
+            ),
+            attr_type::TYPE_PROTO => {
+                raw(RawAttrKind::TypeProto, vec![a.tp.as_ref().map(Message::encode_to_vec).unwrap_or_default()])
+            }
             attr_type::FLOATS => Attr::Floats(a.floats.clone()),
             attr_type::INTS => Attr::Ints(a.ints.clone()),
             attr_type::STRINGS => Attr::Strings(a.strings.clone()),
@@ -436,8 +464,12 @@ impl Importer {
                 Attr::Tensors(ts)
             }
             attr_type::GRAPHS => raw(RawAttrKind::Graphs, a.graphs.iter().map(Message::encode_to_vec).collect()),
-            attr_type::SPARSE_TENSORS => raw(RawAttrKind::SparseTensors, a.sparse_tensors.iter().map(Message::encode_to_vec).collect()),
-            attr_type::TYPE_PROTOS => raw(RawAttrKind::TypeProtos, a.type_protos.iter().map(Message::encode_to_vec).collect()),
+            attr_type::SPARSE_TENSORS => {
+                raw(RawAttrKind::SparseTensors, a.sparse_tensors.iter().map(Message::encode_to_vec).collect())
+            }
+            attr_type::TYPE_PROTOS => {
+                raw(RawAttrKind::TypeProtos, a.type_protos.iter().map(Message::encode_to_vec).collect())
+            }
             attr_type::UNDEFINED => return Err(self.invalid(place, "attribute has neither a type nor a value")),
             other => return Err(self.invalid(place, format!("unknown attribute type code {other}"))),
         })
@@ -449,7 +481,10 @@ impl Importer {
         let mut numel: u64 = 1;
         for &d in &t.dims {
             let d = u64::try_from(d).map_err(|_| self.invalid(place, format!("negative dimension {d}")))?;
-            numel = numel.checked_mul(d).filter(|&n| n <= MAX_NUMEL).ok_or_else(|| self.invalid(place, "tensor too large"))?;
+            numel = numel
+                .checked_mul(d)
+                .filter(|&n| n <= MAX_NUMEL)
+                .ok_or_else(|| self.invalid(place, "tensor too large"))?;
         }
         if t.segment.is_some() {
             self.warnings.push(format!("{place}: tensor segment information ignored"));
@@ -460,7 +495,11 @@ impl Importer {
             let mut offset = 0u64;
             let mut length = None;
             for e in &t.external_data {
-                let num = |v: &str| v.trim().parse::<u64>().map_err(|_| self.invalid(place, format!("bad external_data {} `{v}`", e.key)));
+                let num = |v: &str| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| self.invalid(place, format!("bad external_data {} `{v}`", e.key)))
+                };
                 match e.key.as_str() {
                     "location" => location = Some(e.value.clone()),
                     "offset" => offset = num(&e.value)?,
@@ -473,13 +512,16 @@ impl Importer {
         }
         let n = numel as usize;
         let byte_len = dtype.storage_bytes(numel) as usize;
-        let count_err = |have: usize, field: &str| self.invalid(place, format!("{field} holds {have} values but the dims say {numel}"));
+        let count_err = |have: usize, field: &str| {
+            self.invalid(place, format!("{field} holds {have} values but the dims say {numel}"))
+        };
         if !t.raw_data.is_empty() {
             if dtype == DType::Str {
                 return Err(self.invalid(place, "string tensor with raw_data"));
             }
             if t.raw_data.len() != byte_len {
-                return Err(self.invalid(place, format!("raw_data has {} bytes but the dims need {byte_len}", t.raw_data.len())));
+                return Err(self
+                    .invalid(place, format!("raw_data has {} bytes but the dims need {byte_len}", t.raw_data.len())));
             }
             return Ok(Tensor { dtype, dims, data: TensorData::Inline(t.raw_data.as_slice().into()) });
         }

@@ -19,7 +19,9 @@ fn exported_models_pass_checker_and_onnxruntime() {
             "python3 cannot import onnx and onnxruntime ({}): run scripts/setup.sh to install them",
             String::from_utf8_lossy(&o.stderr).trim()
         ),
-        Err(e) => panic!("python3 not runnable ({e}): run scripts/setup.sh to install python3 with onnx and onnxruntime"),
+        Err(e) => {
+            panic!("python3 not runnable ({e}): run scripts/setup.sh to install python3 with onnx and onnxruntime")
+        }
     }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop.py");
     let dir = common::temp_dir("interop");

@@ -45,6 +45,11 @@ fn export_file_keeps_external_references() {
     export_file(&a, &out).unwrap_or_else(|e| panic!("{e}"));
     let b = import_file(&out).unwrap_or_else(|e| panic!("{e}"));
     assert!(model_diff(&a, &b).is_empty());
-    let ext = b.graph.inits().iter().filter(|&&v| matches!(b.graph.value(v).init().map(|t| &t.data), Some(qsync_ir::TensorData::External { .. }))).count();
+    let ext = b
+        .graph
+        .inits()
+        .iter()
+        .filter(|&&v| matches!(b.graph.value(v).init().map(|t| &t.data), Some(qsync_ir::TensorData::External { .. })))
+        .count();
     assert!(ext > 0, "external initializers survive");
 }

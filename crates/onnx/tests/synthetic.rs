@@ -83,7 +83,12 @@ fn rich_graph() -> proto::GraphProto {
     let mut c_is = attr("value_ints", attr_type::INTS);
     c_is.ints = vec![1, 2, 3];
     let mut c_t = attr("value", attr_type::TENSOR);
-    c_t.t = Some(proto::TensorProto { dims: vec![2], data_type: 10, int32_data: vec![0x3c00, 0xc000], ..Default::default() });
+    c_t.t = Some(proto::TensorProto {
+        dims: vec![2],
+        data_type: 10,
+        int32_data: vec![0x3c00, 0xc000],
+        ..Default::default()
+    });
     proto::GraphProto {
         name: "g".into(),
         node: vec![
@@ -97,15 +102,26 @@ fn rich_graph() -> proto::GraphProto {
                 .tap(|n| n.domain = "com.example".into()),
             node("Relu", "late_def", &["x"], &["late"], vec![]),
         ],
-        initializer: vec![proto::TensorProto { name: "w".into(), data_type: 1, float_data: vec![3.0], ..Default::default() }],
+        initializer: vec![proto::TensorProto {
+            name: "w".into(),
+            data_type: 1,
+            float_data: vec![3.0],
+            ..Default::default()
+        }],
         input: vec![vi("x", 1, &[p("batch"), p("batch*seq"), DimValue::DimValue(4)]), vi("w", 1, &[])],
         output: vec![vi("u", 1, &[]), vi("cf", 1, &[])],
-        value_info: vec![proto::ValueInfoProto { name: "y".into(), r#type: vi("y", 1, &[]).r#type.map(|mut t| {
-            if let Some(TypeValue::TensorType(tt)) = &mut t.value {
-                tt.shape = Some(proto::TensorShapeProto { dim: vec![proto::Dimension::default(), proto::Dimension::default()] });
-            }
-            t
-        }), ..Default::default() }],
+        value_info: vec![proto::ValueInfoProto {
+            name: "y".into(),
+            r#type: vi("y", 1, &[]).r#type.map(|mut t| {
+                if let Some(TypeValue::TensorType(tt)) = &mut t.value {
+                    tt.shape = Some(proto::TensorShapeProto {
+                        dim: vec![proto::Dimension::default(), proto::Dimension::default()],
+                    });
+                }
+                t
+            }),
+            ..Default::default()
+        }],
         ..Default::default()
     }
 }
@@ -215,9 +231,12 @@ fn typed_tensor_fields_unpack() {
 
 #[test]
 fn bad_tensor_data_is_an_error() {
-    let e = import_bytes(&init_model(proto::TensorProto { float_data: vec![1.0], ..tp(1, vec![2]) }), None, "bad.onnx").expect_err("count");
+    let e = import_bytes(&init_model(proto::TensorProto { float_data: vec![1.0], ..tp(1, vec![2]) }), None, "bad.onnx")
+        .expect_err("count");
     assert!(e.to_string().contains("bad.onnx") && e.to_string().contains("initializer `t`"), "{e}");
-    let e = import_bytes(&init_model(proto::TensorProto { raw_data: vec![1, 2, 3], ..tp(1, vec![1]) }), None, "bad.onnx").expect_err("raw");
+    let e =
+        import_bytes(&init_model(proto::TensorProto { raw_data: vec![1, 2, 3], ..tp(1, vec![1]) }), None, "bad.onnx")
+            .expect_err("raw");
     assert!(matches!(e, OnnxError::Invalid { .. }), "{e}");
     let e = import_bytes(&init_model(tp(1, vec![-1])), None, "bad.onnx").expect_err("negative dim");
     assert!(matches!(e, OnnxError::Invalid { .. }), "{e}");
@@ -280,7 +299,10 @@ fn external_data_is_referenced_copied_and_loaded() {
     };
     let g = proto::GraphProto {
         node: vec![node("Add", "add", &["a", "b"], &["y"], vec![])],
-        initializer: vec![proto::TensorProto { name: "a".into(), ..ext("w.bin", "8") }, proto::TensorProto { name: "b".into(), ..ext("gone.bin", "0") }],
+        initializer: vec![
+            proto::TensorProto { name: "a".into(), ..ext("w.bin", "8") },
+            proto::TensorProto { name: "b".into(), ..ext("gone.bin", "0") },
+        ],
         output: vec![vi("y", 1, &[DimValue::DimValue(2)])],
         ..Default::default()
     };
@@ -310,7 +332,13 @@ fn dim_expressions_and_fresh_symbols_round_trip() {
     let b = Dim::sym("batch");
     let s = Dim::sym("seq");
     let odd = Dim::sym("odd name");
-    let shape = vec![b.mul(&s), s.add(&Dim::from(1)).floor_div_const(2).expect("div"), odd.mul(&Dim::from(2)), odd.clone(), Dim::from(3)];
+    let shape = vec![
+        b.mul(&s),
+        s.add(&Dim::from(1)).floor_div_const(2).expect("div"),
+        odd.mul(&Dim::from(2)),
+        odd.clone(),
+        Dim::from(3),
+    ];
     let x = g.add_input("x", TensorType::new(DType::F32, shape.clone()));
     let n = g.add_node(NodeSpec::new("r", Op::Relu).input(x).output("y", TensorType::new(DType::F32, shape.clone())));
     let y = g.node(n).outputs()[0];
@@ -395,7 +423,8 @@ fn split_num_outputs_below_opset_18_is_dropped() {
         ..Default::default()
     };
     for (opset, kept) in [(17, false), (18, true)] {
-        let (m, report) = import_bytes_with_report(&model(g("g"), opset), None, "s.onnx").unwrap_or_else(|e| panic!("{e}"));
+        let (m, report) =
+            import_bytes_with_report(&model(g("g"), opset), None, "s.onnx").unwrap_or_else(|e| panic!("{e}"));
         let gr = &m.graph;
         let n = gr.node_ids()[0];
         assert_eq!(gr.node(n).attr("num_outputs").is_some(), kept, "opset {opset}");

@@ -175,7 +175,9 @@ pub fn candidates(g: &Graph, facts: &GraphFacts) -> Vec<NodeId> {
             !is_precision_dependent(&node.op)
                 && node.op.class() != OpClass::Shape
                 && qsync_passes::precision::lowerable(g, n)
-                && facts.node(n).is_ok_and(|f| matches!(f.kind, Kind::Conv | Kind::Gemm | Kind::Norm | Kind::Softmax | Kind::Reduce))
+                && facts.node(n).is_ok_and(|f| {
+                    matches!(f.kind, Kind::Conv | Kind::Gemm | Kind::Norm | Kind::Softmax | Kind::Reduce)
+                })
         })
         .collect()
 }
@@ -334,7 +336,8 @@ impl Ord for Step {
 /// A structural signature: op, attributes and input / output types.
 fn signature(g: &Graph, n: NodeId) -> String {
     let node = g.node(n);
-    let ins: Vec<String> = node.inputs().iter().map(|v| v.map_or("-".to_string(), |v| format!("{:?}", g.ty(v)))).collect();
+    let ins: Vec<String> =
+        node.inputs().iter().map(|v| v.map_or("-".to_string(), |v| format!("{:?}", g.ty(v)))).collect();
     let outs: Vec<String> = node.outputs().iter().map(|&v| format!("{:?}", g.ty(v))).collect();
     format!("{:?}|{:?}|{}|{}", node.op, node.attrs, ins.join(","), outs.join(","))
 }
@@ -378,7 +381,11 @@ pub fn allocate(
     // The training type: the fastest at FP32, when the cluster is hybrid.
     let training = if targets.len() > 1 {
         (0..targets.len()).max_by(|&a, &b| {
-            targets[a].device.cuda_peak(Precision::Fp32).total_cmp(&targets[b].device.cuda_peak(Precision::Fp32)).then(b.cmp(&a))
+            targets[a]
+                .device
+                .cuda_peak(Precision::Fp32)
+                .total_cmp(&targets[b].device.cuda_peak(Precision::Fp32))
+                .then(b.cmp(&a))
         })
     } else {
         None
@@ -400,7 +407,9 @@ pub fn allocate(
     }
     let cx = Ctx { g, facts, targets, popts, ind, candidates: cands, gemm, levels, amp: opts.train_amp };
     let n_types = cx.targets.len();
-    let base: Vec<Plan> = (0..n_types).map(|t| if cx.levels[t].is_none() { cx.training_plan() } else { cx.uniform(t, Precision::Fp32) }).collect();
+    let base: Vec<Plan> = (0..n_types)
+        .map(|t| if cx.levels[t].is_none() { cx.training_plan() } else { cx.uniform(t, Precision::Fp32) })
+        .collect();
 
     // UP: every inference type at one uniform level; of the levels that fit,
     // the fastest (normally the lowest precision: QSync's T_min).
@@ -411,7 +420,8 @@ pub fn allocate(
     let mut best: Option<(f64, Vec<Plan>)> = None;
     let mut lowest_failure = String::new();
     for &p in &level_sets {
-        let plans: Vec<Plan> = (0..n_types).map(|t| if cx.levels[t].is_none() { base[t].clone() } else { cx.uniform(t, p) }).collect();
+        let plans: Vec<Plan> =
+            (0..n_types).map(|t| if cx.levels[t].is_none() { base[t].clone() } else { cx.uniform(t, p) }).collect();
         let mut pred = cx.predictor(&plans)?;
         let r = pred.result().clone();
         if r.devices.iter().all(|d| d.fits) {
@@ -473,7 +483,8 @@ pub fn allocate(
     let (tried, kept) = cx.recover(&mut sp, t_min)?;
     let mut ours = cx.eval("qsync", &mut sp);
     let mut ours_trace = sp.chrome_trace_json();
-    let dominates = ours.samples_per_s >= greedy.samples_per_s * (1.0 - 1e-12) && ours.indicator_sum <= greedy.indicator_sum * (1.0 + 1e-12);
+    let dominates = ours.samples_per_s >= greedy.samples_per_s * (1.0 - 1e-12)
+        && ours.indicator_sum <= greedy.indicator_sum * (1.0 + 1e-12);
     let chosen = if dominates {
         "ours"
     } else {
@@ -503,7 +514,13 @@ pub fn allocate(
 }
 
 /// The fastest class-uniform plan of type `t` under its memory cap.
-fn fastest_start(cx: &Ctx<'_>, t: usize, cls: &[Vec<NodeId>], current: &[Plan], opts: &AllocOptions) -> Result<Option<Plan>, PlanError> {
+fn fastest_start(
+    cx: &Ctx<'_>,
+    t: usize,
+    cls: &[Vec<NodeId>],
+    current: &[Plan],
+    opts: &AllocOptions,
+) -> Result<Option<Plan>, PlanError> {
     let Some(levels) = cx.levels[t].clone() else { return Ok(None) };
     let model = CostModel::new(&cx.targets[t].device, cx.targets[t].calibration.as_ref())?;
     // Per class and level: (time, memory) of its members.
@@ -571,7 +588,8 @@ fn knapsack(items: &[Vec<(Precision, f64, f64)>], budget: f64, exhaustive_limit:
         let mut best: Option<(f64, Vec<usize>)> = None;
         let mut idx = vec![0usize; items.len()];
         for _ in 0..combos {
-            let (time, mem): (f64, f64) = idx.iter().zip(items).fold((0.0, 0.0), |(a, b), (&k, o)| (a + o[k].1, b + o[k].2));
+            let (time, mem): (f64, f64) =
+                idx.iter().zip(items).fold((0.0, 0.0), |(a, b), (&k, o)| (a + o[k].1, b + o[k].2));
             if mem <= budget && best.as_ref().is_none_or(|(bt, _)| time < *bt) {
                 best = Some((time, idx.clone()));
             }
@@ -630,7 +648,8 @@ fn dbs(cx: &Ctx<'_>) -> Result<DbsEval, PlanError> {
     let mut pred = cx.predictor(&plans)?;
     let r = pred.result().clone();
     let global: f64 = cx.targets.iter().map(|t| f64::from(t.count) * f64::from(t.local_batch)).sum();
-    let speed: Vec<f64> = r.devices.iter().zip(&cx.targets).map(|(d, t)| f64::from(t.local_batch) / d.compute_us.max(1e-9)).collect();
+    let speed: Vec<f64> =
+        r.devices.iter().zip(&cx.targets).map(|(d, t)| f64::from(t.local_batch) / d.compute_us.max(1e-9)).collect();
     let total_speed: f64 = speed.iter().zip(&cx.targets).map(|(s, t)| s * f64::from(t.count)).sum();
     let max_compute = r.devices.iter().map(|d| d.compute_us).fold(0.0, f64::max);
     let exposed = (r.iteration_us - max_compute).max(0.0);
@@ -658,7 +677,14 @@ fn dbs(cx: &Ctx<'_>) -> Result<DbsEval, PlanError> {
 /// Exhaustive search over class-uniform plans of the one inference type,
 /// when the combinations are few: the best indicator sum under the
 /// constraints, against ours.
-fn optimality_gap(cx: &Ctx<'_>, cls: &[Vec<NodeId>], up: &[Plan], t_min: f64, ours: f64, opts: &AllocOptions) -> Result<Option<Gap>, PlanError> {
+fn optimality_gap(
+    cx: &Ctx<'_>,
+    cls: &[Vec<NodeId>],
+    up: &[Plan],
+    t_min: f64,
+    ours: f64,
+    opts: &AllocOptions,
+) -> Result<Option<Gap>, PlanError> {
     let inf: Vec<usize> = (0..cx.targets.len()).filter(|&t| cx.levels[t].is_some()).collect();
     let [t] = inf.as_slice() else { return Ok(None) };
     let t = *t;
@@ -694,6 +720,12 @@ fn optimality_gap(cx: &Ctx<'_>, cls: &[Vec<NodeId>], up: &[Plan], t_min: f64, ou
     if !best.is_finite() {
         return Ok(None);
     }
-    let rel = if best > 0.0 { (ours - best) / best } else if ours > 0.0 { f64::INFINITY } else { 0.0 };
+    let rel = if best > 0.0 {
+        (ours - best) / best
+    } else if ours > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    };
     Ok(Some(Gap { combinations: combos, optimal_indicator_sum: best, ours_indicator_sum: ours, relative_gap: rel }))
 }

@@ -195,7 +195,14 @@ pub fn epsilon(p: Precision) -> f64 {
 pub fn depths(g: &Graph) -> HashMap<NodeId, u32> {
     let mut d: HashMap<NodeId, u32> = HashMap::new();
     for n in g.schedule() {
-        let pd = g.node(n).inputs().iter().flatten().filter_map(|&v| g.producer(v)).map(|(p, _)| d.get(&p).copied().unwrap_or(0)).max();
+        let pd = g
+            .node(n)
+            .inputs()
+            .iter()
+            .flatten()
+            .filter_map(|&v| g.producer(v))
+            .map(|(p, _)| d.get(&p).copied().unwrap_or(0))
+            .max();
         d.insert(n, pd.unwrap_or(0) + 1);
     }
     d
@@ -243,7 +250,12 @@ impl Indicator {
             };
             let grad = match cal.and_then(|c| c.grad_output) {
                 Some(s) => TensorStats { numel: if s.numel > 0.0 { s.numel } else { d_out }, ..s },
-                None => TensorStats { norm2: d_out * GRAD_STD * GRAD_STD, min: -4.0 * GRAD_STD, max: 4.0 * GRAD_STD, numel: d_out },
+                None => TensorStats {
+                    norm2: d_out * GRAD_STD * GRAD_STD,
+                    min: -4.0 * GRAD_STD,
+                    max: 4.0 * GRAD_STD,
+                    numel: d_out,
+                },
             };
             match activation_source {
                 Source::Calibrated => sources.activations_calibrated += 1,
@@ -254,7 +266,10 @@ impl Indicator {
                 Some(w) => {
                     let numel = facts.elements(w).unwrap_or(0.0);
                     if let Some(s) = cal.and_then(|c| c.weight) {
-                        (Some(TensorStats { numel: if s.numel > 0.0 { s.numel } else { numel }, ..s }), Some(Source::Calibrated))
+                        (
+                            Some(TensorStats { numel: if s.numel > 0.0 { s.numel } else { numel }, ..s }),
+                            Some(Source::Calibrated),
+                        )
                     } else if let Some(vals) = g.value(w).init().and_then(|t| t.as_f64s()) {
                         sources.weights_from_initializers += 1;
                         (Some(TensorStats::of(&vals)), Some(Source::Initializer))
@@ -264,7 +279,10 @@ impl Indicator {
                     }
                 }
             };
-            terms.insert(n, OpTerms { depth: depth.get(&n).copied().unwrap_or(1), v, x, grad, weight_source, activation_source });
+            terms.insert(
+                n,
+                OpTerms { depth: depth.get(&n).copied().unwrap_or(1), v, x, grad, weight_source, activation_source },
+            );
         }
         Indicator { terms, model_depth, gamma: 1.0, sources }
     }
@@ -324,7 +342,13 @@ fn match_calibration<'c>(g: &Graph, c: &'c Calibration) -> HashMap<NodeId, &'c O
     let mut out = HashMap::new();
     for n in g.node_ids() {
         let node = g.node(n);
-        let params: Vec<&str> = node.inputs().iter().flatten().filter(|&&v| g.value(v).init().is_some()).map(|&v| g.value_name(v)).collect();
+        let params: Vec<&str> = node
+            .inputs()
+            .iter()
+            .flatten()
+            .filter(|&&v| g.value(v).init().is_some())
+            .map(|&v| g.value_name(v))
+            .collect();
         for (k, s) in &c.ops {
             let scoped = format!("/{}/", k.replace('.', "/"));
             let hit = node.name == *k

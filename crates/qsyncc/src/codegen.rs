@@ -19,7 +19,14 @@ pub fn resolve_arch(target: &str) -> Result<Arch> {
 }
 
 /// Writes the requested artefacts and returns a summary for stderr.
-pub fn run(model_path: &Path, model: &Model, target: &str, emit: &str, out: &Path, all_kernels: bool) -> Result<String> {
+pub fn run(
+    model_path: &Path,
+    model: &Model,
+    target: &str,
+    emit: &str,
+    out: &Path,
+    all_kernels: bool,
+) -> Result<String> {
     let arch = resolve_arch(target)?;
     let mut want_mlir = false;
     let mut want_ptx = false;

@@ -10,8 +10,8 @@ use std::fmt::Write;
 use std::path::Path;
 
 use anyhow::Result;
-use qsync_ir::text::{print_model_with, PrintOptions};
 use qsync_ir::infer::InferOptions;
+use qsync_ir::text::{print_model_with, PrintOptions};
 use qsync_ir::{Dim, Graph, NodeId, Op, OpClass, TensorType, ValueDef};
 use serde::Serialize;
 
@@ -197,7 +197,14 @@ pub fn node_flops(g: &Graph, n: NodeId) -> Option<Dim> {
 }
 
 /// Render the report (text or JSON), optionally followed by the text IR.
-pub fn render(path: &Path, l: &Loaded, ir: bool, json: bool, target: Option<&str>, opts: &InferOptions) -> Result<String> {
+pub fn render(
+    path: &Path,
+    l: &Loaded,
+    ir: bool,
+    json: bool,
+    target: Option<&str>,
+    opts: &InferOptions,
+) -> Result<String> {
     let s = summarize(path, l);
     let planned = crate::plan::planned(&l.model.graph, target, opts);
     if json {
@@ -254,7 +261,11 @@ pub fn render(path: &Path, l: &Loaded, ir: bool, json: bool, target: Option<&str
         let _ = writeln!(o, "  {:<24} {} ({} of weights)", "casts", p.casts, p.weight_casts);
         let _ = writeln!(o, "  {:<24} {:.4}", "low-precision FLOPs", p.low_precision_flop_fraction);
         if let (Some(t), Some(ms)) = (target, &p.predicted_ms) {
-            let _ = writeln!(o, "  {:<24} {:.3} ms forward + {:.3} ms backward = {:.3} ms on {t}", "predicted", ms.forward, ms.backward, ms.total);
+            let _ = writeln!(
+                o,
+                "  {:<24} {:.3} ms forward + {:.3} ms backward = {:.3} ms on {t}",
+                "predicted", ms.forward, ms.backward, ms.total
+            );
         }
     }
     for w in &s.warnings {

@@ -182,4 +182,3 @@ pub fn write_qir(model: &Model, path: &Path) -> Result<()> {
     }
     std::fs::write(path, qsync_ir::text::print_model(&m)).with_context(|| format!("writing {}", path.display()))
 }
-

@@ -99,7 +99,6 @@ struct DimArgs {
     inputs: Vec<qsync_torchscript::InputSpec>,
 }
 
-
 impl DimArgs {
     fn options(&self) -> qsync_ir::infer::InferOptions {
         qsync_ir::infer::InferOptions { batch: self.batch, dims: self.dims.iter().cloned().collect() }
@@ -149,7 +148,8 @@ fn run(cli: Cli) -> Result<()> {
             }
             eprint!("{report}");
             if json {
-                let figures = plan::figures(&input.graph, &loaded.model.graph, target.as_deref(), &mode, &dims.options());
+                let figures =
+                    plan::figures(&input.graph, &loaded.model.graph, target.as_deref(), &mode, &dims.options());
                 if let Some(path) = &output {
                     load::save_model(&loaded.model, path)?;
                 }

@@ -71,7 +71,8 @@ pub fn figures(input: &Graph, result: &Graph, target: Option<&str>, mode: &str, 
         .into_iter()
         .filter(|&n| result.node(n).op == Op::Cast && !before.contains(&result.node(n).name))
         .collect();
-    let weight_casts = added.iter().filter(|&&n| result.node(n).input(0).is_some_and(|v| result.value(v).init().is_some())).count();
+    let weight_casts =
+        added.iter().filter(|&&n| result.node(n).input(0).is_some_and(|v| result.value(v).init().is_some())).count();
     let (mut low, mut total) = (0.0, 0.0);
     let mut precisions = std::collections::BTreeMap::new();
     for n in result.node_ids() {
@@ -111,7 +112,8 @@ pub struct Planned {
 /// `None` when the graph has no casts, no low-precision node and no target.
 pub fn planned(g: &Graph, target: Option<&str>, opts: &InferOptions) -> Option<Planned> {
     let casts: Vec<_> = g.node_ids().into_iter().filter(|&n| g.node(n).op == Op::Cast).collect();
-    let weight_casts = casts.iter().filter(|&&n| g.node(n).input(0).is_some_and(|v| g.value(v).init().is_some())).count();
+    let weight_casts =
+        casts.iter().filter(|&&n| g.node(n).input(0).is_some_and(|v| g.value(v).init().is_some())).count();
     let (mut low, mut total) = (0.0, 0.0);
     for n in g.node_ids() {
         if g.node(n).op == Op::Cast {

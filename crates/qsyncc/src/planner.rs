@@ -37,7 +37,10 @@ use crate::simulate::{free_symbols, parse_fraction, parse_kv, parse_target, DEFA
 pub const SCHEMA: &str = "qsync-plan/1";
 
 #[derive(Parser, Debug)]
-#[command(name = "qsyncc", about = "Plan per-device mixed precision for a hybrid cluster: qsyncc MODEL --targets v100:16,t4:16 -o plan/")]
+#[command(
+    name = "qsyncc",
+    about = "Plan per-device mixed precision for a hybrid cluster: qsyncc MODEL --targets v100:16,t4:16 -o plan/"
+)]
 pub struct PlanArgs {
     /// An ONNX model (.onnx), TorchScript archive (.pt) or text IR (.qir).
     pub model: PathBuf,
@@ -111,7 +114,9 @@ pub fn run(a: &PlanArgs) -> Result<String> {
     }
     let mut precisions = Vec::new();
     for s in a.precisions.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let p: Precision = s.parse().map_err(|e| anyhow::anyhow!("--precisions: {e} (fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2)"))?;
+        let p: Precision = s
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--precisions: {e} (fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2)"))?;
         if !specs.iter().any(|(n, _, _)| db.get(n).is_ok_and(|d| d.supports(p))) {
             bail!("--precisions: no target supports {p}");
         }
@@ -175,9 +180,16 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         warnings.push("no --calibration: activation and gradient statistics are estimated from shapes".into());
     }
     if ind.sources.weights_estimated > 0 {
-        warnings.push(format!("{} weights have no data in the model: their statistics are estimated", ind.sources.weights_estimated));
+        warnings.push(format!(
+            "{} weights have no data in the model: their statistics are estimated",
+            ind.sources.weights_estimated
+        ));
     }
-    let aopts = AllocOptions { precisions: precisions.clone(), train_amp: a.train_precision == "amp", ..AllocOptions::default() };
+    let aopts = AllocOptions {
+        precisions: precisions.clone(),
+        train_amp: a.train_precision == "amp",
+        ..AllocOptions::default()
+    };
     let mut prog = |m: &str| progress(quiet, m, start);
     let out = allocate(g, &facts, targets.clone(), popts, &ind, &aopts, &mut prog).with_context(|| label.clone())?;
     progress(quiet, "writing the plan directory", start);
@@ -336,7 +348,8 @@ fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 
 /// The baseline table in Markdown.
 fn table(out: &Outcome) -> String {
-    let mut s = String::from("| method | iteration ms | samples/s | vs UP | indicator sum |\n|---|---:|---:|---:|---:|\n");
+    let mut s =
+        String::from("| method | iteration ms | samples/s | vs UP | indicator sum |\n|---|---:|---:|---:|---:|\n");
     let up = out.up.samples_per_s.max(1e-12);
     let rows = [
         ("UP", out.up.iteration_ms, out.up.samples_per_s, out.up.indicator_sum),
@@ -355,9 +368,21 @@ fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
     let mut s = format!("# qsync plan: {model}\n\n");
     let _ = writeln!(s, "{}", table(out));
     let split: Vec<String> = out.dbs.batch_split.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let _ = writeln!(s, "DBS batch split per device: {}. T_min (UP throughput): {:.1} samples/s. Chosen: {}.\n", split.join(", "), out.t_min, out.chosen);
+    let _ = writeln!(
+        s,
+        "DBS batch split per device: {}. T_min (UP throughput): {:.1} samples/s. Chosen: {}.\n",
+        split.join(", "),
+        out.t_min,
+        out.chosen
+    );
     if let Some(g) = &out.gap {
-        let _ = writeln!(s, "Optimality gap against exhaustive search over {} class-uniform plans: {:+.2}% (optimum {:.4e}).\n", g.combinations, g.relative_gap * 100.0, g.optimal_indicator_sum);
+        let _ = writeln!(
+            s,
+            "Optimality gap against exhaustive search over {} class-uniform plans: {:+.2}% (optimum {:.4e}).\n",
+            g.combinations,
+            g.relative_gap * 100.0,
+            g.optimal_indicator_sum
+        );
     }
     let _ = writeln!(s, "## Timeline (UP above, qsync below; forward, backward, optimizer per device type)\n");
     s += &svg(out);
@@ -365,7 +390,16 @@ fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
     for t in &out.ours.types {
         let h: Vec<String> = t.precision_histogram.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let _ = writeln!(s, "| {} | {} | {} | {:.2} | {:.2} | {:.4e} |", t.name, t.role, h.join(" "), gib(t.peak_memory_bytes), gib(t.memory_capacity_bytes), t.indicator);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} | {:.2} | {:.4e} |",
+            t.name,
+            t.role,
+            h.join(" "),
+            gib(t.peak_memory_bytes),
+            gib(t.memory_capacity_bytes),
+            t.indicator
+        );
     }
     if !warnings.is_empty() {
         s += "\n## Notes\n\n";
@@ -392,9 +426,20 @@ fn svg(out: &Outcome) -> String {
     for (i, (label, t, it)) in rows.iter().enumerate() {
         let y = 5.0 + i as f64 * row;
         let _ = writeln!(s, "<text x=\"2\" y=\"{:.1}\">{label}</text>", y + 13.0);
-        for (a, b, color) in [(0.0, t.forward_end_ms, "#4c78a8"), (t.forward_end_ms, t.backward_end_ms, "#f58518"), (t.backward_end_ms, t.finish_ms, "#54a24b"), (t.finish_ms, *it, "#dddddd")] {
+        for (a, b, color) in [
+            (0.0, t.forward_end_ms, "#4c78a8"),
+            (t.forward_end_ms, t.backward_end_ms, "#f58518"),
+            (t.backward_end_ms, t.finish_ms, "#54a24b"),
+            (t.finish_ms, *it, "#dddddd"),
+        ] {
             if b > a {
-                let _ = writeln!(s, "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{color}\"/>", x(a), x(b) - x(a), row - 4.0);
+                let _ = writeln!(
+                    s,
+                    "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{color}\"/>",
+                    x(a),
+                    x(b) - x(a),
+                    row - 4.0
+                );
             }
         }
     }

@@ -71,7 +71,12 @@ pub(crate) fn parse_target(s: &str) -> Result<(String, u32, u32)> {
         bail!("target `{s}`: the device count must be at least 1");
     }
     let per_node = match per_node {
-        Some(p) => p.trim().parse::<u32>().ok().filter(|&p| p > 0).with_context(|| format!("target `{s}`: bad devices per node `{p}`"))?,
+        Some(p) => p
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&p| p > 0)
+            .with_context(|| format!("target `{s}`: bad devices per node `{p}`"))?,
         None => count.min(8),
     };
     if name.trim().is_empty() {
@@ -246,7 +251,13 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
     let mut devices = BTreeMap::new();
     for (i, d) in r.devices.iter().enumerate() {
         let precision = precisions.get(&d.name).map_or_else(
-            || if g.node_ids().iter().any(|&n| g.node(n).precision.is_some()) { "planned".to_string() } else { "fp32".to_string() },
+            || {
+                if g.node_ids().iter().any(|&n| g.node(n).precision.is_some()) {
+                    "planned".to_string()
+                } else {
+                    "fp32".to_string()
+                }
+            },
             |p| p.to_string(),
         );
         if !d.fits {
@@ -287,9 +298,17 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
     }
     let mut o = String::new();
     let _ = writeln!(o, "model        {}", out.model);
-    let _ = writeln!(o, "iteration    {:.3} ms  ({:.1} samples/s, global batch {})", out.iteration_ms, out.samples_per_s, out.global_batch);
+    let _ = writeln!(
+        o,
+        "iteration    {:.3} ms  ({:.1} samples/s, global batch {})",
+        out.iteration_ms, out.samples_per_s, out.global_batch
+    );
     let _ = writeln!(o, "all-reduce   {:.1} MiB of gradients", out.allreduce_bytes as f64 / (1u64 << 20) as f64);
-    let _ = writeln!(o, "{:<12} {:>5} {:>9} {:>12} {:>10} {:>10} {:>12} {:>12}", "device", "count", "precision", "compute ms", "comm ms", "idle ms", "memory GiB", "capacity GiB");
+    let _ = writeln!(
+        o,
+        "{:<12} {:>5} {:>9} {:>12} {:>10} {:>10} {:>12} {:>12}",
+        "device", "count", "precision", "compute ms", "comm ms", "idle ms", "memory GiB", "capacity GiB"
+    );
     for (name, d) in &out.devices {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let _ = writeln!(

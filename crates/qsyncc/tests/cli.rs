@@ -6,11 +6,6 @@ use std::process::Output;
 
 use common::{inspect_json, models_dir, qsyncc, stderr, tmpdir};
 
-
-
-
-
-
 #[test]
 fn every_shared_model_inspects_with_all_shapes_known() {
     let mut seen = 0;
@@ -96,7 +91,8 @@ fn opt_writes_onnx_and_text_ir_that_read_back() {
     assert!(dir.join("out.qir.bin").is_file(), "large weights go to the sidecar");
     // Text IR output is deterministic.
     let again = dir.join("again.qir");
-    let o = qsyncc(&["opt", qir_out.to_str().expect("utf8"), "--passes", "verify", "-o", again.to_str().expect("utf8")]);
+    let o =
+        qsyncc(&["opt", qir_out.to_str().expect("utf8"), "--passes", "verify", "-o", again.to_str().expect("utf8")]);
     assert!(o.status.success(), "{}", stderr(&o));
     let t1 = std::fs::read_to_string(&qir_out).expect("qir");
     let t2 = std::fs::read_to_string(&again).expect("qir").replace("again.qir.bin", "out.qir.bin");
@@ -180,7 +176,8 @@ fn opt_json_reports_planning_figures() {
     let m = m.to_str().expect("utf8");
     for (passes, target) in [("amp", "v100"), ("autocast", "t4"), ("uniform=f16", "a100-40gb"), ("cascade=f16", "t4")] {
         let out = dir.join("out.onnx");
-        let o = qsyncc(&["opt", m, "--passes", passes, "--target", target, "--json", "-o", out.to_str().expect("utf8")]);
+        let o =
+            qsyncc(&["opt", m, "--passes", passes, "--target", target, "--json", "-o", out.to_str().expect("utf8")]);
         assert!(o.status.success(), "{passes}: {}", stderr(&o));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
         let casts = v["casts"].as_u64().expect("casts");
@@ -224,9 +221,12 @@ fn symbolic_batch_contradicted_by_the_graph_is_treated_as_fixed() {
 
 #[test]
 fn codegen_writes_mlir_and_ptx_for_t4_and_v100() {
-    for (model, target, sm) in
-        [("squeezenet1_1.onnx", "t4", "sm_75"), ("bert_tiny.onnx", "v100", "sm_70"), ("bert_tiny.onnx", "t4", "sm_75"), ("squeezenet1_1.onnx", "v100", "sm_70")]
-    {
+    for (model, target, sm) in [
+        ("squeezenet1_1.onnx", "t4", "sm_75"),
+        ("bert_tiny.onnx", "v100", "sm_70"),
+        ("bert_tiny.onnx", "t4", "sm_75"),
+        ("squeezenet1_1.onnx", "v100", "sm_70"),
+    ] {
         let dir = tmpdir(&format!("codegen-{target}-{model}"));
         let path = models_dir().join(model);
         let o = qsyncc(&[

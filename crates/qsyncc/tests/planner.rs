@@ -9,9 +9,6 @@ use std::process::Command;
 
 use common::{models_dir, qsyncc, tmpdir};
 
-
-
-
 fn read_json(p: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -21,7 +18,8 @@ fn read_json(p: &Path) -> serde_json::Value {
 fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
     let path = models_dir().join(model);
     let out = tmpdir(&format!("{model}-{}", extra.join("_").replace(['%', '='], "")));
-    let mut args = vec![path.to_str().expect("utf8"), "--targets", "v100:16,t4:16", "-o", out.to_str().expect("utf8"), "--json"];
+    let mut args =
+        vec![path.to_str().expect("utf8"), "--targets", "v100:16,t4:16", "-o", out.to_str().expect("utf8"), "--json"];
     args.extend_from_slice(extra);
     let o = qsyncc(&args);
     assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
@@ -36,7 +34,8 @@ fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
         let bytes = std::fs::read(out.join(dev).join("model.onnx")).expect("model.onnx");
         qsync_onnx::import_bytes_with_report(&bytes, None, dev).expect("per-device ONNX imports");
         let d = &summary["devices"][dev];
-        let (peak, cap) = (d["peak_memory_bytes"].as_f64().expect("peak"), d["memory_capacity_bytes"].as_f64().expect("cap"));
+        let (peak, cap) =
+            (d["peak_memory_bytes"].as_f64().expect("peak"), d["memory_capacity_bytes"].as_f64().expect("cap"));
         assert!(peak <= cap, "{model} {dev}: {peak} > {cap}");
         assert!(d["precision_histogram"].is_object() && d["indicator"].is_number());
     }
@@ -46,7 +45,9 @@ fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
     assert!(sps >= up * (1.0 - 1e-9), "{model}: {sps} < UP {up}");
     let greedy = &summary["baselines"]["greedy"];
     assert!(sps >= greedy["samples_per_s"].as_f64().expect("g") * (1.0 - 1e-9));
-    assert!(summary["indicator_sum"].as_f64().expect("i") <= greedy["indicator_sum"].as_f64().expect("gi") * (1.0 + 1e-9));
+    assert!(
+        summary["indicator_sum"].as_f64().expect("i") <= greedy["indicator_sum"].as_f64().expect("gi") * (1.0 + 1e-9)
+    );
     (out, summary)
 }
 
@@ -77,7 +78,14 @@ fn bert_tiny_plan_snapshot() {
         .expect("nodes")
         .iter()
         .filter(|n| n["planned"] == true)
-        .map(|n| format!("{} {} {}", n["name"].as_str().unwrap_or(""), n["op"].as_str().unwrap_or(""), n["precision"].as_str().unwrap_or("")))
+        .map(|n| {
+            format!(
+                "{} {} {}",
+                n["name"].as_str().unwrap_or(""),
+                n["op"].as_str().unwrap_or(""),
+                n["precision"].as_str().unwrap_or("")
+            )
+        })
         .collect();
     insta::assert_snapshot!(rows.join("\n"));
 }
@@ -95,7 +103,11 @@ fn bad_input_exits_2() {
     ] {
         let r = qsyncc(&args);
         assert_eq!(r.status.code(), Some(2), "{args:?}");
-        assert!(String::from_utf8_lossy(&r.stderr).contains(needle), "{args:?}: {}", String::from_utf8_lossy(&r.stderr));
+        assert!(
+            String::from_utf8_lossy(&r.stderr).contains(needle),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
     }
     // The subcommands still work beside the bare form.
     assert!(qsyncc(&["inspect", m]).status.success());
@@ -104,14 +116,21 @@ fn bad_input_exits_2() {
 #[test]
 fn per_device_onnx_runs_in_onnxruntime() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../passes/tests/numerics.py");
-    let has_ort = Command::new("python3").args(["-c", "import onnxruntime, onnx"]).output().is_ok_and(|o| o.status.success());
+    let has_ort =
+        Command::new("python3").args(["-c", "import onnxruntime, onnx"]).output().is_ok_and(|o| o.status.success());
     assert!(has_ort, "python3 with onnx and onnxruntime is needed: run scripts/setup.sh");
     for m in ["squeezenet1_1.onnx", "bert_tiny.onnx"] {
         let (out, _) = plan(m, &["--batch", "16"]);
         for dev in ["v100", "t4"] {
             let planned = out.join(dev).join("model.onnx");
-            let r = Command::new("python3").arg(&script).arg(models_dir().join(m)).arg(&planned).output().expect("python3");
-            assert!(r.status.success(), "{m} {dev}: {}{}", String::from_utf8_lossy(&r.stdout), String::from_utf8_lossy(&r.stderr));
+            let r =
+                Command::new("python3").arg(&script).arg(models_dir().join(m)).arg(&planned).output().expect("python3");
+            assert!(
+                r.status.success(),
+                "{m} {dev}: {}{}",
+                String::from_utf8_lossy(&r.stdout),
+                String::from_utf8_lossy(&r.stderr)
+            );
         }
     }
 }
@@ -137,6 +156,7 @@ fn emit_writes_each_devices_code() {
         assert!(mlir.contains("func.func"), "{dev}");
         assert!(dir.join(dev).join("model.onnx").is_file());
     }
-    let o = qsyncc(&[m.to_str().expect("utf8"), "--targets", "t4", "--emit", "llvm", "-o", dir.to_str().expect("utf8")]);
+    let o =
+        qsyncc(&[m.to_str().expect("utf8"), "--targets", "t4", "--emit", "llvm", "-o", dir.to_str().expect("utf8")]);
     assert_eq!(o.status.code(), Some(2));
 }

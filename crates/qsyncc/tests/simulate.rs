@@ -7,13 +7,9 @@ use std::path::{Path, PathBuf};
 
 use common::{models_dir, qsyncc, run_json, stderr, tmpdir};
 
-
 fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny_mlp.qir")
 }
-
-
-
 
 fn simulate_json(model: &Path, extra: &[&str]) -> serde_json::Value {
     run_json("simulate", model, extra)
@@ -69,7 +65,8 @@ fn trace_is_chrome_format() {
     let out = dir.join("trace.json");
     let path = models_dir().join("resnet50_train.onnx");
     simulate_json(&path, &["--targets", "v100:16,t4:16", "--batch", "32", "--trace", out.to_str().expect("utf8")]);
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).expect("trace written")).expect("valid JSON");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("trace written")).expect("valid JSON");
     let events = v["traceEvents"].as_array().expect("traceEvents");
     let spans: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
     assert!(spans.len() > 100, "{} spans", spans.len());
@@ -109,7 +106,14 @@ fn text_output_reports_plans_that_do_not_fit_and_exits_0() {
     let args = ["--targets", "v100:8,t4:8", "--batch", "256", "--dim", "seq=512", "--memory", "t4=30%"];
     let j = simulate_json(&path, &args);
     assert_eq!(j["devices"]["t4"]["fits"], false, "{j}");
-    assert!(j["warnings"].as_array().expect("warnings").iter().any(|w| w.as_str().is_some_and(|s| s.contains("does not fit"))), "{j}");
+    assert!(
+        j["warnings"]
+            .as_array()
+            .expect("warnings")
+            .iter()
+            .any(|w| w.as_str().is_some_and(|s| s.contains("does not fit"))),
+        "{j}"
+    );
     let mut text_args = vec!["simulate", path.to_str().expect("utf8")];
     text_args.extend_from_slice(&args);
     let o = qsyncc(&text_args);
@@ -150,7 +154,10 @@ fn custom_device_file_and_a_slower_device_never_speed_up() {
     for (name, k) in [("t4same", 1.0), ("t4slow", 0.7), ("t4slower", 0.4)] {
         let file = custom_device(&dir, name, k);
         let targets = format!("v100:16,{name}:16");
-        let j = simulate_json(&path, &["--targets", &targets, "--batch", "32", "--device-file", file.to_str().expect("utf8")]);
+        let j = simulate_json(
+            &path,
+            &["--targets", &targets, "--batch", "32", "--device-file", file.to_str().expect("utf8")],
+        );
         let it = iteration_ms(&j);
         assert!(j["devices"][name].is_object(), "{j}");
         assert!(it >= last, "{name}: {it} ms < {last} ms");
@@ -158,7 +165,10 @@ fn custom_device_file_and_a_slower_device_never_speed_up() {
     }
     let bundled = iteration_ms(&simulate_json(&path, &CLUSTER));
     let same = custom_device(&dir, "t4same", 1.0);
-    let j = simulate_json(&path, &["--targets", "v100:16,t4same:16", "--batch", "32", "--device-file", same.to_str().expect("utf8")]);
+    let j = simulate_json(
+        &path,
+        &["--targets", "v100:16,t4same:16", "--batch", "32", "--device-file", same.to_str().expect("utf8")],
+    );
     assert_eq!(iteration_ms(&j), bundled, "an identical custom device predicts the same");
 }
 
@@ -175,7 +185,8 @@ fn calibration_profile_applies_to_its_device() {
     )
     .expect("write");
     let base = iteration_ms(&simulate_json(&p, &["--targets", "v100,t4", "--batch", "8"]));
-    let cal = simulate_json(&p, &["--targets", "v100,t4", "--batch", "8", "--calibration", profile.to_str().expect("utf8")]);
+    let cal =
+        simulate_json(&p, &["--targets", "v100,t4", "--batch", "8", "--calibration", profile.to_str().expect("utf8")]);
     assert!(iteration_ms(&cal) >= base + 4.9, "{} ms vs {base} ms", iteration_ms(&cal));
     assert!(cal["devices"]["t4"]["compute_ms"].as_f64().expect("t4") > 5.0);
     assert!(cal["devices"]["v100"]["compute_ms"].as_f64().expect("v100") < 1.0);

@@ -5,11 +5,7 @@
 
 mod common;
 
-
 use common::{inspect_json, models_dir, qsyncc};
-
-
-
 
 fn count(j: &serde_json::Value, ops: &[&str]) -> u64 {
     ops.iter().map(|o| j["ops"][*o].as_u64().unwrap_or(0)).sum()
@@ -60,8 +56,11 @@ fn bad_archives_exit_2() {
     let dir = std::env::temp_dir().join(format!("qsyncc-ts-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
     let good = std::fs::read(models_dir().join("bert_tiny.pt")).expect("read");
-    let cases: [(&str, Vec<u8>); 3] =
-        [("random.pt", (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect()), ("trunc.pt", good[..good.len() / 3].to_vec()), ("empty.pt", Vec::new())];
+    let cases: [(&str, Vec<u8>); 3] = [
+        ("random.pt", (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect()),
+        ("trunc.pt", good[..good.len() / 3].to_vec()),
+        ("empty.pt", Vec::new()),
+    ];
     for (n, bytes) in cases {
         let p = dir.join(n);
         std::fs::write(&p, bytes).expect("write");

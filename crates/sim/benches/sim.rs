@@ -45,11 +45,8 @@ impl CostSource for FlopCost {
         }
         let flops = match node.op.class() {
             OpClass::MatMul => {
-                let k = node
-                    .input(0)
-                    .and_then(|a| g.ty(a).concrete_shape())
-                    .and_then(|s| s.last().copied())
-                    .unwrap_or(1);
+                let k =
+                    node.input(0).and_then(|a| g.ty(a).concrete_shape()).and_then(|s| s.last().copied()).unwrap_or(1);
                 2.0 * out_n as f64 * k as f64
             }
             _ => out_n as f64,
@@ -84,8 +81,7 @@ fn setup() -> (Cluster, Vec<LocalProgram>) {
         DeviceType::new("v100", 16, 8, 32).with_bandwidth(130.0, 12.5),
         DeviceType::new("t4", 16, 8, 32).with_bandwidth(12.0, 12.5),
     ]);
-    let programs: Vec<_> =
-        cluster.types.iter().map(|t| LocalProgram::from_graph(&m.graph, t, &FlopCost)).collect();
+    let programs: Vec<_> = cluster.types.iter().map(|t| LocalProgram::from_graph(&m.graph, t, &FlopCost)).collect();
     (cluster, programs)
 }
 

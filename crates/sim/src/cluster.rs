@@ -183,11 +183,8 @@ impl Cluster {
                 if p <= 1 {
                     return 0.0;
                 }
-                let (bw, lat) = if m > 1 {
-                    (net_bw, ty.network_latency_us)
-                } else {
-                    (intra_bw, ty.intra_node_latency_us)
-                };
+                let (bw, lat) =
+                    if m > 1 { (net_bw, ty.network_latency_us) } else { (intra_bw, ty.intra_node_latency_us) };
                 ring(p, s, bw, lat)
             }
             AllReduceAlgo::Hierarchical => {

@@ -55,7 +55,15 @@ pub struct Target {
 impl Target {
     /// `count` devices, up to 8 a node, full memory, uncalibrated.
     pub fn new(device: Device, count: u32, local_batch: u32, plan: Plan) -> Target {
-        Target { device, count, per_node: count.clamp(1, 8), local_batch, plan, memory_fraction: None, calibration: None }
+        Target {
+            device,
+            count,
+            per_node: count.clamp(1, 8),
+            local_batch,
+            plan,
+            memory_fraction: None,
+            calibration: None,
+        }
     }
 }
 
@@ -72,7 +80,12 @@ pub struct PredictOptions {
 
 impl Default for PredictOptions {
     fn default() -> Self {
-        PredictOptions { bindings: Bindings::new(), work_scale: 1.0, optimizer: Optimizer::default(), config: SimConfig::default() }
+        PredictOptions {
+            bindings: Bindings::new(),
+            work_scale: 1.0,
+            optimizer: Optimizer::default(),
+            config: SimConfig::default(),
+        }
     }
 }
 
@@ -129,7 +142,8 @@ fn scaled_memory(
         let buffers = (m.workspace - target.device.workspace_bytes as f64).max(0.0);
         m.activations *= s;
         m.workspace = target.device.workspace_bytes as f64 + buffers * s;
-        m.total = m.master_weights + m.low_precision_weights + m.gradients + m.optimizer_state + m.activations + m.workspace;
+        m.total =
+            m.master_weights + m.low_precision_weights + m.gradients + m.optimizer_state + m.activations + m.workspace;
     }
     Ok(m)
 }
@@ -160,7 +174,10 @@ impl<'g> Predictor<'g> {
                 if !t.device.supports(p) {
                     return Err(PredictError::Target {
                         device: t.device.name.clone(),
-                        reason: format!("node {:?} is planned in {p}, which the device does not support", graph.node(*n).name),
+                        reason: format!(
+                            "node {:?} is planned in {p}, which the device does not support",
+                            graph.node(*n).name
+                        ),
                     });
                 }
             }
@@ -224,7 +241,10 @@ impl<'g> Predictor<'g> {
         let ts = self.types.get_mut(t).ok_or(SimError::NoDevice(t))?;
         let target = &self.targets[t];
         if !target.device.supports(p) {
-            return Err(PredictError::Target { device: target.device.name.clone(), reason: format!("does not support {p}") });
+            return Err(PredictError::Target {
+                device: target.device.name.clone(),
+                reason: format!("does not support {p}"),
+            });
         }
         if ts.index.get(n.index()).copied().flatten().is_none() {
             return Err(PredictError::Cost(qsync_cost::CostError::NoSuchNode(n.index())));
@@ -236,7 +256,8 @@ impl<'g> Predictor<'g> {
         let changed = ts.resolved.update(self.graph, &ts.plan, n);
         for &m in &changed {
             let Some(i) = ts.index.get(m.index()).copied().flatten() else { continue };
-            let cost = Self::sim_cost(self.graph, &self.facts, &ts.model, m, ts.resolved.compute(m), self.opts.work_scale)?;
+            let cost =
+                Self::sim_cost(self.graph, &self.facts, &ts.model, m, ts.resolved.compute(m), self.opts.work_scale)?;
             self.sim.set_op_cost(t, i, cost)?;
         }
         if !changed.is_empty() {

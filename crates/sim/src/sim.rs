@@ -366,7 +366,11 @@ impl Simulator {
 }
 
 fn check_cost(device: &str, index: usize, op: &str, c: &OpCost) -> Result<(), SimError> {
-    for (what, value) in [("forward time", c.fwd_us), ("input-gradient time", c.input_grad_us), ("weight-gradient time", c.weight_grad_us)] {
+    for (what, value) in [
+        ("forward time", c.fwd_us),
+        ("input-gradient time", c.input_grad_us),
+        ("weight-gradient time", c.weight_grad_us),
+    ] {
         if !value.is_finite() || value < 0.0 {
             return Err(SimError::BadCost { device: device.to_string(), index, op: op.to_string(), what, value });
         }
@@ -414,9 +418,8 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Buc
     for (k, &g) in grads.iter().enumerate() {
         bytes += g;
         if bytes >= config.bucket_cap_bytes || k + 1 == grads.len() {
-            let dur_us = (0..cluster.types.len())
-                .map(|t| cluster.allreduce_us(t, bytes, config.algo))
-                .fold(0.0f64, f64::max);
+            let dur_us =
+                (0..cluster.types.len()).map(|t| cluster.allreduce_us(t, bytes, config.algo)).fold(0.0f64, f64::max);
             buckets.push(Bucket { bytes, last_grad: k, dur_us });
             bytes = 0;
         }

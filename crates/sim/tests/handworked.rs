@@ -101,10 +101,7 @@ fn bad_input_is_an_error() {
     let cfg = SimConfig::default();
     assert_eq!(Simulator::new(Cluster::new(vec![]), vec![], cfg).err(), Some(SimError::EmptyCluster));
     let zero = qsync_sim::DeviceType::new("a", 0, 8, 8);
-    assert!(matches!(
-        Simulator::new(Cluster::new(vec![zero]), vec![tiny(1.0)], cfg),
-        Err(SimError::ZeroCount { .. })
-    ));
+    assert!(matches!(Simulator::new(Cluster::new(vec![zero]), vec![tiny(1.0)], cfg), Err(SimError::ZeroCount { .. })));
     let two = || Cluster::new(vec![solo("a", 8), solo("b", 8)]);
     assert_eq!(
         Simulator::new(two(), vec![tiny(1.0)], cfg).err(),

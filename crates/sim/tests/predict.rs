@@ -116,7 +116,8 @@ fn a_slower_device_never_makes_the_iteration_faster() {
     for plan in [Plan::new(), Plan::uniform(&g, Precision::Fp16)] {
         let mut last = 0.0;
         for k in [1.0, 0.8, 0.5, 0.25] {
-            let targets = vec![Target::new(device("v100"), 16, 8, Plan::new()), Target::new(slowed_t4(k), 16, 8, plan.clone())];
+            let targets =
+                vec![Target::new(device("v100"), 16, 8, Plan::new()), Target::new(slowed_t4(k), 16, 8, plan.clone())];
             let it = Predictor::new(&g, targets, opts(&g)).expect("predict").result().iteration_us;
             assert!(it.is_finite() && it >= last, "T4 slowed to {k}: {it} µs < {last} µs");
             last = it;
@@ -169,7 +170,12 @@ fn fixed_batch_graphs_scale_activations_not_weights() {
     assert_eq!(one.optimizer_state, four.optimizer_state);
     assert!((four.activations - 4.0 * one.activations).abs() <= 1e-6 * four.activations);
     assert!(four.workspace > one.workspace);
-    let sum = four.master_weights + four.low_precision_weights + four.gradients + four.optimizer_state + four.activations + four.workspace;
+    let sum = four.master_weights
+        + four.low_precision_weights
+        + four.gradients
+        + four.optimizer_state
+        + four.activations
+        + four.workspace;
     assert_eq!(four.total, sum);
 }
 
@@ -188,7 +194,10 @@ fn optimizer_state_shows_in_time_and_memory() {
 #[test]
 fn calibration_overrides_the_analytic_model_on_its_device_only() {
     let g = load("bert_tiny.onnx", 8);
-    let base = Predictor::new(&g, vec![Target::new(device("t4"), 1, 8, Plan::new())], opts(&g)).expect("predict").result().clone();
+    let base = Predictor::new(&g, vec![Target::new(device("t4"), 1, 8, Plan::new())], opts(&g))
+        .expect("predict")
+        .result()
+        .clone();
     // A profile without data changes nothing.
     let empty = Profile { device: Some("t4".into()), ..Profile::default() };
     let mut t = Target::new(device("t4"), 1, 8, Plan::new());
@@ -203,7 +212,10 @@ fn calibration_overrides_the_analytic_model_on_its_device_only() {
         .split(',')
         .map(|s| if s == "_" { "null".to_string() } else { format!("[{}]", s.replace('x', ",")) })
         .collect();
-    let json = format!(r#"{{"device": "t4", "ops": [{{"op": "{op}", "inputs": [{}], "precision": "fp32", "fwd_us": 1e6}}]}}"#, inputs.join(","));
+    let json = format!(
+        r#"{{"device": "t4", "ops": [{{"op": "{op}", "inputs": [{}], "precision": "fp32", "fwd_us": 1e6}}]}}"#,
+        inputs.join(",")
+    );
     let profile = Profile::from_json(&json, "test").expect("profile");
     let mut t = Target::new(device("t4"), 1, 8, Plan::new());
     t.calibration = Some(profile);

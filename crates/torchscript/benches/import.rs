@@ -13,7 +13,9 @@ fn bench(c: &mut Criterion) {
         return;
     };
     c.bench_function("import bert_tiny.pt", |b| {
-        b.iter(|| qsync_torchscript::import_bytes(black_box(&bytes), "bert_tiny.pt", &[]).map(|(m, _)| m.graph.node_count()))
+        b.iter(|| {
+            qsync_torchscript::import_bytes(black_box(&bytes), "bert_tiny.pt", &[]).map(|(m, _)| m.graph.node_count())
+        })
     });
 }
 

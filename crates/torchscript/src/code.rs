@@ -40,9 +40,16 @@ pub enum StmtKind {
     Assign(Vec<String>, Expr),
     Expr(Expr),
     Return(Expr),
-    If { cond: Expr, then: Vec<Stmt>, other: Vec<Stmt> },
+    If {
+        cond: Expr,
+        then: Vec<Stmt>,
+        other: Vec<Stmt>,
+    },
     /// `for`/`while`: kept whole, lowered opaquely.
-    Loop { kind: &'static str, body: Vec<Stmt> },
+    Loop {
+        kind: &'static str,
+        body: Vec<Stmt>,
+    },
     Pass,
 }
 
@@ -98,8 +105,8 @@ enum Tok {
 }
 
 const OPS: [&str; 34] = [
-    "**", "//", "==", "!=", "<=", ">=", "->", "<<", ">>", "+=", "-=", "(", ")", "[", "]", "{", "}", ",", ":", ".", "=", "+", "-",
-    "*", "/", "%", "<", ">", "&", "|", "^", "~", "@", ";",
+    "**", "//", "==", "!=", "<=", ">=", "->", "<<", ">>", "+=", "-=", "(", ")", "[", "]", "{", "}", ",", ":", ".", "=",
+    "+", "-", "*", "/", "%", "<", ">", "&", "|", "^", "~", "@", ";",
 ];
 
 fn lex(src: &str) -> CResult<Vec<(Tok, usize)>> {
@@ -162,7 +169,9 @@ fn lex(src: &str) -> CResult<Vec<(Tok, usize)>> {
                 }
                 let t = &stripped[s..i];
                 let tok = if float {
-                    t.parse::<f64>().map(Tok::Float).map_err(|_| CodeError { line, msg: format!("bad number `{t}`") })?
+                    t.parse::<f64>()
+                        .map(Tok::Float)
+                        .map_err(|_| CodeError { line, msg: format!("bad number `{t}`") })?
                 } else {
                     t.parse::<i64>().map(Tok::Int).map_err(|_| CodeError { line, msg: format!("bad integer `{t}`") })?
                 };
@@ -177,7 +186,9 @@ fn lex(src: &str) -> CResult<Vec<(Tok, usize)>> {
                         break;
                     }
                     if d == b'\\' {
-                        let Some(&e) = b.get(i) else { return Err(CodeError { line, msg: "unterminated string".into() }) };
+                        let Some(&e) = b.get(i) else {
+                            return Err(CodeError { line, msg: "unterminated string".into() });
+                        };
                         i += 1;
                         s.push(match e {
                             b'n' => '\n',
@@ -196,7 +207,10 @@ fn lex(src: &str) -> CResult<Vec<(Tok, usize)>> {
             } else {
                 let rest = &stripped[i..];
                 let Some(op) = OPS.iter().find(|o| rest.starts_with(**o)) else {
-                    return Err(CodeError { line, msg: format!("unexpected character `{}`", rest.chars().next().unwrap_or('?')) });
+                    return Err(CodeError {
+                        line,
+                        msg: format!("unexpected character `{}`", rest.chars().next().unwrap_or('?')),
+                    });
                 };
                 match *op {
                     "(" | "[" | "{" => depth += 1,
@@ -369,9 +383,10 @@ impl P {
                     } else if self.eat_op("=") {
                         let e = self.expr()?;
                         let names = || match &e {
-                            Expr::List(v) | Expr::Tuple(v) => {
-                                v.iter().filter_map(|x| if let Expr::Str(s) = x { Some(s.clone()) } else { None }).collect()
-                            }
+                            Expr::List(v) | Expr::Tuple(v) => v
+                                .iter()
+                                .filter_map(|x| if let Expr::Str(s) = x { Some(s.clone()) } else { None })
+                                .collect(),
                             _ => Vec::new(),
                         };
                         match n.as_str() {
@@ -452,7 +467,9 @@ impl P {
             self.pos += 1;
             return self.if_rest(line);
         } else if self.is_name("for") || self.is_name("while") {
-            let kind = if self.eat_name("for") { "for" } else {
+            let kind = if self.eat_name("for") {
+                "for"
+            } else {
                 self.pos += 1;
                 "while"
             };
@@ -573,7 +590,9 @@ impl P {
             let op = match self.peek() {
                 Tok::Op(o @ ("==" | "!=" | "<" | "<=" | ">" | ">=")) => o.to_string(),
                 Tok::Name(n) if n == "is" || n == "in" => n.clone(),
-                Tok::Name(n) if n == "not" && matches!(self.toks.get(self.pos + 1), Some((Tok::Name(x), _)) if x == "in") => {
+                Tok::Name(n)
+                    if n == "not" && matches!(self.toks.get(self.pos + 1), Some((Tok::Name(x), _)) if x == "in") =>
+                {
                     self.pos += 1;
                     "not in".into()
                 }
@@ -628,7 +647,8 @@ impl P {
             } else if self.eat_op("(") {
                 let (mut args, mut kwargs) = (Vec::new(), Vec::new());
                 while !self.eat_op(")") {
-                    let is_kw = matches!(self.peek(), Tok::Name(_)) && matches!(self.toks.get(self.pos + 1), Some((Tok::Op("="), _)));
+                    let is_kw = matches!(self.peek(), Tok::Name(_))
+                        && matches!(self.toks.get(self.pos + 1), Some((Tok::Op("="), _)));
                     if is_kw {
                         let k = self.name()?;
                         self.op("=")?;

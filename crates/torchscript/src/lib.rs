@@ -78,9 +78,12 @@ pub fn import_file(path: &Path, inputs: &[InputSpec]) -> Result<(Model, ImportRe
 
 fn pickle_member(ar: &archive::Archive, member: &str) -> Result<Option<PyVal>, TsError> {
     let Some(b) = ar.get(member) else { return Ok(None) };
-    pickle::load(b)
-        .map(Some)
-        .map_err(|e| TsError::Pickle { file: ar.label.clone(), member: member.to_string(), offset: e.offset, msg: e.msg })
+    pickle::load(b).map(Some).map_err(|e| TsError::Pickle {
+        file: ar.label.clone(),
+        member: member.to_string(),
+        offset: e.offset,
+        msg: e.msg,
+    })
 }
 
 /// Import an archive held in memory; `label` names it in errors.
@@ -91,7 +94,12 @@ pub fn import_bytes(bytes: &[u8], label: &str, inputs: &[InputSpec]) -> Result<(
     }
     let root = match pickle_member(&ar, "data.pkl")? {
         Some(PyVal::Object(o)) => o,
-        _ => return Err(TsError::Invalid { file: label.to_string(), msg: "data.pkl does not hold a module object".into() }),
+        _ => {
+            return Err(TsError::Invalid {
+                file: label.to_string(),
+                msg: "data.pkl does not hold a module object".into(),
+            })
+        }
     };
     let constants = match pickle_member(&ar, "constants.pkl")? {
         Some(v) => v.items().unwrap_or_default(),
@@ -100,10 +108,13 @@ pub fn import_bytes(bytes: &[u8], label: &str, inputs: &[InputSpec]) -> Result<(
     let traced: Vec<TensorType> = match pickle_member(&ar, "traced_inputs.pkl")? {
         Some(PyVal::Dict(d)) => {
             let d = d.borrow();
-            let fwd = d.iter().find(|(k, _)| k.as_str() == Some("forward")).and_then(|(_, v)| v.items()).unwrap_or_default();
+            let fwd =
+                d.iter().find(|(k, _)| k.as_str() == Some("forward")).and_then(|(_, v)| v.items()).unwrap_or_default();
             fwd.iter()
                 .filter_map(|v| match v {
-                    PyVal::Tensor(t) => Some(TensorType::new(t.storage.dtype, t.sizes.iter().map(|&d| Dim::from(d)).collect())),
+                    PyVal::Tensor(t) => {
+                        Some(TensorType::new(t.storage.dtype, t.sizes.iter().map(|&d| Dim::from(d)).collect()))
+                    }
                     _ => None,
                 })
                 .collect()
@@ -116,7 +127,12 @@ pub fn import_bytes(bytes: &[u8], label: &str, inputs: &[InputSpec]) -> Result<(
     let parameters = lw.declare_parameters(&root)?;
     let (member, class) = lw.class_of(&root)?;
     let Some(fwd) = class.methods.get("forward") else {
-        return Err(TsError::Code { file: label.to_string(), member, line: class.line, msg: format!("class `{}` has no forward", class.name) });
+        return Err(TsError::Code {
+            file: label.to_string(),
+            member,
+            line: class.line,
+            msg: format!("class `{}` has no forward", class.name),
+        });
     };
     let mut args = Vec::new();
     for (i, p) in fwd.params.iter().skip(1).enumerate() {
@@ -136,7 +152,11 @@ pub fn import_bytes(bytes: &[u8], label: &str, inputs: &[InputSpec]) -> Result<(
     }
     for s in inputs {
         if !fwd.params.iter().skip(1).any(|p| p == &s.name) {
-            lw.warnings.push(format!("{label}: --input `{}` names no input of forward ({})", s.name, fwd.params[1..].join(", ")));
+            lw.warnings.push(format!(
+                "{label}: --input `{}` names no input of forward ({})",
+                s.name,
+                fwd.params[1..].join(", ")
+            ));
         }
     }
     let out = lw.call_method(&root, "forward", args, Vec::new())?;
@@ -158,11 +178,18 @@ pub fn import_bytes(bytes: &[u8], label: &str, inputs: &[InputSpec]) -> Result<(
     let mut model = Model::new(lw.g);
     model.opsets = vec![(String::new(), opset)];
     model.producer_name = "torch.jit".into();
-    model.producer_version =
-        ar.get(".data/version").or_else(|| ar.get("version")).map(|b| String::from_utf8_lossy(b).trim().to_string()).unwrap_or_default();
+    model.producer_version = ar
+        .get(".data/version")
+        .or_else(|| ar.get("version"))
+        .map(|b| String::from_utf8_lossy(b).trim().to_string())
+        .unwrap_or_default();
     let report = infer_shapes(&mut model.graph, opset, &InferOptions::default());
     if let Some(e) = report.errors.first() {
-        return Err(TsError::Lower { file: label.to_string(), place: format!("node {}", e.node), msg: e.message.clone() });
+        return Err(TsError::Lower {
+            file: label.to_string(),
+            place: format!("node {}", e.node),
+            msg: e.message.clone(),
+        });
     }
     Ok((model, ImportReport { warnings, parameters }))
 }
@@ -171,7 +198,9 @@ fn flatten_outputs(v: &Val, name: Option<String>, out: &mut Vec<(Option<String>,
     match v {
         Val::Tensor(t) => out.push((name, *t)),
         Val::Tuple(x) | Val::List(x) => x.iter().for_each(|e| flatten_outputs(e, None, out)),
-        Val::Dict(d) => d.iter().for_each(|(k, e)| flatten_outputs(e, if let Val::Str(s) = k { Some(s.clone()) } else { None }, out)),
+        Val::Dict(d) => d
+            .iter()
+            .for_each(|(k, e)| flatten_outputs(e, if let Val::Str(s) = k { Some(s.clone()) } else { None }, out)),
         _ => {}
     }
 }

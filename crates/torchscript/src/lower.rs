@@ -113,7 +113,12 @@ impl<'a> Lowerer<'a> {
     }
 
     pub fn error(&self, msg: impl Into<String>) -> TsError {
-        TsError::Code { file: self.ar.label.clone(), member: self.loc.member.clone(), line: self.loc.line, msg: msg.into() }
+        TsError::Code {
+            file: self.ar.label.clone(),
+            member: self.loc.member.clone(),
+            line: self.loc.line,
+            msg: msg.into(),
+        }
     }
 
     pub fn warn(&mut self, msg: impl AsRef<str>) {
@@ -130,7 +135,13 @@ impl<'a> Lowerer<'a> {
     }
 
     /// Add a node with `nout` outputs and infer its types.
-    pub fn node_n(&mut self, op: Op, inputs: Vec<Option<ValueId>>, attrs: Vec<(&str, Attr)>, nout: usize) -> Result<Vec<ValueId>> {
+    pub fn node_n(
+        &mut self,
+        op: Op,
+        inputs: Vec<Option<ValueId>>,
+        attrs: Vec<(&str, Attr)>,
+        nout: usize,
+    ) -> Result<Vec<ValueId>> {
         let base = op.op_type().to_string();
         let name = self.fresh(&base);
         let mut spec = NodeSpec::new(name.clone(), op);
@@ -172,7 +183,10 @@ impl<'a> Lowerer<'a> {
     }
 
     pub fn rank(&self, v: ValueId) -> Result<usize> {
-        self.g.ty(v).rank().ok_or_else(|| self.error(format!("`{}`: its {}", self.g.value_name(v), crate::aten::UNKNOWN_RANK)))
+        self.g
+            .ty(v)
+            .rank()
+            .ok_or_else(|| self.error(format!("`{}`: its {}", self.g.value_name(v), crate::aten::UNKNOWN_RANK)))
     }
 
     // ---- modules, parameters, code -----------------------------------------
@@ -189,7 +203,12 @@ impl<'a> Lowerer<'a> {
             line: 0,
             msg: "code is not UTF-8".into(),
         })?;
-        let f = code::parse(src).map_err(|e| TsError::Code { file: self.ar.label.clone(), member: member.clone(), line: e.line, msg: e.msg })?;
+        let f = code::parse(src).map_err(|e| TsError::Code {
+            file: self.ar.label.clone(),
+            member: member.clone(),
+            line: e.line,
+            msg: e.msg,
+        })?;
         let f = Rc::new(f);
         self.files.insert(member, f.clone());
         Ok(f)
@@ -201,7 +220,9 @@ impl<'a> Lowerer<'a> {
         let member = format!("code/{}.py", module.replace('.', "/"));
         match f.classes.iter().find(|c| c.name == name) {
             Some(c) => Ok((member, c.clone())),
-            None => Err(TsError::Code { file: self.ar.label.clone(), member, line: 0, msg: format!("no class `{name}`") }),
+            None => {
+                Err(TsError::Code { file: self.ar.label.clone(), member, line: 0, msg: format!("no class `{name}`") })
+            }
         }
     }
 
@@ -280,7 +301,13 @@ impl<'a> Lowerer<'a> {
     // ---- the interpreter ----------------------------------------------------
 
     /// Inline `method` of module `m` with `args` (self excluded).
-    pub fn call_method(&mut self, m: &Rc<ModRef>, method: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<Val> {
+    pub fn call_method(
+        &mut self,
+        m: &Rc<ModRef>,
+        method: &str,
+        args: Vec<Val>,
+        kwargs: Vec<(String, Val)>,
+    ) -> Result<Val> {
         let (member, class) = self.class_of(m)?;
         let Some(f) = class.methods.get(method) else {
             return self.err(format!("class `{}` has no method `{method}`", class.name));
@@ -420,7 +447,10 @@ impl<'a> Lowerer<'a> {
                 if let Expr::Attr(base, meth) = func.as_ref() {
                     if let Val::Module(m) = self.eval(base, env)? {
                         let a = args.iter().map(|x| self.eval(x, env)).collect::<Result<Vec<_>>>()?;
-                        let k = kwargs.iter().map(|(n, x)| Ok((n.clone(), self.eval(x, env)?))).collect::<Result<Vec<_>>>()?;
+                        let k = kwargs
+                            .iter()
+                            .map(|(n, x)| Ok((n.clone(), self.eval(x, env)?)))
+                            .collect::<Result<Vec<_>>>()?;
                         let line = self.loc.line;
                         let r = self.call_method(&m, meth, a, k);
                         self.loc.line = line;

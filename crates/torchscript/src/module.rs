@@ -17,7 +17,11 @@ pub fn load_tensor(ar: &Archive, t: &TensorRef) -> Result<Tensor> {
     let bad = |msg: String| TsError::Invalid { file: ar.label.clone(), msg: format!("{member}: {msg}") };
     let Some(bytes) = ar.get(&member) else { return Ok(Tensor { dtype, dims, data: TensorData::Absent }) };
     let es = usize::try_from(dtype.storage_bytes(1)).unwrap_or(0).max(1);
-    let numel = t.sizes.iter().try_fold(1u64, |a, &d| a.checked_mul(d.max(0) as u64)).ok_or_else(|| bad("size overflows".into()))?;
+    let numel = t
+        .sizes
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d.max(0) as u64))
+        .ok_or_else(|| bad("size overflows".into()))?;
     if numel == 0 {
         return Ok(Tensor { dtype, dims, data: TensorData::Inline(Vec::new().into()) });
     }
@@ -26,7 +30,9 @@ pub fn load_tensor(ar: &Archive, t: &TensorRef) -> Result<Tensor> {
         .sizes
         .iter()
         .zip(&t.strides)
-        .try_fold(t.offset as u64, |a, (&s, &st)| (s.max(1) as u64 - 1).checked_mul(st as u64).and_then(|x| a.checked_add(x)))
+        .try_fold(t.offset as u64, |a, (&s, &st)| {
+            (s.max(1) as u64 - 1).checked_mul(st as u64).and_then(|x| a.checked_add(x))
+        })
         .ok_or_else(|| bad("strides overflow".into()))?;
     if last >= avail {
         return Err(bad(format!("tensor view reaches element {last} but the storage holds {avail}")));

@@ -166,7 +166,9 @@ impl<'a> Vm<'a> {
 
     fn line(&mut self) -> PResult<String> {
         let rest = &self.b[self.pos..];
-        let Some(n) = rest.iter().position(|&c| c == b'\n') else { return self.err("truncated: unterminated text line") };
+        let Some(n) = rest.iter().position(|&c| c == b'\n') else {
+            return self.err("truncated: unterminated text line");
+        };
         let s = String::from_utf8_lossy(&rest[..n]).into_owned();
         self.pos += n + 1;
         Ok(s)
@@ -308,7 +310,11 @@ impl<'a> Vm<'a> {
                         _ => usize::from(self.u8()?),
                     };
                     let s = self.take(n)?.to_vec();
-                    let v = if matches!(op, b'T' | b'U') { PyVal::Str(String::from_utf8_lossy(&s).into_owned()) } else { PyVal::Bytes(s) };
+                    let v = if matches!(op, b'T' | b'U') {
+                        PyVal::Str(String::from_utf8_lossy(&s).into_owned())
+                    } else {
+                        PyVal::Bytes(s)
+                    };
                     self.stack.push(v);
                 }
                 b')' => self.stack.push(PyVal::Tuple(Rc::new(Vec::new()))),
@@ -332,7 +338,8 @@ impl<'a> Vm<'a> {
                 }
                 b'd' => {
                     let items = self.pop_mark()?;
-                    let pairs = pairs(items).ok_or(PickleError { offset: self.pos, msg: "odd item count in DICT".into() })?;
+                    let pairs =
+                        pairs(items).ok_or(PickleError { offset: self.pos, msg: "odd item count in DICT".into() })?;
                     self.stack.push(PyVal::Dict(Rc::new(RefCell::new(pairs))));
                 }
                 b'a' => {
@@ -350,7 +357,8 @@ impl<'a> Vm<'a> {
                 }
                 b'u' => {
                     let items = self.pop_mark()?;
-                    let p = pairs(items).ok_or(PickleError { offset: self.pos, msg: "odd item count in SETITEMS".into() })?;
+                    let p = pairs(items)
+                        .ok_or(PickleError { offset: self.pos, msg: "odd item count in SETITEMS".into() })?;
                     self.set_items(p)?;
                 }
                 b'q' => {
@@ -473,7 +481,9 @@ impl<'a> Vm<'a> {
             PyVal::Int(i) => i.to_string(),
             _ => return self.err("storage key is not a string"),
         };
-        let Some(numel) = items[4].as_int().and_then(|n| u64::try_from(n).ok()) else { return self.err("bad storage size") };
+        let Some(numel) = items[4].as_int().and_then(|n| u64::try_from(n).ok()) else {
+            return self.err("bad storage size");
+        };
         Ok(PyVal::Storage(Rc::new(StorageRef { dtype, key, numel })))
     }
 
@@ -482,9 +492,12 @@ impl<'a> Vm<'a> {
         let a = args.items().unwrap_or_default();
         match (g.0.as_str(), g.1.as_str()) {
             ("torch._utils", "_rebuild_tensor_v2" | "_rebuild_tensor") => {
-                let (Some(PyVal::Storage(s)), Some(off), Some(sizes), Some(strides)) =
-                    (a.first(), a.get(1).and_then(PyVal::as_int), a.get(2).and_then(PyVal::ints), a.get(3).and_then(PyVal::ints))
-                else {
+                let (Some(PyVal::Storage(s)), Some(off), Some(sizes), Some(strides)) = (
+                    a.first(),
+                    a.get(1).and_then(PyVal::as_int),
+                    a.get(2).and_then(PyVal::ints),
+                    a.get(3).and_then(PyVal::ints),
+                ) else {
                     return self.err("_rebuild_tensor_v2 with unexpected arguments");
                 };
                 if sizes.len() != strides.len() || sizes.iter().chain(&strides).any(|&x| x < 0) || off < 0 {

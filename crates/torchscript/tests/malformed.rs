@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use qsync_torchscript::{import_bytes, InputSpec, TsError};
 
 fn archive(name: &str) -> Vec<u8> {
-    std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models").join(name)).expect("read archive")
+    std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models").join(name))
+        .expect("read archive")
 }
 
 /// Rewrite an archive, replacing or dropping members (`None` drops).
@@ -108,7 +109,11 @@ fn unsupported_syntax_names_file_and_line() {
     let good = archive("squeezenet1_1.pt");
     let bad = rewrite(&good, &|n, d| {
         if n.ends_with("code/__torch__/torch/nn/modules/conv.py") {
-            let s = String::from_utf8(d).expect("utf8").replacen("    bias = self.bias\n", "    bias = lambda: self.bias\n", 1);
+            let s = String::from_utf8(d).expect("utf8").replacen(
+                "    bias = self.bias\n",
+                "    bias = lambda: self.bias\n",
+                1,
+            );
             Some(s.into_bytes())
         } else {
             Some(d)

@@ -56,7 +56,8 @@ fn check(name: &str, params: u64) -> (Model, Model) {
     if let Err(errs) = qsync_ir::verify::verify(g, m.opset()) {
         panic!("{name}: {errs:?}");
     }
-    let unknown: Vec<_> = g.live_values().filter(|&v| !g.ty(v).is_complete()).map(|v| g.value_name(v).to_string()).collect();
+    let unknown: Vec<_> =
+        g.live_values().filter(|&v| !g.ty(v).is_complete()).map(|v| g.value_name(v).to_string()).collect();
     assert!(unknown.is_empty(), "{name}: unknown shapes {unknown:?}");
     assert_eq!(parameters(g), params, "{name}: parameters");
     let onnx = qsync_onnx::import_file(models_dir().join(format!("{name}.onnx"))).unwrap_or_else(|e| panic!("{e}"));

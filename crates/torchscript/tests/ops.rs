@@ -46,7 +46,10 @@ fn split_chunk_unbind() {
 
 #[test]
 fn max_along_dim_and_adaptive_pool() {
-    let (m, _) = lower("v, i, = torch.max(x, 1, False)\np = torch.adaptive_avg_pool2d(x, [2, 2])\nreturn (v, i, p)", &["x=f32[1,3,8,8]"]);
+    let (m, _) = lower(
+        "v, i, = torch.max(x, 1, False)\np = torch.adaptive_avg_pool2d(x, [2, 2])\nreturn (v, i, p)",
+        &["x=f32[1,3,8,8]"],
+    );
     assert_eq!(out_types(&m), ["f32[1,8,8]", "i64[1,8,8]", "f32[1,3,2,2]"]);
     assert!(ops(&m).contains(&"AveragePool".to_string()));
 }

@@ -300,9 +300,7 @@ pub fn broadcast(a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>, String> {
     for i in 0..n {
         let da = if i + a.len() >= n { &a[i + a.len() - n] } else { &one };
         let db = if i + b.len() >= n { &b[i + b.len() - n] } else { &one };
-        out.push(broadcast_dim(da, db).map_err(|e| {
-            format!("{e} (shapes [{}] and [{}])", join(a), join(b))
-        })?);
+        out.push(broadcast_dim(da, db).map_err(|e| format!("{e} (shapes [{}] and [{}])", join(a), join(b)))?);
     }
     Ok(out)
 }
@@ -352,7 +350,15 @@ pub fn zip_known(a: &Known, b: &Known, f: &dyn Fn(&Dim, &Dim) -> Option<Dim>) ->
         return None;
     }
     let (la, lb) = (a.vals.len(), b.vals.len());
-    let n = if la == lb { la } else if la == 1 { lb } else if lb == 1 { la } else { return None };
+    let n = if la == lb {
+        la
+    } else if la == 1 {
+        lb
+    } else if lb == 1 {
+        la
+    } else {
+        return None;
+    };
     if (a.dims.len() > 1 || b.dims.len() > 1) && a.dims != b.dims {
         return None;
     }

@@ -71,7 +71,8 @@ pub fn binary(cx: &Cx) -> InferResult {
         _ => None,
     };
     let cmp = matches!(cx.node.op, Op::Equal | Op::Less | Op::LessOrEqual | Op::Greater | Op::GreaterOrEqual);
-    let dtype = if cmp { Some(DType::Bool) } else { a.dtype.or(if matches!(cx.node.op, Op::Pow) { None } else { b.dtype }) };
+    let dtype =
+        if cmp { Some(DType::Bool) } else { a.dtype.or(if matches!(cx.node.op, Op::Pow) { None } else { b.dtype }) };
     let known = match (cx.known(0), cx.known(1)) {
         (Some(ka), Some(kb)) => {
             let op = cx.node.op.clone();
@@ -176,7 +177,9 @@ pub fn where_op(cx: &Cx) -> InferResult {
                 })
                 .collect();
             match (vals, dtype, &shape) {
-                (Some(v), Some(dt), Some(s)) if s.len() <= 1 => Some(Known::ints(dt, s.iter().filter_map(Dim::as_const).collect(), v)),
+                (Some(v), Some(dt), Some(s)) if s.len() <= 1 => {
+                    Some(Known::ints(dt, s.iter().filter_map(Dim::as_const).collect(), v))
+                }
                 _ => None,
             }
         }
@@ -199,7 +202,9 @@ pub fn cast(cx: &Cx) -> InferResult {
                 let v: Vec<Dim> = k.floats.iter().map(|&f| Dim::from(f as i64)).collect();
                 Some(Known::ints(to, k.dims.clone(), v))
             } else if to == DType::Bool {
-                k.consts().map(|c| Known::ints(to, k.dims.clone(), c.into_iter().map(|x| Dim::from(i64::from(x != 0))).collect()))
+                k.consts().map(|c| {
+                    Known::ints(to, k.dims.clone(), c.into_iter().map(|x| Dim::from(i64::from(x != 0))).collect())
+                })
             } else {
                 Some(Known::ints(to, k.dims.clone(), k.vals.clone()))
             }

@@ -21,11 +21,7 @@ struct V {
 
 impl V {
     fn from_tensor(t: &Tensor) -> Option<V> {
-        let data = if t.dtype.is_float() {
-            Data::F(t.as_f64s()?)
-        } else {
-            Data::I(t.as_i64s()?)
-        };
+        let data = if t.dtype.is_float() { Data::F(t.as_f64s()?) } else { Data::I(t.as_i64s()?) };
         Some(V { dtype: t.dtype, dims: t.dims.clone(), data })
     }
 
@@ -190,10 +186,14 @@ fn cast(v: &V, to: DType) -> Option<V> {
     let data = match (&v.data, to.is_float()) {
         (Data::I(x), true) => Data::F(x.iter().map(|&i| i as f64).collect()),
         (Data::F(x), true) => Data::F(x.clone()),
-        (Data::I(x), false) => Data::I(if to == DType::Bool { x.iter().map(|&i| i64::from(i != 0)).collect() } else { x.clone() }),
-        (Data::F(x), false) => {
-            Data::I(if to == DType::Bool { x.iter().map(|&f| i64::from(f != 0.0)).collect() } else { x.iter().map(|&f| f as i64).collect() })
+        (Data::I(x), false) => {
+            Data::I(if to == DType::Bool { x.iter().map(|&i| i64::from(i != 0)).collect() } else { x.clone() })
         }
+        (Data::F(x), false) => Data::I(if to == DType::Bool {
+            x.iter().map(|&f| i64::from(f != 0.0)).collect()
+        } else {
+            x.iter().map(|&f| f as i64).collect()
+        }),
     };
     V { dtype: to, dims: v.dims.clone(), data }.to_tensor().and_then(|t| V::from_tensor(&t))
 }
@@ -210,7 +210,8 @@ fn infer_dims(graph: &Graph, node: NodeId, ins: &[Option<V>], opset: i64) -> Opt
         .iter()
         .map(|v| v.as_ref().map(|v| TensorType::new(v.dtype, v.dims.iter().map(|&d| Dim::from(d)).collect())))
         .collect();
-    let known = ins.iter().map(|v| v.as_ref().and_then(|v| v.to_tensor()).and_then(|t| Known::from_tensor(&t))).collect();
+    let known =
+        ins.iter().map(|v| v.as_ref().and_then(|v| v.to_tensor()).and_then(|t| Known::from_tensor(&t))).collect();
     let out_names = n.outputs().iter().map(|&v| graph.value_name(v).to_string()).collect();
     let cx = Cx { node: n, opset, tys, known, out_names };
     match super::infer_op(&cx).ok()? {
@@ -226,7 +227,13 @@ pub(super) fn eval(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opse
     let out: Vec<V> = match &n.op {
         Op::Identity => vec![get(0)?.clone()],
         Op::Constant => {
-            let t = match (n.attr("value"), n.attr("value_int"), n.attr("value_ints"), n.attr("value_float"), n.attr("value_floats")) {
+            let t = match (
+                n.attr("value"),
+                n.attr("value_int"),
+                n.attr("value_ints"),
+                n.attr("value_float"),
+                n.attr("value_floats"),
+            ) {
                 (Some(Attr::Tensor(t)), ..) => t.clone(),
                 (_, Some(Attr::Int(i)), ..) => Tensor::from_i64(vec![], &[*i]),
                 (_, _, Some(Attr::Ints(v)), ..) => Tensor::from_i64(vec![v.len() as i64], v),
@@ -247,7 +254,11 @@ pub(super) fn eval(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opse
             }
             let r = s.len() as i64;
             let clamp = |x: i64| if x < 0 { (x + r).max(0) } else { x.min(r) };
-            let (a, b) = if opset >= 15 { (clamp(n.attr_int("start").unwrap_or(0)), clamp(n.attr_int("end").unwrap_or(r))) } else { (0, r) };
+            let (a, b) = if opset >= 15 {
+                (clamp(n.attr_int("start").unwrap_or(0)), clamp(n.attr_int("end").unwrap_or(r)))
+            } else {
+                (0, r)
+            };
             let vals: Vec<i64> = if b > a { s[a as usize..b as usize].to_vec() } else { vec![] };
             return Some(vec![Tensor::from_i64(vec![vals.len() as i64], &vals)]);
         }
@@ -264,7 +275,17 @@ pub(super) fn eval(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opse
             };
             vec![V { data, ..v.clone() }.to_tensor().and_then(|t| V::from_tensor(&t))?]
         }
-        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Equal | Op::Less | Op::Greater | Op::LessOrEqual | Op::GreaterOrEqual | Op::And | Op::Or => {
+        Op::Add
+        | Op::Sub
+        | Op::Mul
+        | Op::Div
+        | Op::Equal
+        | Op::Less
+        | Op::Greater
+        | Op::LessOrEqual
+        | Op::GreaterOrEqual
+        | Op::And
+        | Op::Or => {
             vec![binary(&n.op, get(0)?, get(1)?)?]
         }
         Op::Where => {
@@ -273,8 +294,12 @@ pub(super) fn eval(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opse
             let (c, x, y) = (broadcast_to(c, &out)?, broadcast_to(x, &out)?, broadcast_to(y, &out)?);
             let cv = c.ints()?;
             let data = match (&x.data, &y.data) {
-                (Data::I(a), Data::I(b)) => Data::I(cv.iter().enumerate().map(|(i, &k)| if k != 0 { a[i] } else { b[i] }).collect()),
-                (Data::F(a), Data::F(b)) => Data::F(cv.iter().enumerate().map(|(i, &k)| if k != 0 { a[i] } else { b[i] }).collect()),
+                (Data::I(a), Data::I(b)) => {
+                    Data::I(cv.iter().enumerate().map(|(i, &k)| if k != 0 { a[i] } else { b[i] }).collect())
+                }
+                (Data::F(a), Data::F(b)) => {
+                    Data::F(cv.iter().enumerate().map(|(i, &k)| if k != 0 { a[i] } else { b[i] }).collect())
+                }
                 _ => return None,
             };
             vec![V { dtype: x.dtype, dims: out, data }]
@@ -360,9 +385,19 @@ pub(super) fn eval(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opse
             let x = get(0)?;
             let r = x.dims.len();
             let (starts, ends, axes, steps) = if opset < 10 {
-                (n.attr_ints("starts")?.to_vec(), n.attr_ints("ends")?.to_vec(), n.attr_ints("axes").map(<[i64]>::to_vec), None)
+                (
+                    n.attr_ints("starts")?.to_vec(),
+                    n.attr_ints("ends")?.to_vec(),
+                    n.attr_ints("axes").map(<[i64]>::to_vec),
+                    None,
+                )
             } else {
-                (get(1)?.ints()?.to_vec(), get(2)?.ints()?.to_vec(), get(3).and_then(|v| v.ints().map(<[i64]>::to_vec)), get(4).and_then(|v| v.ints().map(<[i64]>::to_vec)))
+                (
+                    get(1)?.ints()?.to_vec(),
+                    get(2)?.ints()?.to_vec(),
+                    get(3).and_then(|v| v.ints().map(<[i64]>::to_vec)),
+                    get(4).and_then(|v| v.ints().map(<[i64]>::to_vec)),
+                )
             };
             let k = starts.len();
             let axes: Vec<usize> = match axes {
@@ -379,7 +414,13 @@ pub(super) fn eval(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opse
             let mut od = xd.clone();
             for i in 0..k {
                 let a = axes[i];
-                let (len, s0) = super::movement::slice_len(&Dim::from(x.dims[a]), &Dim::from(starts[i]), &Dim::from(ends[i]), steps[i]).ok()?;
+                let (len, s0) = super::movement::slice_len(
+                    &Dim::from(x.dims[a]),
+                    &Dim::from(starts[i]),
+                    &Dim::from(ends[i]),
+                    steps[i],
+                )
+                .ok()?;
                 od[a] = usize::try_from(len.as_const()?).ok()?;
                 start[a] = s0.as_const()?;
                 step[a] = steps[i];

@@ -63,16 +63,64 @@ pub struct InferReport {
 pub(crate) fn infer_op(cx: &Cx) -> InferResult {
     use Op::*;
     match &cx.node.op {
-        Abs | Neg | Exp | Log | Sqrt | Reciprocal | Floor | Ceil | Round | Sign | Sin | Cos | Tan | Asin | Acos | Atan | Sinh
-        | Cosh | Asinh | Acosh | Atanh | Erf | Not | BitwiseNot | Relu | LeakyRelu | Elu | Selu | Celu | Sigmoid
-        | HardSigmoid | HardSwish | Tanh | Softplus | Softsign | Gelu | Mish | ThresholdedRelu | Shrink | Identity
-        | Softmax | LogSoftmax | Hardmax | LpNormalization | MeanVarianceNormalization | LRN | InstanceNormalization
-        | GroupNormalization | RMSNormalization | CumSum | Trilu | ReverseSequence | ScatterElements | ScatterND | Scatter => {
-            elementwise::same_as_input(cx)
-        }
+        Abs
+        | Neg
+        | Exp
+        | Log
+        | Sqrt
+        | Reciprocal
+        | Floor
+        | Ceil
+        | Round
+        | Sign
+        | Sin
+        | Cos
+        | Tan
+        | Asin
+        | Acos
+        | Atan
+        | Sinh
+        | Cosh
+        | Asinh
+        | Acosh
+        | Atanh
+        | Erf
+        | Not
+        | BitwiseNot
+        | Relu
+        | LeakyRelu
+        | Elu
+        | Selu
+        | Celu
+        | Sigmoid
+        | HardSigmoid
+        | HardSwish
+        | Tanh
+        | Softplus
+        | Softsign
+        | Gelu
+        | Mish
+        | ThresholdedRelu
+        | Shrink
+        | Identity
+        | Softmax
+        | LogSoftmax
+        | Hardmax
+        | LpNormalization
+        | MeanVarianceNormalization
+        | LRN
+        | InstanceNormalization
+        | GroupNormalization
+        | RMSNormalization
+        | CumSum
+        | Trilu
+        | ReverseSequence
+        | ScatterElements
+        | ScatterND
+        | Scatter => elementwise::same_as_input(cx),
         IsNaN | IsInf => elementwise::bool_like(cx),
-        Add | Sub | Mul | Div | Pow | Mod | BitShift | And | Or | Xor | BitwiseAnd | BitwiseOr | BitwiseXor | Equal | Less
-        | LessOrEqual | Greater | GreaterOrEqual => elementwise::binary(cx),
+        Add | Sub | Mul | Div | Pow | Mod | BitShift | And | Or | Xor | BitwiseAnd | BitwiseOr | BitwiseXor | Equal
+        | Less | LessOrEqual | Greater | GreaterOrEqual => elementwise::binary(cx),
         PRelu => elementwise::prelu(cx),
         Max | Min | Mean | Sum => elementwise::variadic(cx),
         Where => elementwise::where_op(cx),
@@ -122,13 +170,17 @@ pub(crate) fn infer_op(cx: &Cx) -> InferResult {
         ConstantOfShape => shape_ops::constant_of_shape(cx),
         Range => shape_ops::range(cx),
         EyeLike => shape_ops::eye_like(cx),
-        RandomNormal | RandomUniform | RandomNormalLike | RandomUniformLike | Bernoulli | Multinomial => shape_ops::random(cx),
-        ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceProd | ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp
-        | ReduceSumSquare => shape_ops::reduce(cx),
+        RandomNormal | RandomUniform | RandomNormalLike | RandomUniformLike | Bernoulli | Multinomial => {
+            shape_ops::random(cx)
+        }
+        ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceProd | ReduceL1 | ReduceL2 | ReduceLogSum
+        | ReduceLogSumExp | ReduceSumSquare => shape_ops::reduce(cx),
         ArgMax | ArgMin => shape_ops::arg_reduce(cx),
         TopK => shape_ops::top_k(cx),
         If | Loop | Scan => Ok(Outcome::Skip("control flow: outputs left as declared".into())),
-        Opaque { domain, op_type } => Ok(Outcome::Skip(format!("opaque op {domain}::{op_type}: outputs left as declared"))),
+        Opaque { domain, op_type } => {
+            Ok(Outcome::Skip(format!("opaque op {domain}::{op_type}: outputs left as declared")))
+        }
         other => Ok(Outcome::Skip(format!("no inference for {}: outputs left as declared", other.op_type()))),
     }
 }
@@ -141,7 +193,11 @@ pub(crate) fn node_cx<'a>(graph: &'a Graph, n: NodeId, opset: i64, known: &[Opti
     let kn = node
         .inputs()
         .iter()
-        .map(|v| v.and_then(|v| known.get(v.index()).cloned().flatten().or_else(|| graph.value(v).init().and_then(Known::from_tensor))))
+        .map(|v| {
+            v.and_then(|v| {
+                known.get(v.index()).cloned().flatten().or_else(|| graph.value(v).init().and_then(Known::from_tensor))
+            })
+        })
         .collect();
     let out_names = node.outputs().iter().map(|&v| graph.value_name(v).to_string()).collect();
     Cx { node, opset, tys, known: kn, out_names }
@@ -149,7 +205,12 @@ pub(crate) fn node_cx<'a>(graph: &'a Graph, n: NodeId, opset: i64, known: &[Opti
 
 /// Infer the output types of one node from the types currently recorded on
 /// its inputs (used by the verifier). `Ok(None)` when the op has no rule.
-pub(crate) fn infer_node_types(graph: &Graph, n: NodeId, opset: i64, known: &[Option<Known>]) -> Result<Option<Vec<TensorType>>, String> {
+pub(crate) fn infer_node_types(
+    graph: &Graph,
+    n: NodeId,
+    opset: i64,
+    known: &[Option<Known>],
+) -> Result<Option<Vec<TensorType>>, String> {
     let cx = node_cx(graph, n, opset, known);
     match infer_op(&cx)? {
         Outcome::Done(inf) => Ok(Some(inf.types)),
@@ -250,7 +311,10 @@ pub fn infer_shapes(graph: &mut Graph, opset: i64, opts: &InferOptions) -> Infer
                     let dt_diff = matches!((declared.dtype, new.dtype), (Some(a), Some(b)) if a != b);
                     let sh_diff = shape_concrete(declared) && new.shape.is_some() && declared.shape != new.shape;
                     if dt_diff || sh_diff {
-                        warns.push(issue(format!("output {slot} `{}` declared {declared} but inferred {merged}", graph.value_name(v))));
+                        warns.push(issue(format!(
+                            "output {slot} `{}` declared {declared} but inferred {merged}",
+                            graph.value_name(v)
+                        )));
                     }
                     known[v.index()] = inf.known.get(slot).cloned().flatten();
                     updates.push((v, merged));
@@ -303,7 +367,8 @@ impl Incremental {
                 for (slot, &v) in outs.iter().enumerate() {
                     if let Some(t) = inf.types.get(slot) {
                         let declared = graph.ty(v).clone();
-                        let merged = TensorType { dtype: t.dtype.or(declared.dtype), shape: t.shape.clone().or(declared.shape) };
+                        let merged =
+                            TensorType { dtype: t.dtype.or(declared.dtype), shape: t.shape.clone().or(declared.shape) };
                         graph.set_ty(v, merged);
                     }
                     self.known[v.index()] = inf.known.get(slot).cloned().flatten();

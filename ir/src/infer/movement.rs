@@ -4,7 +4,10 @@
 //! known contents of their inputs, and the ops on small integer tensors
 //! propagate known contents (the exporters' `Shape→Gather→Concat` chains).
 
-use super::ctx::{broadcast, done, done_known, done_many, norm_axes, norm_axis, product, tt, AxesSrc, Cx, InferResult, Inferred, Known, Outcome, MAX_KNOWN};
+use super::ctx::{
+    broadcast, done, done_known, done_many, norm_axes, norm_axis, product, tt, AxesSrc, Cx, InferResult, Inferred,
+    Known, Outcome, MAX_KNOWN,
+};
 use crate::{DType, Dim, TensorType};
 
 /// Known contents of an output when it is small and its shape constant
@@ -35,7 +38,9 @@ pub fn reshape(cx: &Cx) -> InferResult {
     for (i, d) in target.iter().enumerate() {
         match d.as_const() {
             Some(0) if !allowzero => match x.shape.as_ref() {
-                Some(s) => out.push(s.get(i).cloned().ok_or_else(|| format!("shape entry {i} is 0 but input has rank {}", s.len()))?),
+                Some(s) => out.push(
+                    s.get(i).cloned().ok_or_else(|| format!("shape entry {i} is 0 but input has rank {}", s.len()))?,
+                ),
                 None => return done(tt(x.dtype, None)),
             },
             Some(-1) => {
@@ -51,7 +56,8 @@ pub fn reshape(cx: &Cx) -> InferResult {
     if let Some(i) = infer_at {
         let Some(total) = x.numel() else { return done(tt(x.dtype, None)) };
         let known = product(&out);
-        out[i] = total.div_exact(&known).ok_or_else(|| format!("cannot infer -1: {total} is not a multiple of {known}"))?;
+        out[i] =
+            total.div_exact(&known).ok_or_else(|| format!("cannot infer -1: {total} is not a multiple of {known}"))?;
     } else if let (Some(a), Some(b)) = (x.numel().and_then(|d| d.as_const()), product(&out).as_const()) {
         if a != b {
             return Err(format!("cannot reshape {a} elements into {b}"));
@@ -306,7 +312,8 @@ pub fn slice(cx: &Cx) -> InferResult {
         let odims: Vec<i64> = out.iter().map(Dim::as_const).collect::<Option<_>>()?;
         let strides = strides_of(&k.dims);
         let vals = for_each_index(&odims, |idx| {
-            let flat: i64 = idx.iter().zip(&sel).zip(&strides).map(|((&j, &(st, step)), &stride)| (st + j * step) * stride).sum();
+            let flat: i64 =
+                idx.iter().zip(&sel).zip(&strides).map(|((&j, &(st, step)), &stride)| (st + j * step) * stride).sum();
             k.vals.get(usize::try_from(flat).ok()?).cloned()
         })?;
         known_out(Some(k.dtype), &out, vals)
@@ -524,10 +531,12 @@ pub fn resize(cx: &Cx) -> InferResult {
         return done(tt(x.dtype, Some(out)));
     }
     let scales: Vec<f64> = if !is_resize && cx.opset < 9 {
-        cx.attr("scales").and_then(|a| match a {
-            crate::Attr::Floats(f) => Some(f.iter().map(|&x| f64::from(x)).collect()),
-            _ => None,
-        }).ok_or("missing scales")?
+        cx.attr("scales")
+            .and_then(|a| match a {
+                crate::Attr::Floats(f) => Some(f.iter().map(|&x| f64::from(x)).collect()),
+                _ => None,
+            })
+            .ok_or("missing scales")?
     } else {
         match cx.known(scales_slot).and_then(|k| k.as_f64s()) {
             Some(f) => f,
@@ -545,7 +554,9 @@ pub fn resize(cx: &Cx) -> InferResult {
         out[a] = match s[a].as_const() {
             Some(c) => Dim::from((c as f64 * sc).floor() as i64),
             None if sc.fract() == 0.0 && sc > 0.0 => s[a].mul(&Dim::from(sc as i64)),
-            None if sc > 0.0 && (1.0 / sc).fract() == 0.0 => s[a].floor_div_const((1.0 / sc) as i64).ok_or("bad scale")?,
+            None if sc > 0.0 && (1.0 / sc).fract() == 0.0 => {
+                s[a].floor_div_const((1.0 / sc) as i64).ok_or("bad scale")?
+            }
             None => return done(tt(x.dtype, None)),
         };
     }

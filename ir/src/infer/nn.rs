@@ -24,7 +24,16 @@ fn pads_of(cx: &Cx, n: usize) -> Result<Vec<i64>, String> {
 /// Output size of a sliding window: `floor_or_ceil((in + pads - dil*(k-1) - 1) / s) + 1`,
 /// or `ceil(in / s)` for SAME auto-padding.
 #[allow(clippy::too_many_arguments)]
-fn window_out(input: &Dim, k: i64, s: i64, d: i64, pb: i64, pe: i64, auto_pad: &str, ceil: bool) -> Result<Dim, String> {
+fn window_out(
+    input: &Dim,
+    k: i64,
+    s: i64,
+    d: i64,
+    pb: i64,
+    pe: i64,
+    auto_pad: &str,
+    ceil: bool,
+) -> Result<Dim, String> {
     if s <= 0 || d <= 0 || k <= 0 {
         return Err(format!("bad window: kernel {k}, stride {s}, dilation {d}"));
     }
@@ -124,7 +133,10 @@ pub fn conv_transpose(cx: &Cx) -> InferResult {
                 "SAME_UPPER" | "SAME_LOWER" => xs[i + 2].mul(&Dim::from(s[i])),
                 _ => {
                     let pads = if ap == "VALID" { 0 } else { p[i] + p[i + n] };
-                    xs[i + 2].sub(&Dim::from(1)).mul(&Dim::from(s[i])).add(&Dim::from(op[i] + (ks[i] - 1) * d[i] + 1 - pads))
+                    xs[i + 2]
+                        .sub(&Dim::from(1))
+                        .mul(&Dim::from(s[i]))
+                        .add(&Dim::from(op[i] + (ks[i] - 1) * d[i] + 1 - pads))
                 }
             };
             out.push(o);
@@ -167,7 +179,9 @@ pub fn pool(cx: &Cx) -> InferResult {
 pub fn global_pool(cx: &Cx) -> InferResult {
     let x = cx.req(0)?;
     let shape = match &x.shape {
-        Some(s) if s.len() >= 2 => Some(s.iter().enumerate().map(|(i, d)| if i < 2 { d.clone() } else { Dim::from(1) }).collect()),
+        Some(s) if s.len() >= 2 => {
+            Some(s.iter().enumerate().map(|(i, d)| if i < 2 { d.clone() } else { Dim::from(1) }).collect())
+        }
         Some(s) => return Err(format!("global pooling needs rank ≥ 2, got {}", s.len())),
         None => None,
     };
@@ -187,7 +201,9 @@ pub fn roi(cx: &Cx) -> InferResult {
         (cx.int("output_height", 1), cx.int("output_width", 1))
     };
     let shape = match (&x.shape, cx.shape(1)) {
-        (Some(xs), Some(rs)) if xs.len() == 4 && !rs.is_empty() => Some(vec![rs[0].clone(), xs[1].clone(), Dim::from(h), Dim::from(w)]),
+        (Some(xs), Some(rs)) if xs.len() == 4 && !rs.is_empty() => {
+            Some(vec![rs[0].clone(), xs[1].clone(), Dim::from(h), Dim::from(w)])
+        }
         (Some(_), Some(_)) => return Err("expected X of rank 4 and rois of rank 2".into()),
         _ => None,
     };

@@ -1,7 +1,9 @@
 //! Shape-producing and reducing ops: Shape, Size, Constant, ConstantOfShape,
 //! Range, EyeLike, the random generators, reductions, ArgMax/ArgMin, TopK.
 
-use super::ctx::{done, done_known, done_many, norm_axes, norm_axis, product, tt, AxesSrc, Cx, InferResult, Known, MAX_KNOWN};
+use super::ctx::{
+    done, done_known, done_many, norm_axes, norm_axis, product, tt, AxesSrc, Cx, InferResult, Known, MAX_KNOWN,
+};
 use crate::{Attr, DType, Dim, Op, Tensor, TensorType};
 
 pub fn shape(cx: &Cx) -> InferResult {
@@ -34,7 +36,12 @@ pub fn constant_value(cx: &Cx) -> Result<(TensorType, Option<Known>), String> {
         let k = (v.len() <= MAX_KNOWN).then(|| Known::vec(DType::I64, v.iter().map(|&x| Dim::from(x)).collect()));
         return Ok((TensorType::new(DType::I64, vec![Dim::from(v.len() as i64)]), k));
     }
-    match node.attr("value_float").or_else(|| node.attr("value_floats")).or_else(|| node.attr("value_string")).or_else(|| node.attr("value_strings")) {
+    match node
+        .attr("value_float")
+        .or_else(|| node.attr("value_floats"))
+        .or_else(|| node.attr("value_string"))
+        .or_else(|| node.attr("value_strings"))
+    {
         Some(Attr::Float(f)) => {
             let t = Tensor::from_f32(vec![], &[*f]);
             Ok((TensorType::new(DType::F32, vec![]), Known::from_tensor(&t)))
@@ -77,16 +84,22 @@ pub fn constant_of_shape(cx: &Cx) -> InferResult {
 
 pub fn range(cx: &Cx) -> InferResult {
     let dtype = cx.dtype(0).or(cx.dtype(1));
-    let (Some(st), Some(li), Some(de)) = (cx.known(0), cx.known(1), cx.known(2)) else { return done(tt(dtype, Some(vec![cx.fresh(0, "n")]))) };
+    let (Some(st), Some(li), Some(de)) = (cx.known(0), cx.known(1), cx.known(2)) else {
+        return done(tt(dtype, Some(vec![cx.fresh(0, "n")])));
+    };
     if st.is_float() || li.is_float() || de.is_float() {
-        let (Some(a), Some(b), Some(c)) = (st.floats.first(), li.floats.first(), de.floats.first()) else { return Err("empty Range operand".into()) };
+        let (Some(a), Some(b), Some(c)) = (st.floats.first(), li.floats.first(), de.floats.first()) else {
+            return Err("empty Range operand".into());
+        };
         if *c == 0.0 {
             return Err("Range delta 0".into());
         }
         let n = ((b - a) / c).ceil().max(0.0) as i64;
         return done(tt(dtype, Some(vec![Dim::from(n)])));
     }
-    let (Some(a), Some(b), Some(c)) = (st.vals.first(), li.vals.first(), de.vals.first()) else { return Err("empty Range operand".into()) };
+    let (Some(a), Some(b), Some(c)) = (st.vals.first(), li.vals.first(), de.vals.first()) else {
+        return Err("empty Range operand".into());
+    };
     let Some(c) = c.as_const() else { return done(tt(dtype, Some(vec![cx.fresh(0, "n")]))) };
     if c == 0 {
         return Err("Range delta 0".into());
@@ -127,7 +140,8 @@ pub fn random(cx: &Cx) -> InferResult {
         }
         Op::Multinomial => {
             let x = cx.req(0)?;
-            let shape = x.shape.as_ref().and_then(|s| s.first().cloned()).map(|b| vec![b, Dim::from(cx.int("sample_size", 1))]);
+            let shape =
+                x.shape.as_ref().and_then(|s| s.first().cloned()).map(|b| vec![b, Dim::from(cx.int("sample_size", 1))]);
             done(tt(Some(dt.unwrap_or(DType::I32)), shape))
         }
         _ => {

@@ -117,9 +117,24 @@ fn conv_symbolic_spatial() {
     let mut g = Graph::new("t");
     let x = g.add_input("x", ty("f32[N,3,H,W]"));
     let w = g.add_init("w", Tensor { dtype: DType::F32, dims: vec![64, 3, 7, 7], data: crate::TensorData::Absent });
-    let y = node(&mut g, Op::Conv, &[x, w], &[("strides", Attr::Ints(vec![2, 2])), ("pads", Attr::Ints(vec![3, 3, 3, 3]))]);
-    let same = node(&mut g, Op::Conv, &[x, w], &[("strides", Attr::Ints(vec![2, 2])), ("auto_pad", Attr::String(b"SAME_UPPER".to_vec()))]);
-    let p = node(&mut g, Op::MaxPool, &[y], &[("kernel_shape", Attr::Ints(vec![3, 3])), ("strides", Attr::Ints(vec![2, 2])), ("pads", Attr::Ints(vec![1, 1, 1, 1]))]);
+    let y =
+        node(&mut g, Op::Conv, &[x, w], &[("strides", Attr::Ints(vec![2, 2])), ("pads", Attr::Ints(vec![3, 3, 3, 3]))]);
+    let same = node(
+        &mut g,
+        Op::Conv,
+        &[x, w],
+        &[("strides", Attr::Ints(vec![2, 2])), ("auto_pad", Attr::String(b"SAME_UPPER".to_vec()))],
+    );
+    let p = node(
+        &mut g,
+        Op::MaxPool,
+        &[y],
+        &[
+            ("kernel_shape", Attr::Ints(vec![3, 3])),
+            ("strides", Attr::Ints(vec![2, 2])),
+            ("pads", Attr::Ints(vec![1, 1, 1, 1])),
+        ],
+    );
     let gp = node(&mut g, Op::GlobalAveragePool, &[p], &[]);
     let r = run(&mut g, 17);
     assert!(r.errors.is_empty() && r.unknown.is_empty(), "{r:?}");
@@ -133,10 +148,34 @@ fn conv_symbolic_spatial() {
     let mut g = Graph::new("c");
     let x = g.add_input("x", ty("f32[1,3,224,224]"));
     let w = g.add_init("w", Tensor { dtype: DType::F32, dims: vec![64, 3, 7, 7], data: crate::TensorData::Absent });
-    let y = node(&mut g, Op::Conv, &[x, w], &[("strides", Attr::Ints(vec![2, 2])), ("pads", Attr::Ints(vec![3, 3, 3, 3]))]);
-    let p = node(&mut g, Op::MaxPool, &[y], &[("kernel_shape", Attr::Ints(vec![3, 3])), ("strides", Attr::Ints(vec![2, 2])), ("pads", Attr::Ints(vec![1, 1, 1, 1]))]);
-    let c = node(&mut g, Op::MaxPool, &[p], &[("kernel_shape", Attr::Ints(vec![3, 3])), ("strides", Attr::Ints(vec![2, 2])), ("ceil_mode", Attr::Int(1))]);
-    let ct = node(&mut g, Op::ConvTranspose, &[p, w], &[("strides", Attr::Ints(vec![2, 2])), ("pads", Attr::Ints(vec![3, 3, 3, 3])), ("output_padding", Attr::Ints(vec![1, 1]))]);
+    let y =
+        node(&mut g, Op::Conv, &[x, w], &[("strides", Attr::Ints(vec![2, 2])), ("pads", Attr::Ints(vec![3, 3, 3, 3]))]);
+    let p = node(
+        &mut g,
+        Op::MaxPool,
+        &[y],
+        &[
+            ("kernel_shape", Attr::Ints(vec![3, 3])),
+            ("strides", Attr::Ints(vec![2, 2])),
+            ("pads", Attr::Ints(vec![1, 1, 1, 1])),
+        ],
+    );
+    let c = node(
+        &mut g,
+        Op::MaxPool,
+        &[p],
+        &[("kernel_shape", Attr::Ints(vec![3, 3])), ("strides", Attr::Ints(vec![2, 2])), ("ceil_mode", Attr::Int(1))],
+    );
+    let ct = node(
+        &mut g,
+        Op::ConvTranspose,
+        &[p, w],
+        &[
+            ("strides", Attr::Ints(vec![2, 2])),
+            ("pads", Attr::Ints(vec![3, 3, 3, 3])),
+            ("output_padding", Attr::Ints(vec![1, 1])),
+        ],
+    );
     let r = run(&mut g, 17);
     assert!(r.errors.is_empty(), "{r:?}");
     assert_eq!(g.ty(y), &ty("f32[1,64,112,112]"));
@@ -417,7 +456,10 @@ fn misc_ops() {
     let reps = i64s(&mut g, "reps", &[1, 2, 1, 1]);
     let tl = node(&mut g, Op::Tile, &[x, reps], &[]);
     let scales = g.add_init("scales", Tensor::from_f32(vec![4], &[1.0, 1.0, 2.0, 2.0]));
-    let rz = g.add_node(NodeSpec { inputs: vec![Some(x), None, Some(scales)], ..NodeSpec::new("rz", Op::Resize).output("rz_out", TensorType::unknown()) });
+    let rz = g.add_node(NodeSpec {
+        inputs: vec![Some(x), None, Some(scales)],
+        ..NodeSpec::new("rz", Op::Resize).output("rz_out", TensorType::unknown())
+    });
     let rz = g.node(rz).outputs()[0];
     let ids = g.add_input("ids", ty("i64[batch,seq]"));
     let depth = scalar(&mut g, "depth", 10);

@@ -122,7 +122,8 @@ fn lex(src: &str) -> Result<Lexed, ParseError> {
                 i += 1;
                 if b.get(i) == Some(&b'"') {
                     let (bytes, used) = unescape_quoted_bytes(&src[i..]).map_err(|m| err(i, line, line_start, m))?;
-                    let name = String::from_utf8(bytes).map_err(|_| err(i, line, line_start, "value name is not UTF-8".into()))?;
+                    let name = String::from_utf8(bytes)
+                        .map_err(|_| err(i, line, line_start, "value name is not UTF-8".into()))?;
                     toks.push((Tok::Value(name), line, col));
                     i += used;
                 } else {

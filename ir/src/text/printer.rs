@@ -266,7 +266,9 @@ fn inline_values(dtype: DType, b: &[u8]) -> String {
                 .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]).to_string())
                 .collect(),
         ),
-        DType::I32 => Some(b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_string()).collect()),
+        DType::I32 => {
+            Some(b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_string()).collect())
+        }
         DType::I16 => Some(b.chunks_exact(2).map(|c| i16::from_le_bytes([c[0], c[1]]).to_string()).collect()),
         DType::I8 => Some(b.iter().map(|&x| (x as i8).to_string()).collect()),
         DType::U8 => Some(b.iter().map(|x| x.to_string()).collect()),

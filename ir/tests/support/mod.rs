@@ -89,7 +89,9 @@ fn attr(v: &Value) -> Option<Attr> {
         "string" => Attr::String(x.as_str()?.as_bytes().to_vec()),
         "ints" => Attr::Ints(x.as_array()?.iter().filter_map(Value::as_i64).collect()),
         "floats" => Attr::Floats(x.as_array()?.iter().filter_map(|f| num(f).map(|f| f as f32)).collect()),
-        "strings" => Attr::Strings(x.as_array()?.iter().filter_map(|s| s.as_str().map(|s| s.as_bytes().to_vec())).collect()),
+        "strings" => {
+            Attr::Strings(x.as_array()?.iter().filter_map(|s| s.as_str().map(|s| s.as_bytes().to_vec())).collect())
+        }
         "tensor" => Attr::Tensor(tensor(x)),
         _ => return None,
     })
@@ -141,7 +143,8 @@ pub fn load(model: &Path) -> Loaded {
         }
         g.add_node(spec);
     }
-    let outs: Vec<ValueId> = j["outputs"].as_array().unwrap().iter().filter_map(|o| g.value_by_name(o.as_str().unwrap())).collect();
+    let outs: Vec<ValueId> =
+        j["outputs"].as_array().unwrap().iter().filter_map(|o| g.value_by_name(o.as_str().unwrap())).collect();
     g.set_outputs(outs);
     let opset = j["opset"].as_i64().unwrap();
     Loaded { graph: g, opset, reference: j["ref"].clone() }

@@ -29,7 +29,13 @@ use crate::manager::{Pass, PassContext, PassError, PassOutcome};
 /// Paint `g` under a `tf-amp` policy; returns the nodes set low.
 pub fn plan_amp(g: &mut Graph, policy: &Policy, low: DType, oracle: &dyn CostOracle) -> Vec<NodeId> {
     let nodes = g.node_ids();
-    let cat = |g: &Graph, n: NodeId| if lowerable(g, n) { policy.category(g.node(n).op.op_type()) } else { Category::Unlisted };
+    let cat = |g: &Graph, n: NodeId| {
+        if lowerable(g, n) {
+            policy.category(g.node(n).op.op_type())
+        } else {
+            Category::Unlisted
+        }
+    };
     let cats: std::collections::HashMap<NodeId, Category> = nodes.iter().map(|&n| (n, cat(g, n))).collect();
     let is = |n: &NodeId, c: Category| cats.get(n) == Some(&c);
 
@@ -37,7 +43,8 @@ pub fn plan_amp(g: &mut Graph, policy: &Policy, low: DType, oracle: &dyn CostOra
     let mut allow: HashSet<NodeId> = nodes.iter().copied().filter(|n| is(n, Category::Allow)).collect();
     // 2.
     let mut upstream: HashSet<NodeId> = HashSet::new();
-    let mut stack: Vec<NodeId> = nodes.iter().copied().filter(|n| is(n, Category::Infer) || is(n, Category::Deny)).collect();
+    let mut stack: Vec<NodeId> =
+        nodes.iter().copied().filter(|n| is(n, Category::Infer) || is(n, Category::Deny)).collect();
     while let Some(x) = stack.pop() {
         for p in float_preds(g, x) {
             if is(&p, Category::Clear) && upstream.insert(p) {

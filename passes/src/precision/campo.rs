@@ -94,7 +94,8 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
 
     // 2. deny propagation.
     let mut upstream: HashSet<NodeId> = HashSet::new();
-    let mut stack: Vec<NodeId> = nodes.iter().copied().filter(|n| is(n, Category::Infer) || is(n, Category::Deny)).collect();
+    let mut stack: Vec<NodeId> =
+        nodes.iter().copied().filter(|n| is(n, Category::Infer) || is(n, Category::Deny)).collect();
     while let Some(x) = stack.pop() {
         for p in float_preds(g, x) {
             if is(&p, Category::Clear) && upstream.insert(p) {
@@ -140,7 +141,8 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
     }
 
     // 4. clear chains touching low ops, judged by cost.
-    let candidate = |n: &NodeId, low_set: &HashSet<NodeId>| is(n, Category::Clear) && !deny.contains(n) && !low_set.contains(n);
+    let candidate =
+        |n: &NodeId, low_set: &HashSet<NodeId>| is(n, Category::Clear) && !deny.contains(n) && !low_set.contains(n);
     let mut seen: HashSet<NodeId> = HashSet::new();
     for &n in &nodes {
         if !candidate(&n, &low_set) || seen.contains(&n) {
@@ -182,7 +184,8 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
 /// predicted time (casts included). Returns how many moved.
 pub fn reconcile(g: &Graph, plan: &mut Assignment, amp: &Assignment, oracle: &dyn CostOracle) -> usize {
     let mut moved = 0;
-    let mut differing: Vec<NodeId> = plan.iter().filter(|(n, p)| amp.get(n).is_some_and(|q| q != *p)).map(|(&n, _)| n).collect();
+    let mut differing: Vec<NodeId> =
+        plan.iter().filter(|(n, p)| amp.get(n).is_some_and(|q| q != *p)).map(|(&n, _)| n).collect();
     differing.sort();
     for n in differing {
         let Some(&q) = amp.get(&n) else { continue };
@@ -196,7 +199,12 @@ pub fn reconcile(g: &Graph, plan: &mut Assignment, amp: &Assignment, oracle: &dy
 }
 
 /// Materialize a copy of `model` under `a`: (casts added, prediction).
-pub fn evaluate(model: &Model, a: &Assignment, mode: Mode, oracle: &dyn CostOracle) -> Result<(usize, Prediction), String> {
+pub fn evaluate(
+    model: &Model,
+    a: &Assignment,
+    mode: Mode,
+    oracle: &dyn CostOracle,
+) -> Result<(usize, Prediction), String> {
     let mut m = model.clone();
     plancost::write(&mut m.graph, a);
     let stats = materialize(&mut m, mode)?;
@@ -319,7 +327,10 @@ fn pad_plan(g: &Graph, n: NodeId, align: i64) -> Option<PadPlan> {
 fn i64_init(g: &mut Graph, base: &str, vals: &[i64]) -> ValueId {
     let name = g.fresh_value_name(base);
     let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-    g.add_init(name, Tensor { dtype: DType::I64, dims: vec![vals.len() as i64], data: qsync_ir::TensorData::Inline(bytes.into()) })
+    g.add_init(
+        name,
+        Tensor { dtype: DType::I64, dims: vec![vals.len() as i64], data: qsync_ir::TensorData::Inline(bytes.into()) },
+    )
 }
 
 fn apply_pad(g: &mut Graph, n: NodeId, plan: &PadPlan, low: DType) -> Option<Vec<NodeId>> {
@@ -358,7 +369,12 @@ fn apply_pad(g: &mut Graph, n: NodeId, plan: &PadPlan, low: DType) -> Option<Vec
         let starts = i64_init(g, &format!("{yname}.slice_starts"), &[0]);
         let ends = i64_init(g, &format!("{yname}.slice_ends"), &[keep]);
         let axes = i64_init(g, &format!("{yname}.slice_axes"), &[axis as i64]);
-        let spec = NodeSpec::new(format!("{yname}.slice"), Op::Slice).input(y).input(starts).input(ends).input(axes).output(yname, ty);
+        let spec = NodeSpec::new(format!("{yname}.slice"), Op::Slice)
+            .input(y)
+            .input(starts)
+            .input(ends)
+            .input(axes)
+            .output(yname, ty);
         let placeholder = g.add_undefined("campo.placeholder");
         let sn = g.add_node(spec);
         let s_out = g.node(sn).outputs()[0];
@@ -431,7 +447,8 @@ impl Pass for Campo {
         }
         let (fp32_casts, fp32_t) = evaluate(model, &fp32_plan, mode, oracle).map_err(fail)?;
         let campo_ok = campo_casts <= amp_casts && campo_t.total() <= amp_t.total();
-        let fp32_wins = fp32_casts <= amp_casts && fp32_t.total() < amp_t.total().min(if campo_ok { campo_t.total() } else { f64::INFINITY });
+        let fp32_wins = fp32_casts <= amp_casts
+            && fp32_t.total() < amp_t.total().min(if campo_ok { campo_t.total() } else { f64::INFINITY });
         let fell_back = !campo_ok && !fp32_wins;
         let chosen = if fp32_wins {
             &fp32_plan
@@ -446,7 +463,11 @@ impl Pass for Campo {
             report.rejected_allow, report.clear_lowered, report.clear_chains_rejected, reconciled
         );
         if fp32_wins {
-            note += &format!("; fp32 predicted fastest ({:.3} ms, amp {:.3} ms): nothing lowered", fp32_t.total() * 1e3, amp_t.total() * 1e3);
+            note += &format!(
+                "; fp32 predicted fastest ({:.3} ms, amp {:.3} ms): nothing lowered",
+                fp32_t.total() * 1e3,
+                amp_t.total() * 1e3
+            );
         }
         if fell_back {
             note += &format!(

@@ -155,7 +155,9 @@ impl<'a> Cascade<'a> {
     fn input_precision(&self, v: qsync_ir::ValueId) -> Option<DType> {
         let d = self.g.ty(v).dtype.filter(|d| d.is_float())?;
         match self.g.producer(v) {
-            Some((p, slot)) if !super::materialize::pinned_output(&self.g.node(p).op, slot) => self.out_precision(p).or(Some(d)),
+            Some((p, slot)) if !super::materialize::pinned_output(&self.g.node(p).op, slot) => {
+                self.out_precision(p).or(Some(d))
+            }
             _ => Some(d),
         }
     }

@@ -100,7 +100,12 @@ impl VarianceProxy {
             .filter_map(|&v| g.value(v).init().filter(|t| t.dtype.is_float() && t.numel() > 1))
             .find_map(|t| {
                 let bytes = t.load(self.base_dir.as_deref()).ok()??;
-                let vals = qsync_ir::Tensor { dtype: t.dtype, dims: t.dims.clone(), data: qsync_ir::TensorData::Inline(bytes) }.as_f64s()?;
+                let vals = qsync_ir::Tensor {
+                    dtype: t.dtype,
+                    dims: t.dims.clone(),
+                    data: qsync_ir::TensorData::Inline(bytes),
+                }
+                .as_f64s()?;
                 (!vals.is_empty()).then(|| vals.iter().map(|x| x * x).sum::<f64>() / vals.len() as f64)
             })
             .unwrap_or(1.0);
@@ -145,7 +150,13 @@ pub fn plan_comp(
     for p in a.values_mut() {
         *p = DType::F32;
     }
-    let cat = |g: &Graph, n: NodeId| if lowerable(g, n) { policy.category(g.node(n).op.op_type()) } else { Category::Unlisted };
+    let cat = |g: &Graph, n: NodeId| {
+        if lowerable(g, n) {
+            policy.category(g.node(n).op.op_type())
+        } else {
+            Category::Unlisted
+        }
+    };
     if !perf.supports(low) {
         plancost::write(g, &a);
         return report;
@@ -334,7 +345,10 @@ pub struct Comp {
 impl Comp {
     pub fn new(policy: Policy, options: PlanOptions, threshold: f64) -> Result<Comp, PassError> {
         if policy.kind != PolicyKind::TfAmp {
-            return Err(PassError::FailedGraph { pass: "comp".into(), message: format!("policy `{}` is not a tf-amp policy", policy.name) });
+            return Err(PassError::FailedGraph {
+                pass: "comp".into(),
+                message: format!("policy `{}` is not a tf-amp policy", policy.name),
+            });
         }
         Ok(Comp { policy, options, threshold })
     }

@@ -30,7 +30,9 @@
 
 use std::collections::HashMap;
 
-use qsync_ir::{Attr, DType, Graph, Model, NodeId, NodeSpec, Op, OpClass, Tensor, TensorData, TensorType, ValueDef, ValueId};
+use qsync_ir::{
+    Attr, DType, Graph, Model, NodeId, NodeSpec, Op, OpClass, Tensor, TensorData, TensorType, ValueDef, ValueId,
+};
 
 /// Whether weights keep FP32 master copies.
 #[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
@@ -111,9 +113,17 @@ struct Materializer<'a> {
 pub fn materialize(model: &mut Model, mode: Mode) -> Result<MaterializeStats, String> {
     let base_dir = model.base_dir.clone();
     let g = &mut model.graph;
-    let order = g.topo_order().map_err(|rest| format!("the graph has a cycle through node `{}`", g.node(rest[0]).name))?;
+    let order =
+        g.topo_order().map_err(|rest| format!("the graph has a cycle through node `{}`", g.node(rest[0]).name))?;
     let orig: Vec<Option<DType>> = g.all_values().map(|v| g.ty(v).dtype).collect();
-    let mut m = Materializer { cur: orig.clone(), orig, g, base_dir, casts: HashMap::new(), stats: MaterializeStats::default() };
+    let mut m = Materializer {
+        cur: orig.clone(),
+        orig,
+        g,
+        base_dir,
+        casts: HashMap::new(),
+        stats: MaterializeStats::default(),
+    };
     for n in order {
         m.node(n)?;
     }
@@ -179,7 +189,10 @@ impl Materializer<'_> {
         }
         let name = self.g.fresh_value_name(&format!("{}.cast_{to}", self.g.value_name(v)));
         let ty = TensorType { dtype: Some(to), shape: self.g.ty(v).shape.clone() };
-        let spec = NodeSpec::new(name.clone(), Op::Cast).input(v).attr("to", Attr::Int(i64::from(to.onnx_code()))).output(name, ty);
+        let spec = NodeSpec::new(name.clone(), Op::Cast)
+            .input(v)
+            .attr("to", Attr::Int(i64::from(to.onnx_code())))
+            .output(name, ty);
         let n = self.g.add_node(spec);
         let out = self.g.node(n).outputs()[0];
         self.track(out, to);
@@ -263,8 +276,12 @@ impl Materializer<'_> {
 
     /// Replace casts of FP32 initializers by converted initializers.
     fn store_weights_low(&mut self) {
-        let mut cast_nodes: Vec<(ValueId, DType, ValueId)> =
-            self.casts.iter().filter(|(&(v, _), _)| self.g.value(v).init().is_some()).map(|(&(v, d), &c)| (v, d, c)).collect();
+        let mut cast_nodes: Vec<(ValueId, DType, ValueId)> = self
+            .casts
+            .iter()
+            .filter(|(&(v, _), _)| self.g.value(v).init().is_some())
+            .map(|(&(v, d), &c)| (v, d, c))
+            .collect();
         cast_nodes.sort();
         for (w, to, c) in cast_nodes {
             if !matches!(to, DType::F16 | DType::BF16 | DType::F32) {
@@ -285,7 +302,8 @@ impl Materializer<'_> {
             self.stats.casts -= 1;
             self.stats.weight_casts -= 1;
             self.stats.converted_weights += 1;
-            let still_used = !self.g.users(w).is_empty() || self.g.outputs().contains(&w) || self.g.inputs().contains(&w);
+            let still_used =
+                !self.g.users(w).is_empty() || self.g.outputs().contains(&w) || self.g.inputs().contains(&w);
             if !still_used {
                 let wname = self.g.value_name(w).to_string();
                 self.g.remove_source(w);

@@ -25,8 +25,8 @@ pub mod uniform;
 use qsync_ir::{DType, Graph, Model, NodeId};
 
 pub use cascade::Cascade;
-pub use materialize::{lowerable, materialize, MaterializeStats, Mode};
 pub use costmodel::CostModelOracle;
+pub use materialize::{lowerable, materialize, MaterializeStats, Mode};
 pub use oracle::{AnalyticOracle, CostOracle, Prediction, KNOWN_TARGETS};
 pub use policy::{Category, Override, Policy, PolicyError, PolicyKind};
 
@@ -85,7 +85,12 @@ pub fn require_support(oracle: &dyn CostOracle, p: DType, pass: &str, target: Op
 
 /// Apply overrides to lowerable nodes; an override to a precision the target
 /// lacks is an error naming the node.
-pub fn apply_overrides(g: &mut Graph, overrides: &[Override], oracle: &dyn CostOracle, pass: &str) -> Result<(), PassError> {
+pub fn apply_overrides(
+    g: &mut Graph,
+    overrides: &[Override],
+    oracle: &dyn CostOracle,
+    pass: &str,
+) -> Result<(), PassError> {
     if overrides.is_empty() {
         return Ok(());
     }
@@ -180,11 +185,13 @@ pub fn planned_dtype(g: &Graph, v: qsync_ir::ValueId) -> Option<DType> {
         return Some(d);
     }
     match g.producer(v) {
-        Some((p, slot)) if !materialize::pinned_output(&g.node(p).op, slot) => match materialize::planned_precision(g, p) {
-            Some(q) if !is_quant(q) => Some(q),
-            Some(_) => Some(DType::F32),
-            None => Some(d),
-        },
+        Some((p, slot)) if !materialize::pinned_output(&g.node(p).op, slot) => {
+            match materialize::planned_precision(g, p) {
+                Some(q) if !is_quant(q) => Some(q),
+                Some(_) => Some(DType::F32),
+                None => Some(d),
+            }
+        }
         _ => Some(d),
     }
 }

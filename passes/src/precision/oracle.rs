@@ -164,11 +164,8 @@ impl AnalyticOracle {
 impl CostOracle for AnalyticOracle {
     fn op_time(&self, g: &Graph, n: NodeId, p: DType) -> f64 {
         let flops = node_flops(g, n);
-        let rate = if self.tensor_core_eligible(g, n, p) {
-            self.peak_of(p).unwrap_or(self.fp32_peak)
-        } else {
-            self.fp32_peak
-        };
+        let rate =
+            if self.tensor_core_eligible(g, n, p) { self.peak_of(p).unwrap_or(self.fp32_peak) } else { self.fp32_peak };
         let elems: u64 = g
             .node(n)
             .inputs()
@@ -240,9 +237,12 @@ pub fn tensor_core_shapes(g: &Graph, n: NodeId, p: DType) -> bool {
     };
     let ok = |d: i64| d % multiple == 0;
     match node.op.class() {
-        OpClass::Conv => node.input(1).and_then(|w| dims(g.ty(w))).is_some_and(|w| w.len() >= 2 && ok(w[0]) && ok(w[1])),
+        OpClass::Conv => {
+            node.input(1).and_then(|w| dims(g.ty(w))).is_some_and(|w| w.len() >= 2 && ok(w[0]) && ok(w[1]))
+        }
         OpClass::MatMul => {
-            let (Some(a), Some(b)) = (node.input(0).and_then(|v| dims(g.ty(v))), node.input(1).and_then(|v| dims(g.ty(v))))
+            let (Some(a), Some(b)) =
+                (node.input(0).and_then(|v| dims(g.ty(v))), node.input(1).and_then(|v| dims(g.ty(v))))
             else {
                 return false;
             };

@@ -62,10 +62,13 @@ fn demands(g: &Graph, a: &Assignment, v: ValueId) -> BTreeSet<DType> {
 /// makes them: one per demanded float dtype; a quantized demand (a QDQ pair)
 /// reads the FP32 copy, so it needs a cast to FP32 when `v` is not FP32.
 fn cast_targets(g: &Graph, a: &Assignment, v: ValueId) -> (Option<DType>, BTreeSet<DType>, BTreeSet<DType>) {
-    let Some(have) = value_dtype(g, a, v).filter(|d| d.is_float()) else { return (None, BTreeSet::new(), BTreeSet::new()) };
+    let Some(have) = value_dtype(g, a, v).filter(|d| d.is_float()) else {
+        return (None, BTreeSet::new(), BTreeSet::new());
+    };
     let ds = demands(g, a, v);
     let qdq: BTreeSet<DType> = ds.iter().copied().filter(|&d| is_quantized(d)).collect();
-    let mut casts: BTreeSet<DType> = ds.into_iter().filter(|&d| !is_quantized(d) && d.is_float() && d != have).collect();
+    let mut casts: BTreeSet<DType> =
+        ds.into_iter().filter(|&d| !is_quantized(d) && d.is_float() && d != have).collect();
     if !qdq.is_empty() && have != DType::F32 {
         casts.insert(DType::F32);
     }
@@ -80,7 +83,10 @@ pub fn value_cast_cost(g: &Graph, a: &Assignment, v: ValueId, oracle: &dyn CostO
     let (Some(have), casts, qdq) = cast_targets(g, a, v) else { return 0.0 };
     let e = oracle.elements(g, v);
     let back = !g.inputs().contains(&v);
-    let c: f64 = casts.into_iter().map(|d| oracle.cast_time(have, d, e) + if back { oracle.cast_time(d, have, e) } else { 0.0 }).sum();
+    let c: f64 = casts
+        .into_iter()
+        .map(|d| oracle.cast_time(have, d, e) + if back { oracle.cast_time(d, have, e) } else { 0.0 })
+        .sum();
     let q: f64 = qdq
         .into_iter()
         .map(|d| {

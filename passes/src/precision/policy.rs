@@ -52,9 +52,12 @@ pub enum PolicyKind {
 impl PolicyKind {
     fn categories(self) -> &'static [(&'static str, Category)] {
         match self {
-            PolicyKind::TfAmp => {
-                &[("allow", Category::Allow), ("infer", Category::Infer), ("deny", Category::Deny), ("clear", Category::Clear)]
-            }
+            PolicyKind::TfAmp => &[
+                ("allow", Category::Allow),
+                ("infer", Category::Infer),
+                ("deny", Category::Deny),
+                ("clear", Category::Clear),
+            ],
             PolicyKind::TorchAutocast => &[
                 ("lower", Category::Lower),
                 ("fp32", Category::Fp32),
@@ -121,7 +124,11 @@ impl Policy {
         for (list, names) in &f.lists {
             let Some(&(_, cat)) = kind.categories().iter().find(|(n, _)| n == list) else {
                 let expected: Vec<&str> = kind.categories().iter().map(|(n, _)| *n).collect();
-                return Err(bad(format!("unknown list `{list}` for kind {} (expected {})", f.kind, expected.join(", "))));
+                return Err(bad(format!(
+                    "unknown list `{list}` for kind {} (expected {})",
+                    f.kind,
+                    expected.join(", ")
+                )));
             };
             for op in names {
                 if let Some(prev) = ops.insert(op.clone(), cat) {
@@ -227,7 +234,8 @@ mod tests {
     fn bad_policies_are_errors() {
         let e = Policy::from_json(r#"{"name":"x","kind":"tf-amp","lists":{"lower":["Conv"]}}"#, "x.json");
         assert!(e.expect_err("bad list").to_string().contains("unknown list `lower`"));
-        let e = Policy::from_json(r#"{"name":"x","kind":"tf-amp","lists":{"allow":["Conv"],"deny":["Conv"]}}"#, "x.json");
+        let e =
+            Policy::from_json(r#"{"name":"x","kind":"tf-amp","lists":{"allow":["Conv"],"deny":["Conv"]}}"#, "x.json");
         assert!(e.expect_err("dup").to_string().contains("two lists"));
         assert!(Policy::from_json("{", "x.json").is_err());
     }
@@ -255,9 +263,13 @@ mod file_tests {
         let dir = std::env::temp_dir().join(format!("qsync-policy-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("tmp");
         let path = dir.join("mine.json");
-        std::fs::write(&path, r#"{"name":"mine","kind":"tf-amp","lists":{"allow":["Gemm"],"clear":["Relu"]}}"#).expect("write");
+        std::fs::write(&path, r#"{"name":"mine","kind":"tf-amp","lists":{"allow":["Gemm"],"clear":["Relu"]}}"#)
+            .expect("write");
         let p = Policy::load(path.to_str().expect("utf8")).expect("load");
-        assert_eq!((p.name.as_str(), p.category("Gemm"), p.category("Conv")), ("mine", Category::Allow, Category::Unlisted));
+        assert_eq!(
+            (p.name.as_str(), p.category("Gemm"), p.category("Conv")),
+            ("mine", Category::Allow, Category::Unlisted)
+        );
         let spec = format!("amp(policy={})", path.display());
         assert!(crate::pipeline_from_spec(&spec).is_ok());
         let _ = std::fs::remove_dir_all(&dir);

@@ -19,7 +19,9 @@ pub(super) fn fill(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
     let (shape, value_idx, dtype_idx, like) = match name {
         "zeros" | "ones" | "empty" => (lw.shape_tensor(&a.get(0, "size"))?, None, 1, None),
         "full" => (lw.shape_tensor(&a.get(0, "size"))?, Some(1), 2, None),
-        "new_zeros" | "new_ones" | "new_empty" => (lw.shape_tensor(&a.get(1, "size"))?, None, 2, Some(lw.tensor(&a.get(0, "input"), name)?)),
+        "new_zeros" | "new_ones" | "new_empty" => {
+            (lw.shape_tensor(&a.get(1, "size"))?, None, 2, Some(lw.tensor(&a.get(0, "input"), name)?))
+        }
         "new_full" => (lw.shape_tensor(&a.get(1, "size"))?, Some(2), 3, Some(lw.tensor(&a.get(0, "input"), name)?)),
         "full_like" => {
             let x = lw.tensor(&a.get(0, "input"), name)?;
@@ -35,14 +37,17 @@ pub(super) fn fill(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
         None if name.contains("ones") => 1.0,
         None => 0.0,
     };
-    let dtype = int(&a.get(dtype_idx, "dtype"))
-        .and_then(scalar_type)
-        .or_else(|| like.and_then(|l| lw.dtype_of(l)))
-        .unwrap_or(if value_idx.is_some() && value.fract() == 0.0 && matches!(a.get(value_idx.unwrap_or(0), "fill_value"), Val::Int(_)) {
-            DType::I64
-        } else {
-            DType::F32
-        });
+    let dtype =
+        int(&a.get(dtype_idx, "dtype")).and_then(scalar_type).or_else(|| like.and_then(|l| lw.dtype_of(l))).unwrap_or(
+            if value_idx.is_some()
+                && value.fract() == 0.0
+                && matches!(a.get(value_idx.unwrap_or(0), "fill_value"), Val::Int(_))
+            {
+                DType::I64
+            } else {
+                DType::F32
+            },
+        );
     let v = Tensor::from_f64s(dtype, vec![1], &[value]).ok_or_else(|| lw.error("bad fill dtype"))?;
     Ok(Val::Tensor(lw.node(Op::ConstantOfShape, vec![shape], vec![("value", Attr::Tensor(v))])?))
 }
@@ -78,7 +83,9 @@ pub(super) fn arange(lw: &mut Lowerer, a: &Args) -> Result<Val> {
 /// gather by the broadcast flat index `Σ i_k · stride_k`.
 pub(super) fn index(lw: &mut Lowerer, a: &Args) -> Result<Val> {
     let x = lw.tensor(&a.get(0, "input"), "index")?;
-    let (Val::List(idx) | Val::Tuple(idx)) = a.get(1, "indices") else { return lw.err("index: indices are not a list") };
+    let (Val::List(idx) | Val::Tuple(idx)) = a.get(1, "indices") else {
+        return lw.err("index: indices are not a list");
+    };
     if idx.iter().any(|v| !matches!(v, Val::Tensor(_))) {
         return lw.opaque("index", a);
     }
@@ -304,7 +311,11 @@ pub(super) fn max_min(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
             let i = lw.node(if is_max { Op::ArgMax } else { Op::ArgMin }, vec![x], attrs)?;
             Ok(Val::Tuple(vec![Val::Tensor(v), Val::Tensor(i)]))
         }
-        _ => Ok(Val::Tensor(lw.node(if is_max { Op::ReduceMax } else { Op::ReduceMin }, vec![x], vec![("keepdims", Attr::Int(0))])?)),
+        _ => Ok(Val::Tensor(lw.node(
+            if is_max { Op::ReduceMax } else { Op::ReduceMin },
+            vec![x],
+            vec![("keepdims", Attr::Int(0))],
+        )?)),
     }
 }
 
@@ -357,7 +368,11 @@ pub(super) fn baddbmm(lw: &mut Lowerer, a: &Args) -> Result<Val> {
 pub(super) fn pad(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
     let x = lw.tensor(&a.get(0, "input"), name)?;
     let Some(p) = ints(&a.get(1, "pad")) else { return lw.opaque(name, a) };
-    let (mode, value) = if name == "pad" { (a.get(2, "mode"), a.get(3, "value")) } else { (Val::Str("constant".into()), a.get(2, "value")) };
+    let (mode, value) = if name == "pad" {
+        (a.get(2, "mode"), a.get(3, "value"))
+    } else {
+        (Val::Str("constant".into()), a.get(2, "value"))
+    };
     if !matches!(&mode, Val::Str(m) if m == "constant") {
         return lw.opaque(name, a);
     }
@@ -383,7 +398,9 @@ pub(super) fn unflatten(lw: &mut Lowerer, a: &Args) -> Result<Val> {
     let r = lw.rank(x)? as i64;
     let d = int(&a.get(1, "dim")).unwrap_or(0);
     let d = if d < 0 { d + r } else { d };
-    let (Val::List(sizes) | Val::Tuple(sizes)) = a.get(2, "sizes") else { return lw.err("unflatten: sizes are not a list") };
+    let (Val::List(sizes) | Val::Tuple(sizes)) = a.get(2, "sizes") else {
+        return lw.err("unflatten: sizes are not a list");
+    };
     let mut dims = Vec::new();
     for i in 0..d {
         dims.push(lw.size(x, i)?);

@@ -12,7 +12,9 @@ use crate::error::Result;
 use crate::lower::{Lowerer, Val};
 
 mod compound;
-use compound::{adaptive_pool, arange, baddbmm, conv, fill, index, max_min, ones_like, pad, pool, sdpa, split, unflatten};
+use compound::{
+    adaptive_pool, arange, baddbmm, conv, fill, index, max_min, ones_like, pad, pool, sdpa, split, unflatten,
+};
 
 /// Positional-or-keyword argument access.
 pub(crate) struct Args {
@@ -22,7 +24,12 @@ pub(crate) struct Args {
 
 impl Args {
     pub(crate) fn get(&self, i: usize, name: &str) -> Val {
-        self.kw.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).or_else(|| self.pos.get(i).cloned()).unwrap_or(Val::None)
+        self.kw
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| self.pos.get(i).cloned())
+            .unwrap_or(Val::None)
     }
 }
 
@@ -118,7 +125,9 @@ impl Lowerer<'_> {
         match v {
             Val::Tensor(t) => Ok(*t),
             Val::Int(i) => self.const_scalar(like.unwrap_or(DType::I64), *i as f64),
-            Val::Bool(b) => self.const_scalar(like.filter(|d| *d == DType::Bool).unwrap_or(DType::Bool), f64::from(u8::from(*b))),
+            Val::Bool(b) => {
+                self.const_scalar(like.filter(|d| *d == DType::Bool).unwrap_or(DType::Bool), f64::from(u8::from(*b)))
+            }
             Val::Float(f) => self.const_scalar(like.filter(|d| d.is_float()).unwrap_or(DType::F32), *f),
             Val::List(_) | Val::Tuple(_) => self.shape_tensor(v),
             other => self.err(format!("expected a tensor or number, got {other:?}")),
@@ -360,7 +369,11 @@ fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
             if let (Val::Int(_) | Val::Float(_), Val::Int(_) | Val::Float(_)) = (&x, &y) {
                 let (p, q) = (float(&x).unwrap_or(0.0), float(&y).unwrap_or(0.0));
                 let r = if op == Op::Add { p + q } else { p - q };
-                return Ok(if matches!((&x, &y), (Val::Int(_), Val::Int(_))) { Val::Int(r as i64) } else { Val::Float(r) });
+                return Ok(if matches!((&x, &y), (Val::Int(_), Val::Int(_))) {
+                    Val::Int(r as i64)
+                } else {
+                    Val::Float(r)
+                });
             }
             t(lw.binary(op, &x, &y)?)
         }
@@ -505,7 +518,11 @@ fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
         "transpose" | "t" | "swapaxes" => {
             let x = lw.tensor(&x0, name)?;
             let r = lw.rank(x)? as i64;
-            let (d0, d1) = if name == "t" { (0, 1) } else { (int(&a.get(1, "dim0")).unwrap_or(0), int(&a.get(2, "dim1")).unwrap_or(1)) };
+            let (d0, d1) = if name == "t" {
+                (0, 1)
+            } else {
+                (int(&a.get(1, "dim0")).unwrap_or(0), int(&a.get(2, "dim1")).unwrap_or(1))
+            };
             if r < 2 {
                 return t(x);
             }
@@ -547,7 +564,9 @@ fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
             }
         }
         "cat" | "concat" | "stack" => {
-            let (Val::List(items) | Val::Tuple(items)) = a.get(0, "tensors") else { return lw.err(format!("{name}: expected a list")) };
+            let (Val::List(items) | Val::Tuple(items)) = a.get(0, "tensors") else {
+                return lw.err(format!("{name}: expected a list"));
+            };
             let dim = int(&a.get(1, "dim")).unwrap_or(0);
             let mut parts = Vec::new();
             for it in &items {
@@ -617,7 +636,8 @@ fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
         }
         "layer_norm" => {
             let x = lw.tensor(&x0, name)?;
-            let shape = ints(&a.get(1, "normalized_shape")).ok_or_else(|| lw.error("layer_norm: shape is not constant"))?;
+            let shape =
+                ints(&a.get(1, "normalized_shape")).ok_or_else(|| lw.error("layer_norm: shape is not constant"))?;
             let w = match a.get(2, "weight") {
                 Val::Tensor(w) => w,
                 _ => {
@@ -634,7 +654,9 @@ fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
             t(lw.node_n(Op::LayerNormalization, ins, attrs, 1)?[0])
         }
         "max_pool1d" | "max_pool2d" | "avg_pool1d" | "avg_pool2d" => pool(lw, name, a),
-        "adaptive_avg_pool1d" | "adaptive_avg_pool2d" | "adaptive_max_pool2d" | "adaptive_avg_pool3d" => adaptive_pool(lw, name, a),
+        "adaptive_avg_pool1d" | "adaptive_avg_pool2d" | "adaptive_max_pool2d" | "adaptive_avg_pool3d" => {
+            adaptive_pool(lw, name, a)
+        }
         "split" | "split_with_sizes" | "chunk" | "unbind" => split(lw, name, a),
         "max" | "min" => max_min(lw, name, a),
         "baddbmm" => baddbmm(lw, a),
@@ -719,7 +741,9 @@ fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
         "expand" => {
             let x = lw.tensor(&x0, name)?;
             let sizes = match a.get(1, "size") {
-                Val::List(v) | Val::Tuple(v) => v.into_iter().map(|e| if matches!(e, Val::Int(-1)) { Val::Int(1) } else { e }).collect(),
+                Val::List(v) | Val::Tuple(v) => {
+                    v.into_iter().map(|e| if matches!(e, Val::Int(-1)) { Val::Int(1) } else { e }).collect()
+                }
                 other => return lw.err(format!("expand: size {other:?}")),
             };
             let s = lw.shape_tensor(&Val::List(sizes))?;
@@ -731,7 +755,8 @@ fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
             let s = lw.node(Op::Shape, vec![o], vec![])?;
             t(lw.node(Op::Expand, vec![x, s], vec![])?)
         }
-        "zeros" | "ones" | "full" | "empty" | "new_empty" | "empty_like" | "new_zeros" | "new_ones" | "new_full" | "zeros_like" | "ones_like" | "full_like" => fill(lw, name, a),
+        "zeros" | "ones" | "full" | "empty" | "new_empty" | "empty_like" | "new_zeros" | "new_ones" | "new_full"
+        | "zeros_like" | "ones_like" | "full_like" => fill(lw, name, a),
         "arange" => arange(lw, a),
         "index" => index(lw, a),
         "gather" => {
@@ -760,4 +785,3 @@ fn lower_op(lw: &mut Lowerer, name: &str, a: &Args) -> Result<Val> {
         _ => lw.opaque(name, a),
     }
 }
-
