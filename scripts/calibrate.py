@@ -59,6 +59,11 @@ def calibrate(model, batches, loss_fn, out_path, iterations=50, name="model", lr
     stats = {}
     active = {"on": True}
     hooks = []
+    # Full backward hooks wrap module outputs in a view; an in-place op on it
+    # (torchvision's ReLU(inplace=True)) is forbidden, so turn in-place off.
+    for mod in model.modules():
+        if getattr(mod, "inplace", False) is True:
+            mod.inplace = False
     for mname, mod in model.named_modules():
         if not isinstance(mod, TRACKED) or not mname:
             continue
