@@ -18,13 +18,70 @@
 //! port is shared by its consumers (materialization's cast cache).
 //! **Requires:** `infer-shapes`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use qsync_ir::{DType, Graph, Model, NodeId};
 
 use super::policy::{Category, Policy, PolicyKind};
 use super::{float_preds, float_succs, lowerable, CostOracle, PlanOptions};
 use crate::manager::{Pass, PassContext, PassError, PassOutcome};
+
+/// Steps 2–3 of the painting: the deny ops, spread forward through infer
+/// ops and through clear ops that lead to an infer or deny op.
+pub(crate) fn deny_set(g: &Graph, nodes: &[NodeId], cats: &HashMap<NodeId, Category>) -> HashSet<NodeId> {
+    let is = |n: &NodeId, c: Category| cats.get(n) == Some(&c);
+    let mut upstream: HashSet<NodeId> = HashSet::new();
+    let mut stack: Vec<NodeId> =
+        nodes.iter().copied().filter(|n| is(n, Category::Infer) || is(n, Category::Deny)).collect();
+    while let Some(x) = stack.pop() {
+        for p in float_preds(g, x) {
+            if is(&p, Category::Clear) && upstream.insert(p) {
+                stack.push(p);
+            }
+        }
+    }
+    let mut deny: HashSet<NodeId> = nodes.iter().copied().filter(|n| is(n, Category::Deny)).collect();
+    let mut stack: Vec<NodeId> = deny.iter().copied().collect();
+    while let Some(x) = stack.pop() {
+        for s in float_succs(g, x) {
+            if (is(&s, Category::Infer) || (is(&s, Category::Clear) && upstream.contains(&s))) && deny.insert(s) {
+                stack.push(s);
+            }
+        }
+    }
+    deny
+}
+
+/// Step 4: the infer / clear ops (not denied) on a float path between two
+/// ops of `low`.
+pub(crate) fn between_set(
+    g: &Graph,
+    low: &HashSet<NodeId>,
+    deny: &HashSet<NodeId>,
+    cats: &HashMap<NodeId, Category>,
+) -> HashSet<NodeId> {
+    let is = |n: &NodeId, c: Category| cats.get(n) == Some(&c);
+    let passable = |n: &NodeId| (is(n, Category::Infer) || is(n, Category::Clear)) && !deny.contains(n);
+    let mut downstream: HashSet<NodeId> = HashSet::new();
+    let mut stack: Vec<NodeId> = low.iter().copied().collect();
+    while let Some(x) = stack.pop() {
+        for s in float_succs(g, x) {
+            if passable(&s) && downstream.insert(s) {
+                stack.push(s);
+            }
+        }
+    }
+    let mut between: HashSet<NodeId> = HashSet::new();
+    let mut stack: Vec<NodeId> = low.iter().copied().collect();
+    while let Some(x) = stack.pop() {
+        for p in float_preds(g, x) {
+            if downstream.contains(&p) && between.insert(p) {
+                stack.push(p);
+            }
+        }
+    }
+    between
+}
 
 /// Paint `g` under a `tf-amp` policy; returns the nodes set low.
 pub fn plan_amp(g: &mut Graph, policy: &Policy, low: DType, oracle: &dyn CostOracle) -> Vec<NodeId> {
@@ -36,52 +93,15 @@ pub fn plan_amp(g: &mut Graph, policy: &Policy, low: DType, oracle: &dyn CostOra
             Category::Unlisted
         }
     };
-    let cats: std::collections::HashMap<NodeId, Category> = nodes.iter().map(|&n| (n, cat(g, n))).collect();
+    let cats: HashMap<NodeId, Category> = nodes.iter().map(|&n| (n, cat(g, n))).collect();
     let is = |n: &NodeId, c: Category| cats.get(n) == Some(&c);
 
     // 1.
     let mut allow: HashSet<NodeId> = nodes.iter().copied().filter(|n| is(n, Category::Allow)).collect();
-    // 2.
-    let mut upstream: HashSet<NodeId> = HashSet::new();
-    let mut stack: Vec<NodeId> =
-        nodes.iter().copied().filter(|n| is(n, Category::Infer) || is(n, Category::Deny)).collect();
-    while let Some(x) = stack.pop() {
-        for p in float_preds(g, x) {
-            if is(&p, Category::Clear) && upstream.insert(p) {
-                stack.push(p);
-            }
-        }
-    }
-    // 3.
-    let mut deny: HashSet<NodeId> = nodes.iter().copied().filter(|n| is(n, Category::Deny)).collect();
-    let mut stack: Vec<NodeId> = deny.iter().copied().collect();
-    while let Some(x) = stack.pop() {
-        for s in float_succs(g, x) {
-            if (is(&s, Category::Infer) || (is(&s, Category::Clear) && upstream.contains(&s))) && deny.insert(s) {
-                stack.push(s);
-            }
-        }
-    }
+    // 2. and 3.
+    let deny = deny_set(g, &nodes, &cats);
     // 4.
-    let passable = |n: &NodeId| (is(n, Category::Infer) || is(n, Category::Clear)) && !deny.contains(n);
-    let mut downstream: HashSet<NodeId> = HashSet::new();
-    let mut stack: Vec<NodeId> = allow.iter().copied().collect();
-    while let Some(x) = stack.pop() {
-        for s in float_succs(g, x) {
-            if passable(&s) && downstream.insert(s) {
-                stack.push(s);
-            }
-        }
-    }
-    let mut between: HashSet<NodeId> = HashSet::new();
-    let mut stack: Vec<NodeId> = allow.iter().copied().collect();
-    while let Some(x) = stack.pop() {
-        for p in float_preds(g, x) {
-            if downstream.contains(&p) && between.insert(p) {
-                stack.push(p);
-            }
-        }
-    }
+    let between = between_set(g, &allow, &deny, &cats);
     allow.extend(between);
     // 5.
     let mut stack: Vec<NodeId> = allow.iter().copied().collect();

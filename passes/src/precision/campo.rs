@@ -92,47 +92,11 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
         }
     }
 
-    // 2. deny propagation.
-    let mut upstream: HashSet<NodeId> = HashSet::new();
-    let mut stack: Vec<NodeId> =
-        nodes.iter().copied().filter(|n| is(n, Category::Infer) || is(n, Category::Deny)).collect();
-    while let Some(x) = stack.pop() {
-        for p in float_preds(g, x) {
-            if is(&p, Category::Clear) && upstream.insert(p) {
-                stack.push(p);
-            }
-        }
-    }
-    let mut deny: HashSet<NodeId> = nodes.iter().copied().filter(|n| is(n, Category::Deny)).collect();
-    let mut stack: Vec<NodeId> = deny.iter().copied().collect();
-    while let Some(x) = stack.pop() {
-        for s in float_succs(g, x) {
-            if (is(&s, Category::Infer) || (is(&s, Category::Clear) && upstream.contains(&s))) && deny.insert(s) {
-                stack.push(s);
-            }
-        }
-    }
+    // 2. deny propagation (as TF-AMP).
+    let deny = super::amp::deny_set(g, &nodes, &cats);
 
     // 3. infer / clear between low allow ops.
-    let passable = |n: &NodeId| (is(n, Category::Infer) || is(n, Category::Clear)) && !deny.contains(n);
-    let mut downstream: HashSet<NodeId> = HashSet::new();
-    let mut stack: Vec<NodeId> = low_set.iter().copied().collect();
-    while let Some(x) = stack.pop() {
-        for s in float_succs(g, x) {
-            if passable(&s) && downstream.insert(s) {
-                stack.push(s);
-            }
-        }
-    }
-    let mut between: HashSet<NodeId> = HashSet::new();
-    let mut stack: Vec<NodeId> = low_set.iter().copied().collect();
-    while let Some(x) = stack.pop() {
-        for p in float_preds(g, x) {
-            if downstream.contains(&p) && between.insert(p) {
-                stack.push(p);
-            }
-        }
-    }
+    let between = super::amp::between_set(g, &low_set, &deny, &cats);
     low_set.extend(between);
 
     let mut a = f32_all;
