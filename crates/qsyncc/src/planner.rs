@@ -24,14 +24,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use qsync_cost::{Bindings, CostModel, DeviceDb, GraphFacts, Optimizer, Plan, Precision};
+use qsync_cost::{CostModel, DeviceDb, GraphFacts, Plan, Precision};
 use qsync_ir::infer::InferOptions;
 use qsync_planner::{allocate, AllocOptions, Calibration, Eval, Indicator, Outcome};
 use qsync_sim::{PredictOptions, SimConfig, Target};
 use serde_json::json;
 
 use crate::load;
-use crate::simulate::{free_symbols, parse_fraction, parse_kv, parse_target, DEFAULT_DIM};
+use crate::simulate::{parse_fraction, parse_kv, parse_target};
 
 /// Manifest schema version.
 pub const SCHEMA: &str = "qsync-plan/1";
@@ -130,12 +130,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         }
         fractions.insert(k, parse_fraction(v)?);
     }
-    let optimizer = match a.optimizer.as_str() {
-        "sgd" => Optimizer::Sgd { momentum: false },
-        "momentum" | "sgd-momentum" => Optimizer::Sgd { momentum: true },
-        "adam" | "adamw" => Optimizer::Adam,
-        o => bail!("unknown optimizer `{o}` (sgd, momentum, adam)"),
-    };
+    let optimizer = crate::simulate::parse_optimizer(&a.optimizer)?;
     let calibration = match &a.calibration {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
@@ -144,21 +139,11 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         None => None,
     };
     let bytes = std::fs::read(&a.model).with_context(|| format!("cannot read {}", a.model.display()))?;
-    let opts = InferOptions { batch: Some(a.batch), dims: a.dims.iter().cloned().collect() };
-    let loaded = load::load_model(&a.model, &opts, &[])?;
+    let crate::simulate::Prepared { loaded, work_scale, bindings, mut warnings } =
+        crate::simulate::prepare(&a.model, a.batch, &a.dims)?;
     let quiet = false;
     progress(quiet, &format!("loaded {} ({} nodes)", a.model.display(), loaded.model.graph.node_count()), start);
-    let mut warnings = loaded.warnings.clone();
     let g = &loaded.model.graph;
-    let work_scale = match loaded.fixed_batch {
-        Some(b) if b > 0 => a.batch as f64 / b as f64,
-        _ => 1.0,
-    };
-    let mut bindings = Bindings::new();
-    for s in free_symbols(g) {
-        warnings.push(format!("dimension `{s}` is not bound; using {DEFAULT_DIM} (bind it with --dim {s}=N)"));
-        bindings.set(&s, DEFAULT_DIM);
-    }
     let mut targets = Vec::new();
     for (name, count, per_node) in &specs {
         targets.push(Target {
@@ -214,7 +199,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         if let Some(spec) = &pipeline {
             let pm = qsync_passes::pipeline_from_spec(spec)?;
             let mut cx = qsync_passes::PassContext {
-                infer: opts.clone(),
+                infer: InferOptions { batch: Some(a.batch), dims: a.dims.iter().cloned().collect() },
                 warnings: Vec::new(),
                 target: Some(te.name.clone()).filter(|n| qsync_passes::precision::KNOWN_TARGETS.contains(&n.as_str())),
                 inference: false,

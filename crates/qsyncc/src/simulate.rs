@@ -141,6 +141,44 @@ struct SimJson {
     warnings: Vec<String>,
 }
 
+/// `--optimizer`.
+pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer> {
+    Ok(match s {
+        "sgd" => Optimizer::Sgd { momentum: false },
+        "momentum" | "sgd-momentum" => Optimizer::Sgd { momentum: true },
+        "adam" | "adamw" => Optimizer::Adam,
+        o => bail!("unknown optimizer `{o}` (sgd, momentum, adam)"),
+    })
+}
+
+/// A model loaded for prediction at a per-device batch.
+pub(crate) struct Prepared {
+    pub loaded: load::Loaded,
+    /// `local batch / fixed batch` when the graph fixes its batch, else 1.
+    pub work_scale: f64,
+    /// Values for the symbols still free after binding (defaulted, with a warning).
+    pub bindings: Bindings,
+    pub warnings: Vec<String>,
+}
+
+/// Load `model` with its batch bound to `batch`, work out the work scale of
+/// fixed-batch graphs, and default the symbols left free.
+pub(crate) fn prepare(model: &std::path::Path, batch: i64, dims: &[(String, i64)]) -> Result<Prepared> {
+    let opts = InferOptions { batch: Some(batch), dims: dims.iter().cloned().collect() };
+    let loaded = load::load_model(model, &opts, &[])?;
+    let mut warnings = loaded.warnings.clone();
+    let work_scale = match loaded.fixed_batch {
+        Some(b) if b > 0 => batch as f64 / b as f64,
+        _ => 1.0,
+    };
+    let mut bindings = Bindings::new();
+    for s in free_symbols(&loaded.model.graph) {
+        warnings.push(format!("dimension `{s}` is not bound; using {DEFAULT_DIM} (bind it with --dim {s}=N)"));
+        bindings.set(&s, DEFAULT_DIM);
+    }
+    Ok(Prepared { loaded, work_scale, bindings, warnings })
+}
+
 pub fn run(a: &SimulateArgs) -> Result<String> {
     let mut db = DeviceDb::bundled()?;
     for f in &a.device_files {
@@ -189,29 +227,13 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             bail!("two calibration profiles for device `{name}`");
         }
     }
-    let optimizer = match a.optimizer.as_str() {
-        "sgd" => Optimizer::Sgd { momentum: false },
-        "momentum" | "sgd-momentum" => Optimizer::Sgd { momentum: true },
-        "adam" | "adamw" => Optimizer::Adam,
-        o => bail!("unknown optimizer `{o}` (sgd, momentum, adam)"),
-    };
+    let optimizer = parse_optimizer(&a.optimizer)?;
     if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0) {
         bail!("--bucket-mb must be positive");
     }
 
-    let opts = InferOptions { batch: Some(a.batch), dims: a.dims.iter().cloned().collect() };
-    let loaded = load::load_model(&a.model, &opts, &[])?;
-    let mut warnings = loaded.warnings.clone();
+    let Prepared { loaded, work_scale, bindings, mut warnings } = prepare(&a.model, a.batch, &a.dims)?;
     let g = &loaded.model.graph;
-    let work_scale = match loaded.fixed_batch {
-        Some(b) if b > 0 => a.batch as f64 / b as f64,
-        _ => 1.0,
-    };
-    let mut bindings = Bindings::new();
-    for s in free_symbols(g) {
-        warnings.push(format!("dimension `{s}` is not bound; using {DEFAULT_DIM} (bind it with --dim {s}=N)"));
-        bindings.set(&s, DEFAULT_DIM);
-    }
     // Precisions annotated in the model (a planned model) are its plan.
     let mut annotated = Plan::new();
     for n in g.node_ids() {
