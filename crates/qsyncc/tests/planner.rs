@@ -160,3 +160,27 @@ fn emit_writes_each_devices_code() {
         qsyncc(&[m.to_str().expect("utf8"), "--targets", "t4", "--emit", "llvm", "-o", dir.to_str().expect("utf8")]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn torchscript_archives_plan() {
+    for m in ["squeezenet1_1.pt", "bert_tiny.pt"] {
+        let dir = tmpdir(&format!("plan-{m}"));
+        let path = models_dir().join(m);
+        let o = qsyncc(&[
+            path.to_str().expect("utf8"),
+            "--targets",
+            "v100:16,t4:16",
+            "--batch",
+            "16",
+            "-o",
+            dir.to_str().expect("utf8"),
+            "--json",
+        ]);
+        assert!(o.status.success(), "{m}: {}", String::from_utf8_lossy(&o.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert!(j["iteration_ms"].as_f64().is_some_and(|t| t > 0.0 && t.is_finite()), "{m}: {j}");
+        for dev in ["v100", "t4"] {
+            assert!(dir.join(dev).join("model.onnx").is_file(), "{m} {dev}");
+        }
+    }
+}
