@@ -18,20 +18,18 @@
 //! - `timeline.json` — Chrome trace of the planned iteration;
 //! - `report.md` — the baseline table and an SVG timeline of UP vs the plan.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use qsync_cost::{CostModel, DeviceDb, GraphFacts, Plan, Precision};
+use qsync_cost::{CostModel, GraphFacts, Plan, Precision};
 use qsync_ir::infer::InferOptions;
 use qsync_planner::{allocate, AllocOptions, Calibration, Eval, Indicator, Outcome};
 use qsync_sim::{PredictOptions, SimConfig, Target};
 use serde_json::json;
 
 use crate::load;
-use crate::simulate::{parse_fraction, parse_kv, parse_target};
 
 /// Manifest schema version.
 pub const SCHEMA: &str = "qsync-plan/1";
@@ -100,18 +98,8 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         bail!("unknown --emit kind `{bad}` (expected onnx, mlir, ptx)");
     }
     let start = std::time::Instant::now();
-    let mut db = DeviceDb::bundled()?;
-    for f in &a.device_files {
-        db.load_file(f)?;
-    }
-    let specs: Vec<(String, u32, u32)> = a.targets.split(',').map(parse_target).collect::<Result<_>>()?;
-    let mut seen = BTreeSet::new();
-    for (name, _, _) in &specs {
-        db.get(name).map_err(|e| anyhow::anyhow!("--targets: {e} (known: {})", db.names().join(", ")))?;
-        if !seen.insert(name.clone()) {
-            bail!("--targets names `{name}` twice");
-        }
-    }
+    let crate::simulate::ClusterSpec { db, specs, fractions } =
+        crate::simulate::parse_cluster(&a.device_files, &a.targets, &a.memory)?;
     let mut precisions = Vec::new();
     for s in a.precisions.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let p: Precision = s
@@ -121,14 +109,6 @@ pub fn run(a: &PlanArgs) -> Result<String> {
             bail!("--precisions: no target supports {p}");
         }
         precisions.push(p);
-    }
-    let mut fractions = BTreeMap::new();
-    for s in &a.memory {
-        let (k, v) = parse_kv("memory", s)?;
-        if !seen.contains(&k) {
-            bail!("--memory names `{k}`, which is not among --targets");
-        }
-        fractions.insert(k, parse_fraction(v)?);
     }
     let optimizer = crate::simulate::parse_optimizer(&a.optimizer)?;
     let calibration = match &a.calibration {

@@ -59,7 +59,7 @@ pub struct SimulateArgs {
 }
 
 /// `name[:count[/per_node]]`.
-pub(crate) fn parse_target(s: &str) -> Result<(String, u32, u32)> {
+fn parse_target(s: &str) -> Result<(String, u32, u32)> {
     let s = s.trim();
     let (name, rest) = s.split_once(':').unwrap_or((s, "1"));
     let (count, per_node) = match rest.split_once('/') {
@@ -90,7 +90,7 @@ pub(crate) fn parse_kv<'a>(flag: &str, s: &'a str) -> Result<(String, &'a str)> 
     Ok((k.trim().to_ascii_lowercase(), v.trim()))
 }
 
-pub(crate) fn parse_fraction(s: &str) -> Result<f64> {
+fn parse_fraction(s: &str) -> Result<f64> {
     let f = match s.strip_suffix('%') {
         Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
         None => s.parse::<f64>(),
@@ -141,6 +141,41 @@ struct SimJson {
     warnings: Vec<String>,
 }
 
+/// The cluster a command runs on: the device database (bundled plus
+/// `--device-file`s), the `--targets` as `(name, count, per node)`, and the
+/// `--memory` fractions by device name.
+pub(crate) struct ClusterSpec {
+    pub db: DeviceDb,
+    pub specs: Vec<(String, u32, u32)>,
+    pub fractions: BTreeMap<String, f64>,
+}
+
+/// Parse and check `--device-file`, `--targets` and `--memory`: every target
+/// is a known device named once, every fraction names a target.
+pub(crate) fn parse_cluster(device_files: &[PathBuf], targets: &str, memory: &[String]) -> Result<ClusterSpec> {
+    let mut db = DeviceDb::bundled()?;
+    for f in device_files {
+        db.load_file(f)?;
+    }
+    let specs: Vec<(String, u32, u32)> = targets.split(',').map(parse_target).collect::<Result<_>>()?;
+    let mut seen = BTreeSet::new();
+    for (name, _, _) in &specs {
+        db.get(name).with_context(|| "--targets".to_string())?;
+        if !seen.insert(name.clone()) {
+            bail!("--targets names `{name}` twice");
+        }
+    }
+    let mut fractions = BTreeMap::new();
+    for s in memory {
+        let (k, v) = parse_kv("memory", s)?;
+        if !seen.contains(&k) {
+            bail!("--memory names `{k}`, which is not among --targets");
+        }
+        fractions.insert(k, parse_fraction(v)?);
+    }
+    Ok(ClusterSpec { db, specs, fractions })
+}
+
 /// `--optimizer`.
 pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer> {
     Ok(match s {
@@ -180,18 +215,8 @@ pub(crate) fn prepare(model: &std::path::Path, batch: i64, dims: &[(String, i64)
 }
 
 pub fn run(a: &SimulateArgs) -> Result<String> {
-    let mut db = DeviceDb::bundled()?;
-    for f in &a.device_files {
-        db.load_file(f)?;
-    }
-    let specs: Vec<(String, u32, u32)> = a.targets.split(',').map(parse_target).collect::<Result<_>>()?;
-    let mut seen = BTreeSet::new();
-    for (name, _, _) in &specs {
-        db.get(name)?;
-        if !seen.insert(name.clone()) {
-            bail!("--targets names `{name}` twice");
-        }
-    }
+    let ClusterSpec { db, specs, fractions } = parse_cluster(&a.device_files, &a.targets, &a.memory)?;
+    let seen: BTreeSet<String> = specs.iter().map(|(n, _, _)| n.clone()).collect();
     let mut precisions: BTreeMap<String, Precision> = BTreeMap::new();
     for s in &a.precision {
         let (k, v) = parse_kv("precision", s)?;
@@ -205,14 +230,6 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             bail!("--precision {s}: device `{k}` does not support {p} (it supports {})", known.join(", "));
         }
         precisions.insert(k, p);
-    }
-    let mut fractions: BTreeMap<String, f64> = BTreeMap::new();
-    for s in &a.memory {
-        let (k, v) = parse_kv("memory", s)?;
-        if !seen.contains(&k) {
-            bail!("--memory names `{k}`, which is not among --targets");
-        }
-        fractions.insert(k, parse_fraction(v)?);
     }
     let mut calibrations: BTreeMap<String, Profile> = BTreeMap::new();
     for f in &a.calibrations {
