@@ -70,6 +70,25 @@ pub(crate) struct Cx<'a, 'ctx> {
 
 pub(crate) type R<T> = Result<T, KernelError>;
 
+/// One-instruction builder wrappers: `name => inkwell builder method`.
+macro_rules! binop {
+    (int: $($name:ident => $build:ident),* $(,)?) => {
+        $(pub fn $name(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.b.$build(a, b, "")?)
+        })*
+    };
+    (shift: $($name:ident => $signed:expr),* $(,)?) => {
+        $(pub fn $name(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.b.build_right_shift(a, b, $signed, "")?)
+        })*
+    };
+    (float: $($name:ident => $build:ident),* $(,)?) => {
+        $(pub fn $name(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            Ok(self.b.$build(a, b, "")?)
+        })*
+    };
+}
+
 impl<'a, 'ctx> Cx<'a, 'ctx> {
     /// A new function with an entry block, the builder positioned in it.
     pub fn function(
@@ -118,39 +137,9 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     }
 
     // --- integer arithmetic -------------------------------------------------
-    pub fn add(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_int_add(a, b, "")?)
-    }
-    pub fn sub(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_int_sub(a, b, "")?)
-    }
-    pub fn mul(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_int_mul(a, b, "")?)
-    }
-    pub fn udiv(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_int_unsigned_div(a, b, "")?)
-    }
-    pub fn urem(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_int_unsigned_rem(a, b, "")?)
-    }
-    pub fn and(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_and(a, b, "")?)
-    }
-    pub fn or(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_or(a, b, "")?)
-    }
-    pub fn xor(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_xor(a, b, "")?)
-    }
-    pub fn shl(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_left_shift(a, b, "")?)
-    }
-    pub fn lshr(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_right_shift(a, b, false, "")?)
-    }
-    pub fn ashr(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self.b.build_right_shift(a, b, true, "")?)
-    }
+    binop!(int: add => build_int_add, sub => build_int_sub, mul => build_int_mul, udiv => build_int_unsigned_div,
+        urem => build_int_unsigned_rem, and => build_and, or => build_or, xor => build_xor, shl => build_left_shift);
+    binop!(shift: lshr => false, ashr => true);
     pub fn icmp(&self, p: IntPredicate, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         Ok(self.b.build_int_compare(p, a, b, "")?)
     }
@@ -186,18 +175,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     }
 
     // --- float arithmetic ---------------------------------------------------
-    pub fn fadd(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        Ok(self.b.build_float_add(a, b, "")?)
-    }
-    pub fn fsub(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        Ok(self.b.build_float_sub(a, b, "")?)
-    }
-    pub fn fmul(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        Ok(self.b.build_float_mul(a, b, "")?)
-    }
-    pub fn fdiv(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        Ok(self.b.build_float_div(a, b, "")?)
-    }
+    binop!(float: fadd => build_float_add, fsub => build_float_sub, fmul => build_float_mul, fdiv => build_float_div);
     pub fn fneg(&self, a: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
         Ok(self.b.build_float_neg(a, "")?)
     }
