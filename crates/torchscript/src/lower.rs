@@ -540,13 +540,10 @@ impl<'a> Lowerer<'a> {
                     "//" if y != 0 => Int(x.div_euclid(y)),
                     "%" if y != 0 => Int(x.rem_euclid(y)),
                     "/" if y != 0 => Float(x as f64 / y as f64),
-                    "==" => Bool(x == y),
-                    "!=" => Bool(x != y),
-                    "<" => Bool(x < y),
-                    "<=" => Bool(x <= y),
-                    ">" => Bool(x > y),
-                    ">=" => Bool(x >= y),
-                    _ => return self.err(format!("`{x} {op} {y}` is not supported")),
+                    _ => match compare(op, &x, &y) {
+                        Some(r) => Bool(r),
+                        None => return self.err(format!("`{x} {op} {y}` is not supported")),
+                    },
                 }
             }
             (_, Int(_) | Float(_), Int(_) | Float(_)) => {
@@ -556,13 +553,10 @@ impl<'a> Lowerer<'a> {
                     "-" => Float(x - y),
                     "*" => Float(x * y),
                     "/" => Float(x / y),
-                    "==" => Bool(x == y),
-                    "!=" => Bool(x != y),
-                    "<" => Bool(x < y),
-                    "<=" => Bool(x <= y),
-                    ">" => Bool(x > y),
-                    ">=" => Bool(x >= y),
-                    _ => return self.err(format!("`{x} {op} {y}` is not supported")),
+                    _ => match compare(op, &x, &y) {
+                        Some(r) => Bool(r),
+                        None => return self.err(format!("`{x} {op} {y}` is not supported")),
+                    },
                 }
             }
             _ if matches!(a, Val::Tensor(_)) || matches!(b, Val::Tensor(_)) => {
@@ -679,4 +673,17 @@ fn collect_assigned(body: &[Stmt], out: &mut Vec<String>) {
             _ => {}
         }
     }
+}
+
+/// A Python comparison operator applied to two scalars; `None` for other operators.
+fn compare<T: PartialOrd>(op: &str, x: &T, y: &T) -> Option<bool> {
+    Some(match op {
+        "==" => x == y,
+        "!=" => x != y,
+        "<" => x < y,
+        "<=" => x <= y,
+        ">" => x > y,
+        ">=" => x >= y,
+        _ => return None,
+    })
 }
