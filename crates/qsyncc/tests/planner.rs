@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{models_dir, qsyncc, tmpdir};
+use common::{models_dir, onnx_models, qsyncc, tmpdir};
 
 fn read_json(p: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -53,12 +53,9 @@ fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
 
 #[test]
 fn every_shared_model_plans_on_cluster_a() {
-    for e in std::fs::read_dir(models_dir()).expect("models") {
-        let p = e.expect("entry").path();
-        if p.extension().and_then(|x| x.to_str()) == Some("onnx") {
-            let name = p.file_name().and_then(|n| n.to_str()).expect("name").to_string();
-            plan(&name, &["--batch", "16"]);
-        }
+    for p in onnx_models() {
+        let name = p.file_name().and_then(|n| n.to_str()).expect("name").to_string();
+        plan(&name, &["--batch", "16"]);
     }
 }
 

@@ -12,6 +12,18 @@ pub fn models_dir() -> PathBuf {
     d
 }
 
+/// Every `.onnx` model in [`models_dir`], sorted; at least the eight shared ones.
+pub fn onnx_models() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(models_dir())
+        .expect("models")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 8, "expected the shared models, found {}", v.len());
+    v
+}
+
 pub fn qsyncc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(args).output().expect("run qsyncc")
 }
