@@ -60,10 +60,9 @@ pub struct PlanArgs {
     /// Precisions inference devices may use.
     #[arg(long, default_value = "fp32,fp16,int8")]
     pub precisions: String,
-    /// Passes run on each device's graph after materialization (default:
-    /// `egraph-casts` when this build has it, else none).
-    #[arg(long)]
-    pub pipeline: Option<String>,
+    /// Passes run on each device's graph after materialization.
+    #[arg(long, default_value = "egraph-casts")]
+    pub pipeline: String,
     /// Activation / gradient statistics for the indicator (JSON, see
     /// `qsync_planner::Calibration`; `scripts/calibrate.py` writes one).
     #[arg(long)]
@@ -161,11 +160,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
 
     // Per-device outputs.
     std::fs::create_dir_all(&a.output).with_context(|| format!("creating {}", a.output.display()))?;
-    let pipeline = match &a.pipeline {
-        Some(p) => Some(p.clone()),
-        // The e-graph cast optimizer lands separately: use it once registered.
-        None => qsync_passes::pass_by_name("egraph-casts").ok().map(|_| "egraph-casts".to_string()),
-    };
+    let pm = qsync_passes::pipeline_from_spec(&a.pipeline)?;
     let mut dev_json = serde_json::Map::new();
     for (t, te) in out.ours.types.iter().enumerate() {
         let dir = a.output.join(&te.name);
@@ -176,16 +171,13 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         }
         let stats = qsync_passes::precision::materialize(&mut model, qsync_passes::precision::Mode::Training)
             .map_err(|e| anyhow::anyhow!("{label}: materializing the plan of {}: {e}", te.name))?;
-        if let Some(spec) = &pipeline {
-            let pm = qsync_passes::pipeline_from_spec(spec)?;
-            let mut cx = qsync_passes::PassContext {
-                infer: InferOptions { batch: Some(a.batch), dims: a.dims.iter().cloned().collect() },
-                warnings: Vec::new(),
-                target: Some(te.name.clone()).filter(|n| qsync_passes::precision::KNOWN_TARGETS.contains(&n.as_str())),
-                inference: false,
-            };
-            pm.run(&mut model, &mut cx).with_context(|| format!("{label}: pipeline on {}", te.name))?;
-        }
+        let mut cx = qsync_passes::PassContext {
+            infer: InferOptions { batch: Some(a.batch), dims: a.dims.iter().cloned().collect() },
+            warnings: Vec::new(),
+            target: Some(te.name.clone()).filter(|n| qsync_passes::precision::KNOWN_TARGETS.contains(&n.as_str())),
+            inference: false,
+        };
+        pm.run(&mut model, &mut cx).with_context(|| format!("{label}: pipeline on {}", te.name))?;
         let casts = model.graph.node_ids().iter().filter(|&&n| model.graph.node(n).op == qsync_ir::Op::Cast).count();
         load::save_model(&model, &dir.join("model.onnx"))?;
         let code: Vec<&str> = a.emit.iter().map(|e| e.trim()).filter(|e| *e == "mlir" || *e == "ptx").collect();
@@ -263,7 +255,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
             "train_precision": a.train_precision,
             "precisions": precisions.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
         },
-        "pipeline": pipeline.clone().map_or_else(|| vec!["materialize".to_string()], |p| vec!["materialize".to_string(), p]),
+        "pipeline": ["materialize", a.pipeline],
         "indicator": { "calibrated": calibration.is_some(), "sources": ind.sources, "model_depth": ind.model_depth() },
         "chosen": out.chosen,
         "t_min_samples_per_s": out.t_min,
