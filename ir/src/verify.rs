@@ -249,13 +249,21 @@ fn check_node(
         }
     }
     // Dtype agreement.
-    let slots = same_dtype_slots(&node.op, n_in);
-    let typed: Vec<(usize, DType)> =
-        slots.iter().filter_map(|&s| node.input(s).and_then(|v| graph.ty(v).dtype).map(|d| (s, d))).collect();
-    if let Some(&(s0, d0)) = typed.first() {
-        for &(s, d) in &typed[1..] {
-            if d != d0 {
-                errs.push(VerifyError::at(node, format!("input {s} has dtype {d} but input {s0} has {d0}")));
+    // BatchNormalization types its data (T), scale and bias (T1) and mean
+    // and variance (T2) apart from opset 15 on; before, all are T.
+    let groups: Vec<Vec<usize>> = match node.op {
+        Op::BatchNormalization if opset >= 15 => vec![vec![1, 2], vec![3, 4]],
+        Op::BatchNormalization => vec![(0..n_in.min(5)).collect()],
+        _ => vec![same_dtype_slots(&node.op, n_in)],
+    };
+    for slots in groups {
+        let typed: Vec<(usize, DType)> =
+            slots.iter().filter_map(|&s| node.input(s).and_then(|v| graph.ty(v).dtype).map(|d| (s, d))).collect();
+        if let Some(&(s0, d0)) = typed.first() {
+            for &(s, d) in &typed[1..] {
+                if d != d0 {
+                    errs.push(VerifyError::at(node, format!("input {s} has dtype {d} but input {s0} has {d0}")));
+                }
             }
         }
     }

@@ -20,7 +20,8 @@
 //! what `amp` takes (a `tf-amp` policy); `campo` also `padding=on|off`
 //! (Tensor Core padding, on by default), `comp` also `threshold=X` (the
 //! variance proxy's threshold, default 1e-2). `egraph-casts` takes runner
-//! limits `iters=`, `nodes=`, `time_ms=` and `policy=` (default `tf-amp`).
+//! limits `iters=`, `nodes=`, `time_ms=`, `policy=` (default `tf-amp`) and
+//! `exact=true` (only the rules that keep every bit).
 
 use qsync_ir::infer::infer_shapes;
 use qsync_ir::verify::verify;
@@ -273,6 +274,7 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
         "egraph-casts" => {
             let bad = |message: String| PassError::BadArguments { entry: name.into(), message };
             let mut limits = crate::egraph::Limits::default();
+            let mut exact = false;
             for (k, v) in &args.named {
                 let num = || v.parse::<u64>().map_err(|_| bad(format!("`{k}={v}`: not a number")));
                 match k.as_str() {
@@ -280,13 +282,22 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
                     "nodes" => limits.nodes = num()? as usize,
                     "time_ms" => limits.time = std::time::Duration::from_millis(num()?),
                     "policy" => {}
-                    _ => return Err(bad(format!("unknown argument `{k}` (takes iters, nodes, time_ms, policy)"))),
+                    "exact" => {
+                        exact = match v.as_str() {
+                            "true" | "1" => true,
+                            "false" | "0" => false,
+                            _ => return Err(bad(format!("`exact={v}`: expected true or false"))),
+                        }
+                    }
+                    _ => {
+                        return Err(bad(format!("unknown argument `{k}` (takes iters, nodes, time_ms, policy, exact)")))
+                    }
                 }
             }
             if args.main.is_some() {
                 return Err(bad("takes only named arguments".into()));
             }
-            Ok(Box::new(crate::egraph::EgraphCasts { limits, policy: policy_arg(name, args, "tf-amp")? }))
+            Ok(Box::new(crate::egraph::EgraphCasts { limits, policy: policy_arg(name, args, "tf-amp")?, exact }))
         }
         _ => Err(PassError::UnknownPass { name: name.into(), available: available_passes().join(", ") }),
     }

@@ -1,8 +1,10 @@
 //! `egraph-casts` on every real model: after `amp` it verifies, keeps the
 //! outputs' names and dtypes, never adds casts; on the models with weights
-//! onnxruntime outputs of `amp` and `amp,egraph-casts` are bitwise equal
-//! (every rule it applies there is exact; `passes/tests/numerics.py` with
-//! zero tolerance).
+//! onnxruntime outputs of `amp` / `campo` and the same plus `egraph-casts`
+//! are bitwise equal (every rule it applies there is exact;
+//! `passes/tests/numerics.py` with zero tolerance). The one inexact rule
+//! (FP32 BatchNormalization parameters) is checked on a model with weights
+//! written here.
 
 use qsync_ir::{Model, Op};
 use qsync_passes::{pipeline_from_spec, PassContext};
@@ -54,16 +56,25 @@ fn egraph_casts_is_bitwise_exact_in_onnxruntime() {
     let dir = std::env::temp_dir().join(format!("qsync-egraph-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     for model in ["squeezenet1_1.onnx", "bert_tiny.onnx"] {
-        let src = qsync_tests::models_dir().join(model);
-        let a = dir.join(format!("{model}.amp.onnx"));
-        let b = dir.join(format!("{model}.amp_egraph.onnx"));
-        qsync_onnx::export_file(&run(&src, "amp"), &a).unwrap_or_else(|e| panic!("{e}"));
-        qsync_onnx::export_file(&run(&src, "amp,egraph-casts"), &b).unwrap_or_else(|e| panic!("{e}"));
-        let o =
-            Command::new("python3").arg(&script).arg(&a).arg(&b).args(["0", "0"]).output().expect("run numerics.py");
-        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        eprintln!("{model}: amp vs amp,egraph-casts\n{text}");
-        assert!(o.status.success(), "{model}: {text}");
+        for plan in ["amp", "campo"] {
+            let src = qsync_tests::models_dir().join(model);
+            let a = dir.join(format!("{model}.{plan}.onnx"));
+            let b = dir.join(format!("{model}.{plan}_egraph.onnx"));
+            let planned = run(&src, plan);
+            let rewritten = run(&src, &format!("{plan},egraph-casts"));
+            qsync_onnx::export_file(&planned, &a).unwrap_or_else(|e| panic!("{e}"));
+            qsync_onnx::export_file(&rewritten, &b).unwrap_or_else(|e| panic!("{e}"));
+            let o = Command::new("python3")
+                .arg(&script)
+                .arg(&a)
+                .arg(&b)
+                .args(["0", "0"])
+                .output()
+                .expect("run numerics.py");
+            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            eprintln!("{model}: {plan} vs {plan},egraph-casts\n{text}");
+            assert!(o.status.success(), "{model}: {text}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -78,7 +89,7 @@ fn egraph_casts_is_bitwise_exact_in_onnxruntime() {
 fn dag_extractor_matches_the_ilp_optimum() {
     use qsync_passes::egraph::{EgraphCasts, Limits};
     use qsync_passes::precision::Policy;
-    let pass = EgraphCasts { limits: Limits::default(), policy: Policy::load("tf-amp").expect("policy") };
+    let pass = EgraphCasts { limits: Limits::default(), policy: Policy::load("tf-amp").expect("policy"), exact: false };
     let check = |label: &str, m: &Model, cx: &PassContext| -> bool {
         let Some(c) = pass.ilp_check(m, cx, 4000).unwrap_or_else(|e| panic!("{label}: {e}")) else {
             eprintln!("{label}: no cast region, or too big for the ILP");
@@ -116,4 +127,81 @@ fn dag_extractor_matches_the_ilp_optimum() {
         }
     }
     assert!(checked >= 8, "real subgraphs checked too");
+}
+
+/// The inexact rule checked where it can be: a Conv → BatchNormalization →
+/// Relu → Conv model with weights (inference-mode BatchNormalization, so mean and
+/// variance matter), planned by `amp` in training mode (every parameter
+/// cast per iteration). `egraph-casts` drops the four parameter casts
+/// (FP32 T1/T2 at opset 17); onnxruntime runs the mixed-type model, it
+/// passes `onnx.checker` (full check), and its outputs stay within FP16
+/// tolerance of the FP32 original; `egraph-casts(exact=true)` keeps the
+/// casts and the bits.
+#[test]
+fn batchnorm_fp32_parameters_run_in_onnxruntime() {
+    use std::fmt::Write as _;
+    use std::process::Command;
+    // A deterministic pseudo-random stream (xorshift), values in [-1, 1).
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    };
+    let mut list = |n: usize, f: &dyn Fn(f64) -> f64| -> String {
+        (0..n).map(|_| format!("{:?}", f(next()) as f32)).collect::<Vec<_>>().join(", ")
+    };
+    let mut src = String::from("opset \"\" 17\ngraph \"bn\" {\n");
+    let _ = writeln!(src, "  init %w: f32[8,3,3,3] = [{}]", list(216, &|x| 0.3 * x));
+    let _ = writeln!(src, "  init %s: f32[8] = [{}]", list(8, &|x| 1.0 + 0.37 * x));
+    let _ = writeln!(src, "  init %b: f32[8] = [{}]", list(8, &|x| 0.1 * x));
+    let _ = writeln!(src, "  init %m: f32[8] = [{}]", list(8, &|x| 0.0123 * x));
+    let _ = writeln!(src, "  init %v: f32[8] = [{}]", list(8, &|x| 0.9 + 0.0777 * x));
+    let _ = writeln!(src, "  init %w2: f32[4,8,1,1] = [{}]", list(32, &|x| 0.3 * x));
+    src.push_str(concat!(
+        "  input %x: f32[2,3,8,8]\n",
+        "  %c: f32[2,8,8,8] = Conv \"conv\"(%x, %w) {pads=[1, 1, 1, 1]}\n",
+        "  %y: f32[2,8,8,8] = BatchNormalization \"bn\"(%c, %s, %b, %m, %v)\n",
+        "  %r: f32[2,8,8,8] = Relu \"relu\"(%y)\n",
+        "  %z: f32[2,4,8,8] = Conv \"conv2\"(%r, %w2)\n",
+        "  output %z\n}\n",
+    ));
+    let plan = |spec: &str| -> Model {
+        let mut m = qsync_ir::text::parse_model(&src).expect("parse");
+        let mut pm = pipeline_from_spec(&format!("infer-shapes,{spec},verify")).expect("pipeline");
+        pm.verify_each(true);
+        pm.run(&mut m, &mut PassContext::default()).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        m
+    };
+    let (orig, amp, mixed, exact) =
+        (plan("dce"), plan("amp"), plan("amp,egraph-casts"), plan("amp,egraph-casts(exact=true)"));
+    assert_eq!(casts(&amp), 8, "amp: input, output, two conv weights, four BatchNormalization parameters");
+    assert_eq!(casts(&mixed), 4, "the four parameter casts go");
+    assert_eq!(casts(&exact), 8, "exact keeps them");
+    let probe = Command::new("python3").args(["-c", "import onnx, onnxruntime"]).output();
+    assert!(
+        probe.is_ok_and(|o| o.status.success()),
+        "python3 with onnx and onnxruntime is needed: run scripts/setup.sh"
+    );
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../passes/tests/numerics.py");
+    let dir = std::env::temp_dir().join(format!("qsync-egraph-bn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = |name: &str, m: &Model| {
+        let p = dir.join(name);
+        qsync_onnx::export_file(m, &p).unwrap_or_else(|e| panic!("{e}"));
+        p
+    };
+    let (o, a, x, e) =
+        (file("orig.onnx", &orig), file("amp.onnx", &amp), file("mixed.onnx", &mixed), file("exact.onnx", &exact));
+    let check = |ref_: &std::path::Path, got: &std::path::Path, tol: &[&str]| {
+        let out = Command::new("python3").arg(&script).arg(ref_).arg(got).args(tol).output().expect("numerics.py");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        eprintln!("{} vs {}: {text}", ref_.display(), got.display());
+        assert!(out.status.success(), "{} vs {}: {text}", ref_.display(), got.display());
+    };
+    check(&o, &a, &[]);
+    check(&o, &x, &[]);
+    check(&a, &e, &["0", "0"]);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -275,6 +275,16 @@ pub(super) fn eval(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opse
             };
             vec![V { data, ..v.clone() }.to_tensor().and_then(|t| V::from_tensor(&t))?]
         }
+        // Correctly rounded in IEEE arithmetic: computed in f64 and rounded
+        // once to the dtype, which gives the same bits (f64 has more than
+        // twice the precision of f32 plus two bits).
+        Op::Sqrt | Op::Reciprocal => {
+            let v = get(0)?;
+            let Data::F(x) = &v.data else { return None };
+            let f: fn(f64) -> f64 = if n.op == Op::Sqrt { f64::sqrt } else { |a| 1.0 / a };
+            let data = Data::F(x.iter().map(|&a| f(a)).collect());
+            vec![V { data, ..v.clone() }.to_tensor().and_then(|t| V::from_tensor(&t))?]
+        }
         Op::Add
         | Op::Sub
         | Op::Mul

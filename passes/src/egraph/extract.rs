@@ -59,7 +59,7 @@ impl<'a> Costs<'a> {
     /// The node's own cost, excluding its children.
     pub fn own(&mut self, n: &CastLang) -> f64 {
         match n.key() {
-            Key::Leaf { .. } => 0.0,
+            Key::Leaf { .. } | Key::Use { .. } => 0.0,
             Key::Stored { dt, elems, .. } => dt.storage_bytes(elems) as f64 * MEMORY_COST_PER_BYTE,
             Key::Cast { to } => {
                 let c = n.kids()[0];

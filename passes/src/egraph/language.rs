@@ -13,7 +13,13 @@
 //! - [`Key::Cast`]: ONNX Cast to a dtype, one child;
 //! - [`Key::Node`]: output `slot` of IR node `node`, computing in `dt`
 //!   (data movement and order-preserving ops — the only ops whose precision
-//!   the rules may move).
+//!   the rules may move);
+//! - [`Key::Use`]: how kept node `node` reads its input group `group` (one
+//!   or two slots, the children). A use class holds one e-node per way of
+//!   reading the group that the rules prove acceptable (see `use-uncast` in
+//!   [`super::rules`]); the children's dtypes may differ between them. Its
+//!   `dt` is the dtype the node read originally: a use class is not a
+//!   value, and the key only keeps the analysis consistent.
 //!
 //! The [`Typing`] analysis gives every e-class one dtype and element count;
 //! rules only ever union e-classes of equal dtype, so a class's dtype is the
@@ -36,6 +42,8 @@ pub enum Key {
     Cast { to: DType },
     /// Output `slot` of IR node `node` computed at `dt`.
     Node { node: u32, slot: u16, dt: DType, elems: u64 },
+    /// Kept node `node` reading its input group `group`.
+    Use { node: u32, group: u8, dt: DType },
 }
 
 impl fmt::Display for Key {
@@ -45,6 +53,7 @@ impl fmt::Display for Key {
             Key::Stored { value, dt, .. } => write!(f, "stored(v{value}):{dt}"),
             Key::Cast { to } => write!(f, "cast_{to}"),
             Key::Node { node, slot, dt, .. } => write!(f, "n{node}.{slot}:{dt}"),
+            Key::Use { node, group, .. } => write!(f, "use(n{node}.{group})"),
         }
     }
 }
@@ -102,6 +111,7 @@ impl Analysis<CastLang> for Typing {
             Key::Leaf { dt, elems, .. } | Key::Stored { dt, elems, .. } | Key::Node { dt, elems, .. } => {
                 ClassType { dt: Some(dt), elems }
             }
+            Key::Use { dt, .. } => ClassType { dt: Some(dt), elems: 0 },
             Key::Cast { to } => {
                 let elems = enode.kids().first().map_or(0, |&c| egraph[c].data.elems);
                 ClassType { dt: Some(to), elems }

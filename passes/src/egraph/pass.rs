@@ -57,6 +57,134 @@ pub struct EgraphCasts {
     pub limits: Limits,
     /// Which ops may change precision (the planner's policy; `tf-amp` default).
     pub policy: Policy,
+    /// Use only the rules that keep every bit (no FP32 BatchNormalization
+    /// parameters; see [`super::rules`]).
+    pub exact: bool,
+}
+
+/// Largest value (elements) the pass evaluates to fold its cast.
+pub const KNOWN_MAX_ELEMS: usize = 4096;
+
+/// Ops whose results the pass computes exactly (bit for bit what a runtime
+/// computes): data movement, comparisons, casts, and the IEEE correctly
+/// rounded arithmetic.
+fn exactly_evaluated(op: &Op) -> bool {
+    use Op::*;
+    matches!(
+        op,
+        Constant
+            | Identity
+            | Cast
+            | CastLike
+            | Neg
+            | Sqrt
+            | Reciprocal
+            | Add
+            | Sub
+            | Mul
+            | Div
+            | Equal
+            | Less
+            | Greater
+            | LessOrEqual
+            | GreaterOrEqual
+            | And
+            | Or
+            | Where
+            | Reshape
+            | Squeeze
+            | Unsqueeze
+            | Flatten
+            | Transpose
+            | Concat
+            | Gather
+            | Slice
+            | Expand
+            | ConstantOfShape
+            | Shape
+            | Size
+    )
+}
+
+/// Whether initializer `v` is a constant: every initializer in inference;
+/// in training only scalars and single-element tensors (trained parameters
+/// change every step).
+fn constant_init(g: &Graph, v: ValueId, inference: bool) -> bool {
+    let Some(t) = g.value(v).init() else { return false };
+    (inference || t.numel() <= 1) && !g.inputs().contains(&v)
+}
+
+/// Values whose contents the pass knows: `Constant` outputs, constant
+/// initializers (`constant_init`), and small results of exactly evaluated
+/// ops over those alone.
+fn known_values(g: &Graph, order: &[NodeId], opset: i64, inference: bool) -> HashMap<ValueId, Tensor> {
+    let mut known: HashMap<ValueId, Tensor> = HashMap::new();
+    for &v in g.inits() {
+        if let Some(t) = g.value(v).init().filter(|t| matches!(t.data, TensorData::Inline(_))) {
+            if constant_init(g, v, inference) {
+                known.insert(v, t.clone());
+            }
+        }
+    }
+    for &n in order {
+        let node = g.node(n);
+        if !exactly_evaluated(&node.op) || node.outputs().is_empty() {
+            continue;
+        }
+        let inputs: Vec<Option<&Tensor>> = node.inputs().iter().map(|i| i.and_then(|v| known.get(&v))).collect();
+        let shape_only = matches!(node.op, Op::Shape | Op::Size);
+        if !shape_only && node.inputs().iter().zip(&inputs).any(|(i, t)| i.is_some() && t.is_none()) {
+            continue;
+        }
+        let Some(results) = qsync_ir::infer::eval_node(g, n, &inputs, opset) else { continue };
+        // A `Constant` is known whatever its size; computed values only when small.
+        let small = node.op == Op::Constant || results.iter().all(|t| t.numel() <= KNOWN_MAX_ELEMS as u64);
+        if results.len() != node.outputs().len() || !small {
+            continue;
+        }
+        for (&o, t) in node.outputs().iter().zip(results) {
+            known.insert(o, t);
+        }
+    }
+    known
+}
+
+/// A group of a kept node's inputs that `use-uncast` may read differently.
+#[derive(Clone, Debug)]
+struct UseGroup {
+    group: u8,
+    slots: Vec<usize>,
+    /// Dtypes the group may read instead.
+    accept: Vec<DType>,
+}
+
+/// The use groups of kept node `n` (see `use-uncast` in [`super::rules`]).
+fn use_groups(g: &Graph, n: NodeId, opset: i64, exact: bool) -> Vec<UseGroup> {
+    let node = g.node(n);
+    let floats = vec![DType::F64, DType::F32, DType::F16, DType::BF16];
+    match node.op {
+        Op::IsNaN => vec![UseGroup { group: 0, slots: vec![0], accept: floats }],
+        Op::Shape | Op::Size => {
+            let mut all = floats;
+            all.push(DType::I8);
+            vec![UseGroup { group: 0, slots: vec![0], accept: all }]
+        }
+        Op::BatchNormalization if opset >= 15 && !exact && node.inputs().len() == 5 => {
+            let x = node.input(0).and_then(|v| g.ty(v).dtype);
+            if !matches!(x, Some(DType::F16 | DType::BF16)) {
+                return vec![];
+            }
+            let mut groups = vec![UseGroup { group: 1, slots: vec![1, 2], accept: vec![DType::F32] }];
+            // Mean and var (T2) also type the running-statistics outputs:
+            // only when nothing reads those.
+            let stats_free = node.outputs().iter().skip(1).all(|&o| g.users(o).is_empty() && !g.outputs().contains(&o));
+            if stats_free {
+                groups.push(UseGroup { group: 2, slots: vec![3, 4], accept: vec![DType::F32] });
+            }
+            groups
+        }
+        _ => vec![],
+    }
 }
 
 /// Ops a cast commutes with (data movement and order-preserving ops).
@@ -121,19 +249,30 @@ fn child_slots(g: &Graph, n: NodeId) -> Vec<usize> {
         .collect()
 }
 
-struct Import {
-    eg: CastGraph,
-    class_of: HashMap<ValueId, Id>,
-    region: Vec<NodeId>,
-    roots: Vec<(NodeId, usize, ValueId)>,
+/// Where a kept node reads the region: one slot (a value's class) or a use
+/// group (a [`Key::Use`] class).
+#[derive(Clone, Debug)]
+struct Root {
+    node: NodeId,
+    slots: Vec<usize>,
+    vals: Vec<ValueId>,
+    class: Id,
 }
 
-fn import(g: &Graph, order: &[NodeId]) -> Import {
+struct Import {
+    eg: CastGraph,
+    region: Vec<NodeId>,
+    roots: Vec<Root>,
+    uses: BTreeMap<(u32, u8), Vec<DType>>,
+}
+
+fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>) -> Import {
     let outputs = g.outputs().to_vec();
     let mut eg = CastGraph::default();
     let mut class_of: HashMap<ValueId, Id> = HashMap::new();
     let mut region = Vec::new();
     let mut roots = Vec::new();
+    let mut uses = BTreeMap::new();
     let leaf = |eg: &mut CastGraph, class_of: &mut HashMap<ValueId, Id>, v: ValueId| -> Id {
         *class_of.entry(v).or_insert_with(|| {
             let ty = g.ty(v);
@@ -167,24 +306,45 @@ fn import(g: &Graph, order: &[NodeId]) -> Import {
     }
     let region_out: std::collections::HashSet<ValueId> =
         region.iter().flat_map(|&n| g.node(n).outputs().to_vec()).collect();
+    let in_region: std::collections::HashSet<NodeId> = region.iter().copied().collect();
     for &n in order {
-        if region.contains(&n) {
+        if in_region.contains(&n) {
             continue;
         }
-        for (slot, v) in g.node(n).inputs().iter().enumerate() {
+        let node = g.node(n);
+        let mut grouped = Vec::new();
+        for ug in groups(n) {
+            let vals: Option<Vec<ValueId>> = ug.slots.iter().map(|&s| node.input(s)).collect();
+            let Some(vals) = vals.filter(|vs| vs.iter().all(|v| region_out.contains(v))) else { continue };
+            let kids: Vec<Id> = vals.iter().map(|v| class_of[v]).collect();
+            let dt = g.ty(vals[0]).dtype.unwrap_or(DType::F32);
+            let class = eg.add(CastLang::Op(Key::Use { node: n.index() as u32, group: ug.group, dt }, kids));
+            uses.insert((n.index() as u32, ug.group), ug.accept.clone());
+            grouped.extend(ug.slots.iter().copied());
+            roots.push(Root { node: n, slots: ug.slots.clone(), vals, class });
+        }
+        for (slot, v) in node.inputs().iter().enumerate() {
             if let Some(v) = *v {
-                if region_out.contains(&v) {
-                    roots.push((n, slot, v));
+                if region_out.contains(&v) && !grouped.contains(&slot) {
+                    roots.push(Root { node: n, slots: vec![slot], vals: vec![v], class: class_of[&v] });
                 }
             }
         }
     }
-    Import { eg, class_of, region, roots }
+    Import { eg, region, roots, uses }
 }
 
 impl EgraphCasts {
-    fn rule_cx(&self, g: &Graph, region: &[NodeId], oracle: &dyn CostOracle, inference: bool) -> RuleCx {
-        let mut cx = RuleCx::default();
+    fn rule_cx(
+        &self,
+        g: &Graph,
+        imp: &Import,
+        known: &HashMap<ValueId, Tensor>,
+        oracle: &dyn CostOracle,
+        inference: bool,
+    ) -> RuleCx {
+        let region = &imp.region;
+        let mut cx = RuleCx { uses: imp.uses.clone(), ..RuleCx::default() };
         for &n in region {
             let node = g.node(n);
             if node.op == Op::Cast {
@@ -201,22 +361,16 @@ impl EgraphCasts {
         }
         for &v in g.inits() {
             let Some(t) = g.value(v).init() else { continue };
-            let constant = inference || t.numel() <= 1;
-            if t.dtype.is_float() && constant && !g.inputs().contains(&v) {
+            if t.dtype.is_float() && constant_init(g, v, inference) {
                 cx.foldable.insert(v.index() as u32);
             }
         }
         // `Constant` nodes (exporters emit them for scales, masks, fill
-        // values) are never trained: foldable in training too.
-        for n in g.node_ids() {
-            let node = g.node(n);
-            if node.op != Op::Constant {
-                continue;
-            }
-            if let (Some(&o), Some(Attr::Tensor(t))) = (node.outputs().first(), node.attr("value")) {
-                if t.dtype.is_float() && !g.outputs().contains(&o) {
-                    cx.foldable.insert(o.index() as u32);
-                }
+        // values) are never trained, and neither is what is computed from
+        // them and constant initializers alone: foldable in training too.
+        for (&v, t) in known {
+            if t.dtype.is_float() && !g.outputs().contains(&v) && g.value(v).init().is_none() {
+                cx.foldable.insert(v.index() as u32);
             }
         }
         cx
@@ -238,6 +392,8 @@ struct Saturated {
     /// Cast-time multiplier (2 in training: forward and gradient casts).
     weight: f64,
     stats: String,
+    /// Contents of the values the pass knows (for stored constants).
+    known: HashMap<ValueId, Tensor>,
 }
 
 /// The DAG extractor: egg's tree choice refined DAG-aware.
@@ -266,6 +422,7 @@ impl EgraphCasts {
     fn saturate(
         &self,
         g: &Graph,
+        opset: i64,
         cx: &PassContext,
         oracle: &dyn CostOracle,
     ) -> Result<Result<Saturated, String>, PassError> {
@@ -276,11 +433,12 @@ impl EgraphCasts {
             pass: self.name().into(),
             message: "the graph has a cycle".into(),
         })?;
-        let mut imp = import(g, &order);
+        let mut imp = import(g, &order, |n| use_groups(g, n, opset, self.exact));
         if imp.roots.is_empty() {
             return Ok(Err("no cast region".into()));
         }
-        let rcx = Arc::new(self.rule_cx(g, &imp.region, oracle, cx.inference));
+        let known = known_values(g, &order, opset, cx.inference);
+        let rcx = Arc::new(self.rule_cx(g, &imp, &known, oracle, cx.inference));
         let runner = Runner::<_, Typing, ()>::default()
             .with_egraph(std::mem::take(&mut imp.eg))
             .with_iter_limit(self.limits.iters)
@@ -298,9 +456,9 @@ impl EgraphCasts {
         let egraph = runner.egraph;
         let stats =
             format!("{stop} after {} iterations, {} e-nodes", runner.iterations.len(), egraph.total_number_of_nodes());
-        let roots: Vec<Id> = imp.roots.iter().map(|(_, _, v)| egraph.find(imp.class_of[v])).collect();
+        let roots: Vec<Id> = imp.roots.iter().map(|r| egraph.find(r.class)).collect();
         let weight = if cx.inference { 1.0 } else { 2.0 };
-        Ok(Ok(Saturated { imp, egraph, roots, weight, stats }))
+        Ok(Ok(Saturated { imp, egraph, roots, weight, stats, known }))
     }
 
     /// Saturate `model`'s cast region and compare the DAG extractor with the
@@ -311,7 +469,7 @@ impl EgraphCasts {
         let oracle = oracle_for(cx, self.name())?;
         let oracle: &dyn CostOracle = oracle.as_ref();
         let g = &model.graph;
-        let Ok(sat) = self.saturate(g, cx, oracle)? else { return Ok(None) };
+        let Ok(sat) = self.saturate(g, model.opset(), cx, oracle)? else { return Ok(None) };
         let eg = &sat.egraph;
         if eg.total_number_of_nodes() > max_enodes {
             return Ok(None);
@@ -335,7 +493,7 @@ impl Pass for EgraphCasts {
         let oracle: &dyn CostOracle = oracle.as_ref();
         let g = &model.graph;
         let (casts_before, weight_before) = count_casts(g);
-        let sat = match self.saturate(g, cx, oracle)? {
+        let sat = match self.saturate(g, model.opset(), cx, oracle)? {
             Ok(s) => s,
             Err(why) => {
                 return Ok(PassOutcome { changed: false, summary: format!("{why}; {casts_before} casts unchanged") })
@@ -360,11 +518,11 @@ impl Pass for EgraphCasts {
                 ),
             });
         }
-        let roots_with: Vec<(NodeId, usize, ValueId, Id)> =
-            imp.roots.iter().zip(roots).map(|(&(n, s, v), &c)| (n, s, v, c)).collect();
+        let roots_with: Vec<Root> = imp.roots.iter().zip(roots).map(|(r, &c)| Root { class: c, ..r.clone() }).collect();
         let base_dir = model.base_dir.clone();
         let region = imp.region.clone();
-        rebuild(&mut model.graph, eg, &choice, &roots_with, &region, base_dir.as_deref());
+        let known = &sat.known;
+        rebuild(&mut model.graph, eg, &choice, &roots_with, &region, known, base_dir.as_deref());
         let (casts_after, weight_after) = count_casts(&model.graph);
         Ok(PassOutcome::changed(format!(
             "casts {casts_before} -> {casts_after} (activation {} -> {}), cast-region cost {:.3e}s -> {:.3e}s; {stats}",
@@ -377,16 +535,10 @@ impl Pass for EgraphCasts {
 }
 
 /// The input region's cost: own costs of region nodes reachable from roots.
-fn original_cost(
-    g: &Graph,
-    region: &[NodeId],
-    roots: &[(NodeId, usize, ValueId)],
-    oracle: &dyn CostOracle,
-    weight: f64,
-) -> f64 {
+fn original_cost(g: &Graph, region: &[NodeId], roots: &[Root], oracle: &dyn CostOracle, weight: f64) -> f64 {
     let in_region: std::collections::HashSet<NodeId> = region.iter().copied().collect();
     let mut seen = std::collections::HashSet::new();
-    let mut stack: Vec<ValueId> = roots.iter().map(|r| r.2).collect();
+    let mut stack: Vec<ValueId> = roots.iter().flat_map(|r| r.vals.iter().copied()).collect();
     let mut total = 0.0;
     while let Some(v) = stack.pop() {
         let Some((n, _)) = g.producer(v) else { continue };
@@ -406,9 +558,13 @@ fn original_cost(
     total
 }
 
-/// The tensor of an initializer or of a `Constant` node's output.
-fn constant_value(g: &Graph, v: ValueId) -> Option<Tensor> {
+/// The tensor of an initializer, a `Constant` node's output, or a value
+/// the pass evaluated.
+fn constant_value(g: &Graph, known: &HashMap<ValueId, Tensor>, v: ValueId) -> Option<Tensor> {
     if let Some(t) = g.value(v).init() {
+        return Some(t.clone());
+    }
+    if let Some(t) = known.get(&v) {
         return Some(t.clone());
     }
     let (n, _) = g.producer(v)?;
@@ -426,6 +582,7 @@ struct Rebuild<'a> {
     made: BTreeMap<(u32, DType, Vec<ValueId>), NodeId>,
     casts: HashMap<(ValueId, DType), ValueId>,
     stored: HashMap<(ValueId, DType), ValueId>,
+    known: &'a HashMap<ValueId, Tensor>,
     base_dir: Option<&'a std::path::Path>,
     vals: Vec<ValueId>,
 }
@@ -446,6 +603,7 @@ impl Rebuild<'_> {
             }
             Key::Cast { to } => self.cast(kids[0], to),
             Key::Node { node: n, slot, dt, .. } => self.node(NodeId::new(n as usize), slot as usize, dt, kids),
+            Key::Use { .. } => unreachable!("use classes are roots, never children"),
         };
         self.memo.insert(c, v);
         v
@@ -471,7 +629,7 @@ impl Rebuild<'_> {
         if let Some(&s) = self.stored.get(&(w, to)) {
             return s;
         }
-        let t = constant_value(self.g, w).expect("a foldable value is an initializer or a Constant");
+        let t = constant_value(self.g, self.known, w).expect("a foldable value is a constant");
         let vals = t.load(self.base_dir).ok().flatten().and_then(|bytes| {
             Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
         });
@@ -520,8 +678,9 @@ fn rebuild(
     g: &mut Graph,
     eg: &CastGraph,
     choice: &Choice,
-    roots: &[(NodeId, usize, ValueId, Id)],
+    roots: &[Root],
     region: &[NodeId],
+    known: &HashMap<ValueId, Tensor>,
     base_dir: Option<&std::path::Path>,
 ) {
     let mut casts = HashMap::new();
@@ -543,27 +702,62 @@ fn rebuild(
         made: BTreeMap::new(),
         casts,
         stored: HashMap::new(),
+        known,
         base_dir,
         vals: Vec::new(),
     };
     rb.vals = rb.g.all_values().collect();
     let mut rewires = Vec::new();
-    for &(n, slot, old, c) in roots {
-        let new = rb.value(c);
-        if new != old {
-            rewires.push((n, slot, new));
+    for r in roots {
+        let c = eg.find(r.class);
+        let new: Vec<ValueId> = match choice[&c].key() {
+            Key::Use { .. } => choice[&c].kids().to_vec().into_iter().map(|k| rb.value(k)).collect(),
+            _ => vec![rb.value(c)],
+        };
+        for ((&slot, &old), new) in r.slots.iter().zip(&r.vals).zip(new) {
+            if new != old {
+                rewires.push((r.node, slot, new));
+            }
         }
     }
+    // Stored copies, and the constant initializers they were made from.
+    let mut stored: Vec<ValueId> = rb.stored.values().copied().collect();
+    let mut sources: Vec<ValueId> =
+        rb.stored.keys().map(|&(w, _)| w).filter(|&w| rb.g.value(w).init().is_some()).collect();
+    sources.sort();
+    sources.dedup();
+    stored.extend(sources);
     let g = rb.g;
     for (n, slot, new) in rewires {
         g.set_input(n, slot, Some(new));
+        retype_after_use_change(g, n, slot);
     }
-    // Remove region nodes left without users, consumers first.
+    // Remove what was left without users, consumers first: region nodes,
+    // the nodes that computed a folded constant, stored copies not used.
     let outputs = g.outputs().to_vec();
+    let removable: Vec<NodeId> = {
+        let mut v: Vec<NodeId> = region.to_vec();
+        let mut computed: Vec<NodeId> = g
+            .node_ids()
+            .into_iter()
+            .filter(|&n| {
+                let node = g.node(n);
+                !node.outputs().is_empty() && node.outputs().iter().all(|o| known.contains_key(o))
+            })
+            .collect();
+        computed.sort();
+        v.extend(computed);
+        v
+    };
+    let order: std::collections::HashMap<NodeId, usize> =
+        g.topo_order().unwrap_or_default().into_iter().enumerate().map(|(i, n)| (n, i)).collect();
+    let mut removable = removable;
+    removable.sort_by_key(|n| std::cmp::Reverse(order.get(n).copied().unwrap_or(0)));
+    removable.dedup();
     let mut changed = true;
     while changed {
         changed = false;
-        for &n in region.iter().rev() {
+        for &n in &removable {
             if !g.contains_node(n) {
                 continue;
             }
@@ -573,5 +767,32 @@ fn rebuild(
                 changed = true;
             }
         }
+    }
+    for s in stored {
+        if g.users(s).is_empty() && !outputs.contains(&s) {
+            g.remove_source(s);
+        }
+    }
+}
+
+/// After kept node `n` reads another dtype at `slot` (a `use-uncast`
+/// choice), keep its own typing true: `IsNaN`'s precision follows its
+/// input; BatchNormalization's running-statistics outputs (T2) follow its
+/// mean and variance.
+fn retype_after_use_change(g: &mut Graph, n: NodeId, slot: usize) {
+    let Some(dt) = g.node(n).input(slot).and_then(|v| g.ty(v).dtype) else { return };
+    match g.node(n).op {
+        Op::IsNaN => {
+            if g.node(n).precision.is_some() {
+                g.node_mut(n).precision = Some(dt);
+            }
+        }
+        Op::BatchNormalization if slot == 3 => {
+            for o in g.node(n).outputs().iter().skip(1).copied().collect::<Vec<_>>() {
+                let shape = g.ty(o).shape.clone();
+                g.set_ty(o, TensorType { dtype: Some(dt), shape });
+            }
+        }
+        _ => {}
     }
 }

@@ -12,7 +12,9 @@
 //! | `cast-exact-chain` | `cast_a(cast_b(x:s)) = cast_a(x)` when s→b is exact | bits | `cast_b` keeps the value (f16/bf16→f32/f64, f32→f64, i8→f16/bf16/f32/f64 are injective and value-preserving), so the outer cast sees the same number; the round trips f16→f32→f16, bf16→f32→bf16, i8→f32→i8 are the case a = s |
 //! | `cast-hoist` | `cast_t(op_s(x..)) = op_t(cast_t(x)..)` | bits (movement); values (order-preserving) | movement ops (Reshape, Transpose, Flatten, Slice, Gather data, Concat, Split, Squeeze, Unsqueeze, Expand, Identity) only copy elements, and a cast is elementwise; Relu, MaxPool, Max, Min select one of their inputs (or 0), and rounding is monotone, so `round(max(a,b)) = max(round a, round b)` — only `Relu(-tiny)` may give -0 instead of +0 |
 //! | `cast-sink` | `op_t(cast_t(y_1)..cast_t(y_k)) = cast_t(op_s(y_1..y_k))` | as `cast-hoist` | the same equality read backwards; sinks a cast below fan-in (Concat / Max of k casts becomes one cast) |
-//! | `fold-constant` | `cast_t(w) = stored_t(w)` for a constant initializer or `Constant` node output | bits | the stored copy is the cast computed once, offline (round to nearest even, as Cast does) |
+//! | `fold-constant` | `cast_t(w) = stored_t(w)` for a constant initializer, a `Constant` node output, or a small value computed from those alone (see below) | bits | the stored copy is the cast computed once, offline (round to nearest even, as Cast does) |
+//! | `use-uncast` (exact) | a kept op reading `cast_t(x)` reads `x` instead, for `IsNaN` (any float cast) and `Shape`/`Size` (any cast) | bits | `IsNaN` asks a question every float cast answers the same way (NaN stays NaN; a finite value rounds to a finite value or ±inf, never NaN); `Shape`/`Size` read no element |
+//! | `use-uncast` (parameters) | `BatchNormalization` at f16/bf16 reads FP32 `scale`,`bias` (T1) and `mean`,`var` (T2) instead of their low casts; opset ≥ 15 only | values, more precisely: *not bits* | since opset 15 ONNX types the parameters (T1, T2) apart from the data (T), as cuDNN and every framework's mixed-precision BatchNorm keep them FP32; the op still reads and writes its activations at the planned precision, and its parameters are no longer rounded. Off under `exact` |
 //!
 //! **Policy.** `cast-hoist` / `cast-sink` move an op from precision s to t;
 //! they fire only when the plan's policy allows that op at *both*
@@ -32,7 +34,19 @@
 //! initializer in inference mode) and the outputs of `Constant` nodes
 //! (never trained, in either mode) — where extraction weighs the stored
 //! copy's memory (bytes × [`super::extract::MEMORY_COST_PER_BYTE`]) against the
-//! per-iteration cast's time from the cost oracle.
+//! per-iteration cast's time from the cost oracle. A value computed only
+//! from such constants (an exporter's `Sqrt(Constant)` attention scale, a
+//! mask built from `Constant`s) is a constant too when it is small (at most
+//! [`super::pass::KNOWN_MAX_ELEMS`] elements) and every op on the way is
+//! evaluated exactly here — the IEEE correctly rounded ones (`+ − × ÷ √`,
+//! casts) and data movement; its cast folds like any other, and the ops
+//! that computed it go when nothing else reads them.
+//!
+//! **Uses.** A kept op's input is normally a fixed e-class: the op reads
+//! exactly that dtype. For the ops above whose reading does not depend on
+//! it (or, for BatchNormalization's parameters, where ONNX lets it differ)
+//! the importer makes a [`Key::Use`] class instead, and `use-uncast` adds
+//! the uncast readings; extraction pays for whichever it picks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -55,6 +69,8 @@ pub struct RuleCx {
     pub allowed: BTreeMap<u32, Vec<DType>>,
     /// Initializers (value index) that may be stored converted.
     pub foldable: BTreeSet<u32>,
+    /// Per use (node, group): the dtypes the group may read instead.
+    pub uses: BTreeMap<(u32, u8), Vec<DType>>,
 }
 
 impl RuleCx {
@@ -72,6 +88,7 @@ enum Kind {
     Hoist,
     Sink,
     Fold,
+    Uncast,
 }
 
 /// One rule: a searcher (which e-classes may match) and an applier (which
@@ -99,6 +116,7 @@ impl Rule {
         match self.kind {
             Kind::Identity | Kind::ExactChain | Kind::Hoist | Kind::Fold => has_cast,
             Kind::Sink => eg[c].nodes.iter().any(|n| matches!(n.key(), Key::Node { .. })),
+            Kind::Uncast => eg[c].nodes.iter().any(|n| matches!(n.key(), Key::Use { .. })),
         }
     }
 
@@ -155,6 +173,24 @@ impl Rule {
                             if self.cx.foldable.contains(&value) {
                                 out.push(eg.add(CastLang::Op(Key::Stored { value, dt: to, elems }, vec![])));
                             }
+                        }
+                    }
+                }
+                (Kind::Uncast, Key::Use { node: n, group, .. }) => {
+                    let Some(accept) = self.cx.uses.get(&(n, group)) else { continue };
+                    for &d in accept {
+                        // Every child of the group must be a cast of a value of dtype `d`.
+                        let xs: Option<Vec<Id>> = kids
+                            .iter()
+                            .map(|&k| {
+                                if dtype_of(eg, k) == Some(d) {
+                                    return Some(k);
+                                }
+                                casts_in(eg, k).find(|&(_, x)| dtype_of(eg, x) == Some(d)).map(|(_, x)| x)
+                            })
+                            .collect();
+                        if let Some(xs) = xs.filter(|xs| xs.as_slice() != kids.as_slice()) {
+                            out.push(eg.add(CastLang::Op(node.key(), xs)));
                         }
                     }
                 }
@@ -217,6 +253,7 @@ pub fn rules(cx: &Arc<RuleCx>) -> Vec<Rewrite<CastLang, Typing>> {
         ("cast-hoist", Kind::Hoist),
         ("cast-sink", Kind::Sink),
         ("fold-constant", Kind::Fold),
+        ("use-uncast", Kind::Uncast),
     ]
     .into_iter()
     .map(|(name, kind)| {
