@@ -1,8 +1,9 @@
 //! Extraction: the cheapest equal graph, costed DAG-aware.
 //!
 //! Own costs come from the [`CostOracle`]: a Cast costs
-//! `cast_time(from, to, elements)`, a region op `op_time(node, dtype)`, a
-//! leaf nothing, a stored constant its bytes × [`MEMORY_COST_PER_BYTE`].
+//! `cast_time(from, to, elements)`, a region op `op_time(node, dtype)`
+//! shared equally among its outputs (a Split is one kernel), a leaf or a use
+//! nothing, a stored constant its bytes × [`MEMORY_COST_PER_BYTE`].
 //! The cost of a selection (one e-node per e-class reached from the roots)
 //! is the sum of own costs over the *distinct* e-classes it reaches: a cast
 //! shared by several consumers is counted once.
@@ -67,8 +68,12 @@ impl<'a> Costs<'a> {
                 self.weight * self.oracle.cast_time(from, to, self.eg[c].data.elems) + CAST_EPSILON
             }
             Key::Node { node, dt, .. } => {
+                // A multi-output op (Split) is one kernel: each output
+                // class pays its share.
                 let (g, oracle) = (self.g, self.oracle);
-                *self.cache.entry((node, dt)).or_insert_with(|| oracle.op_time(g, NodeId::new(node as usize), dt))
+                let n = NodeId::new(node as usize);
+                let outs = g.node(n).outputs().len().max(1) as f64;
+                *self.cache.entry((node, dt)).or_insert_with(|| oracle.op_time(g, n, dt) / outs)
             }
         }
     }

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use egg::{Id, Runner};
+use egg::{Id, Language, Runner};
 use qsync_ir::{Attr, DType, Graph, Model, NodeId, NodeSpec, Op, OpClass, Tensor, TensorData, TensorType, ValueId};
 
 use super::extract::{dag_cost, dag_refine, reached, tree_choice, Choice, Costs};
@@ -264,6 +264,8 @@ struct Import {
     region: Vec<NodeId>,
     roots: Vec<Root>,
     uses: BTreeMap<(u32, u8), Vec<DType>>,
+    /// The input graph's own e-nodes, in import (topological) order.
+    added: Vec<CastLang>,
 }
 
 fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>) -> Import {
@@ -273,13 +275,16 @@ fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>)
     let mut region = Vec::new();
     let mut roots = Vec::new();
     let mut uses = BTreeMap::new();
-    let leaf = |eg: &mut CastGraph, class_of: &mut HashMap<ValueId, Id>, v: ValueId| -> Id {
+    let mut added = Vec::new();
+    let leaf = |eg: &mut CastGraph, class_of: &mut HashMap<ValueId, Id>, added: &mut Vec<CastLang>, v: ValueId| -> Id {
         *class_of.entry(v).or_insert_with(|| {
             let ty = g.ty(v);
-            eg.add(CastLang::Op(
+            let n = CastLang::Op(
                 Key::Leaf { value: v.index() as u32, dt: ty.dtype.unwrap_or(DType::F32), elems: numel(ty) },
                 vec![],
-            ))
+            );
+            added.push(n.clone());
+            eg.add(n)
         })
     };
     for &n in order {
@@ -288,7 +293,7 @@ fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>)
             let kids: Vec<Id> = child_slots(g, n)
                 .into_iter()
                 .filter_map(|s| node.input(s))
-                .map(|v| leaf(&mut eg, &mut class_of, v))
+                .map(|v| leaf(&mut eg, &mut class_of, &mut added, v))
                 .collect();
             for (slot, &o) in node.outputs().iter().enumerate() {
                 let ty = g.ty(o);
@@ -298,6 +303,7 @@ fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>)
                 } else {
                     Key::Node { node: n.index() as u32, slot: slot as u16, dt, elems: numel(ty) }
                 };
+                added.push(CastLang::Op(key, kids.clone()));
                 let id = eg.add(CastLang::Op(key, kids.clone()));
                 class_of.insert(o, id);
             }
@@ -318,7 +324,9 @@ fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>)
             let Some(vals) = vals.filter(|vs| vs.iter().all(|v| region_out.contains(v))) else { continue };
             let kids: Vec<Id> = vals.iter().map(|v| class_of[v]).collect();
             let dt = g.ty(vals[0]).dtype.unwrap_or(DType::F32);
-            let class = eg.add(CastLang::Op(Key::Use { node: n.index() as u32, group: ug.group, dt }, kids));
+            let use_node = CastLang::Op(Key::Use { node: n.index() as u32, group: ug.group, dt }, kids);
+            added.push(use_node.clone());
+            let class = eg.add(use_node);
             uses.insert((n.index() as u32, ug.group), ug.accept.clone());
             grouped.extend(ug.slots.iter().copied());
             roots.push(Root { node: n, slots: ug.slots.clone(), vals, class });
@@ -331,7 +339,7 @@ fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>)
             }
         }
     }
-    Import { eg, region, roots, uses }
+    Import { eg, region, roots, uses, added }
 }
 
 impl EgraphCasts {
@@ -397,10 +405,38 @@ struct Saturated {
 }
 
 /// The DAG extractor: egg's tree choice refined DAG-aware.
-fn extract(g: &Graph, eg: &CastGraph, oracle: &dyn CostOracle, weight: f64, roots: &[Id]) -> (Choice, f64) {
+///
+/// Two starting points are refined and the cheaper kept: egg's tree choice,
+/// and the input graph's own selection (each class's earliest imported
+/// e-node, which is acyclic: its children were imported before it) over
+/// the tree choice for the classes the rules made. The second guarantees
+/// the result is never costlier than the input where the tree choice,
+/// counting shared casts once per use, strays.
+fn extract(
+    g: &Graph,
+    eg: &CastGraph,
+    oracle: &dyn CostOracle,
+    weight: f64,
+    roots: &[Id],
+    added: &[CastLang],
+) -> (Choice, f64) {
     let mut costs = Costs::new(g, eg, oracle).cast_weight(weight);
-    let choice = tree_choice(Costs::new(g, eg, oracle).cast_weight(weight));
-    dag_refine(&mut costs, choice, roots, 2)
+    let tree = tree_choice(Costs::new(g, eg, oracle).cast_weight(weight));
+    let mut original = tree.clone();
+    let mut seen = std::collections::HashSet::new();
+    for n in added {
+        let c = eg.lookup(n.clone()).map(|c| eg.find(c));
+        if let Some(c) = c.filter(|&c| seen.insert(c)) {
+            original.insert(c, n.clone().map_children(|k| eg.find(k)));
+        }
+    }
+    let a = dag_refine(&mut costs, tree, roots, 2);
+    let b = dag_refine(&mut costs, original, roots, 2);
+    if b.1 < a.1 {
+        b
+    } else {
+        a
+    }
 }
 
 /// The DAG extractor's cost against the ILP optimum on one graph's
@@ -474,7 +510,7 @@ impl EgraphCasts {
         if eg.total_number_of_nodes() > max_enodes {
             return Ok(None);
         }
-        let (choice, dag) = extract(g, eg, oracle, sat.weight, &sat.roots);
+        let (choice, dag) = extract(g, eg, oracle, sat.weight, &sat.roots, &sat.imp.added);
         let mut costs = Costs::new(g, eg, oracle).cast_weight(sat.weight);
         let dag = dag_cost(&mut costs, &choice, &sat.roots).unwrap_or(dag);
         let ilp = super::extract::ilp_cost(&mut costs, &sat.roots);
@@ -504,7 +540,7 @@ impl Pass for EgraphCasts {
         let weight = sat.weight;
         let mut costs = Costs::new(g, eg, oracle).cast_weight(weight);
         let orig_cost = original_cost(g, &imp.region, &imp.roots, oracle, weight);
-        let (choice, new_cost) = extract(g, eg, oracle, weight, roots);
+        let (choice, new_cost) = extract(g, eg, oracle, weight, roots, &imp.added);
         let new_cost = dag_cost(&mut costs, &choice, roots).unwrap_or(new_cost);
         let region_casts_before = imp.region.iter().filter(|&&n| g.node(n).op == Op::Cast).count();
         let new_casts =
@@ -534,7 +570,9 @@ impl Pass for EgraphCasts {
     }
 }
 
-/// The input region's cost: own costs of region nodes reachable from roots.
+/// The input region's cost, priced as extraction prices a selection: each
+/// region value reachable from the roots once — a cast its cast time, an
+/// op's output its share of the op's time.
 fn original_cost(g: &Graph, region: &[NodeId], roots: &[Root], oracle: &dyn CostOracle, weight: f64) -> f64 {
     let in_region: std::collections::HashSet<NodeId> = region.iter().copied().collect();
     let mut seen = std::collections::HashSet::new();
@@ -542,7 +580,7 @@ fn original_cost(g: &Graph, region: &[NodeId], roots: &[Root], oracle: &dyn Cost
     let mut total = 0.0;
     while let Some(v) = stack.pop() {
         let Some((n, _)) = g.producer(v) else { continue };
-        if !in_region.contains(&n) || !seen.insert(n) {
+        if !in_region.contains(&n) || !seen.insert(v) {
             continue;
         }
         let node = g.node(n);
@@ -551,7 +589,7 @@ fn original_cost(g: &Graph, region: &[NodeId], roots: &[Root], oracle: &dyn Cost
             let (from, to) = (g.ty(i).dtype.unwrap_or(DType::F32), g.ty(o).dtype.unwrap_or(DType::F32));
             total += weight * oracle.cast_time(from, to, numel(g.ty(i))) + super::extract::CAST_EPSILON;
         } else if let Some(dt) = node.outputs().first().and_then(|&o| g.ty(o).dtype) {
-            total += oracle.op_time(g, n, dt);
+            total += oracle.op_time(g, n, dt) / node.outputs().len().max(1) as f64;
         }
         stack.extend(child_slots(g, n).into_iter().filter_map(|s| node.input(s)));
     }
