@@ -36,7 +36,8 @@ pub struct Costs<'a> {
     pub eg: &'a CastGraph,
     pub oracle: &'a dyn CostOracle,
     cache: HashMap<(u32, DType), f64>,
-    /// Multiplier on cast time (2 in training: forward and gradient casts).
+    /// Multiplier on the time of a cast whose input carries a gradient (2 in
+    /// training: the forward and the gradient cast; other casts count once).
     weight: f64,
 }
 
@@ -65,7 +66,9 @@ impl<'a> Costs<'a> {
             Key::Cast { to } => {
                 let c = n.kids()[0];
                 let from = dtype_of(self.eg, c).unwrap_or(DType::F32);
-                self.weight * self.oracle.cast_time(from, to, self.eg[c].data.elems) + CAST_EPSILON
+                // The backward cast exists only where a gradient flows.
+                let w = if self.eg[c].data.grad { self.weight } else { 1.0 };
+                w * self.oracle.cast_time(from, to, self.eg[c].data.elems) + CAST_EPSILON
             }
             Key::Node { node, dt, .. } => {
                 // A multi-output op (Split) is one kernel: each output

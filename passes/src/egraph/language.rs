@@ -34,8 +34,9 @@ use qsync_ir::DType;
 /// What an e-node is.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub enum Key {
-    /// An IR value kept as is: (value index, dtype, elements).
-    Leaf { value: u32, dt: DType, elems: u64 },
+    /// An IR value kept as is: (value index, dtype, elements, whether a
+    /// gradient flows back into it in training).
+    Leaf { value: u32, dt: DType, elems: u64, grad: bool },
     /// Initializer `value` stored converted to `dt`.
     Stored { value: u32, dt: DType, elems: u64 },
     /// Cast to `to`.
@@ -94,6 +95,10 @@ impl CastLang {
 pub struct ClassType {
     pub dt: Option<DType>,
     pub elems: u64,
+    /// Whether a gradient flows back through the value in training (it
+    /// depends on a trained parameter): a cast of it then has a backward
+    /// cast too.
+    pub grad: bool,
 }
 
 /// The dtype analysis.
@@ -107,26 +112,32 @@ impl Analysis<CastLang> for Typing {
     type Data = ClassType;
 
     fn make(egraph: &mut CastGraph, enode: &CastLang, _id: Id) -> ClassType {
+        let kids_grad = enode.kids().iter().any(|&c| egraph[c].data.grad);
         match enode.key() {
-            Key::Leaf { dt, elems, .. } | Key::Stored { dt, elems, .. } | Key::Node { dt, elems, .. } => {
-                ClassType { dt: Some(dt), elems }
-            }
-            Key::Use { dt, .. } => ClassType { dt: Some(dt), elems: 0 },
+            Key::Leaf { dt, elems, grad, .. } => ClassType { dt: Some(dt), elems, grad },
+            Key::Stored { dt, elems, .. } => ClassType { dt: Some(dt), elems, grad: false },
+            Key::Node { dt, elems, .. } => ClassType { dt: Some(dt), elems, grad: kids_grad },
+            Key::Use { dt, .. } => ClassType { dt: Some(dt), elems: 0, grad: kids_grad },
             Key::Cast { to } => {
                 let elems = enode.kids().first().map_or(0, |&c| egraph[c].data.elems);
-                ClassType { dt: Some(to), elems }
+                ClassType { dt: Some(to), elems, grad: kids_grad }
             }
         }
     }
 
     fn merge(&mut self, a: &mut ClassType, b: ClassType) -> DidMerge {
-        // Rules union only equal dtypes (checked in debug builds).
+        // Rules union only equal dtypes (checked in debug builds), and equal
+        // values depend on the same parameters; a stored constant (no
+        // gradient) only ever joins a class of constants.
         debug_assert!(a.dt.is_none() || b.dt.is_none() || a.dt == b.dt, "merging {a:?} with {b:?}");
         if a.dt.is_none() && b.dt.is_some() {
             *a = b;
             return DidMerge(true, false);
         }
-        DidMerge(false, a.dt != b.dt)
+        let grad = a.grad || b.grad;
+        let changed_a = grad != a.grad;
+        a.grad = grad;
+        DidMerge(changed_a, a.dt != b.dt || grad != b.grad)
     }
 }
 

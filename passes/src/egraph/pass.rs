@@ -18,9 +18,10 @@
 //! - the summary reports casts before → after, activation casts, the
 //!   runner's stop reason, iterations and e-nodes.
 //!
-//! Cost: a cast costs `2 · cast_time` in training (the forward cast and the
-//! backward cast of its gradient), `cast_time` in inference; region ops cost
-//! `op_time` at their dtype. **Requires:** `infer-shapes`; any planning pass
+//! Cost: a cast costs `2 · cast_time` in training when a gradient flows
+//! through its input (the forward cast and the backward cast of its
+//! gradient; [`gradient_values`]), `cast_time` otherwise and in inference;
+//! region ops cost `op_time` at their dtype. **Requires:** `infer-shapes`; any planning pass
 //! (or none: imported models that already contain casts).
 
 use std::collections::{BTreeMap, HashMap};
@@ -112,6 +113,36 @@ fn exactly_evaluated(op: &Op) -> bool {
 fn constant_init(g: &Graph, v: ValueId, inference: bool) -> bool {
     let Some(t) = g.value(v).init() else { return false };
     (inference || t.numel() <= 1) && !g.inputs().contains(&v)
+}
+
+/// The float values a gradient flows back through in training: trained
+/// parameters (float initializers that are not [`constant_init`]) and what
+/// float ops compute from them. Graph inputs carry none (the data needs no
+/// gradient), nor do constants. A cast of any other value has no backward
+/// cast. Empty in inference.
+pub fn gradient_values(g: &Graph, inference: bool) -> std::collections::HashSet<ValueId> {
+    let mut grad = std::collections::HashSet::new();
+    if inference {
+        return grad;
+    }
+    for &v in g.inits() {
+        let trained = g.value(v).init().is_some_and(|t| t.dtype.is_float()) && !constant_init(g, v, false);
+        if trained && !g.inputs().contains(&v) {
+            grad.insert(v);
+        }
+    }
+    let Ok(order) = g.topo_order() else { return grad };
+    for n in order {
+        let node = g.node(n);
+        if node.inputs().iter().flatten().any(|v| grad.contains(v)) {
+            for &o in node.outputs() {
+                if g.ty(o).dtype.is_some_and(DType::is_float) {
+                    grad.insert(o);
+                }
+            }
+        }
+    }
+    grad
 }
 
 /// Values whose contents the pass knows: `Constant` outputs, constant
@@ -268,7 +299,12 @@ struct Import {
     added: Vec<CastLang>,
 }
 
-fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>) -> Import {
+fn import(
+    g: &Graph,
+    order: &[NodeId],
+    grads: &std::collections::HashSet<ValueId>,
+    groups: impl Fn(NodeId) -> Vec<UseGroup>,
+) -> Import {
     let outputs = g.outputs().to_vec();
     let mut eg = CastGraph::default();
     let mut class_of: HashMap<ValueId, Id> = HashMap::new();
@@ -280,7 +316,12 @@ fn import(g: &Graph, order: &[NodeId], groups: impl Fn(NodeId) -> Vec<UseGroup>)
         *class_of.entry(v).or_insert_with(|| {
             let ty = g.ty(v);
             let n = CastLang::Op(
-                Key::Leaf { value: v.index() as u32, dt: ty.dtype.unwrap_or(DType::F32), elems: numel(ty) },
+                Key::Leaf {
+                    value: v.index() as u32,
+                    dt: ty.dtype.unwrap_or(DType::F32),
+                    elems: numel(ty),
+                    grad: grads.contains(&v),
+                },
                 vec![],
             );
             added.push(n.clone());
@@ -402,6 +443,8 @@ struct Saturated {
     stats: String,
     /// Contents of the values the pass knows (for stored constants).
     known: HashMap<ValueId, Tensor>,
+    /// Values a gradient flows through ([`gradient_values`]).
+    grads: std::collections::HashSet<ValueId>,
 }
 
 /// The DAG extractor: egg's tree choice refined DAG-aware.
@@ -469,7 +512,8 @@ impl EgraphCasts {
             pass: self.name().into(),
             message: "the graph has a cycle".into(),
         })?;
-        let mut imp = import(g, &order, |n| use_groups(g, n, opset, self.exact));
+        let grads = gradient_values(g, cx.inference);
+        let mut imp = import(g, &order, &grads, |n| use_groups(g, n, opset, self.exact));
         if imp.roots.is_empty() {
             return Ok(Err("no cast region".into()));
         }
@@ -494,7 +538,7 @@ impl EgraphCasts {
             format!("{stop} after {} iterations, {} e-nodes", runner.iterations.len(), egraph.total_number_of_nodes());
         let roots: Vec<Id> = imp.roots.iter().map(|r| egraph.find(r.class)).collect();
         let weight = if cx.inference { 1.0 } else { 2.0 };
-        Ok(Ok(Saturated { imp, egraph, roots, weight, stats, known }))
+        Ok(Ok(Saturated { imp, egraph, roots, weight, stats, known, grads }))
     }
 
     /// Saturate `model`'s cast region and compare the DAG extractor with the
@@ -514,7 +558,7 @@ impl EgraphCasts {
         let mut costs = Costs::new(g, eg, oracle).cast_weight(sat.weight);
         let dag = dag_cost(&mut costs, &choice, &sat.roots).unwrap_or(dag);
         let ilp = super::extract::ilp_cost(&mut costs, &sat.roots);
-        let input = original_cost(g, &sat.imp.region, &sat.imp.roots, oracle, sat.weight);
+        let input = original_cost(g, &sat.imp, &sat.grads, oracle, sat.weight);
         Ok(Some(IlpCheck { eclasses: eg.number_of_classes(), enodes: eg.total_number_of_nodes(), input, dag, ilp }))
     }
 }
@@ -539,7 +583,7 @@ impl Pass for EgraphCasts {
         let roots = &sat.roots;
         let weight = sat.weight;
         let mut costs = Costs::new(g, eg, oracle).cast_weight(weight);
-        let orig_cost = original_cost(g, &imp.region, &imp.roots, oracle, weight);
+        let orig_cost = original_cost(g, imp, &sat.grads, oracle, weight);
         let (choice, new_cost) = extract(g, eg, oracle, weight, roots, &imp.added);
         let new_cost = dag_cost(&mut costs, &choice, roots).unwrap_or(new_cost);
         let region_casts_before = imp.region.iter().filter(|&&n| g.node(n).op == Op::Cast).count();
@@ -573,7 +617,14 @@ impl Pass for EgraphCasts {
 /// The input region's cost, priced as extraction prices a selection: each
 /// region value reachable from the roots once — a cast its cast time, an
 /// op's output its share of the op's time.
-fn original_cost(g: &Graph, region: &[NodeId], roots: &[Root], oracle: &dyn CostOracle, weight: f64) -> f64 {
+fn original_cost(
+    g: &Graph,
+    imp: &Import,
+    grads: &std::collections::HashSet<ValueId>,
+    oracle: &dyn CostOracle,
+    weight: f64,
+) -> f64 {
+    let (region, roots) = (&imp.region, &imp.roots);
     let in_region: std::collections::HashSet<NodeId> = region.iter().copied().collect();
     let mut seen = std::collections::HashSet::new();
     let mut stack: Vec<ValueId> = roots.iter().flat_map(|r| r.vals.iter().copied()).collect();
@@ -587,7 +638,8 @@ fn original_cost(g: &Graph, region: &[NodeId], roots: &[Root], oracle: &dyn Cost
         if node.op == Op::Cast {
             let (Some(i), Some(&o)) = (node.input(0), node.outputs().first()) else { continue };
             let (from, to) = (g.ty(i).dtype.unwrap_or(DType::F32), g.ty(o).dtype.unwrap_or(DType::F32));
-            total += weight * oracle.cast_time(from, to, numel(g.ty(i))) + super::extract::CAST_EPSILON;
+            let w = if grads.contains(&i) { weight } else { 1.0 };
+            total += w * oracle.cast_time(from, to, numel(g.ty(i))) + super::extract::CAST_EPSILON;
         } else if let Some(dt) = node.outputs().first().and_then(|&o| g.ty(o).dtype) {
             total += oracle.op_time(g, n, dt) / node.outputs().len().max(1) as f64;
         }
