@@ -81,7 +81,7 @@ fn errors_carry_positions() {
 
 #[test]
 fn float_attributes_round_trip_bit_exactly() {
-    for f in [0.1f32, 1.0 / 3.0, 1e-38, f32::MAX, -0.0, 3.4028235e38, 1.17549435e-38, 7e-45] {
+    for f in [0.1f32, 1.0 / 3.0, 1e-38, f32::MAX, -0.0, 3.4028235e38, f32::MIN_POSITIVE, 7e-45] {
         let src = format!(
             "graph \"g\" {{\n  input %x: f32[1]\n  %y: f32[1] = LeakyRelu \"n\"(%x) {{alpha={}}}\n  output %y\n}}\n",
             qsync_ir::text::printer::float32(f)

@@ -91,7 +91,7 @@ fn main() {
                     let src = if g.value(i).init().is_some() {
                         "init".to_string()
                     } else if let Some((pn, _)) = g.producer(i) {
-                        format!("{}", g.node(pn).op.op_type())
+                        g.node(pn).op.op_type().to_string()
                     } else {
                         "input".to_string()
                     };

@@ -153,7 +153,9 @@ impl Profile {
     /// Least-squares fits of every cast pair (samples of a pair listed
     /// several times are pooled).
     pub fn cast_fits(&self) -> Result<Vec<CastFit>> {
-        let mut pairs: Vec<(Precision, Precision, Vec<(f64, f64)>)> = Vec::new();
+        // (from, to, samples as (elements, seconds)).
+        type Pair = (Precision, Precision, Vec<(f64, f64)>);
+        let mut pairs: Vec<Pair> = Vec::new();
         for c in &self.casts {
             let pts = c.samples.iter().map(|&(x, us)| (x, us * 1e-6));
             match pairs.iter_mut().find(|(f, t, _)| *f == c.from && *t == c.to) {

@@ -279,9 +279,9 @@ fn inline_values(dtype: DType, b: &[u8]) -> String {
         _ => None,
     };
     let exact_len = match dtype {
-        DType::F32 | DType::I32 => b.len() % 4 == 0,
-        DType::F64 | DType::I64 => b.len() % 8 == 0,
-        DType::I16 => b.len() % 2 == 0,
+        DType::F32 | DType::I32 => b.len().is_multiple_of(4),
+        DType::F64 | DType::I64 => b.len().is_multiple_of(8),
+        DType::I16 => b.len().is_multiple_of(2),
         _ => true,
     };
     match items {

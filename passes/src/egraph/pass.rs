@@ -589,7 +589,8 @@ impl Pass for EgraphCasts {
         let region_casts_before = imp.region.iter().filter(|&&n| g.node(n).op == Op::Cast).count();
         let new_casts =
             reached(eg, &choice, roots).iter().filter(|c| matches!(choice[c].key(), Key::Cast { .. })).count();
-        if !(new_cost < orig_cost * (1.0 - 1e-9)) || new_casts > region_casts_before {
+        let cheaper = new_cost < orig_cost * (1.0 - 1e-9);
+        if !cheaper || new_casts > region_casts_before {
             return Ok(PassOutcome {
                 changed: false,
                 summary: format!(
@@ -872,11 +873,7 @@ fn rebuild(
 fn retype_after_use_change(g: &mut Graph, n: NodeId, slot: usize) {
     let Some(dt) = g.node(n).input(slot).and_then(|v| g.ty(v).dtype) else { return };
     match g.node(n).op {
-        Op::IsNaN => {
-            if g.node(n).precision.is_some() {
-                g.node_mut(n).precision = Some(dt);
-            }
-        }
+        Op::IsNaN if g.node(n).precision.is_some() => g.node_mut(n).precision = Some(dt),
         Op::BatchNormalization if slot == 3 => {
             for o in g.node(n).outputs().iter().skip(1).copied().collect::<Vec<_>>() {
                 let shape = g.ty(o).shape.clone();

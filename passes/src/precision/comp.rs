@@ -20,6 +20,7 @@
 //!   chains (two states per op, casts additive at chain edges; linear in the
 //!   segment's size). Never exponential beyond `2^EXHAUSTIVE_MAX`.
 //! - Unlisted ops stay FP32; a precision the target lacks is never chosen.
+//!
 //! **Requires:** `infer-shapes`.
 
 use std::collections::{BTreeSet, HashMap, HashSet};

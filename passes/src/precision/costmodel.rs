@@ -40,8 +40,11 @@ pub struct CostModelOracle {
     target: String,
     opts: InferOptions,
     fallback: AnalyticOracle,
-    cache: RefCell<Option<(Key, Option<Rc<(Bindings, GraphFacts)>>)>>,
+    cache: RefCell<Option<(Key, Option<Facts>)>>,
 }
+
+/// The bindings and facts of one graph state, shared while it is unchanged.
+type Facts = Rc<(Bindings, GraphFacts)>;
 
 impl std::fmt::Debug for CostModelOracle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
