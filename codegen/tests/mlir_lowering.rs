@@ -1,0 +1,155 @@
+//! One small text-IR graph per structured MLIR lowering: it maps with no
+//! generic `qsync.*` op, names the expected linalg/tensor ops, and the module
+//! verifies with `mlir-opt-22` and no flag (skipped, with the reason printed,
+//! when the tool is not installed).
+
+use std::process::Command;
+
+use qsync_codegen::{emit_mlir, MlirOutput};
+use qsync_ir::infer::{infer_shapes, InferOptions};
+
+fn emit(name: &str, body: &str) -> MlirOutput {
+    let text = format!("opset \"\" 18\ngraph \"{name}\" {{\n{body}\n}}\n");
+    let mut m = qsync_ir::text::parse_model(&text).expect("text IR");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(out.all_ops_mapped(), "{name}: generic {:?}\n{}", out.generic_ops, out.text);
+    let again = emit_mlir(&m.graph, name).expect("second emission");
+    assert_eq!(out.text, again.text, "{name}: emission is deterministic");
+    mlir_opt_plain(&out.text, name);
+    out
+}
+
+/// `mlir-opt-22` with no flag accepts the module.
+fn mlir_opt_plain(text: &str, tag: &str) {
+    let tool = std::env::var("QSYNC_MLIR_OPT").unwrap_or_else(|_| "mlir-opt-22".into());
+    let path = std::env::temp_dir().join(format!("qsync-lowering-{}-{tag}.mlir", std::process::id()));
+    std::fs::write(&path, text).expect("write mlir");
+    let out = match Command::new(&tool).arg(&path).output() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipping the mlir-opt check of {tag}: `{tool}` cannot run ({e})");
+            return;
+        }
+    };
+    let _ = std::fs::remove_file(&path);
+    assert!(out.status.success(), "{tag}: {tool} rejected:\n{}\n{text}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn has(out: &MlirOutput, ops: &[&str]) {
+    for op in ops {
+        assert!(out.text.contains(op), "missing {op}:\n{}", out.text);
+    }
+}
+
+#[test]
+fn conv_with_bias_pads_and_strides() {
+    let out = emit(
+        "conv",
+        r#"  input %x: f16[batch,3,9,9]
+  input %w: f16[8,3,3,3]
+  input %b: f16[8]
+  %y = Conv "conv"(%x, %w, %b) {pads=[1, 1, 1, 1], strides=[2, 2], kernel_shape=[3, 3]} @f16
+  output %y"#,
+    );
+    has(
+        &out,
+        &["tensor.pad", "linalg.broadcast", "linalg.conv_2d_nchw_fchw", "tensor.dim", "qsync.precision = \"f16\""],
+    );
+    assert!(out.text.contains("tensor<?x8x5x5xf16>"), "{}", out.text);
+}
+
+#[test]
+fn conv_same_upper_without_bias() {
+    let out = emit(
+        "conv_same",
+        r#"  input %x: f32[1,2,7,7]
+  input %w: f32[4,2,3,3]
+  %y = Conv "conv"(%x, %w) {auto_pad="SAME_UPPER", dilations=[2, 2]}
+  output %y"#,
+    );
+    has(&out, &["linalg.fill", "linalg.conv_2d_nchw_fchw", "tensor<1x2x11x11xf32>"]);
+}
+
+#[test]
+fn grouped_conv_uses_the_grouped_named_op() {
+    let out = emit(
+        "depthwise",
+        r#"  input %x: f32[batch,4,6,6]
+  input %w: f32[4,1,3,3]
+  %y = Conv "dw"(%x, %w) {group=4, pads=[1, 1, 1, 1]}
+  output %y"#,
+    );
+    has(&out, &["tensor.expand_shape", "linalg.conv_2d_ngchw_gfchw", "tensor.collapse_shape"]);
+}
+
+#[test]
+fn max_pool_in_ceil_mode_pads_with_minus_infinity() {
+    let out = emit(
+        "maxpool",
+        r#"  input %x: f16[batch,2,8,8]
+  %y = MaxPool "pool"(%x) {kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1}
+  output %y"#,
+    );
+    has(&out, &["linalg.pooling_nchw_max", "tensor.pad", "0xFC00"]);
+}
+
+#[test]
+fn average_pool_divides_by_window_or_valid_counts() {
+    let out = emit(
+        "avgpool",
+        r#"  input %x: f32[1,2,6,6]
+  %y = AveragePool "uniform"(%x) {kernel_shape=[2, 2], strides=[2, 2]}
+  %z = AveragePool "excl"(%x) {kernel_shape=[3, 3], pads=[1, 1, 1, 1]}
+  output %y, %z"#,
+    );
+    has(&out, &["linalg.pooling_nchw_sum", "arith.divf", "dense<1.000000e+00>"]);
+}
+
+#[test]
+fn global_average_pool_flatten_and_gemm() {
+    let out = emit(
+        "head",
+        r#"  input %x: f16[batch,8,4,4]
+  input %w: f16[10,8]
+  input %b: f16[10]
+  %p = GlobalAveragePool "gap"(%x)
+  %f = Flatten "flat"(%p) {axis=1}
+  %y = Gemm "fc"(%f, %w, %b) {transB=1, alpha=0.5}
+  output %y"#,
+    );
+    has(&out, &["linalg.generic", "\"reduction\"", "arith.extf", "tensor.collapse_shape", "linalg.matmul"]);
+}
+
+#[test]
+fn reshape_concat_and_reduce_mean() {
+    let out = emit(
+        "shapes",
+        r#"  input %x: f32[2,3,4]
+  input %y: f32[2,5,4]
+  init %s: i64[2] = [2, -1]
+  init %ax: i64[1] = [2]
+  %c = Concat "cat"(%x, %y) {axis=1}
+  %r = Reshape "re"(%c, %s)
+  %m = ReduceMean "mean"(%c, %ax) {keepdims=0}
+  output %r, %m"#,
+    );
+    has(&out, &["tensor.concat dim(1)", "tensor.collapse_shape", "arith.divf"]);
+}
+
+#[test]
+fn batch_norm_inference_and_training() {
+    let out = emit(
+        "bn",
+        r#"  input %x: f16[batch,4,3,3]
+  input %s: f16[4]
+  input %b: f16[4]
+  input %m: f16[4]
+  input %v: f16[4]
+  %y = BatchNormalization "bn"(%x, %s, %b, %m, %v) {epsilon=0.001}
+  %t, %rm, %rv = BatchNormalization "bn_train"(%x, %s, %b, %m, %v) {training_mode=1}
+  output %y, %t, %rm, %rv"#,
+    );
+    has(&out, &["math.sqrt", "arith.sitofp", "\"reduction\""]);
+}
