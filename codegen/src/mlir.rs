@@ -36,6 +36,27 @@
 //!   `(x − mean)/sqrt(var + ε)·scale + B` (`math.sqrt`); with
 //!   `training_mode = 1` the batch mean and variance are reductions first and
 //!   the running statistics, when asked for, are momentum updates;
+//! - `MatMul` (float, rank ≥ 2) → `linalg.matmul` when the right operand is
+//!   2-D (the left one's leading axes folded into rows by
+//!   `tensor.collapse_shape`, unfolded after), `linalg.batch_matmul` when the
+//!   batch axes are equal (folded into one), else a contracting
+//!   `linalg.generic` that broadcasts the batch axes; all accumulate in the
+//!   operands' element type;
+//! - `Softmax` over the last axis → `linalg.softmax`;
+//! - `LayerNormalization` → mean and variance as reducing `linalg.generic`s
+//!   (in f32 for 16-bit inputs unless `stash_type = 0`), then one
+//!   elementwise `linalg.generic` applying `math.sqrt`, scale and bias;
+//! - `Gather` (i32/i64 indices, negative ones wrapped) → a `linalg.generic`
+//!   over the output reading the data with `tensor.extract`;
+//! - other elementwise ops under numpy broadcasting → one `linalg.generic`
+//!   with an `arith`/`math` body: `Add`/`Sub`/`Mul`/`Div` (float or int),
+//!   `Pow` (`math.powf`), `Max`/`Min`, `And`/`Or`/`Xor`/`Not` on bools,
+//!   `Equal`/`Less`/`LessOrEqual`/`Greater`/`GreaterOrEqual` (`arith.cmpf`/
+//!   `cmpi`), `Where` (`arith.select`), `IsNaN`, and the float unaries
+//!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
+//!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
+//!   do not apply; `Identity` and a one-output `Dropout` (inference) forward
+//!   their input;
 //! - anything else — or any node whose types are not fully known, or whose
 //!   shape or attributes a lowering above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node
@@ -65,6 +86,7 @@ use crate::CodegenError;
 
 mod build;
 mod nn;
+mod tensorops;
 
 /// The emitted module and what it needed.
 #[derive(Debug, Clone)]

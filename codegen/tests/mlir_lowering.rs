@@ -153,3 +153,59 @@ fn batch_norm_inference_and_training() {
     );
     has(&out, &["math.sqrt", "arith.sitofp", "\"reduction\""]);
 }
+
+#[test]
+fn matmuls_fold_batches_or_broadcast() {
+    let out = emit(
+        "matmuls",
+        r#"  input %x: f16[batch,8,16]
+  input %w: f16[16,4]
+  input %q: f16[batch,2,8,4]
+  input %k: f16[batch,2,4,8]
+  input %p: f16[2,4,8]
+  %y = MatMul "proj"(%x, %w) @f16
+  %s = MatMul "scores"(%q, %k) @f16
+  %t = MatMul "bcast"(%q, %p)
+  output %y, %s, %t"#,
+    );
+    has(&out, &["linalg.matmul", "linalg.batch_matmul", "tensor.expand_shape", "\"reduction\"", "arith.mulf"]);
+    assert!(out.text.contains("tensor<?x8x4xf16>"), "{}", out.text);
+}
+
+#[test]
+fn softmax_layer_norm_and_gather() {
+    let out = emit(
+        "encoder",
+        r#"  input %ids: i64[1,seq]
+  init %emb: f32[10,4] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39]
+  input %g: f16[4]
+  input %b: f16[4]
+  %e = Gather "embed"(%emb, %ids) {axis=0}
+  %h = Cast "half"(%e) {to=10}
+  %n = LayerNormalization "ln"(%h, %g, %b) {axis=-1, epsilon=1e-12}
+  %s = Softmax "sm"(%n) {axis=-1}
+  output %s"#,
+    );
+    has(&out, &["tensor.extract", "linalg.index", "math.sqrt", "linalg.softmax dimension(2)", "arith.extf"]);
+}
+
+#[test]
+fn broadcasting_elementwise_ops_and_where() {
+    let out = emit(
+        "ewise",
+        r#"  input %x: f16[2,3,4]
+  input %b: f16[4]
+  input %c: f16[]
+  input %m: bool[2,1,4]
+  %a = Add "add"(%x, %b)
+  %p = Pow "pow"(%a, %c)
+  %r = Sqrt "sqrt"(%p)
+  %e = Erf "erf"(%r)
+  %n = IsNaN "nan"(%e)
+  %k = And "and"(%n, %m)
+  %w = Where "where"(%k, %c, %e)
+  %l = Less "lt"(%w, %x)
+  output %w, %l"#,
+    );
+    has(&out, &["math.powf", "math.sqrt", "arith.cmpf uno", "arith.andi", "arith.select", "arith.cmpf olt"]);
+}

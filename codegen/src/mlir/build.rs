@@ -130,6 +130,10 @@ pub(super) fn acc_type(dt: DType) -> DType {
 }
 
 impl Body {
+    /// A body whose lines are thrown away (to ask whether one exists).
+    pub fn probe() -> Body {
+        Body { lines: Vec::new(), prefix: "probe".into(), n: 0 }
+    }
     /// `v` converted between float types (`arith.extf`/`truncf`), if they differ.
     pub fn convert(&mut self, v: &str, from: DType, to: DType) -> String {
         match from == to {

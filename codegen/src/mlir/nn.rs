@@ -56,7 +56,11 @@ impl Emitter<'_> {
             Op::Concat => self.concat(node, outs),
             Op::ReduceMean | Op::ReduceSum | Op::ReduceMax | Op::ReduceMin => self.reduce_node(node, outs),
             Op::BatchNormalization => self.batch_norm(node, outs),
-            _ => None,
+            Op::MatMul => self.matmul(node, outs),
+            Op::Softmax => self.softmax(node, outs),
+            Op::LayerNormalization => self.layer_norm(node, outs),
+            Op::Gather => self.gather(node, outs),
+            _ => self.elementwise(node, outs),
         }
     }
 
@@ -65,7 +69,7 @@ impl Emitter<'_> {
     }
 
     /// `qsync.name`/`qsync.precision` of the node, for its main operation.
-    fn tags(&self, node: &Node) -> String {
+    pub(super) fn tags(&self, node: &Node) -> String {
         let mut t = format!("qsync.name = {}", quote(node.name.as_bytes()));
         if let Some(p) = node.precision {
             t.push_str(&format!(", qsync.precision = {}", quote(p.name().as_bytes())));
