@@ -55,8 +55,20 @@
 //!   `cmpi`), `Where` (`arith.select`), `IsNaN`, and the float unaries
 //!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
 //!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
-//!   do not apply; `Identity` and a one-output `Dropout` (inference) forward
-//!   their input;
+//!   do not apply; `Identity` and a one-output `Dropout` whose
+//!   `training_mode` is absent or a constant false forward their input
+//!   (a `Dropout` that may train needs randomness and stays generic);
+//! - `Constant` (inline `value`/`value_*`) → `arith.constant dense<…>`;
+//!   `ConstantOfShape` → a splat constant, or `tensor.empty` + `linalg.fill`
+//!   for dynamic shapes; `Shape` → a constant, or `tensor.dim`s gathered by
+//!   `tensor.from_elements`; `Range` → a `linalg.generic` of `linalg.index`
+//!   (its length computed when symbolic); `Expand` → a broadcasting
+//!   `linalg.generic`;
+//! - `Slice` (positive constant steps, constant axes; starts constant or
+//!   computed, wrapped and clamped in `index` arithmetic) and `Split` →
+//!   `tensor.extract_slice` sized by the inferred outputs;
+//!   `GatherElements` and `GatherND` (`batch_dims = 0`) → a
+//!   `linalg.generic` reading with `tensor.extract`;
 //! - anything else — or any node whose types are not fully known, or whose
 //!   shape or attributes a lowering above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node
@@ -86,6 +98,7 @@ use crate::CodegenError;
 
 mod build;
 mod nn;
+mod shapeops;
 mod tensorops;
 
 /// The emitted module and what it needed.

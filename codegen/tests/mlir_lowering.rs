@@ -209,3 +209,44 @@ fn broadcasting_elementwise_ops_and_where() {
     );
     has(&out, &["math.powf", "math.sqrt", "arith.cmpf uno", "arith.andi", "arith.select", "arith.cmpf olt"]);
 }
+
+#[test]
+fn constants_and_shape_computations() {
+    let out = emit(
+        "shapes_of",
+        r#"  input %x: f32[batch,seq,4]
+  input %lo: i64[]
+  input %hi: i64[]
+  input %step: i64[]
+  %c = Constant "c"() {value=tensor<i64[2,2]> [1, 2, 3, 4]}
+  %z = Constant "z"() {value=tensor<i64[0]> []}
+  %s = Shape "shape"(%x)
+  %k = ConstantOfShape "ones"(%c) {value=tensor<f32[1]> [1.0]}
+  %r = Range "range"(%lo, %hi, %step)
+  %e = Expand "expand"(%x, %s)
+  output %c, %z, %s, %k, %r, %e"#,
+    );
+    has(&out, &["dense<[[1, 2], [3, 4]]>", "dense<>", "tensor.from_elements", "arith.index_cast", "linalg.index"]);
+}
+
+#[test]
+fn slices_splits_and_element_gathers() {
+    let out = emit(
+        "indexing",
+        r#"  input %x: f32[2,seq,6]
+  input %start: i64[1]
+  input %ids: i64[2,3]
+  input %nd: i64[2,2]
+  init %ax: i64[1] = [2]
+  init %st: i64[1] = [1]
+  init %end: i64[1] = [5]
+  init %one: i64[1] = [1]
+  %s: f32[2,seq,3] = Slice "slice"(%x, %start, %end, %ax, %st)
+  %c = Slice "const_slice"(%x, %one, %end, %ax, %st)
+  %a, %b = Split "split"(%x) {axis=2, num_outputs=2}
+  %g = GatherElements "ge"(%ids, %ids) {axis=1}
+  %n = GatherND "gnd"(%x, %nd)
+  output %s, %c, %a, %b, %g, %n"#,
+    );
+    has(&out, &["tensor.extract_slice", "arith.minsi", "tensor.extract"]);
+}

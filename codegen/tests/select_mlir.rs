@@ -92,6 +92,26 @@ fn cnn_models_map_completely_and_verify_without_flags() {
     }
 }
 
+#[test]
+fn transformer_models_map_all_but_training_dropout() {
+    let check_tool = mlir_opt_installed();
+    for name in ["bert_tiny", "bert_base_qa", "bert_base_train"] {
+        let m = planned(&models_dir().join(format!("{name}.onnx")));
+        let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let left: Vec<&str> = out.generic_ops.keys().map(String::as_str).collect();
+        if name == "bert_base_train" {
+            // Dropout whose training_mode is a graph input needs randomness.
+            assert_eq!(left, ["Dropout"], "{name}");
+        } else {
+            assert!(left.is_empty(), "{name}: generic ops {left:?}");
+            assert!(out.text.contains("linalg.batch_matmul") && out.text.contains("linalg.softmax"), "{name}");
+        }
+        if check_tool {
+            mlir_opt(&out.text, !left.is_empty(), name);
+        }
+    }
+}
+
 const MAPPED: &str = r#"opset "" 18
 graph "mapped" {
   input %x: f32[batch,4]

@@ -201,6 +201,13 @@ impl Emitter<'_> {
     /// operand with that size or of the argument a symbol comes from, or a
     /// product of those.
     pub(super) fn dim(&mut self, d: &Dim, hints: &[&Operand]) -> Option<String> {
+        self.dim_at(d, hints, 0)
+    }
+
+    fn dim_at(&mut self, d: &Dim, hints: &[&Operand], depth: usize) -> Option<String> {
+        if depth > 8 {
+            return None;
+        }
         if let Some(c) = d.as_const() {
             return (c >= 0).then(|| self.scalar(&c.to_string(), "index"));
         }
@@ -225,8 +232,8 @@ impl Emitter<'_> {
                     let sd = Dim::sym(s);
                     d.div_exact(&sd).filter(|q| q != d).map(|q| (q, sd))
                 })?;
-                let a = self.dim(&s, hints)?;
-                let b = self.dim(&q, hints)?;
+                let a = self.dim_at(&s, hints, depth + 1)?;
+                let b = self.dim_at(&q, hints, depth + 1)?;
                 self.line(format!("arith.muli {a}, {b} : index"))
             }
         };

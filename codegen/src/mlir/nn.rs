@@ -60,6 +60,15 @@ impl Emitter<'_> {
             Op::Softmax => self.softmax(node, outs),
             Op::LayerNormalization => self.layer_norm(node, outs),
             Op::Gather => self.gather(node, outs),
+            Op::Constant
+            | Op::ConstantOfShape
+            | Op::Shape
+            | Op::Range
+            | Op::Expand
+            | Op::Slice
+            | Op::Split
+            | Op::GatherElements
+            | Op::GatherND => self.lower_shapes(node, outs),
             _ => self.elementwise(node, outs),
         }
     }
