@@ -57,7 +57,8 @@
 //!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
 //!   do not apply; `Identity` and a one-output `Dropout` whose
 //!   `training_mode` is absent or a constant false forward their input
-//!   (a `Dropout` that may train needs randomness and stays generic);
+//!   (a `Dropout` that may train — `bert_base_train`'s, whose mode is a
+//!   constant true — needs randomness and stays generic);
 //! - `Constant` (inline `value`/`value_*`) → `arith.constant dense<…>`;
 //!   `ConstantOfShape` → a splat constant, or `tensor.empty` + `linalg.fill`
 //!   for dynamic shapes; `Shape` → a constant, or `tensor.dim`s gathered by

@@ -250,3 +250,47 @@ fn slices_splits_and_element_gathers() {
     );
     has(&out, &["tensor.extract_slice", "arith.minsi", "tensor.extract"]);
 }
+
+#[test]
+fn unsupported_forms_stay_generic_without_panicking() {
+    let text = r#"opset "" 18
+graph "odd" {
+  input %x: f32[1,2,5]
+  input %y: f32[1,2,5,5]
+  input %w: f32[3,2,3]
+  input %t: bool[]
+  input %r: f32[]
+  %c = Conv "conv1d"(%x, %w)
+  %p, %i = MaxPool "with_indices"(%y) {kernel_shape=[2, 2]}
+  %s = Softmax "inner_axis"(%y) {axis=1}
+  %d = Dropout "training"(%y, %r, %t)
+  %z = Conv "zero_stride"(%y, %y) {strides=[0, 0]}
+  %q = AveragePool "huge"(%y) {kernel_shape=[9, 9], pads=[9223372036854775807, 0, 0, 0]}
+  %u = Split "scalar"(%r)
+  output %c, %p, %i, %s, %d, %z, %q, %u
+}
+"#;
+    let mut m = qsync_ir::text::parse_model(text).expect("text IR");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    let out = emit_mlir(&m.graph, "odd").expect("generic forms verify");
+    for op in ["Conv", "MaxPool", "Softmax", "Dropout", "AveragePool"] {
+        assert!(out.generic_ops.contains_key(op), "{op} stays generic: {:?}", out.generic_ops);
+    }
+    assert!(out.warning().is_some());
+}
+
+#[test]
+fn inference_dropout_forwards_its_input() {
+    let out = emit(
+        "dropout",
+        r#"  input %x: f32[2,3]
+  init %ratio: f32[] = [0.1]
+  %f = Constant "off"() {value=tensor<bool[]> [false]}
+  %y = Dropout "plain"(%x, %ratio)
+  %z = Dropout "off"(%y, %ratio, %f)
+  %r = Relu "relu"(%z)
+  output %r"#,
+    );
+    has(&out, &["tosa.clamp %arg0"]);
+}

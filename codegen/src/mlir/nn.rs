@@ -7,13 +7,18 @@ use qsync_ir::{Dim, Node, Op, ValueId};
 use super::build::{acc_type, float_lit, ranked, Body, Operand};
 use super::{elem, is_float, quote, Emitter};
 
-/// A two-element attribute (`strides`, `dilations`, `kernel_shape`) or its default.
+/// Window attributes beyond this are refused (keeps the arithmetic exact).
+const WINDOW_LIMIT: i64 = 1 << 20;
+
+/// A two-element attribute (`strides`, `dilations`, `kernel_shape`) or its
+/// default; each at least 1.
 fn pair(node: &Node, name: &str, default: Option<i64>) -> Option<[i64; 2]> {
-    match node.attr_ints(name) {
-        Some(&[a, b]) => Some([a, b]),
-        Some(_) => None,
-        None => default.map(|d| [d, d]),
-    }
+    let v = match node.attr_ints(name) {
+        Some(&[a, b]) => [a, b],
+        Some(_) => return None,
+        None => default.map(|d| [d, d])?,
+    };
+    v.iter().all(|x| (1..=WINDOW_LIMIT).contains(x)).then_some(v)
 }
 
 fn dense2(v: [i64; 2]) -> String {
@@ -124,14 +129,16 @@ impl Emitter<'_> {
         match node.attr_str("auto_pad").unwrap_or("NOTSET") {
             "NOTSET" | "" => match node.attr_ints("pads") {
                 None => Some(([0, 0], [0, 0])),
-                Some(&[a, b, c, e]) => Some(([a, b], [c, e])),
+                Some(&[a, b, c, e]) if [a, b, c, e].iter().all(|p| (0..=WINDOW_LIMIT).contains(p)) => {
+                    Some(([a, b], [c, e]))
+                }
                 Some(_) => None,
             },
             "VALID" => Some(([0, 0], [0, 0])),
             mode @ ("SAME_UPPER" | "SAME_LOWER") => {
                 let (mut lo, mut hi) = ([0; 2], [0; 2]);
                 for i in 0..2 {
-                    let n = x.size(x.rank() - 2 + i)?;
+                    let n = x.size(x.rank() - 2 + i).filter(|&n| n <= WINDOW_LIMIT)?;
                     let out = (n + s[i] - 1) / s[i];
                     let total = ((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - n).max(0);
                     let small = total / 2;
@@ -234,7 +241,7 @@ impl Emitter<'_> {
         let mut extra = [0i64; 2];
         for i in 0..2 {
             match (x.size(2 + i), oshape[2 + i].as_const()) {
-                (Some(n), Some(o)) => {
+                (Some(n), Some(o)) if n <= WINDOW_LIMIT && (1..=WINDOW_LIMIT).contains(&o) => {
                     let need = (o - 1) * s[i] + (k[i] - 1) * d[i] + 1;
                     extra[i] = (need - (n + lo[i] + hi[i])).max(0);
                 }

@@ -244,7 +244,7 @@ impl Emitter<'_> {
         let starts = self.operand(node.input(1)?)?;
         let (shape, dt) = self.out_type(*outs.first()?)?;
         let k = starts.size(0)? as usize;
-        if outs.len() != 1 || dt != x.dt || shape.len() != x.rank() || starts.rank() != 1 {
+        if outs.len() != 1 || dt != x.dt || shape.len() != x.rank() || starts.rank() != 1 || x.rank() == 0 {
             return None;
         }
         let axes: Vec<i64> = match node.input(3) {
@@ -287,7 +287,10 @@ impl Emitter<'_> {
     /// `Split` into the inferred output shapes: one `tensor.extract_slice` each.
     fn split(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let x = self.operand(node.input(0)?)?;
-        let axis = node.attr_int("axis").unwrap_or(0).rem_euclid(x.rank().max(1) as i64) as usize;
+        if x.rank() == 0 {
+            return None;
+        }
+        let axis = node.attr_int("axis").unwrap_or(0).rem_euclid(x.rank() as i64) as usize;
         let mut at = Dim::from(0);
         let mut names = Vec::new();
         for &o in outs {

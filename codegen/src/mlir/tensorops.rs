@@ -91,7 +91,7 @@ impl Emitter<'_> {
                 // Dropout is the identity unless `training_mode` may be true.
                 let inference = match node.input(2) {
                     None => true,
-                    Some(v) => self.g.value(v).init().and_then(|t| t.as_i64s()).is_some_and(|b| b == [0]),
+                    Some(v) => self.const_ints(v).is_some_and(|b| b == [0]),
                 };
                 return (node.op == Op::Identity || inference).then(|| vec![xs[0].name.clone()]);
             }
