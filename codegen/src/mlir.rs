@@ -55,7 +55,7 @@
 //!   `cmpi`), `Where` (`arith.select`), `IsNaN`, and the float unaries
 //!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
 //!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
-//!   do not apply; `Identity` and a one-output `Dropout` whose
+//!   do not apply, and `Gelu` (exact with `math.erf`, or the tanh form); `Identity` and a one-output `Dropout` whose
 //!   `training_mode` is absent or a constant false forward their input
 //!   (a `Dropout` that may train — `bert_base_train`'s, whose mode is a
 //!   constant true — needs randomness and stays generic);

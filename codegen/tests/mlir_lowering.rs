@@ -205,9 +205,23 @@ fn broadcasting_elementwise_ops_and_where() {
   %k = And "and"(%n, %m)
   %w = Where "where"(%k, %c, %e)
   %l = Less "lt"(%w, %x)
-  output %w, %l"#,
+  %g = Gelu "gelu"(%x)
+  %t = Gelu "gelu_tanh"(%x) {approximate="tanh"}
+  output %w, %l, %g, %t"#,
     );
-    has(&out, &["math.powf", "math.sqrt", "arith.cmpf uno", "arith.andi", "arith.select", "arith.cmpf olt"]);
+    has(
+        &out,
+        &[
+            "math.powf",
+            "math.sqrt",
+            "arith.cmpf uno",
+            "arith.andi",
+            "arith.select",
+            "arith.cmpf olt",
+            "math.erf",
+            "math.tanh",
+        ],
+    );
 }
 
 #[test]

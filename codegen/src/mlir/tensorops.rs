@@ -95,6 +95,39 @@ impl Emitter<'_> {
                 };
                 return (node.op == Op::Identity || inference).then(|| vec![xs[0].name.clone()]);
             }
+            Op::Gelu if xs.len() == 1 && xs[0].dt == odt && is_float(odt) => {
+                let tanh = match node.attr_str("approximate").unwrap_or("none") {
+                    "none" => false,
+                    "tanh" => true,
+                    _ => return None,
+                };
+                let (dt, e) = (odt, elem(odt));
+                let r = self.ewise(&[&xs[0]], &shape, dt, |b, a| {
+                    let x = &a[0];
+                    let half = b.cst("0.5", dt);
+                    let one = b.cst("1.0", dt);
+                    let inner = if tanh {
+                        // tanh(√(2/π)·(x + 0.044715·x³))
+                        let c = b.cst("0.7978845608028654", dt);
+                        let k = b.cst("0.044715", dt);
+                        let x2 = b.bin("mulf", x, x, dt);
+                        let x3 = b.bin("mulf", &x2, x, dt);
+                        let t = b.bin("mulf", &x3, &k, dt);
+                        let u = b.bin("addf", x, &t, dt);
+                        let v = b.bin("mulf", &u, &c, dt);
+                        b.op(format!("math.tanh {v} : {e}"))
+                    } else {
+                        // erf(x/√2)
+                        let r = b.cst("0.7071067811865476", dt);
+                        let v = b.bin("mulf", x, &r, dt);
+                        b.op(format!("math.erf {v} : {e}"))
+                    };
+                    let p = b.bin("addf", &one, &inner, dt);
+                    let h = b.bin("mulf", x, &half, dt);
+                    b.bin("mulf", &h, &p, dt)
+                })?;
+                return Some(vec![r.name]);
+            }
             Op::Where => {
                 if xs.len() != 3 {
                     return None;
