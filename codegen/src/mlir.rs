@@ -55,8 +55,9 @@
 //!   `cmpi`), `Where` (`arith.select`), `IsNaN`, and the float unaries
 //!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
 //!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
-//!   do not apply, and `Gelu` (exact with `math.erf`, or the tanh form); `Identity` and a one-output `Dropout` whose
-//!   `training_mode` is absent or a constant false forward their input
+//!   do not apply, and `Gelu` (exact with `math.erf`, or the tanh form);
+//!   `Identity` and a one-output `Dropout` whose `training_mode` is absent
+//!   or a constant false forward their input
 //!   (a `Dropout` that may train — `bert_base_train`'s, whose mode is a
 //!   constant true — needs randomness and stays generic);
 //! - `Constant` (inline `value`/`value_*`) → `arith.constant dense<…>`;
@@ -70,8 +71,10 @@
 //!   `tensor.extract_slice` sized by the inferred outputs;
 //!   `GatherElements` and `GatherND` (`batch_dims = 0`) → a
 //!   `linalg.generic` reading with `tensor.extract`;
-//! - anything else — or any node whose types are not fully known, or whose
-//!   shape or attributes a lowering above does not cover — → a
+//! - anything else (e.g. 1-D/3-D `Conv`, `ConvTranspose`, `MaxPool` with its
+//!   `Indices` output, `Softmax` over an inner axis) — or any node whose
+//!   types are not fully known, or whose shape or attributes a lowering
+//!   above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node
 //!   name, its precision and its scalar/list attributes. Those are listed
 //!   in [`MlirOutput::generic_ops`], and the module then verifies only with
@@ -80,8 +83,8 @@
 //! Symbolic sizes (`batch`) are dynamic (`?`) dims; where an op needs their
 //! values (`tensor.empty`, `tensor.expand_shape`, counts) they are read with
 //! `tensor.dim` from an operand of that size or from the argument the symbol
-//! comes from. Convolutions, poolings and matmuls carry the node's
-//! `qsync.name` and `qsync.precision` as discardable attributes.
+//! comes from. The named convolution, pooling and matmul ops carry the
+//! node's `qsync.name` and `qsync.precision` as discardable attributes.
 //!
 //! The text is built here and handed to MLIR through melior, which parses
 //! and verifies it in-process; the printed module is what MLIR printed.
