@@ -4,9 +4,9 @@
 //!   to PTX for one [`Arch`] (`sm_70` … `sm_90`), no CUDA toolkit needed;
 //! - [`select`]: which kernels a planned graph needs on a device (the rule
 //!   is documented there);
-//! - [`mlir`]: a planned graph as an MLIR `func.func` of tosa ops and arith
-//!   casts, verified in-process by MLIR (through melior); ops with no tosa or
-//!   arith equivalent become generic `qsync.*` operations, never dropped.
+//! - [`mlir`]: a planned graph as an MLIR `func.func` of linalg, tensor, tosa
+//!   and arith ops, verified in-process by MLIR (through melior); ops with no
+//!   lowering become generic `qsync.*` operations, never dropped.
 //!
 //! Reads the IR only; knows nothing of passes or files.
 

@@ -10,11 +10,81 @@
 //! - unary ops with a one-operand tosa twin (`Relu` as `tosa.clamp`, `Tanh`,
 //!   `Sigmoid`, `Exp`, `Log`, `Abs`, `Erf`, `Reciprocal`, `Identity`,
 //!   `Transpose`) → that tosa op;
-//! - anything else — or any node whose types are not fully known — → a
+//! - `Conv` (2-D, NCHW, float) → `tensor.pad` (explicit `pads` or `SAME_*`)
+//!   and `linalg.conv_2d_nchw_fchw` with `strides`/`dilations`, accumulating
+//!   into the bias (`linalg.broadcast`) or zeros (`linalg.fill`) in the
+//!   operands' element type; grouped (`group > 1`, depthwise included) →
+//!   `tensor.expand_shape` to N×G×C/G×H×W and G×F/G×C/G×kh×kw,
+//!   `linalg.conv_2d_ngchw_gfchw`, `tensor.collapse_shape` back;
+//! - `MaxPool` → `tensor.pad` with −∞ (explicit pads plus what `ceil_mode`
+//!   needs) and `linalg.pooling_nchw_max` over a `tensor.empty` window;
+//!   `AveragePool` → `linalg.pooling_nchw_sum` divided by the window size,
+//!   or, when pads do not count or `ceil_mode` adds some, by the window sums
+//!   of a padded ones tensor (a second `linalg.pooling_nchw_sum`);
+//! - `GlobalAveragePool`/`GlobalMaxPool`, `ReduceSum`/`ReduceMean`/
+//!   `ReduceMax`/`ReduceMin` (float; axes from the attribute or a constant
+//!   input) → a reducing `linalg.generic` (keepdims through a constant
+//!   index in the output map); sums of f16/bf16 accumulate in f32 and round
+//!   once, means divide by the element count (`tensor.dim` when symbolic);
+//! - `Gemm` → `linalg.matmul` (transposes as `indexing_maps`) accumulating
+//!   into β·C broadcast by a `linalg.generic`, `alpha` applied after;
+//! - `Flatten`/`Reshape`/`Squeeze`/`Unsqueeze` (to the inferred output
+//!   shape) → one `tensor.collapse_shape` or `tensor.expand_shape` when the
+//!   axes group, else a collapse to one axis and an expand;
+//! - `Concat` → `tensor.concat`;
+//! - `BatchNormalization` → one elementwise `linalg.generic` computing
+//!   `(x − mean)/sqrt(var + ε)·scale + B` (`math.sqrt`); with
+//!   `training_mode = 1` the batch mean and variance are reductions first and
+//!   the running statistics, when asked for, are momentum updates;
+//! - `MatMul` (float, rank ≥ 2) → `linalg.matmul` when the right operand is
+//!   2-D (the left one's leading axes folded into rows by
+//!   `tensor.collapse_shape`, unfolded after), `linalg.batch_matmul` when the
+//!   batch axes are equal (folded into one), else a contracting
+//!   `linalg.generic` that broadcasts the batch axes; all accumulate in the
+//!   operands' element type;
+//! - `Softmax` over the last axis → `linalg.softmax`;
+//! - `LayerNormalization` → mean and variance as reducing `linalg.generic`s
+//!   (in f32 for 16-bit inputs unless `stash_type = 0`), then one
+//!   elementwise `linalg.generic` applying `math.sqrt`, scale and bias;
+//! - `Gather` (i32/i64 indices, negative ones wrapped) → a `linalg.generic`
+//!   over the output reading the data with `tensor.extract`;
+//! - other elementwise ops under numpy broadcasting → one `linalg.generic`
+//!   with an `arith`/`math` body: `Add`/`Sub`/`Mul`/`Div` (float or int),
+//!   `Pow` (`math.powf`), `Max`/`Min`, `And`/`Or`/`Xor`/`Not` on bools,
+//!   `Equal`/`Less`/`LessOrEqual`/`Greater`/`GreaterOrEqual` (`arith.cmpf`/
+//!   `cmpi`), `Where` (`arith.select`), `IsNaN`, and the float unaries
+//!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
+//!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
+//!   do not apply, and `Gelu` (exact with `math.erf`, or the tanh form);
+//!   `Identity` and a one-output `Dropout` whose `training_mode` is absent
+//!   or a constant false forward their input
+//!   (a `Dropout` that may train — `bert_base_train`'s, whose mode is a
+//!   constant true — needs randomness and stays generic);
+//! - `Constant` (inline `value`/`value_*`) → `arith.constant dense<…>`;
+//!   `ConstantOfShape` → a splat constant, or `tensor.empty` + `linalg.fill`
+//!   for dynamic shapes; `Shape` → a constant, or `tensor.dim`s gathered by
+//!   `tensor.from_elements`; `Range` → a `linalg.generic` of `linalg.index`
+//!   (its length computed when symbolic); `Expand` → a broadcasting
+//!   `linalg.generic`;
+//! - `Slice` (positive constant steps, constant axes; starts constant or
+//!   computed, wrapped and clamped in `index` arithmetic) and `Split` →
+//!   `tensor.extract_slice` sized by the inferred outputs;
+//!   `GatherElements` and `GatherND` (`batch_dims = 0`) → a
+//!   `linalg.generic` reading with `tensor.extract`;
+//! - anything else (e.g. 1-D/3-D `Conv`, `ConvTranspose`, `MaxPool` with its
+//!   `Indices` output, `Softmax` over an inner axis) — or any node whose
+//!   types are not fully known, or whose shape or attributes a lowering
+//!   above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node
 //!   name, its precision and its scalar/list attributes. Those are listed
 //!   in [`MlirOutput::generic_ops`], and the module then verifies only with
 //!   unregistered dialects allowed (`mlir-opt --allow-unregistered-dialect`).
+//!
+//! Symbolic sizes (`batch`) are dynamic (`?`) dims; where an op needs their
+//! values (`tensor.empty`, `tensor.expand_shape`, counts) they are read with
+//! `tensor.dim` from an operand of that size or from the argument the symbol
+//! comes from. The named convolution, pooling and matmul ops carry the
+//! node's `qsync.name` and `qsync.precision` as discardable attributes.
 //!
 //! The text is built here and handed to MLIR through melior, which parses
 //! and verifies it in-process; the printed module is what MLIR printed.
@@ -29,6 +99,11 @@ use melior::Context;
 use qsync_ir::{Attr, DType, Graph, Op, TensorType, ValueId};
 
 use crate::CodegenError;
+
+mod build;
+mod nn;
+mod shapeops;
+mod tensorops;
 
 /// The emitted module and what it needed.
 #[derive(Debug, Clone)]
@@ -52,7 +127,7 @@ impl MlirOutput {
         }
         let list: Vec<String> = self.generic_ops.iter().map(|(k, v)| format!("{k}×{v}")).collect();
         Some(format!(
-            "{} op type(s) have no tosa/arith lowering and were emitted as generic qsync.* operations: {}",
+            "{} op type(s) have no linalg/tosa/arith lowering and were emitted as generic qsync.* operations: {}",
             list.len(),
             list.join(", ")
         ))
@@ -182,6 +257,15 @@ struct Emitter<'g> {
     body: String,
     generic: BTreeMap<String, usize>,
     next: usize,
+    /// Symbol → a function argument and axis whose size it is.
+    syms: BTreeMap<String, (String, usize, String)>,
+    /// Lines of the node being lowered; dropped if its lowering gives up.
+    frag: Vec<String>,
+    /// Index values and scalar constants already defined in `frag`.
+    local: HashMap<String, String>,
+    /// The node's number and the next temporary of it.
+    base: usize,
+    tmp: usize,
 }
 
 impl Emitter<'_> {
@@ -328,12 +412,34 @@ impl Emitter<'_> {
         let node = self.g.node(id);
         let ins: Vec<ValueId> = node.inputs().iter().flatten().copied().collect();
         let outs: Vec<ValueId> = node.outputs().to_vec();
-        let rhs = match self.lower(node, &ins, &outs) {
-            Some(s) => s,
-            None => self.generic(node, &ins, &outs),
-        };
         let base = self.next;
         self.next += 1;
+        self.base = base;
+        self.tmp = 0;
+        self.frag.clear();
+        self.local.clear();
+        let lowered = match self.lower(node, &ins, &outs) {
+            Some(rhs) => Some(vec![self.line(rhs)]),
+            None if outs.iter().all(|&v| plain(self.g.ty(v))) && ins.iter().all(|&v| plain(self.g.ty(v))) => {
+                let r = self.lower_structured(node, &outs);
+                if r.is_none() {
+                    self.frag.clear();
+                }
+                r
+            }
+            None => None,
+        };
+        if let Some(results) = lowered.filter(|r| r.len() == outs.len()) {
+            for line in self.frag.drain(..) {
+                self.body.push_str(&line);
+                self.body.push('\n');
+            }
+            for (&o, n) in outs.iter().zip(results) {
+                self.names.insert(o, n);
+            }
+            return;
+        }
+        let rhs = self.generic(node, &ins, &outs);
         let lhs = match outs.len() {
             0 => String::new(),
             1 => format!("%{base} = "),
@@ -368,11 +474,30 @@ fn symbol(name: &str) -> String {
 
 /// The MLIR module text for `graph`, before verification.
 pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>) {
-    let mut e = Emitter { g: graph, names: HashMap::new(), body: String::new(), generic: BTreeMap::new(), next: 0 };
+    let mut e = Emitter {
+        g: graph,
+        names: HashMap::new(),
+        body: String::new(),
+        generic: BTreeMap::new(),
+        next: 0,
+        syms: BTreeMap::new(),
+        frag: Vec::new(),
+        local: HashMap::new(),
+        base: 0,
+        tmp: 0,
+    };
     let mut args = Vec::new();
     for (i, &v) in graph.inputs().iter().chain(graph.inits()).enumerate() {
         e.names.insert(v, format!("%arg{i}"));
         args.push(format!("%arg{i}: {} {{qsync.name = {}}}", e.ty(v), quote(graph.value_name(v).as_bytes())));
+        if plain(graph.ty(v)) {
+            for (axis, d) in graph.ty(v).shape.iter().flatten().enumerate() {
+                if let Some(s) = d.as_sym() {
+                    let ty = e.ty(v);
+                    e.syms.entry(s.to_string()).or_insert_with(|| (format!("%arg{i}"), axis, ty));
+                }
+            }
+        }
     }
     for id in graph.schedule() {
         e.node(id);

@@ -1,6 +1,7 @@
 //! Kernel selection from planned graphs, and MLIR emission: every shared
 //! model verifies in-process and with `mlir-opt-22 --allow-unregistered-dialect`;
-//! a model whose ops all map verifies with no flag.
+//! a model whose ops all map verifies with no flag, and the CNN models map
+//! completely, imported and after `amp` for a T4.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,6 +43,73 @@ fn mlir_opt(text: &str, allow_unregistered: bool, tag: &str) {
     });
     assert!(out.status.success(), "{tag}: {tool} rejected the module:\n{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_file(&path);
+}
+
+/// Imported, then planned like `qsyncc opt MODEL --passes amp --target t4`.
+fn planned(path: &Path) -> Model {
+    let mut m = load(path);
+    let pm = qsync_passes::pipeline_from_spec("amp").expect("pipeline");
+    let mut cx = qsync_passes::PassContext { target: Some("t4".into()), ..Default::default() };
+    pm.run(&mut m, &mut cx).expect("amp");
+    m
+}
+
+/// Whether `mlir-opt-22` (or `QSYNC_MLIR_OPT`) runs; prints why not.
+fn mlir_opt_installed() -> bool {
+    let tool = std::env::var("QSYNC_MLIR_OPT").unwrap_or_else(|_| "mlir-opt-22".into());
+    match Command::new(&tool).arg("--version").output() {
+        Ok(o) if o.status.success() => true,
+        r => {
+            eprintln!("skipping the mlir-opt checks: `{tool}` is not installed ({r:?})");
+            false
+        }
+    }
+}
+
+const CNN_MODELS: [&str; 5] = ["squeezenet1_1", "vgg16", "vgg16_bn", "resnet50", "resnet50_train"];
+
+#[test]
+fn cnn_models_map_completely_and_verify_without_flags() {
+    let check_tool = mlir_opt_installed();
+    for name in CNN_MODELS {
+        let path = models_dir().join(format!("{name}.onnx"));
+        for (stage, m) in [("imported", load(&path)), ("amp", planned(&path))] {
+            let tag = format!("{name}-{stage}");
+            let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{tag}: {e}"));
+            assert!(out.generic_ops.is_empty(), "{tag}: generic ops {:?}", out.generic_ops);
+            assert!(out.all_ops_mapped() && out.warning().is_none(), "{tag}");
+            assert!(!out.text.contains("qsync.opaque") && !out.text.contains("\"qsync."), "{tag}");
+            assert!(out.text.contains("linalg.conv_2d_nchw_fchw"), "{tag}: convolutions are linalg ops");
+            if stage == "amp" {
+                assert!(out.text.contains("qsync.precision = \"f16\""), "{tag}: the plan stays on the ops");
+                assert!(out.text.contains("xf16>"), "{tag}: convs compute in f16");
+            }
+            assert_eq!(out.text, emit_mlir(&m.graph, name).expect("again").text, "{tag}: deterministic");
+            if check_tool {
+                mlir_opt(&out.text, false, &tag);
+            }
+        }
+    }
+}
+
+#[test]
+fn transformer_models_map_all_but_training_dropout() {
+    let check_tool = mlir_opt_installed();
+    for name in ["bert_tiny", "bert_base_qa", "bert_base_train"] {
+        let m = planned(&models_dir().join(format!("{name}.onnx")));
+        let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let left: Vec<&str> = out.generic_ops.keys().map(String::as_str).collect();
+        if name == "bert_base_train" {
+            // Dropout whose training_mode is a graph input needs randomness.
+            assert_eq!(left, ["Dropout"], "{name}");
+        } else {
+            assert!(left.is_empty(), "{name}: generic ops {left:?}");
+            assert!(out.text.contains("linalg.batch_matmul") && out.text.contains("linalg.softmax"), "{name}");
+        }
+        if check_tool {
+            mlir_opt(&out.text, !left.is_empty(), name);
+        }
+    }
 }
 
 const MAPPED: &str = r#"opset "" 18

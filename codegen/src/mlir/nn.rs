@@ -1,0 +1,564 @@
+//! Structured lowerings of the network ops (see the list in the parent
+//! module's documentation). Each returns the SSA names of the node's outputs,
+//! or `None` to leave the node generic.
+
+use qsync_ir::{Dim, Node, Op, ValueId};
+
+use super::build::{acc_type, float_lit, ranked, Body, Operand};
+use super::{elem, is_float, quote, Emitter};
+
+/// Window attributes beyond this are refused (keeps the arithmetic exact).
+const WINDOW_LIMIT: i64 = 1 << 20;
+
+/// A two-element attribute (`strides`, `dilations`, `kernel_shape`) or its
+/// default; each at least 1.
+fn pair(node: &Node, name: &str, default: Option<i64>) -> Option<[i64; 2]> {
+    let v = match node.attr_ints(name) {
+        Some(&[a, b]) => [a, b],
+        Some(_) => return None,
+        None => default.map(|d| [d, d])?,
+    };
+    v.iter().all(|x| (1..=WINDOW_LIMIT).contains(x)).then_some(v)
+}
+
+fn dense2(v: [i64; 2]) -> String {
+    if v[0] == v[1] {
+        format!("dense<{}> : tensor<2xi64>", v[0])
+    } else {
+        format!("dense<[{}, {}]> : tensor<2xi64>", v[0], v[1])
+    }
+}
+
+/// Axes normalised against `rank`, sorted and distinct.
+fn axes_of(raw: &[i64], rank: usize) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for &a in raw {
+        let a = if a < 0 { a + rank as i64 } else { a };
+        if !(0..rank as i64).contains(&a) {
+            return None;
+        }
+        out.push(a as usize);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
+}
+
+impl Emitter<'_> {
+    /// Dispatch for ops lowered to several linalg/tensor operations.
+    pub(super) fn lower_structured(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        match node.op {
+            Op::Conv => self.conv(node, outs),
+            Op::MaxPool | Op::AveragePool => self.pool(node, outs),
+            Op::GlobalAveragePool | Op::GlobalMaxPool => self.global_pool(node, outs),
+            Op::Gemm => self.gemm(node, outs),
+            Op::Flatten | Op::Reshape | Op::Squeeze | Op::Unsqueeze => {
+                let x = self.input(node, 0)?;
+                let (shape, dt) = self.out_type(*outs.first()?)?;
+                (dt == x.dt && outs.len() == 1).then_some(())?;
+                Some(vec![self.reshape(&x, &shape)?.name])
+            }
+            Op::Concat => self.concat(node, outs),
+            Op::ReduceMean | Op::ReduceSum | Op::ReduceMax | Op::ReduceMin => self.reduce_node(node, outs),
+            Op::BatchNormalization => self.batch_norm(node, outs),
+            Op::MatMul => self.matmul(node, outs),
+            Op::Softmax => self.softmax(node, outs),
+            Op::LayerNormalization => self.layer_norm(node, outs),
+            Op::Gather => self.gather(node, outs),
+            Op::Constant
+            | Op::ConstantOfShape
+            | Op::Shape
+            | Op::Range
+            | Op::Expand
+            | Op::Slice
+            | Op::Split
+            | Op::GatherElements
+            | Op::GatherND => self.lower_shapes(node, outs),
+            _ => self.elementwise(node, outs),
+        }
+    }
+
+    fn input(&self, node: &Node, slot: usize) -> Option<Operand> {
+        self.operand(node.input(slot)?)
+    }
+
+    /// `qsync.name`/`qsync.precision` of the node, for its main operation.
+    pub(super) fn tags(&self, node: &Node) -> String {
+        let mut t = format!("qsync.name = {}", quote(node.name.as_bytes()));
+        if let Some(p) = node.precision {
+            t.push_str(&format!(", qsync.precision = {}", quote(p.name().as_bytes())));
+        }
+        t
+    }
+
+    /// `tensor.pad` of the two trailing (spatial) axes of an NCHW tensor.
+    fn pad_hw(&mut self, x: &Operand, low: [i64; 2], high: [i64; 2], lit: &str) -> Option<Operand> {
+        if low.iter().chain(&high).any(|&p| p < 0) {
+            return None;
+        }
+        if low == [0, 0] && high == [0, 0] {
+            return Some(x.clone());
+        }
+        let r = x.rank();
+        let mut shape = x.shape.clone();
+        for i in 0..2 {
+            shape[r - 2 + i] = shape[r - 2 + i].add(&Dim::from(low[i] + high[i]));
+        }
+        let c = self.scalar(lit, elem(x.dt));
+        let lead = "0, ".repeat(r - 2);
+        let prefix = format!("p{}_{}_", self.base, self.tmp);
+        let args: Vec<String> = (0..r).map(|i| format!("%{prefix}{i}: index")).collect();
+        let ty = ranked(&shape, x.dt);
+        let name = self.line(format!(
+            "tensor.pad {} low[{lead}{}, {}] high[{lead}{}, {}] {{\n    ^bb0({}):\n      tensor.yield {c} : {}\n    }} : {} to {ty}",
+            x.name,
+            low[0],
+            low[1],
+            high[0],
+            high[1],
+            args.join(", "),
+            elem(x.dt),
+            x.ty()
+        ));
+        Some(Operand { name, shape, dt: x.dt })
+    }
+
+    /// Begin/end padding of a 2-D window op: `pads`, or what `auto_pad`
+    /// asks for (`SAME_*` needs static spatial sizes).
+    fn pads2(node: &Node, x: &Operand, k: [i64; 2], s: [i64; 2], d: [i64; 2]) -> Option<([i64; 2], [i64; 2])> {
+        match node.attr_str("auto_pad").unwrap_or("NOTSET") {
+            "NOTSET" | "" => match node.attr_ints("pads") {
+                None => Some(([0, 0], [0, 0])),
+                Some(&[a, b, c, e]) if [a, b, c, e].iter().all(|p| (0..=WINDOW_LIMIT).contains(p)) => {
+                    Some(([a, b], [c, e]))
+                }
+                Some(_) => None,
+            },
+            "VALID" => Some(([0, 0], [0, 0])),
+            mode @ ("SAME_UPPER" | "SAME_LOWER") => {
+                let (mut lo, mut hi) = ([0; 2], [0; 2]);
+                for i in 0..2 {
+                    let n = x.size(x.rank() - 2 + i).filter(|&n| n <= WINDOW_LIMIT)?;
+                    let out = (n + s[i] - 1) / s[i];
+                    let total = ((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - n).max(0);
+                    let small = total / 2;
+                    (lo[i], hi[i]) = if mode == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+                }
+                Some((lo, hi))
+            }
+            _ => None,
+        }
+    }
+
+    /// Float NCHW checks shared by conv and pooling: rank 4 in and out,
+    /// one element type.
+    fn nchw(&self, node: &Node, outs: &[ValueId]) -> Option<(Operand, Vec<Dim>)> {
+        let x = self.input(node, 0)?;
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        (outs.len() == 1 && x.rank() == 4 && shape.len() == 4 && dt == x.dt && is_float(dt)).then_some((x, shape))
+    }
+
+    fn conv(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let (x, oshape) = self.nchw(node, outs)?;
+        let w = self.input(node, 1)?;
+        let bias = match node.input(2) {
+            Some(v) => Some(self.operand(v)?),
+            None => None,
+        };
+        if w.rank() != 4 || w.dt != x.dt || bias.as_ref().is_some_and(|b| b.dt != x.dt || b.rank() != 1) {
+            return None;
+        }
+        let k = [w.size(2)?, w.size(3)?];
+        let s = pair(node, "strides", Some(1))?;
+        let d = pair(node, "dilations", Some(1))?;
+        let (lo, hi) = Self::pads2(node, &x, k, s, d)?;
+        let group = node.attr_int("group").unwrap_or(1);
+        let xp = self.pad_hw(&x, lo, hi, "0.0")?;
+        let init = match &bias {
+            Some(b) => {
+                let e = self.empty(&oshape, x.dt, &[&x])?;
+                let name = self.line(format!(
+                    "linalg.broadcast ins({} : {}) outs({} : {}) dimensions = [0, 2, 3]",
+                    b.name,
+                    b.ty(),
+                    e.name,
+                    e.ty()
+                ));
+                Operand { name, ..e }
+            }
+            None => self.filled("0.0", &oshape, x.dt, &[&x])?,
+        };
+        let attrs = format!("{{dilations = {}, strides = {}, {}}}", dense2(d), dense2(s), self.tags(node));
+        if group == 1 {
+            let ty = init.ty();
+            let name = self.line(format!(
+                "linalg.conv_2d_nchw_fchw {attrs} ins({}, {} : {}, {}) outs({} : {ty}) -> {ty}",
+                xp.name,
+                w.name,
+                xp.ty(),
+                w.ty(),
+                init.name
+            ));
+            return Some(vec![name]);
+        }
+        // Grouped: N×G×C/G×H×W against G×F/G×C/G×kh×kw.
+        let (c, f) = (x.size(1)?, w.size(0)?);
+        if group < 1 || c % group != 0 || f % group != 0 || w.size(1)? != c / group {
+            return None;
+        }
+        let g = Dim::from(group);
+        let split = |sh: &[Dim], per: i64| -> Vec<Dim> {
+            let mut v = vec![sh[0].clone(), g.clone(), Dim::from(per)];
+            v.extend(sh[2..].iter().cloned());
+            v
+        };
+        let xg = self.reshape(&xp, &split(&xp.shape, c / group))?;
+        let mut wshape = vec![g.clone(), Dim::from(f / group)];
+        wshape.extend(w.shape[1..].iter().cloned());
+        let wg = self.reshape(&w, &wshape)?;
+        let og = self.reshape(&init, &split(&init.shape, f / group))?;
+        let ty = og.ty();
+        let name = self.line(format!(
+            "linalg.conv_2d_ngchw_gfchw {attrs} ins({}, {} : {}, {}) outs({} : {ty}) -> {ty}",
+            xg.name,
+            wg.name,
+            xg.ty(),
+            wg.ty(),
+            og.name
+        ));
+        let r = Operand { name, ..og };
+        Some(vec![self.reshape(&r, &oshape)?.name])
+    }
+
+    fn pool(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let (x, oshape) = self.nchw(node, outs)?;
+        let k = pair(node, "kernel_shape", None)?;
+        let s = pair(node, "strides", Some(1))?;
+        let d = pair(node, "dilations", Some(1))?;
+        let (lo, hi) = Self::pads2(node, &x, k, s, d)?;
+        let ceil = node.attr_int("ceil_mode").unwrap_or(0) == 1;
+        // Extra high padding so that every output window (ceil mode) fits.
+        let mut extra = [0i64; 2];
+        for i in 0..2 {
+            match (x.size(2 + i), oshape[2 + i].as_const()) {
+                (Some(n), Some(o)) if n <= WINDOW_LIMIT && (1..=WINDOW_LIMIT).contains(&o) => {
+                    let need = (o - 1) * s[i] + (k[i] - 1) * d[i] + 1;
+                    extra[i] = (need - (n + lo[i] + hi[i])).max(0);
+                }
+                _ if ceil => return None,
+                _ => {}
+            }
+        }
+        let high = [hi[0] + extra[0], hi[1] + extra[1]];
+        let dt = x.dt;
+        let max = node.op == Op::MaxPool;
+        let (pad_lit, init_lit) = if max {
+            (float_lit(f64::NEG_INFINITY, dt), float_lit(f64::NEG_INFINITY, dt))
+        } else {
+            ("0.0".into(), "0.0".into())
+        };
+        let xp = self.pad_hw(&x, lo, high, &pad_lit)?;
+        let init = self.filled(&init_lit, &oshape, dt, &[&x])?;
+        let win = self.line(format!("tensor.empty() : tensor<{}x{}x{}>", k[0], k[1], elem(dt)));
+        let attrs = format!("{{dilations = {}, strides = {}, {}}}", dense2(d), dense2(s), self.tags(node));
+        let op = if max { "linalg.pooling_nchw_max" } else { "linalg.pooling_nchw_sum" };
+        let ty = init.ty();
+        let name = self.line(format!(
+            "{op} {attrs} ins({}, {win} : {}, tensor<{}x{}x{}>) outs({} : {ty}) -> {ty}",
+            xp.name,
+            xp.ty(),
+            k[0],
+            k[1],
+            elem(dt),
+            init.name
+        ));
+        let pooled = Operand { name, ..init };
+        if max {
+            return Some(vec![pooled.name]);
+        }
+        let include_pad = node.attr_int("count_include_pad").unwrap_or(0) == 1;
+        let uniform = extra == [0, 0] && (include_pad || (lo == [0, 0] && hi == [0, 0]));
+        let out = if uniform {
+            let n = self.scalar(&float_lit((k[0] * k[1]) as f64, dt), elem(dt));
+            self.ewise(&[&pooled], &oshape, dt, |b, a| b.bin("divf", &a[0], &n, dt))?
+        } else {
+            // Per-window divisors: the window sums of a ones tensor padded
+            // like the input (ones on explicit pads when they count).
+            let (h, w) = (x.size(2)?, x.size(3)?);
+            let ones = Operand {
+                name: self.line(format!("arith.constant dense<1.0> : tensor<1x1x{h}x{w}x{}>", elem(dt))),
+                shape: vec![Dim::from(1), Dim::from(1), Dim::from(h), Dim::from(w)],
+                dt,
+            };
+            let ones = match include_pad {
+                true => self.pad_hw(&ones, lo, hi, "1.0")?,
+                false => self.pad_hw(&ones, lo, hi, "0.0")?,
+            };
+            let ones = self.pad_hw(&ones, [0, 0], extra, "0.0")?;
+            let cshape = vec![Dim::from(1), Dim::from(1), oshape[2].clone(), oshape[3].clone()];
+            let cinit = self.filled("0.0", &cshape, dt, &[])?;
+            let cty = cinit.ty();
+            let counts = Operand {
+                name: self.line(format!(
+                    "linalg.pooling_nchw_sum {{dilations = {}, strides = {}}} ins({}, {win} : {}, tensor<{}x{}x{}>) outs({} : {cty}) -> {cty}",
+                    dense2(d),
+                    dense2(s),
+                    ones.name,
+                    ones.ty(),
+                    k[0],
+                    k[1],
+                    elem(dt),
+                    cinit.name
+                )),
+                ..cinit
+            };
+            self.ewise(&[&pooled, &counts], &oshape, dt, |b, a| b.bin("divf", &a[0], &a[1], dt))?
+        };
+        Some(vec![out.name])
+    }
+
+    fn global_pool(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.input(node, 0)?;
+        let (oshape, dt) = self.out_type(*outs.first()?)?;
+        if outs.len() != 1 || x.rank() < 3 || dt != x.dt || !is_float(dt) {
+            return None;
+        }
+        let axes: Vec<usize> = (2..x.rank()).collect();
+        let r =
+            self.reduce_kind(&x, &axes, true, node.op == Op::GlobalMaxPool, !matches!(node.op, Op::GlobalMaxPool))?;
+        (r.shape == oshape).then_some(vec![r.name])
+    }
+
+    /// Sum, mean (`mean`) or max (`max`) over `axes`; sums of 16-bit
+    /// floats accumulate in f32 and round once.
+    fn reduce_kind(&mut self, x: &Operand, axes: &[usize], keep: bool, max: bool, mean: bool) -> Option<Operand> {
+        let dt = x.dt;
+        if max {
+            let lit = float_lit(f64::NEG_INFINITY, dt);
+            return self.reduce(x, axes, keep, &lit, dt, |b, e, acc| b.bin("maximumf", e, acc, dt));
+        }
+        let acc = acc_type(dt);
+        let s = self.reduce(x, axes, keep, "0.0", acc, |b, e, a| {
+            let e = b.convert(e, dt, acc);
+            b.bin("addf", &e, a, acc)
+        })?;
+        if !mean && acc == dt {
+            return Some(s);
+        }
+        let n = if mean { Some(self.count(x, axes, acc)?) } else { None };
+        let shape = s.shape.clone();
+        self.ewise(&[&s], &shape, dt, |b, a| {
+            let v = match &n {
+                Some(n) => b.bin("divf", &a[0], n, acc),
+                None => a[0].clone(),
+            };
+            b.convert(&v, acc, dt)
+        })
+    }
+
+    fn reduce_node(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.input(node, 0)?;
+        let (oshape, dt) = self.out_type(*outs.first()?)?;
+        if outs.len() != 1 || dt != x.dt || !is_float(dt) {
+            return None;
+        }
+        let raw: Vec<i64> = match (node.attr_ints("axes"), node.input(1)) {
+            (Some(a), _) => a.to_vec(),
+            (None, Some(v)) => self.g.value(v).init()?.as_i64s()?,
+            (None, None) => Vec::new(),
+        };
+        let axes = match axes_of(&raw, x.rank())? {
+            a if a.is_empty() && node.attr_int("noop_with_empty_axes").unwrap_or(0) == 1 => {
+                return (x.shape == oshape).then_some(vec![x.name]);
+            }
+            a if a.is_empty() => (0..x.rank()).collect(),
+            a => a,
+        };
+        let keep = node.attr_int("keepdims").unwrap_or(1) == 1;
+        let r = match node.op {
+            Op::ReduceMax | Op::ReduceMin => {
+                let (lit, op) = match node.op {
+                    Op::ReduceMax => (float_lit(f64::NEG_INFINITY, dt), "maximumf"),
+                    _ => (float_lit(f64::INFINITY, dt), "minimumf"),
+                };
+                self.reduce(&x, &axes, keep, &lit, dt, |b, e, acc| b.bin(op, e, acc, dt))?
+            }
+            _ => self.reduce_kind(&x, &axes, keep, false, node.op == Op::ReduceMean)?,
+        };
+        (r.shape == oshape).then_some(vec![r.name])
+    }
+
+    fn gemm(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let a = self.input(node, 0)?;
+        let b = self.input(node, 1)?;
+        let (oshape, dt) = self.out_type(*outs.first()?)?;
+        if outs.len() != 1 || a.rank() != 2 || b.rank() != 2 || oshape.len() != 2 || !is_float(dt) {
+            return None;
+        }
+        if a.dt != dt || b.dt != dt {
+            return None;
+        }
+        let ta = node.attr_int("transA").unwrap_or(0) == 1;
+        let tb = node.attr_int("transB").unwrap_or(0) == 1;
+        let alpha = f64::from(node.attr_float("alpha").unwrap_or(1.0));
+        let beta = f64::from(node.attr_float("beta").unwrap_or(1.0));
+        let c = match node.input(2) {
+            Some(v) if beta != 0.0 => Some(self.operand(v)?),
+            _ => None,
+        };
+        if c.as_ref().is_some_and(|c| c.dt != dt) {
+            return None;
+        }
+        // The accumulator: beta·C broadcast to the output, or zeros.
+        let acc = match &c {
+            Some(c) if beta == 1.0 && c.shape == oshape => c.clone(),
+            Some(c) => {
+                let bl = float_lit(beta, dt);
+                self.ewise(&[c], &oshape, dt, |b, x| match beta == 1.0 {
+                    true => x[0].clone(),
+                    false => {
+                        let k = b.cst(&bl, dt);
+                        b.bin("mulf", &x[0], &k, dt)
+                    }
+                })?
+            }
+            None => self.filled("0.0", &oshape, dt, &[&a, &b])?,
+        };
+        let init = if alpha == 1.0 { acc.clone() } else { self.filled("0.0", &oshape, dt, &[&a, &b])? };
+        let maps = if ta || tb {
+            let am = if ta { "(d2, d0)" } else { "(d0, d2)" };
+            let bm = if tb { "(d1, d2)" } else { "(d2, d1)" };
+            format!(
+                " indexing_maps = [affine_map<(d0, d1, d2) -> {am}>, affine_map<(d0, d1, d2) -> {bm}>, affine_map<(d0, d1, d2) -> (d0, d1)>]"
+            )
+        } else {
+            String::new()
+        };
+        let ty = init.ty();
+        let name = self.line(format!(
+            "linalg.matmul{maps} {{{}}} ins({}, {} : {}, {}) outs({} : {ty}) -> {ty}",
+            self.tags(node),
+            a.name,
+            b.name,
+            a.ty(),
+            b.ty(),
+            init.name
+        ));
+        if alpha == 1.0 {
+            return Some(vec![name]);
+        }
+        let ab = Operand { name, ..init };
+        let al = float_lit(alpha, dt);
+        let r = self.ewise(&[&ab, &acc], &oshape, dt, |b, x| {
+            let k = b.cst(&al, dt);
+            let m = b.bin("mulf", &x[0], &k, dt);
+            b.bin("addf", &m, &x[1], dt)
+        })?;
+        Some(vec![r.name])
+    }
+
+    fn concat(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let (oshape, dt) = self.out_type(*outs.first()?)?;
+        let xs: Vec<Operand> = node.inputs().iter().map(|v| self.operand((*v)?)).collect::<Option<_>>()?;
+        let axis = node.attr_int("axis")?;
+        let axis = axes_of(&[axis], oshape.len())?[0];
+        if outs.len() != 1 || xs.is_empty() || xs.iter().any(|x| x.dt != dt || x.rank() != oshape.len()) {
+            return None;
+        }
+        let names: Vec<&str> = xs.iter().map(|x| x.name.as_str()).collect();
+        let tys: Vec<String> = xs.iter().map(Operand::ty).collect();
+        let name = self.line(format!(
+            "tensor.concat dim({axis}) {} : ({}) -> {}",
+            names.join(", "),
+            tys.join(", "),
+            ranked(&oshape, dt)
+        ));
+        Some(vec![name])
+    }
+
+    /// `(x − mean) / sqrt(var + eps) · scale + bias`, the parameters read
+    /// along axis 1.
+    fn normalize(&mut self, x: &Operand, p: [&Operand; 4], eps: f64) -> Option<Operand> {
+        let dt = x.dt;
+        let id: Vec<String> = (0..x.rank()).map(|i| format!("d{i}")).collect();
+        let ch = vec!["d1".to_string()];
+        let init = self.empty(&x.shape, dt, &[x])?;
+        let iters = vec!["parallel"; x.rank()];
+        let el = float_lit(eps, dt);
+        let ins: Vec<(&Operand, Vec<String>)> =
+            std::iter::once((x, id.clone())).chain(p.iter().map(|&o| (o, ch.clone()))).collect();
+        Some(self.generic_op(&ins, &init, &id, &iters, |b: &mut Body, a: &[String]| {
+            let (v, scale, bias, mean, var) = (&a[0], &a[1], &a[2], &a[3], &a[4]);
+            let e = b.cst(&el, dt);
+            let t = b.bin("subf", v, mean, dt);
+            let ve = b.bin("addf", var, &e, dt);
+            let sd = b.op(format!("math.sqrt {ve} : {}", elem(dt)));
+            let n = b.bin("divf", &t, &sd, dt);
+            let m = b.bin("mulf", &n, scale, dt);
+            b.bin("addf", &m, bias, dt)
+        }))
+    }
+
+    fn batch_norm(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.input(node, 0)?;
+        let p: Vec<Operand> = (1..5).map(|i| self.input(node, i)).collect::<Option<_>>()?;
+        let (oshape, dt) = self.out_type(*outs.first()?)?;
+        let c = x.shape.get(1)?.clone();
+        if x.rank() < 2 || oshape != x.shape || dt != x.dt || !is_float(dt) {
+            return None;
+        }
+        if p.iter().any(|o| o.dt != dt || o.shape != [c.clone()]) {
+            return None;
+        }
+        let eps = f64::from(node.attr_float("epsilon").unwrap_or(1e-5));
+        let training = node.attr_int("training_mode").unwrap_or(0) == 1;
+        if !training {
+            if outs.len() != 1 {
+                return None;
+            }
+            return Some(vec![self.normalize(&x, [&p[0], &p[1], &p[2], &p[3]], eps)?.name]);
+        }
+        if outs.len() != 1 && outs.len() != 3 {
+            return None;
+        }
+        // Batch statistics over every axis but the channels.
+        let axes: Vec<usize> = (0..x.rank()).filter(|&i| i != 1).collect();
+        let mean = self.reduce_kind(&x, &axes, false, false, true)?;
+        let id: Vec<String> = (0..x.rank()).map(|i| format!("d{i}")).collect();
+        let acc = acc_type(dt);
+        let sq0 = self.filled("0.0", &mean.shape, acc, &[&x])?;
+        let iters: Vec<&str> = (0..x.rank()).map(|i| if i == 1 { "parallel" } else { "reduction" }).collect();
+        let ch = vec!["d1".to_string()];
+        let sq = self.generic_op(&[(&x, id), (&mean, ch.clone())], &sq0, &ch, &iters, |b, a| {
+            let t = b.bin("subf", &a[0], &a[1], dt);
+            let t = b.convert(&t, dt, acc);
+            let t2 = b.bin("mulf", &t, &t, acc);
+            b.bin("addf", &t2, &a[2], acc)
+        });
+        let n = self.count(&x, &axes, acc)?;
+        let cs = mean.shape.clone();
+        let var = self.ewise(&[&sq], &cs, dt, |b, a| {
+            let v = b.bin("divf", &a[0], &n, acc);
+            b.convert(&v, acc, dt)
+        })?;
+        let y = self.normalize(&x, [&p[0], &p[1], &mean, &var], eps)?;
+        if outs.len() == 1 {
+            return Some(vec![y.name]);
+        }
+        let mom = f64::from(node.attr_float("momentum").unwrap_or(0.9));
+        let (ml, rl) = (float_lit(mom, dt), float_lit(1.0 - mom, dt));
+        let running = |this: &mut Self, old: &Operand, cur: &Operand| {
+            let (ml, rl) = (ml.clone(), rl.clone());
+            this.ewise(&[old, cur], &cs, dt, move |b, a| {
+                let m = b.cst(&ml, dt);
+                let r = b.cst(&rl, dt);
+                let u = b.bin("mulf", &a[0], &m, dt);
+                let v = b.bin("mulf", &a[1], &r, dt);
+                b.bin("addf", &u, &v, dt)
+            })
+        };
+        let rm = running(self, &p[2], &mean)?;
+        let rv = running(self, &p[3], &var)?;
+        Some(vec![y.name, rm.name, rv.name])
+    }
+}

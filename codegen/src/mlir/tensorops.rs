@@ -1,0 +1,369 @@
+//! Structured lowerings of the ops transformers use: broadcasting
+//! elementwise ops, `MatMul`, `Softmax`, `LayerNormalization` and `Gather`.
+
+use qsync_ir::{DType, Dim, Node, Op, ValueId};
+
+use super::build::{acc_type, float_lit, Body, Operand};
+use super::{elem, is_float, Emitter};
+
+/// The scalar body of an elementwise op on arguments of type `dt`, or `None`
+/// when the op has none for that type.
+fn scalar_body(op: &Op, b: &mut Body, a: &[String], dt: DType) -> Option<String> {
+    let e = elem(dt);
+    let f = is_float(dt);
+    let int = !f && dt != DType::Bool;
+    let unsigned = matches!(dt, DType::U8 | DType::U16 | DType::U32 | DType::U64);
+    let bin = |b: &mut Body, name: &str| b.op(format!("{name} {}, {} : {e}", a[0], a[1]));
+    let un = |b: &mut Body, name: &str| b.op(format!("{name} {} : {e}", a[0]));
+    Some(match (op, a.len()) {
+        (Op::Add, 2) if f => bin(b, "arith.addf"),
+        (Op::Sub, 2) if f => bin(b, "arith.subf"),
+        (Op::Mul, 2) if f => bin(b, "arith.mulf"),
+        (Op::Div, 2) if f => bin(b, "arith.divf"),
+        (Op::Pow, 2) if f => bin(b, "math.powf"),
+        (Op::Max, 2) if f => bin(b, "arith.maximumf"),
+        (Op::Min, 2) if f => bin(b, "arith.minimumf"),
+        (Op::Add, 2) if int => bin(b, "arith.addi"),
+        (Op::Sub, 2) if int => bin(b, "arith.subi"),
+        (Op::Mul, 2) if int => bin(b, "arith.muli"),
+        (Op::Div, 2) if int => bin(b, if unsigned { "arith.divui" } else { "arith.divsi" }),
+        (Op::And, 2) if dt == DType::Bool => bin(b, "arith.andi"),
+        (Op::Or, 2) if dt == DType::Bool => bin(b, "arith.ori"),
+        (Op::Xor, 2) if dt == DType::Bool => bin(b, "arith.xori"),
+        (Op::Equal | Op::Less | Op::LessOrEqual | Op::Greater | Op::GreaterOrEqual, 2) => {
+            let (fp, si, ui) = match op {
+                Op::Equal => ("oeq", "eq", "eq"),
+                Op::Less => ("olt", "slt", "ult"),
+                Op::LessOrEqual => ("ole", "sle", "ule"),
+                Op::Greater => ("ogt", "sgt", "ugt"),
+                _ => ("oge", "sge", "uge"),
+            };
+            match f {
+                true => b.op(format!("arith.cmpf {fp}, {}, {} : {e}", a[0], a[1])),
+                false => b.op(format!("arith.cmpi {}, {}, {} : {e}", if unsigned { ui } else { si }, a[0], a[1])),
+            }
+        }
+        (Op::Sqrt, 1) if f => un(b, "math.sqrt"),
+        (Op::Erf, 1) if f => un(b, "math.erf"),
+        (Op::Exp, 1) if f => un(b, "math.exp"),
+        (Op::Log, 1) if f => un(b, "math.log"),
+        (Op::Tanh, 1) if f => un(b, "math.tanh"),
+        (Op::Abs, 1) if f => un(b, "math.absf"),
+        (Op::Floor, 1) if f => un(b, "math.floor"),
+        (Op::Ceil, 1) if f => un(b, "math.ceil"),
+        (Op::Sin, 1) if f => un(b, "math.sin"),
+        (Op::Cos, 1) if f => un(b, "math.cos"),
+        (Op::Neg, 1) if f => un(b, "arith.negf"),
+        (Op::Reciprocal, 1) if f => {
+            let one = b.cst("1.0", dt);
+            b.bin("divf", &one, &a[0], dt)
+        }
+        (Op::Sigmoid, 1) if f => {
+            let one = b.cst("1.0", dt);
+            let n = un(b, "arith.negf");
+            let x = b.op(format!("math.exp {n} : {e}"));
+            let d = b.bin("addf", &one, &x, dt);
+            b.bin("divf", &one, &d, dt)
+        }
+        (Op::Relu, 1) if f => {
+            let zero = b.cst("0.0", dt);
+            b.bin("maximumf", &a[0], &zero, dt)
+        }
+        (Op::IsNaN, 1) if f => b.op(format!("arith.cmpf uno, {}, {} : {e}", a[0], a[0])),
+        (Op::Not, 1) if dt == DType::Bool => {
+            let t = b.op("arith.constant true");
+            b.op(format!("arith.xori {}, {t} : i1", a[0]))
+        }
+        _ => return None,
+    })
+}
+
+impl Emitter<'_> {
+    /// Elementwise ops under numpy broadcasting → one `linalg.generic`.
+    pub(super) fn elementwise(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let (shape, odt) = self.out_type(*outs.first()?)?;
+        let xs: Vec<Operand> = node.inputs().iter().map(|v| self.operand((*v)?)).collect::<Option<_>>()?;
+        if outs.len() != 1 || xs.is_empty() {
+            return None;
+        }
+        match node.op {
+            Op::Identity | Op::Dropout if xs[0].shape == shape && xs[0].dt == odt => {
+                // Dropout is the identity unless `training_mode` may be true.
+                let inference = match node.input(2) {
+                    None => true,
+                    Some(v) => self.const_ints(v).is_some_and(|b| b == [0]),
+                };
+                return (node.op == Op::Identity || inference).then(|| vec![xs[0].name.clone()]);
+            }
+            Op::Gelu if xs.len() == 1 && xs[0].dt == odt && is_float(odt) => {
+                let tanh = match node.attr_str("approximate").unwrap_or("none") {
+                    "none" => false,
+                    "tanh" => true,
+                    _ => return None,
+                };
+                let (dt, e) = (odt, elem(odt));
+                let r = self.ewise(&[&xs[0]], &shape, dt, |b, a| {
+                    let x = &a[0];
+                    let half = b.cst("0.5", dt);
+                    let one = b.cst("1.0", dt);
+                    let inner = if tanh {
+                        // tanh(√(2/π)·(x + 0.044715·x³))
+                        let c = b.cst("0.7978845608028654", dt);
+                        let k = b.cst("0.044715", dt);
+                        let x2 = b.bin("mulf", x, x, dt);
+                        let x3 = b.bin("mulf", &x2, x, dt);
+                        let t = b.bin("mulf", &x3, &k, dt);
+                        let u = b.bin("addf", x, &t, dt);
+                        let v = b.bin("mulf", &u, &c, dt);
+                        b.op(format!("math.tanh {v} : {e}"))
+                    } else {
+                        // erf(x/√2)
+                        let r = b.cst("0.7071067811865476", dt);
+                        let v = b.bin("mulf", x, &r, dt);
+                        b.op(format!("math.erf {v} : {e}"))
+                    };
+                    let p = b.bin("addf", &one, &inner, dt);
+                    let h = b.bin("mulf", x, &half, dt);
+                    b.bin("mulf", &h, &p, dt)
+                })?;
+                return Some(vec![r.name]);
+            }
+            Op::Where => {
+                if xs.len() != 3 {
+                    return None;
+                }
+                let (c, x, y) = (&xs[0], &xs[1], &xs[2]);
+                if c.dt != DType::Bool || x.dt != odt || y.dt != odt {
+                    return None;
+                }
+                let e = elem(odt);
+                let r = self.ewise(&[c, x, y], &shape, odt, |b, a| {
+                    b.op(format!("arith.select {}, {}, {} : {e}", a[0], a[1], a[2]))
+                })?;
+                return Some(vec![r.name]);
+            }
+            _ => {}
+        }
+        let dt = xs[0].dt;
+        if xs.iter().any(|x| x.dt != dt) {
+            return None;
+        }
+        // Check the op has a body for this type before emitting anything.
+        let mut probe = Body::probe();
+        let args: Vec<String> = (0..xs.len()).map(|i| format!("%x{i}")).collect();
+        scalar_body(&node.op, &mut probe, &args, dt)?;
+        let is_cmp =
+            matches!(node.op, Op::Equal | Op::Less | Op::LessOrEqual | Op::Greater | Op::GreaterOrEqual | Op::IsNaN);
+        if odt != if is_cmp { DType::Bool } else { dt } {
+            return None;
+        }
+        let refs: Vec<&Operand> = xs.iter().collect();
+        let op = node.op.clone();
+        let r =
+            self.ewise(&refs, &shape, odt, |b, a| scalar_body(&op, b, &a[..a.len() - 1], dt).unwrap_or_default())?;
+        Some(vec![r.name])
+    }
+
+    /// `MatMul` (operands of rank ≥ 2, one element type): `linalg.matmul`
+    /// (leading axes of the left operand folded into its rows when the right
+    /// one is 2-D), `linalg.batch_matmul` for equal batch axes (folded into
+    /// one), else a contracting `linalg.generic` with broadcast batch axes.
+    pub(super) fn matmul(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let a = self.operand(node.input(0)?)?;
+        let b = self.operand(node.input(1)?)?;
+        let (oshape, dt) = self.out_type(*outs.first()?)?;
+        let (ra, rb, r) = (a.rank(), b.rank(), oshape.len());
+        if outs.len() != 1 || ra < 2 || rb < 2 || a.dt != dt || b.dt != dt || !is_float(dt) || r != ra.max(rb) {
+            return None;
+        }
+        let prod = |s: &[Dim]| s.iter().fold(Dim::from(1), |p, d| p.mul(d));
+        let tags = self.tags(node);
+        let named = |this: &mut Self, op: &str, x: &Operand, y: &Operand, shape: Vec<Dim>| -> Option<Operand> {
+            let init = this.filled("0.0", &shape, dt, &[x, y])?;
+            let ty = init.ty();
+            let name = this.line(format!(
+                "{op} {{{tags}}} ins({}, {} : {}, {}) outs({} : {ty}) -> {ty}",
+                x.name,
+                y.name,
+                x.ty(),
+                y.ty(),
+                init.name
+            ));
+            Some(Operand { name, ..init })
+        };
+        let (m, k, n) = (&a.shape[ra - 2], &a.shape[ra - 1], &b.shape[rb - 1]);
+        let res = if rb == 2 {
+            let rows = prod(&a.shape[..ra - 1]);
+            let a2 = self.reshape(&a, &[rows.clone(), k.clone()])?;
+            let y = named(self, "linalg.matmul", &a2, &b, vec![rows, n.clone()])?;
+            self.reshape(&y, &oshape)?
+        } else if ra == rb && a.shape[..ra - 2] == b.shape[..rb - 2] {
+            let bt = prod(&a.shape[..ra - 2]);
+            let a3 = self.reshape(&a, &[bt.clone(), m.clone(), k.clone()])?;
+            let b3 = self.reshape(&b, &[bt.clone(), k.clone(), n.clone()])?;
+            let y = named(self, "linalg.batch_matmul", &a3, &b3, vec![bt, m.clone(), n.clone()])?;
+            self.reshape(&y, &oshape)?
+        } else {
+            let batch = &oshape[..r - 2];
+            let side = |x: &Operand, last: [String; 2]| -> Option<Vec<String>> {
+                let bx = Operand { name: String::new(), shape: x.shape[..x.rank() - 2].to_vec(), dt };
+                let mut v = Self::bcast_map(&bx, batch)?;
+                v.extend(last);
+                Some(v)
+            };
+            let (dm, dn, dk) = (format!("d{}", r - 2), format!("d{}", r - 1), format!("d{r}"));
+            let am = side(&a, [dm.clone(), dk.clone()])?;
+            let bm = side(&b, [dk, dn])?;
+            let init = self.filled("0.0", &oshape, dt, &[&a, &b])?;
+            let id: Vec<String> = (0..r).map(|i| format!("d{i}")).collect();
+            let mut iters = vec!["parallel"; r];
+            iters.push("reduction");
+            self.generic_op(&[(&a, am), (&b, bm)], &init, &id, &iters, |bd, x| {
+                let p = bd.bin("mulf", &x[0], &x[1], dt);
+                bd.bin("addf", &p, &x[2], dt)
+            })
+        };
+        Some(vec![res.name])
+    }
+
+    /// `Softmax` over the last axis → `linalg.softmax` (an explicit `axis`
+    /// naming the last axis, or none at rank ≤ 2: where every opset agrees).
+    pub(super) fn softmax(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.operand(node.input(0)?)?;
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        if outs.len() != 1 || shape != x.shape || dt != x.dt || !is_float(dt) || x.rank() == 0 {
+            return None;
+        }
+        // Before opset 13 the op flattened from `axis` on; that is the same
+        // thing only for the last axis, which is all this lowers.
+        let last = x.rank() - 1;
+        match node.attr_int("axis") {
+            Some(a) if a.rem_euclid(x.rank() as i64) as usize == last => {}
+            None if x.rank() <= 2 => {}
+            _ => return None,
+        }
+        let axis = last;
+        let init = self.empty(&shape, dt, &[&x])?;
+        let ty = init.ty();
+        let name = self.line(format!(
+            "linalg.softmax dimension({axis}) ins({} : {}) outs({} : {ty}) -> {ty}",
+            x.name,
+            x.ty(),
+            init.name
+        ));
+        Some(vec![name])
+    }
+
+    /// `LayerNormalization` over the axes from `axis` on, decomposed: mean
+    /// and variance as reductions in f32 for 16-bit inputs (`stash_type`),
+    /// then one elementwise `linalg.generic` with scale and bias.
+    pub(super) fn layer_norm(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.operand(node.input(0)?)?;
+        let scale = self.operand(node.input(1)?)?;
+        let bias = match node.input(2) {
+            Some(v) => Some(self.operand(v)?),
+            None => None,
+        };
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        if outs.len() != 1 || shape != x.shape || dt != x.dt || !is_float(dt) || scale.dt != dt {
+            return None;
+        }
+        if bias.as_ref().is_some_and(|b| b.dt != dt) {
+            return None;
+        }
+        let rank = x.rank() as i64;
+        let axis = node.attr_int("axis").unwrap_or(-1);
+        let axis = if axis < 0 { axis + rank } else { axis };
+        if !(0..rank).contains(&axis) {
+            return None;
+        }
+        let axes: Vec<usize> = (axis as usize..x.rank()).collect();
+        let eps = f64::from(node.attr_float("epsilon").unwrap_or(1e-5));
+        let acc = if node.attr_int("stash_type").unwrap_or(1) == 1 { acc_type(dt) } else { dt };
+        let s = self.reduce(&x, &axes, true, "0.0", acc, |b, e, a| {
+            let e = b.convert(e, dt, acc);
+            b.bin("addf", &e, a, acc)
+        })?;
+        let n = self.count(&x, &axes, acc)?;
+        let kshape = s.shape.clone();
+        let mean = self.ewise(&[&s], &kshape, acc, |b, a| b.bin("divf", &a[0], &n, acc))?;
+        // Σ (x − mean)² into the kept shape.
+        let id: Vec<String> = (0..x.rank()).map(|i| format!("d{i}")).collect();
+        let out_map: Vec<String> =
+            (0..x.rank()).map(|i| if axes.contains(&i) { "0".into() } else { format!("d{i}") }).collect();
+        let iters: Vec<&str> =
+            (0..x.rank()).map(|i| if axes.contains(&i) { "reduction" } else { "parallel" }).collect();
+        let sq0 = self.filled("0.0", &kshape, acc, &[&x])?;
+        let sq = self.generic_op(&[(&x, id), (&mean, out_map.clone())], &sq0, &out_map, &iters, |b, a| {
+            let e = b.convert(&a[0], dt, acc);
+            let t = b.bin("subf", &e, &a[1], acc);
+            let t2 = b.bin("mulf", &t, &t, acc);
+            b.bin("addf", &t2, &a[2], acc)
+        });
+        let el = float_lit(eps, acc);
+        let mut ins: Vec<&Operand> = vec![&x, &mean, &sq, &scale];
+        if let Some(b) = &bias {
+            ins.push(b);
+        }
+        let has_bias = bias.is_some();
+        let y = self.ewise(&ins, &shape, dt, |b, a| {
+            let e = b.convert(&a[0], dt, acc);
+            let t = b.bin("subf", &e, &a[1], acc);
+            let var = b.bin("divf", &a[2], &n, acc);
+            let c = b.cst(&el, acc);
+            let ve = b.bin("addf", &var, &c, acc);
+            let sd = b.op(format!("math.sqrt {ve} : {}", elem(acc)));
+            let q = b.bin("divf", &t, &sd, acc);
+            let q = b.convert(&q, acc, dt);
+            let m = b.bin("mulf", &q, &a[3], dt);
+            match has_bias {
+                true => b.bin("addf", &m, &a[4], dt),
+                false => m,
+            }
+        })?;
+        Some(vec![y.name])
+    }
+
+    /// `Gather` → a `linalg.generic` over the output whose body reads the
+    /// data with `tensor.extract` at the (wrapped) index.
+    pub(super) fn gather(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let data = self.operand(node.input(0)?)?;
+        let idx = self.operand(node.input(1)?)?;
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        let ok_idx = matches!(idx.dt, DType::I64 | DType::I32);
+        if outs.len() != 1 || dt != data.dt || !ok_idx || data.rank() == 0 || dt == DType::Str {
+            return None;
+        }
+        let axis = node.attr_int("axis").unwrap_or(0).rem_euclid(data.rank() as i64) as usize;
+        let q = idx.rank();
+        let mut want = data.shape[..axis].to_vec();
+        want.extend(idx.shape.iter().cloned());
+        want.extend(data.shape[axis + 1..].iter().cloned());
+        if want != shape {
+            return None;
+        }
+        let size = self.dim(&data.shape[axis].clone(), &[&data])?;
+        let init = self.empty(&shape, dt, &[&data, &idx])?;
+        let imap: Vec<String> = (axis..axis + q).map(|i| format!("d{i}")).collect();
+        let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
+        let iters = vec!["parallel"; shape.len()];
+        let (ie, dty, dname) = (elem(idx.dt), data.ty(), data.name.clone());
+        let r = self.generic_op(&[(&idx, imap)], &init, &id, &iters, |b, a| {
+            let i = b.op(format!("arith.index_cast {} : {ie} to index", a[0]));
+            let zero = b.op("arith.constant 0 : index");
+            let neg = b.op(format!("arith.cmpi slt, {i}, {zero} : index"));
+            let wrapped = b.op(format!("arith.addi {i}, {size} : index"));
+            let j = b.op(format!("arith.select {neg}, {wrapped}, {i} : index"));
+            let mut coords = Vec::new();
+            for k in 0..data.rank() {
+                coords.push(match k.cmp(&axis) {
+                    std::cmp::Ordering::Less => b.op(format!("linalg.index {k} : index")),
+                    std::cmp::Ordering::Equal => j.clone(),
+                    std::cmp::Ordering::Greater => b.op(format!("linalg.index {} : index", k - 1 + q)),
+                });
+            }
+            b.op(format!("tensor.extract {dname}[{}] : {dty}", coords.join(", ")))
+        });
+        Some(vec![r.name])
+    }
+}

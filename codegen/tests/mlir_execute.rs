@@ -1,0 +1,206 @@
+//! Runs emitted MLIR on the CPU and checks the numbers: the module is
+//! bufferized and lowered to LLVM by `mlir-opt-22`, translated by
+//! `mlir-translate-22` and run by `lli-22` with MLIR's runner utilities
+//! printing each result. Skipped, with the reason printed, when a tool or the
+//! runner library is missing.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use qsync_ir::infer::{infer_shapes, InferOptions};
+
+const PIPELINE: &[&str] = &[
+    "--convert-elementwise-to-linalg",
+    "--one-shot-bufferize=bufferize-function-boundaries",
+    "--convert-linalg-to-loops",
+    "--convert-scf-to-cf",
+    "--expand-strided-metadata",
+    "--lower-affine",
+    "--finalize-memref-to-llvm",
+    "--convert-math-to-llvm",
+    "--convert-arith-to-llvm",
+    "--convert-cf-to-llvm",
+    "--convert-func-to-llvm",
+    "--convert-index-to-llvm",
+    "--reconcile-unrealized-casts",
+];
+
+fn runner_libs() -> Option<Vec<PathBuf>> {
+    let dir = PathBuf::from(std::env::var("QSYNC_MLIR_LIBDIR").unwrap_or_else(|_| "/usr/lib/llvm-22/lib".into()));
+    let libs = vec![dir.join("libmlir_c_runner_utils.so"), dir.join("libmlir_runner_utils.so")];
+    libs.iter().all(|l| l.exists()).then_some(libs)
+}
+
+fn tools_present() -> bool {
+    let tools = ["mlir-opt-22", "mlir-translate-22", "lli-22"];
+    for t in tools {
+        if Command::new(t).arg("--version").output().is_err() {
+            eprintln!("skipping MLIR execution: `{t}` is not installed");
+            return false;
+        }
+    }
+    if runner_libs().is_none() {
+        eprintln!("skipping MLIR execution: MLIR runner utility libraries not found (set QSYNC_MLIR_LIBDIR)");
+        return false;
+    }
+    true
+}
+
+/// Emits the graph (all f32 results), calls it from a `main` with the given
+/// `(type, dense literal)` arguments and returns each result's values.
+fn execute(tag: &str, body: &str, args: &[(&str, &str)]) -> Option<Vec<Vec<f64>>> {
+    if !tools_present() {
+        return None;
+    }
+    let text = format!("opset \"\" 18\ngraph \"g\" {{\n{body}\n}}\n");
+    let mut m = qsync_ir::text::parse_model(&text).expect("text IR");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    let (module, generic) = qsync_codegen::mlir::mlir_text(&m.graph, "g");
+    assert!(generic.is_empty(), "{tag}: {generic:?}");
+    let rtys: Vec<String> = m.graph.outputs().iter().map(|&v| mlir_ty(&m.graph, v)).collect();
+    let mut main = String::from("  func.func private @printMemrefF32(memref<*xf32>)\n  func.func @main() {\n");
+    let mut names = Vec::new();
+    for (i, (ty, lit)) in args.iter().enumerate() {
+        main.push_str(&format!("    %in{i} = arith.constant {lit} : {ty}\n"));
+        names.push(format!("%in{i}"));
+    }
+    let tys: Vec<&str> = args.iter().map(|(t, _)| *t).collect();
+    main.push_str(&format!(
+        "    %r:{} = func.call @g({}) : ({}) -> ({})\n",
+        rtys.len(),
+        names.join(", "),
+        tys.join(", "),
+        rtys.join(", ")
+    ));
+    for (k, rt) in rtys.iter().enumerate() {
+        let mr = rt.replace("tensor<", "memref<");
+        main.push_str(&format!("    %m{k} = bufferization.to_buffer %r#{k} : {rt} to {mr}\n"));
+        main.push_str(&format!("    %u{k} = memref.cast %m{k} : {mr} to memref<*xf32>\n"));
+        main.push_str(&format!("    func.call @printMemrefF32(%u{k}) : (memref<*xf32>) -> ()\n"));
+    }
+    main.push_str("    func.return\n  }\n}\n");
+    let full = format!("{}\n{main}", module.trim_end().trim_end_matches('}'));
+    let dir = std::env::temp_dir().join(format!("qsync-exec-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (src, lowered, ll) = (dir.join("in.mlir"), dir.join("llvm.mlir"), dir.join("out.ll"));
+    std::fs::write(&src, &full).expect("write");
+    let run = |cmd: &mut Command, what: &str| {
+        let out = cmd.output().expect(what);
+        assert!(out.status.success(), "{tag}: {what} failed:\n{}\n{full}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(Command::new("mlir-opt-22").arg(&src).args(PIPELINE).arg("-o").arg(&lowered), "mlir-opt-22");
+    run(
+        Command::new("mlir-translate-22").arg("--mlir-to-llvmir").arg(&lowered).arg("-o").arg(&ll),
+        "mlir-translate-22",
+    );
+    let mut lli = Command::new("lli-22");
+    for lib in runner_libs()? {
+        lli.arg(format!("--dlopen={}", lib.display()));
+    }
+    let printed = run(lli.arg(&ll), "lli-22");
+    let _ = std::fs::remove_dir_all(&dir);
+    let results: Vec<Vec<f64>> = printed
+        .split("Unranked Memref")
+        .skip(1)
+        .map(|chunk| {
+            let data = chunk.split_once("data =").map_or("", |(_, d)| d);
+            data.split(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | 'e' | '+')))
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse::<f64>().unwrap_or_else(|e| panic!("{tag}: `{s}`: {e}")))
+                .collect()
+        })
+        .collect();
+    assert_eq!(results.len(), rtys.len(), "{tag}: printed\n{printed}");
+    Some(results)
+}
+
+fn mlir_ty(g: &qsync_ir::Graph, v: qsync_ir::ValueId) -> String {
+    let dims: Vec<String> = g.ty(v).concrete_shape().expect("static result").iter().map(i64::to_string).collect();
+    format!("tensor<{}f32>", dims.iter().map(|d| format!("{d}x")).collect::<String>())
+}
+
+fn close(tag: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{tag}: {got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{tag}: {got:?} vs {want:?}");
+    }
+}
+
+#[test]
+fn convolution_and_pooling_compute_onnx_values() {
+    let ones = "dense<1.0>";
+    let Some(r) = execute(
+        "conv_pool",
+        r#"  input %x: f32[1,1,3,3]
+  input %w: f32[1,1,3,3]
+  input %b: f32[1]
+  input %y: f32[1,1,4,4]
+  %c = Conv "conv"(%x, %w, %b) {pads=[1, 1, 1, 1]}
+  %a = AveragePool "incl"(%y) {kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1}
+  %e = AveragePool "excl"(%y) {kernel_shape=[3, 3], pads=[1, 1, 1, 1]}
+  %m = MaxPool "ceil"(%y) {kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1}
+  output %c, %a, %e, %m"#,
+        &[
+            ("tensor<1x1x3x3xf32>", ones),
+            ("tensor<1x1x3x3xf32>", ones),
+            ("tensor<1xf32>", ones),
+            ("tensor<1x1x4x4xf32>", "dense<[[[[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0], [13.0, 14.0, 15.0, 16.0]]]]>"),
+        ],
+    ) else {
+        return;
+    };
+    // In-bounds taps of a 3×3 window on a 3×3 input with padding 1, plus the bias.
+    close("conv", &r[0], &[5.0, 7.0, 5.0, 7.0, 10.0, 7.0, 5.0, 7.0, 5.0]);
+    // Corner window of the 4×4 ramp: 1+2+5+6 over 9 (pads count) or 4.
+    assert!((r[1][0] - 14.0 / 9.0).abs() < 1e-5 && (r[2][0] - 3.5).abs() < 1e-5, "{:?} {:?}", r[1], r[2]);
+    close("excl centre", &r[2][5..6], &[6.0]);
+    // Ceil mode: 2×2 windows, the last ones clipped to the input.
+    close("max", &r[3], &[11.0, 12.0, 15.0, 16.0]);
+}
+
+#[test]
+fn gemm_norms_and_indexing_compute_onnx_values() {
+    let Some(r) = execute(
+        "gemm_bn_index",
+        r#"  input %a: f32[2,2]
+  input %b: f32[2,2]
+  input %c: f32[2]
+  input %x: f32[2,2,1,1]
+  input %s: f32[2]
+  input %z: f32[2]
+  input %idx: i64[2]
+  input %st: i64[1]
+  init %ax: i64[1] = [0]
+  init %end: i64[1] = [9]
+  %g = Gemm "gemm"(%a, %b, %c) {transB=1, alpha=0.5, beta=2.0}
+  %t, %rm, %rv = BatchNormalization "bn"(%x, %s, %z, %z, %s) {training_mode=1, epsilon=0.0, momentum=0.5}
+  %h = Gather "gather"(%c, %idx) {axis=0}
+  %l: f32[1] = Slice "slice"(%c, %st, %end, %ax)
+  output %g, %t, %rm, %rv, %h, %l"#,
+        &[
+            ("tensor<2x2xf32>", "dense<[[1.0, 2.0], [3.0, 4.0]]>"),
+            ("tensor<2x2xf32>", "dense<[[1.0, 0.0], [1.0, 1.0]]>"),
+            ("tensor<2xf32>", "dense<[10.0, 20.0]>"),
+            ("tensor<2x2x1x1xf32>", "dense<[[[[1.0]], [[2.0]]], [[[3.0]], [[6.0]]]]>"),
+            ("tensor<2xf32>", "dense<1.0>"),
+            ("tensor<2xf32>", "dense<0.0>"),
+            ("tensor<2xi64>", "dense<[-1, 0]>"),
+            ("tensor<1xi64>", "dense<-1>"),
+            // The initializers follow the inputs.
+            ("tensor<1xi64>", "dense<0>"),
+            ("tensor<1xi64>", "dense<9>"),
+        ],
+    ) else {
+        return;
+    };
+    // 0.5·A·Bᵀ + 2·c.
+    close("gemm", &r[0], &[20.5, 41.5, 21.5, 43.5]);
+    // Channel 0 holds {1, 3}: mean 2, variance 1; channel 1 {2, 6}: mean 4, variance 4.
+    close("bn", &r[1], &[-1.0, -1.0, 1.0, 1.0]);
+    close("running mean", &r[2], &[1.0, 2.0]);
+    close("running var", &r[3], &[1.0, 2.5]);
+    close("gather wraps negative indices", &r[4], &[20.0, 10.0]);
+    close("slice from -1", &r[5], &[20.0]);
+}

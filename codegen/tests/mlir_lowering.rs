@@ -1,0 +1,310 @@
+//! One small text-IR graph per structured MLIR lowering: it maps with no
+//! generic `qsync.*` op, names the expected linalg/tensor ops, and the module
+//! verifies with `mlir-opt-22` and no flag (skipped, with the reason printed,
+//! when the tool is not installed).
+
+use std::process::Command;
+
+use qsync_codegen::{emit_mlir, MlirOutput};
+use qsync_ir::infer::{infer_shapes, InferOptions};
+
+fn emit(name: &str, body: &str) -> MlirOutput {
+    let text = format!("opset \"\" 18\ngraph \"{name}\" {{\n{body}\n}}\n");
+    let mut m = qsync_ir::text::parse_model(&text).expect("text IR");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(out.all_ops_mapped(), "{name}: generic {:?}\n{}", out.generic_ops, out.text);
+    let again = emit_mlir(&m.graph, name).expect("second emission");
+    assert_eq!(out.text, again.text, "{name}: emission is deterministic");
+    mlir_opt_plain(&out.text, name);
+    out
+}
+
+/// `mlir-opt-22` with no flag accepts the module.
+fn mlir_opt_plain(text: &str, tag: &str) {
+    let tool = std::env::var("QSYNC_MLIR_OPT").unwrap_or_else(|_| "mlir-opt-22".into());
+    let path = std::env::temp_dir().join(format!("qsync-lowering-{}-{tag}.mlir", std::process::id()));
+    std::fs::write(&path, text).expect("write mlir");
+    let out = match Command::new(&tool).arg(&path).output() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipping the mlir-opt check of {tag}: `{tool}` cannot run ({e})");
+            return;
+        }
+    };
+    let _ = std::fs::remove_file(&path);
+    assert!(out.status.success(), "{tag}: {tool} rejected:\n{}\n{text}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn has(out: &MlirOutput, ops: &[&str]) {
+    for op in ops {
+        assert!(out.text.contains(op), "missing {op}:\n{}", out.text);
+    }
+}
+
+#[test]
+fn conv_with_bias_pads_and_strides() {
+    let out = emit(
+        "conv",
+        r#"  input %x: f16[batch,3,9,9]
+  input %w: f16[8,3,3,3]
+  input %b: f16[8]
+  %y = Conv "conv"(%x, %w, %b) {pads=[1, 1, 1, 1], strides=[2, 2], kernel_shape=[3, 3]} @f16
+  output %y"#,
+    );
+    has(
+        &out,
+        &["tensor.pad", "linalg.broadcast", "linalg.conv_2d_nchw_fchw", "tensor.dim", "qsync.precision = \"f16\""],
+    );
+    assert!(out.text.contains("tensor<?x8x5x5xf16>"), "{}", out.text);
+}
+
+#[test]
+fn conv_same_upper_without_bias() {
+    let out = emit(
+        "conv_same",
+        r#"  input %x: f32[1,2,7,7]
+  input %w: f32[4,2,3,3]
+  %y = Conv "conv"(%x, %w) {auto_pad="SAME_UPPER", dilations=[2, 2]}
+  output %y"#,
+    );
+    has(&out, &["linalg.fill", "linalg.conv_2d_nchw_fchw", "tensor<1x2x11x11xf32>"]);
+}
+
+#[test]
+fn grouped_conv_uses_the_grouped_named_op() {
+    let out = emit(
+        "depthwise",
+        r#"  input %x: f32[batch,4,6,6]
+  input %w: f32[4,1,3,3]
+  %y = Conv "dw"(%x, %w) {group=4, pads=[1, 1, 1, 1]}
+  output %y"#,
+    );
+    has(&out, &["tensor.expand_shape", "linalg.conv_2d_ngchw_gfchw", "tensor.collapse_shape"]);
+}
+
+#[test]
+fn max_pool_in_ceil_mode_pads_with_minus_infinity() {
+    let out = emit(
+        "maxpool",
+        r#"  input %x: f16[batch,2,8,8]
+  %y = MaxPool "pool"(%x) {kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1}
+  output %y"#,
+    );
+    has(&out, &["linalg.pooling_nchw_max", "tensor.pad", "0xFC00"]);
+}
+
+#[test]
+fn average_pool_divides_by_window_or_valid_counts() {
+    let out = emit(
+        "avgpool",
+        r#"  input %x: f32[1,2,6,6]
+  %y = AveragePool "uniform"(%x) {kernel_shape=[2, 2], strides=[2, 2]}
+  %z = AveragePool "excl"(%x) {kernel_shape=[3, 3], pads=[1, 1, 1, 1]}
+  output %y, %z"#,
+    );
+    has(&out, &["linalg.pooling_nchw_sum", "arith.divf", "dense<1.000000e+00>"]);
+}
+
+#[test]
+fn global_average_pool_flatten_and_gemm() {
+    let out = emit(
+        "head",
+        r#"  input %x: f16[batch,8,4,4]
+  input %w: f16[10,8]
+  input %b: f16[10]
+  %p = GlobalAveragePool "gap"(%x)
+  %f = Flatten "flat"(%p) {axis=1}
+  %y = Gemm "fc"(%f, %w, %b) {transB=1, alpha=0.5}
+  output %y"#,
+    );
+    has(&out, &["linalg.generic", "\"reduction\"", "arith.extf", "tensor.collapse_shape", "linalg.matmul"]);
+}
+
+#[test]
+fn reshape_concat_and_reduce_mean() {
+    let out = emit(
+        "shapes",
+        r#"  input %x: f32[2,3,4]
+  input %y: f32[2,5,4]
+  init %s: i64[2] = [2, -1]
+  init %ax: i64[1] = [2]
+  %c = Concat "cat"(%x, %y) {axis=1}
+  %r = Reshape "re"(%c, %s)
+  %m = ReduceMean "mean"(%c, %ax) {keepdims=0}
+  output %r, %m"#,
+    );
+    has(&out, &["tensor.concat dim(1)", "tensor.collapse_shape", "arith.divf"]);
+}
+
+#[test]
+fn batch_norm_inference_and_training() {
+    let out = emit(
+        "bn",
+        r#"  input %x: f16[batch,4,3,3]
+  input %s: f16[4]
+  input %b: f16[4]
+  input %m: f16[4]
+  input %v: f16[4]
+  %y = BatchNormalization "bn"(%x, %s, %b, %m, %v) {epsilon=0.001}
+  %t, %rm, %rv = BatchNormalization "bn_train"(%x, %s, %b, %m, %v) {training_mode=1}
+  output %y, %t, %rm, %rv"#,
+    );
+    has(&out, &["math.sqrt", "arith.sitofp", "\"reduction\""]);
+}
+
+#[test]
+fn matmuls_fold_batches_or_broadcast() {
+    let out = emit(
+        "matmuls",
+        r#"  input %x: f16[batch,8,16]
+  input %w: f16[16,4]
+  input %q: f16[batch,2,8,4]
+  input %k: f16[batch,2,4,8]
+  input %p: f16[2,4,8]
+  %y = MatMul "proj"(%x, %w) @f16
+  %s = MatMul "scores"(%q, %k) @f16
+  %t = MatMul "bcast"(%q, %p)
+  output %y, %s, %t"#,
+    );
+    has(&out, &["linalg.matmul", "linalg.batch_matmul", "tensor.expand_shape", "\"reduction\"", "arith.mulf"]);
+    assert!(out.text.contains("tensor<?x8x4xf16>"), "{}", out.text);
+}
+
+#[test]
+fn softmax_layer_norm_and_gather() {
+    let out = emit(
+        "encoder",
+        r#"  input %ids: i64[1,seq]
+  init %emb: f32[10,4] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39]
+  input %g: f16[4]
+  input %b: f16[4]
+  %e = Gather "embed"(%emb, %ids) {axis=0}
+  %h = Cast "half"(%e) {to=10}
+  %n = LayerNormalization "ln"(%h, %g, %b) {axis=-1, epsilon=1e-12}
+  %s = Softmax "sm"(%n) {axis=-1}
+  output %s"#,
+    );
+    has(&out, &["tensor.extract", "linalg.index", "math.sqrt", "linalg.softmax dimension(2)", "arith.extf"]);
+}
+
+#[test]
+fn broadcasting_elementwise_ops_and_where() {
+    let out = emit(
+        "ewise",
+        r#"  input %x: f16[2,3,4]
+  input %b: f16[4]
+  input %c: f16[]
+  input %m: bool[2,1,4]
+  %a = Add "add"(%x, %b)
+  %p = Pow "pow"(%a, %c)
+  %r = Sqrt "sqrt"(%p)
+  %e = Erf "erf"(%r)
+  %n = IsNaN "nan"(%e)
+  %k = And "and"(%n, %m)
+  %w = Where "where"(%k, %c, %e)
+  %l = Less "lt"(%w, %x)
+  %g = Gelu "gelu"(%x)
+  %t = Gelu "gelu_tanh"(%x) {approximate="tanh"}
+  output %w, %l, %g, %t"#,
+    );
+    has(
+        &out,
+        &[
+            "math.powf",
+            "math.sqrt",
+            "arith.cmpf uno",
+            "arith.andi",
+            "arith.select",
+            "arith.cmpf olt",
+            "math.erf",
+            "math.tanh",
+        ],
+    );
+}
+
+#[test]
+fn constants_and_shape_computations() {
+    let out = emit(
+        "shapes_of",
+        r#"  input %x: f32[batch,seq,4]
+  input %lo: i64[]
+  input %hi: i64[]
+  input %step: i64[]
+  %c = Constant "c"() {value=tensor<i64[2,2]> [1, 2, 3, 4]}
+  %z = Constant "z"() {value=tensor<i64[0]> []}
+  %s = Shape "shape"(%x)
+  %k = ConstantOfShape "ones"(%c) {value=tensor<f32[1]> [1.0]}
+  %r = Range "range"(%lo, %hi, %step)
+  %e = Expand "expand"(%x, %s)
+  output %c, %z, %s, %k, %r, %e"#,
+    );
+    has(&out, &["dense<[[1, 2], [3, 4]]>", "dense<>", "tensor.from_elements", "arith.index_cast", "linalg.index"]);
+}
+
+#[test]
+fn slices_splits_and_element_gathers() {
+    let out = emit(
+        "indexing",
+        r#"  input %x: f32[2,seq,6]
+  input %start: i64[1]
+  input %ids: i64[2,3]
+  input %nd: i64[2,2]
+  init %ax: i64[1] = [2]
+  init %st: i64[1] = [1]
+  init %end: i64[1] = [5]
+  init %one: i64[1] = [1]
+  %s: f32[2,seq,3] = Slice "slice"(%x, %start, %end, %ax, %st)
+  %c = Slice "const_slice"(%x, %one, %end, %ax, %st)
+  %a, %b = Split "split"(%x) {axis=2, num_outputs=2}
+  %g = GatherElements "ge"(%ids, %ids) {axis=1}
+  %n = GatherND "gnd"(%x, %nd)
+  output %s, %c, %a, %b, %g, %n"#,
+    );
+    has(&out, &["tensor.extract_slice", "arith.minsi", "tensor.extract"]);
+}
+
+#[test]
+fn unsupported_forms_stay_generic_without_panicking() {
+    let text = r#"opset "" 18
+graph "odd" {
+  input %x: f32[1,2,5]
+  input %y: f32[1,2,5,5]
+  input %w: f32[3,2,3]
+  input %t: bool[]
+  input %r: f32[]
+  %c = Conv "conv1d"(%x, %w)
+  %p, %i = MaxPool "with_indices"(%y) {kernel_shape=[2, 2]}
+  %s = Softmax "inner_axis"(%y) {axis=1}
+  %d = Dropout "training"(%y, %r, %t)
+  %z = Conv "zero_stride"(%y, %y) {strides=[0, 0]}
+  %q = AveragePool "huge"(%y) {kernel_shape=[9, 9], pads=[9223372036854775807, 0, 0, 0]}
+  %u = Split "scalar"(%r)
+  output %c, %p, %i, %s, %d, %z, %q, %u
+}
+"#;
+    let mut m = qsync_ir::text::parse_model(text).expect("text IR");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    let out = emit_mlir(&m.graph, "odd").expect("generic forms verify");
+    for op in ["Conv", "MaxPool", "Softmax", "Dropout", "AveragePool"] {
+        assert!(out.generic_ops.contains_key(op), "{op} stays generic: {:?}", out.generic_ops);
+    }
+    assert!(out.warning().is_some());
+}
+
+#[test]
+fn inference_dropout_forwards_its_input() {
+    let out = emit(
+        "dropout",
+        r#"  input %x: f32[2,3]
+  init %ratio: f32[] = [0.1]
+  %f = Constant "off"() {value=tensor<bool[]> [false]}
+  %y = Dropout "plain"(%x, %ratio)
+  %z = Dropout "off"(%y, %ratio, %f)
+  %r = Relu "relu"(%z)
+  output %r"#,
+    );
+    has(&out, &["tosa.clamp %arg0"]);
+}
