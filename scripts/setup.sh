@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what qsync needs beyond the Rust toolchain: LLVM 22 / MLIR 22 (Debian
-# packages, for codegen) and the Python packages used by the ONNX interop tests.
+# packages, for codegen; mlir-opt/mlir-translate/lli run the emitted MLIR in
+# tests) and the Python packages used by the ONNX interop tests.
 # Idempotent: a machine that already has everything spends well under a second here.
 set -euo pipefail
 
-apt_pkgs=(llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev libzstd-dev)
+apt_pkgs=(llvm-22-dev llvm-22-runtime libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev libzstd-dev)
 py_pkgs=(onnx==1.20.1 onnxruntime==1.23.2 numpy==2.3.5)
 
 missing=()
