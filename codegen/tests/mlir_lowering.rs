@@ -154,6 +154,25 @@ fn batch_norm_inference_and_training() {
     has(&out, &["math.sqrt", "arith.sitofp", "\"reduction\""]);
 }
 
+/// Opset-15 BatchNormalization with FP32 parameters over f16 data (what
+/// `egraph-casts` makes of an FP16 BatchNorm): computed in f32 and rounded
+/// once; the running statistics keep the parameters' type.
+#[test]
+fn batch_norm_with_fp32_parameters() {
+    let out = emit(
+        "bn_mixed",
+        r#"  input %x: f16[batch,4,3,3]
+  input %s: f32[4]
+  input %b: f32[4]
+  input %m: f32[4]
+  input %v: f32[4]
+  %y = BatchNormalization "bn"(%x, %s, %b, %m, %v) @f16
+  %t, %rm, %rv = BatchNormalization "bn_train"(%x, %s, %b, %m, %v) {training_mode=1} @f16
+  output %y, %t, %rm, %rv"#,
+    );
+    has(&out, &["math.sqrt", "arith.extf", "arith.truncf", "tensor<4xf32>", "tensor<?x4x3x3xf16>"]);
+}
+
 #[test]
 fn matmuls_fold_batches_or_broadcast() {
     let out = emit(

@@ -2,7 +2,7 @@
 //! module's documentation). Each returns the SSA names of the node's outputs,
 //! or `None` to leave the node generic.
 
-use qsync_ir::{Dim, Node, Op, ValueId};
+use qsync_ir::{DType, Dim, Node, Op, ValueId};
 
 use super::build::{acc_type, float_lit, ranked, Body, Operand};
 use super::{elem, is_float, quote, Emitter};
@@ -478,24 +478,32 @@ impl Emitter<'_> {
 
     /// `(x − mean) / sqrt(var + eps) · scale + bias`, the parameters read
     /// along axis 1.
+    /// `(x - mean) / sqrt(var + eps) * scale + bias` per channel, in `x`'s
+    /// type when every operand has it; otherwise (opset-15 BatchNormalization
+    /// with FP32 parameters over f16 data) computed in the widest type and
+    /// rounded once to `x`'s.
     fn normalize(&mut self, x: &Operand, p: [&Operand; 4], eps: f64) -> Option<Operand> {
         let dt = x.dt;
+        let ct = compute_type(std::iter::once(dt).chain(p.iter().map(|o| o.dt)));
+        let pdt: Vec<DType> = p.iter().map(|o| o.dt).collect();
         let id: Vec<String> = (0..x.rank()).map(|i| format!("d{i}")).collect();
         let ch = vec!["d1".to_string()];
         let init = self.empty(&x.shape, dt, &[x])?;
         let iters = vec!["parallel"; x.rank()];
-        let el = float_lit(eps, dt);
+        let el = float_lit(eps, ct);
         let ins: Vec<(&Operand, Vec<String>)> =
             std::iter::once((x, id.clone())).chain(p.iter().map(|&o| (o, ch.clone()))).collect();
         Some(self.generic_op(&ins, &init, &id, &iters, |b: &mut Body, a: &[String]| {
-            let (v, scale, bias, mean, var) = (&a[0], &a[1], &a[2], &a[3], &a[4]);
-            let e = b.cst(&el, dt);
-            let t = b.bin("subf", v, mean, dt);
-            let ve = b.bin("addf", var, &e, dt);
-            let sd = b.op(format!("math.sqrt {ve} : {}", elem(dt)));
-            let n = b.bin("divf", &t, &sd, dt);
-            let m = b.bin("mulf", &n, scale, dt);
-            b.bin("addf", &m, bias, dt)
+            let v = widen(b, &a[0], dt, ct);
+            let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| widen(b, &a[i], pdt[i - 1], ct));
+            let e = b.cst(&el, ct);
+            let t = b.bin("subf", &v, &mean, ct);
+            let ve = b.bin("addf", &var, &e, ct);
+            let sd = b.op(format!("math.sqrt {ve} : {}", elem(ct)));
+            let n = b.bin("divf", &t, &sd, ct);
+            let m = b.bin("mulf", &n, &scale, ct);
+            let r = b.bin("addf", &m, &bias, ct);
+            widen(b, &r, ct, dt)
         }))
     }
 
@@ -507,7 +515,13 @@ impl Emitter<'_> {
         if x.rank() < 2 || oshape != x.shape || dt != x.dt || !is_float(dt) {
             return None;
         }
-        if p.iter().any(|o| o.dt != dt || o.shape != [c.clone()]) {
+        // Scale and bias share a type (T1), mean and var another (T2); both
+        // may differ from the data's (T) from opset 15 on.
+        let (t1, t2) = (p[0].dt, p[2].dt);
+        if p[1].dt != t1 || p[3].dt != t2 || !is_float(t1) || !is_float(t2) {
+            return None;
+        }
+        if p.iter().any(|o| o.shape != [c.clone()]) {
             return None;
         }
         let eps = f64::from(node.attr_float("epsilon").unwrap_or(1e-5));
@@ -545,20 +559,51 @@ impl Emitter<'_> {
         if outs.len() == 1 {
             return Some(vec![y.name]);
         }
+        // Running statistics have the mean/var type (T2): the batch
+        // statistic (in T) is converted before the update.
+        if outs[1..].iter().any(|&o| self.out_type(o).map(|(_, d)| d) != Some(t2)) {
+            return None;
+        }
         let mom = f64::from(node.attr_float("momentum").unwrap_or(0.9));
-        let (ml, rl) = (float_lit(mom, dt), float_lit(1.0 - mom, dt));
+        let (ml, rl) = (float_lit(mom, t2), float_lit(1.0 - mom, t2));
         let running = |this: &mut Self, old: &Operand, cur: &Operand| {
             let (ml, rl) = (ml.clone(), rl.clone());
-            this.ewise(&[old, cur], &cs, dt, move |b, a| {
-                let m = b.cst(&ml, dt);
-                let r = b.cst(&rl, dt);
-                let u = b.bin("mulf", &a[0], &m, dt);
-                let v = b.bin("mulf", &a[1], &r, dt);
-                b.bin("addf", &u, &v, dt)
+            this.ewise(&[old, cur], &cs, t2, move |b, a| {
+                let m = b.cst(&ml, t2);
+                let r = b.cst(&rl, t2);
+                let cur = widen(b, &a[1], dt, t2);
+                let u = b.bin("mulf", &a[0], &m, t2);
+                let v = b.bin("mulf", &cur, &r, t2);
+                b.bin("addf", &u, &v, t2)
             })
         };
         let rm = running(self, &p[2], &mean)?;
         let rv = running(self, &p[3], &var)?;
         Some(vec![y.name, rm.name, rv.name])
     }
+}
+
+/// The type a computation over operands of `dts` runs in: their common type,
+/// else the widest (f32 when two different 16-bit types meet).
+fn compute_type(dts: impl Iterator<Item = DType>) -> DType {
+    let dts: Vec<DType> = dts.collect();
+    let first = dts[0];
+    if dts.iter().all(|&d| d == first) {
+        return first;
+    }
+    let widest = dts.iter().copied().max_by_key(|&d| super::float_width(d)).unwrap_or(first);
+    if super::float_width(widest) <= 16 {
+        DType::F32
+    } else {
+        widest
+    }
+}
+
+/// `v` of `from` as `to` (through f32 between the two 16-bit types).
+fn widen(b: &mut Body, v: &str, from: DType, to: DType) -> String {
+    if from != to && super::float_width(from) == 16 && super::float_width(to) == 16 {
+        let w = b.convert(v, from, DType::F32);
+        return b.convert(&w, DType::F32, to);
+    }
+    b.convert(v, from, to)
 }
