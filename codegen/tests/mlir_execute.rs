@@ -204,3 +204,43 @@ fn gemm_norms_and_indexing_compute_onnx_values() {
     close("gather wraps negative indices", &r[4], &[20.0, 10.0]);
     close("slice from -1", &r[5], &[20.0]);
 }
+
+/// Opset-15 BatchNormalization with FP32 parameters over f16 data (the form
+/// `egraph-casts` produces): the numbers match ONNX semantics in inference and
+/// training mode, and the running statistics come out in f32.
+#[test]
+fn batch_norm_with_fp32_parameters_computes_onnx_values() {
+    let Some(r) = execute(
+        "bn_mixed",
+        r#"  input %x: f16[1,2,1,1]
+  input %s: f32[2]
+  input %b: f32[2]
+  input %m: f32[2]
+  input %v: f32[2]
+  input %xt: f16[2,2,1,1]
+  input %one: f32[2]
+  input %zero: f32[2]
+  %y = BatchNormalization "bn"(%x, %s, %b, %m, %v) {epsilon=0.0} @f16
+  %y32 = Cast "y32"(%y) {to=1}
+  %t, %rm, %rv = BatchNormalization "bn_train"(%xt, %one, %zero, %zero, %one) {training_mode=1, epsilon=0.0, momentum=0.5} @f16
+  %t32 = Cast "t32"(%t) {to=1}
+  output %y32, %t32, %rm, %rv"#,
+        &[
+            ("tensor<1x2x1x1xf16>", "dense<[[[[3.0]], [[6.0]]]]>"),
+            ("tensor<2xf32>", "dense<[2.0, 0.5]>"),
+            ("tensor<2xf32>", "dense<[1.0, -1.0]>"),
+            ("tensor<2xf32>", "dense<[1.0, 2.0]>"),
+            ("tensor<2xf32>", "dense<[4.0, 16.0]>"),
+            ("tensor<2x2x1x1xf16>", "dense<[[[[1.0]], [[2.0]]], [[[3.0]], [[6.0]]]]>"),
+            ("tensor<2xf32>", "dense<1.0>"),
+            ("tensor<2xf32>", "dense<0.0>"),
+        ],
+    ) else {
+        return;
+    };
+    // (3 - 1) / 2 · 2 + 1 and (6 - 2) / 4 · 0.5 - 1.
+    close("inference", &r[0], &[3.0, -0.5]);
+    close("training", &r[1], &[-1.0, -1.0, 1.0, 1.0]);
+    close("running mean (f32)", &r[2], &[1.0, 2.0]);
+    close("running var (f32)", &r[3], &[1.0, 2.5]);
+}
