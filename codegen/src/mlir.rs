@@ -157,16 +157,7 @@ fn tensor_type(t: &TensorType) -> String {
     let Some(d) = t.dtype else { return "!qsync.unknown".into() };
     match &t.shape {
         None => format!("tensor<*x{}>", elem(d)),
-        Some(s) => {
-            let mut out = String::from("tensor<");
-            for dim in s {
-                match dim.as_const() {
-                    Some(c) if c >= 0 => write!(out, "{c}x").ok(),
-                    _ => write!(out, "?x").ok(),
-                };
-            }
-            format!("{out}{}>", elem(d))
-        }
+        Some(s) => build::ranked(s, d),
     }
 }
 
