@@ -145,32 +145,37 @@ pub fn gradient_values(g: &Graph, inference: bool) -> std::collections::HashSet<
     grad
 }
 
-/// Values whose contents the pass knows: `Constant` outputs, constant
-/// initializers (`constant_init`), and small results of exactly evaluated
-/// ops over those alone.
+/// Values whose contents the pass computed: `Constant` outputs and small
+/// results (at most [`KNOWN_MAX_ELEMS`] elements, judged from the inferred
+/// output types before anything is evaluated) of exactly evaluated ops over
+/// constants alone. Constant initializers ([`constant_init`], inline data)
+/// are read from the graph, not copied here.
 fn known_values(g: &Graph, order: &[NodeId], opset: i64, inference: bool) -> HashMap<ValueId, Tensor> {
     let mut known: HashMap<ValueId, Tensor> = HashMap::new();
-    for &v in g.inits() {
-        if let Some(t) = g.value(v).init().filter(|t| matches!(t.data, TensorData::Inline(_))) {
-            if constant_init(g, v, inference) {
-                known.insert(v, t.clone());
-            }
-        }
-    }
+    let init = |v: ValueId| {
+        g.value(v).init().filter(|t| matches!(t.data, TensorData::Inline(_)) && constant_init(g, v, inference))
+    };
     for &n in order {
         let node = g.node(n);
         if !exactly_evaluated(&node.op) || node.outputs().is_empty() {
             continue;
         }
-        let inputs: Vec<Option<&Tensor>> = node.inputs().iter().map(|i| i.and_then(|v| known.get(&v))).collect();
+        // A `Constant` is known whatever its size; computed values only when small.
+        let small = node
+            .outputs()
+            .iter()
+            .all(|&o| g.ty(o).concrete_shape().is_some_and(|s| s.iter().product::<i64>() <= KNOWN_MAX_ELEMS as i64));
+        if node.op != Op::Constant && !small {
+            continue;
+        }
+        let inputs: Vec<Option<&Tensor>> =
+            node.inputs().iter().map(|i| i.and_then(|v| known.get(&v).or_else(|| init(v)))).collect();
         let shape_only = matches!(node.op, Op::Shape | Op::Size);
         if !shape_only && node.inputs().iter().zip(&inputs).any(|(i, t)| i.is_some() && t.is_none()) {
             continue;
         }
         let Some(results) = qsync_ir::infer::eval_node(g, n, &inputs, opset) else { continue };
-        // A `Constant` is known whatever its size; computed values only when small.
-        let small = node.op == Op::Constant || results.iter().all(|t| t.numel() <= KNOWN_MAX_ELEMS as u64);
-        if results.len() != node.outputs().len() || !small {
+        if results.len() != node.outputs().len() {
             continue;
         }
         for (&o, t) in node.outputs().iter().zip(results) {
