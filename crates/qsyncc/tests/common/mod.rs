@@ -32,9 +32,12 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A fresh directory under the system temp dir, unique to this process and `name`.
+/// A fresh directory, unique per call: tests run in parallel threads of one
+/// process and may plan the same model with the same flags.
 pub fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qsyncc-test-{}-{name}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("qsyncc-test-{}-{k}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("tmp");
     d
