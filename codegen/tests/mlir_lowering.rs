@@ -327,3 +327,27 @@ fn inference_dropout_forwards_its_input() {
     );
     has(&out, &["tosa.clamp %arg0"]);
 }
+
+/// Shapes the IR knows only partly: an empty Slice starting at the end of
+/// its axis (an exporter's shape arithmetic) is an empty tensor, and a
+/// Reshape whose target a tracer baked in as constants, from an input with
+/// a symbolic dim (and back), casts between static and dynamic types where
+/// MLIR's collapse/expand typing needs it.
+#[test]
+fn empty_slices_and_reshapes_between_symbolic_and_static_dims() {
+    let out = emit(
+        "partial_shapes",
+        r#"  input %s: i64[2]
+  input %x: f32[5,n,192]
+  input %y: f32[5,1,3,64]
+  init %st: i64[1] = [2]
+  init %en: i64[1] = [9]
+  init %to: i64[4] = [5, 1, 3, 64]
+  init %back: i64[3] = [5, -1, 192]
+  %e: i64[0] = Slice "tail"(%s, %st, %en)
+  %r: f32[5,1,3,64] = Reshape "baked"(%x, %to)
+  %b: f32[5,n,192] = Reshape "back"(%y, %back)
+  output %e, %r, %b"#,
+    );
+    has(&out, &["tensor.empty", "tensor.cast", "tensor.expand_shape", "tensor.collapse_shape"]);
+}

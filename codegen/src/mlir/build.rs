@@ -432,20 +432,60 @@ impl Emitter<'_> {
         self.expand(&flat, &[(0..to.len()).collect()], to)
     }
 
+    /// `tensor.collapse_shape` into `to`. MLIR types a collapsed axis static
+    /// exactly when every axis it collapses is; where the IR's symbolic dims
+    /// say otherwise (a reshape target baked in by a tracer), the result is
+    /// collapsed into MLIR's type and `tensor.cast` to `to`.
     fn collapse(&mut self, x: &Operand, g: &[Vec<usize>], to: &[Dim]) -> Operand {
+        let natural: Vec<Dim> = g
+            .iter()
+            .zip(to)
+            .map(|(grp, d)| {
+                let dims: Option<Vec<i64>> = grp.iter().map(|&i| x.shape[i].as_const().filter(|&c| c >= 0)).collect();
+                match dims {
+                    Some(ds) => Dim::from(ds.iter().product::<i64>()),
+                    None if d.as_const().is_some() => Dim::sym("?"),
+                    None => d.clone(),
+                }
+            })
+            .collect();
+        let nty = ranked(&natural, x.dt);
+        let name = self.line(format!("tensor.collapse_shape {} {} : {} into {nty}", x.name, reassoc(g), x.ty()));
         let ty = ranked(to, x.dt);
-        let name = self.line(format!("tensor.collapse_shape {} {} : {} into {ty}", x.name, reassoc(g), x.ty()));
+        let name = if nty == ty { name } else { self.line(format!("tensor.cast {name} : {nty} to {ty}")) };
         Operand { name, shape: to.to_vec(), dt: x.dt }
     }
 
     fn expand(&mut self, x: &Operand, g: &[Vec<usize>], to: &[Dim]) -> Option<Operand> {
+        // MLIR wants each source axis static exactly when its group of
+        // result axes is: cast the source to that first where it differs.
+        let want: Vec<Dim> = g
+            .iter()
+            .zip(&x.shape)
+            .map(|(grp, d)| {
+                let dims: Option<Vec<i64>> = grp.iter().map(|&i| to[i].as_const().filter(|&c| c >= 0)).collect();
+                match dims {
+                    Some(ds) => Dim::from(ds.iter().product::<i64>()),
+                    None if d.as_const().is_some() => Dim::sym("?"),
+                    None => d.clone(),
+                }
+            })
+            .collect();
+        let src = if ranked(&want, x.dt) == x.ty() {
+            x.clone()
+        } else {
+            let name = self.line(format!("tensor.cast {} : {} to {}", x.name, x.ty(), ranked(&want, x.dt)));
+            Operand { name, shape: want, dt: x.dt }
+        };
         let mut sizes = Vec::new();
         for d in to {
             sizes.push(match d.as_const() {
                 Some(c) if c >= 0 => c.to_string(),
+                // Dynamic sizes are computed from the original's symbolic dims.
                 _ => self.dim(d, &[x])?,
             });
         }
+        let x = &src;
         let ty = ranked(to, x.dt);
         let name = self.line(format!(
             "tensor.expand_shape {} {} output_shape [{}] : {} into {ty}",

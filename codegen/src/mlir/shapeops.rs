@@ -217,6 +217,11 @@ impl Emitter<'_> {
     /// `tensor.extract_slice` of `x` at `offsets` (index values or
     /// literals) with sizes `shape` and `strides`.
     fn slice_of(&mut self, x: &Operand, offsets: &[String], shape: &[Dim], strides: &[i64]) -> Option<String> {
+        // An empty result may start at the end of an axis, which
+        // `tensor.extract_slice` rejects: it is just an empty tensor.
+        if shape.iter().any(|d| d.as_const() == Some(0)) {
+            return self.empty(shape, x.dt, &[x]).map(|o| o.name);
+        }
         let mut sizes = Vec::new();
         for d in shape {
             sizes.push(match d.as_const() {
