@@ -50,12 +50,14 @@
 //!   over the output reading the data with `tensor.extract`;
 //! - other elementwise ops under numpy broadcasting → one `linalg.generic`
 //!   with an `arith`/`math` body: `Add`/`Sub`/`Mul`/`Div` (float or int),
-//!   `Pow` (`math.powf`), `Max`/`Min`, `And`/`Or`/`Xor`/`Not` on bools,
+//!   `Pow` (`math.powf`), `Max`/`Min` (float or int), `Abs` on signed
+//!   ints, `And`/`Or`/`Xor`/`Not` on bools,
 //!   `Equal`/`Less`/`LessOrEqual`/`Greater`/`GreaterOrEqual` (`arith.cmpf`/
 //!   `cmpi`), `Where` (`arith.select`), `IsNaN`, and the float unaries
 //!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
 //!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
-//!   do not apply, and `Gelu` (exact with `math.erf`, or the tanh form);
+//!   do not apply, `Gelu` (exact with `math.erf`, or the tanh form), and
+//!   `HardSigmoid` / `HardSwish` (clamps of `αx + β`);
 //!   `Identity` and a one-output `Dropout` whose `training_mode` is absent
 //!   or a constant false forward their input
 //!   (a `Dropout` that may train — `bert_base_train`'s, whose mode is a

@@ -244,3 +244,36 @@ fn batch_norm_with_fp32_parameters_computes_onnx_values() {
     close("running mean (f32)", &r[2], &[1.0, 2.0]);
     close("running var (f32)", &r[3], &[1.0, 2.5]);
 }
+
+/// HardSigmoid / HardSwish (MobileNetV3's activations) and integer
+/// Max / Min / Abs compute ONNX values.
+#[test]
+fn hard_activations_and_integer_max_min_abs_compute_onnx_values() {
+    let Some(r) = execute(
+        "hard_int",
+        r#"  input %x: f32[5]
+  input %i: i64[2]
+  input %j: i64[2]
+  %hs = HardSigmoid "hs"(%x) {alpha=0.5, beta=0.5}
+  %hw = HardSwish "hw"(%x)
+  %mx = Max "mx"(%i, %j)
+  %mn = Min "mn"(%i, %j)
+  %ab = Abs "ab"(%i)
+  %mxf = Cast "mxf"(%mx) {to=1}
+  %mnf = Cast "mnf"(%mn) {to=1}
+  %abf = Cast "abf"(%ab) {to=1}
+  output %hs, %hw, %mxf, %mnf, %abf"#,
+        &[
+            ("tensor<5xf32>", "dense<[-3.0, -0.5, 0.0, 0.5, 3.0]>"),
+            ("tensor<2xi64>", "dense<[3, -4]>"),
+            ("tensor<2xi64>", "dense<[1, 2]>"),
+        ],
+    ) else {
+        return;
+    };
+    close("hard sigmoid", &r[0], &[0.0, 0.25, 0.5, 0.75, 1.0]);
+    close("hard swish", &r[1], &[0.0, -0.5 * (0.5 - 0.5 / 6.0), 0.0, 0.5 * (0.5 + 0.5 / 6.0), 3.0]);
+    close("max", &r[2], &[3.0, 2.0]);
+    close("min", &r[3], &[1.0, -4.0]);
+    close("abs", &r[4], &[3.0, 4.0]);
+}

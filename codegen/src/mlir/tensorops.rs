@@ -23,6 +23,8 @@ fn scalar_body(op: &Op, b: &mut Body, a: &[String], dt: DType) -> Option<String>
         (Op::Pow, 2) if f => bin(b, "math.powf"),
         (Op::Max, 2) if f => bin(b, "arith.maximumf"),
         (Op::Min, 2) if f => bin(b, "arith.minimumf"),
+        (Op::Max, 2) if int => bin(b, if unsigned { "arith.maxui" } else { "arith.maxsi" }),
+        (Op::Min, 2) if int => bin(b, if unsigned { "arith.minui" } else { "arith.minsi" }),
         (Op::Add, 2) if int => bin(b, "arith.addi"),
         (Op::Sub, 2) if int => bin(b, "arith.subi"),
         (Op::Mul, 2) if int => bin(b, "arith.muli"),
@@ -49,6 +51,7 @@ fn scalar_body(op: &Op, b: &mut Body, a: &[String], dt: DType) -> Option<String>
         (Op::Log, 1) if f => un(b, "math.log"),
         (Op::Tanh, 1) if f => un(b, "math.tanh"),
         (Op::Abs, 1) if f => un(b, "math.absf"),
+        (Op::Abs, 1) if int && !unsigned => un(b, "math.absi"),
         (Op::Floor, 1) if f => un(b, "math.floor"),
         (Op::Ceil, 1) if f => un(b, "math.ceil"),
         (Op::Sin, 1) if f => un(b, "math.sin"),
@@ -94,6 +97,32 @@ impl Emitter<'_> {
                     Some(v) => self.const_ints(v).is_some_and(|b| b == [0]),
                 };
                 return (node.op == Op::Identity || inference).then(|| vec![xs[0].name.clone()]);
+            }
+            // HardSigmoid = max(0, min(1, αx + β)); HardSwish = x · HardSigmoid(α = 1/6, β = ½).
+            Op::HardSigmoid | Op::HardSwish if xs.len() == 1 && xs[0].dt == odt && is_float(odt) => {
+                let swish = node.op == Op::HardSwish;
+                let (alpha, beta) = match swish {
+                    true => (1.0 / 6.0, 0.5),
+                    false => (
+                        f64::from(node.attr_float("alpha").unwrap_or(0.2)),
+                        f64::from(node.attr_float("beta").unwrap_or(0.5)),
+                    ),
+                };
+                let (al, bl, dt) = (float_lit(alpha, odt), float_lit(beta, odt), odt);
+                let r = self.ewise(&[&xs[0]], &shape, dt, |b, a| {
+                    let (ca, cb) = (b.cst(&al, dt), b.cst(&bl, dt));
+                    let (zero, one) = (b.cst("0.0", dt), b.cst("1.0", dt));
+                    let t = b.bin("mulf", &a[0], &ca, dt);
+                    let u = b.bin("addf", &t, &cb, dt);
+                    let v = b.bin("minimumf", &u, &one, dt);
+                    let h = b.bin("maximumf", &v, &zero, dt);
+                    if swish {
+                        b.bin("mulf", &a[0], &h, dt)
+                    } else {
+                        h
+                    }
+                })?;
+                return Some(vec![r.name]);
             }
             Op::Gelu if xs.len() == 1 && xs[0].dt == odt && is_float(odt) => {
                 let tanh = match node.attr_str("approximate").unwrap_or("none") {
