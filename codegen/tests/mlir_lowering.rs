@@ -351,3 +351,17 @@ fn empty_slices_and_reshapes_between_symbolic_and_static_dims() {
     );
     has(&out, &["tensor.empty", "tensor.cast", "tensor.expand_shape", "tensor.collapse_shape"]);
 }
+
+/// Opset-18 reductions take their axes as an input, which exporters write as
+/// a `Constant` node as often as an initializer.
+#[test]
+fn reduce_mean_axes_from_a_constant_node() {
+    let out = emit(
+        "reduce_axes",
+        r#"  input %x: f32[2,8,16]
+  %ax: i64[1] = Constant "axes"() {value=tensor<i64[1]> [-1]}
+  %m: f32[2,8,1] = ReduceMean "mean"(%x, %ax)
+  output %m"#,
+    );
+    has(&out, &["\"reduction\"", "arith.divf"]);
+}

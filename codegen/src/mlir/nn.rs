@@ -364,7 +364,7 @@ impl Emitter<'_> {
         }
         let raw: Vec<i64> = match (node.attr_ints("axes"), node.input(1)) {
             (Some(a), _) => a.to_vec(),
-            (None, Some(v)) => self.g.value(v).init()?.as_i64s()?,
+            (None, Some(v)) => self.const_ints(v)?,
             (None, None) => Vec::new(),
         };
         let axes = match axes_of(&raw, x.rank())? {
