@@ -31,7 +31,8 @@
 //! - `Flatten`/`Reshape`/`Squeeze`/`Unsqueeze` (to the inferred output
 //!   shape) → one `tensor.collapse_shape` or `tensor.expand_shape` when the
 //!   axes group, else a collapse to one axis and an expand;
-//! - `Concat` → `tensor.concat`;
+//! - `Concat` → `tensor.concat`; `Pad` in constant mode with constant pads
+//!   (and axes) → `tensor.pad`;
 //! - `BatchNormalization` → one elementwise `linalg.generic` computing
 //!   `(x − mean)/sqrt(var + ε)·scale + B` (`math.sqrt`); with
 //!   `training_mode = 1` the batch mean and variance are reductions first and

@@ -277,3 +277,25 @@ fn hard_activations_and_integer_max_min_abs_compute_onnx_values() {
     close("min", &r[3], &[1.0, -4.0]);
     close("abs", &r[4], &[3.0, 4.0]);
 }
+
+/// Constant-mode `Pad` fills with its value on both sides of each axis.
+#[test]
+fn constant_pad_computes_onnx_values() {
+    let Some(r) = execute(
+        "pad",
+        r#"  input %x: f32[1,2]
+  init %p: i64[4] = [0, 1, 0, 2]
+  init %v: f32[] = [7.0]
+  %y: f32[1,5] = Pad "pad"(%x, %p, %v)
+  output %y"#,
+        &[
+            ("tensor<1x2xf32>", "dense<[[1.0, 2.0]]>"),
+            // The initializers follow the inputs.
+            ("tensor<4xi64>", "dense<[0, 1, 0, 2]>"),
+            ("tensor<f32>", "dense<7.0>"),
+        ],
+    ) else {
+        return;
+    };
+    close("pad", &r[0], &[7.0, 1.0, 2.0, 7.0, 7.0]);
+}

@@ -365,3 +365,19 @@ fn reduce_mean_axes_from_a_constant_node() {
     );
     has(&out, &["\"reduction\"", "arith.divf"]);
 }
+
+/// `Pad` in constant mode: pads and axes from initializers or `Constant`
+/// nodes, the fill value from an input.
+#[test]
+fn constant_pad() {
+    let out = emit(
+        "pad",
+        r#"  input %x: f32[batch,3,8,8]
+  init %p: i64[4] = [1, 0, 2, 3]
+  init %ax: i64[2] = [1, 3]
+  %v: f32[] = Constant "fill"() {value=tensor<f32[]> [-1.0]}
+  %y: f32[batch,6,8,11] = Pad "pad"(%x, %p, %v, %ax)
+  output %y"#,
+    );
+    has(&out, &["tensor.pad", "low[0, 1, 0, 0] high[0, 2, 0, 3]"]);
+}
