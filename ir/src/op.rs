@@ -267,6 +267,62 @@ define_ops! {
 }
 
 impl Op {
+    /// One-input ops whose output has the input's type and shape
+    /// (elementwise activations and math, and the normalizations along an
+    /// axis): shape inference copies the input type, the verifier wants one
+    /// input.
+    pub fn is_unary_same_shape(&self) -> bool {
+        use Op::*;
+        matches!(
+            self,
+            Abs | Neg
+                | Exp
+                | Log
+                | Sqrt
+                | Reciprocal
+                | Floor
+                | Ceil
+                | Round
+                | Sign
+                | Sin
+                | Cos
+                | Tan
+                | Asin
+                | Acos
+                | Atan
+                | Sinh
+                | Cosh
+                | Asinh
+                | Acosh
+                | Atanh
+                | Erf
+                | Not
+                | BitwiseNot
+                | Relu
+                | LeakyRelu
+                | Elu
+                | Selu
+                | Celu
+                | Sigmoid
+                | HardSigmoid
+                | HardSwish
+                | Tanh
+                | Softplus
+                | Softsign
+                | Gelu
+                | Mish
+                | ThresholdedRelu
+                | Shrink
+                | Identity
+                | Softmax
+                | LogSoftmax
+                | Hardmax
+                | LpNormalization
+                | MeanVarianceNormalization
+                | LRN
+        )
+    }
+
     /// The op for an ONNX `(domain, op_type)`; the default domain is `""`
     /// or `"ai.onnx"`. Unknown pairs become [`Op::Opaque`].
     pub fn from_onnx(domain: &str, op_type: &str) -> Op {

@@ -54,51 +54,11 @@ const MANY: usize = usize::MAX;
 /// `(min, max)` number of inputs (omitted optional inputs count as slots).
 fn arity(op: &Op, opset: i64) -> Option<(usize, usize)> {
     use Op::*;
+    if op.is_unary_same_shape() {
+        return Some((1, 1));
+    }
     Some(match op {
-        Abs
-        | Neg
-        | Exp
-        | Log
-        | Sqrt
-        | Reciprocal
-        | Floor
-        | Ceil
-        | Round
-        | Sign
-        | Sin
-        | Cos
-        | Tan
-        | Asin
-        | Acos
-        | Atan
-        | Sinh
-        | Cosh
-        | Asinh
-        | Acosh
-        | Atanh
-        | Erf
-        | Not
-        | BitwiseNot
-        | Relu
-        | LeakyRelu
-        | Elu
-        | Selu
-        | Celu
-        | Sigmoid
-        | HardSigmoid
-        | HardSwish
-        | Tanh
-        | Softplus
-        | Softsign
-        | Gelu
-        | Mish
-        | ThresholdedRelu
-        | Shrink
-        | Identity
-        | Softmax
-        | LogSoftmax
-        | Hardmax
-        | IsNaN
+        IsNaN
         | IsInf
         | Transpose
         | Flatten
@@ -112,13 +72,10 @@ fn arity(op: &Op, opset: i64) -> Option<(usize, usize)> {
         | MaxPool
         | AveragePool
         | LpPool
-        | LRN
         | ArgMax
         | ArgMin
         | DepthToSpace
         | SpaceToDepth
-        | LpNormalization
-        | MeanVarianceNormalization
         | RandomNormalLike
         | RandomUniformLike
         | Bernoulli

@@ -62,54 +62,11 @@ pub struct InferReport {
 /// given its input types and known input contents.
 pub(crate) fn infer_op(cx: &Cx) -> InferResult {
     use Op::*;
+    if cx.node.op.is_unary_same_shape() {
+        return elementwise::same_as_input(cx);
+    }
     match &cx.node.op {
-        Abs
-        | Neg
-        | Exp
-        | Log
-        | Sqrt
-        | Reciprocal
-        | Floor
-        | Ceil
-        | Round
-        | Sign
-        | Sin
-        | Cos
-        | Tan
-        | Asin
-        | Acos
-        | Atan
-        | Sinh
-        | Cosh
-        | Asinh
-        | Acosh
-        | Atanh
-        | Erf
-        | Not
-        | BitwiseNot
-        | Relu
-        | LeakyRelu
-        | Elu
-        | Selu
-        | Celu
-        | Sigmoid
-        | HardSigmoid
-        | HardSwish
-        | Tanh
-        | Softplus
-        | Softsign
-        | Gelu
-        | Mish
-        | ThresholdedRelu
-        | Shrink
-        | Identity
-        | Softmax
-        | LogSoftmax
-        | Hardmax
-        | LpNormalization
-        | MeanVarianceNormalization
-        | LRN
-        | InstanceNormalization
+        InstanceNormalization
         | GroupNormalization
         | RMSNormalization
         | CumSum
