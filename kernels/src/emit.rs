@@ -422,13 +422,7 @@ fn emit_host_entry<'ctx>(ctx: &'ctx Context, m: &Module<'ctx>, spec: &KernelSpec
         });
     }
     let dom = emit_domain(&cx, spec, &args)?;
-    cx.for_range(cx.i64c(0), dom, cx.i64c(1), &[], |cx, i, _| {
-        let mut call: Vec<BasicMetadataValueEnum> = args.iter().map(|&v| v.into()).collect();
-        call.push(i.into());
-        cx.call(body, &call)?;
-        Ok(Vec::new())
-    })?;
-    cx.ret()
+    call_body_over(&cx, body, &args, cx.i64c(0), dom, cx.i64c(1))
 }
 
 fn emit_ptx_entry<'ctx>(ctx: &'ctx Context, m: &Module<'ctx>, spec: &KernelSpec, body: FunctionValue<'ctx>) -> R<()> {
@@ -451,7 +445,20 @@ fn emit_ptx_entry<'ctx>(ctx: &'ctx Context, m: &Module<'ctx>, spec: &KernelSpec,
     let start = cx.add(cx.mul(ctaid, ntid)?, tid)?;
     let stride = cx.mul(nctaid, ntid)?;
     let dom = emit_domain(&cx, spec, &args)?;
-    cx.for_range(start, dom, stride, &[], |cx, i, _| {
+    call_body_over(&cx, body, &args, start, dom, stride)
+}
+
+/// The entry's loop: `body(args…, i)` for `i` from `start` below `end` by
+/// `step`, then return.
+fn call_body_over<'ctx>(
+    cx: &Cx<'_, 'ctx>,
+    body: FunctionValue<'ctx>,
+    args: &[BasicValueEnum<'ctx>],
+    start: IntValue<'ctx>,
+    end: IntValue<'ctx>,
+    step: IntValue<'ctx>,
+) -> R<()> {
+    cx.for_range(start, end, step, &[], |cx, i, _| {
         let mut call: Vec<BasicMetadataValueEnum> = args.iter().map(|&v| v.into()).collect();
         call.push(i.into());
         cx.call(body, &call)?;

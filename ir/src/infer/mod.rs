@@ -175,15 +175,22 @@ pub(crate) fn infer_node_types(
     }
 }
 
-/// Known contents of every value, computed by a pass over the graph (inits,
-/// constants and shape arithmetic), indexed by `ValueId::index`.
-pub(crate) fn known_table(graph: &Graph, opset: i64) -> Vec<Option<Known>> {
+/// Known contents of the initializers, indexed by `ValueId::index` (every
+/// other value unknown): where both inference walks start.
+fn init_known(graph: &Graph) -> Vec<Option<Known>> {
     let mut known: Vec<Option<Known>> = vec![None; graph.value_capacity()];
     for &v in graph.inits() {
         if let Some(t) = graph.value(v).init() {
             known[v.index()] = Known::from_tensor(t);
         }
     }
+    known
+}
+
+/// Known contents of every value, computed by a pass over the graph (inits,
+/// constants and shape arithmetic), indexed by `ValueId::index`.
+pub(crate) fn known_table(graph: &Graph, opset: i64) -> Vec<Option<Known>> {
+    let mut known = init_known(graph);
     for n in graph.schedule() {
         let cx = node_cx(graph, n, opset, &known);
         if let Ok(Outcome::Done(inf)) = infer_op(&cx) {
@@ -241,12 +248,7 @@ pub fn infer_shapes(graph: &mut Graph, opset: i64, opts: &InferOptions) -> Infer
         }
     }
 
-    let mut known: Vec<Option<Known>> = vec![None; graph.value_capacity()];
-    for &v in graph.inits() {
-        if let Some(t) = graph.value(v).init() {
-            known[v.index()] = Known::from_tensor(t);
-        }
-    }
+    let mut known = init_known(graph);
     for n in graph.schedule() {
         let cx = node_cx(graph, n, opset, &known);
         let node = graph.node(n);
