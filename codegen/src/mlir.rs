@@ -52,7 +52,11 @@
 //! - other elementwise ops under numpy broadcasting → one `linalg.generic`
 //!   with an `arith`/`math` body: `Add`/`Sub`/`Mul`/`Div` (float or int),
 //!   `Pow` (`math.powf`), `Max`/`Min` (float or int), `Abs` on signed
-//!   ints, `And`/`Or`/`Xor`/`Not` on bools,
+//!   ints, `Mod` (integers with `fmod = 0`: `arith.remsi` plus the divisor
+//!   when the signs differ, so the result has the divisor's sign; with
+//!   `fmod = 1` the dividend's: `arith.remsi`, or `arith.remf` on floats;
+//!   unsigned: `arith.remui`; a zero divisor is undefined, as in ONNX),
+//!   `And`/`Or`/`Xor`/`Not` on bools,
 //!   `Equal`/`Less`/`LessOrEqual`/`Greater`/`GreaterOrEqual` (`arith.cmpf`/
 //!   `cmpi`), `Where` (`arith.select`), `IsNaN`, and the float unaries
 //!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
@@ -74,6 +78,12 @@
 //!   `tensor.extract_slice` sized by the inferred outputs;
 //!   `GatherElements` and `GatherND` (`batch_dims = 0`) → a
 //!   `linalg.generic` reading with `tensor.extract`;
+//! - `CumSum` (constant axis, negative allowed; `exclusive`, `reverse`) →
+//!   an `scf.for` along the axis carrying the output and the running sum (a
+//!   slice of size 1 on the axis): per step a `tensor.extract_slice` of the
+//!   input, an adding `linalg.generic` and a `tensor.insert_slice`, O(n)
+//!   per scan line; sums accumulate in the element type, f16/bf16
+//!   included, as ONNX does;
 //! - anything else (e.g. 1-D/3-D `Conv`, `ConvTranspose`, `MaxPool` with its
 //!   `Indices` output, `Softmax` over an inner axis) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering

@@ -381,3 +381,40 @@ fn constant_pad() {
     );
     has(&out, &["tensor.pad", "low[0, 1, 0, 0] high[0, 2, 0, 3]"]);
 }
+
+/// `CumSum` along a constant (here negative) axis, inclusive and
+/// exclusive/reversed, over float and integer data with a symbolic dim.
+#[test]
+fn cumulative_sums() {
+    let out = emit(
+        "cumsum",
+        r#"  input %x: f16[batch,5]
+  input %i: i64[3,seq,1]
+  init %last: i64[] = [-1]
+  %ax: i32[] = Constant "axis"() {value=tensor<i32[]> [1]}
+  %y = CumSum "inclusive"(%x, %last)
+  %z = CumSum "exclusive_reverse"(%i, %ax) {exclusive=1, reverse=1}
+  output %y, %z"#,
+    );
+    has(&out, &["scf.for", "tensor.extract_slice", "tensor.insert_slice", "arith.addf", "arith.addi", "scf.yield"]);
+}
+
+/// `Mod` under broadcasting: Python-style on integers, C `fmod` on
+/// integers and floats.
+#[test]
+fn integer_and_float_mod() {
+    let out = emit(
+        "mod",
+        r#"  input %a: i64[batch,4]
+  input %b: i64[4]
+  input %f: f16[2,3]
+  input %g: f16[]
+  input %u: i32[]
+  %m = Mod "python"(%a, %b)
+  %c = Mod "c_int"(%a, %b) {fmod=1}
+  %r = Mod "c_float"(%f, %g) {fmod=1}
+  %s = Mod "scalars"(%u, %u)
+  output %m, %c, %r, %s"#,
+    );
+    has(&out, &["arith.remsi", "arith.remf", "arith.xori", "arith.select"]);
+}
