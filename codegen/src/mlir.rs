@@ -73,9 +73,11 @@
 //!   `tensor.from_elements`; `Range` → a `linalg.generic` of `linalg.index`
 //!   (its length computed when symbolic); `Expand` → a broadcasting
 //!   `linalg.generic`;
-//! - `Slice` (positive constant steps, constant axes; starts constant or
+//! - `Slice` (constant nonzero steps, constant axes; starts constant or
 //!   computed, wrapped and clamped in `index` arithmetic) and `Split` →
-//!   `tensor.extract_slice` sized by the inferred outputs;
+//!   `tensor.extract_slice` sized by the inferred outputs; a `Slice` with a
+//!   negative step → a `linalg.generic` reading `start + i·step` with
+//!   `tensor.extract`;
 //!   `GatherElements` and `GatherND` (`batch_dims = 0`) → a
 //!   `linalg.generic` reading with `tensor.extract`;
 //! - `CumSum` (constant axis, negative allowed; `exclusive`, `reverse`) →

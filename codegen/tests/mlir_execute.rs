@@ -435,3 +435,62 @@ fn mod_computes_onnx_values() {
     close("float fmod", &r[2], &bcast(&f, &g, true));
     close("scalars", &r[3], &[mod_ref(-16.0, 7.0, false)]);
 }
+
+/// ONNX `Slice` of a 2-D `x` along `axes` with `starts`/`ends`/`steps`
+/// (wrapped and clamped as the operator defines).
+fn slice_ref(x: &[f64], shape: [usize; 2], axes: &[usize], starts: &[i64], ends: &[i64], steps: &[i64]) -> Vec<f64> {
+    let mut picks: Vec<Vec<usize>> = shape.iter().map(|&n| (0..n).collect()).collect();
+    for (k, &a) in axes.iter().enumerate() {
+        let n = shape[a] as i64;
+        let wrap = |v: i64| if v < 0 { v.saturating_add(n) } else { v };
+        let (t, mut s, mut e) = (steps[k], wrap(starts[k]), wrap(ends[k]));
+        if t > 0 {
+            (s, e) = (s.clamp(0, n), e.clamp(0, n));
+        } else {
+            (s, e) = (s.clamp(0, n - 1), e.clamp(-1, n - 1));
+        }
+        picks[a].clear();
+        while (t > 0 && s < e) || (t < 0 && s > e) {
+            picks[a].push(s as usize);
+            s += t;
+        }
+    }
+    let mut y = Vec::new();
+    for &i in &picks[0] {
+        for &j in &picks[1] {
+            y.push(x[i * shape[1] + j]);
+        }
+    }
+    y
+}
+
+/// `Slice` with negative steps: a flip from constants, a computed start
+/// stepping by −2, and two axes at once with starts past the end.
+#[test]
+fn negative_step_slices_compute_onnx_values() {
+    let x: Vec<f64> = (0..15).map(|i| f64::from(i) * 1.5 - 4.0).collect();
+    let Some(r) = execute(
+        "reverse",
+        r#"  input %x: f32[5,3]
+  input %s: i64[1]
+  %m1: i64[1] = Constant "m1"() {value=tensor<i64[1]> [-1]}
+  %inf: i64[1] = Constant "inf"() {value=tensor<i64[1]> [-9223372036854775807]}
+  %a0: i64[1] = Constant "a0"() {value=tensor<i64[1]> [0]}
+  %m2: i64[1] = Constant "m2"() {value=tensor<i64[1]> [-2]}
+  %st: i64[2] = Constant "st"() {value=tensor<i64[2]> [100, 4]}
+  %en: i64[2] = Constant "en"() {value=tensor<i64[2]> [-100, 0]}
+  %ax: i64[2] = Constant "ax"() {value=tensor<i64[2]> [1, 0]}
+  %sp: i64[2] = Constant "sp"() {value=tensor<i64[2]> [-1, -3]}
+  %f = Slice "flip"(%x, %m1, %inf, %a0, %m1)
+  %c: f32[2,3] = Slice "computed"(%x, %s, %inf, %a0, %m2)
+  %b = Slice "both"(%x, %st, %en, %ax, %sp)
+  output %f, %c, %b"#,
+        &[("tensor<5x3xf32>", &dense(&x, &[5, 3], false)), ("tensor<1xi64>", "dense<-3>")],
+    ) else {
+        return;
+    };
+    let inf = -9_223_372_036_854_775_807;
+    close("flip", &r[0], &slice_ref(&x, [5, 3], &[0], &[-1], &[inf], &[-1]));
+    close("computed start", &r[1], &slice_ref(&x, [5, 3], &[0], &[-3], &[inf], &[-2]));
+    close("two axes", &r[2], &slice_ref(&x, [5, 3], &[1, 0], &[100, 4], &[-100, 0], &[-1, -3]));
+}

@@ -418,3 +418,23 @@ fn integer_and_float_mod() {
     );
     has(&out, &["arith.remsi", "arith.remf", "arith.xori", "arith.select"]);
 }
+
+/// `Slice` with a negative step (exporters reverse an axis that way), from
+/// a constant start and a computed one.
+#[test]
+fn slices_with_negative_steps() {
+    let out = emit(
+        "reverse",
+        r#"  input %x: i64[4,2]
+  input %y: f32[5,3]
+  input %s: i64[1]
+  init %st: i64[1] = [-1]
+  init %en: i64[1] = [-9223372036854775807]
+  init %ax: i64[1] = [0]
+  init %two: i64[1] = [-2]
+  %r = Slice "flip"(%x, %st, %en, %ax, %st)
+  %t: f32[2,3] = Slice "computed"(%y, %s, %en, %ax, %two)
+  output %r, %t"#,
+    );
+    has(&out, &["linalg.index", "arith.muli", "tensor.extract"]);
+}
