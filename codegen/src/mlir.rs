@@ -31,8 +31,13 @@
 //! - `Flatten`/`Reshape`/`Squeeze`/`Unsqueeze` (to the inferred output
 //!   shape) → one `tensor.collapse_shape` or `tensor.expand_shape` when the
 //!   axes group, else a collapse to one axis and an expand;
-//! - `Concat` → `tensor.concat`; `Pad` in constant mode with constant pads
-//!   (and axes) → `tensor.pad`;
+//! - `Concat` → `tensor.concat`;
+//! - `Pad` (axes constant or absent) in constant mode → `tensor.pad`, its
+//!   amounts and fill value constants or computed at run time (read with
+//!   `tensor.extract`; negative amounts crop, by a `tensor.extract_slice`
+//!   after padding by the positive parts); `edge`/`reflect`/`wrap` → a
+//!   `linalg.generic` over the output reading the input with
+//!   `tensor.extract` at a clamped, mirrored or wrapped index;
 //! - `BatchNormalization` → one elementwise `linalg.generic` computing
 //!   `(x − mean)/sqrt(var + ε)·scale + B` (`math.sqrt`); with
 //!   `training_mode = 1` the batch mean and variance are reductions first and
@@ -117,6 +122,7 @@ use crate::CodegenError;
 
 mod build;
 mod nn;
+mod pad;
 mod shapeops;
 mod tensorops;
 

@@ -436,6 +436,68 @@ fn mod_computes_onnx_values() {
     close("scalars", &r[3], &[mod_ref(-16.0, 7.0, false)]);
 }
 
+/// ONNX `Pad` of a 2-D `x` by `low`/`high` per axis (negative amounts
+/// crop) in `mode`, filling with `value` in constant mode.
+fn pad_ref(x: &[f64], shape: [usize; 2], low: [i64; 2], high: [i64; 2], mode: &str, value: f64) -> Vec<f64> {
+    let out: Vec<i64> = (0..2).map(|a| shape[a] as i64 + low[a] + high[a]).collect();
+    let mut y = Vec::new();
+    for i in 0..out[0] {
+        for j in 0..out[1] {
+            let mut at = [i - low[0], j - low[1]];
+            let mut inside = true;
+            for (a, p) in at.iter_mut().enumerate() {
+                let n = shape[a] as i64;
+                if (0..n).contains(p) {
+                    continue;
+                }
+                match mode {
+                    "constant" => inside = false,
+                    "edge" => *p = (*p).clamp(0, n - 1),
+                    "reflect" => *p = if *p < 0 { -*p } else { 2 * (n - 1) - *p },
+                    _ => *p = p.rem_euclid(n),
+                }
+            }
+            y.push(if inside { x[at[0] as usize * shape[1] + at[1] as usize] } else { value });
+        }
+    }
+    y
+}
+
+/// `Pad` with amounts and fill value computed at run time (negative ones
+/// crop), constant pads that crop, and `edge`/`reflect`/`wrap`.
+#[test]
+fn computed_pads_compute_onnx_values() {
+    let x: Vec<f64> = (1..=12).map(f64::from).collect();
+    // pads = [x1_begin, x2_begin, x1_end, x2_end]
+    let p = [2.0, -1.0, 1.0, 3.0];
+    let Some(r) = execute(
+        "pad_dynamic",
+        r#"  input %x: f32[3,4]
+  input %p: i64[4]
+  input %v: f32[]
+  %q: i64[4] = Constant "q"() {value=tensor<i64[4]> [-1, 1, 0, -2]}
+  %c: f32[6,6] = Pad "computed"(%x, %p, %v)
+  %e: f32[6,6] = Pad "edge"(%x, %p) {mode="edge"}
+  %r: f32[6,6] = Pad "reflect"(%x, %p) {mode="reflect"}
+  %w: f32[6,6] = Pad "wrap"(%x, %p) {mode="wrap"}
+  %k = Pad "crop"(%x, %q, %v)
+  output %c, %e, %r, %w, %k"#,
+        &[
+            ("tensor<3x4xf32>", &dense(&x, &[3, 4], false)),
+            ("tensor<4xi64>", &dense(&p, &[4], true)),
+            ("tensor<f32>", "dense<-0.5>"),
+        ],
+    ) else {
+        return;
+    };
+    let (low, high) = ([2, -1], [1, 3]);
+    close("constant", &r[0], &pad_ref(&x, [3, 4], low, high, "constant", -0.5));
+    close("edge", &r[1], &pad_ref(&x, [3, 4], low, high, "edge", 0.0));
+    close("reflect", &r[2], &pad_ref(&x, [3, 4], low, high, "reflect", 0.0));
+    close("wrap", &r[3], &pad_ref(&x, [3, 4], low, high, "wrap", 0.0));
+    close("constant pads that crop", &r[4], &pad_ref(&x, [3, 4], [-1, 1], [0, -2], "constant", -0.5));
+}
+
 /// ONNX `Slice` of a 2-D `x` along `axes` with `starts`/`ends`/`steps`
 /// (wrapped and clamped as the operator defines).
 fn slice_ref(x: &[f64], shape: [usize; 2], axes: &[usize], starts: &[i64], ends: &[i64], steps: &[i64]) -> Vec<f64> {

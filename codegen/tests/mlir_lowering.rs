@@ -419,6 +419,29 @@ fn integer_and_float_mod() {
     has(&out, &["arith.remsi", "arith.remf", "arith.xori", "arith.select"]);
 }
 
+/// `Pad` with amounts computed at run time (read from the pads tensor,
+/// negative ones cropping), a computed fill value, and the index-reading
+/// modes.
+#[test]
+fn computed_pads_and_edge_reflect_wrap() {
+    let out = emit(
+        "pad_dynamic",
+        r#"  input %x: f16[batch,4,6]
+  input %p: i64[4]
+  input %v: f16[]
+  input %i: i32[2,3]
+  init %q: i64[4] = [1, -1, 2, 1]
+  init %ax: i64[2] = [2, 1]
+  %y: f16[batch,h,w] = Pad "computed"(%x, %p, %v, %ax)
+  %e: i32[5,3] = Pad "edge"(%i, %q) {mode="edge"}
+  %r: i32[5,3] = Pad "reflect"(%i, %q) {mode="reflect"}
+  %w: i32[5,3] = Pad "wrap"(%i, %q) {mode="wrap"}
+  %c: i32[5,3] = Pad "crop"(%i, %q)
+  output %y, %e, %r, %w, %c"#,
+    );
+    has(&out, &["tensor.pad", "arith.maxsi", "tensor.extract_slice", "arith.remsi", "linalg.index"]);
+}
+
 /// `Slice` with a negative step (exporters reverse an axis that way), from
 /// a constant start and a computed one.
 #[test]
@@ -437,4 +460,23 @@ fn slices_with_negative_steps() {
   output %r, %t"#,
     );
     has(&out, &["linalg.index", "arith.muli", "tensor.extract"]);
+}
+
+/// Before opset 11 `Pad` takes its pads and fill value as attributes.
+#[test]
+fn opset_10_pad_fills_with_its_value_attribute() {
+    let text = r#"opset "" 10
+graph "old_pad" {
+  input %x: f32[2,3]
+  %y = Pad "old"(%x) {pads=[0, 1, 0, 2], value=7.5}
+  output %y
+}
+"#;
+    let mut m = qsync_ir::text::parse_model(text).expect("text IR");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    let out = emit_mlir(&m.graph, "old_pad").expect("emits");
+    assert!(out.all_ops_mapped(), "{:?}\n{}", out.generic_ops, out.text);
+    mlir_opt_plain(&out.text, "old_pad");
+    has(&out, &["tensor.pad", "7.500000e+00", "tensor<2x6xf32>"]);
 }
