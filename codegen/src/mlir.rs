@@ -31,8 +31,13 @@
 //! - `Flatten`/`Reshape`/`Squeeze`/`Unsqueeze` (to the inferred output
 //!   shape) → one `tensor.collapse_shape` or `tensor.expand_shape` when the
 //!   axes group, else a collapse to one axis and an expand;
-//! - `Concat` → `tensor.concat`; `Pad` in constant mode with constant pads
-//!   (and axes) → `tensor.pad`;
+//! - `Concat` → `tensor.concat`;
+//! - `Pad` (axes constant or absent) in constant mode → `tensor.pad`, its
+//!   amounts and fill value constants or computed at run time (read with
+//!   `tensor.extract`; negative amounts crop, by a `tensor.extract_slice`
+//!   after padding by the positive parts); `edge`/`reflect`/`wrap` → a
+//!   `linalg.generic` over the output reading the input with
+//!   `tensor.extract` at a clamped, mirrored or wrapped index;
 //! - `BatchNormalization` → one elementwise `linalg.generic` computing
 //!   `(x − mean)/sqrt(var + ε)·scale + B` (`math.sqrt`); with
 //!   `training_mode = 1` the batch mean and variance are reductions first and
@@ -52,7 +57,11 @@
 //! - other elementwise ops under numpy broadcasting → one `linalg.generic`
 //!   with an `arith`/`math` body: `Add`/`Sub`/`Mul`/`Div` (float or int),
 //!   `Pow` (`math.powf`), `Max`/`Min` (float or int), `Abs` on signed
-//!   ints, `And`/`Or`/`Xor`/`Not` on bools,
+//!   ints, `Mod` (integers with `fmod = 0`: `arith.remsi` plus the divisor
+//!   when the signs differ, so the result has the divisor's sign; with
+//!   `fmod = 1` the dividend's: `arith.remsi`, or `arith.remf` on floats;
+//!   unsigned: `arith.remui`; a zero divisor is undefined, as in ONNX),
+//!   `And`/`Or`/`Xor`/`Not` on bools,
 //!   `Equal`/`Less`/`LessOrEqual`/`Greater`/`GreaterOrEqual` (`arith.cmpf`/
 //!   `cmpi`), `Where` (`arith.select`), `IsNaN`, and the float unaries
 //!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
@@ -69,11 +78,19 @@
 //!   `tensor.from_elements`; `Range` → a `linalg.generic` of `linalg.index`
 //!   (its length computed when symbolic); `Expand` → a broadcasting
 //!   `linalg.generic`;
-//! - `Slice` (positive constant steps, constant axes; starts constant or
+//! - `Slice` (constant nonzero steps, constant axes; starts constant or
 //!   computed, wrapped and clamped in `index` arithmetic) and `Split` →
-//!   `tensor.extract_slice` sized by the inferred outputs;
+//!   `tensor.extract_slice` sized by the inferred outputs; a `Slice` with a
+//!   negative step → a `linalg.generic` reading `start + i·step` with
+//!   `tensor.extract`;
 //!   `GatherElements` and `GatherND` (`batch_dims = 0`) → a
 //!   `linalg.generic` reading with `tensor.extract`;
+//! - `CumSum` (constant axis, negative allowed; `exclusive`, `reverse`) →
+//!   an `scf.for` along the axis carrying the output and the running sum (a
+//!   slice of size 1 on the axis): per step a `tensor.extract_slice` of the
+//!   input, an adding `linalg.generic` and a `tensor.insert_slice`, O(n)
+//!   per scan line; sums accumulate in the element type, f16/bf16
+//!   included, as ONNX does;
 //! - anything else (e.g. 1-D/3-D `Conv`, `ConvTranspose`, `MaxPool` with its
 //!   `Indices` output, `Softmax` over an inner axis) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering
@@ -105,6 +122,7 @@ use crate::CodegenError;
 
 mod build;
 mod nn;
+mod pad;
 mod shapeops;
 mod tensorops;
 

@@ -299,3 +299,260 @@ fn constant_pad_computes_onnx_values() {
     };
     close("pad", &r[0], &[7.0, 1.0, 2.0, 7.0, 7.0]);
 }
+
+/// A `dense<…>` literal of row-major `vals` with `dims` (integers printed
+/// without a fraction).
+fn dense(vals: &[f64], dims: &[usize], int: bool) -> String {
+    fn nest(vals: &[f64], dims: &[usize], int: bool) -> String {
+        match dims {
+            [] => {
+                if int {
+                    format!("{}", vals[0] as i64)
+                } else {
+                    format!("{:?}", vals[0])
+                }
+            }
+            [_, rest @ ..] => {
+                let inner: usize = rest.iter().product();
+                let parts: Vec<String> = vals.chunks(inner.max(1)).map(|c| nest(c, rest, int)).collect();
+                format!("[{}]", parts.join(", "))
+            }
+        }
+    }
+    format!("dense<{}>", nest(vals, dims, int))
+}
+
+/// ONNX `CumSum` of `x` (row-major, `shape`) along `axis`.
+fn cumsum_ref(x: &[f64], shape: &[usize], axis: usize, exclusive: bool, reverse: bool) -> Vec<f64> {
+    let n = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let outer: usize = shape[..axis].iter().product();
+    let mut y = vec![0.0; x.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| (o * n + k) * inner + i;
+            let order: Vec<usize> = if reverse { (0..n).rev().collect() } else { (0..n).collect() };
+            let mut sum = 0.0;
+            for k in order {
+                if exclusive {
+                    y[at(k)] = sum;
+                    sum += x[at(k)];
+                } else {
+                    sum += x[at(k)];
+                    y[at(k)] = sum;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// `CumSum` in all four `exclusive`/`reverse` combinations, along a
+/// negative axis, an inner axis and a unit one, on floats and integers.
+#[test]
+fn cumulative_sums_compute_onnx_values() {
+    let x: Vec<f64> = (0..24).map(|i| f64::from((i * 7 % 11) - 5) * 0.5).collect();
+    let k: Vec<f64> = [3.0, -1.0, 4.0, -1.0, 5.0, -9.0].to_vec();
+    let Some(r) = execute(
+        "cumsum",
+        r#"  input %x: f32[2,3,4]
+  input %k: i32[1,6]
+  %last: i64[] = Constant "last"() {value=tensor<i64[]> [-1]}
+  %mid: i32[1] = Constant "mid"() {value=tensor<i32[1]> [1]}
+  %first: i64[] = Constant "first"() {value=tensor<i64[]> [0]}
+  %a = CumSum "plain"(%x, %last)
+  %b = CumSum "excl"(%x, %last) {exclusive=1}
+  %c = CumSum "rev"(%x, %mid) {reverse=1}
+  %d = CumSum "excl_rev"(%x, %mid) {exclusive=1, reverse=1}
+  %e = CumSum "int_excl_rev"(%k, %last) {exclusive=1, reverse=1}
+  %f = CumSum "unit_axis"(%k, %first) {exclusive=1}
+  %ef = Cast "ef"(%e) {to=1}
+  %ff = Cast "ff"(%f) {to=1}
+  output %a, %b, %c, %d, %ef, %ff"#,
+        &[("tensor<2x3x4xf32>", &dense(&x, &[2, 3, 4], false)), ("tensor<1x6xi32>", &dense(&k, &[1, 6], true))],
+    ) else {
+        return;
+    };
+    let s = [2, 3, 4];
+    close("inclusive", &r[0], &cumsum_ref(&x, &s, 2, false, false));
+    close("exclusive", &r[1], &cumsum_ref(&x, &s, 2, true, false));
+    close("reverse", &r[2], &cumsum_ref(&x, &s, 1, false, true));
+    close("exclusive reverse", &r[3], &cumsum_ref(&x, &s, 1, true, true));
+    close("integer exclusive reverse", &r[4], &cumsum_ref(&k, &[1, 6], 1, true, true));
+    close("unit axis", &r[5], &cumsum_ref(&k, &[1, 6], 0, true, false));
+}
+
+/// ONNX `Mod`: `fmod = 0` takes the divisor's sign (`a − b·⌊a/b⌋`),
+/// `fmod = 1` the dividend's (C `fmod`).
+fn mod_ref(a: f64, b: f64, fmod: bool) -> f64 {
+    if fmod {
+        a % b
+    } else {
+        a - b * (a / b).floor()
+    }
+}
+
+/// Integer `Mod` in both modes and float `fmod`, with every sign of
+/// dividend and divisor, under broadcasting and on scalars.
+#[test]
+fn mod_computes_onnx_values() {
+    let a = [7.0, -7.0, 7.0, -7.0, 6.0, -6.0, 0.0, 13.0];
+    let b = [3.0, 3.0, -3.0, -3.0];
+    let f = [5.5, -5.5, 2.25, -0.75, 9.0, -9.0];
+    let g = [2.0, 2.0, -1.5];
+    let Some(r) = execute(
+        "mod",
+        r#"  input %a: i64[2,4]
+  input %b: i64[4]
+  input %f: f32[2,3]
+  input %g: f32[3]
+  input %s: i32[]
+  input %t: i32[]
+  %m = Mod "python"(%a, %b)
+  %c = Mod "c_int"(%a, %b) {fmod=1}
+  %r = Mod "c_float"(%f, %g) {fmod=1}
+  %q = Mod "scalars"(%s, %t)
+  %mf = Cast "mf"(%m) {to=1}
+  %cf = Cast "cf"(%c) {to=1}
+  %qf = Cast "qf"(%q) {to=1}
+  output %mf, %cf, %r, %qf"#,
+        &[
+            ("tensor<2x4xi64>", &dense(&a, &[2, 4], true)),
+            ("tensor<4xi64>", &dense(&b, &[4], true)),
+            ("tensor<2x3xf32>", &dense(&f, &[2, 3], false)),
+            ("tensor<3xf32>", &dense(&g, &[3], false)),
+            ("tensor<i32>", "dense<-16>"),
+            ("tensor<i32>", "dense<7>"),
+        ],
+    ) else {
+        return;
+    };
+    let bcast = |x: &[f64], y: &[f64], fmod: bool| -> Vec<f64> {
+        x.iter().enumerate().map(|(i, &v)| mod_ref(v, y[i % y.len()], fmod)).collect()
+    };
+    close("python mod", &r[0], &bcast(&a, &b, false));
+    close("c mod", &r[1], &bcast(&a, &b, true));
+    close("float fmod", &r[2], &bcast(&f, &g, true));
+    close("scalars", &r[3], &[mod_ref(-16.0, 7.0, false)]);
+}
+
+/// ONNX `Pad` of a 2-D `x` by `low`/`high` per axis (negative amounts
+/// crop) in `mode`, filling with `value` in constant mode.
+fn pad_ref(x: &[f64], shape: [usize; 2], low: [i64; 2], high: [i64; 2], mode: &str, value: f64) -> Vec<f64> {
+    let out: Vec<i64> = (0..2).map(|a| shape[a] as i64 + low[a] + high[a]).collect();
+    let mut y = Vec::new();
+    for i in 0..out[0] {
+        for j in 0..out[1] {
+            let mut at = [i - low[0], j - low[1]];
+            let mut inside = true;
+            for (a, p) in at.iter_mut().enumerate() {
+                let n = shape[a] as i64;
+                if (0..n).contains(p) {
+                    continue;
+                }
+                match mode {
+                    "constant" => inside = false,
+                    "edge" => *p = (*p).clamp(0, n - 1),
+                    "reflect" => *p = if *p < 0 { -*p } else { 2 * (n - 1) - *p },
+                    _ => *p = p.rem_euclid(n),
+                }
+            }
+            y.push(if inside { x[at[0] as usize * shape[1] + at[1] as usize] } else { value });
+        }
+    }
+    y
+}
+
+/// `Pad` with amounts and fill value computed at run time (negative ones
+/// crop), constant pads that crop, and `edge`/`reflect`/`wrap`.
+#[test]
+fn computed_pads_compute_onnx_values() {
+    let x: Vec<f64> = (1..=12).map(f64::from).collect();
+    // pads = [x1_begin, x2_begin, x1_end, x2_end]
+    let p = [2.0, -1.0, 1.0, 3.0];
+    let Some(r) = execute(
+        "pad_dynamic",
+        r#"  input %x: f32[3,4]
+  input %p: i64[4]
+  input %v: f32[]
+  %q: i64[4] = Constant "q"() {value=tensor<i64[4]> [-1, 1, 0, -2]}
+  %c: f32[6,6] = Pad "computed"(%x, %p, %v)
+  %e: f32[6,6] = Pad "edge"(%x, %p) {mode="edge"}
+  %r: f32[6,6] = Pad "reflect"(%x, %p) {mode="reflect"}
+  %w: f32[6,6] = Pad "wrap"(%x, %p) {mode="wrap"}
+  %k = Pad "crop"(%x, %q, %v)
+  output %c, %e, %r, %w, %k"#,
+        &[
+            ("tensor<3x4xf32>", &dense(&x, &[3, 4], false)),
+            ("tensor<4xi64>", &dense(&p, &[4], true)),
+            ("tensor<f32>", "dense<-0.5>"),
+        ],
+    ) else {
+        return;
+    };
+    let (low, high) = ([2, -1], [1, 3]);
+    close("constant", &r[0], &pad_ref(&x, [3, 4], low, high, "constant", -0.5));
+    close("edge", &r[1], &pad_ref(&x, [3, 4], low, high, "edge", 0.0));
+    close("reflect", &r[2], &pad_ref(&x, [3, 4], low, high, "reflect", 0.0));
+    close("wrap", &r[3], &pad_ref(&x, [3, 4], low, high, "wrap", 0.0));
+    close("constant pads that crop", &r[4], &pad_ref(&x, [3, 4], [-1, 1], [0, -2], "constant", -0.5));
+}
+
+/// ONNX `Slice` of a 2-D `x` along `axes` with `starts`/`ends`/`steps`
+/// (wrapped and clamped as the operator defines).
+fn slice_ref(x: &[f64], shape: [usize; 2], axes: &[usize], starts: &[i64], ends: &[i64], steps: &[i64]) -> Vec<f64> {
+    let mut picks: Vec<Vec<usize>> = shape.iter().map(|&n| (0..n).collect()).collect();
+    for (k, &a) in axes.iter().enumerate() {
+        let n = shape[a] as i64;
+        let wrap = |v: i64| if v < 0 { v.saturating_add(n) } else { v };
+        let (t, mut s, mut e) = (steps[k], wrap(starts[k]), wrap(ends[k]));
+        if t > 0 {
+            (s, e) = (s.clamp(0, n), e.clamp(0, n));
+        } else {
+            (s, e) = (s.clamp(0, n - 1), e.clamp(-1, n - 1));
+        }
+        picks[a].clear();
+        while (t > 0 && s < e) || (t < 0 && s > e) {
+            picks[a].push(s as usize);
+            s += t;
+        }
+    }
+    let mut y = Vec::new();
+    for &i in &picks[0] {
+        for &j in &picks[1] {
+            y.push(x[i * shape[1] + j]);
+        }
+    }
+    y
+}
+
+/// `Slice` with negative steps: a flip from constants, a computed start
+/// stepping by −2, and two axes at once with starts past the end.
+#[test]
+fn negative_step_slices_compute_onnx_values() {
+    let x: Vec<f64> = (0..15).map(|i| f64::from(i) * 1.5 - 4.0).collect();
+    let Some(r) = execute(
+        "reverse",
+        r#"  input %x: f32[5,3]
+  input %s: i64[1]
+  %m1: i64[1] = Constant "m1"() {value=tensor<i64[1]> [-1]}
+  %inf: i64[1] = Constant "inf"() {value=tensor<i64[1]> [-9223372036854775807]}
+  %a0: i64[1] = Constant "a0"() {value=tensor<i64[1]> [0]}
+  %m2: i64[1] = Constant "m2"() {value=tensor<i64[1]> [-2]}
+  %st: i64[2] = Constant "st"() {value=tensor<i64[2]> [100, 4]}
+  %en: i64[2] = Constant "en"() {value=tensor<i64[2]> [-100, 0]}
+  %ax: i64[2] = Constant "ax"() {value=tensor<i64[2]> [1, 0]}
+  %sp: i64[2] = Constant "sp"() {value=tensor<i64[2]> [-1, -3]}
+  %f = Slice "flip"(%x, %m1, %inf, %a0, %m1)
+  %c: f32[2,3] = Slice "computed"(%x, %s, %inf, %a0, %m2)
+  %b = Slice "both"(%x, %st, %en, %ax, %sp)
+  output %f, %c, %b"#,
+        &[("tensor<5x3xf32>", &dense(&x, &[5, 3], false)), ("tensor<1xi64>", "dense<-3>")],
+    ) else {
+        return;
+    };
+    let inf = -9_223_372_036_854_775_807;
+    close("flip", &r[0], &slice_ref(&x, [5, 3], &[0], &[-1], &[inf], &[-1]));
+    close("computed start", &r[1], &slice_ref(&x, [5, 3], &[0], &[-3], &[inf], &[-2]));
+    close("two axes", &r[2], &slice_ref(&x, [5, 3], &[1, 0], &[100, 4], &[-100, 0], &[-1, -3]));
+}

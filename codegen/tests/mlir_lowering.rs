@@ -381,3 +381,102 @@ fn constant_pad() {
     );
     has(&out, &["tensor.pad", "low[0, 1, 0, 0] high[0, 2, 0, 3]"]);
 }
+
+/// `CumSum` along a constant (here negative) axis, inclusive and
+/// exclusive/reversed, over float and integer data with a symbolic dim.
+#[test]
+fn cumulative_sums() {
+    let out = emit(
+        "cumsum",
+        r#"  input %x: f16[batch,5]
+  input %i: i64[3,seq,1]
+  init %last: i64[] = [-1]
+  %ax: i32[] = Constant "axis"() {value=tensor<i32[]> [1]}
+  %y = CumSum "inclusive"(%x, %last)
+  %z = CumSum "exclusive_reverse"(%i, %ax) {exclusive=1, reverse=1}
+  output %y, %z"#,
+    );
+    has(&out, &["scf.for", "tensor.extract_slice", "tensor.insert_slice", "arith.addf", "arith.addi", "scf.yield"]);
+}
+
+/// `Mod` under broadcasting: Python-style on integers, C `fmod` on
+/// integers and floats.
+#[test]
+fn integer_and_float_mod() {
+    let out = emit(
+        "mod",
+        r#"  input %a: i64[batch,4]
+  input %b: i64[4]
+  input %f: f16[2,3]
+  input %g: f16[]
+  input %u: i32[]
+  %m = Mod "python"(%a, %b)
+  %c = Mod "c_int"(%a, %b) {fmod=1}
+  %r = Mod "c_float"(%f, %g) {fmod=1}
+  %s = Mod "scalars"(%u, %u)
+  output %m, %c, %r, %s"#,
+    );
+    has(&out, &["arith.remsi", "arith.remf", "arith.xori", "arith.select"]);
+}
+
+/// `Pad` with amounts computed at run time (read from the pads tensor,
+/// negative ones cropping), a computed fill value, and the index-reading
+/// modes.
+#[test]
+fn computed_pads_and_edge_reflect_wrap() {
+    let out = emit(
+        "pad_dynamic",
+        r#"  input %x: f16[batch,4,6]
+  input %p: i64[4]
+  input %v: f16[]
+  input %i: i32[2,3]
+  init %q: i64[4] = [1, -1, 2, 1]
+  init %ax: i64[2] = [2, 1]
+  %y: f16[batch,h,w] = Pad "computed"(%x, %p, %v, %ax)
+  %e: i32[5,3] = Pad "edge"(%i, %q) {mode="edge"}
+  %r: i32[5,3] = Pad "reflect"(%i, %q) {mode="reflect"}
+  %w: i32[5,3] = Pad "wrap"(%i, %q) {mode="wrap"}
+  %c: i32[5,3] = Pad "crop"(%i, %q)
+  output %y, %e, %r, %w, %c"#,
+    );
+    has(&out, &["tensor.pad", "arith.maxsi", "tensor.extract_slice", "arith.remsi", "linalg.index"]);
+}
+
+/// `Slice` with a negative step (exporters reverse an axis that way), from
+/// a constant start and a computed one.
+#[test]
+fn slices_with_negative_steps() {
+    let out = emit(
+        "reverse",
+        r#"  input %x: i64[4,2]
+  input %y: f32[5,3]
+  input %s: i64[1]
+  init %st: i64[1] = [-1]
+  init %en: i64[1] = [-9223372036854775807]
+  init %ax: i64[1] = [0]
+  init %two: i64[1] = [-2]
+  %r = Slice "flip"(%x, %st, %en, %ax, %st)
+  %t: f32[2,3] = Slice "computed"(%y, %s, %en, %ax, %two)
+  output %r, %t"#,
+    );
+    has(&out, &["linalg.index", "arith.muli", "tensor.extract"]);
+}
+
+/// Before opset 11 `Pad` takes its pads and fill value as attributes.
+#[test]
+fn opset_10_pad_fills_with_its_value_attribute() {
+    let text = r#"opset "" 10
+graph "old_pad" {
+  input %x: f32[2,3]
+  %y = Pad "old"(%x) {pads=[0, 1, 0, 2], value=7.5}
+  output %y
+}
+"#;
+    let mut m = qsync_ir::text::parse_model(text).expect("text IR");
+    let opset = m.opset();
+    infer_shapes(&mut m.graph, opset, &InferOptions::default());
+    let out = emit_mlir(&m.graph, "old_pad").expect("emits");
+    assert!(out.all_ops_mapped(), "{:?}\n{}", out.generic_ops, out.text);
+    mlir_opt_plain(&out.text, "old_pad");
+    has(&out, &["tensor.pad", "7.500000e+00", "tensor<2x6xf32>"]);
+}

@@ -1,6 +1,7 @@
 //! Building blocks of the structured lowerings: typed operands, constants,
 //! dynamic sizes, `tensor.empty`/`linalg.fill`, `linalg.generic` (elementwise
-//! with broadcasting, reductions) and reshapes.
+//! with broadcasting, reductions), reshapes, and `scf.for` loops whose bodies
+//! are emitted by the same helpers (`Emitter::region`).
 //!
 //! Every helper writes lines into the node's fragment and returns `None` when
 //! the lowering cannot be expressed (e.g. a symbolic size with no source); the
@@ -113,6 +114,31 @@ fn groups(big: &[Dim], small: &[Dim]) -> Option<Vec<Vec<usize>>> {
     (!small.is_empty() || big.iter().all(|d| *d == one)).then_some(out)
 }
 
+/// A value an `scf.for` carries: its name in the body, initial value, type.
+pub(super) struct Carried<'a> {
+    pub name: &'a str,
+    pub init: &'a str,
+    pub ty: &'a str,
+}
+
+/// `scf.for %iv = lo to hi step step iter_args(…) -> (…) { body; scf.yield }`
+/// (the right-hand side; one result per carried value).
+pub(super) fn scf_for(iv: &str, bounds: [&str; 3], carried: &[Carried], body: &[String], yields: &[&str]) -> String {
+    let args: Vec<String> = carried.iter().map(|c| format!("{} = {}", c.name, c.init)).collect();
+    let tys: Vec<&str> = carried.iter().map(|c| c.ty).collect();
+    format!(
+        "scf.for {iv} = {} to {} step {} iter_args({}) -> ({}) {{\n{}\n      scf.yield {} : {}\n    }}",
+        bounds[0],
+        bounds[1],
+        bounds[2],
+        args.join(", "),
+        tys.join(", "),
+        body.join("\n"),
+        yields.join(", "),
+        tys.join(", ")
+    )
+}
+
 /// The body of a `linalg.generic`: scalar lines with names unique in the
 /// function.
 pub(super) struct Body {
@@ -169,6 +195,40 @@ impl Emitter<'_> {
         self.tmp += 1;
         self.frag.push(format!("    {name} = {}", rhs.as_ref()));
         name
+    }
+
+    /// `%nB_K:n = rhs` in the fragment for an op with `n` results; returns
+    /// the name, whose results are `name#0` … `name#(n−1)`.
+    pub(super) fn line_results(&mut self, rhs: impl AsRef<str>, n: usize) -> String {
+        let name = format!("%n{}_{}", self.base, self.tmp);
+        self.tmp += 1;
+        self.frag.push(format!("    {name}:{n} = {}", rhs.as_ref()));
+        name
+    }
+
+    /// Runs `f` and takes the lines it emitted out of the fragment, to be
+    /// nested in a region (a loop body). Index values and constants `f`
+    /// defines are forgotten afterwards: they do not dominate what follows
+    /// the region, so sizes the region needs are best computed before it.
+    pub(super) fn region<T>(&mut self, f: impl FnOnce(&mut Self) -> Option<T>) -> Option<(Vec<String>, T)> {
+        let start = self.frag.len();
+        let cached = self.local.clone();
+        let r = f(self);
+        let lines = self.frag.split_off(start);
+        self.local = cached;
+        Some((lines, r?))
+    }
+
+    /// Index operands for `shape`: literals where static, else `index`
+    /// values (as [`Emitter::dim`] finds them).
+    pub(super) fn sizes(&mut self, shape: &[Dim], hints: &[&Operand]) -> Option<Vec<String>> {
+        shape
+            .iter()
+            .map(|d| match d.as_const() {
+                Some(c) if c >= 0 => Some(c.to_string()),
+                _ => self.dim(d, hints),
+            })
+            .collect()
     }
 
     /// A graph value as an operand (fully typed values only).
@@ -477,14 +537,8 @@ impl Emitter<'_> {
             let name = self.line(format!("tensor.cast {} : {} to {}", x.name, x.ty(), ranked(&want, x.dt)));
             Operand { name, shape: want, dt: x.dt }
         };
-        let mut sizes = Vec::new();
-        for d in to {
-            sizes.push(match d.as_const() {
-                Some(c) if c >= 0 => c.to_string(),
-                // Dynamic sizes are computed from the original's symbolic dims.
-                _ => self.dim(d, &[x])?,
-            });
-        }
+        // Dynamic sizes are computed from the original's symbolic dims.
+        let sizes = self.sizes(to, &[x])?;
         let x = &src;
         let ty = ranked(to, x.dt);
         let name = self.line(format!(

@@ -59,13 +59,14 @@ impl Emitter<'_> {
                 Some(vec![self.reshape(&x, &shape)?.name])
             }
             Op::Concat => self.concat(node, outs),
-            Op::Pad => self.pad(node, outs),
+            Op::Pad => self.onnx_pad(node, outs),
             Op::ReduceMean | Op::ReduceSum | Op::ReduceMax | Op::ReduceMin => self.reduce_node(node, outs),
             Op::BatchNormalization => self.batch_norm(node, outs),
             Op::MatMul => self.matmul(node, outs),
             Op::Softmax => self.softmax(node, outs),
             Op::LayerNormalization => self.layer_norm(node, outs),
             Op::Gather => self.gather(node, outs),
+            Op::CumSum => self.cumsum(node, outs),
             Op::Constant
             | Op::ConstantOfShape
             | Op::Shape
@@ -90,94 +91,6 @@ impl Emitter<'_> {
             t.push_str(&format!(", qsync.precision = {}", quote(p.name().as_bytes())));
         }
         t
-    }
-
-    /// `tensor.pad` of the two trailing (spatial) axes of an NCHW tensor.
-    fn pad_hw(&mut self, x: &Operand, low: [i64; 2], high: [i64; 2], lit: &str) -> Option<Operand> {
-        let r = x.rank();
-        let (mut lo, mut hi) = (vec![0; r], vec![0; r]);
-        lo[r - 2..].copy_from_slice(&low);
-        hi[r - 2..].copy_from_slice(&high);
-        self.pad_axes(x, &lo, &hi, lit)
-    }
-
-    /// `tensor.pad` of every axis by constant, non-negative amounts, filling
-    /// with the literal `lit`.
-    fn pad_axes(&mut self, x: &Operand, low: &[i64], high: &[i64], lit: &str) -> Option<Operand> {
-        let r = x.rank();
-        if low.len() != r || high.len() != r || low.iter().chain(high).any(|&p| p < 0) {
-            return None;
-        }
-        if low.iter().chain(high).all(|&p| p == 0) {
-            return Some(x.clone());
-        }
-        let shape: Vec<Dim> = (0..r).map(|i| x.shape[i].add(&Dim::from(low[i] + high[i]))).collect();
-        let c = self.scalar(lit, elem(x.dt));
-        let prefix = format!("p{}_{}_", self.base, self.tmp);
-        let args: Vec<String> = (0..r).map(|i| format!("%{prefix}{i}: index")).collect();
-        let list = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
-        let ty = ranked(&shape, x.dt);
-        let name = self.line(format!(
-            "tensor.pad {} low[{}] high[{}] {{\n    ^bb0({}):\n      tensor.yield {c} : {}\n    }} : {} to {ty}",
-            x.name,
-            list(low),
-            list(high),
-            args.join(", "),
-            elem(x.dt),
-            x.ty()
-        ));
-        Some(Operand { name, shape, dt: x.dt })
-    }
-
-    /// ONNX `Pad` in `constant` mode with constant pads (and axes), on float
-    /// data: one `tensor.pad`.
-    fn pad(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
-        let x = self.input(node, 0)?;
-        let (oshape, dt) = self.out_type(*outs.first()?)?;
-        if outs.len() != 1 || dt != x.dt || !is_float(dt) || node.attr_str("mode").unwrap_or("constant") != "constant" {
-            return None;
-        }
-        let r = x.rank();
-        let pads: Vec<i64> = match (node.attr_ints("pads"), node.input(1)) {
-            (Some(p), _) => p.to_vec(),
-            (None, Some(v)) => self.const_ints(v)?,
-            (None, None) => return None,
-        };
-        let axes: Vec<usize> = match node.input(3) {
-            Some(v) => axes_of(&self.const_ints(v)?, r)?,
-            None => (0..r).collect(),
-        };
-        if pads.len() != 2 * axes.len() {
-            return None;
-        }
-        let (mut low, mut high) = (vec![0; r], vec![0; r]);
-        for (k, &a) in axes.iter().enumerate() {
-            low[a] = pads[k];
-            high[a] = pads[k + axes.len()];
-        }
-        let value = match node.input(2) {
-            None => 0.0,
-            Some(v) => self.const_f64(v)?,
-        };
-        let out = self.pad_axes(&x, &low, &high, &float_lit(value, dt))?;
-        (out.shape == oshape).then_some(vec![out.name])
-    }
-
-    /// A constant scalar float input (an initializer or a `Constant`).
-    fn const_f64(&self, v: ValueId) -> Option<f64> {
-        let t = match self.g.value(v).init() {
-            Some(t) => t.clone(),
-            None => {
-                let (n, _) = self.g.producer(v)?;
-                let node = self.g.node(n);
-                (node.op == Op::Constant).then_some(())?;
-                node.attr("value")?.as_tensor()?.clone()
-            }
-        };
-        match t.as_f64s()?.as_slice() {
-            [x] => Some(*x),
-            _ => None,
-        }
     }
 
     /// Begin/end padding of a 2-D window op: `pads`, or what `auto_pad`

@@ -222,13 +222,7 @@ impl Emitter<'_> {
         if shape.iter().any(|d| d.as_const() == Some(0)) {
             return self.empty(shape, x.dt, &[x]).map(|o| o.name);
         }
-        let mut sizes = Vec::new();
-        for d in shape {
-            sizes.push(match d.as_const() {
-                Some(c) if c >= 0 => c.to_string(),
-                _ => self.dim(d, &[x])?,
-            });
-        }
+        let sizes = self.sizes(shape, &[x])?;
         let st: Vec<String> = strides.iter().map(i64::to_string).collect();
         Some(self.line(format!(
             "tensor.extract_slice {}[{}] [{}] [{}] : {} to {}",
@@ -241,15 +235,19 @@ impl Emitter<'_> {
         )))
     }
 
-    /// `Slice` with positive constant steps and constant (or absent) axes;
-    /// starts may be computed (wrapped and clamped in `index` arithmetic),
-    /// sizes are the inferred output's.
+    /// `Slice` with constant nonzero steps and constant (or absent) axes;
+    /// starts may be computed. Starts are wrapped and clamped as ONNX does —
+    /// into `[0, n]` for a positive step, `[0, n − 1]` for a negative one —
+    /// in `index` arithmetic when not constant; sizes are the inferred
+    /// output's. Positive steps → `tensor.extract_slice`; with a negative
+    /// step (exporters reverse an axis that way) → a `linalg.generic` over
+    /// the output reading `start + i·step` of each axis with `tensor.extract`.
     fn slice(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let x = self.operand(node.input(0)?)?;
         let starts = self.operand(node.input(1)?)?;
         let (shape, dt) = self.out_type(*outs.first()?)?;
-        let k = starts.size(0)? as usize;
-        if outs.len() != 1 || dt != x.dt || shape.len() != x.rank() || starts.rank() != 1 || x.rank() == 0 {
+        let (k, r) = (starts.size(0)? as usize, x.rank());
+        if outs.len() != 1 || dt != x.dt || shape.len() != r || starts.rank() != 1 || r == 0 {
             return None;
         }
         let axes: Vec<i64> = match node.input(3) {
@@ -260,18 +258,30 @@ impl Emitter<'_> {
             Some(v) => self.const_ints(v)?,
             None => vec![1; k],
         };
-        if axes.len() != k || steps.len() != k || steps.iter().any(|&s| s <= 0) {
+        if axes.len() != k || steps.len() != k || steps.contains(&0) {
             return None;
         }
-        let known = self.const_ints(node.input(1)?);
-        let mut offsets = vec!["0".to_string(); x.rank()];
-        let mut strides = vec![1i64; x.rank()];
+        if shape.iter().any(|d| d.as_const() == Some(0)) {
+            return Some(vec![self.empty(&shape, dt, &[&x])?.name]);
+        }
+        let known = self.const_ints(node.input(1)?).filter(|s| s.len() == k);
+        let mut offsets = vec!["0".to_string(); r];
+        let mut strides = vec![1i64; r];
+        let mut seen = vec![false; r];
         for j in 0..k {
-            let a = axes[j].rem_euclid(x.rank() as i64) as usize;
+            if !(-(r as i64)..r as i64).contains(&axes[j]) {
+                return None;
+            }
+            let a = axes[j].rem_euclid(r as i64) as usize;
+            if std::mem::replace(&mut seen[a], true) {
+                return None;
+            }
             strides[a] = steps[j];
+            // The last valid start: one past the end only when stepping forward.
+            let back = i64::from(steps[j] < 0);
             let n = x.shape[a].clone();
             offsets[a] = match (known.as_ref().map(|s| s[j]), n.as_const()) {
-                (Some(s), Some(n)) => (if s < 0 { s + n } else { s }).clamp(0, n).to_string(),
+                (Some(s), Some(n)) => (if s < 0 { s + n } else { s }).min(n - back).max(0).to_string(),
                 _ => {
                     let size = self.dim(&n, &[&x])?;
                     let cj = self.scalar(&j.to_string(), "index");
@@ -282,11 +292,49 @@ impl Emitter<'_> {
                     let w = self.line(format!("arith.addi {i}, {size} : index"));
                     let s = self.line(format!("arith.select {neg}, {w}, {i} : index"));
                     let lo = self.line(format!("arith.maxsi {s}, {zero} : index"));
-                    self.line(format!("arith.minsi {lo}, {size} : index"))
+                    let hi = match back {
+                        0 => size,
+                        _ => {
+                            let one = self.scalar("1", "index");
+                            self.line(format!("arith.subi {size}, {one} : index"))
+                        }
+                    };
+                    self.line(format!("arith.minsi {lo}, {hi} : index"))
                 }
             };
         }
-        Some(vec![self.slice_of(&x, &offsets, &shape, &strides)?])
+        if strides.iter().all(|&s| s > 0) {
+            return Some(vec![self.slice_of(&x, &offsets, &shape, &strides)?]);
+        }
+        // Axes read other than one to one: their start and step as index values.
+        let mut moved: Vec<Option<(String, String)>> = Vec::new();
+        for (off, &st) in offsets.iter().zip(&strides) {
+            moved.push(match (off.as_str(), st) {
+                ("0", 1) => None,
+                _ => {
+                    let start = if off.starts_with('%') { off.clone() } else { self.scalar(off, "index") };
+                    Some((start, self.scalar(&st.to_string(), "index")))
+                }
+            });
+        }
+        let init = self.empty(&shape, dt, &[&x])?;
+        let id: Vec<String> = (0..r).map(|i| format!("d{i}")).collect();
+        let (xname, xty) = (x.name.clone(), x.ty());
+        let out = self.generic_op(&[], &init, &id, &vec!["parallel"; r], |b, _| {
+            let mut coords = Vec::new();
+            for (a, m) in moved.iter().enumerate() {
+                let i = b.op(format!("linalg.index {a} : index"));
+                coords.push(match m {
+                    None => i,
+                    Some((start, step)) => {
+                        let t = b.op(format!("arith.muli {i}, {step} : index"));
+                        b.op(format!("arith.addi {start}, {t} : index"))
+                    }
+                });
+            }
+            b.op(format!("tensor.extract {xname}[{}] : {xty}", coords.join(", ")))
+        });
+        Some(vec![out.name])
     }
 
     /// `Split` into the inferred output shapes: one `tensor.extract_slice` each.

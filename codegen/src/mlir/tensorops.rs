@@ -1,9 +1,10 @@
 //! Structured lowerings of the ops transformers use: broadcasting
-//! elementwise ops, `MatMul`, `Softmax`, `LayerNormalization` and `Gather`.
+//! elementwise ops (`Mod` among them), `MatMul`, `Softmax`,
+//! `LayerNormalization`, `Gather` and `CumSum` (position ids).
 
 use qsync_ir::{DType, Dim, Node, Op, ValueId};
 
-use super::build::{acc_type, float_lit, Body, Operand};
+use super::build::{acc_type, float_lit, scf_for, Body, Carried, Operand};
 use super::{elem, is_float, Emitter};
 
 /// The scalar body of an elementwise op on arguments of type `dt`, or `None`
@@ -81,6 +82,33 @@ fn scalar_body(op: &Op, b: &mut Body, a: &[String], dt: DType) -> Option<String>
     })
 }
 
+/// ONNX `Mod` of scalars of type `dt`: with `fmod` the remainder takes the
+/// dividend's sign (C `fmod`, `arith.remf`/`remsi`), otherwise the divisor's
+/// (Python `%`: a nonzero `remsi` whose sign differs from the divisor's gets
+/// the divisor added). Unsigned remainders agree in both modes. `None` for
+/// floats without `fmod`, which ONNX does not define.
+fn mod_body(b: &mut Body, x: &str, y: &str, dt: DType, fmod: bool) -> Option<String> {
+    let e = elem(dt);
+    let unsigned = matches!(dt, DType::U8 | DType::U16 | DType::U32 | DType::U64);
+    Some(match (is_float(dt), unsigned, fmod) {
+        (true, _, true) => b.op(format!("arith.remf {x}, {y} : {e}")),
+        (true, _, false) => return None,
+        (false, true, _) => b.op(format!("arith.remui {x}, {y} : {e}")),
+        (false, false, true) => b.op(format!("arith.remsi {x}, {y} : {e}")),
+        (false, false, false) => {
+            let r = b.op(format!("arith.remsi {x}, {y} : {e}"));
+            let zero = b.cst("0", dt);
+            let nonzero = b.op(format!("arith.cmpi ne, {r}, {zero} : {e}"));
+            let r_neg = b.op(format!("arith.cmpi slt, {r}, {zero} : {e}"));
+            let y_neg = b.op(format!("arith.cmpi slt, {y}, {zero} : {e}"));
+            let differ = b.op(format!("arith.xori {r_neg}, {y_neg} : i1"));
+            let fix = b.op(format!("arith.andi {nonzero}, {differ} : i1"));
+            let shifted = b.bin("addi", &r, y, dt);
+            b.op(format!("arith.select {fix}, {shifted}, {r} : {e}"))
+        }
+    })
+}
+
 impl Emitter<'_> {
     /// Elementwise ops under numpy broadcasting → one `linalg.generic`.
     pub(super) fn elementwise(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
@@ -154,6 +182,18 @@ impl Emitter<'_> {
                     let p = b.bin("addf", &one, &inner, dt);
                     let h = b.bin("mulf", x, &half, dt);
                     b.bin("mulf", &h, &p, dt)
+                })?;
+                return Some(vec![r.name]);
+            }
+            Op::Mod if xs.len() == 2 && xs.iter().all(|x| x.dt == odt) && !matches!(odt, DType::Bool | DType::Str) => {
+                let fmod = match node.attr_int("fmod").unwrap_or(0) {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                mod_body(&mut Body::probe(), "%x", "%y", odt, fmod)?;
+                let r = self.ewise(&[&xs[0], &xs[1]], &shape, odt, |b, a| {
+                    mod_body(b, &a[0], &a[1], odt, fmod).unwrap_or_default()
                 })?;
                 return Some(vec![r.name]);
             }
@@ -394,5 +434,76 @@ impl Emitter<'_> {
             b.op(format!("tensor.extract {dname}[{}] : {dty}", coords.join(", ")))
         });
         Some(vec![r.name])
+    }
+
+    /// `CumSum` → one `scf.for` along the axis (from its end when `reverse`)
+    /// carrying the output and the running sum, a slice of the input's
+    /// shape with the axis of size 1: each step adds one slice of the input
+    /// to the sum (a `linalg.generic`) and inserts the sum — the one before
+    /// the addition when `exclusive` — at that position. O(n) additions per
+    /// scan line; sums accumulate in the element type, as ONNX does (f16
+    /// and bf16 too). The axis is a constant input, possibly negative.
+    pub(super) fn cumsum(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.operand(node.input(0)?)?;
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        let flag = |name: &str| match node.attr_int(name).unwrap_or(0) {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        };
+        let (exclusive, reverse) = (flag("exclusive")?, flag("reverse")?);
+        let r = x.rank();
+        if outs.len() != 1 || shape != x.shape || dt != x.dt || matches!(dt, DType::Bool | DType::Str) || r == 0 {
+            return None;
+        }
+        let axis = match self.const_ints(node.input(1)?)?.as_slice() {
+            &[a] if (-(r as i64)..r as i64).contains(&a) => a.rem_euclid(r as i64) as usize,
+            _ => return None,
+        };
+        let (zero, add) = if is_float(dt) { ("0.0", "addf") } else { ("0", "addi") };
+        let mut line = x.shape.clone();
+        line[axis] = Dim::from(1);
+        let line_sizes = self.sizes(&line, &[&x])?;
+        let n = self.dim(&x.shape[axis].clone(), &[&x])?;
+        let init = self.empty(&shape, dt, &[&x])?;
+        let sum0 = self.filled(zero, &line, dt, &[&x])?;
+        let (c0, c1) = (self.scalar("0", "index"), self.scalar("1", "index"));
+        let last = match reverse {
+            true => Some(self.line(format!("arith.subi {n}, {c1} : index"))),
+            false => None,
+        };
+        let (ty, line_ty) = (init.ty(), sum0.ty());
+        let prefix = format!("%s{}_{}_", self.base, self.tmp);
+        let (iv, out, sum) = (format!("{prefix}i"), format!("{prefix}out"), format!("{prefix}sum"));
+        let running = Operand { name: sum.clone(), shape: line.clone(), dt };
+        let ones = vec!["1"; r].join(", ");
+        let (body, (out2, sum2)) = self.region(|e| {
+            let at = match &last {
+                Some(l) => e.line(format!("arith.subi {l}, {iv} : index")),
+                None => iv.clone(),
+            };
+            let mut offsets = vec!["0".to_string(); r];
+            offsets[axis] = at;
+            let place = format!("[{}] [{}] [{ones}]", offsets.join(", "), line_sizes.join(", "));
+            let name = e.line(format!("tensor.extract_slice {}{place} : {} to {line_ty}", x.name, x.ty()));
+            let slice = Operand { name, shape: line.clone(), dt };
+            let id: Vec<String> = (0..r).map(|i| format!("d{i}")).collect();
+            let insert = |e: &mut Self, v: &str| {
+                e.line(format!("tensor.insert_slice {v} into {out}{place} : {line_ty} into {ty}"))
+            };
+            // Exclusive: the old sum is inserted before the addition updates
+            // it in place; in the other order one-shot bufferization would
+            // need a copy of a loop-carried value, which it rejects.
+            let before = exclusive.then(|| insert(e, &sum));
+            let next = e.generic_op(&[(&slice, id.clone())], &running, &id, &vec!["parallel"; r], |b, a| {
+                b.bin(add, &a[0], &a[1], dt)
+            });
+            let out2 = before.unwrap_or_else(|| insert(e, &next.name));
+            Some((out2, next.name))
+        })?;
+        let carried =
+            [Carried { name: &out, init: &init.name, ty: &ty }, Carried { name: &sum, init: &sum0.name, ty: &line_ty }];
+        let name = self.line_results(scf_for(&iv, [&c0, &n, &c1], &carried, &body, &[&out2, &sum2]), 2);
+        Some(vec![format!("{name}#0")])
     }
 }
