@@ -74,6 +74,11 @@
 //!   `tensor.extract_slice` sized by the inferred outputs;
 //!   `GatherElements` and `GatherND` (`batch_dims = 0`) → a
 //!   `linalg.generic` reading with `tensor.extract`;
+//! - `ScatterND` (any `reduction`) → an `scf.for` over the update rows
+//!   carrying the data: each row's index tuple read with `tensor.extract`
+//!   and wrapped, its update written with `tensor.insert` (whole tuples) or
+//!   `tensor.insert_slice`, combined first with the old value or slice
+//!   (`arith` op, `linalg.generic`) for `add`/`mul`/`max`/`min`;
 //! - anything else (e.g. 1-D/3-D `Conv`, `ConvTranspose`, `MaxPool` with its
 //!   `Indices` output, `Softmax` over an inner axis) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering
@@ -105,6 +110,7 @@ use crate::CodegenError;
 
 mod build;
 mod nn;
+mod scatter;
 mod shapeops;
 mod tensorops;
 

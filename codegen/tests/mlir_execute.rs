@@ -299,3 +299,112 @@ fn constant_pad_computes_onnx_values() {
     };
     close("pad", &r[0], &[7.0, 1.0, 2.0, 7.0, 7.0]);
 }
+
+/// A `dense<…>` literal of row-major `values` with `shape`.
+fn dense(values: &[f64], shape: &[usize]) -> String {
+    fn nest(v: &[f64], shape: &[usize]) -> String {
+        match shape {
+            [] => format!("{:?}", v[0]),
+            [_, rest @ ..] => {
+                let inner = rest.iter().product::<usize>().max(1);
+                let parts: Vec<String> = v.chunks(inner).map(|c| nest(c, rest)).collect();
+                format!("[{}]", parts.join(", "))
+            }
+        }
+    }
+    format!("dense<{}>", nest(values, shape))
+}
+
+/// Arbitrary, non-trivial test values: `n` numbers in roughly [−3, 3).
+fn ramp(n: usize, salt: usize) -> Vec<f64> {
+    (0..n).map(|i| (((i * 7 + salt * 5 + 3) % 13) as f64 - 6.0) * 0.5).collect()
+}
+
+/// ONNX `ScatterND`, plainly: each index tuple (the last axis of
+/// `indices`, negative values counted from the end) selects a slice of the
+/// data that its update replaces or is combined into, in order.
+fn scatter_nd(data: &[f64], dshape: &[usize], idx: &[i64], ishape: &[usize], upd: &[f64], reduction: &str) -> Vec<f64> {
+    let k = *ishape.last().expect("indices rank ≥ 1");
+    let slice: usize = dshape[k..].iter().product();
+    let mut out = data.to_vec();
+    for (row, tuple) in idx.chunks(k).enumerate() {
+        let mut at = 0usize;
+        for (j, &i) in tuple.iter().enumerate() {
+            let n = dshape[j] as i64;
+            at = at * dshape[j] + (if i < 0 { i + n } else { i }) as usize;
+        }
+        for e in 0..slice {
+            let (o, u) = (&mut out[at * slice + e], upd[row * slice + e]);
+            *o = match reduction {
+                "add" => *o + u,
+                "mul" => *o * u,
+                "max" => o.max(u),
+                "min" => o.min(u),
+                _ => u,
+            };
+        }
+    }
+    out
+}
+
+/// `ScatterND` with each reduction, element and slice updates, negative
+/// indices, duplicates for the combining reductions and integer data,
+/// against a plain implementation of the ONNX definition.
+#[test]
+fn scatter_nd_computes_onnx_values() {
+    let d = ramp(24, 1);
+    let rows: Vec<i64> = vec![-1, 1, -4];
+    let rows_upd = ramp(18, 2);
+    // Whole-index tuples into 4×3×2 with repeats (and negative forms of them).
+    let pts: Vec<i64> = vec![0, 1, 1, -4, -2, -1, 3, 0, 0, 0, 1, 1, 3, -3, 0, 2, 2, 0];
+    let pts_upd = ramp(6, 3);
+    // Row pairs selecting slices of 2 along the last axis; (1, 2) twice.
+    let pairs: Vec<i64> = vec![1, 2, 0, 0, -3, -1, 2, 1];
+    let pairs_upd = ramp(8, 4);
+    let ints: Vec<f64> = vec![3.0, -2.0, 5.0, 7.0, 1.0];
+    let int_idx: Vec<i64> = vec![4, -1, 0, 2];
+    let int_upd: Vec<f64> = vec![2.0, -3.0, 4.0, 6.0];
+    let fmt_i = |v: &[i64], s: &[usize]| dense(&v.iter().map(|&i| i as f64).collect::<Vec<_>>(), s).replace(".0", "");
+    let Some(r) = execute(
+        "scatter_nd",
+        r#"  input %x: f32[4,3,2]
+  input %rows: i64[3,1]
+  input %rows_upd: f32[3,3,2]
+  input %pts: i64[2,3,3]
+  input %pts_upd: f32[2,3]
+  input %pairs: i64[2,2,2]
+  input %pairs_upd: f32[2,2,2]
+  input %ints: i64[5]
+  input %int_idx: i64[4,1]
+  input %int_upd: i64[4]
+  %none = ScatterND "none"(%x, %rows, %rows_upd)
+  %add = ScatterND "add"(%x, %pts, %pts_upd) {reduction="add"}
+  %mul = ScatterND "mul"(%x, %pts, %pts_upd) {reduction="mul"}
+  %max = ScatterND "max"(%x, %pairs, %pairs_upd) {reduction="max"}
+  %min = ScatterND "min"(%x, %pairs, %pairs_upd) {reduction="min"}
+  %iadd = ScatterND "int_add"(%ints, %int_idx, %int_upd) {reduction="add"}
+  %iaddf = Cast "to_float"(%iadd) {to=1}
+  output %none, %add, %mul, %max, %min, %iaddf"#,
+        &[
+            ("tensor<4x3x2xf32>", &dense(&d, &[4, 3, 2])),
+            ("tensor<3x1xi64>", &fmt_i(&rows, &[3, 1])),
+            ("tensor<3x3x2xf32>", &dense(&rows_upd, &[3, 3, 2])),
+            ("tensor<2x3x3xi64>", &fmt_i(&pts, &[2, 3, 3])),
+            ("tensor<2x3xf32>", &dense(&pts_upd, &[2, 3])),
+            ("tensor<2x2x2xi64>", &fmt_i(&pairs, &[2, 2, 2])),
+            ("tensor<2x2x2xf32>", &dense(&pairs_upd, &[2, 2, 2])),
+            ("tensor<5xi64>", &dense(&ints, &[5]).replace(".0", "")),
+            ("tensor<4x1xi64>", &fmt_i(&int_idx, &[4, 1])),
+            ("tensor<4xi64>", &dense(&int_upd, &[4]).replace(".0", "")),
+        ],
+    ) else {
+        return;
+    };
+    let ds = [4, 3, 2];
+    close("none", &r[0], &scatter_nd(&d, &ds, &rows, &[3, 1], &rows_upd, "none"));
+    close("add", &r[1], &scatter_nd(&d, &ds, &pts, &[2, 3, 3], &pts_upd, "add"));
+    close("mul", &r[2], &scatter_nd(&d, &ds, &pts, &[2, 3, 3], &pts_upd, "mul"));
+    close("max", &r[3], &scatter_nd(&d, &ds, &pairs, &[2, 2, 2], &pairs_upd, "max"));
+    close("min", &r[4], &scatter_nd(&d, &ds, &pairs, &[2, 2, 2], &pairs_upd, "min"));
+    close("int add", &r[5], &scatter_nd(&ints, &[5], &int_idx, &[4, 1], &int_upd, "add"));
+}

@@ -381,3 +381,41 @@ fn constant_pad() {
     );
     has(&out, &["tensor.pad", "low[0, 1, 0, 0] high[0, 2, 0, 3]"]);
 }
+
+/// `ScatterND` as an `scf.for` carrying the data: whole-index tuples write
+/// elements (`tensor.insert`), shorter ones slices (`tensor.insert_slice`),
+/// reductions combine with what is there; symbolic dims read with
+/// `tensor.dim`.
+#[test]
+fn scatter_nd_writes_elements_and_slices() {
+    let out = emit(
+        "scatter_nd",
+        r#"  input %x: f32[batch,6,4]
+  input %rows: i64[3,1]
+  input %upd: f32[3,6,4]
+  input %pts: i64[2,5,3]
+  input %vals: f32[2,5]
+  input %counts: i32[8]
+  input %at: i64[1,2,1]
+  input %ones: i32[1,2]
+  %s = ScatterND "rows"(%x, %rows, %upd)
+  %a = ScatterND "points_add"(%s, %pts, %vals) {reduction="add"}
+  %m = ScatterND "max"(%x, %rows, %upd) {reduction="max"}
+  %c = ScatterND "int_mul"(%counts, %at, %ones) {reduction="mul"}
+  output %a, %m, %c"#,
+    );
+    has(
+        &out,
+        &[
+            "scf.for",
+            "scf.yield",
+            "tensor.insert_slice",
+            "tensor.extract_slice",
+            "tensor.insert ",
+            "arith.addf",
+            "arith.maximumf",
+            "arith.muli",
+            "tensor.dim",
+        ],
+    );
+}

@@ -171,6 +171,26 @@ impl Emitter<'_> {
         name
     }
 
+    /// The lines `f` emits, as the body of a region (`scf.for`): values
+    /// defined before it stay visible inside, those defined inside are not
+    /// reused after it. Returns the body text and what `f` returned.
+    pub(super) fn region<T>(&mut self, f: impl FnOnce(&mut Self) -> Option<T>) -> Option<(String, T)> {
+        let outer = std::mem::take(&mut self.frag);
+        let known = self.local.clone();
+        let r = f(self);
+        let inner = std::mem::replace(&mut self.frag, outer);
+        self.local = known;
+        let body: Vec<String> = inner.iter().map(|l| format!("  {l}")).collect();
+        Some((body.join("\n"), r?))
+    }
+
+    /// A name for a region's block argument, unique in the function.
+    pub(super) fn block_arg(&mut self, what: &str) -> String {
+        let name = format!("%r{}_{}_{what}", self.base, self.tmp);
+        self.tmp += 1;
+        name
+    }
+
     /// A graph value as an operand (fully typed values only).
     pub(super) fn operand(&self, v: ValueId) -> Option<Operand> {
         let t = self.g.ty(v);

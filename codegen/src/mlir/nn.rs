@@ -66,6 +66,7 @@ impl Emitter<'_> {
             Op::Softmax => self.softmax(node, outs),
             Op::LayerNormalization => self.layer_norm(node, outs),
             Op::Gather => self.gather(node, outs),
+            Op::ScatterND => self.scatter_nd(node, outs),
             Op::Constant
             | Op::ConstantOfShape
             | Op::Shape
