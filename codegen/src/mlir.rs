@@ -58,11 +58,16 @@
 //!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
 //!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
 //!   do not apply, `Gelu` (exact with `math.erf`, or the tanh form), and
-//!   `HardSigmoid` / `HardSwish` (clamps of `αx + β`);
-//!   `Identity` and a one-output `Dropout` whose `training_mode` is absent
-//!   or a constant false forward their input
-//!   (a `Dropout` that may train — `bert_base_train`'s, whose mode is a
-//!   constant true — needs randomness and stays generic);
+//!   `HardSigmoid` / `HardSwish` (clamps of `αx + β`); `Identity`
+//!   forwards its input;
+//! - `Dropout` whose `training_mode` is absent or a constant false (or whose
+//!   ratio is a constant 0) forwards its input, its mask an all-true
+//!   constant; in training (`training_mode` a constant true, or a flag read
+//!   at run time) → a `linalg.generic` drawing each element's uniform
+//!   number from a counter-based hash (SplitMix64 over the `linalg.index`
+//!   linear index and the `seed`) for the mask `u ≥ ratio`, and one
+//!   selecting `x / (1 − ratio)` or 0; `RandomUniformLike`/`RandomUniform`
+//!   → `low + u·(high − low)` from the same stream (see `random.rs`);
 //! - `Constant` (inline `value`/`value_*`) → `arith.constant dense<…>`;
 //!   `ConstantOfShape` → a splat constant, or `tensor.empty` + `linalg.fill`
 //!   for dynamic shapes; `Shape` → a constant, or `tensor.dim`s gathered by
@@ -80,7 +85,8 @@
 //!   `tensor.insert_slice`, combined first with the old value or slice
 //!   (`arith` op, `linalg.generic`) for `add`/`mul`/`max`/`min`;
 //! - anything else (e.g. 1-D/3-D `Conv`, `ConvTranspose`, `MaxPool` with its
-//!   `Indices` output, `Softmax` over an inner axis) — or any node whose
+//!   `Indices` output, `Softmax` over an inner axis, `RandomNormal`,
+//!   `Bernoulli`) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering
 //!   above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node
@@ -110,6 +116,7 @@ use crate::CodegenError;
 
 mod build;
 mod nn;
+mod random;
 mod scatter;
 mod shapeops;
 mod tensorops;

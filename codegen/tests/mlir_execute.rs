@@ -408,3 +408,129 @@ fn scatter_nd_computes_onnx_values() {
     close("min", &r[4], &scatter_nd(&d, &ds, &pairs, &[2, 2, 2], &pairs_upd, "min"));
     close("int add", &r[5], &scatter_nd(&ints, &[5], &int_idx, &[4, 1], &int_upd, "add"));
 }
+
+/// The documented random stream: element `n` draws the `n`-th output of
+/// SplitMix64 started at `key`, and its top `bits` bits scaled to [0, 1).
+fn stream(key: u64, n: usize, bits: u32) -> f64 {
+    let mut z = key.wrapping_add((n as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> (64 - bits)) as f64 / 2f64.powi(bits as i32)
+}
+
+/// Share of true (non-zero) entries.
+fn share(v: &[f64]) -> f64 {
+    v.iter().filter(|&&x| x != 0.0).count() as f64 / v.len() as f64
+}
+
+/// Training-mode `Dropout` on 64k elements: the mask keeps about 1 − ratio
+/// of them, follows the documented stream exactly, kept values are exactly
+/// `x / (1 − ratio)` and dropped ones 0; one seed gives one mask, another
+/// seed another; ratio 0 and a runtime-false mode forward the input, and a
+/// runtime ratio is honoured.
+#[test]
+fn training_dropout_keeps_the_right_share_exactly_scaled() {
+    let n = 256 * 256;
+    // Non-zero, varied inputs: dropped and kept elements tell apart.
+    let x: Vec<f64> = (0..n).map(|i| (1.0 + (i % 97) as f64 * 0.25) * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+    let Some(r) = execute(
+        "dropout_train",
+        r#"  input %x: f32[256,256]
+  input %on: bool[]
+  input %off: bool[]
+  input %rr: f32[]
+  %t: bool[] = Constant "t"() {value=tensor<bool[]> [true]}
+  %ratio: f32[] = Constant "ratio"() {value=tensor<f32[]> [0.3]}
+  %zero: f32[] = Constant "zero"() {value=tensor<f32[]> [0.0]}
+  %keep: f32[] = Constant "keep"() {value=tensor<f32[]> [0.7]}
+  %y, %m = Dropout "drop"(%x, %ratio, %t) {seed=42}
+  %y2 = Dropout "same_seed"(%x, %ratio, %t) {seed=42}
+  %y3 = Dropout "other_seed"(%x, %ratio, %t) {seed=43}
+  %z, %zm = Dropout "ratio_zero"(%x, %zero, %t)
+  %yr, %mr = Dropout "runtime_on"(%x, %rr, %on) {seed=9}
+  %yo, %mo = Dropout "runtime_off"(%x, %rr, %off) {seed=9}
+  %q = Div "scaled"(%x, %keep)
+  %eq = Equal "exact"(%y, %q)
+  %one: f32[] = Constant "one"() {value=tensor<f32[]> [1.0]}
+  %mf = Where "mf"(%m, %one, %zero)
+  %eqf = Where "eqf"(%eq, %one, %zero)
+  %zmf = Where "zmf"(%zm, %one, %zero)
+  %mrf = Where "mrf"(%mr, %one, %zero)
+  %mof = Where "mof"(%mo, %one, %zero)
+  output %y, %mf, %eqf, %y2, %y3, %z, %zmf, %yr, %mrf, %yo, %mof"#,
+        &[
+            ("tensor<256x256xf32>", &dense(&x, &[256, 256])),
+            ("tensor<i1>", "dense<true>"),
+            ("tensor<i1>", "dense<false>"),
+            ("tensor<f32>", "dense<0.75>"),
+        ],
+    ) else {
+        return;
+    };
+    let (y, mask, exact) = (&r[0], &r[1], &r[2]);
+    let kept = share(mask);
+    assert!((kept - 0.7).abs() < 0.01, "keeps {kept} of the elements, not 0.7");
+    // Neighbours are independent: both kept or both dropped 0.7² + 0.3² of the time.
+    let agree = mask.windows(2).filter(|w| w[0] == w[1]).count() as f64 / (n - 1) as f64;
+    assert!((agree - 0.58).abs() < 0.01, "neighbouring masks agree {agree} of the time");
+    let den = (1.0 - f64::from(0.3f32)) as f32;
+    for i in 0..n {
+        let want = stream(42, i, 24) as f32 >= 0.3f32;
+        assert_eq!(mask[i] == 1.0, want, "mask {i} follows the stream");
+        if want {
+            assert!(exact[i] == 1.0, "kept element {i}: {} is not exactly x / (1 − ratio)", y[i]);
+            let w = f64::from(x[i] as f32 / den);
+            assert!((y[i] - w).abs() <= 1e-5 * w.abs(), "element {i}: {} vs {w}", y[i]);
+        } else {
+            assert_eq!(y[i], 0.0, "dropped element {i}");
+        }
+    }
+    assert_eq!(&r[3], y, "one seed, one output");
+    let differ = y.iter().zip(&r[4]).filter(|(a, b)| (**a == 0.0) != (**b == 0.0)).count() as f64 / n as f64;
+    assert!((differ - 0.42).abs() < 0.01, "another seed drops other elements: {differ}");
+    close("ratio 0 forwards", &r[5], &x);
+    assert!(r[6].iter().all(|&v| v == 1.0), "ratio 0 keeps every element");
+    let kept = share(&r[8]);
+    assert!((kept - 0.25).abs() < 0.01, "runtime ratio 0.75 keeps {kept}");
+    for i in 0..n {
+        match r[8][i] == 1.0 {
+            true => assert!((r[7][i] - x[i] / 0.25).abs() <= 1e-5 * x[i].abs() * 4.0, "runtime scale at {i}"),
+            false => assert_eq!(r[7][i], 0.0),
+        }
+    }
+    close("runtime-false mode forwards", &r[9], &x);
+    assert!(r[10].iter().all(|&v| v == 1.0), "runtime-false mode keeps every element");
+}
+
+/// `RandomUniformLike` over 64k elements follows the documented stream, stays
+/// in [low, high) with the mean and variance of the uniform distribution;
+/// an f16 output draws 11 bits, exact in f16.
+#[test]
+fn random_uniform_like_is_uniform_and_seeded() {
+    let Some(r) = execute(
+        "uniform",
+        r#"  input %x: f32[256,256]
+  %u = RandomUniformLike "u"(%x) {low=-2.0, high=3.0, seed=5.0}
+  %h = RandomUniformLike "h"(%x) {dtype=10, seed=5.0}
+  %hf = Cast "hf"(%h) {to=1}
+  output %u, %hf"#,
+        &[("tensor<256x256xf32>", "dense<1.0>")],
+    ) else {
+        return;
+    };
+    let (u, h) = (&r[0], &r[1]);
+    let n = u.len() as f64;
+    assert!(u.iter().all(|&v| (-2.0..3.0).contains(&v)), "outside [−2, 3)");
+    let mean = u.iter().sum::<f64>() / n;
+    let var = u.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    assert!((mean - 0.5).abs() < 0.03, "mean {mean}");
+    assert!((var - 25.0 / 12.0).abs() < 0.05, "variance {var}");
+    let want: Vec<f64> = (0..u.len()).map(|i| f64::from((stream(5, i, 24) * 5.0 - 2.0) as f32)).collect();
+    close("documented stream", u, &want);
+    for (i, &v) in h.iter().enumerate() {
+        // A multiple of 2⁻¹¹ (up to the six digits printed).
+        assert!((0.0..1.0).contains(&v) && ((v * 2048.0) - (v * 2048.0).round()).abs() < 5e-3, "f16 draw {i}: {v}");
+        assert!((v - stream(5, i, 11)).abs() < 1e-6, "f16 draw {i} follows the stream");
+    }
+}

@@ -293,10 +293,11 @@ graph "odd" {
   input %w: f32[3,2,3]
   input %t: bool[]
   input %r: f32[]
+  init %one: f32[] = [1.0]
   %c = Conv "conv1d"(%x, %w)
   %p, %i = MaxPool "with_indices"(%y) {kernel_shape=[2, 2]}
   %s = Softmax "inner_axis"(%y) {axis=1}
-  %d = Dropout "training"(%y, %r, %t)
+  %d = Dropout "ratio_one"(%y, %one, %t)
   %z = Conv "zero_stride"(%y, %y) {strides=[0, 0]}
   %q = AveragePool "huge"(%y) {kernel_shape=[9, 9], pads=[9223372036854775807, 0, 0, 0]}
   %u = Split "scalar"(%r)
@@ -416,6 +417,41 @@ fn scatter_nd_writes_elements_and_slices() {
             "arith.maximumf",
             "arith.muli",
             "tensor.dim",
+        ],
+    );
+}
+
+/// Training-mode `Dropout` (a constant or runtime `training_mode`; constant,
+/// default or runtime ratio; with and without the mask) and the uniform
+/// random ops draw per element from a counter-based hash of `linalg.index`.
+#[test]
+fn training_dropout_and_uniform_random_ops() {
+    let out = emit(
+        "random",
+        r#"  input %x: f16[batch,seq,8]
+  input %flag: bool[]
+  input %r: f32[]
+  init %ratio: f32[] = [0.1]
+  %t: bool[] = Constant "on"() {value=tensor<bool[]> [true]}
+  %y, %m = Dropout "train"(%x, %ratio, %t) {seed=7}
+  %z = Dropout "default_ratio"(%y, _, %t)
+  %w = Dropout "runtime"(%z, %r, %flag)
+  %u = RandomUniformLike "u"(%x) {low=-1.0, high=3.0, dtype=1, seed=2.0}
+  %v = RandomUniform "v"() {shape=[3, 4], dtype=11}
+  output %w, %m, %u, %v"#,
+    );
+    has(
+        &out,
+        &[
+            "linalg.index",
+            "arith.shrui",
+            "arith.xori",
+            "arith.uitofp",
+            "arith.cmpf oge",
+            "arith.select",
+            "tensor<?x?x8xi1>",
+            "tensor<?x?x8xf32>",
+            "tensor<3x4xf64>",
         ],
     );
 }

@@ -212,7 +212,11 @@ impl Emitter<'_> {
         if let Some(n) = self.local.get(&key) {
             return n.clone();
         }
-        let n = self.line(format!("arith.constant {lit} : {ty}"));
+        // A bool literal carries its type (`arith.constant true`).
+        let n = match lit {
+            "true" | "false" => self.line(format!("arith.constant {lit}")),
+            _ => self.line(format!("arith.constant {lit} : {ty}")),
+        };
         self.local.insert(key, n.clone());
         n
     }

@@ -67,6 +67,7 @@ impl Emitter<'_> {
             Op::LayerNormalization => self.layer_norm(node, outs),
             Op::Gather => self.gather(node, outs),
             Op::ScatterND => self.scatter_nd(node, outs),
+            Op::Dropout | Op::RandomUniformLike | Op::RandomUniform => self.random(node, outs),
             Op::Constant
             | Op::ConstantOfShape
             | Op::Shape
@@ -165,7 +166,7 @@ impl Emitter<'_> {
     }
 
     /// A constant scalar float input (an initializer or a `Constant`).
-    fn const_f64(&self, v: ValueId) -> Option<f64> {
+    pub(super) fn const_f64(&self, v: ValueId) -> Option<f64> {
         let t = match self.g.value(v).init() {
             Some(t) => t.clone(),
             None => {
