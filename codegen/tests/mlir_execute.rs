@@ -534,3 +534,166 @@ fn random_uniform_like_is_uniform_and_seeded() {
         assert!((v - stream(5, i, 11)).abs() < 1e-6, "f16 draw {i} follows the stream");
     }
 }
+
+/// Every index of `shape`, row-major.
+fn points(shape: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = vec![vec![]];
+    for &n in shape {
+        out = out.into_iter().flat_map(|p| (0..n).map(move |i| [p.clone(), vec![i]].concat())).collect();
+    }
+    out
+}
+
+/// The row-major offset of `idx` in `shape`.
+fn offset(shape: &[usize], idx: &[usize]) -> usize {
+    shape.iter().zip(idx).fold(0, |acc, (n, i)| acc * n + i)
+}
+
+/// Shapes and window attributes of a convolution.
+struct Window<'a> {
+    x: &'a [usize],
+    w: &'a [usize],
+    strides: &'a [usize],
+    dilations: &'a [usize],
+    /// Begin pads then end pads.
+    pads: &'a [usize],
+    group: usize,
+}
+
+/// ONNX `Conv`, plainly: each output is the bias plus the in-bounds taps
+/// `x[n, g·C/G + c, o·s − pad + k·d] · w[f, c, k]` of its group.
+fn conv_ref(x: &[f64], w: &[f64], b: Option<&[f64]>, win: &Window) -> (Vec<f64>, Vec<usize>) {
+    let sp = win.x.len() - 2;
+    let (f, cg) = (win.w[0], win.w[1]);
+    let fg = f / win.group;
+    let mut oshape = vec![win.x[0], f];
+    for i in 0..sp {
+        let span = (win.w[2 + i] - 1) * win.dilations[i] + 1;
+        oshape.push((win.x[2 + i] + win.pads[i] + win.pads[sp + i] - span) / win.strides[i] + 1);
+    }
+    let mut y = vec![0.0; oshape.iter().product()];
+    for o in points(&oshape) {
+        let (n, fo) = (o[0], o[1]);
+        let mut acc = b.map_or(0.0, |b| b[fo]);
+        for c in 0..cg {
+            for k in points(&win.w[2..]) {
+                let pos: Vec<i64> = (0..sp)
+                    .map(|i| (o[2 + i] * win.strides[i] + k[i] * win.dilations[i]) as i64 - win.pads[i] as i64)
+                    .collect();
+                if pos.iter().zip(&win.x[2..]).any(|(&p, &m)| p < 0 || p >= m as i64) {
+                    continue;
+                }
+                let mut xi = vec![n, (fo / fg) * cg + c];
+                xi.extend(pos.iter().map(|&p| p as usize));
+                let wi = [vec![fo, c], k.clone()].concat();
+                acc += x[offset(win.x, &xi)] * w[offset(win.w, &wi)];
+            }
+        }
+        y[offset(&oshape, &o)] = acc;
+    }
+    (y, oshape)
+}
+
+/// ONNX `ConvTranspose`, plainly: every input element adds `x · w[c, f, k]`
+/// at output position `i·s + k·d − pad_begin` (when inside the output), on
+/// top of the bias; the output size is `s·(I − 1) + output_padding +
+/// (K − 1)·d + 1 − pads`.
+fn conv_transpose_ref(x: &[f64], w: &[f64], b: Option<&[f64]>, win: &Window, extra: &[usize]) -> Vec<f64> {
+    let sp = win.x.len() - 2;
+    let (c, fg) = (win.w[0], win.w[1]);
+    let cg = c / win.group;
+    let mut oshape = vec![win.x[0], fg * win.group];
+    for (i, e) in extra.iter().enumerate() {
+        let full = win.strides[i] * (win.x[2 + i] - 1) + e + (win.w[2 + i] - 1) * win.dilations[i] + 1;
+        oshape.push(full - win.pads[i] - win.pads[sp + i]);
+    }
+    let mut y = vec![0.0; oshape.iter().product()];
+    for o in points(&oshape) {
+        y[offset(&oshape, &o)] = b.map_or(0.0, |b| b[o[1]]);
+    }
+    for xi in points(win.x) {
+        let (n, ci) = (xi[0], xi[1]);
+        for f in 0..fg {
+            for k in points(&win.w[2..]) {
+                let pos: Vec<i64> = (0..sp)
+                    .map(|i| (xi[2 + i] * win.strides[i] + k[i] * win.dilations[i]) as i64 - win.pads[i] as i64)
+                    .collect();
+                if pos.iter().zip(&oshape[2..]).any(|(&p, &m)| p < 0 || p >= m as i64) {
+                    continue;
+                }
+                let mut oi = vec![n, (ci / cg) * fg + f];
+                oi.extend(pos.iter().map(|&p| p as usize));
+                y[offset(&oshape, &oi)] += x[offset(win.x, &xi)] * w[offset(win.w, &[vec![ci, f], k.clone()].concat())];
+            }
+        }
+    }
+    y
+}
+
+/// 1-D and 3-D convolutions (strided, padded, dilated, grouped, with and
+/// without bias) and transposed 2-D convolutions (strides, pads,
+/// `output_padding`, dilations, groups) against plain implementations of the
+/// ONNX definitions.
+#[test]
+fn conv_1d_3d_and_transposed_compute_onnx_values() {
+    let vals = |n: usize, salt: usize| -> Vec<f64> {
+        (0..n).map(|i| (((i * 37 + salt * 11) % 29) as f64 - 14.0) * 0.125).collect()
+    };
+    let (x1, w1, b1, g1) = (vals(72, 1), vals(72, 2), vals(6, 3), vals(24, 4));
+    let (x3, w3, b3, g3) = (vals(420, 5), vals(108, 6), vals(3, 7), vals(12, 8));
+    let (xt, wt, bt) = (vals(48, 9), vals(72, 10), vals(6, 11));
+    let (xu, wu) = (vals(18, 12), vals(54, 13));
+    let Some(r) = execute(
+        "convs",
+        r#"  input %x1: f32[2,4,9]
+  input %w1: f32[6,4,3]
+  input %b1: f32[6]
+  input %g1: f32[4,2,3]
+  input %x3: f32[1,2,5,6,7]
+  input %w3: f32[3,2,3,2,3]
+  input %b3: f32[3]
+  input %g3: f32[2,1,1,2,3]
+  input %xt: f32[1,4,3,4]
+  input %wt: f32[4,3,3,2]
+  input %bt: f32[6]
+  input %xu: f32[1,2,3,3]
+  input %wu: f32[2,3,3,3]
+  %c1 = Conv "c1"(%x1, %w1, %b1) {pads=[1, 2], strides=[2]}
+  %d1 = Conv "grouped1"(%x1, %g1) {group=2, dilations=[2]}
+  %c3 = Conv "c3"(%x3, %w3, %b3) {strides=[1, 2, 2], pads=[1, 0, 1, 1, 1, 0]}
+  %d3 = Conv "grouped3"(%x3, %g3) {group=2, pads=[0, 1, 0, 0, 1, 1], dilations=[1, 1, 2]}
+  %t = ConvTranspose "t"(%xt, %wt, %bt) {group=2, strides=[2, 3], pads=[1, 0, 0, 1], output_padding=[1, 2], dilations=[1, 2]}
+  %u = ConvTranspose "u"(%xu, %wu) {strides=[2, 2]}
+  output %c1, %d1, %c3, %d3, %t, %u"#,
+        &[
+            ("tensor<2x4x9xf32>", &dense(&x1, &[2, 4, 9])),
+            ("tensor<6x4x3xf32>", &dense(&w1, &[6, 4, 3])),
+            ("tensor<6xf32>", &dense(&b1, &[6])),
+            ("tensor<4x2x3xf32>", &dense(&g1, &[4, 2, 3])),
+            ("tensor<1x2x5x6x7xf32>", &dense(&x3, &[1, 2, 5, 6, 7])),
+            ("tensor<3x2x3x2x3xf32>", &dense(&w3, &[3, 2, 3, 2, 3])),
+            ("tensor<3xf32>", &dense(&b3, &[3])),
+            ("tensor<2x1x1x2x3xf32>", &dense(&g3, &[2, 1, 1, 2, 3])),
+            ("tensor<1x4x3x4xf32>", &dense(&xt, &[1, 4, 3, 4])),
+            ("tensor<4x3x3x2xf32>", &dense(&wt, &[4, 3, 3, 2])),
+            ("tensor<6xf32>", &dense(&bt, &[6])),
+            ("tensor<1x2x3x3xf32>", &dense(&xu, &[1, 2, 3, 3])),
+            ("tensor<2x3x3x3xf32>", &dense(&wu, &[2, 3, 3, 3])),
+        ],
+    ) else {
+        return;
+    };
+    let win = |x, w, strides, dilations, pads, group| Window { x, w, strides, dilations, pads, group };
+    let (c1, _) = conv_ref(&x1, &w1, Some(&b1), &win(&[2, 4, 9], &[6, 4, 3], &[2], &[1], &[1, 2], 1));
+    close("conv 1-D", &r[0], &c1);
+    let (d1, _) = conv_ref(&x1, &g1, None, &win(&[2, 4, 9], &[4, 2, 3], &[1], &[2], &[0, 0], 2));
+    close("grouped conv 1-D", &r[1], &d1);
+    let w3win = win(&[1, 2, 5, 6, 7], &[3, 2, 3, 2, 3], &[1, 2, 2], &[1, 1, 1], &[1, 0, 1, 1, 1, 0], 1);
+    close("conv 3-D", &r[2], &conv_ref(&x3, &w3, Some(&b3), &w3win).0);
+    let g3win = win(&[1, 2, 5, 6, 7], &[2, 1, 1, 2, 3], &[1, 1, 1], &[1, 1, 2], &[0, 1, 0, 0, 1, 1], 2);
+    close("grouped conv 3-D", &r[3], &conv_ref(&x3, &g3, None, &g3win).0);
+    let twin = win(&[1, 4, 3, 4], &[4, 3, 3, 2], &[2, 3], &[1, 2], &[1, 0, 0, 1], 2);
+    close("conv transpose", &r[4], &conv_transpose_ref(&xt, &wt, Some(&bt), &twin, &[1, 2]));
+    let uwin = win(&[1, 2, 3, 3], &[2, 3, 3, 3], &[2, 2], &[1, 1], &[0, 0, 0, 0], 1);
+    close("conv transpose, stride 2", &r[5], &conv_transpose_ref(&xu, &wu, None, &uwin, &[0, 0]));
+}

@@ -290,11 +290,11 @@ fn unsupported_forms_stay_generic_without_panicking() {
 graph "odd" {
   input %x: f32[1,2,5]
   input %y: f32[1,2,5,5]
-  input %w: f32[3,2,3]
+  input %w: f32[3,2,3,3,3]
   input %t: bool[]
   input %r: f32[]
   init %one: f32[] = [1.0]
-  %c = Conv "conv1d"(%x, %w)
+  %c = Conv "rank_mismatch"(%x, %w)
   %p, %i = MaxPool "with_indices"(%y) {kernel_shape=[2, 2]}
   %s = Softmax "inner_axis"(%y) {axis=1}
   %d = Dropout "ratio_one"(%y, %one, %t)
@@ -452,6 +452,44 @@ fn training_dropout_and_uniform_random_ops() {
             "tensor<?x?x8xi1>",
             "tensor<?x?x8xf32>",
             "tensor<3x4xf64>",
+        ],
+    );
+}
+
+/// 1-D and 3-D `Conv` through their named ops, grouped ones (no named op)
+/// through a `linalg.generic`; `ConvTranspose` spreads its input with a
+/// strided `tensor.insert_slice` and correlates with the flipped kernel.
+#[test]
+fn conv_1d_3d_grouped_and_transposed() {
+    let out = emit(
+        "convs",
+        r#"  input %x1: f32[batch,4,9]
+  input %w1: f32[6,4,3]
+  input %b1: f32[6]
+  input %g1: f32[4,2,3]
+  input %x3: f16[batch,2,5,6,7]
+  input %w3: f16[4,2,3,3,3]
+  input %g3: f16[2,1,1,2,3]
+  input %xt: f32[batch,4,5,6]
+  input %wt: f32[4,3,3,2]
+  input %bt: f32[6]
+  %c1 = Conv "c1"(%x1, %w1, %b1) {pads=[1, 2], strides=[2]}
+  %d1 = Conv "grouped1"(%x1, %g1) {group=2, dilations=[2]}
+  %c3 = Conv "c3"(%x3, %w3) {auto_pad="SAME_UPPER", strides=[1, 2, 2]} @f16
+  %d3 = Conv "grouped3"(%x3, %g3) {group=2, pads=[0, 1, 0, 0, 1, 1]} @f16
+  %t = ConvTranspose "up"(%xt, %wt, %bt) {group=2, strides=[2, 3], pads=[1, 0, 0, 1], output_padding=[1, 2], dilations=[1, 2]}
+  output %c1, %d1, %c3, %d3, %t"#,
+    );
+    has(
+        &out,
+        &[
+            "linalg.conv_1d_ncw_fcw",
+            "linalg.conv_3d_ncdhw_fcdhw",
+            "\"reduction\"",
+            "tensor.insert_slice",
+            "linalg.broadcast",
+            "tensor<?x6x5xf32>",
+            "tensor<?x6x11x19xf32>",
         ],
     );
 }
