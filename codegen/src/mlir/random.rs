@@ -8,10 +8,10 @@
 //!
 //! The key is the node's `seed` attribute (`Dropout`'s integer; a float
 //! seed by its value when it is an integer, else by its bits). Without one
-//! it is [`DEFAULT_SEED`] xor the FNV-1a hash of the node name, so that two
-//! unseeded nodes draw different numbers while the module stays
-//! deterministic. There is no state between calls: a call draws the same
-//! numbers every time it runs.
+//! it is [`DEFAULT_SEED`] xor the FNV-1a hash of the node name (of its first
+//! output's name for an unnamed node), so that two unseeded nodes draw
+//! different numbers while the module stays deterministic. There is no
+//! state between calls: a call draws the same numbers every time it runs.
 //!
 //! - `Dropout` with `training_mode` true (a constant, or a flag read at run
 //!   time with `tensor.extract`): mask = u ≥ ratio (u with 24 bits, compared
@@ -29,21 +29,21 @@ use super::build::{float_lit, Body, Operand};
 use super::{elem, float_width, is_float, Emitter};
 
 /// The key of an unseeded node, before its name is mixed in.
-pub const DEFAULT_SEED: u64 = 0x5153_594E_435F_524E;
+const DEFAULT_SEED: u64 = 0x5153_594E_435F_524E;
 
 /// SplitMix64's increment and finalizer multipliers.
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 const MIX: [u64; 2] = [0xBF58_476D_1CE4_E5B9, 0x94D0_49BB_1331_11EB];
 
-/// The stream key of a node: its seed, or the default mixed with its name.
-fn key(node: &Node) -> u64 {
+/// The stream key of a node: its seed, or the default mixed with `label`
+/// (its name, unique in the graph where the model names its nodes).
+fn key(node: &Node, label: &str) -> u64 {
     match node.attr("seed") {
         Some(Attr::Int(i)) => *i as u64,
         Some(Attr::Float(f)) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e18 => *f as i64 as u64,
         Some(Attr::Float(f)) => u64::from(f.to_bits()),
         _ => {
-            let fnv = node
-                .name
+            let fnv = label
                 .bytes()
                 .fold(0xCBF2_9CE4_8422_2325u64, |h, c| (h ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01B3));
             DEFAULT_SEED ^ fnv
@@ -199,7 +199,7 @@ impl Emitter<'_> {
         let init = self.empty(&shape, DType::Bool, &[&x])?;
         let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
         let iters = vec!["parallel"; shape.len()];
-        let k = key(node);
+        let k = self.key(node, outs);
         let off = flag.as_ref().map(|(_, off)| off.clone());
         let mask = self.generic_op(&[], &init, &id, &iters, |b, _| {
             let n = linear_index(b, &sizes);
@@ -267,7 +267,7 @@ impl Emitter<'_> {
         let init = self.empty(&shape, dt, &hints)?;
         let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
         let iters = vec!["parallel"; shape.len()];
-        let k = key(node);
+        let k = self.key(node, outs);
         let out = self.generic_op(&[], &init, &id, &iters, |b, _| {
             let n = linear_index(b, &sizes);
             let u = uniform(b, &n, k, significand(dt), ct);
@@ -278,6 +278,15 @@ impl Emitter<'_> {
             b.convert(&v, ct, dt)
         });
         Some(vec![out.name])
+    }
+
+    /// The stream key of `node`; an unnamed node is told apart by the name
+    /// of its first output.
+    fn key(&self, node: &Node, outs: &[ValueId]) -> u64 {
+        match (node.name.is_empty(), outs.first()) {
+            (true, Some(&o)) => key(node, self.g.value_name(o)),
+            _ => key(node, &node.name),
+        }
     }
 
     /// A float scalar converted between types (through f32 between the
