@@ -18,7 +18,7 @@
 use qsync_ir::{DType, Dim, Node, Op, ValueId};
 
 use super::build::Operand;
-use super::nn::{dense_i64, window};
+use super::nn::{dense_i64, window, WINDOW_LIMIT};
 use super::{is_float, Emitter};
 
 /// `shape` (N×C×…) with its channel axis split into `group` × `per`.
@@ -47,7 +47,8 @@ impl Emitter<'_> {
             return None;
         }
         let k: Vec<i64> = (2..r).map(|i| w.size(i)).collect::<Option<_>>()?;
-        if node.attr_ints("kernel_shape").is_some_and(|ks| ks != k) {
+        if k.iter().any(|v| !(1..=WINDOW_LIMIT).contains(v)) || node.attr_ints("kernel_shape").is_some_and(|ks| ks != k)
+        {
             return None;
         }
         let s = window(node, "strides", n, Some(1))?;

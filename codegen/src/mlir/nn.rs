@@ -8,7 +8,7 @@ use super::build::{acc_type, float_lit, ranked, Body, Operand};
 use super::{elem, is_float, quote, Emitter};
 
 /// Window attributes beyond this are refused (keeps the arithmetic exact).
-const WINDOW_LIMIT: i64 = 1 << 20;
+pub(super) const WINDOW_LIMIT: i64 = 1 << 20;
 
 /// An attribute with one value per spatial axis (`strides`, `dilations`,
 /// `kernel_shape`) or its default; each at least 1.
