@@ -10,12 +10,19 @@
 //! - unary ops with a one-operand tosa twin (`Relu` as `tosa.clamp`, `Tanh`,
 //!   `Sigmoid`, `Exp`, `Log`, `Abs`, `Erf`, `Reciprocal`, `Identity`,
 //!   `Transpose`) → that tosa op;
-//! - `Conv` (2-D, NCHW, float) → `tensor.pad` (explicit `pads` or `SAME_*`)
-//!   and `linalg.conv_2d_nchw_fchw` with `strides`/`dilations`, accumulating
-//!   into the bias (`linalg.broadcast`) or zeros (`linalg.fill`) in the
-//!   operands' element type; grouped (`group > 1`, depthwise included) →
-//!   `tensor.expand_shape` to N×G×C/G×H×W and G×F/G×C/G×kh×kw,
-//!   `linalg.conv_2d_ngchw_gfchw`, `tensor.collapse_shape` back;
+//! - `Conv` (1 to 3 spatial axes, NC…, float) → `tensor.pad` (explicit
+//!   `pads` or `SAME_*`) and `linalg.conv_1d_ncw_fcw` /
+//!   `conv_2d_nchw_fchw` / `conv_3d_ncdhw_fcdhw` with `strides`/`dilations`,
+//!   accumulating into the bias (`linalg.broadcast`) or zeros
+//!   (`linalg.fill`) in the operands' element type; grouped (`group > 1`,
+//!   depthwise included) → `tensor.expand_shape` to N×G×C/G×… and
+//!   G×F/G×C/G×k…, `linalg.conv_2d_ngchw_gfchw` (2-D) or a contracting
+//!   `linalg.generic` (1-D, 3-D: no named op), `tensor.collapse_shape` back;
+//! - `ConvTranspose` (explicit `pads` or `VALID`, static spatial sizes; any
+//!   strides, dilations, `output_padding`, group) → the input inserted with
+//!   strides into zeros that hold the padding (`tensor.insert_slice`), the
+//!   kernel flipped with its channel axes swapped (a copying
+//!   `linalg.generic`), and a contracting `linalg.generic` over the groups;
 //! - `MaxPool` → `tensor.pad` with −∞ (explicit pads plus what `ceil_mode`
 //!   needs) and `linalg.pooling_nchw_max` over a `tensor.empty` window;
 //!   `AveragePool` → `linalg.pooling_nchw_sum` divided by the window size,
@@ -67,11 +74,16 @@
 //!   `Sqrt`, `Erf`, `Exp`, `Log`, `Tanh`, `Abs`, `Floor`, `Ceil`, `Sin`,
 //!   `Cos`, `Neg`, `Reciprocal`, `Sigmoid`, `Relu` when the tosa forms above
 //!   do not apply, `Gelu` (exact with `math.erf`, or the tanh form), and
-//!   `HardSigmoid` / `HardSwish` (clamps of `αx + β`);
-//!   `Identity` and a one-output `Dropout` whose `training_mode` is absent
-//!   or a constant false forward their input
-//!   (a `Dropout` that may train — `bert_base_train`'s, whose mode is a
-//!   constant true — needs randomness and stays generic);
+//!   `HardSigmoid` / `HardSwish` (clamps of `αx + β`); `Identity`
+//!   forwards its input;
+//! - `Dropout` whose `training_mode` is absent or a constant false (or whose
+//!   ratio is a constant 0) forwards its input, its mask an all-true
+//!   constant; in training (`training_mode` a constant true, or a flag read
+//!   at run time) → a `linalg.generic` drawing each element's uniform
+//!   number from a counter-based hash (SplitMix64 over the `linalg.index`
+//!   linear index and the `seed`) for the mask `u ≥ ratio`, and one
+//!   selecting `x / (1 − ratio)` or 0; `RandomUniformLike`/`RandomUniform`
+//!   → `low + u·(high − low)` from the same stream (see `random.rs`);
 //! - `Constant` (inline `value`/`value_*`) → `arith.constant dense<…>`;
 //!   `ConstantOfShape` → a splat constant, or `tensor.empty` + `linalg.fill`
 //!   for dynamic shapes; `Shape` → a constant, or `tensor.dim`s gathered by
@@ -91,8 +103,14 @@
 //!   input, an adding `linalg.generic` and a `tensor.insert_slice`, O(n)
 //!   per scan line; sums accumulate in the element type, f16/bf16
 //!   included, as ONNX does;
-//! - anything else (e.g. 1-D/3-D `Conv`, `ConvTranspose`, `MaxPool` with its
-//!   `Indices` output, `Softmax` over an inner axis) — or any node whose
+//! - `ScatterND` (any `reduction`) → an `scf.for` over the update rows
+//!   carrying the data: each row's index tuple read with `tensor.extract`
+//!   and wrapped, its update written with `tensor.insert` (whole tuples) or
+//!   `tensor.insert_slice`, combined first with the old value or slice
+//!   (`arith` op, `linalg.generic`) for `add`/`mul`/`max`/`min`;
+//! - anything else (e.g. `ConvTranspose` with `output_shape` or `SAME_*`,
+//!   `MaxPool` with its `Indices` output, `Softmax` over an inner axis, `RandomNormal`,
+//!   `Bernoulli`) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering
 //!   above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node
@@ -121,8 +139,11 @@ use qsync_ir::{Attr, DType, Graph, Op, TensorType, ValueId};
 use crate::CodegenError;
 
 mod build;
+mod conv;
 mod nn;
 mod pad;
+mod random;
+mod scatter;
 mod shapeops;
 mod tensorops;
 

@@ -556,3 +556,386 @@ fn negative_step_slices_compute_onnx_values() {
     close("computed start", &r[1], &slice_ref(&x, [5, 3], &[0], &[-3], &[inf], &[-2]));
     close("two axes", &r[2], &slice_ref(&x, [5, 3], &[1, 0], &[100, 4], &[-100, 0], &[-1, -3]));
 }
+
+/// Arbitrary, non-trivial test values: `n` numbers in roughly [−3, 3).
+fn ramp(n: usize, salt: usize) -> Vec<f64> {
+    (0..n).map(|i| (((i * 7 + salt * 5 + 3) % 13) as f64 - 6.0) * 0.5).collect()
+}
+
+/// ONNX `ScatterND`, plainly: each index tuple (the last axis of
+/// `indices`, negative values counted from the end) selects a slice of the
+/// data that its update replaces or is combined into, in order.
+fn scatter_nd(data: &[f64], dshape: &[usize], idx: &[i64], ishape: &[usize], upd: &[f64], reduction: &str) -> Vec<f64> {
+    let k = *ishape.last().expect("indices rank ≥ 1");
+    let slice: usize = dshape[k..].iter().product();
+    let mut out = data.to_vec();
+    for (row, tuple) in idx.chunks(k).enumerate() {
+        let mut at = 0usize;
+        for (j, &i) in tuple.iter().enumerate() {
+            let n = dshape[j] as i64;
+            at = at * dshape[j] + (if i < 0 { i + n } else { i }) as usize;
+        }
+        for e in 0..slice {
+            let (o, u) = (&mut out[at * slice + e], upd[row * slice + e]);
+            *o = match reduction {
+                "add" => *o + u,
+                "mul" => *o * u,
+                "max" => o.max(u),
+                "min" => o.min(u),
+                _ => u,
+            };
+        }
+    }
+    out
+}
+
+/// `ScatterND` with each reduction, element and slice updates, negative
+/// indices, duplicates for the combining reductions and integer data,
+/// against a plain implementation of the ONNX definition.
+#[test]
+fn scatter_nd_computes_onnx_values() {
+    let d = ramp(24, 1);
+    let rows: Vec<i64> = vec![-1, 1, -4];
+    let rows_upd = ramp(18, 2);
+    // Whole-index tuples into 4×3×2 with repeats (and negative forms of them).
+    let pts: Vec<i64> = vec![0, 1, 1, -4, -2, -1, 3, 0, 0, 0, 1, 1, 3, -3, 0, 2, 2, 0];
+    let pts_upd = ramp(6, 3);
+    // Row pairs selecting slices of 2 along the last axis; (1, 2) twice.
+    let pairs: Vec<i64> = vec![1, 2, 0, 0, -3, -1, 2, 1];
+    let pairs_upd = ramp(8, 4);
+    let ints: Vec<f64> = vec![3.0, -2.0, 5.0, 7.0, 1.0];
+    let int_idx: Vec<i64> = vec![4, -1, 0, 2];
+    let int_upd: Vec<f64> = vec![2.0, -3.0, 4.0, 6.0];
+    let fmt_i = |v: &[i64], s: &[usize]| dense(&v.iter().map(|&i| i as f64).collect::<Vec<_>>(), s, true);
+    let Some(r) = execute(
+        "scatter_nd",
+        r#"  input %x: f32[4,3,2]
+  input %rows: i64[3,1]
+  input %rows_upd: f32[3,3,2]
+  input %pts: i64[2,3,3]
+  input %pts_upd: f32[2,3]
+  input %pairs: i64[2,2,2]
+  input %pairs_upd: f32[2,2,2]
+  input %ints: i64[5]
+  input %int_idx: i64[4,1]
+  input %int_upd: i64[4]
+  %none = ScatterND "none"(%x, %rows, %rows_upd)
+  %add = ScatterND "add"(%x, %pts, %pts_upd) {reduction="add"}
+  %mul = ScatterND "mul"(%x, %pts, %pts_upd) {reduction="mul"}
+  %max = ScatterND "max"(%x, %pairs, %pairs_upd) {reduction="max"}
+  %min = ScatterND "min"(%x, %pairs, %pairs_upd) {reduction="min"}
+  %iadd = ScatterND "int_add"(%ints, %int_idx, %int_upd) {reduction="add"}
+  %iaddf = Cast "to_float"(%iadd) {to=1}
+  output %none, %add, %mul, %max, %min, %iaddf"#,
+        &[
+            ("tensor<4x3x2xf32>", &dense(&d, &[4, 3, 2], false)),
+            ("tensor<3x1xi64>", &fmt_i(&rows, &[3, 1])),
+            ("tensor<3x3x2xf32>", &dense(&rows_upd, &[3, 3, 2], false)),
+            ("tensor<2x3x3xi64>", &fmt_i(&pts, &[2, 3, 3])),
+            ("tensor<2x3xf32>", &dense(&pts_upd, &[2, 3], false)),
+            ("tensor<2x2x2xi64>", &fmt_i(&pairs, &[2, 2, 2])),
+            ("tensor<2x2x2xf32>", &dense(&pairs_upd, &[2, 2, 2], false)),
+            ("tensor<5xi64>", &dense(&ints, &[5], true)),
+            ("tensor<4x1xi64>", &fmt_i(&int_idx, &[4, 1])),
+            ("tensor<4xi64>", &dense(&int_upd, &[4], true)),
+        ],
+    ) else {
+        return;
+    };
+    let ds = [4, 3, 2];
+    close("none", &r[0], &scatter_nd(&d, &ds, &rows, &[3, 1], &rows_upd, "none"));
+    close("add", &r[1], &scatter_nd(&d, &ds, &pts, &[2, 3, 3], &pts_upd, "add"));
+    close("mul", &r[2], &scatter_nd(&d, &ds, &pts, &[2, 3, 3], &pts_upd, "mul"));
+    close("max", &r[3], &scatter_nd(&d, &ds, &pairs, &[2, 2, 2], &pairs_upd, "max"));
+    close("min", &r[4], &scatter_nd(&d, &ds, &pairs, &[2, 2, 2], &pairs_upd, "min"));
+    close("int add", &r[5], &scatter_nd(&ints, &[5], &int_idx, &[4, 1], &int_upd, "add"));
+}
+
+/// The documented random stream: element `n` draws the `n`-th output of
+/// SplitMix64 started at `key`, and its top `bits` bits scaled to [0, 1).
+fn stream(key: u64, n: usize, bits: u32) -> f64 {
+    let mut z = key.wrapping_add((n as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> (64 - bits)) as f64 / 2f64.powi(bits as i32)
+}
+
+/// Share of true (non-zero) entries.
+fn share(v: &[f64]) -> f64 {
+    v.iter().filter(|&&x| x != 0.0).count() as f64 / v.len() as f64
+}
+
+/// Training-mode `Dropout` on 64k elements: the mask keeps about 1 − ratio
+/// of them, follows the documented stream exactly, kept values are exactly
+/// `x / (1 − ratio)` and dropped ones 0; one seed gives one mask, another
+/// seed another; ratio 0 and a runtime-false mode forward the input, and a
+/// runtime ratio is honoured.
+#[test]
+fn training_dropout_keeps_the_right_share_exactly_scaled() {
+    let n = 256 * 256;
+    // Non-zero, varied inputs: dropped and kept elements tell apart.
+    let x: Vec<f64> = (0..n).map(|i| (1.0 + (i % 97) as f64 * 0.25) * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+    let Some(r) = execute(
+        "dropout_train",
+        r#"  input %x: f32[256,256]
+  input %on: bool[]
+  input %off: bool[]
+  input %rr: f32[]
+  %t: bool[] = Constant "t"() {value=tensor<bool[]> [true]}
+  %ratio: f32[] = Constant "ratio"() {value=tensor<f32[]> [0.3]}
+  %zero: f32[] = Constant "zero"() {value=tensor<f32[]> [0.0]}
+  %keep: f32[] = Constant "keep"() {value=tensor<f32[]> [0.7]}
+  %y, %m = Dropout "drop"(%x, %ratio, %t) {seed=42}
+  %y2 = Dropout "same_seed"(%x, %ratio, %t) {seed=42}
+  %y3 = Dropout "other_seed"(%x, %ratio, %t) {seed=43}
+  %z, %zm = Dropout "ratio_zero"(%x, %zero, %t)
+  %yr, %mr = Dropout "runtime_on"(%x, %rr, %on) {seed=9}
+  %yo, %mo = Dropout "runtime_off"(%x, %rr, %off) {seed=9}
+  %q = Div "scaled"(%x, %keep)
+  %eq = Equal "exact"(%y, %q)
+  %one: f32[] = Constant "one"() {value=tensor<f32[]> [1.0]}
+  %mf = Where "mf"(%m, %one, %zero)
+  %eqf = Where "eqf"(%eq, %one, %zero)
+  %zmf = Where "zmf"(%zm, %one, %zero)
+  %mrf = Where "mrf"(%mr, %one, %zero)
+  %mof = Where "mof"(%mo, %one, %zero)
+  output %y, %mf, %eqf, %y2, %y3, %z, %zmf, %yr, %mrf, %yo, %mof"#,
+        &[
+            ("tensor<256x256xf32>", &dense(&x, &[256, 256], false)),
+            ("tensor<i1>", "dense<true>"),
+            ("tensor<i1>", "dense<false>"),
+            ("tensor<f32>", "dense<0.75>"),
+        ],
+    ) else {
+        return;
+    };
+    let (y, mask, exact) = (&r[0], &r[1], &r[2]);
+    let kept = share(mask);
+    assert!((kept - 0.7).abs() < 0.01, "keeps {kept} of the elements, not 0.7");
+    // Neighbours are independent: both kept or both dropped 0.7² + 0.3² of the time.
+    let agree = mask.windows(2).filter(|w| w[0] == w[1]).count() as f64 / (n - 1) as f64;
+    assert!((agree - 0.58).abs() < 0.01, "neighbouring masks agree {agree} of the time");
+    let den = (1.0 - f64::from(0.3f32)) as f32;
+    for i in 0..n {
+        let want = stream(42, i, 24) as f32 >= 0.3f32;
+        assert_eq!(mask[i] == 1.0, want, "mask {i} follows the stream");
+        if want {
+            assert!(exact[i] == 1.0, "kept element {i}: {} is not exactly x / (1 − ratio)", y[i]);
+            let w = f64::from(x[i] as f32 / den);
+            assert!((y[i] - w).abs() <= 1e-5 * w.abs(), "element {i}: {} vs {w}", y[i]);
+        } else {
+            assert_eq!(y[i], 0.0, "dropped element {i}");
+        }
+    }
+    assert_eq!(&r[3], y, "one seed, one output");
+    let differ = y.iter().zip(&r[4]).filter(|(a, b)| (**a == 0.0) != (**b == 0.0)).count() as f64 / n as f64;
+    assert!((differ - 0.42).abs() < 0.01, "another seed drops other elements: {differ}");
+    close("ratio 0 forwards", &r[5], &x);
+    assert!(r[6].iter().all(|&v| v == 1.0), "ratio 0 keeps every element");
+    let kept = share(&r[8]);
+    assert!((kept - 0.25).abs() < 0.01, "runtime ratio 0.75 keeps {kept}");
+    for i in 0..n {
+        match r[8][i] == 1.0 {
+            true => assert!((r[7][i] - x[i] / 0.25).abs() <= 1e-5 * x[i].abs() * 4.0, "runtime scale at {i}"),
+            false => assert_eq!(r[7][i], 0.0),
+        }
+    }
+    close("runtime-false mode forwards", &r[9], &x);
+    assert!(r[10].iter().all(|&v| v == 1.0), "runtime-false mode keeps every element");
+}
+
+/// `RandomUniformLike` over 64k elements follows the documented stream, stays
+/// in [low, high) with the mean and variance of the uniform distribution;
+/// an f16 output draws 11 bits, exact in f16.
+#[test]
+fn random_uniform_like_is_uniform_and_seeded() {
+    let Some(r) = execute(
+        "uniform",
+        r#"  input %x: f32[256,256]
+  %u = RandomUniformLike "u"(%x) {low=-2.0, high=3.0, seed=5.0}
+  %h = RandomUniformLike "h"(%x) {dtype=10, seed=5.0}
+  %hf = Cast "hf"(%h) {to=1}
+  output %u, %hf"#,
+        &[("tensor<256x256xf32>", "dense<1.0>")],
+    ) else {
+        return;
+    };
+    let (u, h) = (&r[0], &r[1]);
+    let n = u.len() as f64;
+    assert!(u.iter().all(|&v| (-2.0..3.0).contains(&v)), "outside [−2, 3)");
+    let mean = u.iter().sum::<f64>() / n;
+    let var = u.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    assert!((mean - 0.5).abs() < 0.03, "mean {mean}");
+    assert!((var - 25.0 / 12.0).abs() < 0.05, "variance {var}");
+    let want: Vec<f64> = (0..u.len()).map(|i| f64::from((stream(5, i, 24) * 5.0 - 2.0) as f32)).collect();
+    close("documented stream", u, &want);
+    for (i, &v) in h.iter().enumerate() {
+        // A multiple of 2⁻¹¹ (up to the six digits printed).
+        assert!((0.0..1.0).contains(&v) && ((v * 2048.0) - (v * 2048.0).round()).abs() < 5e-3, "f16 draw {i}: {v}");
+        assert!((v - stream(5, i, 11)).abs() < 1e-6, "f16 draw {i} follows the stream");
+    }
+}
+
+/// Every index of `shape`, row-major.
+fn points(shape: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = vec![vec![]];
+    for &n in shape {
+        out = out.into_iter().flat_map(|p| (0..n).map(move |i| [p.clone(), vec![i]].concat())).collect();
+    }
+    out
+}
+
+/// The row-major offset of `idx` in `shape`.
+fn offset(shape: &[usize], idx: &[usize]) -> usize {
+    shape.iter().zip(idx).fold(0, |acc, (n, i)| acc * n + i)
+}
+
+/// Shapes and window attributes of a convolution.
+struct Window<'a> {
+    x: &'a [usize],
+    w: &'a [usize],
+    strides: &'a [usize],
+    dilations: &'a [usize],
+    /// Begin pads then end pads.
+    pads: &'a [usize],
+    group: usize,
+}
+
+/// ONNX `Conv`, plainly: each output is the bias plus the in-bounds taps
+/// `x[n, g·C/G + c, o·s − pad + k·d] · w[f, c, k]` of its group.
+fn conv_ref(x: &[f64], w: &[f64], b: Option<&[f64]>, win: &Window) -> (Vec<f64>, Vec<usize>) {
+    let sp = win.x.len() - 2;
+    let (f, cg) = (win.w[0], win.w[1]);
+    let fg = f / win.group;
+    let mut oshape = vec![win.x[0], f];
+    for i in 0..sp {
+        let span = (win.w[2 + i] - 1) * win.dilations[i] + 1;
+        oshape.push((win.x[2 + i] + win.pads[i] + win.pads[sp + i] - span) / win.strides[i] + 1);
+    }
+    let mut y = vec![0.0; oshape.iter().product()];
+    for o in points(&oshape) {
+        let (n, fo) = (o[0], o[1]);
+        let mut acc = b.map_or(0.0, |b| b[fo]);
+        for c in 0..cg {
+            for k in points(&win.w[2..]) {
+                let pos: Vec<i64> = (0..sp)
+                    .map(|i| (o[2 + i] * win.strides[i] + k[i] * win.dilations[i]) as i64 - win.pads[i] as i64)
+                    .collect();
+                if pos.iter().zip(&win.x[2..]).any(|(&p, &m)| p < 0 || p >= m as i64) {
+                    continue;
+                }
+                let mut xi = vec![n, (fo / fg) * cg + c];
+                xi.extend(pos.iter().map(|&p| p as usize));
+                let wi = [vec![fo, c], k.clone()].concat();
+                acc += x[offset(win.x, &xi)] * w[offset(win.w, &wi)];
+            }
+        }
+        y[offset(&oshape, &o)] = acc;
+    }
+    (y, oshape)
+}
+
+/// ONNX `ConvTranspose`, plainly: every input element adds `x · w[c, f, k]`
+/// at output position `i·s + k·d − pad_begin` (when inside the output), on
+/// top of the bias; the output size is `s·(I − 1) + output_padding +
+/// (K − 1)·d + 1 − pads`.
+fn conv_transpose_ref(x: &[f64], w: &[f64], b: Option<&[f64]>, win: &Window, extra: &[usize]) -> Vec<f64> {
+    let sp = win.x.len() - 2;
+    let (c, fg) = (win.w[0], win.w[1]);
+    let cg = c / win.group;
+    let mut oshape = vec![win.x[0], fg * win.group];
+    for (i, e) in extra.iter().enumerate() {
+        let full = win.strides[i] * (win.x[2 + i] - 1) + e + (win.w[2 + i] - 1) * win.dilations[i] + 1;
+        oshape.push(full - win.pads[i] - win.pads[sp + i]);
+    }
+    let mut y = vec![0.0; oshape.iter().product()];
+    for o in points(&oshape) {
+        y[offset(&oshape, &o)] = b.map_or(0.0, |b| b[o[1]]);
+    }
+    for xi in points(win.x) {
+        let (n, ci) = (xi[0], xi[1]);
+        for f in 0..fg {
+            for k in points(&win.w[2..]) {
+                let pos: Vec<i64> = (0..sp)
+                    .map(|i| (xi[2 + i] * win.strides[i] + k[i] * win.dilations[i]) as i64 - win.pads[i] as i64)
+                    .collect();
+                if pos.iter().zip(&oshape[2..]).any(|(&p, &m)| p < 0 || p >= m as i64) {
+                    continue;
+                }
+                let mut oi = vec![n, (ci / cg) * fg + f];
+                oi.extend(pos.iter().map(|&p| p as usize));
+                y[offset(&oshape, &oi)] += x[offset(win.x, &xi)] * w[offset(win.w, &[vec![ci, f], k.clone()].concat())];
+            }
+        }
+    }
+    y
+}
+
+/// 1-D and 3-D convolutions (strided, padded, dilated, grouped, with and
+/// without bias) and transposed 2-D convolutions (strides, pads,
+/// `output_padding`, dilations, groups) against plain implementations of the
+/// ONNX definitions.
+#[test]
+fn conv_1d_3d_and_transposed_compute_onnx_values() {
+    let vals = |n: usize, salt: usize| -> Vec<f64> {
+        (0..n).map(|i| (((i * 37 + salt * 11) % 29) as f64 - 14.0) * 0.125).collect()
+    };
+    let (x1, w1, b1, g1) = (vals(72, 1), vals(72, 2), vals(6, 3), vals(24, 4));
+    let (x3, w3, b3, g3) = (vals(420, 5), vals(108, 6), vals(3, 7), vals(12, 8));
+    let (xt, wt, bt) = (vals(48, 9), vals(72, 10), vals(6, 11));
+    let (xu, wu) = (vals(18, 12), vals(54, 13));
+    let Some(r) = execute(
+        "convs",
+        r#"  input %x1: f32[2,4,9]
+  input %w1: f32[6,4,3]
+  input %b1: f32[6]
+  input %g1: f32[4,2,3]
+  input %x3: f32[1,2,5,6,7]
+  input %w3: f32[3,2,3,2,3]
+  input %b3: f32[3]
+  input %g3: f32[2,1,1,2,3]
+  input %xt: f32[1,4,3,4]
+  input %wt: f32[4,3,3,2]
+  input %bt: f32[6]
+  input %xu: f32[1,2,3,3]
+  input %wu: f32[2,3,3,3]
+  %c1 = Conv "c1"(%x1, %w1, %b1) {pads=[1, 2], strides=[2]}
+  %d1 = Conv "grouped1"(%x1, %g1) {group=2, dilations=[2]}
+  %c3 = Conv "c3"(%x3, %w3, %b3) {strides=[1, 2, 2], pads=[1, 0, 1, 1, 1, 0]}
+  %d3 = Conv "grouped3"(%x3, %g3) {group=2, pads=[0, 1, 0, 0, 1, 1], dilations=[1, 1, 2]}
+  %t = ConvTranspose "t"(%xt, %wt, %bt) {group=2, strides=[2, 3], pads=[1, 0, 0, 1], output_padding=[1, 2], dilations=[1, 2]}
+  %u = ConvTranspose "u"(%xu, %wu) {strides=[2, 2]}
+  output %c1, %d1, %c3, %d3, %t, %u"#,
+        &[
+            ("tensor<2x4x9xf32>", &dense(&x1, &[2, 4, 9], false)),
+            ("tensor<6x4x3xf32>", &dense(&w1, &[6, 4, 3], false)),
+            ("tensor<6xf32>", &dense(&b1, &[6], false)),
+            ("tensor<4x2x3xf32>", &dense(&g1, &[4, 2, 3], false)),
+            ("tensor<1x2x5x6x7xf32>", &dense(&x3, &[1, 2, 5, 6, 7], false)),
+            ("tensor<3x2x3x2x3xf32>", &dense(&w3, &[3, 2, 3, 2, 3], false)),
+            ("tensor<3xf32>", &dense(&b3, &[3], false)),
+            ("tensor<2x1x1x2x3xf32>", &dense(&g3, &[2, 1, 1, 2, 3], false)),
+            ("tensor<1x4x3x4xf32>", &dense(&xt, &[1, 4, 3, 4], false)),
+            ("tensor<4x3x3x2xf32>", &dense(&wt, &[4, 3, 3, 2], false)),
+            ("tensor<6xf32>", &dense(&bt, &[6], false)),
+            ("tensor<1x2x3x3xf32>", &dense(&xu, &[1, 2, 3, 3], false)),
+            ("tensor<2x3x3x3xf32>", &dense(&wu, &[2, 3, 3, 3], false)),
+        ],
+    ) else {
+        return;
+    };
+    let win = |x, w, strides, dilations, pads, group| Window { x, w, strides, dilations, pads, group };
+    let (c1, _) = conv_ref(&x1, &w1, Some(&b1), &win(&[2, 4, 9], &[6, 4, 3], &[2], &[1], &[1, 2], 1));
+    close("conv 1-D", &r[0], &c1);
+    let (d1, _) = conv_ref(&x1, &g1, None, &win(&[2, 4, 9], &[4, 2, 3], &[1], &[2], &[0, 0], 2));
+    close("grouped conv 1-D", &r[1], &d1);
+    let w3win = win(&[1, 2, 5, 6, 7], &[3, 2, 3, 2, 3], &[1, 2, 2], &[1, 1, 1], &[1, 0, 1, 1, 1, 0], 1);
+    close("conv 3-D", &r[2], &conv_ref(&x3, &w3, Some(&b3), &w3win).0);
+    let g3win = win(&[1, 2, 5, 6, 7], &[2, 1, 1, 2, 3], &[1, 1, 1], &[1, 1, 2], &[0, 1, 0, 0, 1, 1], 2);
+    close("grouped conv 3-D", &r[3], &conv_ref(&x3, &g3, None, &g3win).0);
+    let twin = win(&[1, 4, 3, 4], &[4, 3, 3, 2], &[2, 3], &[1, 2], &[1, 0, 0, 1], 2);
+    close("conv transpose", &r[4], &conv_transpose_ref(&xt, &wt, Some(&bt), &twin, &[1, 2]));
+    let uwin = win(&[1, 2, 3, 3], &[2, 3, 3, 3], &[2, 2], &[1, 1], &[0, 0, 0, 0], 1);
+    close("conv transpose, stride 2", &r[5], &conv_transpose_ref(&xu, &wu, None, &uwin, &[0, 0]));
+}

@@ -290,13 +290,14 @@ fn unsupported_forms_stay_generic_without_panicking() {
 graph "odd" {
   input %x: f32[1,2,5]
   input %y: f32[1,2,5,5]
-  input %w: f32[3,2,3]
+  input %w: f32[3,2,3,3,3]
   input %t: bool[]
   input %r: f32[]
-  %c = Conv "conv1d"(%x, %w)
+  init %one: f32[] = [1.0]
+  %c = Conv "rank_mismatch"(%x, %w)
   %p, %i = MaxPool "with_indices"(%y) {kernel_shape=[2, 2]}
   %s = Softmax "inner_axis"(%y) {axis=1}
-  %d = Dropout "training"(%y, %r, %t)
+  %d = Dropout "ratio_one"(%y, %one, %t)
   %z = Conv "zero_stride"(%y, %y) {strides=[0, 0]}
   %q = AveragePool "huge"(%y) {kernel_shape=[9, 9], pads=[9223372036854775807, 0, 0, 0]}
   %u = Split "scalar"(%r)
@@ -380,6 +381,117 @@ fn constant_pad() {
   output %y"#,
     );
     has(&out, &["tensor.pad", "low[0, 1, 0, 0] high[0, 2, 0, 3]"]);
+}
+
+/// `ScatterND` as an `scf.for` carrying the data: whole-index tuples write
+/// elements (`tensor.insert`), shorter ones slices (`tensor.insert_slice`),
+/// reductions combine with what is there; symbolic dims read with
+/// `tensor.dim`.
+#[test]
+fn scatter_nd_writes_elements_and_slices() {
+    let out = emit(
+        "scatter_nd",
+        r#"  input %x: f32[batch,6,4]
+  input %rows: i64[3,1]
+  input %upd: f32[3,6,4]
+  input %pts: i64[2,5,3]
+  input %vals: f32[2,5]
+  input %counts: i32[8]
+  input %at: i64[1,2,1]
+  input %ones: i32[1,2]
+  %s = ScatterND "rows"(%x, %rows, %upd)
+  %a = ScatterND "points_add"(%s, %pts, %vals) {reduction="add"}
+  %m = ScatterND "max"(%x, %rows, %upd) {reduction="max"}
+  %c = ScatterND "int_mul"(%counts, %at, %ones) {reduction="mul"}
+  output %a, %m, %c"#,
+    );
+    has(
+        &out,
+        &[
+            "scf.for",
+            "scf.yield",
+            "tensor.insert_slice",
+            "tensor.extract_slice",
+            "tensor.insert ",
+            "arith.addf",
+            "arith.maximumf",
+            "arith.muli",
+            "tensor.dim",
+        ],
+    );
+}
+
+/// Training-mode `Dropout` (a constant or runtime `training_mode`; constant,
+/// default or runtime ratio; with and without the mask) and the uniform
+/// random ops draw per element from a counter-based hash of `linalg.index`.
+#[test]
+fn training_dropout_and_uniform_random_ops() {
+    let out = emit(
+        "random",
+        r#"  input %x: f16[batch,seq,8]
+  input %flag: bool[]
+  input %r: f32[]
+  init %ratio: f32[] = [0.1]
+  %t: bool[] = Constant "on"() {value=tensor<bool[]> [true]}
+  %y, %m = Dropout "train"(%x, %ratio, %t) {seed=7}
+  %z = Dropout "default_ratio"(%y, _, %t)
+  %w = Dropout "runtime"(%z, %r, %flag)
+  %u = RandomUniformLike "u"(%x) {low=-1.0, high=3.0, dtype=1, seed=2.0}
+  %v = RandomUniform "v"() {shape=[3, 4], dtype=11}
+  output %w, %m, %u, %v"#,
+    );
+    has(
+        &out,
+        &[
+            "linalg.index",
+            "arith.shrui",
+            "arith.xori",
+            "arith.uitofp",
+            "arith.cmpf oge",
+            "arith.select",
+            "tensor<?x?x8xi1>",
+            "tensor<?x?x8xf32>",
+            "tensor<3x4xf64>",
+        ],
+    );
+}
+
+/// 1-D and 3-D `Conv` through their named ops, grouped ones (no named op)
+/// through a `linalg.generic`; `ConvTranspose` spreads its input with a
+/// strided `tensor.insert_slice` and correlates with the flipped kernel.
+#[test]
+fn conv_1d_3d_grouped_and_transposed() {
+    let out = emit(
+        "convs",
+        r#"  input %x1: f32[batch,4,9]
+  input %w1: f32[6,4,3]
+  input %b1: f32[6]
+  input %g1: f32[4,2,3]
+  input %x3: f16[batch,2,5,6,7]
+  input %w3: f16[4,2,3,3,3]
+  input %g3: f16[2,1,1,2,3]
+  input %xt: f32[batch,4,5,6]
+  input %wt: f32[4,3,3,2]
+  input %bt: f32[6]
+  %c1 = Conv "c1"(%x1, %w1, %b1) {pads=[1, 2], strides=[2]}
+  %d1 = Conv "grouped1"(%x1, %g1) {group=2, dilations=[2]}
+  %c3 = Conv "c3"(%x3, %w3) {auto_pad="SAME_UPPER", strides=[1, 2, 2]} @f16
+  %d3 = Conv "grouped3"(%x3, %g3) {group=2, pads=[0, 1, 0, 0, 1, 1]} @f16
+  %t = ConvTranspose "up"(%xt, %wt, %bt) {group=2, strides=[2, 3], pads=[1, 0, 0, 1], output_padding=[1, 2], dilations=[1, 2]}
+  output %c1, %d1, %c3, %d3, %t"#,
+    );
+    has(
+        &out,
+        &[
+            "linalg.conv_1d_ncw_fcw",
+            "linalg.conv_3d_ncdhw_fcdhw",
+            "\"reduction\"",
+            "tensor.insert_slice",
+            "linalg.broadcast",
+            "tensor<?x6x5xf32>",
+            "tensor<?x6x11x19xf32>",
+        ],
+    );
 }
 
 /// `CumSum` along a constant (here negative) axis, inclusive and

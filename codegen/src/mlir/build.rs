@@ -231,6 +231,13 @@ impl Emitter<'_> {
             .collect()
     }
 
+    /// A name for a region's block argument, unique in the function.
+    pub(super) fn block_arg(&mut self, what: &str) -> String {
+        let name = format!("%r{}_{}_{what}", self.base, self.tmp);
+        self.tmp += 1;
+        name
+    }
+
     /// A graph value as an operand (fully typed values only).
     pub(super) fn operand(&self, v: ValueId) -> Option<Operand> {
         let t = self.g.ty(v);
@@ -252,7 +259,11 @@ impl Emitter<'_> {
         if let Some(n) = self.local.get(&key) {
             return n.clone();
         }
-        let n = self.line(format!("arith.constant {lit} : {ty}"));
+        // A bool literal carries its type (`arith.constant true`).
+        let n = match lit {
+            "true" | "false" => self.line(format!("arith.constant {lit}")),
+            _ => self.line(format!("arith.constant {lit} : {ty}")),
+        };
         self.local.insert(key, n.clone());
         n
     }

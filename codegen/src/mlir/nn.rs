@@ -8,24 +8,33 @@ use super::build::{acc_type, float_lit, ranked, Body, Operand};
 use super::{elem, is_float, quote, Emitter};
 
 /// Window attributes beyond this are refused (keeps the arithmetic exact).
-const WINDOW_LIMIT: i64 = 1 << 20;
+pub(super) const WINDOW_LIMIT: i64 = 1 << 20;
 
-/// A two-element attribute (`strides`, `dilations`, `kernel_shape`) or its
-/// default; each at least 1.
-fn pair(node: &Node, name: &str, default: Option<i64>) -> Option<[i64; 2]> {
+/// An attribute with one value per spatial axis (`strides`, `dilations`,
+/// `kernel_shape`) or its default; each at least 1.
+pub(super) fn window(node: &Node, name: &str, n: usize, default: Option<i64>) -> Option<Vec<i64>> {
     let v = match node.attr_ints(name) {
-        Some(&[a, b]) => [a, b],
+        Some(v) if v.len() == n => v.to_vec(),
         Some(_) => return None,
-        None => default.map(|d| [d, d])?,
+        None => vec![default?; n],
     };
     v.iter().all(|x| (1..=WINDOW_LIMIT).contains(x)).then_some(v)
 }
 
-fn dense2(v: [i64; 2]) -> String {
-    if v[0] == v[1] {
-        format!("dense<{}> : tensor<2xi64>", v[0])
-    } else {
-        format!("dense<[{}, {}]> : tensor<2xi64>", v[0], v[1])
+/// The two-axis [`window`] of the 2-D pooling ops.
+fn pair(node: &Node, name: &str, default: Option<i64>) -> Option<[i64; 2]> {
+    window(node, name, 2, default)?.try_into().ok()
+}
+
+/// `dense<[1, 2]> : tensor<2xi64>` (a splat when the values agree).
+pub(super) fn dense_i64(v: &[i64]) -> String {
+    let n = v.len();
+    match v {
+        [a, rest @ ..] if rest.iter().all(|b| b == a) => format!("dense<{a}> : tensor<{n}xi64>"),
+        _ => {
+            let items: Vec<String> = v.iter().map(i64::to_string).collect();
+            format!("dense<[{}]> : tensor<{n}xi64>", items.join(", "))
+        }
     }
 }
 
@@ -48,7 +57,7 @@ impl Emitter<'_> {
     /// Dispatch for ops lowered to several linalg/tensor operations.
     pub(super) fn lower_structured(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         match node.op {
-            Op::Conv => self.conv(node, outs),
+            Op::Conv | Op::ConvTranspose => self.conv(node, outs),
             Op::MaxPool | Op::AveragePool => self.pool(node, outs),
             Op::GlobalAveragePool | Op::GlobalMaxPool => self.global_pool(node, outs),
             Op::Gemm => self.gemm(node, outs),
@@ -67,6 +76,8 @@ impl Emitter<'_> {
             Op::LayerNormalization => self.layer_norm(node, outs),
             Op::Gather => self.gather(node, outs),
             Op::CumSum => self.cumsum(node, outs),
+            Op::ScatterND => self.scatter_nd(node, outs),
+            Op::Dropout | Op::RandomUniformLike | Op::RandomUniform => self.random(node, outs),
             Op::Constant
             | Op::ConstantOfShape
             | Op::Shape
@@ -93,24 +104,26 @@ impl Emitter<'_> {
         t
     }
 
-    /// Begin/end padding of a 2-D window op: `pads`, or what `auto_pad`
-    /// asks for (`SAME_*` needs static spatial sizes).
-    fn pads2(node: &Node, x: &Operand, k: [i64; 2], s: [i64; 2], d: [i64; 2]) -> Option<([i64; 2], [i64; 2])> {
+    /// Begin/end padding of a window op over the trailing `k.len()` axes:
+    /// `pads`, or what `auto_pad` asks for (`SAME_*` needs static spatial
+    /// sizes).
+    pub(super) fn pads_nd(node: &Node, x: &Operand, k: &[i64], s: &[i64], d: &[i64]) -> Option<(Vec<i64>, Vec<i64>)> {
+        let n = k.len();
         match node.attr_str("auto_pad").unwrap_or("NOTSET") {
             "NOTSET" | "" => match node.attr_ints("pads") {
-                None => Some(([0, 0], [0, 0])),
-                Some(&[a, b, c, e]) if [a, b, c, e].iter().all(|p| (0..=WINDOW_LIMIT).contains(p)) => {
-                    Some(([a, b], [c, e]))
+                None => Some((vec![0; n], vec![0; n])),
+                Some(p) if p.len() == 2 * n && p.iter().all(|p| (0..=WINDOW_LIMIT).contains(p)) => {
+                    Some((p[..n].to_vec(), p[n..].to_vec()))
                 }
                 Some(_) => None,
             },
-            "VALID" => Some(([0, 0], [0, 0])),
+            "VALID" => Some((vec![0; n], vec![0; n])),
             mode @ ("SAME_UPPER" | "SAME_LOWER") => {
-                let (mut lo, mut hi) = ([0; 2], [0; 2]);
-                for i in 0..2 {
-                    let n = x.size(x.rank() - 2 + i).filter(|&n| n <= WINDOW_LIMIT)?;
-                    let out = (n + s[i] - 1) / s[i];
-                    let total = ((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - n).max(0);
+                let (mut lo, mut hi) = (vec![0; n], vec![0; n]);
+                for i in 0..n {
+                    let size = x.size(x.rank() - n + i).filter(|&v| v <= WINDOW_LIMIT)?;
+                    let out = (size + s[i] - 1) / s[i];
+                    let total = ((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - size).max(0);
                     let small = total / 2;
                     (lo[i], hi[i]) = if mode == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
                 }
@@ -120,84 +133,11 @@ impl Emitter<'_> {
         }
     }
 
-    /// Float NCHW checks shared by conv and pooling: rank 4 in and out,
-    /// one element type.
+    /// Float NCHW checks of pooling: rank 4 in and out, one element type.
     fn nchw(&self, node: &Node, outs: &[ValueId]) -> Option<(Operand, Vec<Dim>)> {
         let x = self.input(node, 0)?;
         let (shape, dt) = self.out_type(*outs.first()?)?;
         (outs.len() == 1 && x.rank() == 4 && shape.len() == 4 && dt == x.dt && is_float(dt)).then_some((x, shape))
-    }
-
-    fn conv(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
-        let (x, oshape) = self.nchw(node, outs)?;
-        let w = self.input(node, 1)?;
-        let bias = match node.input(2) {
-            Some(v) => Some(self.operand(v)?),
-            None => None,
-        };
-        if w.rank() != 4 || w.dt != x.dt || bias.as_ref().is_some_and(|b| b.dt != x.dt || b.rank() != 1) {
-            return None;
-        }
-        let k = [w.size(2)?, w.size(3)?];
-        let s = pair(node, "strides", Some(1))?;
-        let d = pair(node, "dilations", Some(1))?;
-        let (lo, hi) = Self::pads2(node, &x, k, s, d)?;
-        let group = node.attr_int("group").unwrap_or(1);
-        let xp = self.pad_hw(&x, lo, hi, "0.0")?;
-        let init = match &bias {
-            Some(b) => {
-                let e = self.empty(&oshape, x.dt, &[&x])?;
-                let name = self.line(format!(
-                    "linalg.broadcast ins({} : {}) outs({} : {}) dimensions = [0, 2, 3]",
-                    b.name,
-                    b.ty(),
-                    e.name,
-                    e.ty()
-                ));
-                Operand { name, ..e }
-            }
-            None => self.filled("0.0", &oshape, x.dt, &[&x])?,
-        };
-        let attrs = format!("{{dilations = {}, strides = {}, {}}}", dense2(d), dense2(s), self.tags(node));
-        if group == 1 {
-            let ty = init.ty();
-            let name = self.line(format!(
-                "linalg.conv_2d_nchw_fchw {attrs} ins({}, {} : {}, {}) outs({} : {ty}) -> {ty}",
-                xp.name,
-                w.name,
-                xp.ty(),
-                w.ty(),
-                init.name
-            ));
-            return Some(vec![name]);
-        }
-        // Grouped: N×G×C/G×H×W against G×F/G×C/G×kh×kw.
-        let (c, f) = (x.size(1)?, w.size(0)?);
-        if group < 1 || c % group != 0 || f % group != 0 || w.size(1)? != c / group {
-            return None;
-        }
-        let g = Dim::from(group);
-        let split = |sh: &[Dim], per: i64| -> Vec<Dim> {
-            let mut v = vec![sh[0].clone(), g.clone(), Dim::from(per)];
-            v.extend(sh[2..].iter().cloned());
-            v
-        };
-        let xg = self.reshape(&xp, &split(&xp.shape, c / group))?;
-        let mut wshape = vec![g.clone(), Dim::from(f / group)];
-        wshape.extend(w.shape[1..].iter().cloned());
-        let wg = self.reshape(&w, &wshape)?;
-        let og = self.reshape(&init, &split(&init.shape, f / group))?;
-        let ty = og.ty();
-        let name = self.line(format!(
-            "linalg.conv_2d_ngchw_gfchw {attrs} ins({}, {} : {}, {}) outs({} : {ty}) -> {ty}",
-            xg.name,
-            wg.name,
-            xg.ty(),
-            wg.ty(),
-            og.name
-        ));
-        let r = Operand { name, ..og };
-        Some(vec![self.reshape(&r, &oshape)?.name])
     }
 
     fn pool(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
@@ -205,7 +145,8 @@ impl Emitter<'_> {
         let k = pair(node, "kernel_shape", None)?;
         let s = pair(node, "strides", Some(1))?;
         let d = pair(node, "dilations", Some(1))?;
-        let (lo, hi) = Self::pads2(node, &x, k, s, d)?;
+        let (lo, hi) = Self::pads_nd(node, &x, &k, &s, &d)?;
+        let (lo, hi): ([i64; 2], [i64; 2]) = (lo.try_into().ok()?, hi.try_into().ok()?);
         let ceil = node.attr_int("ceil_mode").unwrap_or(0) == 1;
         // Extra high padding so that every output window (ceil mode) fits.
         let mut extra = [0i64; 2];
@@ -227,10 +168,10 @@ impl Emitter<'_> {
         } else {
             ("0.0".into(), "0.0".into())
         };
-        let xp = self.pad_hw(&x, lo, high, &pad_lit)?;
+        let xp = self.pad_spatial(&x, &lo, &high, &pad_lit)?;
         let init = self.filled(&init_lit, &oshape, dt, &[&x])?;
         let win = self.line(format!("tensor.empty() : tensor<{}x{}x{}>", k[0], k[1], elem(dt)));
-        let attrs = format!("{{dilations = {}, strides = {}, {}}}", dense2(d), dense2(s), self.tags(node));
+        let attrs = format!("{{dilations = {}, strides = {}, {}}}", dense_i64(&d), dense_i64(&s), self.tags(node));
         let op = if max { "linalg.pooling_nchw_max" } else { "linalg.pooling_nchw_sum" };
         let ty = init.ty();
         let name = self.line(format!(
@@ -261,18 +202,18 @@ impl Emitter<'_> {
                 dt,
             };
             let ones = match include_pad {
-                true => self.pad_hw(&ones, lo, hi, "1.0")?,
-                false => self.pad_hw(&ones, lo, hi, "0.0")?,
+                true => self.pad_spatial(&ones, &lo, &hi, "1.0")?,
+                false => self.pad_spatial(&ones, &lo, &hi, "0.0")?,
             };
-            let ones = self.pad_hw(&ones, [0, 0], extra, "0.0")?;
+            let ones = self.pad_spatial(&ones, &[0, 0], &extra, "0.0")?;
             let cshape = vec![Dim::from(1), Dim::from(1), oshape[2].clone(), oshape[3].clone()];
             let cinit = self.filled("0.0", &cshape, dt, &[])?;
             let cty = cinit.ty();
             let counts = Operand {
                 name: self.line(format!(
                     "linalg.pooling_nchw_sum {{dilations = {}, strides = {}}} ins({}, {win} : {}, tensor<{}x{}x{}>) outs({} : {cty}) -> {cty}",
-                    dense2(d),
-                    dense2(s),
+                    dense_i64(&d),
+                    dense_i64(&s),
                     ones.name,
                     ones.ty(),
                     k[0],

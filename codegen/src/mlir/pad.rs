@@ -57,12 +57,15 @@ fn axes_in_order(raw: &[i64], rank: usize) -> Option<Vec<usize>> {
 }
 
 impl Emitter<'_> {
-    /// `tensor.pad` of the two trailing (spatial) axes of an NCHW tensor.
-    pub(super) fn pad_hw(&mut self, x: &Operand, low: [i64; 2], high: [i64; 2], lit: &str) -> Option<Operand> {
-        let r = x.rank();
+    /// `tensor.pad` of the trailing (spatial) axes of an NC… tensor.
+    pub(super) fn pad_spatial(&mut self, x: &Operand, low: &[i64], high: &[i64], lit: &str) -> Option<Operand> {
+        let (r, n) = (x.rank(), low.len());
+        if high.len() != n || n > r {
+            return None;
+        }
         let (mut lo, mut hi) = (vec![0; r], vec![0; r]);
-        lo[r - 2..].copy_from_slice(&low);
-        hi[r - 2..].copy_from_slice(&high);
+        lo[r - n..].copy_from_slice(low);
+        hi[r - n..].copy_from_slice(high);
         self.pad_axes(x, &lo, &hi, lit)
     }
 
@@ -253,7 +256,7 @@ impl Emitter<'_> {
     }
 
     /// A constant scalar float input (an initializer or a `Constant`).
-    fn const_f64(&self, v: ValueId) -> Option<f64> {
+    pub(super) fn const_f64(&self, v: ValueId) -> Option<f64> {
         let t = match self.g.value(v).init() {
             Some(t) => t.clone(),
             None => {

@@ -118,14 +118,7 @@ impl Emitter<'_> {
             return None;
         }
         match node.op {
-            Op::Identity | Op::Dropout if xs[0].shape == shape && xs[0].dt == odt => {
-                // Dropout is the identity unless `training_mode` may be true.
-                let inference = match node.input(2) {
-                    None => true,
-                    Some(v) => self.const_ints(v).is_some_and(|b| b == [0]),
-                };
-                return (node.op == Op::Identity || inference).then(|| vec![xs[0].name.clone()]);
-            }
+            Op::Identity if xs[0].shape == shape && xs[0].dt == odt => return Some(vec![xs[0].name.clone()]),
             // HardSigmoid = max(0, min(1, αx + β)); HardSwish = x · HardSigmoid(α = 1/6, β = ½).
             Op::HardSigmoid | Op::HardSwish if xs.len() == 1 && xs[0].dt == odt && is_float(odt) => {
                 let swish = node.op == Op::HardSwish;

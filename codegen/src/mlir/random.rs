@@ -1,0 +1,305 @@
+//! Random ops as counter-based streams: the numbers are a pure function of
+//! a key and the element, computed per element inside a `linalg.generic`.
+//! Element `n` of the output (its row-major index, from `linalg.index`)
+//! draws the `n`-th output of SplitMix64 started at the key —
+//! `z = key + (n + 1)·γ`, then the finalizer's xor-shifts and multiplies
+//! in `arith` on i64 — and its top `b` bits scaled by 2⁻ᵇ are a uniform
+//! draw `u` in [0, 1).
+//!
+//! The key is the node's `seed` attribute (`Dropout`'s integer; a float
+//! seed by its value when it is an integer, else by its bits). Without one
+//! it is [`DEFAULT_SEED`] xor the FNV-1a hash of the node name (of its first
+//! output's name for an unnamed node), so that two unseeded nodes draw
+//! different numbers while the module stays deterministic. There is no
+//! state between calls: a call draws the same numbers every time it runs.
+//!
+//! - `Dropout` with `training_mode` true (a constant, or a flag read at run
+//!   time with `tensor.extract`): mask = u ≥ ratio (u with 24 bits, compared
+//!   in f32; the ratio a constant in [0, 1) or read at run time, default
+//!   0.5), output = mask ? x / (1 − ratio) : 0. With `training_mode` absent
+//!   or a constant false, or a constant ratio of 0, the output is the input
+//!   and the mask (when asked for) all true.
+//! - `RandomUniformLike` / `RandomUniform`: `low + u·(high − low)` computed
+//!   in f32 (f64 for f64 outputs) and rounded to the output type, `u` with
+//!   as many bits as that type's significand so that it is exact there.
+
+use qsync_ir::{Attr, DType, Node, Op, ValueId};
+
+use super::build::{float_lit, Body, Operand};
+use super::{elem, float_width, is_float, Emitter};
+
+/// The key of an unseeded node, before its name is mixed in.
+const DEFAULT_SEED: u64 = 0x5153_594E_435F_524E;
+
+/// SplitMix64's increment and finalizer multipliers.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+const MIX: [u64; 2] = [0xBF58_476D_1CE4_E5B9, 0x94D0_49BB_1331_11EB];
+
+/// The stream key of a node: its seed, or the default mixed with `label`
+/// (its name, unique in the graph where the model names its nodes).
+fn key(node: &Node, label: &str) -> u64 {
+    match node.attr("seed") {
+        Some(Attr::Int(i)) => *i as u64,
+        Some(Attr::Float(f)) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e18 => *f as i64 as u64,
+        Some(Attr::Float(f)) => u64::from(f.to_bits()),
+        _ => {
+            let fnv = label
+                .bytes()
+                .fold(0xCBF2_9CE4_8422_2325u64, |h, c| (h ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01B3));
+            DEFAULT_SEED ^ fnv
+        }
+    }
+}
+
+/// An i64 literal of the bits of `v`.
+fn i64_lit(v: u64) -> String {
+    (v as i64).to_string()
+}
+
+/// The row-major index of the loop point over axes of `sizes` (index
+/// values), as i64.
+fn linear_index(b: &mut Body, sizes: &[String]) -> String {
+    let mut at = match sizes.is_empty() {
+        true => b.op("arith.constant 0 : index"),
+        false => b.op("linalg.index 0 : index"),
+    };
+    for (i, s) in sizes.iter().enumerate().skip(1) {
+        let li = b.op(format!("linalg.index {i} : index"));
+        let t = b.op(format!("arith.muli {at}, {s} : index"));
+        at = b.op(format!("arith.addi {t}, {li} : index"));
+    }
+    b.op(format!("arith.index_cast {at} : index to i64"))
+}
+
+/// The uniform draw in [0, 1) of element `n` (i64) under `key`: `bits`
+/// random bits as float type `ft`.
+fn uniform(b: &mut Body, n: &str, key: u64, bits: u32, ft: DType) -> String {
+    let c = |b: &mut Body, v: u64| b.cst(&i64_lit(v), DType::I64);
+    let one = c(b, 1);
+    let n1 = b.bin("addi", n, &one, DType::I64);
+    let g = c(b, GAMMA);
+    let step = b.bin("muli", &n1, &g, DType::I64);
+    let k = c(b, key);
+    let mut z = b.bin("addi", &step, &k, DType::I64);
+    for (shift, mul) in [(30, Some(MIX[0])), (27, Some(MIX[1])), (31, None)] {
+        let s = c(b, shift);
+        let h = b.bin("shrui", &z, &s, DType::I64);
+        z = b.bin("xori", &z, &h, DType::I64);
+        if let Some(m) = mul {
+            let m = c(b, m);
+            z = b.bin("muli", &z, &m, DType::I64);
+        }
+    }
+    let s = c(b, u64::from(64 - bits));
+    let top = b.bin("shrui", &z, &s, DType::I64);
+    let f = b.op(format!("arith.uitofp {top} : i64 to {}", elem(ft)));
+    let scale = b.cst(&float_lit(2f64.powi(-(bits as i32)), ft), ft);
+    b.bin("mulf", &f, &scale, ft)
+}
+
+/// Significand bits of a float type (the implicit one included).
+fn significand(dt: DType) -> u32 {
+    match dt {
+        DType::F64 => 53,
+        DType::F32 => 24,
+        DType::F16 => 11,
+        _ => 8,
+    }
+}
+
+/// How `Dropout` runs: decided when emitting, or by a flag read at run time.
+enum Mode {
+    Inference,
+    Training,
+    Flag(String),
+}
+
+/// `Dropout`'s ratio: a constant, or a scalar of a float type read at run time.
+enum Ratio {
+    Const(f64),
+    Read(String, DType),
+}
+
+impl Emitter<'_> {
+    pub(super) fn random(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        match node.op {
+            Op::Dropout => self.dropout(node, outs),
+            _ => self.uniform_op(node, outs),
+        }
+    }
+
+    fn dropout(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.operand(node.input(0)?)?;
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        if shape != x.shape || dt != x.dt || !is_float(dt) || outs.len() > 2 {
+            return None;
+        }
+        let mask_dt = match outs.get(1) {
+            Some(&o) => {
+                let (s, d) = self.out_type(o)?;
+                (s == shape).then_some(Some(d))?
+            }
+            None => None,
+        };
+        let mode = match node.input(2) {
+            None => Mode::Inference,
+            Some(v) => match self.const_ints(v).as_deref() {
+                Some([0]) => Mode::Inference,
+                Some([_]) => Mode::Training,
+                Some(_) => return None,
+                None => {
+                    let t = self.operand(v)?;
+                    (t.rank() == 0 && t.dt == DType::Bool).then_some(())?;
+                    Mode::Flag(self.line(format!("tensor.extract {}[] : {}", t.name, t.ty())))
+                }
+            },
+        };
+        if matches!(mode, Mode::Inference) {
+            return self.forward(&x, mask_dt);
+        }
+        let ratio = match node.input(1) {
+            None => Ratio::Const(0.5),
+            Some(v) => match self.const_f64(v) {
+                Some(0.0) => return self.forward(&x, mask_dt),
+                Some(r) if (0.0..1.0).contains(&r) => Ratio::Const(r),
+                Some(_) => return None,
+                None => {
+                    let t = self.operand(v)?;
+                    (t.rank() == 0 && is_float(t.dt)).then_some(())?;
+                    Ratio::Read(self.line(format!("tensor.extract {}[] : {}", t.name, t.ty())), t.dt)
+                }
+            },
+        };
+        if mask_dt.is_some_and(|d| d != DType::Bool) {
+            return None;
+        }
+        // The ratio as f32 for the comparison, and 1 − ratio in x's type: as
+        // literals, or computed once from the value read.
+        let (r32, den) = match &ratio {
+            Ratio::Const(r) => (float_lit(f64::from(*r as f32), DType::F32), float_lit(1.0 - r, dt)),
+            Ratio::Read(r, rt) => {
+                let r32 = self.convert(r, *rt, DType::F32);
+                let one = self.scalar("1.0", elem(*rt));
+                let d = self.line(format!("arith.subf {one}, {r} : {}", elem(*rt)));
+                (r32, self.convert(&d, *rt, dt))
+            }
+        };
+        let read = matches!(ratio, Ratio::Read(..));
+        let flag = match &mode {
+            Mode::Flag(f) => {
+                let t = self.scalar("true", "i1");
+                Some((f.clone(), self.line(format!("arith.xori {f}, {t} : i1"))))
+            }
+            _ => None,
+        };
+        let mut sizes = Vec::new();
+        for d in &shape {
+            sizes.push(self.dim(d, &[&x])?);
+        }
+        let init = self.empty(&shape, DType::Bool, &[&x])?;
+        let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
+        let iters = vec!["parallel"; shape.len()];
+        let k = self.key(node, outs);
+        let off = flag.as_ref().map(|(_, off)| off.clone());
+        let mask = self.generic_op(&[], &init, &id, &iters, |b, _| {
+            let n = linear_index(b, &sizes);
+            let u = uniform(b, &n, k, 24, DType::F32);
+            let r = if read { r32.clone() } else { b.cst(&r32, DType::F32) };
+            let keep = b.op(format!("arith.cmpf oge, {u}, {r} : f32"));
+            match &off {
+                Some(off) => b.bin("ori", &keep, off, DType::Bool),
+                None => keep,
+            }
+        });
+        let on = flag.map(|(on, _)| on);
+        let y = self.ewise(&[&x, &mask], &shape, dt, |b, a| {
+            let s = if read { den.clone() } else { b.cst(&den, dt) };
+            let kept = b.bin("divf", &a[0], &s, dt);
+            let kept = match &on {
+                Some(on) => b.op(format!("arith.select {on}, {kept}, {} : {}", a[0], elem(dt))),
+                None => kept,
+            };
+            let zero = b.cst("0.0", dt);
+            b.op(format!("arith.select {}, {kept}, {zero} : {}", a[1], elem(dt)))
+        })?;
+        let mut names = vec![y.name];
+        if mask_dt.is_some() {
+            names.push(mask.name);
+        }
+        Some(names)
+    }
+
+    /// Dropout that keeps everything: the input, and an all-true mask when
+    /// one is asked for (of the mask's type, which was `T` before opset 10).
+    fn forward(&mut self, x: &Operand, mask_dt: Option<DType>) -> Option<Vec<String>> {
+        let mut names = vec![x.name.clone()];
+        if let Some(md) = mask_dt {
+            let lit = match md {
+                DType::Bool => "true",
+                d if is_float(d) => "1.0",
+                _ => "1",
+            };
+            names.push(self.filled(lit, &x.shape, md, &[x])?.name);
+        }
+        Some(names)
+    }
+
+    /// `RandomUniformLike` (the shape of its input) and `RandomUniform`
+    /// (a static `shape`): `low + u·(high − low)`.
+    fn uniform_op(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        let like = match node.input(0) {
+            Some(v) => Some(self.operand(v)?),
+            None => None,
+        };
+        if outs.len() != 1 || !is_float(dt) || like.as_ref().is_some_and(|x| x.shape != shape) {
+            return None;
+        }
+        let hints: Vec<&Operand> = like.iter().collect();
+        let low = f64::from(node.attr_float("low").unwrap_or(0.0));
+        let high = f64::from(node.attr_float("high").unwrap_or(1.0));
+        let ct = if dt == DType::F64 { DType::F64 } else { DType::F32 };
+        let (ll, sl) = (float_lit(low, ct), float_lit(high - low, ct));
+        let mut sizes = Vec::new();
+        for d in &shape {
+            sizes.push(self.dim(d, &hints)?);
+        }
+        let init = self.empty(&shape, dt, &hints)?;
+        let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
+        let iters = vec!["parallel"; shape.len()];
+        let k = self.key(node, outs);
+        let out = self.generic_op(&[], &init, &id, &iters, |b, _| {
+            let n = linear_index(b, &sizes);
+            let u = uniform(b, &n, k, significand(dt), ct);
+            let span = b.cst(&sl, ct);
+            let lo = b.cst(&ll, ct);
+            let m = b.bin("mulf", &u, &span, ct);
+            let v = b.bin("addf", &m, &lo, ct);
+            b.convert(&v, ct, dt)
+        });
+        Some(vec![out.name])
+    }
+
+    /// The stream key of `node`; an unnamed node is told apart by the name
+    /// of its first output.
+    fn key(&self, node: &Node, outs: &[ValueId]) -> u64 {
+        match (node.name.is_empty(), outs.first()) {
+            (true, Some(&o)) => key(node, self.g.value_name(o)),
+            _ => key(node, &node.name),
+        }
+    }
+
+    /// A float scalar converted between types (through f32 between the
+    /// two 16-bit types).
+    fn convert(&mut self, v: &str, from: DType, to: DType) -> String {
+        if from == to {
+            return v.to_string();
+        }
+        if float_width(from) == 16 && float_width(to) == 16 {
+            let w = self.convert(v, from, DType::F32);
+            return self.convert(&w, DType::F32, to);
+        }
+        let op = if float_width(to) > float_width(from) { "arith.extf" } else { "arith.truncf" };
+        self.line(format!("{op} {v} : {} to {}", elem(from), elem(to)))
+    }
+}
