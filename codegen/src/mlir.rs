@@ -1,6 +1,16 @@
-//! A planned graph as MLIR: one `func.func @<graph>` whose arguments are the
-//! graph inputs then the initializers (weights stay outside the module) and
-//! whose results are the graph outputs.
+//! A planned graph as MLIR: one `func.func @<graph>` whose results are the
+//! graph outputs.
+//!
+//! Function signature: the arguments are the graph inputs, then the
+//! initializers (weights stay outside the module), each tagged
+//! `{qsync.name = "<value name>"}`; then, only when the module draws random
+//! numbers (a lowered training-mode `Dropout`, `RandomUniformLike` or
+//! `RandomUniform`), one trailing `%rng_offset: tensor<i64>` tagged
+//! `{qsync.name = "rng_offset", qsync.rng_offset}` ([`MlirOutput::rng_offset`]
+//! says whether it is there). It selects the random streams of the call: a
+//! training loop passes a different value each step (the step number, say)
+//! so that dropout masks change, and the same value draws the same numbers
+//! again; how it enters each node's stream is documented in `random.rs`.
 //!
 //! Lowering, node by node in schedule order:
 //! - `Cast` between float types → `arith.extf`/`arith.truncf`, float ↔ int →
@@ -81,9 +91,10 @@
 //!   constant; in training (`training_mode` a constant true, or a flag read
 //!   at run time) → a `linalg.generic` drawing each element's uniform
 //!   number from a counter-based hash (SplitMix64 over the `linalg.index`
-//!   linear index and the `seed`) for the mask `u ≥ ratio`, and one
-//!   selecting `x / (1 − ratio)` or 0; `RandomUniformLike`/`RandomUniform`
-//!   → `low + u·(high − low)` from the same stream (see `random.rs`);
+//!   linear index, the `seed` and the `rng_offset` argument) for the mask
+//!   `u ≥ ratio`, and one selecting `x / (1 − ratio)` or 0;
+//!   `RandomUniformLike`/`RandomUniform` → `low + u·(high − low)` from the
+//!   same stream (see `random.rs`);
 //! - `Constant` (inline `value`/`value_*`) → `arith.constant dense<…>`;
 //!   `ConstantOfShape` → a splat constant, or `tensor.empty` + `linalg.fill`
 //!   for dynamic shapes; `Shape` → a constant, or `tensor.dim`s gathered by
@@ -154,6 +165,9 @@ pub struct MlirOutput {
     pub text: String,
     /// Op types emitted as generic `qsync.*` operations, with counts.
     pub generic_ops: BTreeMap<String, usize>,
+    /// Whether the function takes the trailing `rng_offset: tensor<i64>`
+    /// argument (some node draws random numbers).
+    pub rng_offset: bool,
 }
 
 impl MlirOutput {
@@ -299,6 +313,8 @@ struct Emitter<'g> {
     /// The node's number and the next temporary of it.
     base: usize,
     tmp: usize,
+    /// The random-stream offset argument, and whether a node reads it.
+    rng: random::Offset,
 }
 
 impl Emitter<'_> {
@@ -451,6 +467,7 @@ impl Emitter<'_> {
         self.tmp = 0;
         self.frag.clear();
         self.local.clear();
+        self.rng.pending = false;
         let lowered = match self.lower(node, &ins, &outs) {
             Some(rhs) => Some(vec![self.line(rhs)]),
             None if outs.iter().all(|&v| plain(self.g.ty(v))) && ins.iter().all(|&v| plain(self.g.ty(v))) => {
@@ -463,6 +480,7 @@ impl Emitter<'_> {
             None => None,
         };
         if let Some(results) = lowered.filter(|r| r.len() == outs.len()) {
+            self.rng.used |= self.rng.pending;
             for line in self.frag.drain(..) {
                 self.body.push_str(&line);
                 self.body.push('\n');
@@ -505,8 +523,18 @@ fn symbol(name: &str) -> String {
     }
 }
 
-/// The MLIR module text for `graph`, before verification.
+/// The MLIR module text for `graph`, before verification, and the op types
+/// emitted as generic operations. The function's signature is as the module
+/// doc says: a caller passes the trailing `rng_offset` argument when the
+/// text declares it (`qsync.rng_offset`).
 pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>) {
+    let (text, generic, _) = module_text(graph, name);
+    (text, generic)
+}
+
+/// The module text, the generic op types, and whether the function takes
+/// the `rng_offset` argument.
+fn module_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>, bool) {
     let mut e = Emitter {
         g: graph,
         names: HashMap::new(),
@@ -518,6 +546,7 @@ pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>)
         local: HashMap::new(),
         base: 0,
         tmp: 0,
+        rng: random::Offset::new(),
     };
     let mut args = Vec::new();
     for (i, &v) in graph.inputs().iter().chain(graph.inits()).enumerate() {
@@ -538,8 +567,17 @@ pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>)
     let outs: Vec<ValueId> = graph.outputs().to_vec();
     let rets: Vec<String> = outs.iter().map(|&v| e.name(v)).collect();
     let rtys: Vec<String> = outs.iter().map(|&v| e.ty(v)).collect();
+    if e.rng.used {
+        args.push(random::offset_param());
+    }
     let mut text = String::from("module {\n");
     let _ = writeln!(text, "  func.func @{}({}) -> ({}) {{", symbol(name), args.join(", "), rtys.join(", "));
+    if e.rng.used {
+        for line in e.rng.prologue() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
     text.push_str(&e.body);
     let _ = writeln!(
         text,
@@ -548,16 +586,16 @@ pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>)
         if rets.is_empty() { String::new() } else { format!(" : {}", rtys.join(", ")) }
     );
     text.push_str("  }\n}\n");
-    (text, e.generic)
+    (text, e.generic, e.rng.used)
 }
 
 /// Emits `graph` as MLIR and verifies it in-process (unregistered dialects
 /// allowed exactly when generic `qsync.*` operations were needed).
 pub fn emit_mlir(graph: &Graph, name: &str) -> Result<MlirOutput, CodegenError> {
-    let (text, generic_ops) = mlir_text(graph, name);
+    let (text, generic_ops, rng_offset) = module_text(graph, name);
     let printed = verify_text(&text, !generic_ops.is_empty())
         .map_err(|message| CodegenError::Mlir { graph: name.to_string(), message })?;
-    Ok(MlirOutput { text: printed, generic_ops })
+    Ok(MlirOutput { text: printed, generic_ops, rng_offset })
 }
 
 /// Parses and verifies MLIR text; returns MLIR's own printing of it.

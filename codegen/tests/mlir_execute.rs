@@ -49,6 +49,12 @@ fn tools_present() -> bool {
 /// Emits the graph (all f32 results), calls it from a `main` with the given
 /// `(type, dense literal)` arguments and returns each result's values.
 fn execute(tag: &str, body: &str, args: &[(&str, &str)]) -> Option<Vec<Vec<f64>>> {
+    execute_calls(tag, body, &[args.to_vec()]).map(|mut calls| calls.remove(0))
+}
+
+/// As [`execute`], calling the function once per argument list in order
+/// (all in one process); returns each call's results.
+fn execute_calls(tag: &str, body: &str, calls: &[Vec<(&str, &str)>]) -> Option<Vec<Vec<Vec<f64>>>> {
     if !tools_present() {
         return None;
     }
@@ -60,24 +66,26 @@ fn execute(tag: &str, body: &str, args: &[(&str, &str)]) -> Option<Vec<Vec<f64>>
     assert!(generic.is_empty(), "{tag}: {generic:?}");
     let rtys: Vec<String> = m.graph.outputs().iter().map(|&v| mlir_ty(&m.graph, v)).collect();
     let mut main = String::from("  func.func private @printMemrefF32(memref<*xf32>)\n  func.func @main() {\n");
-    let mut names = Vec::new();
-    for (i, (ty, lit)) in args.iter().enumerate() {
-        main.push_str(&format!("    %in{i} = arith.constant {lit} : {ty}\n"));
-        names.push(format!("%in{i}"));
-    }
-    let tys: Vec<&str> = args.iter().map(|(t, _)| *t).collect();
-    main.push_str(&format!(
-        "    %r:{} = func.call @g({}) : ({}) -> ({})\n",
-        rtys.len(),
-        names.join(", "),
-        tys.join(", "),
-        rtys.join(", ")
-    ));
-    for (k, rt) in rtys.iter().enumerate() {
-        let mr = rt.replace("tensor<", "memref<");
-        main.push_str(&format!("    %m{k} = bufferization.to_buffer %r#{k} : {rt} to {mr}\n"));
-        main.push_str(&format!("    %u{k} = memref.cast %m{k} : {mr} to memref<*xf32>\n"));
-        main.push_str(&format!("    func.call @printMemrefF32(%u{k}) : (memref<*xf32>) -> ()\n"));
+    for (c, args) in calls.iter().enumerate() {
+        let mut names = Vec::new();
+        for (i, (ty, lit)) in args.iter().enumerate() {
+            main.push_str(&format!("    %in{c}_{i} = arith.constant {lit} : {ty}\n"));
+            names.push(format!("%in{c}_{i}"));
+        }
+        let tys: Vec<&str> = args.iter().map(|(t, _)| *t).collect();
+        main.push_str(&format!(
+            "    %r{c}:{} = func.call @g({}) : ({}) -> ({})\n",
+            rtys.len(),
+            names.join(", "),
+            tys.join(", "),
+            rtys.join(", ")
+        ));
+        for (k, rt) in rtys.iter().enumerate() {
+            let mr = rt.replace("tensor<", "memref<");
+            main.push_str(&format!("    %m{c}_{k} = bufferization.to_buffer %r{c}#{k} : {rt} to {mr}\n"));
+            main.push_str(&format!("    %u{c}_{k} = memref.cast %m{c}_{k} : {mr} to memref<*xf32>\n"));
+            main.push_str(&format!("    func.call @printMemrefF32(%u{c}_{k}) : (memref<*xf32>) -> ()\n"));
+        }
     }
     main.push_str("    func.return\n  }\n}\n");
     let full = format!("{}\n{main}", module.trim_end().trim_end_matches('}'));
@@ -112,8 +120,8 @@ fn execute(tag: &str, body: &str, args: &[(&str, &str)]) -> Option<Vec<Vec<f64>>
                 .collect()
         })
         .collect();
-    assert_eq!(results.len(), rtys.len(), "{tag}: printed\n{printed}");
-    Some(results)
+    assert_eq!(results.len(), rtys.len() * calls.len(), "{tag}: printed\n{printed}");
+    Some(results.chunks(rtys.len().max(1)).map(<[Vec<f64>]>::to_vec).collect())
 }
 
 fn mlir_ty(g: &qsync_ir::Graph, v: qsync_ir::ValueId) -> String {
@@ -651,14 +659,28 @@ fn scatter_nd_computes_onnx_values() {
     close("int add", &r[5], &scatter_nd(&ints, &[5], &int_idx, &[4, 1], &int_upd, "add"));
 }
 
-/// The documented random stream: element `n` draws the `n`-th output of
-/// SplitMix64 started at `key`, and its top `bits` bits scaled to [0, 1).
-fn stream(key: u64, n: usize, bits: u32) -> f64 {
-    let mut z = key.wrapping_add((n as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+/// SplitMix64's finalizer.
+fn fin(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    z ^ (z >> 31)
+}
+
+/// The documented random stream: a node with key `key`, called with
+/// `rng_offset` = `offset`, draws under `K = key ^ fin(offset)`; element `n`
+/// takes the `n`-th output of SplitMix64 started at `K`, and its top `bits`
+/// bits scaled to [0, 1).
+fn stream(key: u64, offset: i64, n: usize, bits: u32) -> f64 {
+    let k = key ^ fin(offset as u64);
+    let z = fin(k.wrapping_add((n as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
     (z >> (64 - bits)) as f64 / 2f64.powi(bits as i32)
+}
+
+/// The key of an unseeded node: the default xor the FNV-1a hash of its name.
+fn unseeded_key(name: &str) -> u64 {
+    let fnv =
+        name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, c| (h ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01B3));
+    0x5153_594E_435F_524E ^ fnv
 }
 
 /// Share of true (non-zero) entries.
@@ -706,6 +728,7 @@ fn training_dropout_keeps_the_right_share_exactly_scaled() {
             ("tensor<i1>", "dense<true>"),
             ("tensor<i1>", "dense<false>"),
             ("tensor<f32>", "dense<0.75>"),
+            ("tensor<i64>", "dense<0>"),
         ],
     ) else {
         return;
@@ -718,7 +741,7 @@ fn training_dropout_keeps_the_right_share_exactly_scaled() {
     assert!((agree - 0.58).abs() < 0.01, "neighbouring masks agree {agree} of the time");
     let den = (1.0 - f64::from(0.3f32)) as f32;
     for i in 0..n {
-        let want = stream(42, i, 24) as f32 >= 0.3f32;
+        let want = stream(42, 0, i, 24) as f32 >= 0.3f32;
         assert_eq!(mask[i] == 1.0, want, "mask {i} follows the stream");
         if want {
             assert!(exact[i] == 1.0, "kept element {i}: {} is not exactly x / (1 − ratio)", y[i]);
@@ -757,7 +780,7 @@ fn random_uniform_like_is_uniform_and_seeded() {
   %h = RandomUniformLike "h"(%x) {dtype=10, seed=5.0}
   %hf = Cast "hf"(%h) {to=1}
   output %u, %hf"#,
-        &[("tensor<256x256xf32>", "dense<1.0>")],
+        &[("tensor<256x256xf32>", "dense<1.0>"), ("tensor<i64>", "dense<0>")],
     ) else {
         return;
     };
@@ -768,13 +791,72 @@ fn random_uniform_like_is_uniform_and_seeded() {
     let var = u.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
     assert!((mean - 0.5).abs() < 0.03, "mean {mean}");
     assert!((var - 25.0 / 12.0).abs() < 0.05, "variance {var}");
-    let want: Vec<f64> = (0..u.len()).map(|i| f64::from((stream(5, i, 24) * 5.0 - 2.0) as f32)).collect();
+    let want: Vec<f64> = (0..u.len()).map(|i| f64::from((stream(5, 0, i, 24) * 5.0 - 2.0) as f32)).collect();
     close("documented stream", u, &want);
     for (i, &v) in h.iter().enumerate() {
         // A multiple of 2⁻¹¹ (up to the six digits printed).
         assert!((0.0..1.0).contains(&v) && ((v * 2048.0) - (v * 2048.0).round()).abs() < 5e-3, "f16 draw {i}: {v}");
-        assert!((v - stream(5, i, 11)).abs() < 1e-6, "f16 draw {i} follows the stream");
+        assert!((v - stream(5, 0, i, 11)).abs() < 1e-6, "f16 draw {i} follows the stream");
     }
+}
+
+/// The trailing `rng_offset` argument selects the stream of a call: one
+/// compiled function called with offsets 0, 1, 0 and −7 (in one process)
+/// keeps 0.7 of the elements each time, draws another mask at each new
+/// offset, the same mask again at the same offset, and follows the
+/// documented derivation for seeded and unseeded nodes alike (uniform draws
+/// included).
+#[test]
+fn rng_offset_selects_a_stream_per_call() {
+    let n = 256 * 256;
+    let offsets = [0i64, 1, 0, -7];
+    let calls: Vec<Vec<(&str, String)>> = offsets
+        .iter()
+        .map(|o| vec![("tensor<256x256xf32>", "dense<1.0>".to_string()), ("tensor<i64>", format!("dense<{o}>"))])
+        .collect();
+    let calls: Vec<Vec<(&str, &str)>> =
+        calls.iter().map(|c| c.iter().map(|(t, l)| (*t, l.as_str())).collect()).collect();
+    let Some(r) = execute_calls(
+        "rng_offset",
+        r#"  input %x: f32[256,256]
+  %t: bool[] = Constant "t"() {value=tensor<bool[]> [true]}
+  %ratio: f32[] = Constant "ratio"() {value=tensor<f32[]> [0.3]}
+  %zero: f32[] = Constant "zero"() {value=tensor<f32[]> [0.0]}
+  %one: f32[] = Constant "one"() {value=tensor<f32[]> [1.0]}
+  %y, %m = Dropout "seeded"(%x, %ratio, %t) {seed=42}
+  %y2, %m2 = Dropout "unseeded"(%x, %ratio, %t)
+  %u = RandomUniformLike "u"(%x) {seed=5.0}
+  %mf = Where "mf"(%m, %one, %zero)
+  %m2f = Where "m2f"(%m2, %one, %zero)
+  output %mf, %m2f, %u"#,
+        &calls,
+    ) else {
+        return;
+    };
+    let differ = |a: &[f64], b: &[f64]| a.iter().zip(b).filter(|(x, y)| x != y).count() as f64 / n as f64;
+    for (call, &o) in r.iter().zip(&offsets) {
+        for (k, (mask, key)) in [(&call[0], 42), (&call[1], unseeded_key("unseeded"))].into_iter().enumerate() {
+            let kept = share(mask);
+            assert!((kept - 0.7).abs() < 0.01, "offset {o}, mask {k}: keeps {kept}, not 0.7");
+            for (i, &v) in mask.iter().enumerate() {
+                let want = stream(key, o, i, 24) as f32 >= 0.3f32;
+                assert_eq!(v == 1.0, want, "offset {o}, mask {k}, element {i} follows the stream");
+            }
+        }
+        let want: Vec<f64> = (0..n).map(|i| f64::from(stream(5, o, i, 24) as f32)).collect();
+        close(&format!("uniform at offset {o}"), &call[2], &want);
+    }
+    // Independent masks keep-or-drop alike 0.7² + 0.3² of the time;
+    // independent uniform draws almost never agree.
+    for (k, want) in [0.42, 0.42, 1.0].into_iter().enumerate() {
+        assert_eq!(r[0][k], r[2][k], "output {k}: offset 0 again draws the same numbers");
+        for (a, b) in [(0, 1), (0, 3), (1, 3)] {
+            let d = differ(&r[a][k], &r[b][k]);
+            assert!((d - want).abs() < 0.01, "output {k}: offsets {} and {} differ at {d}", offsets[a], offsets[b]);
+        }
+    }
+    // The two nodes of one call draw unrelated masks too.
+    assert!((differ(&r[1][0], &r[1][1]) - 0.42).abs() < 0.01, "seeded and unseeded nodes agree too often");
 }
 
 /// Every index of `shape`, row-major.

@@ -37,6 +37,37 @@ fn mlir_opt_plain(text: &str, tag: &str) {
     assert!(out.status.success(), "{tag}: {tool} rejected:\n{}\n{text}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// The arguments of the module's function, as MLIR printed them.
+fn params(out: &MlirOutput) -> Vec<String> {
+    let line = out.text.lines().find(|l| l.contains("func.func @")).expect("a func.func");
+    let inner = &line[line.find('(').expect("(") + 1..line.find(") ->").expect(") ->")];
+    let mut args = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '<' | '{' | '(' | '[' => depth += 1,
+            '>' | '}' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                args.push(inner[start..i].trim().to_string());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !inner.trim().is_empty() {
+        args.push(inner[start..].trim().to_string());
+    }
+    args
+}
+
+/// The signature carries no `rng_offset` argument: `n` arguments, for the
+/// inputs and initializers.
+fn no_offset(out: &MlirOutput, n: usize) {
+    let args = params(out);
+    assert!(!out.rng_offset && !out.text.contains("rng_offset"), "no random op, no offset:\n{}", out.text);
+    assert_eq!(args.len(), n, "inputs and initializers only: {args:?}");
+}
+
 fn has(out: &MlirOutput, ops: &[&str]) {
     for op in ops {
         assert!(out.text.contains(op), "missing {op}:\n{}", out.text);
@@ -312,6 +343,8 @@ graph "odd" {
         assert!(out.generic_ops.contains_key(op), "{op} stays generic: {:?}", out.generic_ops);
     }
     assert!(out.warning().is_some());
+    // The generic Dropout draws nothing in the module: no offset argument.
+    no_offset(&out, 6);
 }
 
 #[test]
@@ -327,6 +360,8 @@ fn inference_dropout_forwards_its_input() {
   output %r"#,
     );
     has(&out, &["tosa.clamp %arg0"]);
+    // Forwarding draws nothing: the signature is the input and the ratio.
+    no_offset(&out, 2);
 }
 
 /// Shapes the IR knows only partly: an empty Slice starting at the end of
@@ -454,6 +489,32 @@ fn training_dropout_and_uniform_random_ops() {
             "tensor<3x4xf64>",
         ],
     );
+    // Three inputs, one initializer, then the offset, read once and mixed
+    // into each of the five drawing nodes' keys.
+    let args = params(&out);
+    assert!(out.rng_offset, "the module draws");
+    assert_eq!(args.len(), 5, "{args:?}");
+    assert!(args[..4].iter().all(|a| !a.contains("rng_offset")), "{args:?}");
+    assert!(
+        args[4].ends_with(": tensor<i64> {qsync.name = \"rng_offset\", qsync.rng_offset}"),
+        "trailing offset: {}",
+        args[4]
+    );
+    assert_eq!(out.text.matches("tensor.extract %arg4[] : tensor<i64>").count(), 1, "{}", out.text);
+}
+
+/// A module with no random op takes exactly its inputs and initializers.
+#[test]
+fn modules_without_random_ops_take_no_offset() {
+    let out = emit(
+        "plain",
+        r#"  input %x: f32[batch,4]
+  init %b: f32[4] = [1.0, 2.0, 3.0, 4.0]
+  %y = Add "add"(%x, %b)
+  %z = Relu "relu"(%y)
+  output %z"#,
+    );
+    no_offset(&out, 2);
 }
 
 /// 1-D and 3-D `Conv` through their named ops, grouped ones (no named op)

@@ -89,6 +89,7 @@ fn cnn_models_map_completely_and_verify_without_flags() {
             let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{tag}: {e}"));
             assert!(out.generic_ops.is_empty(), "{tag}: generic ops {:?}", out.generic_ops);
             assert!(out.all_ops_mapped() && out.warning().is_none(), "{tag}");
+            assert!(!out.rng_offset && !out.text.contains("rng_offset"), "{tag}: draws nothing, takes no offset");
             assert!(!out.text.contains("qsync.opaque") && !out.text.contains("\"qsync."), "{tag}");
             assert!(out.text.contains("linalg.conv_2d_nchw_fchw"), "{tag}: convolutions are linalg ops");
             if stage != "imported" {
@@ -113,8 +114,16 @@ fn transformer_models_map_completely() {
         assert!(out.text.contains("linalg.batch_matmul") && out.text.contains("linalg.softmax"), "{name}");
         if name == "bert_base_train" {
             // Its Dropouts train (training_mode is a constant true): masks
-            // come from the counter-based random stream.
+            // come from the counter-based random stream, selected per call
+            // by the trailing offset argument.
             assert!(out.text.contains("arith.cmpf oge") && out.text.contains("arith.shrui"), "{name}");
+            let sig = out.text.lines().find(|l| l.contains("func.func @")).expect("func");
+            assert!(
+                out.rng_offset && sig.contains(": tensor<i64> {qsync.name = \"rng_offset\", qsync.rng_offset}) ->"),
+                "{name}: trailing offset argument in {sig}"
+            );
+        } else {
+            assert!(!out.rng_offset && !out.text.contains("rng_offset"), "{name}: inference draws nothing");
         }
         if check_tool {
             mlir_opt(&out.text, false, name);

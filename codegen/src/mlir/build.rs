@@ -160,6 +160,14 @@ impl Body {
     pub fn probe() -> Body {
         Body { lines: Vec::new(), prefix: "probe".into(), n: 0 }
     }
+    /// Lines outside any region, their values named `%<prefix>N`.
+    pub fn named(prefix: &str) -> Body {
+        Body { lines: Vec::new(), prefix: prefix.into(), n: 0 }
+    }
+    /// The lines emitted so far.
+    pub fn into_lines(self) -> Vec<String> {
+        self.lines
+    }
     /// `v` converted between float types (`arith.extf`/`truncf`), if they differ.
     pub fn convert(&mut self, v: &str, from: DType, to: DType) -> String {
         match from == to {

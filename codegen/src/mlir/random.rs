@@ -1,17 +1,44 @@
 //! Random ops as counter-based streams: the numbers are a pure function of
 //! a key and the element, computed per element inside a `linalg.generic`.
-//! Element `n` of the output (its row-major index, from `linalg.index`)
-//! draws the `n`-th output of SplitMix64 started at the key —
-//! `z = key + (n + 1)·γ`, then the finalizer's xor-shifts and multiplies
-//! in `arith` on i64 — and its top `b` bits scaled by 2⁻ᵇ are a uniform
-//! draw `u` in [0, 1).
 //!
-//! The key is the node's `seed` attribute (`Dropout`'s integer; a float
-//! seed by its value when it is an integer, else by its bits). Without one
-//! it is [`DEFAULT_SEED`] xor the FNV-1a hash of the node name (of its first
-//! output's name for an unnamed node), so that two unseeded nodes draw
-//! different numbers while the module stays deterministic. There is no
-//! state between calls: a call draws the same numbers every time it runs.
+//! With the 64-bit SplitMix64 finalizer
+//! `fin(z) = z₃`, where `z₁ = (z ^ z >> 30)·0xBF58476D1CE4E5B9`,
+//! `z₂ = (z₁ ^ z₁ >> 27)·0x94D049BB133111EB`, `z₃ = z₂ ^ z₂ >> 31`
+//! (logical shifts, products mod 2⁶⁴), and `γ = 0x9E3779B97F4A7C15`:
+//!
+//! 1. the node key `k` is the node's `seed` attribute (`Dropout`'s integer,
+//!    as its two's-complement bits; a float seed by its value when it is an
+//!    integer, else by its f32 bits). Without one it is [`DEFAULT_SEED`]
+//!    xor the FNV-1a hash (64-bit) of the node name (of its first output's
+//!    name for an unnamed node), so that two unseeded nodes draw different
+//!    numbers;
+//! 2. the function takes the offset `o` as its last argument,
+//!    `%rng_offset: tensor<i64>` (a 0-d tensor like every other argument,
+//!    read once with `tensor.extract` at the top of the function), added
+//!    exactly when some node lowers to a draw below (a `Dropout` whose
+//!    `training_mode` is a flag read at run time included); the stream key
+//!    is `K = k ^ fin(o)`, `o` taken as its 64 bits (two's complement);
+//! 3. element `n` of the output (its row-major index, from `linalg.index`)
+//!    draws `z = fin(K + (n + 1)·γ)` — the `n`-th output of SplitMix64
+//!    started at `K` — and its top `b` bits scaled by 2⁻ᵇ are the uniform
+//!    draw `u` in [0, 1).
+//!
+//! All of it is `arith` on i64 in the module, so a runtime that must
+//! reproduce the numbers (e.g. a hand-written backward pass) computes the
+//! same three steps. The offset is the per-call stream selector: a
+//! training loop passes the step number (or anything that differs between
+//! the calls that must draw afresh); the same offset draws the same numbers
+//! again. `fin` is a bijection with full avalanche, so distinct offsets give
+//! keys that differ in about half their bits, and their streams are
+//! unrelated stretches of SplitMix64's sequence, far apart (`K` is not
+//! finalized again: step 3 finalizes `K + (n + 1)·γ`). `fin(0) = 0`, so
+//! offset 0 draws the node key's own stream, `K = k`.
+//!
+//! Seeded nodes mix the offset too. ONNX calls a seeded random op
+//! deterministic (one output per seed); here the output is determined by
+//! the seed and the offset together, so a caller that holds the offset
+//! fixed (0, say) gets ONNX's behaviour, while a training loop that
+//! advances it does not repeat its dropout masks from step to step.
 //!
 //! - `Dropout` with `training_mode` true (a constant, or a flag read at run
 //!   time with `tensor.extract`): mask = u ≥ ratio (u with 24 bits, compared
@@ -56,6 +83,55 @@ fn i64_lit(v: u64) -> String {
     (v as i64).to_string()
 }
 
+/// SplitMix64's finalizer `fin` on the i64 value `z`.
+fn finalize(b: &mut Body, mut z: String) -> String {
+    for (shift, mul) in [(30, Some(MIX[0])), (27, Some(MIX[1])), (31, None)] {
+        let s = b.cst(&i64_lit(shift), DType::I64);
+        let h = b.bin("shrui", &z, &s, DType::I64);
+        z = b.bin("xori", &z, &h, DType::I64);
+        if let Some(m) = mul {
+            let m = b.cst(&i64_lit(m), DType::I64);
+            z = b.bin("muli", &z, &m, DType::I64);
+        }
+    }
+    z
+}
+
+/// The function argument that selects the streams of a call.
+pub(super) const OFFSET_ARG: &str = "%rng_offset";
+
+/// The offset argument's declaration in the function signature.
+pub(super) fn offset_param() -> String {
+    format!("{OFFSET_ARG}: tensor<i64> {{qsync.name = \"rng_offset\", qsync.rng_offset}}")
+}
+
+/// The offset argument as the lowerings use it: read and mixed once at the
+/// top of the function (`fin(o)`), when some lowered node draws.
+pub(super) struct Offset {
+    /// Lines computing `mixed` from the argument.
+    prologue: Vec<String>,
+    /// The i64 value `fin(o)`.
+    mixed: String,
+    /// Whether a node kept in the module reads `mixed`.
+    pub used: bool,
+    /// Whether the node being lowered reads it.
+    pub pending: bool,
+}
+
+impl Offset {
+    pub fn new() -> Offset {
+        let mut b = Body::named("rng");
+        let o = b.op(format!("tensor.extract {OFFSET_ARG}[] : tensor<i64>"));
+        let mixed = finalize(&mut b, o);
+        Offset { prologue: b.into_lines(), mixed, used: false, pending: false }
+    }
+
+    /// The lines that read and mix the offset.
+    pub fn prologue(&self) -> &[String] {
+        &self.prologue
+    }
+}
+
 /// The row-major index of the loop point over axes of `sizes` (index
 /// values), as i64.
 fn linear_index(b: &mut Body, sizes: &[String]) -> String {
@@ -71,26 +147,17 @@ fn linear_index(b: &mut Body, sizes: &[String]) -> String {
     b.op(format!("arith.index_cast {at} : index to i64"))
 }
 
-/// The uniform draw in [0, 1) of element `n` (i64) under `key`: `bits`
-/// random bits as float type `ft`.
-fn uniform(b: &mut Body, n: &str, key: u64, bits: u32, ft: DType) -> String {
-    let c = |b: &mut Body, v: u64| b.cst(&i64_lit(v), DType::I64);
-    let one = c(b, 1);
+/// The uniform draw in [0, 1) of element `n` (i64) under the stream key
+/// `key` (an i64 value defined outside the body): `bits` random bits as
+/// float type `ft`.
+fn uniform(b: &mut Body, n: &str, key: &str, bits: u32, ft: DType) -> String {
+    let one = b.cst("1", DType::I64);
     let n1 = b.bin("addi", n, &one, DType::I64);
-    let g = c(b, GAMMA);
+    let g = b.cst(&i64_lit(GAMMA), DType::I64);
     let step = b.bin("muli", &n1, &g, DType::I64);
-    let k = c(b, key);
-    let mut z = b.bin("addi", &step, &k, DType::I64);
-    for (shift, mul) in [(30, Some(MIX[0])), (27, Some(MIX[1])), (31, None)] {
-        let s = c(b, shift);
-        let h = b.bin("shrui", &z, &s, DType::I64);
-        z = b.bin("xori", &z, &h, DType::I64);
-        if let Some(m) = mul {
-            let m = c(b, m);
-            z = b.bin("muli", &z, &m, DType::I64);
-        }
-    }
-    let s = c(b, u64::from(64 - bits));
+    let z = b.bin("addi", &step, key, DType::I64);
+    let z = finalize(b, z);
+    let s = b.cst(&i64_lit(u64::from(64 - bits)), DType::I64);
     let top = b.bin("shrui", &z, &s, DType::I64);
     let f = b.op(format!("arith.uitofp {top} : i64 to {}", elem(ft)));
     let scale = b.cst(&float_lit(2f64.powi(-(bits as i32)), ft), ft);
@@ -199,11 +266,11 @@ impl Emitter<'_> {
         let init = self.empty(&shape, DType::Bool, &[&x])?;
         let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
         let iters = vec!["parallel"; shape.len()];
-        let k = self.key(node, outs);
+        let k = self.stream_key(node, outs);
         let off = flag.as_ref().map(|(_, off)| off.clone());
         let mask = self.generic_op(&[], &init, &id, &iters, |b, _| {
             let n = linear_index(b, &sizes);
-            let u = uniform(b, &n, k, 24, DType::F32);
+            let u = uniform(b, &n, &k, 24, DType::F32);
             let r = if read { r32.clone() } else { b.cst(&r32, DType::F32) };
             let keep = b.op(format!("arith.cmpf oge, {u}, {r} : f32"));
             match &off {
@@ -267,10 +334,10 @@ impl Emitter<'_> {
         let init = self.empty(&shape, dt, &hints)?;
         let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
         let iters = vec!["parallel"; shape.len()];
-        let k = self.key(node, outs);
+        let k = self.stream_key(node, outs);
         let out = self.generic_op(&[], &init, &id, &iters, |b, _| {
             let n = linear_index(b, &sizes);
-            let u = uniform(b, &n, k, significand(dt), ct);
+            let u = uniform(b, &n, &k, significand(dt), ct);
             let span = b.cst(&sl, ct);
             let lo = b.cst(&ll, ct);
             let m = b.bin("mulf", &u, &span, ct);
@@ -287,6 +354,16 @@ impl Emitter<'_> {
             (true, Some(&o)) => key(node, self.g.value_name(o)),
             _ => key(node, &node.name),
         }
+    }
+
+    /// The stream key `K = k ^ fin(o)` of `node` at run time (the node's
+    /// key xor the mixed offset); the function then takes the offset.
+    fn stream_key(&mut self, node: &Node, outs: &[ValueId]) -> String {
+        let k = self.key(node, outs);
+        let c = self.scalar(&i64_lit(k), "i64");
+        self.rng.pending = true;
+        let mixed = self.rng.mixed.clone();
+        self.line(format!("arith.xori {c}, {mixed} : i64"))
     }
 
     /// A float scalar converted between types (through f32 between the
