@@ -51,7 +51,12 @@ pub fn run(
         }
         let path = out.join("model.mlir");
         std::fs::write(&path, &m.text).with_context(|| format!("cannot write {}", path.display()))?;
-        let _ = writeln!(summary, "wrote {} ({} generic qsync.* op types)", path.display(), m.generic_ops.len());
+        let offset = match m.rng_offset {
+            true => "; random ops: the function's last argument is the per-call rng_offset",
+            false => "",
+        };
+        let _ =
+            writeln!(summary, "wrote {} ({} generic qsync.* op types{offset})", path.display(), m.generic_ops.len());
     }
     if want_ptx {
         let kernels = if all_kernels { qsync_kernels::KernelSpec::all() } else { select_kernels(&model.graph) };
