@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what qsync needs beyond the Rust toolchain: LLVM 22 / MLIR 22 (Debian
 # packages, for codegen; mlir-opt/mlir-translate/lli run the emitted MLIR in
-# tests) and the Python packages used by the ONNX interop tests.
+# tests), the Python packages used by the ONNX interop tests, and NVIDIA's PTX
+# assembler (ptxas, from the nvidia-cuda-nvcc-cu12 wheel; it needs no GPU) for
+# the PTX assembly test.
 # Idempotent: a machine that already has everything spends well under a second here.
 set -euo pipefail
 
@@ -24,4 +26,12 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c 'import onnx, onnxruntime, numpy' 2>/dev/null; then
   echo "setup: installing ${py_pkgs[*]}" >&2
   "$PY" -m pip install -q --disable-pip-version-check "${py_pkgs[@]}"
+fi
+# ptxas for codegen/tests/ptxas.rs. Best effort: the wheel is x86-64 Linux
+# only, and without it that test skips and says why.
+ptxas_pkg=nvidia-cuda-nvcc-cu12==12.9.86
+if ! "$PY" -c 'import nvidia.cuda_nvcc' 2>/dev/null; then
+  echo "setup: installing $ptxas_pkg (ptxas)" >&2
+  "$PY" -m pip install -q --disable-pip-version-check "$ptxas_pkg" \
+    || echo "setup: could not install $ptxas_pkg; the PTX assembly test will skip" >&2
 fi
