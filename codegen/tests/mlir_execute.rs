@@ -1,50 +1,12 @@
 //! Runs emitted MLIR on the CPU and checks the numbers: the module is
 //! bufferized and lowered to LLVM by `mlir-opt-22`, translated by
 //! `mlir-translate-22` and run by `lli-22` with MLIR's runner utilities
-//! printing each result. Skipped, with the reason printed, when a tool or the
-//! runner library is missing.
+//! printing each result (`common`). Skipped, with the reason printed, when a
+//! tool or the runner library is missing.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
 use qsync_ir::infer::{infer_shapes, InferOptions};
-
-const PIPELINE: &[&str] = &[
-    "--convert-elementwise-to-linalg",
-    "--one-shot-bufferize=bufferize-function-boundaries",
-    "--convert-linalg-to-loops",
-    "--convert-scf-to-cf",
-    "--expand-strided-metadata",
-    "--lower-affine",
-    "--finalize-memref-to-llvm",
-    "--convert-math-to-llvm",
-    "--convert-arith-to-llvm",
-    "--convert-cf-to-llvm",
-    "--convert-func-to-llvm",
-    "--convert-index-to-llvm",
-    "--reconcile-unrealized-casts",
-];
-
-fn runner_libs() -> Option<Vec<PathBuf>> {
-    let dir = PathBuf::from(std::env::var("QSYNC_MLIR_LIBDIR").unwrap_or_else(|_| "/usr/lib/llvm-22/lib".into()));
-    let libs = vec![dir.join("libmlir_c_runner_utils.so"), dir.join("libmlir_runner_utils.so")];
-    libs.iter().all(|l| l.exists()).then_some(libs)
-}
-
-fn tools_present() -> bool {
-    let tools = ["mlir-opt-22", "mlir-translate-22", "lli-22"];
-    for t in tools {
-        if Command::new(t).arg("--version").output().is_err() {
-            eprintln!("skipping MLIR execution: `{t}` is not installed");
-            return false;
-        }
-    }
-    if runner_libs().is_none() {
-        eprintln!("skipping MLIR execution: MLIR runner utility libraries not found (set QSYNC_MLIR_LIBDIR)");
-        return false;
-    }
-    true
-}
 
 /// Emits the graph (all f32 results), calls it from a `main` with the given
 /// `(type, dense literal)` arguments and returns each result's values.
@@ -55,7 +17,7 @@ fn execute(tag: &str, body: &str, args: &[(&str, &str)]) -> Option<Vec<Vec<f64>>
 /// As [`execute`], calling the function once per argument list in order
 /// (all in one process); returns each call's results.
 fn execute_calls(tag: &str, body: &str, calls: &[Vec<(&str, &str)>]) -> Option<Vec<Vec<Vec<f64>>>> {
-    if !tools_present() {
+    if !common::tools_present() {
         return None;
     }
     let text = format!("opset \"\" 18\ngraph \"g\" {{\n{body}\n}}\n");
@@ -64,69 +26,8 @@ fn execute_calls(tag: &str, body: &str, calls: &[Vec<(&str, &str)>]) -> Option<V
     infer_shapes(&mut m.graph, opset, &InferOptions::default());
     let (module, generic) = qsync_codegen::mlir::mlir_text(&m.graph, "g");
     assert!(generic.is_empty(), "{tag}: {generic:?}");
-    let rtys: Vec<String> = m.graph.outputs().iter().map(|&v| mlir_ty(&m.graph, v)).collect();
-    let mut main = String::from("  func.func private @printMemrefF32(memref<*xf32>)\n  func.func @main() {\n");
-    for (c, args) in calls.iter().enumerate() {
-        let mut names = Vec::new();
-        for (i, (ty, lit)) in args.iter().enumerate() {
-            main.push_str(&format!("    %in{c}_{i} = arith.constant {lit} : {ty}\n"));
-            names.push(format!("%in{c}_{i}"));
-        }
-        let tys: Vec<&str> = args.iter().map(|(t, _)| *t).collect();
-        main.push_str(&format!(
-            "    %r{c}:{} = func.call @g({}) : ({}) -> ({})\n",
-            rtys.len(),
-            names.join(", "),
-            tys.join(", "),
-            rtys.join(", ")
-        ));
-        for (k, rt) in rtys.iter().enumerate() {
-            let mr = rt.replace("tensor<", "memref<");
-            main.push_str(&format!("    %m{c}_{k} = bufferization.to_buffer %r{c}#{k} : {rt} to {mr}\n"));
-            main.push_str(&format!("    %u{c}_{k} = memref.cast %m{c}_{k} : {mr} to memref<*xf32>\n"));
-            main.push_str(&format!("    func.call @printMemrefF32(%u{c}_{k}) : (memref<*xf32>) -> ()\n"));
-        }
-    }
-    main.push_str("    func.return\n  }\n}\n");
-    let full = format!("{}\n{main}", module.trim_end().trim_end_matches('}'));
-    let dir = std::env::temp_dir().join(format!("qsync-exec-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let (src, lowered, ll) = (dir.join("in.mlir"), dir.join("llvm.mlir"), dir.join("out.ll"));
-    std::fs::write(&src, &full).expect("write");
-    let run = |cmd: &mut Command, what: &str| {
-        let out = cmd.output().expect(what);
-        assert!(out.status.success(), "{tag}: {what} failed:\n{}\n{full}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    run(Command::new("mlir-opt-22").arg(&src).args(PIPELINE).arg("-o").arg(&lowered), "mlir-opt-22");
-    run(
-        Command::new("mlir-translate-22").arg("--mlir-to-llvmir").arg(&lowered).arg("-o").arg(&ll),
-        "mlir-translate-22",
-    );
-    let mut lli = Command::new("lli-22");
-    for lib in runner_libs()? {
-        lli.arg(format!("--dlopen={}", lib.display()));
-    }
-    let printed = run(lli.arg(&ll), "lli-22");
-    let _ = std::fs::remove_dir_all(&dir);
-    let results: Vec<Vec<f64>> = printed
-        .split("Unranked Memref")
-        .skip(1)
-        .map(|chunk| {
-            let data = chunk.split_once("data =").map_or("", |(_, d)| d);
-            data.split(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | 'e' | '+')))
-                .filter(|s| !s.is_empty())
-                .map(|s| s.parse::<f64>().unwrap_or_else(|e| panic!("{tag}: `{s}`: {e}")))
-                .collect()
-        })
-        .collect();
-    assert_eq!(results.len(), rtys.len() * calls.len(), "{tag}: printed\n{printed}");
-    Some(results.chunks(rtys.len().max(1)).map(<[Vec<f64>]>::to_vec).collect())
-}
-
-fn mlir_ty(g: &qsync_ir::Graph, v: qsync_ir::ValueId) -> String {
-    let dims: Vec<String> = g.ty(v).concrete_shape().expect("static result").iter().map(i64::to_string).collect();
-    format!("tensor<{}f32>", dims.iter().map(|d| format!("{d}x")).collect::<String>())
+    let rtys: Vec<String> = m.graph.outputs().iter().map(|&v| common::f32_result_type(&m.graph, v)).collect();
+    Some(common::run_module(tag, &module, "g", &rtys, calls))
 }
 
 fn close(tag: &str, got: &[f64], want: &[f64]) {
@@ -328,6 +229,57 @@ fn dense(vals: &[f64], dims: &[usize], int: bool) -> String {
         }
     }
     format!("dense<{}>", nest(vals, dims, int))
+}
+
+/// erf by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7).
+fn erf_ref(x: f64) -> f64 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let poly =
+        t * (0.254_829_592 + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    (1.0 - poly * (-x * x).exp()).copysign(x)
+}
+
+/// The ops emitted as tosa (`tosa.clamp`, `tanh`, `sigmoid`, `exp`, `erf`,
+/// `transpose`, a broadcasting `add`) and `linalg.softmax`, which run
+/// through the tosa-to-linalg passes and softmax's decomposition.
+#[test]
+fn tosa_ops_and_softmax_compute_onnx_values() {
+    let x: Vec<f64> = vec![-2.0, -0.5, 0.0, 0.25, 1.0, 3.0];
+    let b: Vec<f64> = vec![10.0, 20.0, 30.0];
+    let Some(r) = execute(
+        "tosa_softmax",
+        r#"  input %x: f32[2,3]
+  input %b: f32[1,3]
+  %r = Relu "relu"(%x)
+  %t = Tanh "tanh"(%x)
+  %s = Sigmoid "sigmoid"(%x)
+  %e = Exp "exp"(%x)
+  %f = Erf "erf"(%x)
+  %p = Transpose "tr"(%x) {perm=[1, 0]}
+  %a = Add "badd"(%x, %b)
+  %m = Softmax "softmax"(%x) {axis=-1}
+  output %r, %t, %s, %e, %f, %p, %a, %m"#,
+        &[("tensor<2x3xf32>", &dense(&x, &[2, 3], false)), ("tensor<1x3xf32>", &dense(&b, &[1, 3], false))],
+    ) else {
+        return;
+    };
+    let map = |f: fn(f64) -> f64| x.iter().map(|&v| f(v)).collect::<Vec<f64>>();
+    close("relu", &r[0], &map(|v| v.max(0.0)));
+    close("tanh", &r[1], &map(f64::tanh));
+    close("sigmoid", &r[2], &map(|v| 1.0 / (1.0 + (-v).exp())));
+    close("exp", &r[3], &map(f64::exp));
+    close("erf", &r[4], &map(erf_ref));
+    close("transpose", &r[5], &[x[0], x[3], x[1], x[4], x[2], x[5]]);
+    close("broadcast add", &r[6], &x.iter().enumerate().map(|(i, v)| v + b[i % 3]).collect::<Vec<f64>>());
+    let softmax: Vec<f64> = x
+        .chunks(3)
+        .flat_map(|row| {
+            let top = row.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v));
+            let sum: f64 = row.iter().map(|v| (v - top).exp()).sum();
+            row.iter().map(move |v| (v - top).exp() / sum).collect::<Vec<f64>>()
+        })
+        .collect();
+    close("softmax", &r[7], &softmax);
 }
 
 /// ONNX `CumSum` of `x` (row-major, `shape`) along `axis`.
