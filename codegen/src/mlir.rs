@@ -24,15 +24,18 @@
 //!   `pads` or `SAME_*`) and `linalg.conv_1d_ncw_fcw` /
 //!   `conv_2d_nchw_fchw` / `conv_3d_ncdhw_fcdhw` with `strides`/`dilations`,
 //!   accumulating into the bias (`linalg.broadcast`) or zeros
-//!   (`linalg.fill`) in the operands' element type; grouped (`group > 1`,
+//!   (`linalg.fill`); grouped (`group > 1`,
 //!   depthwise included) → `tensor.expand_shape` to N×G×C/G×… and
 //!   G×F/G×C/G×k…, `linalg.conv_2d_ngchw_gfchw` (2-D) or a contracting
 //!   `linalg.generic` (1-D, 3-D: no named op), `tensor.collapse_shape` back;
+//!   like every contraction below, f16/bf16 operands accumulate in f32 (see
+//!   the note after this list);
 //! - `ConvTranspose` (explicit `pads` or `VALID`, static spatial sizes; any
 //!   strides, dilations, `output_padding`, group) → the input inserted with
 //!   strides into zeros that hold the padding (`tensor.insert_slice`), the
 //!   kernel flipped with its channel axes swapped (a copying
-//!   `linalg.generic`), and a contracting `linalg.generic` over the groups;
+//!   `linalg.generic`), and a contracting `linalg.generic` over the groups
+//!   (accumulating like `Conv`);
 //! - `MaxPool` → `tensor.pad` with −∞ (explicit pads plus what `ceil_mode`
 //!   needs) and `linalg.pooling_nchw_max` over a `tensor.empty` window;
 //!   `AveragePool` → `linalg.pooling_nchw_sum` divided by the window size,
@@ -44,7 +47,8 @@
 //!   index in the output map); sums of f16/bf16 accumulate in f32 and round
 //!   once, means divide by the element count (`tensor.dim` when symbolic);
 //! - `Gemm` → `linalg.matmul` (transposes as `indexing_maps`) accumulating
-//!   into β·C broadcast by a `linalg.generic`, `alpha` applied after;
+//!   into β·C broadcast by a `linalg.generic`, `alpha` applied after (in
+//!   f32 for f16/bf16, rounded once in the same `linalg.generic`);
 //! - `Flatten`/`Reshape`/`Squeeze`/`Unsqueeze` (to the inferred output
 //!   shape) → one `tensor.collapse_shape` or `tensor.expand_shape` when the
 //!   axes group, else a collapse to one axis and an expand;
@@ -63,8 +67,8 @@
 //!   2-D (the left one's leading axes folded into rows by
 //!   `tensor.collapse_shape`, unfolded after), `linalg.batch_matmul` when the
 //!   batch axes are equal (folded into one), else a contracting
-//!   `linalg.generic` that broadcasts the batch axes; all accumulate in the
-//!   operands' element type;
+//!   `linalg.generic` that broadcasts the batch axes; all accumulate in f32
+//!   for f16/bf16 operands;
 //! - `Softmax` over the last axis → `linalg.softmax`;
 //! - `LayerNormalization` → mean and variance as reducing `linalg.generic`s
 //!   (in f32 for 16-bit inputs unless `stash_type = 0`), then one
@@ -128,6 +132,15 @@
 //!   name, its precision and its scalar/list attributes. Those are listed
 //!   in [`MlirOutput::generic_ops`], and the module then verifies only with
 //!   unregistered dialects allowed (`mlir-opt --allow-unregistered-dialect`).
+//!
+//! Contractions (`Conv`, `ConvTranspose`, `Gemm`, `MatMul`) over f16/bf16
+//! accumulate in f32 and round once to the output type, as GPU libraries do
+//! (cuBLAS/cuDNN with an f32 compute type, Tensor Cores): the accumulator —
+//! zeros from `linalg.fill`, the broadcast bias, β·C — is an f32 tensor, the
+//! named ops extend their 16-bit inputs to it, the contracting
+//! `linalg.generic`s do so with `arith.extf` in the body, and the sum (with
+//! Gemm's α applied) is rounded by one elementwise `linalg.generic` of
+//! `arith.truncf`. f32/f64 operands accumulate in their own type.
 //!
 //! Symbolic sizes (`batch`) are dynamic (`?`) dims; where an op needs their
 //! values (`tensor.empty`, `tensor.expand_shape`, counts) they are read with

@@ -973,3 +973,145 @@ fn conv_1d_3d_and_transposed_compute_onnx_values() {
     let uwin = win(&[1, 2, 3, 3], &[2, 3, 3, 3], &[2, 2], &[1, 1], &[0, 0, 0, 0], 1);
     close("conv transpose, stride 2", &r[5], &conv_transpose_ref(&xu, &wu, None, &uwin, &[0, 0]));
 }
+
+/// `v` rounded to the nearest f16 (ties to even); `v` finite and within
+/// f16's range.
+fn round_f16(v: f32) -> f32 {
+    assert!(v.abs() < 65520.0, "{v} overflows f16");
+    if v == 0.0 {
+        return v;
+    }
+    // The step of v's binade (subnormals: 2⁻²⁴).
+    let e = (v.abs().log2().floor() as i32).max(-14);
+    let step = 2f32.powi(e - 10);
+    (v / step).round_ties_even() * step
+}
+
+/// `init + Σ a·b` over `terms`, accumulated in f32, or, with `f16_acc`,
+/// rounded to f16 after every addition (what accumulating in f16 gives).
+fn dot(init: f32, terms: impl Iterator<Item = (f32, f32)>, f16_acc: bool) -> f32 {
+    terms.fold(init, |acc, (a, b)| if f16_acc { round_f16(acc + round_f16(a * b)) } else { acc + a * b })
+}
+
+/// Contractions over f16 operands accumulate in f32 and round once: with
+/// K = 4096 terms of {0.5, 1, 1.5, 2}² the sums reach several thousand,
+/// where f16's step is 2 to 8, so an f16 accumulator loses most of each
+/// addition. Every partial sum is a multiple of ¼ below 2¹⁵, exact in f32
+/// (and in f64, so the plain convolution references sum exactly too): the
+/// expected values are those sums rounded once to f16. Covered: MatMul
+/// against a 2-D weight, batched, and with a broadcast batch; Gemm with α,
+/// β and C; Conv with bias (named op), grouped 1-D (a `linalg.generic`) and
+/// ConvTranspose.
+#[test]
+fn f16_contractions_accumulate_in_f32_and_round_once() {
+    const K: usize = 4096;
+    let vals = |n: usize, salt: usize| -> Vec<f32> {
+        (0..n).map(|i| 0.5 * (1 + (i * 37 + salt * 11 + i / 5) % 4) as f32).collect()
+    };
+    let (a, w, q, kb, kp) = (vals(2 * K, 1), vals(K * 3, 2), vals(2 * K, 3), vals(2 * K * 2, 4), vals(K * 2, 5));
+    let (ga, gb, gc) = (vals(2 * K, 6), vals(3 * K, 7), vals(3, 8));
+    let (x, cw, cb) = (vals(1024 * 9, 9), vals(2 * 1024 * 4, 10), vals(2, 11));
+    let (x1, w1) = (vals(K * 3, 12), vals(2 * (K / 2) * 2, 13));
+    let (xt, wt) = (vals(2048 * 4, 14), vals(2048 * 4, 15));
+    let lit = |v: &[f32], dims: &[usize]| dense(&v.iter().map(|&e| f64::from(e)).collect::<Vec<_>>(), dims, false);
+    let Some(r) = execute(
+        "f16_accumulation",
+        r#"  input %a: f16[1,2,4096]
+  input %w: f16[4096,3]
+  input %q: f16[2,1,4096]
+  input %kb: f16[2,4096,2]
+  input %kp: f16[1,4096,2]
+  input %ga: f16[2,4096]
+  input %gb: f16[3,4096]
+  input %gc: f16[3]
+  input %x: f16[1,1024,3,3]
+  input %cw: f16[2,1024,2,2]
+  input %cb: f16[2]
+  input %x1: f16[1,4096,3]
+  input %w1: f16[2,2048,2]
+  input %xt: f16[1,2048,2,2]
+  input %wt: f16[2048,1,2,2]
+  %m = MatMul "proj"(%a, %w) @f16
+  %b = MatMul "batched"(%q, %kb) @f16
+  %p = MatMul "bcast"(%q, %kp) @f16
+  %g = Gemm "fc"(%ga, %gb, %gc) {transB=1, alpha=0.5, beta=2.0} @f16
+  %c = Conv "conv"(%x, %cw, %cb) @f16
+  %d = Conv "grouped"(%x1, %w1) {group=2} @f16
+  %t = ConvTranspose "up"(%xt, %wt) @f16
+  %m32 = Cast "m32"(%m) {to=1}
+  %b32 = Cast "b32"(%b) {to=1}
+  %p32 = Cast "p32"(%p) {to=1}
+  %g32 = Cast "g32"(%g) {to=1}
+  %c32 = Cast "c32"(%c) {to=1}
+  %d32 = Cast "d32"(%d) {to=1}
+  %t32 = Cast "t32"(%t) {to=1}
+  output %m32, %b32, %p32, %g32, %c32, %d32, %t32"#,
+        &[
+            ("tensor<1x2x4096xf16>", &lit(&a, &[1, 2, K])),
+            ("tensor<4096x3xf16>", &lit(&w, &[K, 3])),
+            ("tensor<2x1x4096xf16>", &lit(&q, &[2, 1, K])),
+            ("tensor<2x4096x2xf16>", &lit(&kb, &[2, K, 2])),
+            ("tensor<1x4096x2xf16>", &lit(&kp, &[1, K, 2])),
+            ("tensor<2x4096xf16>", &lit(&ga, &[2, K])),
+            ("tensor<3x4096xf16>", &lit(&gb, &[3, K])),
+            ("tensor<3xf16>", &lit(&gc, &[3])),
+            ("tensor<1x1024x3x3xf16>", &lit(&x, &[1, 1024, 3, 3])),
+            ("tensor<2x1024x2x2xf16>", &lit(&cw, &[2, 1024, 2, 2])),
+            ("tensor<2xf16>", &lit(&cb, &[2])),
+            ("tensor<1x4096x3xf16>", &lit(&x1, &[1, K, 3])),
+            ("tensor<2x2048x2xf16>", &lit(&w1, &[2, K / 2, 2])),
+            ("tensor<1x2048x2x2xf16>", &lit(&xt, &[1, 2048, 2, 2])),
+            ("tensor<2048x1x2x2xf16>", &lit(&wt, &[2048, 1, 2, 2])),
+        ],
+    ) else {
+        return;
+    };
+    // Row-major [batch][rows][cols] products of a (batch × rows × K) and
+    // b (batch × K × cols), a batch of 1 broadcast; f32 or f16 sums.
+    let matmul = |a: &[f32], b: &[f32], [ba, bb, rows, cols]: [usize; 4], f16_acc: bool| -> Vec<f32> {
+        let mut y = Vec::new();
+        for n in 0..ba.max(bb) {
+            let (na, nb) = (if ba == 1 { 0 } else { n }, if bb == 1 { 0 } else { n });
+            for i in 0..rows {
+                for j in 0..cols {
+                    let terms = (0..K).map(|k| (a[(na * rows + i) * K + k], b[(nb * K + k) * cols + j]));
+                    y.push(dot(0.0, terms, f16_acc));
+                }
+            }
+        }
+        y
+    };
+    let rounded = |v: &[f32]| -> Vec<f64> { v.iter().map(|&e| f64::from(round_f16(e))).collect() };
+    // The f32 sums and, to show the test tells the two apart, f16 ones.
+    let shapes = [(&a, &w, [1, 1, 2, 3]), (&q, &kb, [2, 2, 1, 2]), (&q, &kp, [2, 1, 1, 2])];
+    for (i, (lhs, rhs, dims)) in shapes.into_iter().enumerate() {
+        let want = matmul(lhs, rhs, dims, false);
+        let f16_sums = matmul(lhs, rhs, dims, true);
+        assert!(want.iter().zip(&f16_sums).all(|(s, h)| round_f16(*s) != *h), "f16 sums {f16_sums:?} vs {want:?}");
+        assert_eq!(r[i], rounded(&want), "matmul {i}");
+    }
+    // Gemm: 0.5·A·Bᵀ + 2·C, in f32 then rounded.
+    let gbt: Vec<f32> = (0..K * 3).map(|i| gb[(i % 3) * K + i / 3]).collect();
+    let ab = matmul(&ga, &gbt, [1, 1, 2, 3], false);
+    let want: Vec<f32> = ab.iter().enumerate().map(|(i, &s)| 0.5 * s + 2.0 * gc[i % 3]).collect();
+    assert_eq!(r[3], rounded(&want), "gemm");
+    // The convolutions, summed exactly by the plain references.
+    let f64s = |v: &[f32]| -> Vec<f64> { v.iter().map(|&e| f64::from(e)).collect() };
+    let win = |x: &'static [usize], w: &'static [usize], group: usize| Window {
+        x,
+        w,
+        strides: &[1, 1],
+        dilations: &[1, 1],
+        pads: &[0, 0, 0, 0],
+        group,
+    };
+    let (conv, _) = conv_ref(&f64s(&x), &f64s(&cw), Some(&f64s(&cb)), &win(&[1, 1024, 3, 3], &[2, 1024, 2, 2], 1));
+    let grouped = Window { strides: &[1], dilations: &[1], pads: &[0, 0], ..win(&[1, K, 3], &[2, K / 2, 2], 2) };
+    let (grouped, _) = conv_ref(&f64s(&x1), &f64s(&w1), None, &grouped);
+    let up = conv_transpose_ref(&f64s(&xt), &f64s(&wt), None, &win(&[1, 2048, 2, 2], &[2048, 1, 2, 2], 1), &[0, 0]);
+    for (tag, got, sums) in [("conv", &r[4], conv), ("grouped conv", &r[5], grouped), ("conv transpose", &r[6], up)] {
+        assert!(sums.iter().all(|&s| s > 2048.0 && s == f64::from(s as f32)), "{tag}: {sums:?}");
+        let want: Vec<f64> = sums.iter().map(|&s| f64::from(round_f16(s as f32))).collect();
+        assert_eq!(*got, want, "{tag}");
+    }
+}

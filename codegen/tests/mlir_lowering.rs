@@ -653,3 +653,131 @@ graph "old_pad" {
     mlir_opt_plain(&out.text, "old_pad");
     has(&out, &["tensor.pad", "7.500000e+00", "tensor<2x6xf32>"]);
 }
+
+/// Emits `body` and checks that its one contraction (`op` names the line:
+/// a named op, or `"reduction"` for a contracting `linalg.generic`) reads
+/// f16 operands into an f32 accumulator, that no arithmetic runs in f16,
+/// and that the result is rounded to f16 exactly once.
+fn accumulates_in_f32(name: &str, body: &str, op: &str) -> MlirOutput {
+    let out = emit(name, body);
+    let into_f32 = out.text.lines().any(|l| {
+        l.contains(op)
+            && l.split_once("outs(").is_some_and(|(ins, outs)| ins.contains("xf16>") && outs.contains("xf32>"))
+    });
+    assert!(into_f32, "{name}: no {op} from f16 into an f32 accumulator:\n{}", out.text);
+    assert!(out.text.contains("linalg.fill ins(%cst : f32)") || out.text.contains("arith.extf"), "{}", out.text);
+    let f16_math = out
+        .text
+        .lines()
+        .filter(|l| ["arith.addf", "arith.mulf"].iter().any(|a| l.contains(a)) && l.trim_end().ends_with(": f16"));
+    assert_eq!(f16_math.count(), 0, "{name}: f16 arithmetic:\n{}", out.text);
+    assert_eq!(out.text.matches("arith.truncf").count(), 1, "{name}: one rounding:\n{}", out.text);
+    out
+}
+
+/// Contractions over f16 accumulate in f32 and round once, as cuBLAS and
+/// cuDNN do with an f32 compute type: convolutions (named, grouped through a
+/// `linalg.generic`, transposed), Gemm (with α and β·C, and without), and
+/// MatMul against a 2-D weight, batched and with a broadcast batch.
+#[test]
+fn f16_contractions_accumulate_in_f32_and_round_once() {
+    let conv = accumulates_in_f32(
+        "conv_f16",
+        r#"  input %x: f16[batch,3,9,9]
+  input %w: f16[8,3,3,3]
+  input %b: f16[8]
+  %y = Conv "conv"(%x, %w, %b) {pads=[1, 1, 1, 1], strides=[2, 2]} @f16
+  output %y"#,
+        "linalg.conv_2d_nchw_fchw",
+    );
+    has(&conv, &["linalg.broadcast", "tensor<8xf32>", "tensor<?x8x5x5xf32>", "tensor<?x8x5x5xf16>"]);
+    let grouped = accumulates_in_f32(
+        "grouped_conv1d_f16",
+        r#"  input %x: f16[batch,4,9]
+  input %w: f16[4,2,3]
+  %y = Conv "grouped1"(%x, %w) {group=2, dilations=[2]} @f16
+  output %y"#,
+        "\"reduction\"",
+    );
+    has(&grouped, &["linalg.fill", "arith.extf", "tensor<?x2x2x5xf32>"]);
+    accumulates_in_f32(
+        "depthwise_f16",
+        r#"  input %x: f16[batch,4,6,6]
+  input %w: f16[4,1,3,3]
+  %y = Conv "dw"(%x, %w) {group=4, pads=[1, 1, 1, 1]} @f16
+  output %y"#,
+        "linalg.conv_2d_ngchw_gfchw",
+    );
+    let up = accumulates_in_f32(
+        "conv_transpose_f16",
+        r#"  input %x: f16[batch,4,5,6]
+  input %w: f16[4,3,3,2]
+  input %b: f16[6]
+  %t = ConvTranspose "up"(%x, %w, %b) {group=2, strides=[2, 3], pads=[1, 0, 0, 1]} @f16
+  output %t"#,
+        "\"reduction\"",
+    );
+    has(&up, &["tensor.insert_slice", "arith.extf"]);
+    let gemm = accumulates_in_f32(
+        "gemm_f16",
+        r#"  input %a: f16[batch,64]
+  input %b: f16[10,64]
+  input %c: f16[10]
+  %y = Gemm "fc"(%a, %b, %c) {transB=1, alpha=0.5, beta=2.0} @f16
+  output %y"#,
+        "linalg.matmul",
+    );
+    has(&gemm, &["arith.extf", "tensor<?x10xf32>", "tensor<?x10xf16>"]);
+    accumulates_in_f32(
+        "gemm_plain_f16",
+        r#"  input %a: f16[8,64]
+  input %b: f16[64,10]
+  %y = Gemm "fc"(%a, %b) @f16
+  output %y"#,
+        "linalg.matmul",
+    );
+    let proj = accumulates_in_f32(
+        "matmul_2d_weight_f16",
+        r#"  input %x: f16[batch,8,16]
+  input %w: f16[16,4]
+  %y = MatMul "proj"(%x, %w) @f16
+  output %y"#,
+        "linalg.matmul",
+    );
+    has(&proj, &["tensor.expand_shape", "tensor<?x8x4xf16>"]);
+    accumulates_in_f32(
+        "batch_matmul_f16",
+        r#"  input %q: f16[batch,2,8,4]
+  input %k: f16[batch,2,4,8]
+  %s = MatMul "scores"(%q, %k) @f16
+  output %s"#,
+        "linalg.batch_matmul",
+    );
+    let bcast = accumulates_in_f32(
+        "broadcast_matmul_f16",
+        r#"  input %q: f16[batch,2,8,4]
+  input %p: f16[2,4,8]
+  %t = MatMul "bcast"(%q, %p) @f16
+  output %t"#,
+        "\"reduction\"",
+    );
+    has(&bcast, &["arith.extf", "tensor<?x2x8x8xf32>"]);
+}
+
+/// f32 operands accumulate in f32 with nothing extended or rounded.
+#[test]
+fn f32_contractions_are_not_converted() {
+    let out = emit(
+        "f32_contractions",
+        r#"  input %x: f32[1,3,9,9]
+  input %w: f32[8,3,3,3]
+  input %a: f32[4,16]
+  input %b: f32[16,4]
+  input %c: f32[4]
+  %y = Conv "conv"(%x, %w) @f32
+  %g = Gemm "fc"(%a, %b, %c) {alpha=0.5} @f32
+  %m = MatMul "mm"(%a, %b) @f32
+  output %y, %g, %m"#,
+    );
+    assert!(!out.text.contains("arith.extf") && !out.text.contains("arith.truncf"), "{}", out.text);
+}

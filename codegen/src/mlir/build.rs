@@ -427,6 +427,18 @@ impl Emitter<'_> {
         Some(self.generic_op(&with_maps, &init, &id, &iters, body))
     }
 
+    /// `x` with element type `dt`: itself when it has it, else one
+    /// elementwise `linalg.generic` extending or rounding each element
+    /// (`arith.extf`/`arith.truncf`).
+    pub(super) fn converted(&mut self, x: &Operand, dt: DType) -> Option<Operand> {
+        if x.dt == dt {
+            return Some(x.clone());
+        }
+        let from = x.dt;
+        let shape = x.shape.clone();
+        self.ewise(&[x], &shape, dt, |b, a| b.convert(&a[0], from, dt))
+    }
+
     /// A reduction of `x` over `axes` (sorted, distinct) into an
     /// accumulator of type `dt` starting from the literal `init`;
     /// `combine(body, element, accumulator)`. The result keeps the reduced

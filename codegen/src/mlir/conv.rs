@@ -2,7 +2,10 @@
 //!
 //! `Conv` pads the spatial axes (`tensor.pad`; explicit `pads` or `SAME_*`)
 //! and accumulates into the bias broadcast over the output
-//! (`linalg.broadcast`) or zeros: ungrouped through the named op of its rank
+//! (`linalg.broadcast`) or zeros, in f32 for 16-bit floats (`acc_type`: the
+//! named ops extend their inputs to the accumulator's type, the generics do
+//! it with `arith.extf`) and rounded once to the output type at the end, as
+//! cuDNN does with an f32 compute type; ungrouped through the named op of its rank
 //! (`linalg.conv_1d_ncw_fcw`, `conv_2d_nchw_fchw`, `conv_3d_ncdhw_fcdhw`),
 //! grouped 2-D through `linalg.conv_2d_ngchw_gfchw` on views split into
 //! groups (`tensor.expand_shape`), grouped 1-D and 3-D — which have no named
@@ -13,11 +16,12 @@
 //! the kernel flipped and its channel axes swapped (a copying
 //! `linalg.generic`), of the input spread out by the strides: inserted with
 //! strides (`tensor.insert_slice`) into zeros that also hold (k − 1)·d − pad
-//! of padding at each end, plus `output_padding` at the end.
+//! of padding at each end, plus `output_padding` at the end. It accumulates
+//! like `Conv`.
 
 use qsync_ir::{DType, Dim, Node, Op, ValueId};
 
-use super::build::Operand;
+use super::build::{acc_type, Operand};
 use super::nn::{dense_i64, window, WINDOW_LIMIT};
 use super::{is_float, Emitter};
 
@@ -57,9 +61,12 @@ impl Emitter<'_> {
         if group < 1 {
             return None;
         }
+        // The accumulator (f32 for 16-bit floats): the bias or zeros.
+        let acc = acc_type(dt);
         let init = match &bias {
             Some(b) => {
-                let e = self.empty(&oshape, dt, &[&x])?;
+                let b = self.converted(b, acc)?;
+                let e = self.empty(&oshape, acc, &[&x])?;
                 let dims: Vec<String> = (0..r).filter(|&i| i != 1).map(|i| i.to_string()).collect();
                 let name = self.line(format!(
                     "linalg.broadcast ins({} : {}) outs({} : {}) dimensions = [{}]",
@@ -71,13 +78,14 @@ impl Emitter<'_> {
                 ));
                 Operand { name, ..e }
             }
-            None => self.filled("0.0", &oshape, dt, &[&x])?,
+            None => self.filled("0.0", &oshape, acc, &[&x])?,
         };
         let y = match node.op {
             Op::ConvTranspose => self.conv_transpose(node, &x, &w, &init, [&k, &s, &d], group)?,
             _ => self.conv_forward(node, &x, &w, &init, [&k, &s, &d], group)?,
         };
-        Some(vec![self.reshape(&y, &oshape)?.name])
+        let y = self.reshape(&y, &oshape)?;
+        Some(vec![self.converted(&y, dt)?.name])
     }
 
     /// `Conv` into `init`; `ksd` = kernel sizes, strides, dilations.
@@ -196,7 +204,8 @@ impl Emitter<'_> {
         self.grouped_correlation(&xg, &wf, &og, &vec![1; n], d)
     }
 
-    /// A named convolution `op` of `x` and `w` accumulating into `init`.
+    /// A named convolution `op` of `x` and `w` accumulating into `init`
+    /// (whose element type may be wider: the op extends its inputs to it).
     fn named_conv(&mut self, op: &str, attrs: &str, x: &Operand, w: &Operand, init: &Operand) -> Operand {
         let ty = init.ty();
         let name = self.line(format!(
@@ -212,7 +221,8 @@ impl Emitter<'_> {
 
     /// `init[n, g, f, o…] += Σ_c Σ_k x[n, g, c, o·s + k·d] · w[g, f, c, k]`
     /// as a `linalg.generic` (x N×G×C/G×…, w G×F/G×C/G×k…, init N×G×F/G×…),
-    /// accumulating in the element type like the named ops.
+    /// accumulating in `init`'s element type (`x` and `w` extended to it
+    /// first, as the named ops do).
     fn grouped_correlation(
         &mut self,
         x: &Operand,
@@ -242,9 +252,11 @@ impl Emitter<'_> {
         let om: Vec<String> = (0..n + 3).map(|i| format!("d{i}")).collect();
         let mut iters = vec!["parallel"; n + 3];
         iters.extend(vec!["reduction"; n + 1]);
-        let dt: DType = init.dt;
+        let (dt, xt, wt): (DType, DType, DType) = (init.dt, x.dt, w.dt);
         Some(self.generic_op(&[(x, xm), (w, wm)], init, &om, &iters, |b, a| {
-            let p = b.bin("mulf", &a[0], &a[1], dt);
+            let xv = b.convert(&a[0], xt, dt);
+            let wv = b.convert(&a[1], wt, dt);
+            let p = b.bin("mulf", &xv, &wv, dt);
             b.bin("addf", &p, &a[2], dt)
         }))
     }

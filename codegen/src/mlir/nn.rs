@@ -299,6 +299,8 @@ impl Emitter<'_> {
         (r.shape == oshape).then_some(vec![r.name])
     }
 
+    /// `Gemm` → `linalg.matmul` into β·C (or zeros), α applied after; for
+    /// 16-bit floats all of it in f32, rounded once.
     fn gemm(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let a = self.input(node, 0)?;
         let b = self.input(node, 1)?;
@@ -320,22 +322,27 @@ impl Emitter<'_> {
         if c.as_ref().is_some_and(|c| c.dt != dt) {
             return None;
         }
-        // The accumulator: beta·C broadcast to the output, or zeros.
+        // The accumulator, in f32 for 16-bit floats: beta·C broadcast to the
+        // output, or zeros.
+        let at = acc_type(dt);
         let acc = match &c {
-            Some(c) if beta == 1.0 && c.shape == oshape => c.clone(),
+            Some(c) if beta == 1.0 && c.shape == oshape && at == dt => c.clone(),
             Some(c) => {
-                let bl = float_lit(beta, dt);
-                self.ewise(&[c], &oshape, dt, |b, x| match beta == 1.0 {
-                    true => x[0].clone(),
-                    false => {
-                        let k = b.cst(&bl, dt);
-                        b.bin("mulf", &x[0], &k, dt)
+                let bl = float_lit(beta, at);
+                self.ewise(&[c], &oshape, at, |b, x| {
+                    let v = b.convert(&x[0], dt, at);
+                    match beta == 1.0 {
+                        true => v,
+                        false => {
+                            let k = b.cst(&bl, at);
+                            b.bin("mulf", &v, &k, at)
+                        }
                     }
                 })?
             }
-            None => self.filled("0.0", &oshape, dt, &[&a, &b])?,
+            None => self.filled("0.0", &oshape, at, &[&a, &b])?,
         };
-        let init = if alpha == 1.0 { acc.clone() } else { self.filled("0.0", &oshape, dt, &[&a, &b])? };
+        let init = if alpha == 1.0 { acc.clone() } else { self.filled("0.0", &oshape, at, &[&a, &b])? };
         let maps = if ta || tb {
             let am = if ta { "(d2, d0)" } else { "(d0, d2)" };
             let bm = if tb { "(d1, d2)" } else { "(d2, d1)" };
@@ -355,15 +362,17 @@ impl Emitter<'_> {
             b.ty(),
             init.name
         ));
-        if alpha == 1.0 {
-            return Some(vec![name]);
-        }
         let ab = Operand { name, ..init };
-        let al = float_lit(alpha, dt);
+        if alpha == 1.0 {
+            return Some(vec![self.converted(&ab, dt)?.name]);
+        }
+        // alpha·AB + beta·C in the accumulator's type, rounded once.
+        let al = float_lit(alpha, at);
         let r = self.ewise(&[&ab, &acc], &oshape, dt, |b, x| {
-            let k = b.cst(&al, dt);
-            let m = b.bin("mulf", &x[0], &k, dt);
-            b.bin("addf", &m, &x[1], dt)
+            let k = b.cst(&al, at);
+            let m = b.bin("mulf", &x[0], &k, at);
+            let s = b.bin("addf", &m, &x[1], at);
+            b.convert(&s, at, dt)
         })?;
         Some(vec![r.name])
     }

@@ -229,7 +229,8 @@ impl Emitter<'_> {
     /// `MatMul` (operands of rank ≥ 2, one element type): `linalg.matmul`
     /// (leading axes of the left operand folded into its rows when the right
     /// one is 2-D), `linalg.batch_matmul` for equal batch axes (folded into
-    /// one), else a contracting `linalg.generic` with broadcast batch axes.
+    /// one), else a contracting `linalg.generic` with broadcast batch axes;
+    /// 16-bit floats accumulate in f32 and round once.
     pub(super) fn matmul(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let a = self.operand(node.input(0)?)?;
         let b = self.operand(node.input(1)?)?;
@@ -240,8 +241,11 @@ impl Emitter<'_> {
         }
         let prod = |s: &[Dim]| s.iter().fold(Dim::from(1), |p, d| p.mul(d));
         let tags = self.tags(node);
+        // Sums accumulate in f32 for 16-bit floats (the named ops extend
+        // their inputs to the accumulator's type) and round once at the end.
+        let at = acc_type(dt);
         let named = |this: &mut Self, op: &str, x: &Operand, y: &Operand, shape: Vec<Dim>| -> Option<Operand> {
-            let init = this.filled("0.0", &shape, dt, &[x, y])?;
+            let init = this.filled("0.0", &shape, at, &[x, y])?;
             let ty = init.ty();
             let name = this.line(format!(
                 "{op} {{{tags}}} ins({}, {} : {}, {}) outs({} : {ty}) -> {ty}",
@@ -276,16 +280,18 @@ impl Emitter<'_> {
             let (dm, dn, dk) = (format!("d{}", r - 2), format!("d{}", r - 1), format!("d{r}"));
             let am = side(&a, [dm.clone(), dk.clone()])?;
             let bm = side(&b, [dk, dn])?;
-            let init = self.filled("0.0", &oshape, dt, &[&a, &b])?;
+            let init = self.filled("0.0", &oshape, at, &[&a, &b])?;
             let id: Vec<String> = (0..r).map(|i| format!("d{i}")).collect();
             let mut iters = vec!["parallel"; r];
             iters.push("reduction");
             self.generic_op(&[(&a, am), (&b, bm)], &init, &id, &iters, |bd, x| {
-                let p = bd.bin("mulf", &x[0], &x[1], dt);
-                bd.bin("addf", &p, &x[2], dt)
+                let xa = bd.convert(&x[0], dt, at);
+                let xb = bd.convert(&x[1], dt, at);
+                let p = bd.bin("mulf", &xa, &xb, at);
+                bd.bin("addf", &p, &x[2], at)
             })
         };
-        Some(vec![res.name])
+        Some(vec![self.converted(&res, dt)?.name])
     }
 
     /// `Softmax` over the last axis → `linalg.softmax` (an explicit `axis`
