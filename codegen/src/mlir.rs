@@ -40,7 +40,8 @@
 //!   needs) and `linalg.pooling_nchw_max` over a `tensor.empty` window;
 //!   `AveragePool` → `linalg.pooling_nchw_sum` divided by the window size,
 //!   or, when pads do not count or `ceil_mode` adds some, by the window sums
-//!   of a padded ones tensor (a second `linalg.pooling_nchw_sum`);
+//!   of a padded ones tensor (a second `linalg.pooling_nchw_sum`); windows
+//!   of f16/bf16 sum in f32 and the mean rounds once;
 //! - `GlobalAveragePool`/`GlobalMaxPool`, `ReduceSum`/`ReduceMean`/
 //!   `ReduceMax`/`ReduceMin` (float; axes from the attribute or a constant
 //!   input) → a reducing `linalg.generic` (keepdims through a constant

@@ -1115,3 +1115,55 @@ fn f16_contractions_accumulate_in_f32_and_round_once() {
         assert_eq!(*got, want, "{tag}");
     }
 }
+
+/// f16 `AveragePool` sums its windows in f32 and rounds once after the
+/// division: with 2048 first in each window, an f16 running sum would stay
+/// at 2048 (2049 rounds to even) and lose every following 1. Covers the
+/// uniform divisor and the per-window counts (excluded padding).
+#[test]
+fn f16_average_pool_sums_in_f32_and_rounds_once() {
+    // x[0, 0] = 2048, the rest 1: window sums are exact in f32.
+    let x: Vec<f32> = (0..9).map(|i| if i == 0 { 2048.0 } else { 1.0 }).collect();
+    let lit = dense(&x.iter().map(|&e| f64::from(e)).collect::<Vec<_>>(), &[1, 1, 3, 3], false);
+    let Some(r) = execute(
+        "f16_average_pool",
+        r#"  input %x: f16[1,1,3,3]
+  %u = AveragePool "whole"(%x) {kernel_shape=[3, 3]} @f16
+  %p = AveragePool "padded"(%x) {kernel_shape=[2, 2], pads=[1, 1, 0, 0]} @f16
+  %u32 = Cast "u32"(%u) {to=1}
+  %p32 = Cast "p32"(%p) {to=1}
+  output %u32, %p32"#,
+        &[("tensor<1x1x3x3xf16>", &lit)],
+    ) else {
+        return;
+    };
+    // Plain reference: the mean of each window's in-bounds elements (pads
+    // do not count), in f32, rounded once; and the f16 running sum that the
+    // test must tell apart from it.
+    let pool = |k: usize, pad: usize, f16_acc: bool| -> Vec<f64> {
+        let o = 3 + pad - k + 1;
+        let mut y = Vec::new();
+        for i in 0..o {
+            for j in 0..o {
+                let (mut s, mut n) = (0.0f32, 0.0f32);
+                for (di, dj) in (0..k).flat_map(|a| (0..k).map(move |b| (a, b))) {
+                    let (r, c) = ((i + di).checked_sub(pad), (j + dj).checked_sub(pad));
+                    if let (Some(r), Some(c)) = (r, c) {
+                        s += x[r * 3 + c];
+                        if f16_acc {
+                            s = round_f16(s);
+                        }
+                        n += 1.0;
+                    }
+                }
+                y.push(f64::from(round_f16(s / n)));
+            }
+        }
+        y
+    };
+    for (tag, got, k, pad) in [("uniform", &r[0], 3, 0), ("counts", &r[1], 2, 1)] {
+        let want = pool(k, pad, false);
+        assert_ne!(want, pool(k, pad, true), "{tag}: the input does not tell the accumulators apart");
+        assert_eq!(*got, want, "{tag}");
+    }
+}

@@ -169,7 +169,10 @@ impl Emitter<'_> {
             ("0.0".into(), "0.0".into())
         };
         let xp = self.pad_spatial(&x, &lo, &high, &pad_lit)?;
-        let init = self.filled(&init_lit, &oshape, dt, &[&x])?;
+        // Window sums of 16-bit floats add up in f32 and round once, after
+        // the division; a maximum is exact in any type.
+        let acc = if max { dt } else { acc_type(dt) };
+        let init = self.filled(&init_lit, &oshape, acc, &[&x])?;
         let win = self.line(format!("tensor.empty() : tensor<{}x{}x{}>", k[0], k[1], elem(dt)));
         let attrs = format!("{{dilations = {}, strides = {}, {}}}", dense_i64(&d), dense_i64(&s), self.tags(node));
         let op = if max { "linalg.pooling_nchw_max" } else { "linalg.pooling_nchw_sum" };
@@ -190,16 +193,19 @@ impl Emitter<'_> {
         let include_pad = node.attr_int("count_include_pad").unwrap_or(0) == 1;
         let uniform = extra == [0, 0] && (include_pad || (lo == [0, 0] && hi == [0, 0]));
         let out = if uniform {
-            let n = self.scalar(&float_lit((k[0] * k[1]) as f64, dt), elem(dt));
-            self.ewise(&[&pooled], &oshape, dt, |b, a| b.bin("divf", &a[0], &n, dt))?
+            let n = self.scalar(&float_lit((k[0] * k[1]) as f64, acc), elem(acc));
+            self.ewise(&[&pooled], &oshape, dt, |b, a| {
+                let q = b.bin("divf", &a[0], &n, acc);
+                b.convert(&q, acc, dt)
+            })?
         } else {
             // Per-window divisors: the window sums of a ones tensor padded
             // like the input (ones on explicit pads when they count).
             let (h, w) = (x.size(2)?, x.size(3)?);
             let ones = Operand {
-                name: self.line(format!("arith.constant dense<1.0> : tensor<1x1x{h}x{w}x{}>", elem(dt))),
+                name: self.line(format!("arith.constant dense<1.0> : tensor<1x1x{h}x{w}x{}>", elem(acc))),
                 shape: vec![Dim::from(1), Dim::from(1), Dim::from(h), Dim::from(w)],
-                dt,
+                dt: acc,
             };
             let ones = match include_pad {
                 true => self.pad_spatial(&ones, &lo, &hi, "1.0")?,
@@ -207,7 +213,7 @@ impl Emitter<'_> {
             };
             let ones = self.pad_spatial(&ones, &[0, 0], &extra, "0.0")?;
             let cshape = vec![Dim::from(1), Dim::from(1), oshape[2].clone(), oshape[3].clone()];
-            let cinit = self.filled("0.0", &cshape, dt, &[])?;
+            let cinit = self.filled("0.0", &cshape, acc, &[])?;
             let cty = cinit.ty();
             let counts = Operand {
                 name: self.line(format!(
@@ -223,7 +229,10 @@ impl Emitter<'_> {
                 )),
                 ..cinit
             };
-            self.ewise(&[&pooled, &counts], &oshape, dt, |b, a| b.bin("divf", &a[0], &a[1], dt))?
+            self.ewise(&[&pooled, &counts], &oshape, dt, |b, a| {
+                let q = b.bin("divf", &a[0], &a[1], acc);
+                b.convert(&q, acc, dt)
+            })?
         };
         Some(vec![out.name])
     }
