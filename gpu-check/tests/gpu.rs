@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use qsync_kernels::reference as r;
 use qsync_kernels::{Half, KernelSpec, QBits, Rounding};
@@ -60,8 +61,14 @@ impl Gpu {
     fn func(&self, spec: KernelSpec) -> CudaFunction {
         self.module.load_function(&spec.name()).unwrap()
     }
-    /// Launches `spec` over its domain with a grid-stride-sized grid.
+    /// Launches `spec` and waits for it.
     fn run(&self, spec: KernelSpec, args: &[A]) {
+        self.launch(spec, args);
+        self.stream.synchronize().unwrap();
+    }
+    /// Launches `spec` over its domain with a grid-stride-sized grid, without
+    /// waiting.
+    fn launch(&self, spec: KernelSpec, args: &[A]) {
         let raw: Vec<u64> = args.iter().map(|a| if let A::U(v) = a { *v } else { 0 }).collect();
         let dom = spec.domain(&raw).max(1);
         let blocks = dom.div_ceil(256).min(u64::from(self.sms) * 32) as u32;
@@ -77,7 +84,6 @@ impl Gpu {
         // SAFETY: argument kinds and order follow `spec.args()`; every buffer
         // was sized by the caller for the kernel's domain.
         unsafe { b.launch(cfg) }.unwrap();
-        self.stream.synchronize().unwrap();
     }
 }
 
@@ -250,14 +256,19 @@ fn check_kernels(g: &Gpu) {
     }
 }
 
-/// GB/s of one kernel over 256 MiB of f32 input (best of 5 after a warm-up).
+/// GB/s of one kernel over 256 MiB of f32 input: the best of 5 after a
+/// warm-up, each timed on the GPU between two events around the launch (as
+/// PyTorch's comparison is), so host launch and synchronization costs are
+/// not counted.
 fn bandwidth(g: &Gpu, spec: KernelSpec, bytes_moved: f64, args: &[A]) -> f64 {
     g.run(spec, args);
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let mut best = f64::MAX;
     for _ in 0..5 {
-        let t0 = std::time::Instant::now();
-        g.run(spec, args);
-        best = best.min(t0.elapsed().as_secs_f64());
+        let start = g.stream.record_event(timed).unwrap();
+        g.launch(spec, args);
+        let end = g.stream.record_event(timed).unwrap();
+        best = best.min(f64::from(start.elapsed_ms(&end).unwrap()) / 1e3);
     }
     bytes_moved / best / 1e9
 }
