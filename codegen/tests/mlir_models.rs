@@ -296,15 +296,11 @@ fn squeezenet_amp_f16_matches_onnxruntime() {
     compare("squeezenet_amp_vs_fp32", &m, &got, &fp32, F16_REL);
 }
 
-#[test]
-fn bert_tiny_fp32_matches_onnxruntime() {
-    if !common::tools_present() || !onnxruntime_present() {
-        return;
-    }
-    let m = load("bert_tiny");
+/// bert_tiny's inputs: token ids below the word-embedding table's row
+/// count; the mask keeps the first three quarters of the sequence, the rest
+/// is padding.
+fn bert_tiny_inputs(m: &Model) -> Vec<Vec<u8>> {
     let g = &m.graph;
-    // Token ids below the word-embedding table's row count; the mask keeps
-    // the first three quarters of the sequence, the rest is padding.
     let ids = g.value_by_name("input_ids").expect("input_ids");
     let vocab = g
         .node_ids()
@@ -314,11 +310,10 @@ fn bert_tiny_fp32_matches_onnxruntime() {
         .and_then(|n| g.value(n.input(0)?).init().map(|t| t.dims[0]))
         .expect("the word embedding");
     let mut rng = Rng(2);
-    let inputs: Vec<Vec<u8>> = g
-        .inputs()
+    g.inputs()
         .iter()
         .map(|&v| {
-            let shape = dims(&m, v);
+            let shape = dims(m, v);
             let n = shape.iter().product::<i64>();
             match g.value_name(v) {
                 "input_ids" => i64_bytes((0..n).map(|_| (rng.next() % vocab as u64) as i64)),
@@ -326,8 +321,39 @@ fn bert_tiny_fp32_matches_onnxruntime() {
                 other => panic!("unexpected input {other}"),
             }
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn bert_tiny_fp32_matches_onnxruntime() {
+    if !common::tools_present() || !onnxruntime_present() {
+        return;
+    }
+    let m = load("bert_tiny");
+    let inputs = bert_tiny_inputs(&m);
     let got = run_mlir("bert_tiny_fp32", &m, &inputs);
     let want = run_onnxruntime("bert_tiny_fp32", &models_dir().join("bert_tiny.onnx"), &m, &inputs);
     compare("bert_tiny_fp32", &m, &got, &want, FP32_REL);
+}
+
+/// bert_tiny after `amp` for a T4: f16 matmuls (f32 sums), softmax and
+/// GELU, LayerNorm kept FP32 by the plan; against onnxruntime on the
+/// exported plan and on the FP32 model.
+#[test]
+fn bert_tiny_amp_f16_matches_onnxruntime() {
+    if !common::tools_present() || !onnxruntime_present() {
+        return;
+    }
+    let m = planned("bert_tiny", "amp");
+    let dir = std::env::temp_dir().join(format!("qsync-amp-bert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let onnx = dir.join("bert_tiny.amp.onnx");
+    qsync_onnx::export_file(&m, &onnx).expect("export");
+    let inputs = bert_tiny_inputs(&m);
+    let got = run_mlir("bert_tiny_amp", &m, &inputs);
+    let want = run_onnxruntime("bert_tiny_amp", &onnx, &m, &inputs);
+    let _ = std::fs::remove_dir_all(&dir);
+    compare("bert_tiny_amp", &m, &got, &want, F16_REL);
+    let fp32 = run_onnxruntime("bert_tiny_amp_vs_fp32", &models_dir().join("bert_tiny.onnx"), &m, &inputs);
+    compare("bert_tiny_amp_vs_fp32", &m, &got, &fp32, F16_REL);
 }
