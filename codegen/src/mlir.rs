@@ -30,7 +30,11 @@
 //!   `linalg.generic` (1-D, 3-D: no named op), `tensor.collapse_shape` back;
 //!   like every contraction below, f16/bf16 operands accumulate in f32 (see
 //!   the note after this list);
-//! - `ConvTranspose` (explicit `pads` or `VALID`, static spatial sizes; any
+//! - `ConvTranspose` (explicit `pads`, `VALID`, or pads split from the total
+//!   padding `s·(in − 1) + output_padding + (k − 1)·d + 1 − out` for
+//!   `output_shape` or `SAME_*` — where `out` is `in·s` — with
+//!   `SAME_UPPER` putting the odd one at the end, `SAME_LOWER` and `NOTSET`
+//!   at the beginning, as ONNX defines; static spatial sizes; any
 //!   strides, dilations, `output_padding`, group) → the input inserted with
 //!   strides into zeros that hold the padding (`tensor.insert_slice`), the
 //!   kernel flipped with its channel axes swapped (a copying
@@ -38,6 +42,10 @@
 //!   (accumulating like `Conv`);
 //! - `MaxPool` → `tensor.pad` with −∞ (explicit pads plus what `ceil_mode`
 //!   needs) and `linalg.pooling_nchw_max` over a `tensor.empty` window;
+//!   with its `Indices` output (int64, row-major into the unpadded input,
+//!   or column-major per plane for `storage_order = 1`) → one reducing
+//!   `linalg.generic` carrying (value, index), ties going to the first
+//!   maximum in window order as in onnxruntime (see `nn.rs`);
 //!   `AveragePool` → `linalg.pooling_nchw_sum` divided by the window size,
 //!   or, when pads do not count or `ceil_mode` adds some, by the window sums
 //!   of a padded ones tensor (a second `linalg.pooling_nchw_sum`); windows
@@ -70,7 +78,14 @@
 //!   batch axes are equal (folded into one), else a contracting
 //!   `linalg.generic` that broadcasts the batch axes; all accumulate in f32
 //!   for f16/bf16 operands;
-//! - `Softmax` over the last axis → `linalg.softmax`;
+//! - `Softmax` → `linalg.softmax` over its axis (from opset 13, any
+//!   axis); before opset 13, over the block from `axis` (default 1) on,
+//!   collapsed into one axis around it (`tensor.collapse_shape`/
+//!   `expand_shape`); `LogSoftmax` over the same axes → reductions
+//!   (`x − max`, minus the log of the sum of its exponentials), in f32 for
+//!   16-bit floats. The opset comes from the model ([`emit_mlir_model`]);
+//!   where it is unknown ([`emit_mlir`]) only the axes on which every opset
+//!   agrees lower: an `axis` naming the last axis, or none at rank ≤ 2;
 //! - `LayerNormalization` → mean and variance as reducing `linalg.generic`s
 //!   (in f32 for 16-bit inputs unless `stash_type = 0`), then one
 //!   elementwise `linalg.generic` applying `math.sqrt`, scale and bias;
@@ -124,9 +139,9 @@
 //!   and wrapped, its update written with `tensor.insert` (whole tuples) or
 //!   `tensor.insert_slice`, combined first with the old value or slice
 //!   (`arith` op, `linalg.generic`) for `add`/`mul`/`max`/`min`;
-//! - anything else (e.g. `ConvTranspose` with `output_shape` or `SAME_*`,
-//!   `MaxPool` with its `Indices` output, `Softmax` over an inner axis, `RandomNormal`,
-//!   `Bernoulli`) — or any node whose
+//! - anything else (e.g. `Softmax`/`LogSoftmax` over an inner axis when
+//!   the opset is unknown, `MaxPool` with `Indices` other than 2-D,
+//!   `RandomNormal`, `Bernoulli`) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering
 //!   above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node
@@ -159,7 +174,7 @@ use melior::ir::operation::OperationLike;
 use melior::ir::Module;
 use melior::utility::register_all_dialects;
 use melior::Context;
-use qsync_ir::{Attr, DType, Graph, Op, TensorType, ValueId};
+use qsync_ir::{Attr, DType, Graph, Model, Op, TensorType, ValueId};
 
 use crate::CodegenError;
 
@@ -329,6 +344,10 @@ struct Emitter<'g> {
     tmp: usize,
     /// The random-stream offset argument, and whether a node reads it.
     rng: random::Offset,
+    /// The model's default-domain opset, when known: ops whose meaning
+    /// changed between opsets (`Softmax`'s axis) lower only where every
+    /// version agrees when it is not.
+    opset: Option<i64>,
 }
 
 impl Emitter<'_> {
@@ -541,14 +560,33 @@ fn symbol(name: &str) -> String {
 /// emitted as generic operations. The function's signature is as the module
 /// doc says: a caller passes the trailing `rng_offset` argument when the
 /// text declares it (`qsync.rng_offset`).
+///
+/// The graph's opset is not known here: ops whose meaning depends on it
+/// lower only where every opset agrees (see [`mlir_text_opset`]).
 pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>) {
-    let (text, generic, _) = module_text(graph, name);
+    mlir_text_opset(graph, name, None)
+}
+
+/// [`mlir_text`] for a graph of the default-domain `opset` (`None` when
+/// unknown).
+pub fn mlir_text_opset(graph: &Graph, name: &str, opset: Option<i64>) -> (String, BTreeMap<String, usize>) {
+    let (text, generic, _) = module_text(graph, name, opset);
     (text, generic)
+}
+
+/// [`mlir_text`] for a model's graph, knowing the model's opset.
+pub fn mlir_text_model(model: &Model, name: &str) -> (String, BTreeMap<String, usize>) {
+    mlir_text_opset(&model.graph, name, known_opset(model))
+}
+
+/// The default-domain opset of `model`, if it declares one.
+fn known_opset(model: &Model) -> Option<i64> {
+    Some(model.opset()).filter(|&v| v > 0)
 }
 
 /// The module text, the generic op types, and whether the function takes
 /// the `rng_offset` argument.
-fn module_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>, bool) {
+fn module_text(graph: &Graph, name: &str, opset: Option<i64>) -> (String, BTreeMap<String, usize>, bool) {
     let mut e = Emitter {
         g: graph,
         names: HashMap::new(),
@@ -561,6 +599,7 @@ fn module_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>, b
         base: 0,
         tmp: 0,
         rng: random::Offset::new(),
+        opset,
     };
     let mut args = Vec::new();
     for (i, &v) in graph.inputs().iter().chain(graph.inits()).enumerate() {
@@ -605,8 +644,24 @@ fn module_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>, b
 
 /// Emits `graph` as MLIR and verifies it in-process (unregistered dialects
 /// allowed exactly when generic `qsync.*` operations were needed).
+///
+/// The graph's opset is not known here: ops whose meaning depends on it
+/// (`Softmax`/`LogSoftmax` on an inner axis) lower only where every opset
+/// agrees and stay generic otherwise. [`emit_mlir_model`] knows the opset.
 pub fn emit_mlir(graph: &Graph, name: &str) -> Result<MlirOutput, CodegenError> {
-    let (text, generic_ops, rng_offset) = module_text(graph, name);
+    emit_mlir_opset(graph, name, None)
+}
+
+/// [`emit_mlir`] for a model's graph, lowering by the model's default-domain
+/// opset.
+pub fn emit_mlir_model(model: &Model, name: &str) -> Result<MlirOutput, CodegenError> {
+    emit_mlir_opset(&model.graph, name, known_opset(model))
+}
+
+/// [`emit_mlir`] for a graph of the default-domain `opset` (`None` when
+/// unknown).
+pub fn emit_mlir_opset(graph: &Graph, name: &str, opset: Option<i64>) -> Result<MlirOutput, CodegenError> {
+    let (text, generic_ops, rng_offset) = module_text(graph, name, opset);
     let printed = verify_text(&text, !generic_ops.is_empty())
         .map_err(|message| CodegenError::Mlir { graph: name.to_string(), message })?;
     Ok(MlirOutput { text: printed, generic_ops, rng_offset })

@@ -17,14 +17,20 @@ fn execute(tag: &str, body: &str, args: &[(&str, &str)]) -> Option<Vec<Vec<f64>>
 /// As [`execute`], calling the function once per argument list in order
 /// (all in one process); returns each call's results.
 fn execute_calls(tag: &str, body: &str, calls: &[Vec<(&str, &str)>]) -> Option<Vec<Vec<Vec<f64>>>> {
+    execute_at(18, tag, body, calls)
+}
+
+/// As [`execute_calls`] for a model of the default-domain `opset` (the
+/// emitter is told it).
+fn execute_at(opset: i64, tag: &str, body: &str, calls: &[Vec<(&str, &str)>]) -> Option<Vec<Vec<Vec<f64>>>> {
     if !common::tools_present() {
         return None;
     }
-    let text = format!("opset \"\" 18\ngraph \"g\" {{\n{body}\n}}\n");
+    let text = format!("opset \"\" {opset}\ngraph \"g\" {{\n{body}\n}}\n");
     let mut m = qsync_ir::text::parse_model(&text).expect("text IR");
     let opset = m.opset();
     infer_shapes(&mut m.graph, opset, &InferOptions::default());
-    let (module, generic) = qsync_codegen::mlir::mlir_text(&m.graph, "g");
+    let (module, generic) = qsync_codegen::mlir::mlir_text_model(&m, "g");
     assert!(generic.is_empty(), "{tag}: {generic:?}");
     let rtys: Vec<String> = m.graph.outputs().iter().map(|&v| common::f32_result_type(&m.graph, v)).collect();
     Some(common::run_module(tag, &module, "g", &rtys, calls))
@@ -1166,4 +1172,217 @@ fn f16_average_pool_sums_in_f32_and_rounds_once() {
         assert_ne!(want, pool(k, pad, true), "{tag}: the input does not tell the accumulators apart");
         assert_eq!(*got, want, "{tag}");
     }
+}
+
+/// ONNX `Softmax` (or `LogSoftmax`) of `x` viewed as outer × n × inner,
+/// normalizing along the middle: from opset 13 `n` is the size of `axis`,
+/// before it the product of the axes from `axis` on (inner 1).
+fn softmax_ref(x: &[f64], outer: usize, n: usize, inner: usize, log: bool) -> Vec<f64> {
+    assert_eq!(x.len(), outer * n * inner);
+    let mut y = vec![0.0; x.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            let top = (0..n).fold(f64::NEG_INFINITY, |a, j| a.max(x[at(j)]));
+            let sum: f64 = (0..n).map(|j| (x[at(j)] - top).exp()).sum();
+            for j in 0..n {
+                let t = x[at(j)] - top;
+                y[at(j)] = if log { t - sum.ln() } else { t.exp() / sum };
+            }
+        }
+    }
+    y
+}
+
+/// `Softmax`/`LogSoftmax` over every axis of a 2×3×4 tensor, from opset 13
+/// (one axis) and at opset 11 (the block from `axis` on, default 1).
+#[test]
+fn softmax_over_any_axis_in_both_opset_regimes() {
+    let x: Vec<f64> = (0..24).map(|i| (((i * 7) % 11) as f64 - 5.0) * 0.375).collect();
+    let lit = dense(&x, &[2, 3, 4], false);
+    let args = vec![("tensor<2x3x4xf32>", lit.as_str())];
+    let Some(r13) = execute_at(
+        13,
+        "softmax13",
+        r#"  input %x: f32[2,3,4]
+  %a = Softmax "first"(%x) {axis=0}
+  %b = Softmax "middle"(%x) {axis=1}
+  %c = Softmax "default"(%x)
+  %l = LogSoftmax "log_middle"(%x) {axis=-2}
+  %m = LogSoftmax "log_first"(%x) {axis=-3}
+  output %a, %b, %c, %l, %m"#,
+        std::slice::from_ref(&args),
+    ) else {
+        return;
+    };
+    let r = &r13[0];
+    close("opset 13, axis 0", &r[0], &softmax_ref(&x, 1, 2, 12, false));
+    close("opset 13, axis 1", &r[1], &softmax_ref(&x, 2, 3, 4, false));
+    close("opset 13, default axis", &r[2], &softmax_ref(&x, 6, 4, 1, false));
+    close("opset 13, log, axis -2", &r[3], &softmax_ref(&x, 2, 3, 4, true));
+    close("opset 13, log, axis -3", &r[4], &softmax_ref(&x, 1, 2, 12, true));
+    let Some(r11) = execute_at(
+        11,
+        "softmax11",
+        r#"  input %x: f32[2,3,4]
+  %a = Softmax "default"(%x)
+  %b = Softmax "all"(%x) {axis=0}
+  %c = Softmax "last"(%x) {axis=2}
+  %l = LogSoftmax "log_default"(%x)
+  %m = LogSoftmax "log_all"(%x) {axis=-3}
+  output %a, %b, %c, %l, %m"#,
+        &[args],
+    ) else {
+        return;
+    };
+    let r = &r11[0];
+    close("opset 11, default axis 1", &r[0], &softmax_ref(&x, 2, 12, 1, false));
+    close("opset 11, axis 0", &r[1], &softmax_ref(&x, 1, 24, 1, false));
+    close("opset 11, axis 2", &r[2], &softmax_ref(&x, 6, 4, 1, false));
+    close("opset 11, log, default axis 1", &r[3], &softmax_ref(&x, 2, 12, 1, true));
+    close("opset 11, log, axis -3", &r[4], &softmax_ref(&x, 1, 24, 1, true));
+}
+
+/// Window attributes of a 2-D max pool.
+struct Pool {
+    k: [usize; 2],
+    s: [usize; 2],
+    d: [usize; 2],
+    /// Begin pads then end pads.
+    pads: [usize; 4],
+    ceil: bool,
+    storage_order: i64,
+}
+
+/// ONNX `MaxPool` with `Indices` on N×C×H×W, as onnxruntime computes it:
+/// each window scans its in-bounds positions row by row and keeps the
+/// first one greater than everything before; the index is
+/// `(n·C + c)·H·W + h·W + w` (`storage_order = 0`) or `… + w·H + h` (1).
+fn max_pool_ref(x: &[f64], shape: [usize; 4], p: &Pool) -> (Vec<f64>, Vec<f64>) {
+    let [n, c, h, w] = shape;
+    let out = |i: usize, size: usize| {
+        let span = (p.k[i] - 1) * p.d[i] + 1;
+        let room = size + p.pads[i] + p.pads[2 + i] - span;
+        let o = if p.ceil { room.div_ceil(p.s[i]) } else { room / p.s[i] } + 1;
+        // Ceil mode drops a last window that would start in the end padding.
+        if p.ceil && (o - 1) * p.s[i] >= size + p.pads[i] {
+            o - 1
+        } else {
+            o
+        }
+    };
+    let (oh, ow) = (out(0, h), out(1, w));
+    let (mut ys, mut is) = (Vec::new(), Vec::new());
+    for plane in 0..n * c {
+        for a in 0..oh {
+            for b in 0..ow {
+                let mut best: Option<(f64, usize, usize)> = None;
+                for i in 0..p.k[0] {
+                    for j in 0..p.k[1] {
+                        let r = (a * p.s[0] + i * p.d[0]) as i64 - p.pads[0] as i64;
+                        let q = (b * p.s[1] + j * p.d[1]) as i64 - p.pads[1] as i64;
+                        if r < 0 || q < 0 || r >= h as i64 || q >= w as i64 {
+                            continue;
+                        }
+                        let v = x[plane * h * w + r as usize * w + q as usize];
+                        if best.is_none_or(|(bv, _, _)| v > bv) {
+                            best = Some((v, r as usize, q as usize));
+                        }
+                    }
+                }
+                let (v, r, q) = best.expect("a window inside the input");
+                ys.push(v);
+                let local = if p.storage_order == 0 { r * w + q } else { q * h + r };
+                is.push((plane * h * w + local) as f64);
+            }
+        }
+    }
+    (ys, is)
+}
+
+/// `MaxPool`'s values and `Indices` (cast to f32 to be printed) on data full
+/// of ties, with padding, strides, dilations, ceil mode and both storage
+/// orders, against onnxruntime's definition.
+#[test]
+fn max_pool_indices_compute_onnx_values() {
+    let shape = [2, 2, 5, 6];
+    // Few distinct values: many windows hold their maximum twice.
+    let x: Vec<f64> = (0..120).map(|i| ((i * 7 + i / 6) % 5) as f64 - 2.0).collect();
+    let Some(r) = execute(
+        "max_pool_indices",
+        r#"  input %x: f32[2,2,5,6]
+  %y1, %i1 = MaxPool "plain"(%x) {kernel_shape=[2, 2]}
+  %y2, %i2 = MaxPool "padded"(%x) {kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]}
+  %y3, %i3 = MaxPool "cols"(%x) {kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 0, 1], storage_order=1}
+  %y4, %i4 = MaxPool "ceil"(%x) {kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 1], ceil_mode=1}
+  %y5, %i5 = MaxPool "ceil_cols"(%x) {kernel_shape=[2, 3], strides=[2, 2], ceil_mode=1, storage_order=1}
+  %f1 = Cast "f1"(%i1) {to=1}
+  %f2 = Cast "f2"(%i2) {to=1}
+  %f3 = Cast "f3"(%i3) {to=1}
+  %f4 = Cast "f4"(%i4) {to=1}
+  %f5 = Cast "f5"(%i5) {to=1}
+  output %y1, %f1, %y2, %f2, %y3, %f3, %y4, %f4, %y5, %f5"#,
+        &[("tensor<2x2x5x6xf32>", &dense(&x, &shape, false))],
+    ) else {
+        return;
+    };
+    let pools = [
+        Pool { k: [2, 2], s: [1, 1], d: [1, 1], pads: [0; 4], ceil: false, storage_order: 0 },
+        Pool { k: [3, 3], s: [2, 2], d: [1, 1], pads: [1, 1, 1, 1], ceil: false, storage_order: 0 },
+        Pool { k: [3, 2], s: [2, 2], d: [1, 1], pads: [1, 0, 0, 1], ceil: false, storage_order: 1 },
+        Pool { k: [2, 2], s: [2, 2], d: [2, 1], pads: [0; 4], ceil: true, storage_order: 0 },
+        Pool { k: [2, 3], s: [2, 2], d: [1, 1], pads: [0; 4], ceil: true, storage_order: 1 },
+    ];
+    for (i, p) in pools.iter().enumerate() {
+        let (y, idx) = max_pool_ref(&x, shape, p);
+        close(&format!("max pool {i} values"), &r[2 * i], &y);
+        assert_eq!(r[2 * i + 1], idx, "max pool {i} indices");
+    }
+}
+
+/// `ConvTranspose` whose pads come from `output_shape` (spatial or full,
+/// an odd total going to the beginning) or from `SAME_UPPER`/`SAME_LOWER`
+/// (output `in·s`; the odd one at the end, resp. the beginning).
+#[test]
+fn conv_transpose_output_shape_and_same_compute_onnx_values() {
+    let vals = |n: usize, salt: usize| -> Vec<f64> {
+        (0..n).map(|i| (((i * 31 + salt * 7) % 23) as f64 - 11.0) * 0.25).collect()
+    };
+    let (x, w, b) = (vals(24, 1), vals(54, 2), vals(3, 3));
+    let Some(r) = execute(
+        "convt_auto",
+        r#"  input %x: f32[1,2,4,3]
+  input %w: f32[2,3,3,3]
+  input %b: f32[3]
+  %a = ConvTranspose "shape"(%x, %w, %b) {strides=[3, 2], output_shape=[9, 6]}
+  %u = ConvTranspose "upper"(%x, %w) {strides=[2, 2], auto_pad="SAME_UPPER"}
+  %l = ConvTranspose "lower"(%x, %w, %b) {strides=[2, 2], dilations=[2, 1], auto_pad="SAME_LOWER"}
+  %f = ConvTranspose "full_shape"(%x, %w) {strides=[2, 2], output_shape=[1, 3, 8, 7], output_padding=[1, 1], auto_pad="SAME_UPPER"}
+  output %a, %u, %l, %f"#,
+        &[
+            ("tensor<1x2x4x3xf32>", &dense(&x, &[1, 2, 4, 3], false)),
+            ("tensor<2x3x3x3xf32>", &dense(&w, &[2, 3, 3, 3], false)),
+            ("tensor<3xf32>", &dense(&b, &[3], false)),
+        ],
+    ) else {
+        return;
+    };
+    let (xs, ws) = ([1, 2, 4, 3], [2, 3, 3, 3]);
+    let win = |strides, dilations, pads| Window { x: &xs, w: &ws, strides, dilations, pads, group: 1 };
+    // Totals s·(in − 1) + output_padding + (k − 1)·d + 1 − out, split by mode.
+    let split =
+        |total: usize, upper: bool| if upper { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+    let pads = |h: (usize, usize), w: (usize, usize)| [h.0, w.0, h.1, w.1];
+    // output_shape [9, 6], NOTSET: totals 3·3 + 3 − 9 = 3 and 2·2 + 3 − 6 = 1.
+    let p = pads(split(3, false), split(1, false));
+    close("output_shape", &r[0], &conv_transpose_ref(&x, &w, Some(&b), &win(&[3, 2], &[1, 1], &p), &[0, 0]));
+    // SAME_UPPER, out 8×6: totals 2·3 + 3 − 8 = 1 and 2·2 + 3 − 6 = 1.
+    let p = pads(split(1, true), split(1, true));
+    close("same upper", &r[1], &conv_transpose_ref(&x, &w, None, &win(&[2, 2], &[1, 1], &p), &[0, 0]));
+    // SAME_LOWER, dilations [2, 1], out 8×6: totals 2·3 + 5 − 8 = 3 and 1.
+    let p = pads(split(3, false), split(1, false));
+    close("same lower", &r[2], &conv_transpose_ref(&x, &w, Some(&b), &win(&[2, 2], &[2, 1], &p), &[0, 0]));
+    // output_shape 8×7 with output_padding 1: totals 2·3 + 1 + 3 − 8 = 2 and 2·2 + 1 + 3 − 7 = 1.
+    let p = pads(split(2, true), split(1, true));
+    close("full output_shape", &r[3], &conv_transpose_ref(&x, &w, None, &win(&[2, 2], &[1, 1], &p), &[1, 1]));
 }

@@ -5,17 +5,23 @@
 
 use std::process::Command;
 
-use qsync_codegen::{emit_mlir, MlirOutput};
+use qsync_codegen::{emit_mlir, emit_mlir_model, MlirOutput};
 use qsync_ir::infer::{infer_shapes, InferOptions};
 
 fn emit(name: &str, body: &str) -> MlirOutput {
-    let text = format!("opset \"\" 18\ngraph \"{name}\" {{\n{body}\n}}\n");
+    emit_at(18, name, body)
+}
+
+/// [`emit`] for a model of the given default-domain opset (the emitter is
+/// told it).
+fn emit_at(opset: i64, name: &str, body: &str) -> MlirOutput {
+    let text = format!("opset \"\" {opset}\ngraph \"{name}\" {{\n{body}\n}}\n");
     let mut m = qsync_ir::text::parse_model(&text).expect("text IR");
     let opset = m.opset();
     infer_shapes(&mut m.graph, opset, &InferOptions::default());
-    let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let out = emit_mlir_model(&m, name).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(out.all_ops_mapped(), "{name}: generic {:?}\n{}", out.generic_ops, out.text);
-    let again = emit_mlir(&m.graph, name).expect("second emission");
+    let again = emit_mlir_model(&m, name).expect("second emission");
     assert_eq!(out.text, again.text, "{name}: emission is deterministic");
     mlir_opt_plain(&out.text, name);
     out
@@ -326,20 +332,23 @@ graph "odd" {
   input %r: f32[]
   init %one: f32[] = [1.0]
   %c = Conv "rank_mismatch"(%x, %w)
-  %p, %i = MaxPool "with_indices"(%y) {kernel_shape=[2, 2]}
+  %p, %i = MaxPool "with_indices_1d"(%x) {kernel_shape=[2]}
   %s = Softmax "inner_axis"(%y) {axis=1}
+  %l = LogSoftmax "inner_axis_log"(%y)
   %d = Dropout "ratio_one"(%y, %one, %t)
   %z = Conv "zero_stride"(%y, %y) {strides=[0, 0]}
   %q = AveragePool "huge"(%y) {kernel_shape=[9, 9], pads=[9223372036854775807, 0, 0, 0]}
   %u = Split "scalar"(%r)
-  output %c, %p, %i, %s, %d, %z, %q, %u
+  output %c, %p, %i, %s, %d, %z, %q, %u, %l
 }
 "#;
     let mut m = qsync_ir::text::parse_model(text).expect("text IR");
     let opset = m.opset();
     infer_shapes(&mut m.graph, opset, &InferOptions::default());
     let out = emit_mlir(&m.graph, "odd").expect("generic forms verify");
-    for op in ["Conv", "MaxPool", "Softmax", "Dropout", "AveragePool"] {
+    // Without the model the opset is unknown: Softmax and LogSoftmax on an
+    // inner axis (whose meaning changed in opset 13) stay generic.
+    for op in ["Conv", "MaxPool", "Softmax", "LogSoftmax", "Dropout", "AveragePool"] {
         assert!(out.generic_ops.contains_key(op), "{op} stays generic: {:?}", out.generic_ops);
     }
     assert!(out.warning().is_some());
@@ -780,4 +789,109 @@ fn f32_contractions_are_not_converted() {
   output %y, %g, %m"#,
     );
     assert!(!out.text.contains("arith.extf") && !out.text.contains("arith.truncf"), "{}", out.text);
+}
+
+/// From opset 13 `Softmax`/`LogSoftmax` normalize along one axis, any of
+/// them: `linalg.softmax dimension(axis)` on the input itself, and
+/// reductions over that axis.
+#[test]
+fn softmax_over_an_inner_axis_from_opset_13() {
+    let out = emit_at(
+        13,
+        "softmax13",
+        r#"  input %x: f32[batch,3,4]
+  input %h: f16[2,3,4]
+  %a = Softmax "first"(%x) {axis=0}
+  %b = Softmax "middle"(%x) {axis=-2}
+  %c = Softmax "default"(%x)
+  %l = LogSoftmax "log_middle"(%x) {axis=1}
+  %m = LogSoftmax "log_half"(%h) {axis=0} @f16
+  output %a, %b, %c, %l, %m"#,
+    );
+    has(
+        &out,
+        &[
+            "linalg.softmax dimension(0) ins(%arg0 : tensor<?x3x4xf32>)",
+            "linalg.softmax dimension(1) ins(%arg0 : tensor<?x3x4xf32>)",
+            "linalg.softmax dimension(2) ins(%arg0 : tensor<?x3x4xf32>)",
+            "arith.maximumf",
+            "math.exp",
+            "math.log",
+            "arith.truncf",
+        ],
+    );
+    assert!(!out.text.contains("tensor.collapse_shape"), "one axis needs no reshape:\n{}", out.text);
+}
+
+/// Before opset 13 the input is coerced to 2-D at `axis` (default 1):
+/// `Softmax` collapses the trailing block into one axis around
+/// `linalg.softmax`, `LogSoftmax` reduces over the whole block.
+#[test]
+fn softmax_before_opset_13_normalizes_the_trailing_block() {
+    let out = emit_at(
+        11,
+        "softmax11",
+        r#"  input %x: f32[batch,3,4]
+  %a = Softmax "default_axis"(%x)
+  %b = Softmax "all"(%x) {axis=0}
+  %c = Softmax "last"(%x) {axis=-1}
+  %l = LogSoftmax "log_block"(%x) {axis=1}
+  output %a, %b, %c, %l"#,
+    );
+    has(
+        &out,
+        &[
+            "tensor.collapse_shape %arg0 [[0], [1, 2]] : tensor<?x3x4xf32> into tensor<?x12xf32>",
+            "linalg.softmax dimension(1) ins(%collapsed : tensor<?x12xf32>)",
+            "linalg.softmax dimension(0)",
+            "tensor.expand_shape",
+            "linalg.softmax dimension(2) ins(%arg0 : tensor<?x3x4xf32>)",
+            "iterator_types = [\"parallel\", \"reduction\", \"reduction\"]",
+        ],
+    );
+}
+
+/// `MaxPool` with `Indices`: one reducing `linalg.generic` carrying the
+/// value and its int64 index (with `storage_order = 1` turned column-major
+/// by an elementwise one); padding and ceil mode as without indices.
+#[test]
+fn max_pool_with_indices() {
+    let out = emit(
+        "pool_indices",
+        r#"  input %x: f32[batch,2,5,6]
+  input %h: f16[1,2,4,4]
+  %y, %i = MaxPool "rows"(%x) {kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]}
+  %z, %j = MaxPool "cols"(%x) {kernel_shape=[2, 3], dilations=[2, 1], ceil_mode=1, strides=[2, 2], storage_order=1}
+  %v, %k = MaxPool "half"(%h) {kernel_shape=[2, 2]} @f16
+  output %y, %i, %z, %j, %v, %k"#,
+    );
+    has(
+        &out,
+        &[
+            "tensor<?x2x3x3xi64>",
+            "tensor<1x2x3x3xi64>",
+            "arith.cmpf ogt",
+            "arith.select",
+            "arith.remsi",
+            "\"reduction\", \"reduction\"]",
+            "qsync.name = \"rows\"",
+        ],
+    );
+}
+
+/// `ConvTranspose` with `output_shape` or `SAME_*`: the pads come from the
+/// total padding and the lowering is the one of explicit pads.
+#[test]
+fn conv_transpose_with_output_shape_and_same_padding() {
+    let out = emit(
+        "convt_auto",
+        r#"  input %x: f32[batch,2,4,3]
+  input %w: f32[2,3,3,3]
+  %a = ConvTranspose "shape"(%x, %w) {strides=[3, 2], output_shape=[9, 6]}
+  %b = ConvTranspose "upper"(%x, %w) {strides=[2, 2], auto_pad="SAME_UPPER"}
+  %c = ConvTranspose "lower"(%x, %w) {strides=[2, 2], dilations=[2, 1], auto_pad="SAME_LOWER"}
+  %d = ConvTranspose "full_shape"(%x, %w) {strides=[2, 2], output_shape=[1, 3, 8, 7], output_padding=[1, 1], auto_pad="SAME_UPPER"}
+  output %a, %b, %c, %d"#,
+    );
+    has(&out, &["tensor.insert_slice", "tensor<?x3x9x6xf32>", "tensor<?x3x8x6xf32>", "tensor<?x3x8x7xf32>"]);
 }

@@ -132,7 +132,7 @@ fn dims(m: &Model, v: qsync_ir::ValueId) -> Vec<i64> {
 /// model's initializers, and returns its outputs (f32 each).
 fn run_mlir(tag: &str, m: &Model, inputs: &[Vec<u8>]) -> Vec<Vec<f64>> {
     let g = &m.graph;
-    let out = qsync_codegen::emit_mlir(g, "model").unwrap_or_else(|e| panic!("{tag}: {e}"));
+    let out = qsync_codegen::emit_mlir_model(m, "model").unwrap_or_else(|e| panic!("{tag}: {e}"));
     assert!(out.all_ops_mapped(), "{tag}: generic ops {:?}", out.generic_ops);
     assert!(!out.rng_offset, "{tag}: inference draws no random numbers");
     let mut args = Vec::new();

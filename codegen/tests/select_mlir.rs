@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use qsync_codegen::{emit_mlir, select_kernels};
+use qsync_codegen::{emit_mlir_model, select_kernels};
 use qsync_ir::infer::{infer_shapes, InferOptions};
 use qsync_ir::{DType, Model};
 use qsync_kernels::{Half, KernelSpec, QBits, Rounding};
@@ -86,7 +86,7 @@ fn cnn_models_map_completely_and_verify_without_flags() {
         ];
         for (stage, m) in stages {
             let tag = format!("{name}-{stage}");
-            let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{tag}: {e}"));
+            let out = emit_mlir_model(&m, name).unwrap_or_else(|e| panic!("{tag}: {e}"));
             assert!(out.generic_ops.is_empty(), "{tag}: generic ops {:?}", out.generic_ops);
             assert!(out.all_ops_mapped() && out.warning().is_none(), "{tag}");
             assert!(!out.rng_offset && !out.text.contains("rng_offset"), "{tag}: draws nothing, takes no offset");
@@ -96,7 +96,7 @@ fn cnn_models_map_completely_and_verify_without_flags() {
                 assert!(out.text.contains("qsync.precision = \"f16\""), "{tag}: the plan stays on the ops");
                 assert!(out.text.contains("xf16>"), "{tag}: convs compute in f16");
             }
-            assert_eq!(out.text, emit_mlir(&m.graph, name).expect("again").text, "{tag}: deterministic");
+            assert_eq!(out.text, emit_mlir_model(&m, name).expect("again").text, "{tag}: deterministic");
             if check_tool {
                 mlir_opt(&out.text, false, &tag);
             }
@@ -109,7 +109,7 @@ fn transformer_models_map_completely() {
     let check_tool = mlir_opt_installed();
     for name in ["bert_tiny", "bert_base_qa", "bert_base_train"] {
         let m = planned(&models_dir().join(format!("{name}.onnx")));
-        let out = emit_mlir(&m.graph, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let out = emit_mlir_model(&m, name).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(out.generic_ops.is_empty(), "{name}: generic ops {:?}", out.generic_ops);
         assert!(out.text.contains("linalg.batch_matmul") && out.text.contains("linalg.softmax"), "{name}");
         if name == "bert_base_train" {
@@ -149,7 +149,7 @@ graph "mapped" {
 #[test]
 fn fully_mapped_model_verifies_without_unregistered_dialects() {
     let m = parse(MAPPED);
-    let out = emit_mlir(&m.graph, "mapped").expect("mlir");
+    let out = emit_mlir_model(&m, "mapped").expect("mlir");
     assert!(out.all_ops_mapped(), "{:?}", out.generic_ops);
     assert!(out.warning().is_none());
     for op in ["tosa.add", "tosa.clamp", "arith.truncf", "arith.extf", "tosa.tanh", "arith.subf", "tosa.transpose"] {
@@ -172,8 +172,8 @@ fn every_shared_model_emits_verified_mlir() {
         seen += 1;
         let m = load(&path);
         let tag = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
-        let out = emit_mlir(&m.graph, &tag).unwrap_or_else(|e| {
-            let (text, _) = qsync_codegen::mlir::mlir_text(&m.graph, &tag);
+        let out = emit_mlir_model(&m, &tag).unwrap_or_else(|e| {
+            let (text, _) = qsync_codegen::mlir::mlir_text_model(&m, &tag);
             let _ = std::fs::write(std::env::temp_dir().join(format!("qsync-failed-{tag}.mlir")), text);
             panic!("{tag}: {e}")
         });

@@ -134,21 +134,12 @@ impl Emitter<'_> {
         group: i64,
     ) -> Option<Operand> {
         let n = k.len();
-        let (begin, end) = match node.attr_str("auto_pad").unwrap_or("NOTSET") {
-            _ if node.attr("output_shape").is_some() => return None,
-            "VALID" => (vec![0; n], vec![0; n]),
-            "NOTSET" | "" => match node.attr_ints("pads") {
-                None => (vec![0; n], vec![0; n]),
-                Some(p) if p.len() == 2 * n && p.iter().all(|&v| v >= 0) => (p[..n].to_vec(), p[n..].to_vec()),
-                Some(_) => return None,
-            },
-            _ => return None,
-        };
         let extra = match node.attr_ints("output_padding") {
             None => vec![0; n],
             Some(v) if v.len() == n && v.iter().all(|&e| e >= 0) => v.to_vec(),
             Some(_) => return None,
         };
+        let (begin, end) = Self::transpose_pads(node, x, [k, s, d], &extra)?;
         // W is C×F/G×k…; the output has G·F/G channels.
         let (c, fg) = (w.size(0)?, w.size(1)?);
         if x.size(1)? != c || c % group != 0 || init.size(1)? != fg * group {
@@ -202,6 +193,58 @@ impl Emitter<'_> {
         let wf = self.generic_op(&[(&wg, wmap)], &wf0, &id, &vec!["parallel"; n + 3], |_, a| a[0].clone());
         let og = self.reshape(init, &split(&init.shape, group, fg))?;
         self.grouped_correlation(&xg, &wf, &og, &vec![1; n], d)
+    }
+
+    /// The begin and end pads of a `ConvTranspose`: `pads` (or none), or,
+    /// with `output_shape` or `auto_pad = SAME_*`, split from the total
+    /// padding `s·(in − 1) + output_padding + (k − 1)·d + 1 − out` where
+    /// `out` is `output_shape` (its spatial part) or, for `SAME_*` without
+    /// it, `in·s`; `SAME_UPPER` puts the odd one at the end, `SAME_LOWER`
+    /// and `NOTSET` at the beginning (the ONNX definition; onnxruntime
+    /// swaps the two for odd totals). A negative total stays generic.
+    fn transpose_pads(node: &Node, x: &Operand, [k, s, d]: [&[i64]; 3], extra: &[i64]) -> Option<(Vec<i64>, Vec<i64>)> {
+        let n = k.len();
+        let mode = node.attr_str("auto_pad").unwrap_or("NOTSET");
+        let target: Option<Vec<i64>> = match node.attr_ints("output_shape") {
+            Some(o) if o.len() == n => Some(o.to_vec()),
+            Some(o) if o.len() == n + 2 => Some(o[2..].to_vec()),
+            Some(_) => return None,
+            None if matches!(mode, "SAME_UPPER" | "SAME_LOWER") => {
+                Some((0..n).map(|i| x.size(2 + i)?.checked_mul(s[i])).collect::<Option<_>>()?)
+            }
+            None => None,
+        };
+        let Some(target) = target else {
+            return match mode {
+                "VALID" => Some((vec![0; n], vec![0; n])),
+                "NOTSET" | "" => match node.attr_ints("pads") {
+                    None => Some((vec![0; n], vec![0; n])),
+                    Some(p) if p.len() == 2 * n && p.iter().all(|&v| v >= 0) => {
+                        Some((p[..n].to_vec(), p[n..].to_vec()))
+                    }
+                    Some(_) => None,
+                },
+                _ => None,
+            };
+        };
+        let upper = match mode {
+            "SAME_UPPER" => true,
+            "SAME_LOWER" | "NOTSET" | "" => false,
+            _ => return None,
+        };
+        let (mut begin, mut end) = (vec![0; n], vec![0; n]);
+        for i in 0..n {
+            let size = x.size(2 + i)?;
+            let span = (k[i] - 1).checked_mul(d[i])?.checked_add(1)?;
+            let total =
+                (size - 1).checked_mul(s[i])?.checked_add(extra[i])?.checked_add(span)?.checked_sub(target[i])?;
+            if total < 0 || target[i] < 0 {
+                return None;
+            }
+            let (small, big) = (total / 2, total - total / 2);
+            (begin[i], end[i]) = if upper { (small, big) } else { (big, small) };
+        }
+        Some((begin, end))
     }
 
     /// A named convolution `op` of `x` and `w` accumulating into `init`

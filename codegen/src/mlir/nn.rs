@@ -4,7 +4,7 @@
 
 use qsync_ir::{DType, Dim, Node, Op, ValueId};
 
-use super::build::{acc_type, float_lit, ranked, Body, Operand};
+use super::build::{acc_type, float_lit, map, ranked, Body, Operand};
 use super::{elem, is_float, quote, Emitter};
 
 /// Window attributes beyond this are refused (keeps the arithmetic exact).
@@ -19,6 +19,16 @@ pub(super) fn window(node: &Node, name: &str, n: usize, default: Option<i64>) ->
         None => vec![default?; n],
     };
     v.iter().all(|x| (1..=WINDOW_LIMIT).contains(x)).then_some(v)
+}
+
+/// The windows of a 2-D pooling op (see `Emitter::pool_windows`).
+struct PoolWindows {
+    k: [i64; 2],
+    s: [i64; 2],
+    d: [i64; 2],
+    lo: [i64; 2],
+    hi: [i64; 2],
+    extra: [i64; 2],
 }
 
 /// The two-axis [`window`] of the 2-D pooling ops.
@@ -73,6 +83,7 @@ impl Emitter<'_> {
             Op::BatchNormalization => self.batch_norm(node, outs),
             Op::MatMul => self.matmul(node, outs),
             Op::Softmax => self.softmax(node, outs),
+            Op::LogSoftmax => self.log_softmax(node, outs),
             Op::LayerNormalization => self.layer_norm(node, outs),
             Op::Gather => self.gather(node, outs),
             Op::CumSum => self.cumsum(node, outs),
@@ -140,15 +151,16 @@ impl Emitter<'_> {
         (outs.len() == 1 && x.rank() == 4 && shape.len() == 4 && dt == x.dt && is_float(dt)).then_some((x, shape))
     }
 
-    fn pool(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
-        let (x, oshape) = self.nchw(node, outs)?;
+    /// The windows of a 2-D pooling op over `x` into `oshape`: kernel,
+    /// strides, dilations, begin and end pads, and the extra end padding
+    /// that makes every output window (ceil mode) fit.
+    fn pool_windows(node: &Node, x: &Operand, oshape: &[Dim]) -> Option<PoolWindows> {
         let k = pair(node, "kernel_shape", None)?;
         let s = pair(node, "strides", Some(1))?;
         let d = pair(node, "dilations", Some(1))?;
-        let (lo, hi) = Self::pads_nd(node, &x, &k, &s, &d)?;
+        let (lo, hi) = Self::pads_nd(node, x, &k, &s, &d)?;
         let (lo, hi): ([i64; 2], [i64; 2]) = (lo.try_into().ok()?, hi.try_into().ok()?);
         let ceil = node.attr_int("ceil_mode").unwrap_or(0) == 1;
-        // Extra high padding so that every output window (ceil mode) fits.
         let mut extra = [0i64; 2];
         for i in 0..2 {
             match (x.size(2 + i), oshape[2 + i].as_const()) {
@@ -160,6 +172,15 @@ impl Emitter<'_> {
                 _ => {}
             }
         }
+        Some(PoolWindows { k, s, d, lo, hi, extra })
+    }
+
+    fn pool(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        if node.op == Op::MaxPool && outs.len() == 2 {
+            return self.max_pool_indices(node, outs);
+        }
+        let (x, oshape) = self.nchw(node, outs)?;
+        let PoolWindows { k, s, d, lo, hi, extra } = Self::pool_windows(node, &x, &oshape)?;
         let high = [hi[0] + extra[0], hi[1] + extra[1]];
         let dt = x.dt;
         let max = node.op == Op::MaxPool;
@@ -235,6 +256,131 @@ impl Emitter<'_> {
             })?
         };
         Some(vec![out.name])
+    }
+
+    /// `MaxPool` with its `Indices` output: one `linalg.generic` over
+    /// N×C×out×window reducing into (value, index) pairs. Each window
+    /// position inside the input (padding is never chosen) replaces the pair
+    /// when the pair is still empty, when its value is greater, when it
+    /// equals the value and comes first in row-major order (so ties go to
+    /// the first maximum in window order, as onnxruntime scans, whatever
+    /// order the reduction runs in), or when the held value is NaN (NaNs are
+    /// passed over as onnxruntime's `>` does). The index is row-major into
+    /// the unpadded N×C×H×W input; with `storage_order = 1` an elementwise
+    /// `linalg.generic` turns it into `(n·C + c)·H·W + w·H + h`, as
+    /// onnxruntime does.
+    fn max_pool_indices(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.input(node, 0)?;
+        let (oshape, dt) = self.out_type(outs[0])?;
+        let (ishape, it) = self.out_type(outs[1])?;
+        if x.rank() != 4 || oshape.len() != 4 || dt != x.dt || !is_float(dt) || it != DType::I64 || ishape != oshape {
+            return None;
+        }
+        let order = node.attr_int("storage_order").unwrap_or(0);
+        let (c, h, w) = (x.size(1)?, x.size(2)?, x.size(3)?);
+        if !(0..=1).contains(&order) || [c, h, w].iter().any(|&v| v > WINDOW_LIMIT) {
+            return None;
+        }
+        let PoolWindows { k, s, d, lo, hi, extra } = Self::pool_windows(node, &x, &oshape)?;
+        let ninf = float_lit(f64::NEG_INFINITY, dt);
+        let xp = self.pad_spatial(&x, &lo, &[hi[0] + extra[0], hi[1] + extra[1]], &ninf)?;
+        let vinit = self.filled(&ninf, &oshape, dt, &[&x])?;
+        let iinit = self.filled("-1", &oshape, DType::I64, &[&x])?;
+        // The window's extent, for the loop bounds (as the pooling ops take it).
+        let win = Operand { name: String::new(), shape: vec![Dim::from(k[0]), Dim::from(k[1])], dt };
+        let win = Operand { name: self.line(format!("tensor.empty() : {}", win.ty())), ..win };
+        let wmap = map(6, &["d4".into(), "d5".into()]);
+        let xmap = map(
+            6,
+            &[
+                "d0".into(),
+                "d1".into(),
+                format!("d2 * {} + d4 * {}", s[0], d[0]),
+                format!("d3 * {} + d5 * {}", s[1], d[1]),
+            ],
+        );
+        let omap = map(6, &["d0".into(), "d1".into(), "d2".into(), "d3".into()]);
+        let prefix = format!("b{}_{}_", self.base, self.tmp);
+        let (a0, a1, a2) = (format!("%{prefix}a0"), format!("%{prefix}a2"), format!("%{prefix}a3"));
+        let unused = format!("%{prefix}a1");
+        let mut b = Body::named(&prefix);
+        let mut idx = Vec::new();
+        for i in 0..6 {
+            let v = b.op(format!("linalg.index {i} : index"));
+            idx.push(b.op(format!("arith.index_cast {v} : index to i64")));
+        }
+        let cst = |b: &mut Body, v: i64| b.op(format!("arith.constant {v} : i64"));
+        // Input row and column: out·s + k·d − begin pad.
+        let mut pos = Vec::new();
+        for i in 0..2 {
+            let (sv, dv, lv) = (cst(&mut b, s[i]), cst(&mut b, d[i]), cst(&mut b, lo[i]));
+            let a = b.bin("muli", &idx[2 + i], &sv, DType::I64);
+            let m = b.bin("muli", &idx[4 + i], &dv, DType::I64);
+            let p = b.bin("addi", &a, &m, DType::I64);
+            pos.push(b.bin("subi", &p, &lv, DType::I64));
+        }
+        let (zero, cc, hc, wc) = (cst(&mut b, 0), cst(&mut b, c), cst(&mut b, h), cst(&mut b, w));
+        let mut inside = Vec::new();
+        for (p, n) in [(&pos[0], &hc), (&pos[1], &wc)] {
+            inside.push(b.op(format!("arith.cmpi sge, {p}, {zero} : i64")));
+            inside.push(b.op(format!("arith.cmpi slt, {p}, {n} : i64")));
+        }
+        let in01 = b.bin("andi", &inside[0], &inside[1], DType::Bool);
+        let in23 = b.bin("andi", &inside[2], &inside[3], DType::Bool);
+        let inb = b.bin("andi", &in01, &in23, DType::Bool);
+        // Row-major index into the unpadded input.
+        let nc = b.bin("muli", &idx[0], &cc, DType::I64);
+        let nc = b.bin("addi", &nc, &idx[1], DType::I64);
+        let r = b.bin("muli", &nc, &hc, DType::I64);
+        let r = b.bin("addi", &r, &pos[0], DType::I64);
+        let r = b.bin("muli", &r, &wc, DType::I64);
+        let flat = b.bin("addi", &r, &pos[1], DType::I64);
+        let empty = b.op(format!("arith.cmpi slt, {a2}, {zero} : i64"));
+        let e = elem(dt);
+        let greater = b.op(format!("arith.cmpf ogt, {a0}, {a1} : {e}"));
+        let equal = b.op(format!("arith.cmpf oeq, {a0}, {a1} : {e}"));
+        let before = b.op(format!("arith.cmpi slt, {flat}, {a2} : i64"));
+        let tie = b.bin("andi", &equal, &before, DType::Bool);
+        let nan = b.op(format!("arith.cmpf uno, {a1}, {a1} : {e}"));
+        let better = b.bin("ori", &greater, &tie, DType::Bool);
+        let better = b.bin("ori", &better, &nan, DType::Bool);
+        let better = b.bin("ori", &better, &empty, DType::Bool);
+        let take = b.bin("andi", &better, &inb, DType::Bool);
+        let v = b.op(format!("arith.select {take}, {a0}, {a1} : {e}"));
+        let i = b.op(format!("arith.select {take}, {flat}, {a2} : i64"));
+        let (vty, ity) = (vinit.ty(), iinit.ty());
+        let attrs = self.tags(node);
+        let res = self.line_results(
+            format!(
+                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}, {omap}], iterator_types = [{}]}} ins({}, {} : {}, {}) outs({}, {} : {vty}, {ity}) attrs = {{{attrs}}} {{\n    ^bb0({a0}: {e}, {unused}: {e}, {a1}: {e}, {a2}: i64):\n{}\n      linalg.yield {v}, {i} : {e}, i64\n    }} -> ({vty}, {ity})",
+                ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction"].map(|t| format!("\"{t}\"")).join(", "),
+                xp.name,
+                win.name,
+                xp.ty(),
+                win.ty(),
+                vinit.name,
+                iinit.name,
+                b.into_lines().join("\n"),
+            ),
+            2,
+        );
+        let (values, rows) = (format!("{res}#0"), format!("{res}#1"));
+        if order == 0 {
+            return Some(vec![values, rows]);
+        }
+        // Column-major within each (n, c) plane: (n·C + c)·H·W + w·H + h.
+        let rm = Operand { name: rows, shape: oshape.clone(), dt: DType::I64 };
+        let cm = self.ewise(&[&rm], &oshape, DType::I64, |b, a| {
+            let (hc, wc, hw) = (cst(b, h), cst(b, w), cst(b, h * w));
+            let local = b.bin("remsi", &a[0], &hw, DType::I64);
+            let base = b.bin("subi", &a[0], &local, DType::I64);
+            let row = b.bin("divsi", &local, &wc, DType::I64);
+            let col = b.bin("remsi", &local, &wc, DType::I64);
+            let t = b.bin("muli", &col, &hc, DType::I64);
+            let t = b.bin("addi", &base, &t, DType::I64);
+            b.bin("addi", &t, &row, DType::I64)
+        })?;
+        Some(vec![values, cm.name])
     }
 
     fn global_pool(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {

@@ -294,32 +294,83 @@ impl Emitter<'_> {
         Some(vec![self.converted(&res, dt)?.name])
     }
 
-    /// `Softmax` over the last axis → `linalg.softmax` (an explicit `axis`
-    /// naming the last axis, or none at rank ≤ 2: where every opset agrees).
+    /// The axes `Softmax`/`LogSoftmax` normalize over: from opset 13 the
+    /// one axis `axis` (default −1); before, the trailing block from `axis`
+    /// (default 1) that the input is coerced to 2-D at. With the opset
+    /// unknown only the cases where both definitions agree: an `axis`
+    /// naming the last axis, or none at rank ≤ 2.
+    fn softmax_axes(&self, node: &Node, rank: usize) -> Option<Vec<usize>> {
+        let r = rank as i64;
+        let norm = |a: i64| (-r..r).contains(&a).then(|| a.rem_euclid(r) as usize);
+        let last = rank.checked_sub(1)?;
+        match self.opset {
+            Some(v) if v >= 13 => Some(vec![norm(node.attr_int("axis").unwrap_or(-1))?]),
+            Some(_) => Some((norm(node.attr_int("axis").unwrap_or(1))?..rank).collect()),
+            None => match node.attr_int("axis") {
+                Some(a) if norm(a)? == last => Some(vec![last]),
+                None if rank <= 2 => Some(vec![last]),
+                _ => None,
+            },
+        }
+    }
+
+    /// `Softmax` → `linalg.softmax` over its axis; over a trailing block
+    /// (before opset 13) the block is collapsed into one axis first
+    /// (`tensor.collapse_shape`) and expanded back after.
     pub(super) fn softmax(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let x = self.operand(node.input(0)?)?;
         let (shape, dt) = self.out_type(*outs.first()?)?;
         if outs.len() != 1 || shape != x.shape || dt != x.dt || !is_float(dt) || x.rank() == 0 {
             return None;
         }
-        // Before opset 13 the op flattened from `axis` on; that is the same
-        // thing only for the last axis, which is all this lowers.
-        let last = x.rank() - 1;
-        match node.attr_int("axis") {
-            Some(a) if a.rem_euclid(x.rank() as i64) as usize == last => {}
-            None if x.rank() <= 2 => {}
-            _ => return None,
-        }
-        let axis = last;
-        let init = self.empty(&shape, dt, &[&x])?;
+        let axes = self.softmax_axes(node, x.rank())?;
+        let axis = axes[0];
+        let mut flat: Vec<Dim> = x.shape[..axis].to_vec();
+        flat.push(axes.iter().fold(Dim::from(1), |p, &i| p.mul(&x.shape[i])));
+        flat.extend(x.shape[axes[axes.len() - 1] + 1..].iter().cloned());
+        let xf = self.reshape(&x, &flat)?;
+        let init = self.empty(&flat, dt, &[&xf, &x])?;
         let ty = init.ty();
         let name = self.line(format!(
             "linalg.softmax dimension({axis}) ins({} : {}) outs({} : {ty}) -> {ty}",
-            x.name,
-            x.ty(),
+            xf.name,
+            xf.ty(),
             init.name
         ));
-        Some(vec![name])
+        let y = Operand { name, ..init };
+        Some(vec![self.reshape(&y, &shape)?.name])
+    }
+
+    /// `LogSoftmax` over the axes of [`Self::softmax_axes`] as reductions:
+    /// `t = x − max`, `y = t − log Σ exp t`, in f32 for 16-bit floats and
+    /// rounded once.
+    pub(super) fn log_softmax(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.operand(node.input(0)?)?;
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        if outs.len() != 1 || shape != x.shape || dt != x.dt || !is_float(dt) || x.rank() == 0 {
+            return None;
+        }
+        let axes = self.softmax_axes(node, x.rank())?;
+        let acc = acc_type(dt);
+        let ninf = float_lit(f64::NEG_INFINITY, acc);
+        let top = self.reduce(&x, &axes, true, &ninf, acc, |b, e, a| {
+            let e = b.convert(e, dt, acc);
+            b.bin("maximumf", &e, a, acc)
+        })?;
+        let t = self.ewise(&[&x, &top], &shape, acc, |b, a| {
+            let e = b.convert(&a[0], dt, acc);
+            b.bin("subf", &e, &a[1], acc)
+        })?;
+        let sum = self.reduce(&t, &axes, true, "0.0", acc, |b, e, a| {
+            let ex = b.op(format!("math.exp {e} : {}", elem(acc)));
+            b.bin("addf", &ex, a, acc)
+        })?;
+        let y = self.ewise(&[&t, &sum], &shape, dt, |b, a| {
+            let l = b.op(format!("math.log {} : {}", a[1], elem(acc)));
+            let d = b.bin("subf", &a[0], &l, acc);
+            b.convert(&d, acc, dt)
+        })?;
+        Some(vec![y.name])
     }
 
     /// `LayerNormalization` over the axes from `axis` on, decomposed: mean

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use qsync_codegen::{emit_mlir, emit_ptx, select_kernels, Arch};
+use qsync_codegen::{emit_mlir_model, emit_ptx, select_kernels, Arch};
 use qsync_ir::Model;
 
 /// The SM of a target: a device of the bundled database (its `arch`), or
@@ -45,7 +45,7 @@ pub fn run(
     let mut summary = String::new();
     if want_mlir {
         let name = model_path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
-        let m = emit_mlir(&model.graph, name).with_context(|| label.clone())?;
+        let m = emit_mlir_model(model, name).with_context(|| label.clone())?;
         if let Some(w) = m.warning() {
             eprintln!("warning: {label}: {w}");
         }
