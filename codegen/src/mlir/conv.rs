@@ -11,7 +11,8 @@
 //! groups (`tensor.expand_shape`), grouped 1-D and 3-D — which have no named
 //! op — through a `linalg.generic` on the same views.
 //!
-//! `ConvTranspose` (explicit `pads` or `VALID`; any strides, dilations,
+//! `ConvTranspose` (explicit `pads`, `VALID`, or pads from `output_shape`
+//! or `SAME_*` as `transpose_pads` says; any strides, dilations,
 //! `output_padding` and group; static spatial sizes) is a correlation, with
 //! the kernel flipped and its channel axes swapped (a copying
 //! `linalg.generic`), of the input spread out by the strides: inserted with
