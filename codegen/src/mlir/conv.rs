@@ -201,8 +201,9 @@ impl Emitter<'_> {
     /// padding `s·(in − 1) + output_padding + (k − 1)·d + 1 − out` where
     /// `out` is `output_shape` (its spatial part) or, for `SAME_*` without
     /// it, `in·s`; `SAME_UPPER` puts the odd one at the end, `SAME_LOWER`
-    /// and `NOTSET` at the beginning (the ONNX definition; onnxruntime
-    /// swaps the two for odd totals). A negative total stays generic.
+    /// and `NOTSET` at the beginning (the ONNX definition, which
+    /// onnxruntime 1.23 follows in 1-D and 2-D). A negative total stays
+    /// generic.
     fn transpose_pads(node: &Node, x: &Operand, [k, s, d]: [&[i64]; 3], extra: &[i64]) -> Option<(Vec<i64>, Vec<i64>)> {
         let n = k.len();
         let mode = node.attr_str("auto_pad").unwrap_or("NOTSET");
