@@ -275,25 +275,33 @@ fn squeezenet_fp32_matches_onnxruntime() {
 /// bounds that with margin and still fails on any lowering error.
 const F16_REL: f64 = 1e-2;
 
-#[test]
-fn squeezenet_amp_f16_matches_onnxruntime() {
+/// `model` after `amp` for a T4, run through MLIR on `inputs`, against
+/// onnxruntime on the exported plan and on the FP32 model.
+fn amp_plan_matches_onnxruntime(model: &str, inputs: impl FnOnce(&Model) -> Vec<Vec<u8>>) {
     if !common::tools_present() || !onnxruntime_present() {
         return;
     }
-    let m = planned("squeezenet1_1", "amp");
-    let dir = std::env::temp_dir().join(format!("qsync-amp-{}", std::process::id()));
+    let m = planned(model, "amp");
+    let dir = std::env::temp_dir().join(format!("qsync-amp-{model}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let onnx = dir.join("squeezenet1_1.amp.onnx");
+    let onnx = dir.join(format!("{model}.amp.onnx"));
     // The export holds the initializers (the FP32 master weights, cast by the
     // plan's Cast nodes).
     qsync_onnx::export_file(&m, &onnx).expect("export");
-    let inputs = squeezenet_input(&m);
-    let got = run_mlir("squeezenet_amp", &m, &inputs);
-    let want = run_onnxruntime("squeezenet_amp", &onnx, &m, &inputs);
+    let inputs = inputs(&m);
+    let tag = format!("{model}_amp");
+    let got = run_mlir(&tag, &m, &inputs);
+    let want = run_onnxruntime(&tag, &onnx, &m, &inputs);
     let _ = std::fs::remove_dir_all(&dir);
-    compare("squeezenet_amp", &m, &got, &want, F16_REL);
-    let fp32 = run_onnxruntime("squeezenet_amp_vs_fp32", &models_dir().join("squeezenet1_1.onnx"), &m, &inputs);
-    compare("squeezenet_amp_vs_fp32", &m, &got, &fp32, F16_REL);
+    compare(&tag, &m, &got, &want, F16_REL);
+    let vs = format!("{tag}_vs_fp32");
+    let fp32 = run_onnxruntime(&vs, &models_dir().join(format!("{model}.onnx")), &m, &inputs);
+    compare(&vs, &m, &got, &fp32, F16_REL);
+}
+
+#[test]
+fn squeezenet_amp_f16_matches_onnxruntime() {
+    amp_plan_matches_onnxruntime("squeezenet1_1", squeezenet_input);
 }
 
 /// bert_tiny's inputs: token ids below the word-embedding table's row
@@ -337,23 +345,8 @@ fn bert_tiny_fp32_matches_onnxruntime() {
 }
 
 /// bert_tiny after `amp` for a T4: f16 matmuls (f32 sums), softmax and
-/// GELU, LayerNorm kept FP32 by the plan; against onnxruntime on the
-/// exported plan and on the FP32 model.
+/// GELU, LayerNorm kept FP32 by the plan.
 #[test]
 fn bert_tiny_amp_f16_matches_onnxruntime() {
-    if !common::tools_present() || !onnxruntime_present() {
-        return;
-    }
-    let m = planned("bert_tiny", "amp");
-    let dir = std::env::temp_dir().join(format!("qsync-amp-bert-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let onnx = dir.join("bert_tiny.amp.onnx");
-    qsync_onnx::export_file(&m, &onnx).expect("export");
-    let inputs = bert_tiny_inputs(&m);
-    let got = run_mlir("bert_tiny_amp", &m, &inputs);
-    let want = run_onnxruntime("bert_tiny_amp", &onnx, &m, &inputs);
-    let _ = std::fs::remove_dir_all(&dir);
-    compare("bert_tiny_amp", &m, &got, &want, F16_REL);
-    let fp32 = run_onnxruntime("bert_tiny_amp_vs_fp32", &models_dir().join("bert_tiny.onnx"), &m, &inputs);
-    compare("bert_tiny_amp_vs_fp32", &m, &got, &fp32, F16_REL);
+    amp_plan_matches_onnxruntime("bert_tiny", bert_tiny_inputs);
 }
