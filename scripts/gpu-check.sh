@@ -84,6 +84,12 @@ run() {
       log "GPU: $name (no device file: set QSYNC_PEAK_GBS for fractions of peak)"
     fi
   fi
+  # The driver library is loaded at run time (dlopen "libcuda.so"); container
+  # images often mount it outside the linker's default path.
+  local libdir
+  for libdir in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/compat /usr/lib/wsl/lib; do
+    [ -d "$libdir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$libdir"
+  done
   QSYNC_GPU_TEST=1 QSYNC_PTX_DIR="$OUT" QSYNC_GPU_REPORT="$OUT/gpu-report.json" \
     "$OUT/gpu-test" --nocapture 2>&1 | tee "$OUT/gpu-test.log" || true
   grep -qE "^test result: ok" "$OUT/gpu-test.log" || { log "gpu test FAILED (see $OUT/gpu-test.log)"; exit 1; }
