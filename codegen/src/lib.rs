@@ -14,7 +14,7 @@ pub mod mlir;
 pub mod ptx;
 pub mod select;
 
-pub use mlir::{emit_mlir, emit_mlir_model, emit_mlir_opset, MlirOutput};
+pub use mlir::{emit_mlir, emit_mlir_model, MlirOutput};
 pub use ptx::{emit_ptx, emit_ptx_archs, Arch};
 pub use select::select_kernels;
 

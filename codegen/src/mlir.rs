@@ -264,6 +264,13 @@ fn float_width(d: DType) -> u32 {
 }
 
 /// An MLIR string literal.
+/// An ONNX axis (negative counts from the end) as an index into `rank`
+/// axes; `None` when out of range.
+fn axis_index(axis: i64, rank: usize) -> Option<usize> {
+    let r = i64::try_from(rank).ok()?;
+    (-r..r).contains(&axis).then(|| axis.rem_euclid(r) as usize)
+}
+
 fn quote(s: &[u8]) -> String {
     let mut out = String::from("\"");
     for &b in s {
@@ -562,14 +569,14 @@ fn symbol(name: &str) -> String {
 /// text declares it (`qsync.rng_offset`).
 ///
 /// The graph's opset is not known here: ops whose meaning depends on it
-/// lower only where every opset agrees (see [`mlir_text_opset`]).
+/// lower only where every opset agrees ([`mlir_text_model`] knows it).
 pub fn mlir_text(graph: &Graph, name: &str) -> (String, BTreeMap<String, usize>) {
     mlir_text_opset(graph, name, None)
 }
 
 /// [`mlir_text`] for a graph of the default-domain `opset` (`None` when
 /// unknown).
-pub fn mlir_text_opset(graph: &Graph, name: &str, opset: Option<i64>) -> (String, BTreeMap<String, usize>) {
+fn mlir_text_opset(graph: &Graph, name: &str, opset: Option<i64>) -> (String, BTreeMap<String, usize>) {
     let (text, generic, _) = module_text(graph, name, opset);
     (text, generic)
 }
@@ -660,7 +667,7 @@ pub fn emit_mlir_model(model: &Model, name: &str) -> Result<MlirOutput, CodegenE
 
 /// [`emit_mlir`] for a graph of the default-domain `opset` (`None` when
 /// unknown).
-pub fn emit_mlir_opset(graph: &Graph, name: &str, opset: Option<i64>) -> Result<MlirOutput, CodegenError> {
+fn emit_mlir_opset(graph: &Graph, name: &str, opset: Option<i64>) -> Result<MlirOutput, CodegenError> {
     let (text, generic_ops, rng_offset) = module_text(graph, name, opset);
     let printed = verify_text(&text, !generic_ops.is_empty())
         .map_err(|message| CodegenError::Mlir { graph: name.to_string(), message })?;

@@ -168,6 +168,15 @@ impl Body {
     pub fn into_lines(self) -> Vec<String> {
         self.lines
     }
+    /// An i32/i64 index wrapped like ONNX negative indices (`+ size` when
+    /// negative), as `index`.
+    pub fn wrapped(&mut self, v: &str, ie: &str, size: &str) -> String {
+        let i = self.op(format!("arith.index_cast {v} : {ie} to index"));
+        let zero = self.op("arith.constant 0 : index");
+        let neg = self.op(format!("arith.cmpi slt, {i}, {zero} : index"));
+        let w = self.op(format!("arith.addi {i}, {size} : index"));
+        self.op(format!("arith.select {neg}, {w}, {i} : index"))
+    }
     /// `v` converted between float types (`arith.extf`/`truncf`), if they differ.
     pub fn convert(&mut self, v: &str, from: DType, to: DType) -> String {
         match from == to {
@@ -244,6 +253,16 @@ impl Emitter<'_> {
         let name = format!("%r{}_{}_{what}", self.base, self.tmp);
         self.tmp += 1;
         name
+    }
+
+    /// [`Body::wrapped`] in the fragment: an i32/i64 scalar index as
+    /// `index`, `+ size` when negative.
+    pub(super) fn wrap_index(&mut self, v: &str, dt: DType, size: &str) -> String {
+        let i = self.line(format!("arith.index_cast {v} : {} to index", elem(dt)));
+        let zero = self.scalar("0", "index");
+        let neg = self.line(format!("arith.cmpi slt, {i}, {zero} : index"));
+        let w = self.line(format!("arith.addi {i}, {size} : index"));
+        self.line(format!("arith.select {neg}, {w}, {i} : index"))
     }
 
     /// A graph value as an operand (fully typed values only).

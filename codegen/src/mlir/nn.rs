@@ -5,7 +5,7 @@
 use qsync_ir::{DType, Dim, Node, Op, ValueId};
 
 use super::build::{acc_type, float_lit, map, ranked, Body, Operand};
-use super::{elem, is_float, quote, Emitter};
+use super::{axis_index, elem, is_float, quote, Emitter};
 
 /// Window attributes beyond this are refused (keeps the arithmetic exact).
 pub(super) const WINDOW_LIMIT: i64 = 1 << 20;
@@ -52,11 +52,7 @@ pub(super) fn dense_i64(v: &[i64]) -> String {
 fn axes_of(raw: &[i64], rank: usize) -> Option<Vec<usize>> {
     let mut out = Vec::new();
     for &a in raw {
-        let a = if a < 0 { a + rank as i64 } else { a };
-        if !(0..rank as i64).contains(&a) {
-            return None;
-        }
-        out.push(a as usize);
+        out.push(axis_index(a, rank)?);
     }
     out.sort_unstable();
     out.dedup();
@@ -301,7 +297,9 @@ impl Emitter<'_> {
         );
         let omap = map(6, &["d0".into(), "d1".into(), "d2".into(), "d3".into()]);
         let prefix = format!("b{}_{}_", self.base, self.tmp);
-        let (a0, a1, a2) = (format!("%{prefix}a0"), format!("%{prefix}a2"), format!("%{prefix}a3"));
+        // Block arguments: the input element, the window (unused), and the best
+        // value and index so far.
+        let (elt, best, best_at) = (format!("%{prefix}a0"), format!("%{prefix}a2"), format!("%{prefix}a3"));
         let unused = format!("%{prefix}a1");
         let mut b = Body::named(&prefix);
         let mut idx = Vec::new();
@@ -335,24 +333,24 @@ impl Emitter<'_> {
         let r = b.bin("addi", &r, &pos[0], DType::I64);
         let r = b.bin("muli", &r, &wc, DType::I64);
         let flat = b.bin("addi", &r, &pos[1], DType::I64);
-        let empty = b.op(format!("arith.cmpi slt, {a2}, {zero} : i64"));
+        let empty = b.op(format!("arith.cmpi slt, {best_at}, {zero} : i64"));
         let e = elem(dt);
-        let greater = b.op(format!("arith.cmpf ogt, {a0}, {a1} : {e}"));
-        let equal = b.op(format!("arith.cmpf oeq, {a0}, {a1} : {e}"));
-        let before = b.op(format!("arith.cmpi slt, {flat}, {a2} : i64"));
+        let greater = b.op(format!("arith.cmpf ogt, {elt}, {best} : {e}"));
+        let equal = b.op(format!("arith.cmpf oeq, {elt}, {best} : {e}"));
+        let before = b.op(format!("arith.cmpi slt, {flat}, {best_at} : i64"));
         let tie = b.bin("andi", &equal, &before, DType::Bool);
-        let nan = b.op(format!("arith.cmpf uno, {a1}, {a1} : {e}"));
+        let nan = b.op(format!("arith.cmpf uno, {best}, {best} : {e}"));
         let better = b.bin("ori", &greater, &tie, DType::Bool);
         let better = b.bin("ori", &better, &nan, DType::Bool);
         let better = b.bin("ori", &better, &empty, DType::Bool);
         let take = b.bin("andi", &better, &inb, DType::Bool);
-        let v = b.op(format!("arith.select {take}, {a0}, {a1} : {e}"));
-        let i = b.op(format!("arith.select {take}, {flat}, {a2} : i64"));
+        let v = b.op(format!("arith.select {take}, {elt}, {best} : {e}"));
+        let i = b.op(format!("arith.select {take}, {flat}, {best_at} : i64"));
         let (vty, ity) = (vinit.ty(), iinit.ty());
         let attrs = self.tags(node);
         let res = self.line_results(
             format!(
-                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}, {omap}], iterator_types = [{}]}} ins({}, {} : {}, {}) outs({}, {} : {vty}, {ity}) attrs = {{{attrs}}} {{\n    ^bb0({a0}: {e}, {unused}: {e}, {a1}: {e}, {a2}: i64):\n{}\n      linalg.yield {v}, {i} : {e}, i64\n    }} -> ({vty}, {ity})",
+                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}, {omap}], iterator_types = [{}]}} ins({}, {} : {}, {}) outs({}, {} : {vty}, {ity}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {best}: {e}, {best_at}: i64):\n{}\n      linalg.yield {v}, {i} : {e}, i64\n    }} -> ({vty}, {ity})",
                 ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction"].map(|t| format!("\"{t}\"")).join(", "),
                 xp.name,
                 win.name,

@@ -13,7 +13,7 @@
 use qsync_ir::{DType, Dim, Node, Op, ValueId};
 
 use super::build::{float_lit, ranked, Body, Operand};
-use super::{elem, is_float, Emitter};
+use super::{axis_index, elem, is_float, Emitter};
 
 /// An amount of padding: a constant or an `index` value.
 #[derive(Clone, Debug)]
@@ -44,10 +44,9 @@ impl Amount {
 /// `Pad`'s `axes` normalised against `rank` in their given order (the pads
 /// follow it); `None` when one is out of range or repeated.
 fn axes_in_order(raw: &[i64], rank: usize) -> Option<Vec<usize>> {
-    let r = rank as i64;
     let mut out = Vec::new();
     for &a in raw {
-        let a = (-r..r).contains(&a).then(|| a.rem_euclid(r) as usize)?;
+        let a = axis_index(a, rank)?;
         if out.contains(&a) {
             return None;
         }

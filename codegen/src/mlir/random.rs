@@ -259,10 +259,7 @@ impl Emitter<'_> {
             }
             _ => None,
         };
-        let mut sizes = Vec::new();
-        for d in &shape {
-            sizes.push(self.dim(d, &[&x])?);
-        }
+        let sizes = shape.iter().map(|d| self.dim(d, &[&x])).collect::<Option<Vec<_>>>()?;
         let init = self.empty(&shape, DType::Bool, &[&x])?;
         let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
         let iters = vec!["parallel"; shape.len()];
@@ -327,10 +324,7 @@ impl Emitter<'_> {
         let high = f64::from(node.attr_float("high").unwrap_or(1.0));
         let ct = if dt == DType::F64 { DType::F64 } else { DType::F32 };
         let (ll, sl) = (float_lit(low, ct), float_lit(high - low, ct));
-        let mut sizes = Vec::new();
-        for d in &shape {
-            sizes.push(self.dim(d, &hints)?);
-        }
+        let sizes = shape.iter().map(|d| self.dim(d, &hints)).collect::<Option<Vec<_>>>()?;
         let init = self.empty(&shape, dt, &hints)?;
         let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
         let iters = vec!["parallel"; shape.len()];

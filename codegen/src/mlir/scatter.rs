@@ -77,13 +77,7 @@ impl Emitter<'_> {
         for d in &data.shape[..k] {
             bounds.push(self.dim(d, &[&data])?);
         }
-        let mut tail_sizes = Vec::new();
-        for d in tail {
-            tail_sizes.push(match d.as_const() {
-                Some(c) if c >= 0 => c.to_string(),
-                _ => self.dim(d, &[&data])?,
-            });
-        }
+        let tail_sizes = self.sizes(tail, &[&data])?;
         let cols: Vec<String> = (0..k).map(|j| self.scalar(&j.to_string(), "index")).collect();
         let (zero, one) = (self.scalar("0", "index"), self.scalar("1", "index"));
         let (row, acc) = (self.block_arg("row"), self.block_arg("acc"));
@@ -139,15 +133,5 @@ impl Emitter<'_> {
         let carried = [Carried { name: &acc, init: &data.name, ty: &ty }];
         let name = self.line(scf_for(&row, [&zero, &count, &one], &carried, &body, &[&result]));
         Some(vec![name])
-    }
-
-    /// An i32/i64 scalar index as `index`, `+ size` when negative (ONNX's
-    /// negative indices).
-    fn wrap_index(&mut self, v: &str, dt: DType, size: &str) -> String {
-        let i = self.line(format!("arith.index_cast {v} : {} to index", elem(dt)));
-        let zero = self.scalar("0", "index");
-        let neg = self.line(format!("arith.cmpi slt, {i}, {zero} : index"));
-        let w = self.line(format!("arith.addi {i}, {size} : index"));
-        self.line(format!("arith.select {neg}, {w}, {i} : index"))
     }
 }

@@ -4,8 +4,8 @@
 
 use qsync_ir::{Attr, DType, Dim, Node, Op, Tensor, ValueId};
 
-use super::build::{float_lit, ranked, Body, Operand};
-use super::{elem, is_float, Emitter};
+use super::build::{float_lit, ranked, Operand};
+use super::{axis_index, elem, is_float, Emitter};
 
 /// `[[a, b], [c, d]]` from row-major items and dims.
 fn nest(items: &[String], dims: &[usize]) -> String {
@@ -39,18 +39,6 @@ fn dense(t: &Tensor) -> Option<String> {
         return Some(format!("dense<{}>", items[0]));
     }
     Some(format!("dense<{}>", nest(&items, &dims)))
-}
-
-impl Body {
-    /// An i32/i64 index wrapped like ONNX negative indices (`+ size` when
-    /// negative), as `index`.
-    fn wrapped(&mut self, v: &str, ie: &str, size: &str) -> String {
-        let i = self.op(format!("arith.index_cast {v} : {ie} to index"));
-        let zero = self.op("arith.constant 0 : index");
-        let neg = self.op(format!("arith.cmpi slt, {i}, {zero} : index"));
-        let w = self.op(format!("arith.addi {i}, {size} : index"));
-        self.op(format!("arith.select {neg}, {w}, {i} : index"))
-    }
 }
 
 impl Emitter<'_> {
@@ -269,10 +257,7 @@ impl Emitter<'_> {
         let mut strides = vec![1i64; r];
         let mut seen = vec![false; r];
         for j in 0..k {
-            if !(-(r as i64)..r as i64).contains(&axes[j]) {
-                return None;
-            }
-            let a = axes[j].rem_euclid(r as i64) as usize;
+            let a = axis_index(axes[j], r)?;
             if std::mem::replace(&mut seen[a], true) {
                 return None;
             }
@@ -286,11 +271,8 @@ impl Emitter<'_> {
                     let size = self.dim(&n, &[&x])?;
                     let cj = self.scalar(&j.to_string(), "index");
                     let v = self.line(format!("tensor.extract {}[{cj}] : {}", starts.name, starts.ty()));
-                    let i = self.line(format!("arith.index_cast {v} : {} to index", elem(starts.dt)));
+                    let s = self.wrap_index(&v, starts.dt, &size);
                     let zero = self.scalar("0", "index");
-                    let neg = self.line(format!("arith.cmpi slt, {i}, {zero} : index"));
-                    let w = self.line(format!("arith.addi {i}, {size} : index"));
-                    let s = self.line(format!("arith.select {neg}, {w}, {i} : index"));
                     let lo = self.line(format!("arith.maxsi {s}, {zero} : index"));
                     let hi = match back {
                         0 => size,
@@ -343,7 +325,7 @@ impl Emitter<'_> {
         if x.rank() == 0 {
             return None;
         }
-        let axis = node.attr_int("axis").unwrap_or(0).rem_euclid(x.rank() as i64) as usize;
+        let axis = axis_index(node.attr_int("axis").unwrap_or(0), x.rank())?;
         let mut at = Dim::from(0);
         let mut names = Vec::new();
         for &o in outs {
@@ -373,7 +355,7 @@ impl Emitter<'_> {
         if !matches!(idx.dt, DType::I64 | DType::I32) {
             return None;
         }
-        let axis = node.attr_int("axis").unwrap_or(0).rem_euclid(r as i64) as usize;
+        let axis = axis_index(node.attr_int("axis").unwrap_or(0), r)?;
         let size = self.dim(&data.shape[axis].clone(), &[&data])?;
         let init = self.empty(&shape, dt, &[&idx])?;
         let id: Vec<String> = (0..r).map(|i| format!("d{i}")).collect();

@@ -5,7 +5,7 @@
 use qsync_ir::{DType, Dim, Node, Op, ValueId};
 
 use super::build::{acc_type, float_lit, scf_for, Body, Carried, Operand};
-use super::{elem, is_float, Emitter};
+use super::{axis_index, elem, is_float, Emitter};
 
 /// The scalar body of an elementwise op on arguments of type `dt`, or `None`
 /// when the op has none for that type.
@@ -300,8 +300,7 @@ impl Emitter<'_> {
     /// unknown only the cases where both definitions agree: an `axis`
     /// naming the last axis, or none at rank ≤ 2.
     fn softmax_axes(&self, node: &Node, rank: usize) -> Option<Vec<usize>> {
-        let r = rank as i64;
-        let norm = |a: i64| (-r..r).contains(&a).then(|| a.rem_euclid(r) as usize);
+        let norm = |a: i64| axis_index(a, rank);
         let last = rank.checked_sub(1)?;
         match self.opset {
             Some(v) if v >= 13 => Some(vec![norm(node.attr_int("axis").unwrap_or(-1))?]),
@@ -453,7 +452,7 @@ impl Emitter<'_> {
         if outs.len() != 1 || dt != data.dt || !ok_idx || data.rank() == 0 || dt == DType::Str {
             return None;
         }
-        let axis = node.attr_int("axis").unwrap_or(0).rem_euclid(data.rank() as i64) as usize;
+        let axis = axis_index(node.attr_int("axis").unwrap_or(0), data.rank())?;
         let q = idx.rank();
         let mut want = data.shape[..axis].to_vec();
         want.extend(idx.shape.iter().cloned());
@@ -468,11 +467,7 @@ impl Emitter<'_> {
         let iters = vec!["parallel"; shape.len()];
         let (ie, dty, dname) = (elem(idx.dt), data.ty(), data.name.clone());
         let r = self.generic_op(&[(&idx, imap)], &init, &id, &iters, |b, a| {
-            let i = b.op(format!("arith.index_cast {} : {ie} to index", a[0]));
-            let zero = b.op("arith.constant 0 : index");
-            let neg = b.op(format!("arith.cmpi slt, {i}, {zero} : index"));
-            let wrapped = b.op(format!("arith.addi {i}, {size} : index"));
-            let j = b.op(format!("arith.select {neg}, {wrapped}, {i} : index"));
+            let j = b.wrapped(&a[0], ie, &size);
             let mut coords = Vec::new();
             for k in 0..data.rank() {
                 coords.push(match k.cmp(&axis) {
@@ -507,7 +502,7 @@ impl Emitter<'_> {
             return None;
         }
         let axis = match self.const_ints(node.input(1)?)?.as_slice() {
-            &[a] if (-(r as i64)..r as i64).contains(&a) => a.rem_euclid(r as i64) as usize,
+            &[a] => axis_index(a, r)?,
             _ => return None,
         };
         let (zero, add) = if is_float(dt) { ("0.0", "addf") } else { ("0", "addi") };
@@ -523,8 +518,7 @@ impl Emitter<'_> {
             false => None,
         };
         let (ty, line_ty) = (init.ty(), sum0.ty());
-        let prefix = format!("%s{}_{}_", self.base, self.tmp);
-        let (iv, out, sum) = (format!("{prefix}i"), format!("{prefix}out"), format!("{prefix}sum"));
+        let (iv, out, sum) = (self.block_arg("i"), self.block_arg("out"), self.block_arg("sum"));
         let running = Operand { name: sum.clone(), shape: line.clone(), dt };
         let ones = vec!["1"; r].join(", ");
         let (body, (out2, sum2)) = self.region(|e| {
