@@ -82,8 +82,8 @@
 //!   axis); before opset 13, over the block from `axis` (default 1) on,
 //!   collapsed into one axis around it (`tensor.collapse_shape`/
 //!   `expand_shape`); `LogSoftmax` over the same axes → reductions
-//!   (`x − max`, minus the log of the sum of its exponentials), in f32 for
-//!   16-bit floats. The opset comes from the model ([`emit_mlir_model`]);
+//!   (`x − max`, minus the log of the sum of its exponentials); both
+//!   compute in f32 for 16-bit floats and round once. The opset comes from the model ([`emit_mlir_model`]);
 //!   where it is unknown ([`emit_mlir`]) only the axes on which every opset
 //!   agrees lower: an `axis` naming the last axis, or none at rank ≤ 2;
 //! - `LayerNormalization` → mean and variance as reducing `linalg.generic`s

@@ -895,3 +895,18 @@ fn conv_transpose_with_output_shape_and_same_padding() {
     );
     has(&out, &["tensor.insert_slice", "tensor<?x3x9x6xf32>", "tensor<?x3x8x6xf32>", "tensor<?x3x8x7xf32>"]);
 }
+
+/// f16 `Softmax` normalizes in f32 and rounds once: the input is extended,
+/// `linalg.softmax` runs on f32, and one `arith.truncf` gives f16 back.
+#[test]
+fn f16_softmax_normalizes_in_f32() {
+    let out = emit(
+        "softmax_f16",
+        r#"  input %x: f16[2,3,8]
+  %y = Softmax "sm"(%x) {axis=-1} @f16
+  output %y"#,
+    );
+    has(&out, &["arith.extf", "linalg.softmax dimension(2) ins(", "tensor<2x3x8xf32>) outs("]);
+    assert_eq!(out.text.matches("arith.truncf").count(), 1, "{}", out.text);
+    assert!(!out.text.contains("linalg.softmax dimension(2) ins(%arg0 : tensor<2x3x8xf16>"), "{}", out.text);
+}

@@ -313,7 +313,8 @@ impl Emitter<'_> {
         }
     }
 
-    /// `Softmax` → `linalg.softmax` over its axis; over a trailing block
+    /// `Softmax` → `linalg.softmax` over its axis (in f32 for 16-bit floats,
+    /// rounded once); over a trailing block
     /// (before opset 13) the block is collapsed into one axis first
     /// (`tensor.collapse_shape`) and expanded back after.
     pub(super) fn softmax(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
@@ -327,8 +328,11 @@ impl Emitter<'_> {
         let mut flat: Vec<Dim> = x.shape[..axis].to_vec();
         flat.push(axes.iter().fold(Dim::from(1), |p, &i| p.mul(&x.shape[i])));
         flat.extend(x.shape[axes[axes.len() - 1] + 1..].iter().cloned());
+        // 16-bit floats normalize in f32 (the sum of exponentials is a
+        // reduction) and round once, like LogSoftmax below.
         let xf = self.reshape(&x, &flat)?;
-        let init = self.empty(&flat, dt, &[&xf, &x])?;
+        let xf = self.converted(&xf, acc_type(dt))?;
+        let init = self.empty(&flat, xf.dt, &[&xf, &x])?;
         let ty = init.ty();
         let name = self.line(format!(
             "linalg.softmax dimension({axis}) ins({} : {}) outs({} : {ty}) -> {ty}",
@@ -336,7 +340,7 @@ impl Emitter<'_> {
             xf.ty(),
             init.name
         ));
-        let y = Operand { name, ..init };
+        let y = self.converted(&Operand { name, ..init }, dt)?;
         Some(vec![self.reshape(&y, &shape)?.name])
     }
 
