@@ -173,6 +173,9 @@ pub struct Graph {
     next_seq: u64,
     /// Undefined values already used as inputs (their edges come at definition).
     forward_used: std::collections::HashSet<ValueId>,
+    /// Refreshed copies: low-precision initializer → its FP32 master (see
+    /// [`Graph::add_refreshed_copy`]).
+    copies: BTreeMap<ValueId, ValueId>,
 }
 
 impl Graph {
@@ -315,8 +318,41 @@ impl Graph {
         self.outputs = outs;
     }
 
-    /// Remove an initializer (or input) that nothing uses any more.
+    /// Add initializer `t` as a *refreshed copy* of trained parameter
+    /// `master`: the graph reads the copy; the master stays an initializer
+    /// (the optimizer's), and after every optimizer step the trainer rewrites
+    /// the copy as `master` rounded to the copy's dtype. Its gradient is the
+    /// master's. The verifier checks the pairing.
+    pub fn add_refreshed_copy(&mut self, master: ValueId, name: impl Into<String>, t: Tensor) -> ValueId {
+        let v = self.add_init(name, t);
+        self.copies.insert(v, master);
+        v
+    }
+
+    /// Record existing initializer `copy` as a refreshed copy of `master`.
+    pub fn link_refreshed_copy(&mut self, copy: ValueId, master: ValueId) {
+        self.copies.insert(copy, master);
+    }
+
+    /// The master of refreshed copy `v`.
+    pub fn master_of(&self, v: ValueId) -> Option<ValueId> {
+        self.copies.get(&v).copied()
+    }
+
+    /// Refreshed copies and their masters, ordered by copy.
+    pub fn refreshed_copies(&self) -> impl Iterator<Item = (ValueId, ValueId)> + '_ {
+        self.copies.iter().map(|(&c, &m)| (c, m))
+    }
+
+    /// Whether initializer `v` is the master of some refreshed copy.
+    pub fn is_master(&self, v: ValueId) -> bool {
+        self.copies.values().any(|&m| m == v)
+    }
+
+    /// Remove an initializer (or input) that nothing uses any more, and any
+    /// refreshed-copy pairing it is part of.
     pub fn remove_source(&mut self, v: ValueId) {
+        self.copies.retain(|&c, &mut m| c != v && m != v);
         self.inits.retain(|&x| x != v);
         self.inputs.retain(|&x| x != v);
         self.values[v.index()].def = ValueDef::Removed;

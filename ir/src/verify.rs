@@ -348,6 +348,30 @@ pub fn verify(graph: &Graph, opset: i64) -> Result<(), Vec<VerifyError>> {
     for n in graph.node_ids() {
         check_node(graph, n, opset, &known, &mut errs);
     }
+    // Refreshed copies: both initializers, float, same shape, other dtypes.
+    for (c, m) in graph.refreshed_copies() {
+        let (cn, mn) = (graph.value_name(c), graph.value_name(m));
+        let (ct, mt) = (graph.value(c).init(), graph.value(m).init());
+        let why = match (ct, mt) {
+            (None, _) => Some(format!("`{cn}` is not an initializer")),
+            (_, None) => Some(format!("master `{mn}` is not an initializer")),
+            (Some(ct), Some(mt)) if !ct.dtype.is_float() || !mt.dtype.is_float() => {
+                Some(format!("copy {} and master {} must both be float", ct.dtype, mt.dtype))
+            }
+            (Some(ct), Some(mt)) if ct.dtype == mt.dtype => Some(format!("copy and master are both {}", ct.dtype)),
+            (Some(ct), Some(mt)) if ct.dims != mt.dims => {
+                Some(format!("copy has shape {:?} but master `{mn}` has {:?}", ct.dims, mt.dims))
+            }
+            _ if graph.inputs().contains(&c) || graph.outputs().contains(&c) => {
+                Some("a copy cannot be a graph input or output".to_string())
+            }
+            _ if graph.master_of(m).is_some() => Some(format!("master `{mn}` is itself a copy")),
+            _ => None,
+        };
+        if let Some(why) = why {
+            errs.push(VerifyError::graph(format!("refreshed copy `{cn}` of `{mn}`: {why}")));
+        }
+    }
     // Graph outputs.
     for &v in graph.outputs() {
         match graph.value(v).def {
@@ -453,6 +477,25 @@ mod tests {
         assert!(has(&errs, Some("user"), "`gone_out` was removed"), "{dump}");
         assert!(has(&errs, None, "graph output `missing_out` is undefined"), "{dump}");
         assert!(has(&errs, None, "graph output `gone_out` was removed"), "{dump}");
+    }
+
+    #[test]
+    fn checks_refreshed_copy_pairs() {
+        let absent = |dtype, dims: &[i64]| Tensor { dtype, dims: dims.to_vec(), data: crate::TensorData::Absent };
+        let mut g = Graph::new("copies");
+        let w = g.add_init("w", absent(DType::F32, &[4, 3]));
+        g.add_refreshed_copy(w, "w.f16", absent(DType::F16, &[4, 3]));
+        assert_eq!(verify(&g, 17), Ok(()));
+        g.add_refreshed_copy(w, "w.bad_shape", absent(DType::F16, &[3, 4]));
+        g.add_refreshed_copy(w, "w.same", absent(DType::F32, &[4, 3]));
+        let x = g.add_input("x", t(DType::F16, &[4, 3]));
+        g.link_refreshed_copy(x, w);
+        let errs = verify(&g, 17).unwrap_err();
+        let dump: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert!(has(&errs, None, "`w.bad_shape` of `w`: copy has shape [3, 4]"), "{dump:?}");
+        assert!(has(&errs, None, "`w.same` of `w`: copy and master are both f32"), "{dump:?}");
+        assert!(has(&errs, None, "`x` of `w`: `x` is not an initializer"), "{dump:?}");
+        assert_eq!(errs.len(), 3, "{dump:?}");
     }
 
     #[test]

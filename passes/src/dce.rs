@@ -2,7 +2,8 @@
 //!
 //! Reads: the graph. Removes every node none of whose outputs reaches a graph
 //! output, and initializers nothing uses (initializers that are also graph
-//! inputs stay: they are part of the model's interface). Opaque ops are kept,
+//! inputs stay: they are part of the model's interface, and so do the
+//! masters of refreshed copies that are read). Opaque ops are kept,
 //! since the IR cannot know they are free of side effects. Requires nothing
 //! before it; guarantees that every remaining known-op node is live.
 
@@ -38,17 +39,20 @@ impl Pass for Dce {
             g.remove_node(n);
             removed_nodes += 1;
         }
-        let dead_inits: Vec<_> = g
-            .inits()
-            .iter()
-            .copied()
-            .filter(|&v| {
-                uses[v.index()] == 0 && !g.inputs().contains(&v) && matches!(g.value(v).def, ValueDef::Init(_))
-            })
-            .collect();
+        let dead = |g: &qsync_ir::Graph, v: qsync_ir::ValueId| {
+            uses[v.index()] == 0 && !g.inputs().contains(&v) && matches!(g.value(v).def, ValueDef::Init(_))
+        };
+        // Unread refreshed copies go first; a master stays while a copy of
+        // it is read (the optimizer trains the master).
+        let mut dead_inits: Vec<_> = g.inits().iter().copied().filter(|&v| g.master_of(v).is_some() && dead(g, v)).collect();
         for &v in &dead_inits {
             g.remove_source(v);
         }
+        let rest: Vec<_> = g.inits().iter().copied().filter(|&v| dead(g, v) && !g.is_master(v)).collect();
+        for &v in &rest {
+            g.remove_source(v);
+        }
+        dead_inits.extend(rest);
         if removed_nodes == 0 && dead_inits.is_empty() {
             return Ok(PassOutcome::unchanged());
         }

@@ -18,10 +18,12 @@
 //! also `policy=` (a built-in name, `tf-amp` / `torch-autocast`, or a JSON
 //! file path). `uniform` requires its precision. `campo` and `comp` take
 //! what `amp` takes (a `tf-amp` policy); `campo` also `padding=on|off`
-//! (Tensor Core padding, on by default), `comp` also `threshold=X` (the
+//! (Tensor Core padding, on by default) and `refresh=on|off` (price trained
+//! weights as `egraph-casts`' refreshed copies, on by default), `comp` also `threshold=X` (the
 //! variance proxy's threshold, default 1e-2). `egraph-casts` takes runner
 //! limits `iters=`, `nodes=`, `time_ms=`, `policy=` (default `tf-amp`) and
-//! `exact=true` (only the rules that keep every bit).
+//! `exact=true` (only the rules that keep every bit), `refresh=false` (no
+//! refreshed copies of trained weights: per-iteration weight casts stay).
 
 use qsync_ir::infer::infer_shapes;
 use qsync_ir::verify::verify;
@@ -241,7 +243,7 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
             Ok(Box::new(Uniform { options }))
         }
         "campo" => {
-            let (_, options) = precision_options(name, args, &["dtype", "override", "mode", "policy", "padding"])?;
+            let (_, options) = precision_options(name, args, &["dtype", "override", "mode", "policy", "padding", "refresh"])?;
             let padding = match args.last("padding") {
                 None | Some("on") => true,
                 Some("off") => false,
@@ -252,7 +254,19 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
                     })
                 }
             };
-            Ok(Box::new(Campo::new(policy_arg(name, args, "tf-amp")?, options, padding)?))
+            let refresh = match args.last("refresh") {
+                None | Some("on") => true,
+                Some("off") => false,
+                Some(v) => {
+                    return Err(PassError::BadArguments {
+                        entry: name.into(),
+                        message: format!("refresh `{v}` is not on or off"),
+                    })
+                }
+            };
+            let mut campo = Campo::new(policy_arg(name, args, "tf-amp")?, options, padding)?;
+            campo.refresh = refresh;
+            Ok(Box::new(campo))
         }
         "comp" => {
             let (_, options) = precision_options(name, args, &["dtype", "override", "mode", "policy", "threshold"])?;
@@ -274,7 +288,7 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
         "egraph-casts" => {
             let bad = |message: String| PassError::BadArguments { entry: name.into(), message };
             let mut limits = crate::egraph::Limits::default();
-            let mut exact = false;
+            let (mut exact, mut refresh) = (false, true);
             for (k, v) in &args.named {
                 let num = || v.parse::<u64>().map_err(|_| bad(format!("`{k}={v}`: not a number")));
                 match k.as_str() {
@@ -282,22 +296,30 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
                     "nodes" => limits.nodes = num()? as usize,
                     "time_ms" => limits.time = std::time::Duration::from_millis(num()?),
                     "policy" => {}
-                    "exact" => {
-                        exact = match v.as_str() {
+                    "exact" | "refresh" => {
+                        let b = match v.as_str() {
                             "true" | "1" => true,
                             "false" | "0" => false,
-                            _ => return Err(bad(format!("`exact={v}`: expected true or false"))),
+                            _ => return Err(bad(format!("`{k}={v}`: expected true or false"))),
+                        };
+                        if k == "exact" {
+                            exact = b;
+                        } else {
+                            refresh = b;
                         }
                     }
                     _ => {
-                        return Err(bad(format!("unknown argument `{k}` (takes iters, nodes, time_ms, policy, exact)")))
+                        return Err(bad(format!(
+                            "unknown argument `{k}` (takes iters, nodes, time_ms, policy, exact, refresh)"
+                        )))
                     }
                 }
             }
             if args.main.is_some() {
                 return Err(bad("takes only named arguments".into()));
             }
-            Ok(Box::new(crate::egraph::EgraphCasts { limits, policy: policy_arg(name, args, "tf-amp")?, exact }))
+            let policy = policy_arg(name, args, "tf-amp")?;
+            Ok(Box::new(crate::egraph::EgraphCasts { limits, policy, exact, refresh }))
         }
         _ => Err(PassError::UnknownPass { name: name.into(), available: available_passes().join(", ") }),
     }

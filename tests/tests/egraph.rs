@@ -89,7 +89,7 @@ fn egraph_casts_is_bitwise_exact_in_onnxruntime() {
 fn dag_extractor_matches_the_ilp_optimum() {
     use qsync_passes::egraph::{EgraphCasts, Limits};
     use qsync_passes::precision::Policy;
-    let pass = EgraphCasts { limits: Limits::default(), policy: Policy::load("tf-amp").expect("policy"), exact: false };
+    let pass = EgraphCasts { limits: Limits::default(), policy: Policy::load("tf-amp").expect("policy"), exact: false, refresh: true };
     let check = |label: &str, m: &Model, cx: &PassContext| -> bool {
         let Some(c) = pass.ilp_check(m, cx, 4000).unwrap_or_else(|e| panic!("{label}: {e}")) else {
             eprintln!("{label}: no cast region, or too big for the ILP");
@@ -177,8 +177,15 @@ fn batchnorm_fp32_parameters_run_in_onnxruntime() {
     let (orig, amp, mixed, exact) =
         (plan("dce"), plan("amp"), plan("amp,egraph-casts"), plan("amp,egraph-casts(exact=true)"));
     assert_eq!(casts(&amp), 8, "amp: input, output, two conv weights, four BatchNormalization parameters");
-    assert_eq!(casts(&mixed), 4, "the four parameter casts go");
-    assert_eq!(casts(&exact), 8, "exact keeps them");
+    // Training: the two conv weights become refreshed copies (an exact
+    // rule, so under `exact` too); the four BatchNormalization parameter
+    // casts go, except under `exact`, where the trained scale and bias
+    // become refreshed copies as well and the running statistics (buffers)
+    // keep their casts.
+    assert_eq!(casts(&mixed), 2, "the four parameter casts go, the two weight casts become copies");
+    assert_eq!(mixed.graph.refreshed_copies().count(), 2, "conv weights stored as refreshed copies");
+    assert_eq!(casts(&exact), 4, "exact keeps the statistics' casts");
+    assert_eq!(exact.graph.refreshed_copies().count(), 4, "conv weights, scale and bias stored as refreshed copies");
     let probe = Command::new("python3").args(["-c", "import onnx, onnxruntime"]).output();
     assert!(
         probe.is_ok_and(|o| o.status.success()),

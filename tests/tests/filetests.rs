@@ -6,6 +6,7 @@
 //! # bind: batch=4 seq=16          (optional; `batch=N` binds the leading input dim)
 //! # expect: error                 (optional; the snapshot is then the error)
 //! # target: v100                  (optional; the device planning passes target)
+//! # mode: inference               (optional; training by default)
 //! ```
 //!
 //! The output (printed model, or the error) is checked against an insta
@@ -21,6 +22,7 @@ fn run_filetest(src: &str) -> String {
     let mut opts = InferOptions::default();
     let mut expect_error = false;
     let mut target = None;
+    let mut inference = false;
     for line in src.lines().take_while(|l| l.starts_with('#')) {
         let body = line.trim_start_matches('#').trim();
         if let Some(p) = body.strip_prefix("passes:") {
@@ -39,6 +41,8 @@ fn run_filetest(src: &str) -> String {
             opts.dims = dims;
         } else if let Some(t) = body.strip_prefix("target:") {
             target = Some(t.trim().to_string());
+        } else if body == "mode: inference" {
+            inference = true;
         } else if body == "expect: error" {
             expect_error = true;
         }
@@ -51,7 +55,7 @@ fn run_filetest(src: &str) -> String {
     };
     let mut pm = pipeline_from_spec(&passes).unwrap_or_else(|e| panic!("{e}"));
     pm.verify_each(true);
-    let mut cx = PassContext { infer: opts, target, ..PassContext::default() };
+    let mut cx = PassContext { infer: opts, target, inference, ..PassContext::default() };
     match pm.run(&mut model, &mut cx) {
         Ok(_) if expect_error => panic!("expected an error, but the pipeline succeeded"),
         Ok(report) => {

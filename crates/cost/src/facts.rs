@@ -138,6 +138,7 @@ pub struct GraphFacts {
     saved: Vec<Vec<ValueId>>,
     saved_extra: Vec<f64>,
     order: Vec<NodeId>,
+    copies: Vec<(ValueId, DType)>,
 }
 
 fn view_op(op: &Op) -> bool {
@@ -173,6 +174,32 @@ fn saves_nothing(op: &Op) -> bool {
             op,
             Op::Add | Op::Sub | Op::Neg | Op::Sum | Op::Mean | Op::GlobalAveragePool | Op::AveragePool | Op::Dropout
         )
+}
+
+/// Whether node `n`'s backward keeps the value it reads at input `slot`,
+/// by the rules [`GraphFacts`] records saved values with (PyTorch
+/// autograd's), given which values require a gradient. Conv and MatMul-class
+/// ops count as keeping every input: the memory model charges their
+/// low-precision weight copies whatever the slot. A low-precision copy of a
+/// weight that its reader keeps is alive at the memory peak either way, cast
+/// per iteration or stored.
+pub fn keeps_input(graph: &Graph, n: NodeId, slot: usize, requires_grad: impl Fn(ValueId) -> bool) -> bool {
+    let node = graph.node(n);
+    if matches!(node.op.class(), OpClass::Conv | OpClass::MatMul) {
+        return true;
+    }
+    if saves_nothing(&node.op) || saves_output(&node.op) {
+        return false;
+    }
+    if matches!(node.op, Op::Mul | Op::Div) && node.inputs().len() == 2 {
+        let rg = |s: usize| node.input(s).is_some_and(&requires_grad);
+        return match (&node.op, slot) {
+            (Op::Div, 1) => rg(0) || rg(1),
+            (_, 0) => rg(1),
+            (_, _) => rg(0),
+        };
+    }
+    true
 }
 
 /// Decomposed erf-GELUs, as exporters without an ONNX `Gelu` write them:
@@ -252,7 +279,11 @@ impl GraphFacts {
             if let ValueDef::Init(t) = &graph.value(v).def {
                 if t.dtype.is_float() && t.numel() > 1 && !buffers.contains(&v) {
                     is_param[v.index()] = true;
-                    params.push(v);
+                    // A refreshed copy is read as a weight (its gradient is
+                    // its master's), but the master is what is trained.
+                    if graph.master_of(v).is_none() {
+                        params.push(v);
+                    }
                 }
             }
         }
@@ -264,8 +295,16 @@ impl GraphFacts {
         let mut saved: Vec<Vec<ValueId>> = vec![Vec::new(); node_bound(graph)];
         let mut saved_extra = vec![0.0; node_bound(graph)];
         let (gelu_mul, gelu_inner) = erf_gelus(graph);
+        // Weights as the ops read them: parameters and their per-iteration
+        // casts (a Conv reading `Cast(W)` still computes a weight gradient).
+        let mut weight_like = is_param.clone();
         for &n in &order {
             let node = graph.node(n);
+            if node.op == Op::Cast && node.input(0).is_some_and(|v| weight_like[v.index()]) {
+                for &o in node.outputs() {
+                    weight_like[o.index()] = true;
+                }
+            }
             // QuantizeLinear / DequantizeLinear pass gradients straight
             // through (quantization-aware training): the quantized value
             // between them carries the gradient though it is not float.
@@ -281,7 +320,7 @@ impl GraphFacts {
             for &o in node.outputs() {
                 requires_grad[o.index()] = grads_flow && (is_float(o) || qdq);
             }
-            let f = node_facts(graph, n, &elems, &shapes, &unbound, &is_param, &requires_grad, grads_flow)?;
+            let f = node_facts(graph, n, &elems, &shapes, &unbound, &weight_like, &requires_grad, grads_flow)?;
             if grads_flow && !saves_nothing(&node.op) && !gelu_inner.contains(&n) {
                 let keep = |v: ValueId| is_float(v) && !is_param[v.index()] && graph.value(v).init().is_none();
                 let vals: Vec<ValueId> = if let Some(&x) = gelu_mul.get(&n) {
@@ -311,7 +350,11 @@ impl GraphFacts {
             };
             nodes[n.index()] = Some(f);
         }
-        Ok(GraphFacts { nodes, elems, params, is_param, requires_grad, saved, saved_extra, order })
+        let copies = graph
+            .refreshed_copies()
+            .filter_map(|(c, _)| Some((c, graph.value(c).init()?.dtype)))
+            .collect();
+        Ok(GraphFacts { nodes, elems, params, is_param, requires_grad, saved, saved_extra, order, copies })
     }
 
     /// Facts of node `n`.
@@ -324,7 +367,15 @@ impl GraphFacts {
         self.elems.get(v.index()).copied().flatten()
     }
 
-    /// Trained parameters (float initializers, without normalisation buffers).
+    /// Refreshed low-precision copies of trained parameters and their dtypes
+    /// (the graph reads them as weights; the optimizer step rewrites them).
+    pub fn copies(&self) -> &[(ValueId, DType)] {
+        &self.copies
+    }
+
+    /// Trained parameters (float initializers, without normalisation
+    /// buffers and refreshed copies; the masters of copies are included even
+    /// when the graph reads only their copies).
     pub fn params(&self) -> &[ValueId] {
         &self.params
     }
@@ -361,7 +412,7 @@ fn node_facts(
     elems: &[Option<f64>],
     shapes: &[Option<Vec<i64>>],
     unbound: &[Option<(String, Vec<String>)>],
-    is_param: &[bool],
+    weight_like: &[bool],
     requires_grad: &[bool],
     needs_backward: bool,
 ) -> Result<NodeFacts> {
@@ -444,7 +495,7 @@ fn node_facts(
         };
         if !is_float(v) {
             int_in += e * graph.ty(v).dtype.map_or(8.0, |d| (d.bits() as f64 / 8.0).max(1.0));
-        } else if is_param[v.index()] {
+        } else if weight_like[v.index()] {
             weight += e;
             n_weight += 1.0;
         } else {

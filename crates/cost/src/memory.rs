@@ -1,9 +1,11 @@
 //! Training memory of one device under a plan.
 //!
-//! - master weights: every trained parameter in FP32;
+//! - master weights: every trained parameter in FP32 (the masters of
+//!   refreshed copies included);
 //! - low-precision weights: one copy per (parameter, precision) for nodes
 //!   computing below FP32 (INT8 copies carry a 4-byte scale), kept for the
-//!   backward;
+//!   backward; and every refreshed copy the graph stores (`refresh`
+//!   initializers: persistent, so charged whatever reads them);
 //! - gradients: FP32 per parameter (QSync writes weight gradients in FP32);
 //! - optimizer state: SGD with momentum one FP32 copy, Adam two;
 //! - activations: every value some node keeps for backward, once per
@@ -100,7 +102,7 @@ pub fn estimate_memory(
         let gemm = f.kind.is_gemm_like();
         if gemm && p.bits() < 32 && p != Precision::Tf32 {
             for v in node.inputs().iter().flatten() {
-                if facts.is_param(*v) && weight_copies.insert((*v, p)) {
+                if facts.is_param(*v) && graph.master_of(*v).is_none() && weight_copies.insert((*v, p)) {
                     m.low_precision_weights +=
                         facts.elements(*v).unwrap_or(0.0) * p.bytes() + if p.is_fixed_point() { 4.0 } else { 0.0 };
                 }
@@ -127,6 +129,10 @@ pub fn estimate_memory(
             let gb = if p == Precision::Int8 { 2.0 } else { p.bytes() };
             transient = transient.max((f.out + f.act_in) * gb);
         }
+    }
+    // Refreshed copies are stored: charged whatever reads them.
+    for &(c, dt) in facts.copies() {
+        m.low_precision_weights += facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0;
     }
     m.activations += extra;
     m.workspace = device.workspace_bytes as f64 + transient;

@@ -66,6 +66,15 @@ pub fn graph_diff(a: &Graph, b: &Graph) -> Vec<String> {
     list_diff("graph inputs", a, a.inputs(), b, b.inputs(), &mut d);
     list_diff("initializers", a, a.inits(), b, b.inits(), &mut d);
     list_diff("graph outputs", a, a.outputs(), b, b.outputs(), &mut d);
+    let copies = |g: &Graph| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> =
+            g.refreshed_copies().map(|(c, m)| (g.value_name(c).to_string(), g.value_name(m).to_string())).collect();
+        v.sort();
+        v
+    };
+    if copies(a) != copies(b) {
+        d.push(format!("refreshed copies: {:?} vs {:?}", copies(a), copies(b)));
+    }
     let (sa, sb) = (a.schedule(), b.schedule());
     if sa.len() != sb.len() {
         d.push(format!("node count: {} vs {}", sa.len(), sb.len()));

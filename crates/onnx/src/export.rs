@@ -155,7 +155,16 @@ pub fn to_proto(model: &Model, label: &str) -> Result<proto::ModelProto, OnnxErr
             .iter()
             .map(|(d, v)| proto::OperatorSetIdProto { domain: d.clone(), version: *v })
             .collect(),
-        metadata_props: model.metadata.iter().map(|(k, v)| entry(k, v)).collect(),
+        metadata_props: model
+            .metadata
+            .iter()
+            .filter(|(k, _)| !k.starts_with(crate::REFRESH_KEY_PREFIX))
+            .map(|(k, v)| entry(k, v))
+            .chain(model.graph.refreshed_copies().map(|(c, m)| {
+                let g = &model.graph;
+                entry(&format!("{}{}", crate::REFRESH_KEY_PREFIX, g.value_name(c)), g.value_name(m))
+            }))
+            .collect(),
         training_info: Vec::new(),
         functions,
     })

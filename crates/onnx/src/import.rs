@@ -198,7 +198,23 @@ impl Importer {
                 .push(format!("{} training_info entries dropped (not represented in the IR)", mp.training_info.len()));
         }
         let annotated = Some(g.value_info.iter().map(|vi| vi.name.clone()).collect());
-        let graph = self.graph(g)?;
+        let mut graph = self.graph(g)?;
+        let mut metadata = Vec::with_capacity(mp.metadata_props.len());
+        for e in mp.metadata_props {
+            let Some(copy) = e.key.strip_prefix(crate::REFRESH_KEY_PREFIX) else {
+                metadata.push((e.key, e.value));
+                continue;
+            };
+            let init = |name: &str| graph.value_by_name(name).filter(|&v| graph.value(v).init().is_some());
+            let (Some(c), Some(m)) = (init(copy), init(&e.value)) else {
+                return Err(OnnxError::Invalid {
+                    file: self.file.clone(),
+                    place: format!("metadata `{}`", e.key),
+                    msg: format!("refreshed copy `{copy}` of `{}`: both must be initializers", e.value),
+                });
+            };
+            graph.link_refreshed_copy(c, m);
+        }
         Ok(Model {
             graph,
             ir_version: mp.ir_version,
@@ -208,7 +224,7 @@ impl Importer {
             domain: mp.domain,
             model_version: mp.model_version,
             doc_string: mp.doc_string,
-            metadata: mp.metadata_props.into_iter().map(|e| (e.key, e.value)).collect(),
+            metadata,
             functions,
             base_dir: None,
             annotated,

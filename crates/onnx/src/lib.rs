@@ -11,6 +11,11 @@
 //! - [`export_file`] / [`export_bytes`] write a model; export is
 //!   deterministic and import → export → import is the identity on graphs
 //!   (checked with [`compare::model_diff`]).
+//! - Refreshed weight copies ([`qsync_ir::Graph::add_refreshed_copy`]) travel
+//!   as model metadata: one entry per copy, key [`REFRESH_KEY_PREFIX`] + the
+//!   copy's name, value the master's name. Both are initializers of the
+//!   graph; a trainer reads these entries to refresh each copy after its
+//!   optimizer step.
 //! - Every failure is an [`OnnxError`] naming the file (and node); no input
 //!   bytes make the importer panic.
 
@@ -23,6 +28,9 @@ pub mod proto;
 pub use error::OnnxError;
 pub use export::{export_bytes, export_file};
 pub use import::{import_bytes, import_bytes_with_report, import_file, import_file_with_report, ImportReport};
+
+/// Metadata key prefix of a refreshed copy (see the crate docs).
+pub const REFRESH_KEY_PREFIX: &str = "qsync.refresh:";
 
 /// The number of nodes in the main graph of a serialized model, decoding
 /// nothing but the node list (an independent check on the importer).

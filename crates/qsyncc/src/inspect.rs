@@ -259,12 +259,15 @@ pub fn render(
     if let Some(p) = &planned {
         let _ = writeln!(o, "precision");
         let _ = writeln!(o, "  {:<24} {} ({} of weights)", "casts", p.casts, p.weight_casts);
+        if p.refreshed_copies > 0 {
+            let _ = writeln!(o, "  {:<24} {} (rewritten by the optimizer step)", "refreshed copies", p.refreshed_copies);
+        }
         let _ = writeln!(o, "  {:<24} {:.4}", "low-precision FLOPs", p.low_precision_flop_fraction);
         if let (Some(t), Some(ms)) = (target, &p.predicted_ms) {
             let _ = writeln!(
                 o,
-                "  {:<24} {:.3} ms forward + {:.3} ms backward = {:.3} ms on {t}",
-                "predicted", ms.forward, ms.backward, ms.total
+                "  {:<24} {:.3} ms forward + {:.3} ms backward + {:.3} ms refresh = {:.3} ms on {t}",
+                "predicted", ms.forward, ms.backward, ms.refresh, ms.total
             );
         }
     }

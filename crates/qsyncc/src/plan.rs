@@ -21,16 +21,21 @@ pub struct Figures {
     /// Of the added casts, those reading an initializer (per-iteration casts
     /// of FP32 master weights).
     weight_casts: usize,
+    /// Refreshed weight copies in the result: trained weights the graph
+    /// reads as stored low-precision copies that the optimizer step
+    /// rewrites, instead of casting them every iteration.
+    refreshed_copies: usize,
     /// FLOPs of nodes planned below FP32 over all FLOPs (symbolic dims at 8).
     low_precision_flop_fraction: f64,
     /// Nodes per planned precision.
     precisions: std::collections::BTreeMap<String, usize>,
     target: Option<String>,
     mode: String,
-    /// `{ "forward", "backward", "total" }` milliseconds of one training
-    /// iteration on the target, from the cost model
+    /// `{ "forward", "backward", "refresh", "total" }` milliseconds of one
+    /// training iteration on the target, from the cost model
     /// (`qsync_passes::precision::CostModelOracle::predict`: every node at
-    /// its planned precision, every Cast with its gradient's cast back;
+    /// its planned precision, every Cast with its gradient's cast back,
+    /// `refresh` the optimizer step's rewrite of refreshed weight copies;
     /// symbolic dims from `--batch` / `--dim`, else batch 32, others 128).
     /// Null without `--target`.
     predicted_ms: Option<PredictedMs>,
@@ -40,6 +45,8 @@ pub struct Figures {
 pub struct PredictedMs {
     pub forward: f64,
     pub backward: f64,
+    /// Optimizer-step time rewriting refreshed weight copies.
+    pub refresh: f64,
     pub total: f64,
 }
 
@@ -49,7 +56,7 @@ pub fn predict(g: &Graph, target: &str, opts: &InferOptions) -> Option<Predicted
     let oracle = qsync_passes::precision::CostModelOracle::for_target(target, opts).ok()?;
     let p = oracle.predict(g);
     let r = |x: f64| (x * 1e6).round() / 1e3;
-    Some(PredictedMs { forward: r(p.forward), backward: r(p.backward), total: r(p.total()) })
+    Some(PredictedMs { forward: r(p.forward), backward: r(p.backward), refresh: r(p.refresh), total: r(p.total()) })
 }
 
 fn cast_names(g: &Graph) -> HashSet<String> {
@@ -89,6 +96,7 @@ pub fn figures(input: &Graph, result: &Graph, target: Option<&str>, mode: &str, 
         casts: cast_count(result),
         casts_added: cast_count(result) as i64 - cast_count(input) as i64,
         weight_casts,
+        refreshed_copies: result.refreshed_copies().count(),
         low_precision_flop_fraction: if total > 0.0 { low / total } else { 0.0 },
         precisions,
         target: target.map(str::to_string),
@@ -105,6 +113,8 @@ pub struct Planned {
     pub casts: usize,
     /// Casts reading an initializer (per-iteration casts of master weights).
     pub weight_casts: usize,
+    /// Refreshed weight copies (rewritten by the optimizer step).
+    pub refreshed_copies: usize,
     pub low_precision_flop_fraction: f64,
     pub predicted_ms: Option<PredictedMs>,
 }
@@ -126,12 +136,13 @@ pub fn planned(g: &Graph, target: Option<&str>, opts: &InferOptions) -> Option<P
             low += f;
         }
     }
-    if casts.is_empty() && low == 0.0 && target.is_none() {
+    if casts.is_empty() && low == 0.0 && target.is_none() && g.refreshed_copies().next().is_none() {
         return None;
     }
     Some(Planned {
         casts: casts.len(),
         weight_casts,
+        refreshed_copies: g.refreshed_copies().count(),
         low_precision_flop_fraction: if total > 0.0 { low / total } else { 0.0 },
         predicted_ms: target.and_then(|t| predict(g, t, opts)),
     })

@@ -127,6 +127,13 @@ pub fn optimizer_seconds(device: &Device, params: f64, optimizer: Optimizer) -> 
     params * touched / (device.mem_bytes_per_s() * device.efficiency.memory) + device.launch_s()
 }
 
+/// Seconds the optimizer step adds to rewrite refreshed copies of
+/// `copy_bytes` in all: the step already reads each master, so a copy costs
+/// only its write, fused into the step's sweep (no launch of its own).
+pub fn refresh_seconds(device: &Device, copy_bytes: f64) -> f64 {
+    copy_bytes / (device.mem_bytes_per_s() * device.efficiency.memory)
+}
+
 /// Memory of `target` under `resolved`, with batch-proportional parts
 /// scaled by `opts.work_scale` (graphs with a fixed batch).
 fn scaled_memory(
@@ -155,6 +162,11 @@ impl<'g> Predictor<'g> {
         let order = facts.order().to_vec();
         let bound = graph.node_ids().iter().map(|n| n.index() + 1).max().unwrap_or(0);
         let params: f64 = facts.params().iter().filter_map(|&v| facts.elements(v)).sum();
+        let copy_bytes: f64 = facts
+            .copies()
+            .iter()
+            .map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0)
+            .sum();
         let mut types = Vec::with_capacity(targets.len());
         let mut programs = Vec::with_capacity(targets.len());
         let mut cluster_types = Vec::with_capacity(targets.len());
@@ -189,7 +201,8 @@ impl<'g> Predictor<'g> {
                 let cost = Self::sim_cost(graph, &facts, &model, n, resolved.compute(n), opts.work_scale)?;
                 ops.push(LocalOp { name: graph.node(n).name.clone(), node: Some(n), cost });
             }
-            programs.push(LocalProgram { ops, optimizer_us: us(optimizer_seconds(&t.device, params, opts.optimizer)) });
+            let step = optimizer_seconds(&t.device, params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
+            programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
                 .with_bandwidth(t.device.intra_node_bytes_per_s() / 1e9, t.device.network_bytes_per_s() / 1e9)
                 .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64));

@@ -12,6 +12,7 @@
 //!           | 'function' STRING                  # base64 of an encoded FunctionProto
 //! graph    := 'graph' STRING '{' stmt* '}'
 //! stmt     := 'init' VALUE ':' type '=' data
+//!           | 'refresh' VALUE 'from' VALUE       # initializer 1 is a refreshed copy of trained parameter 2
 //!           | 'input' VALUE (':' type)?          # no type: an initializer that is also an input
 //!           | outs '=' OP STRING '(' args? ')' attrs? ('@' DTYPE)?
 //!           | 'output' VALUE (',' VALUE)*
@@ -409,6 +410,16 @@ impl Parser {
                     self.next();
                     self.input_stmt()?;
                 }
+                Tok::Ident(kw) if kw == "refresh" => {
+                    self.next();
+                    let copy = self.value_name()?;
+                    if !self.eat_ident("from") {
+                        return self.expected("`from`");
+                    }
+                    let master = self.value_name()?;
+                    let (c, m) = (self.use_value(&copy), self.use_value(&master));
+                    self.graph.link_refreshed_copy(c, m);
+                }
                 Tok::Ident(kw) if kw == "output" => {
                     self.next();
                     let mut outs = Vec::new();
@@ -424,7 +435,7 @@ impl Parser {
                     self.graph.set_outputs(all);
                 }
                 Tok::Value(_) | Tok::Punct('(') => self.node_stmt()?,
-                _ => return self.expected("`init`, `input`, `output`, a node or `}`"),
+                _ => return self.expected("`init`, `refresh`, `input`, `output`, a node or `}`"),
             }
         }
         Ok(())

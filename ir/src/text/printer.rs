@@ -102,6 +102,9 @@ impl Printer<'_> {
                 self.line(&s);
             }
         }
+        for (c, m) in g.refreshed_copies() {
+            self.line(&format!("  refresh {} from {}", value_ref(g.value_name(c)), value_ref(g.value_name(m))));
+        }
         for &v in g.inputs() {
             let data = g.value(v);
             if matches!(data.def, ValueDef::Init(_)) {

@@ -3,7 +3,9 @@
 //! Own costs come from the [`CostOracle`]: a Cast costs
 //! `cast_time(from, to, elements)`, a region op `op_time(node, dtype)`
 //! shared equally among its outputs (a Split is one kernel), a leaf or a use
-//! nothing, a stored constant its bytes × [`MEMORY_COST_PER_BYTE`].
+//! nothing, a stored constant its bytes × [`MEMORY_COST_PER_BYTE`], a
+//! refreshed copy that plus the optimizer step's time to rewrite it
+//! ([`CostOracle::refresh_time`]).
 //! The cost of a selection (one e-node per e-class reached from the roots)
 //! is the sum of own costs over the *distinct* e-classes it reaches: a cast
 //! shared by several consumers is counted once.
@@ -62,7 +64,11 @@ impl<'a> Costs<'a> {
     pub fn own(&mut self, n: &CastLang) -> f64 {
         match n.key() {
             Key::Leaf { .. } | Key::Use { .. } => 0.0,
-            Key::Stored { dt, elems, .. } => dt.storage_bytes(elems) as f64 * MEMORY_COST_PER_BYTE,
+            Key::Stored { dt, elems, refreshed: false, .. } => dt.storage_bytes(elems) as f64 * MEMORY_COST_PER_BYTE,
+            // Stored too, and rewritten by every optimizer step.
+            Key::Stored { dt, elems, refreshed: true, .. } => {
+                dt.storage_bytes(elems) as f64 * MEMORY_COST_PER_BYTE + self.oracle.refresh_time(dt, elems)
+            }
             Key::Cast { to } => {
                 let c = n.kids()[0];
                 let from = dtype_of(self.eg, c).unwrap_or(DType::F32);

@@ -8,8 +8,9 @@
 //! - [`Key::Leaf`]: a value from outside the rewritable region (graph input,
 //!   initializer, output of a kept op), keyed by its [`ValueId`] so it is
 //!   preserved verbatim — an uninterpreted node;
-//! - [`Key::Stored`]: a low-precision stored copy of an initializer (see
-//!   the constant-folding rule in [`super::rules`]);
+//! - [`Key::Stored`]: a low-precision stored copy of an initializer: of a
+//!   constant (`fold-constant` in [`super::rules`]), or of a trained
+//!   parameter, refreshed by the optimizer step (`refresh-copy`);
 //! - [`Key::Cast`]: ONNX Cast to a dtype, one child;
 //! - [`Key::Node`]: output `slot` of IR node `node`, computing in `dt`
 //!   (data movement and order-preserving ops — the only ops whose precision
@@ -37,8 +38,10 @@ pub enum Key {
     /// An IR value kept as is: (value index, dtype, elements, whether a
     /// gradient flows back into it in training).
     Leaf { value: u32, dt: DType, elems: u64, grad: bool },
-    /// Initializer `value` stored converted to `dt`.
-    Stored { value: u32, dt: DType, elems: u64 },
+    /// Initializer `value` stored converted to `dt`; `refreshed`: a trained
+    /// parameter's copy, rewritten by every optimizer step (its gradient
+    /// flows to the parameter).
+    Stored { value: u32, dt: DType, elems: u64, refreshed: bool },
     /// Cast to `to`.
     Cast { to: DType },
     /// Output `slot` of IR node `node` computed at `dt`.
@@ -51,7 +54,8 @@ impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Key::Leaf { value, dt, .. } => write!(f, "v{value}:{dt}"),
-            Key::Stored { value, dt, .. } => write!(f, "stored(v{value}):{dt}"),
+            Key::Stored { value, dt, refreshed: false, .. } => write!(f, "stored(v{value}):{dt}"),
+            Key::Stored { value, dt, refreshed: true, .. } => write!(f, "refreshed(v{value}):{dt}"),
             Key::Cast { to } => write!(f, "cast_{to}"),
             Key::Node { node, slot, dt, .. } => write!(f, "n{node}.{slot}:{dt}"),
             Key::Use { node, group, .. } => write!(f, "use(n{node}.{group})"),
@@ -115,7 +119,7 @@ impl Analysis<CastLang> for Typing {
         let kids_grad = enode.kids().iter().any(|&c| egraph[c].data.grad);
         match enode.key() {
             Key::Leaf { dt, elems, grad, .. } => ClassType { dt: Some(dt), elems, grad },
-            Key::Stored { dt, elems, .. } => ClassType { dt: Some(dt), elems, grad: false },
+            Key::Stored { dt, elems, refreshed, .. } => ClassType { dt: Some(dt), elems, grad: refreshed },
             Key::Node { dt, elems, .. } => ClassType { dt: Some(dt), elems, grad: kids_grad },
             Key::Use { dt, .. } => ClassType { dt: Some(dt), elems: 0, grad: kids_grad },
             Key::Cast { to } => {
@@ -128,7 +132,8 @@ impl Analysis<CastLang> for Typing {
     fn merge(&mut self, a: &mut ClassType, b: ClassType) -> DidMerge {
         // Rules union only equal dtypes (checked in debug builds), and equal
         // values depend on the same parameters; a stored constant (no
-        // gradient) only ever joins a class of constants.
+        // gradient) only ever joins a class of constants, a refreshed copy
+        // (gradient) a cast of its parameter.
         debug_assert!(a.dt.is_none() || b.dt.is_none() || a.dt == b.dt, "merging {a:?} with {b:?}");
         if a.dt.is_none() && b.dt.is_some() {
             *a = b;

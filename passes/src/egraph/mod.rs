@@ -11,4 +11,4 @@ pub mod language;
 pub mod pass;
 pub mod rules;
 
-pub use pass::{count_casts, EgraphCasts, IlpCheck, Limits};
+pub use pass::{count_casts, gradient_values, refresh_weight_casts, EgraphCasts, IlpCheck, Limits};

@@ -61,6 +61,9 @@ pub struct EgraphCasts {
     /// Use only the rules that keep every bit (no FP32 BatchNormalization
     /// parameters; see [`super::rules`]).
     pub exact: bool,
+    /// Offer refreshed copies of trained parameters (`refresh-copy`; training
+    /// only). Off: every trained weight keeps its per-iteration casts.
+    pub refresh: bool,
 }
 
 /// Largest value (elements) the pass evaluates to fold its cast.
@@ -116,7 +119,8 @@ fn constant_init(g: &Graph, v: ValueId, inference: bool) -> bool {
 }
 
 /// The float values a gradient flows back through in training: trained
-/// parameters (float initializers that are not [`constant_init`]) and what
+/// parameters (float initializers that are not [`constant_init`] nor
+/// BatchNormalization running statistics) and what
 /// float ops compute from them. Graph inputs carry none (the data needs no
 /// gradient), nor do constants. A cast of any other value has no backward
 /// cast. Empty in inference.
@@ -125,9 +129,24 @@ pub fn gradient_values(g: &Graph, inference: bool) -> std::collections::HashSet<
     if inference {
         return grad;
     }
+    // BatchNormalization's running mean and variance are buffers, updated
+    // by the op, not trained (as the cost model's facts count them), also
+    // when the op reads them through a cast.
+    let through_cast = |v: ValueId| match g.producer(v) {
+        Some((p, _)) if g.node(p).op == Op::Cast => g.node(p).input(0).unwrap_or(v),
+        _ => v,
+    };
+    let buffers: std::collections::HashSet<ValueId> = g
+        .node_ids()
+        .into_iter()
+        .filter(|&n| g.node(n).op == Op::BatchNormalization)
+        .flat_map(|n| [g.node(n).input(3), g.node(n).input(4)])
+        .flatten()
+        .map(through_cast)
+        .collect();
     for &v in g.inits() {
         let trained = g.value(v).init().is_some_and(|t| t.dtype.is_float()) && !constant_init(g, v, false);
-        if trained && !g.inputs().contains(&v) {
+        if trained && !g.inputs().contains(&v) && !buffers.contains(&v) {
             grad.insert(v);
         }
     }
@@ -394,6 +413,7 @@ impl EgraphCasts {
         g: &Graph,
         imp: &Import,
         known: &HashMap<ValueId, Tensor>,
+        grads: &std::collections::HashSet<ValueId>,
         oracle: &dyn CostOracle,
         inference: bool,
     ) -> RuleCx {
@@ -427,8 +447,111 @@ impl EgraphCasts {
                 cx.foldable.insert(v.index() as u32);
             }
         }
+        if !inference && self.refresh {
+            cx.refreshable = refreshable(g, grads, oracle);
+        }
         cx
     }
+}
+
+/// Trained FP32 parameters that `refresh-copy` may store as refreshed
+/// copies (training only), decided by the memory model and then the cost
+/// model.
+///
+/// Candidates: float initializers with a gradient that are not graph
+/// inputs or copies themselves, read at f16/bf16 through Casts whose
+/// results are not graph outputs. A candidate's copies add *no* peak memory
+/// when every reader of each low cast keeps it for its backward
+/// ([`qsync_cost::facts::keeps_input`]: the per-iteration cast is alive at
+/// the peak anyway); otherwise each such copy adds its bytes. Those are
+/// admitted only within the oracle's memory headroom
+/// ([`CostOracle::memory_headroom`]; none without a memory model), most
+/// time saved per byte first (`2 · cast_time − refresh_time`; ties by
+/// value, so the choice is deterministic). Extraction then still weighs
+/// each admitted copy against its casts.
+fn refreshable(
+    g: &Graph,
+    grads: &std::collections::HashSet<ValueId>,
+    oracle: &dyn CostOracle,
+) -> std::collections::BTreeSet<u32> {
+    let mut out = std::collections::BTreeSet::new();
+    // (time saved per byte, value, extra bytes) of peak-raising candidates.
+    let mut raising: Vec<(f64, ValueId, f64)> = Vec::new();
+    for &w in g.inits() {
+        let fp32 = g.value(w).init().is_some_and(|t| t.dtype == DType::F32);
+        if !fp32 || !grads.contains(&w) || g.inputs().contains(&w) || g.master_of(w).is_some() {
+            continue;
+        }
+        let elems = oracle.elements(g, w);
+        let (mut extra, mut saved, mut low_reads, mut ok) = (0.0, 0.0, 0, true);
+        for (n, _) in g.users(w) {
+            let node = g.node(n);
+            let to = node.outputs().first().and_then(|&o| g.ty(o).dtype);
+            let Some(to) = to.filter(|d| node.op == Op::Cast && matches!(d, DType::F16 | DType::BF16)) else {
+                continue;
+            };
+            let cast = node.outputs()[0];
+            if g.outputs().contains(&cast) {
+                ok = false;
+                break;
+            }
+            low_reads += 1;
+            saved += 2.0 * oracle.cast_time(DType::F32, to, elems) - oracle.refresh_time(to, elems);
+            let kept = g
+                .users(cast)
+                .into_iter()
+                .all(|(r, slot)| qsync_cost::facts::keeps_input(g, r, slot, |v| grads.contains(&v) || v == cast));
+            if !kept {
+                extra += to.storage_bytes(elems) as f64;
+            }
+        }
+        if !ok || low_reads == 0 || saved <= 0.0 {
+            continue;
+        }
+        if extra == 0.0 {
+            out.insert(w.index() as u32);
+        } else {
+            raising.push((saved / extra, w, extra));
+        }
+    }
+    let mut headroom = oracle.memory_headroom(g).unwrap_or(0.0);
+    raising.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    for (_, w, extra) in raising {
+        if extra <= headroom {
+            headroom -= extra;
+            out.insert(w.index() as u32);
+        }
+    }
+    out
+}
+
+/// Replace each per-iteration f16/bf16 cast of a [`refreshable`] parameter
+/// by a refreshed copy of it, as `egraph-casts` stores one where its
+/// extraction agrees (it weighs the same costs). The copies' data is left
+/// absent: this is for pricing a plan (`campo` compares plans as they will
+/// be stored), not for writing one. Returns the casts replaced.
+pub fn refresh_weight_casts(g: &mut Graph, oracle: &dyn CostOracle) -> usize {
+    let grads = gradient_values(g, false);
+    let keep = refreshable(g, &grads, oracle);
+    let mut copies: HashMap<(ValueId, DType), ValueId> = HashMap::new();
+    let mut replaced = 0;
+    for n in g.node_ids() {
+        let node = g.node(n);
+        let (Some(w), Some(&o)) = (node.input(0), node.outputs().first()) else { continue };
+        let Some(to) = g.ty(o).dtype.filter(|d| matches!(d, DType::F16 | DType::BF16)) else { continue };
+        if node.op != Op::Cast || !keep.contains(&(w.index() as u32)) {
+            continue;
+        }
+        let copy = *copies.entry((w, to)).or_insert_with(|| {
+            let dims = g.value(w).init().map(|t| t.dims.clone()).unwrap_or_default();
+            let name = g.fresh_value_name(&format!("{}.{to}", g.value_name(w)));
+            g.add_refreshed_copy(w, name, Tensor { dtype: to, dims, data: TensorData::Absent })
+        });
+        g.replace_all_uses(o, copy);
+        g.remove_node(n);
+        replaced += 1;
+    }
+    replaced
 }
 
 /// Casts in the graph, and those reading an initializer.
@@ -523,7 +646,7 @@ impl EgraphCasts {
             return Ok(Err("no cast region".into()));
         }
         let known = known_values(g, &order, opset, cx.inference);
-        let rcx = Arc::new(self.rule_cx(g, &imp, &known, oracle, cx.inference));
+        let rcx = Arc::new(self.rule_cx(g, &imp, &known, &grads, oracle, cx.inference));
         let runner = Runner::<_, Typing, ()>::default()
             .with_egraph(std::mem::take(&mut imp.eg))
             .with_iter_limit(self.limits.iters)
@@ -610,8 +733,10 @@ impl Pass for EgraphCasts {
         let known = &sat.known;
         rebuild(&mut model.graph, eg, &choice, &roots_with, &region, known, base_dir.as_deref());
         let (casts_after, weight_after) = count_casts(&model.graph);
+        let copies = model.graph.refreshed_copies().count();
         Ok(PassOutcome::changed(format!(
-            "casts {casts_before} -> {casts_after} (activation {} -> {}), cast-region cost {:.3e}s -> {:.3e}s; {stats}",
+            "casts {casts_before} -> {casts_after} (activation {} -> {}), refreshed weight copies {copies}, \
+             cast-region cost {:.3e}s -> {:.3e}s; {stats}",
             casts_before - weight_before,
             casts_after - weight_after,
             orig_cost,
@@ -678,6 +803,7 @@ struct Rebuild<'a> {
     made: BTreeMap<(u32, DType, Vec<ValueId>), NodeId>,
     casts: HashMap<(ValueId, DType), ValueId>,
     stored: HashMap<(ValueId, DType), ValueId>,
+    refreshed: HashMap<(ValueId, DType), ValueId>,
     known: &'a HashMap<ValueId, Tensor>,
     base_dir: Option<&'a std::path::Path>,
     vals: Vec<ValueId>,
@@ -693,9 +819,13 @@ impl Rebuild<'_> {
         let kids: Vec<ValueId> = node.kids().iter().map(|&k| self.value(k)).collect();
         let v = match node.key() {
             Key::Leaf { value, .. } => self.vals[value as usize],
-            Key::Stored { value, dt, .. } => {
+            Key::Stored { value, dt, refreshed: false, .. } => {
                 let w = self.vals[value as usize];
                 self.store(w, dt)
+            }
+            Key::Stored { value, dt, refreshed: true, .. } => {
+                let w = self.vals[value as usize];
+                self.refreshed_copy(w, dt)
             }
             Key::Cast { to } => self.cast(kids[0], to),
             Key::Node { node: n, slot, dt, .. } => self.node(NodeId::new(n as usize), slot as usize, dt, kids),
@@ -721,22 +851,42 @@ impl Rebuild<'_> {
         out
     }
 
+    /// `t` rounded to `to` (nearest even), or an absent tensor of that type
+    /// when its data cannot be read.
+    fn converted(&self, t: &Tensor, to: DType) -> Tensor {
+        let vals = t.load(self.base_dir).ok().flatten().and_then(|bytes| {
+            Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
+        });
+        vals.and_then(|v| Tensor::from_f64s(to, t.dims.clone(), &v)).unwrap_or(Tensor {
+            dtype: to,
+            dims: t.dims.clone(),
+            data: TensorData::Absent,
+        })
+    }
+
     fn store(&mut self, w: ValueId, to: DType) -> ValueId {
         if let Some(&s) = self.stored.get(&(w, to)) {
             return s;
         }
         let t = constant_value(self.g, self.known, w).expect("a foldable value is a constant");
-        let vals = t.load(self.base_dir).ok().flatten().and_then(|bytes| {
-            Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
-        });
-        let converted = vals.and_then(|v| Tensor::from_f64s(to, t.dims.clone(), &v)).unwrap_or(Tensor {
-            dtype: to,
-            dims: t.dims.clone(),
-            data: TensorData::Absent,
-        });
+        let converted = self.converted(&t, to);
         let name = self.g.fresh_value_name(&format!("{}.{to}", self.g.value_name(w)));
         let s = self.g.add_init(name, converted);
         self.stored.insert((w, to), s);
+        s
+    }
+
+    /// The refreshed copy of trained parameter `w` at `to`; `w` stays as
+    /// its master.
+    fn refreshed_copy(&mut self, w: ValueId, to: DType) -> ValueId {
+        if let Some(&s) = self.refreshed.get(&(w, to)) {
+            return s;
+        }
+        let t = self.g.value(w).init().cloned().expect("a refreshable value is an initializer");
+        let converted = self.converted(&t, to);
+        let name = self.g.fresh_value_name(&format!("{}.{to}", self.g.value_name(w)));
+        let s = self.g.add_refreshed_copy(w, name, converted);
+        self.refreshed.insert((w, to), s);
         s
     }
 
@@ -798,6 +948,7 @@ fn rebuild(
         made: BTreeMap::new(),
         casts,
         stored: HashMap::new(),
+        refreshed: HashMap::new(),
         known,
         base_dir,
         vals: Vec::new(),

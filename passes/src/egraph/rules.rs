@@ -13,6 +13,7 @@
 //! | `cast-hoist` | `cast_t(op_s(x..)) = op_t(cast_t(x)..)` | bits (movement); values (order-preserving) | movement ops (Reshape, Transpose, Flatten, Slice, Gather data, Concat, Split, Squeeze, Unsqueeze, Expand, Identity) only copy elements, and a cast is elementwise; Relu, MaxPool, Max, Min select one of their inputs (or 0), and rounding is monotone, so `round(max(a,b)) = max(round a, round b)` — only `Relu(-tiny)` may give -0 instead of +0 |
 //! | `cast-sink` | `op_t(cast_t(y_1)..cast_t(y_k)) = cast_t(op_s(y_1..y_k))` | as `cast-hoist` | the same equality read backwards; sinks a cast below fan-in (Concat / Max of k casts becomes one cast) |
 //! | `fold-constant` | `cast_t(w) = stored_t(w)` for a constant initializer, a `Constant` node output, or a small value computed from those alone (see below) | bits | the stored copy is the cast computed once, offline (round to nearest even, as Cast does) |
+//! | `refresh-copy` | `cast_t(w) = refreshed_t(w)` for a trained FP32 parameter `w`, t ∈ {f16, bf16}, in training, where the memory model allows it (below) | bits | the copy is `w` rounded to t (nearest even, as Cast does) and rewritten after every optimizer step, so every forward reads exactly the cast of the current `w`; its gradient is `w`'s, as the cast's backward passes it |
 //! | `use-uncast` (exact) | a kept op reading `cast_t(x)` reads `x` instead, for `IsNaN` (any float cast) and `Shape`/`Size` (any cast) | bits | `IsNaN` asks a question every float cast answers the same way (NaN stays NaN; a finite value rounds to a finite value or ±inf, never NaN); `Shape`/`Size` read no element |
 //! | `use-uncast` (parameters) | `BatchNormalization` at f16/bf16 reads FP32 `scale`,`bias` (T1) and `mean`,`var` (T2) instead of their low casts; opset ≥ 15 only | values, more precisely: *not bits* | since opset 15 ONNX types the parameters (T1, T2) apart from the data (T), as cuDNN and every framework's mixed-precision BatchNorm keep them FP32; the op still reads and writes its activations at the planned precision, and its parameters are no longer rounded. Off under `exact` |
 //!
@@ -26,15 +27,32 @@
 //! `cast-hoist` / `cast-sink` plus DAG-aware extraction, which counts a
 //! shared cast once.
 //!
-//! **Constants and weights.** Training updates every trained parameter each
-//! step, so a stored low copy of a parameter must itself be refreshed by a
-//! cast every iteration: it saves no cast and costs memory, and the rule
-//! never offers it. It is offered only for *constants* — initializers that are
-//! not trained (scalars and single-element tensors in training mode; every
-//! initializer in inference mode) and the outputs of `Constant` nodes
-//! (never trained, in either mode) — where extraction weighs the stored
-//! copy's memory (bytes × [`super::extract::MEMORY_COST_PER_BYTE`]) against the
-//! per-iteration cast's time from the cost oracle. A value computed only
+//! **Constants and weights.** A cast of a *constant* — an initializer that
+//! is not trained (scalars and single-element tensors in training mode;
+//! every initializer in inference mode) or the output of a `Constant` node
+//! (never trained, in either mode) — folds into a stored copy computed once
+//! (`fold-constant`); extraction weighs the copy's memory
+//! (bytes × [`super::extract::MEMORY_COST_PER_BYTE`]) against the
+//! per-iteration cast's time from the cost oracle.
+//!
+//! A *trained* parameter changes every step, so its stored copy must be
+//! rewritten every step too (`refresh-copy`): the graph reads an f16/bf16
+//! initializer paired with its FP32 master ([`qsync_ir::Graph::add_refreshed_copy`]),
+//! and the optimizer step, which already sweeps the master, writes the
+//! rounded copy in the same pass. That replaces the per-iteration forward
+//! cast and the backward cast of the weight's gradient (two kernels, a read
+//! of 4 + a write of 2 bytes per element each way) by a fused 2-byte write.
+//! Extraction decides with the oracle's costs
+//! ([`crate::precision::CostOracle::refresh_time`] against twice
+//! `cast_time`); the memory model decides where it is offered at all. A
+//! copy is persistent, while a per-iteration cast lives from its forward
+//! use to its backward use, so the copy raises the peak unless every op
+//! reading the cast keeps it for the backward anyway (Conv and MatMul-class
+//! ops, normalization scales; `qsync_cost::facts::keeps_input`, the rule
+//! the memory model counts saved values with). A weight with any other
+//! low-precision reader — an embedding table read by Gather, a bias read by
+//! Add — keeps its per-iteration cast. A cast of a copy back to FP32 is
+//! never needed: the master is the FP32 value. A value computed only
 //! from such constants (an exporter's `Sqrt(Constant)` attention scale, a
 //! mask built from `Constant`s) is a constant too when it is small (at most
 //! [`super::pass::KNOWN_MAX_ELEMS`] elements) and every op on the way is
@@ -69,6 +87,9 @@ pub struct RuleCx {
     pub allowed: BTreeMap<u32, Vec<DType>>,
     /// Initializers (value index) that may be stored converted.
     pub foldable: BTreeSet<u32>,
+    /// Trained FP32 parameters (value index) that may be read through a
+    /// refreshed copy.
+    pub refreshable: BTreeSet<u32>,
     /// Per use (node, group): the dtypes the group may read instead.
     pub uses: BTreeMap<(u32, u8), Vec<DType>>,
 }
@@ -88,6 +109,7 @@ enum Kind {
     Hoist,
     Sink,
     Fold,
+    Refresh,
     Uncast,
 }
 
@@ -114,7 +136,7 @@ impl Rule {
     fn matches(&self, eg: &CastGraph, c: Id) -> bool {
         let has_cast = casts_in(eg, c).next().is_some();
         match self.kind {
-            Kind::Identity | Kind::ExactChain | Kind::Hoist | Kind::Fold => has_cast,
+            Kind::Identity | Kind::ExactChain | Kind::Hoist | Kind::Fold | Kind::Refresh => has_cast,
             Kind::Sink => eg[c].nodes.iter().any(|n| matches!(n.key(), Key::Node { .. })),
             Kind::Uncast => eg[c].nodes.iter().any(|n| matches!(n.key(), Key::Use { .. })),
         }
@@ -171,7 +193,18 @@ impl Rule {
                     for leaf in nodes(eg, kids[0]) {
                         if let Key::Leaf { value, elems, .. } = leaf.key() {
                             if self.cx.foldable.contains(&value) {
-                                out.push(eg.add(CastLang::Op(Key::Stored { value, dt: to, elems }, vec![])));
+                                let key = Key::Stored { value, dt: to, elems, refreshed: false };
+                                out.push(eg.add(CastLang::Op(key, vec![])));
+                            }
+                        }
+                    }
+                }
+                (Kind::Refresh, Key::Cast { to }) if matches!(to, DType::F16 | DType::BF16) => {
+                    for leaf in nodes(eg, kids[0]) {
+                        if let Key::Leaf { value, elems, dt: DType::F32, .. } = leaf.key() {
+                            if self.cx.refreshable.contains(&value) {
+                                let key = Key::Stored { value, dt: to, elems, refreshed: true };
+                                out.push(eg.add(CastLang::Op(key, vec![])));
                             }
                         }
                     }
@@ -253,6 +286,7 @@ pub fn rules(cx: &Arc<RuleCx>) -> Vec<Rewrite<CastLang, Typing>> {
         ("cast-hoist", Kind::Hoist),
         ("cast-sink", Kind::Sink),
         ("fold-constant", Kind::Fold),
+        ("refresh-copy", Kind::Refresh),
         ("use-uncast", Kind::Uncast),
     ]
     .into_iter()

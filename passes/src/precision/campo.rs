@@ -36,7 +36,7 @@ use qsync_ir::{DType, Graph, Model, NodeId, NodeSpec, Op, Tensor, TensorType, Va
 
 use super::amp::plan_amp;
 use super::materialize::{lowerable, materialize, Mode};
-use super::plancost::{self, Assignment};
+use super::plancost::{self, Assignment, WeightPricing};
 use super::policy::{Category, Policy, PolicyKind};
 use super::{float_preds, float_succs, CostOracle, PlanOptions, Prediction};
 use crate::manager::{Pass, PassContext, PassError, PassOutcome};
@@ -53,7 +53,13 @@ pub struct CampoReport {
 }
 
 /// The four traverses: the plan as an assignment (not yet written).
-pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracle) -> (Assignment, CampoReport) {
+pub fn plan_campo(
+    g: &Graph,
+    policy: &Policy,
+    low: DType,
+    oracle: &dyn CostOracle,
+    w: &WeightPricing,
+) -> (Assignment, CampoReport) {
     let mut report = CampoReport::default();
     let nodes = g.topo_order().unwrap_or_else(|_| g.node_ids());
     let cats: HashMap<NodeId, Category> = nodes
@@ -83,7 +89,7 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
             continue;
         }
         ctx.insert(n, DType::F32);
-        let (d, _) = plancost::delta(g, &mut ctx, &[n], low, oracle);
+        let (d, _) = plancost::delta(g, &mut ctx, &[n], low, oracle, w);
         if d < 0.0 {
             ctx.insert(n, low);
             low_set.insert(n);
@@ -106,7 +112,9 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
 
     // 4. clear chains touching low ops, judged by cost.
     let candidate =
-        |n: &NodeId, low_set: &HashSet<NodeId>| is(n, Category::Clear) && !deny.contains(n) && !low_set.contains(n);
+        |n: &NodeId, low_set: &HashSet<NodeId>| {
+            (is(n, Category::Clear) || is(n, Category::Infer)) && !deny.contains(n) && !low_set.contains(n)
+        };
     let mut seen: HashSet<NodeId> = HashSet::new();
     for &n in &nodes {
         if !candidate(&n, &low_set) || seen.contains(&n) {
@@ -130,8 +138,11 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
             continue;
         }
         chain.sort();
-        let (d, _) = plancost::delta(g, &mut a, &chain, low, oracle);
-        if d < 0.0 {
+        let (d, dc) = plancost::delta(g, &mut a, &chain, low, oracle, w);
+        // A chain with infer ops (TF-AMP would leave them FP32 here) goes
+        // low only when it also saves casts.
+        let infer = chain.iter().any(|x| is(x, Category::Infer));
+        if d < 0.0 && (!infer || dc < 0) {
             for &x in &chain {
                 a.insert(x, low);
             }
@@ -146,14 +157,20 @@ pub fn plan_campo(g: &Graph, policy: &Policy, low: DType, oracle: &dyn CostOracl
 /// Reconciliation after the traverses: each node where the campo plan and
 /// `amp`'s differ moves to `amp`'s precision when that alone lowers the
 /// predicted time (casts included). Returns how many moved.
-pub fn reconcile(g: &Graph, plan: &mut Assignment, amp: &Assignment, oracle: &dyn CostOracle) -> usize {
+pub fn reconcile(
+    g: &Graph,
+    plan: &mut Assignment,
+    amp: &Assignment,
+    oracle: &dyn CostOracle,
+    w: &WeightPricing,
+) -> usize {
     let mut moved = 0;
     let mut differing: Vec<NodeId> =
         plan.iter().filter(|(n, p)| amp.get(n).is_some_and(|q| q != *p)).map(|(&n, _)| n).collect();
     differing.sort();
     for n in differing {
         let Some(&q) = amp.get(&n) else { continue };
-        let (d, dc) = plancost::delta(g, plan, &[n], q, oracle);
+        let (d, dc) = plancost::delta(g, plan, &[n], q, oracle, w);
         if d < 0.0 && dc <= 0 {
             plan.insert(n, q);
             moved += 1;
@@ -163,16 +180,21 @@ pub fn reconcile(g: &Graph, plan: &mut Assignment, amp: &Assignment, oracle: &dy
 }
 
 /// Materialize a copy of `model` under `a`: (casts added, prediction).
+/// With `refresh`, trained weights are then stored as `egraph-casts` would
+/// store them ([`crate::egraph::refresh_weight_casts`]): their casts become
+/// refreshed copies, neither counted as casts nor timed as casts.
 pub fn evaluate(
     model: &Model,
     a: &Assignment,
     mode: Mode,
     oracle: &dyn CostOracle,
+    refresh: bool,
 ) -> Result<(usize, Prediction), String> {
     let mut m = model.clone();
     plancost::write(&mut m.graph, a);
     let stats = materialize(&mut m, mode)?;
-    Ok((stats.casts, oracle.predict(&m.graph)))
+    let stored = if refresh { crate::egraph::refresh_weight_casts(&mut m.graph, oracle) } else { 0 };
+    Ok((stats.casts - stored, oracle.predict(&m.graph)))
 }
 
 /// Padding a misaligned low GEMM / Conv: where it pays, Pad its inputs with
@@ -362,6 +384,9 @@ pub struct Campo {
     pub options: PlanOptions,
     /// Tensor Core padding (traverse 5); `padding=off` disables it.
     pub padding: bool,
+    /// Price trained weights as refreshed copies where `egraph-casts` will
+    /// store them (training); `refresh=off`: per-iteration casts.
+    pub refresh: bool,
 }
 
 impl Campo {
@@ -372,7 +397,7 @@ impl Campo {
                 message: format!("policy `{}` is not a tf-amp policy", policy.name),
             });
         }
-        Ok(Campo { policy, options, padding })
+        Ok(Campo { policy, options, padding, refresh: true })
     }
 }
 
@@ -389,7 +414,11 @@ impl Pass for Campo {
         let mode = if cx.inference { Mode::Inference } else { self.options.mode };
         let fail = |message: String| PassError::FailedGraph { pass: "campo".into(), message };
 
-        let (mut plan, report) = plan_campo(&model.graph, &self.policy, low, oracle);
+        // Trained weights are priced as `egraph-casts` stores them, unless
+        // `refresh=off` (or inference, where weights are constants).
+        let refresh = self.refresh && mode == Mode::Training;
+        let pricing = if refresh { WeightPricing::training(&model.graph) } else { WeightPricing::casts() };
+        let (mut plan, report) = plan_campo(&model.graph, &self.policy, low, oracle, &pricing);
         let amp_plan = {
             let mut h = model.graph.clone();
             plan_amp(&mut h, &self.policy, low, oracle);
@@ -402,14 +431,14 @@ impl Pass for Campo {
             super::apply_overrides(&mut h, &self.options.overrides, oracle, self.name())?;
             plan = plancost::assignment_of(&h);
         }
-        let reconciled = reconcile(&model.graph, &mut plan, &amp_plan, oracle);
-        let (campo_casts, campo_t) = evaluate(model, &plan, mode, oracle).map_err(fail)?;
-        let (amp_casts, amp_t) = evaluate(model, &amp_plan, mode, oracle).map_err(fail)?;
+        let reconciled = reconcile(&model.graph, &mut plan, &amp_plan, oracle, &pricing);
+        let (campo_casts, campo_t) = evaluate(model, &plan, mode, oracle, refresh).map_err(fail)?;
+        let (amp_casts, amp_t) = evaluate(model, &amp_plan, mode, oracle, refresh).map_err(fail)?;
         let mut fp32_plan = plan.clone();
         for p in fp32_plan.values_mut() {
             *p = DType::F32;
         }
-        let (fp32_casts, fp32_t) = evaluate(model, &fp32_plan, mode, oracle).map_err(fail)?;
+        let (fp32_casts, fp32_t) = evaluate(model, &fp32_plan, mode, oracle, refresh).map_err(fail)?;
         let campo_ok = campo_casts <= amp_casts && campo_t.total() <= amp_t.total();
         let fp32_wins = fp32_casts <= amp_casts
             && fp32_t.total() < amp_t.total().min(if campo_ok { campo_t.total() } else { f64::INFINITY });
@@ -446,7 +475,7 @@ impl Pass for Campo {
             if !padded.is_empty() {
                 // Padding must not break the guarantee either.
                 let a = plancost::assignment_of(&model.graph);
-                let (c, t) = evaluate(model, &a, mode, oracle).map_err(fail)?;
+                let (c, t) = evaluate(model, &a, mode, oracle, refresh).map_err(fail)?;
                 if c > amp_casts || t.total() > amp_t.total() {
                     model.graph = before;
                 } else {

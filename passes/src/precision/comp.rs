@@ -237,7 +237,7 @@ pub fn plan_comp(
 /// Cost of a segment under `a`: its ops plus every cast on values it touches.
 fn segment_cost(g: &Graph, a: &Assignment, seg: &[NodeId], vals: &BTreeSet<ValueId>, perf: &dyn CostOracle) -> f64 {
     seg.iter().map(|&n| plancost::node_time(g, a, n, perf)).sum::<f64>()
-        + vals.iter().map(|&v| plancost::value_cast_cost(g, a, v, perf)).sum::<f64>()
+        + vals.iter().map(|&v| plancost::value_cast_cost(g, a, v, perf, &plancost::WeightPricing::casts())).sum::<f64>()
 }
 
 fn exhaustive(g: &Graph, a: &mut Assignment, seg: &[NodeId], low: DType, perf: &dyn CostOracle) {
@@ -330,7 +330,7 @@ fn local(g: &Graph, a: &Assignment, n: NodeId, last: bool, perf: &dyn CostOracle
         vals.extend(node.outputs().iter().copied());
     }
     for v in vals {
-        t += plancost::value_cast_cost(g, a, v, perf);
+        t += plancost::value_cast_cost(g, a, v, perf, &plancost::WeightPricing::casts());
     }
     t
 }

@@ -21,7 +21,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use qsync_cost::{Bindings, CostModel, DeviceDb, GraphFacts, Precision};
+use qsync_cost::{estimate_memory, Bindings, CostModel, DeviceDb, GraphFacts, Optimizer, Plan, Precision};
 use qsync_ir::infer::InferOptions;
 use qsync_ir::{DType, Graph, NodeId, Op};
 
@@ -154,9 +154,24 @@ impl CostOracle for CostModelOracle {
         }
     }
 
+    /// Device memory minus the memory model's training total
+    /// ([`qsync_cost::estimate_memory`], Adam, the device's default usable
+    /// fraction) for `g` with every node at the precision it computes in.
+    fn memory_headroom(&self, g: &Graph) -> Option<f64> {
+        let f = self.facts(g)?;
+        let mut plan = Plan::new();
+        for &n in f.1.order() {
+            if let Some(q) = Self::precision(super::oracle::compute_precision(g, n)) {
+                plan.set(n, q);
+            }
+        }
+        let m = estimate_memory(g, &f.1, &plan.resolve(g), self.model.device(), Optimizer::default(), None).ok()?;
+        Some(m.capacity - m.total)
+    }
+
     /// Forward and backward from the op costs' phases; a Cast costs its
     /// forward conversion and, when its input carries a gradient, the
-    /// gradient's conversion back.
+    /// gradient's conversion back; refreshed copies their rewrite.
     fn predict(&self, g: &Graph) -> Prediction {
         let Some(f) = self.facts(g) else { return self.fallback.predict(g) };
         let mut pr = Prediction::default();
@@ -180,6 +195,7 @@ impl CostOracle for CostModelOracle {
                 pr.backward += c.bwd_input + c.bwd_weight;
             }
         }
+        pr.refresh = super::oracle::refresh_total(self, g);
         pr
     }
 }

@@ -27,6 +27,25 @@ pub trait CostOracle {
     /// Seconds to cast `elements` values from `from` to `to` (Campo eq. 1:
     /// a per-element rate plus a fixed launch cost).
     fn cast_time(&self, from: DType, to: DType, elements: u64) -> f64;
+    /// Seconds the optimizer step spends rewriting a *refreshed copy* of a
+    /// trained FP32 parameter at `to` ([`qsync_ir::Graph::add_refreshed_copy`]).
+    /// The step already reads the master, so the copy costs only its write
+    /// (fused into the step's sweep: no launch): the share of a cast's
+    /// per-element time that writes `to`, from this oracle's own cast costs.
+    fn refresh_time(&self, to: DType, elements: u64) -> f64 {
+        if to == DType::F32 || elements == 0 {
+            return 0.0;
+        }
+        let per_elem = (self.cast_time(DType::F32, to, elements) - self.cast_time(DType::F32, to, 0)).max(0.0);
+        let (w, r) = (f64::from(to.bits()), f64::from(DType::F32.bits()));
+        per_elem * w / (w + r)
+    }
+    /// Bytes of device memory left over when training `g` as it stands, by
+    /// the oracle's memory model; `None` when it has none (then nothing may
+    /// raise the memory peak).
+    fn memory_headroom(&self, _g: &Graph) -> Option<f64> {
+        None
+    }
     /// Whether the target has kernels at precision `p` at all. A planner never
     /// chooses a precision for which this is false.
     fn supports(&self, p: DType) -> bool;
@@ -39,7 +58,7 @@ pub trait CostOracle {
     fn elements(&self, _g: &Graph, v: ValueId) -> u64 {
         numel(_g.ty(v))
     }
-    /// Predicted forward and backward seconds of a materialized graph: every
+    /// Predicted forward, backward and copy-refresh seconds of a materialized graph: every
     /// node at the precision it computes in ([`compute_precision`]), every
     /// Cast as a cast (and, in backward, the gradient's cast back unless the
     /// cast reads a graph input). This default splits op time 1 : 2 between
@@ -63,6 +82,7 @@ pub trait CostOracle {
             pr.forward += t / 3.0;
             pr.backward += 2.0 * t / 3.0;
         }
+        pr.refresh = refresh_total(self, g);
         pr
     }
 }
@@ -72,12 +92,24 @@ pub trait CostOracle {
 pub struct Prediction {
     pub forward: f64,
     pub backward: f64,
+    /// Optimizer-step time spent rewriting the graph's refreshed weight
+    /// copies ([`CostOracle::refresh_time`]); the rest of the step is the
+    /// same for every plan and not counted.
+    pub refresh: f64,
 }
 
 impl Prediction {
     pub fn total(&self) -> f64 {
-        self.forward + self.backward
+        self.forward + self.backward + self.refresh
     }
+}
+
+/// [`CostOracle::refresh_time`] summed over `g`'s refreshed copies.
+pub fn refresh_total<O: CostOracle + ?Sized>(oracle: &O, g: &Graph) -> f64 {
+    g.refreshed_copies().fold(0.0, |acc, (c, _)| {
+        let dt = g.ty(c).dtype.unwrap_or(DType::F16);
+        acc + oracle.refresh_time(dt, oracle.elements(g, c))
+    })
 }
 
 /// The precision node `n` computes in: its plan when it has one the node

@@ -58,6 +58,52 @@ fn demands(g: &Graph, a: &Assignment, v: ValueId) -> BTreeSet<DType> {
     out
 }
 
+/// How planners price trained weights: a parameter in `refreshed` is read
+/// at f16/bf16 through a refreshed copy (as `egraph-casts` stores it:
+/// `refresh-copy`), so its low conversion costs the optimizer step's
+/// rewrite ([`CostOracle::refresh_time`]) and is not a cast; any other
+/// value's conversions are casts, forward and gradient.
+#[derive(Clone, Debug, Default)]
+pub struct WeightPricing {
+    pub refreshed: BTreeSet<ValueId>,
+}
+
+impl WeightPricing {
+    /// Per-iteration casts everywhere (inference, or `refresh=off`).
+    pub fn casts() -> WeightPricing {
+        WeightPricing::default()
+    }
+
+    /// For training `g`: the trained FP32 parameters whose every reader
+    /// keeps its input for the backward (`qsync_cost::facts::keeps_input`),
+    /// so a refreshed copy adds no peak memory over a per-iteration cast.
+    /// (`egraph-casts` may also store others within the memory headroom;
+    /// planning does not count on those.)
+    pub fn training(g: &Graph) -> WeightPricing {
+        let grads = crate::egraph::gradient_values(g, false);
+        let refreshed = g
+            .inits()
+            .iter()
+            .copied()
+            .filter(|&w| {
+                g.value(w).init().is_some_and(|t| t.dtype == DType::F32)
+                    && grads.contains(&w)
+                    && !g.inputs().contains(&w)
+                    && g.master_of(w).is_none()
+                    && !g.outputs().contains(&w)
+                    && g.users(w)
+                        .into_iter()
+                        .all(|(n, slot)| qsync_cost::facts::keeps_input(g, n, slot, |v| grads.contains(&v)))
+            })
+            .collect();
+        WeightPricing { refreshed }
+    }
+
+    fn refreshes(&self, v: ValueId, have: DType, to: DType) -> bool {
+        have == DType::F32 && matches!(to, DType::F16 | DType::BF16) && self.refreshed.contains(&v)
+    }
+}
+
 /// The float conversions (casts) value `v` needs under `a`, as materialization
 /// makes them: one per demanded float dtype; a quantized demand (a QDQ pair)
 /// reads the FP32 copy, so it needs a cast to FP32 when `v` is not FP32.
@@ -79,13 +125,18 @@ fn cast_targets(g: &Graph, a: &Assignment, v: ValueId) -> (Option<DType>, BTreeS
 /// cast's forward conversion plus, unless `v` is a graph input, the
 /// gradient's conversion back; each QDQ pair's quantize and dequantize
 /// (forward) and the straight-through gradient's pass back.
-pub fn value_cast_cost(g: &Graph, a: &Assignment, v: ValueId, oracle: &dyn CostOracle) -> f64 {
+pub fn value_cast_cost(g: &Graph, a: &Assignment, v: ValueId, oracle: &dyn CostOracle, w: &WeightPricing) -> f64 {
     let (Some(have), casts, qdq) = cast_targets(g, a, v) else { return 0.0 };
     let e = oracle.elements(g, v);
     let back = !g.inputs().contains(&v);
     let c: f64 = casts
         .into_iter()
-        .map(|d| oracle.cast_time(have, d, e) + if back { oracle.cast_time(d, have, e) } else { 0.0 })
+        .map(|d| {
+            if w.refreshes(v, have, d) {
+                return oracle.refresh_time(d, e);
+            }
+            oracle.cast_time(have, d, e) + if back { oracle.cast_time(d, have, e) } else { 0.0 }
+        })
         .sum();
     let q: f64 = qdq
         .into_iter()
@@ -97,9 +148,11 @@ pub fn value_cast_cost(g: &Graph, a: &Assignment, v: ValueId, oracle: &dyn CostO
     c + q
 }
 
-/// Number of casts value `v` needs under `a` (QDQ pairs are not casts).
-pub fn value_cast_count(g: &Graph, a: &Assignment, v: ValueId) -> usize {
-    cast_targets(g, a, v).1.len()
+/// Number of casts value `v` needs under `a` (QDQ pairs and refreshed
+/// copies are not casts).
+pub fn value_cast_count(g: &Graph, a: &Assignment, v: ValueId, w: &WeightPricing) -> usize {
+    let (have, casts, _) = cast_targets(g, a, v);
+    casts.into_iter().filter(|&d| !have.is_some_and(|h| w.refreshes(v, h, d))).count()
 }
 
 /// Float values a node reads or writes.
@@ -119,7 +172,14 @@ pub fn node_time(g: &Graph, a: &Assignment, n: NodeId, oracle: &dyn CostOracle) 
 
 /// Predicted change (seconds) when every node of `set` moves to `p`.
 /// Cast counts change by the second element. `a` is restored on return.
-pub fn delta(g: &Graph, a: &mut Assignment, set: &[NodeId], p: DType, oracle: &dyn CostOracle) -> (f64, i64) {
+pub fn delta(
+    g: &Graph,
+    a: &mut Assignment,
+    set: &[NodeId],
+    p: DType,
+    oracle: &dyn CostOracle,
+    w: &WeightPricing,
+) -> (f64, i64) {
     let mut vals = BTreeSet::new();
     for &n in set {
         touched_values(g, n, &mut vals);
@@ -133,8 +193,8 @@ pub fn delta(g: &Graph, a: &mut Assignment, set: &[NodeId], p: DType, oracle: &d
             }
         }
         for &v in &vals {
-            *t += value_cast_cost(g, a, v, oracle);
-            *c += value_cast_count(g, a, v) as i64;
+            *t += value_cast_cost(g, a, v, oracle, w);
+            *c += value_cast_count(g, a, v, w) as i64;
         }
     };
     measure(a, &mut before, &mut cb);
