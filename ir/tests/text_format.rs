@@ -93,3 +93,31 @@ fn float_attributes_round_trip_bit_exactly() {
         assert_eq!(print_model(&m), src);
     }
 }
+
+#[test]
+fn refreshed_copies_round_trip_and_are_verified() {
+    let src = r#"opset "" 17
+graph "g" {
+  init %w: f32[2] = [1.0, 65520.0]
+  init %w.f16: f16[2] = hex"003c007c"
+  refresh %w.f16 from %w
+  input %x: f16[2]
+  %y: f16[2] = Mul "m"(%x, %w.f16)
+  output %y
+}
+"#;
+    let m = parse_model(src).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(print_model(&m), src);
+    let g = &m.graph;
+    let (c, w) = (g.value_by_name("w.f16").expect("copy"), g.value_by_name("w").expect("master"));
+    assert_eq!(g.master_of(c), Some(w));
+    assert!(g.is_master(w));
+    assert_eq!(qsync_ir::verify::verify(g, 17), Ok(()));
+    // A pairing the verifier rejects: the master is not an initializer.
+    let bad = src.replace("refresh %w.f16 from %w", "refresh %w.f16 from %x");
+    let errs = qsync_ir::verify::verify(&parse_model(&bad).expect("parses").graph, 17).expect_err("bad pairing");
+    assert!(errs.iter().any(|e| e.to_string().contains("master `x` is not an initializer")), "{errs:?}");
+    // `from` is required.
+    let e = parse_model(&src.replace(" from %w", " %w")).expect_err("no from").to_string();
+    assert!(e.contains("`from`"), "{e}");
+}

@@ -44,7 +44,8 @@ impl Pass for Dce {
         };
         // Unread refreshed copies go first; a master stays while a copy of
         // it is read (the optimizer trains the master).
-        let mut dead_inits: Vec<_> = g.inits().iter().copied().filter(|&v| g.master_of(v).is_some() && dead(g, v)).collect();
+        let mut dead_inits: Vec<_> =
+            g.inits().iter().copied().filter(|&v| g.master_of(v).is_some() && dead(g, v)).collect();
         for &v in &dead_inits {
             g.remove_source(v);
         }

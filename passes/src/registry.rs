@@ -243,7 +243,8 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
             Ok(Box::new(Uniform { options }))
         }
         "campo" => {
-            let (_, options) = precision_options(name, args, &["dtype", "override", "mode", "policy", "padding", "refresh"])?;
+            let (_, options) =
+                precision_options(name, args, &["dtype", "override", "mode", "policy", "padding", "refresh"])?;
             let padding = match args.last("padding") {
                 None | Some("on") => true,
                 Some("off") => false,

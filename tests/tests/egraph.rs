@@ -89,7 +89,12 @@ fn egraph_casts_is_bitwise_exact_in_onnxruntime() {
 fn dag_extractor_matches_the_ilp_optimum() {
     use qsync_passes::egraph::{EgraphCasts, Limits};
     use qsync_passes::precision::Policy;
-    let pass = EgraphCasts { limits: Limits::default(), policy: Policy::load("tf-amp").expect("policy"), exact: false, refresh: true };
+    let pass = EgraphCasts {
+        limits: Limits::default(),
+        policy: Policy::load("tf-amp").expect("policy"),
+        exact: false,
+        refresh: true,
+    };
     let check = |label: &str, m: &Model, cx: &PassContext| -> bool {
         let Some(c) = pass.ilp_check(m, cx, 4000).unwrap_or_else(|e| panic!("{label}: {e}")) else {
             eprintln!("{label}: no cast region, or too big for the ILP");

@@ -350,10 +350,7 @@ impl GraphFacts {
             };
             nodes[n.index()] = Some(f);
         }
-        let copies = graph
-            .refreshed_copies()
-            .filter_map(|(c, _)| Some((c, graph.value(c).init()?.dtype)))
-            .collect();
+        let copies = graph.refreshed_copies().filter_map(|(c, _)| Some((c, graph.value(c).init()?.dtype))).collect();
         Ok(GraphFacts { nodes, elems, params, is_param, requires_grad, saved, saved_extra, order, copies })
     }
 

@@ -125,6 +125,40 @@ fn memory_of_a_tiny_graph_by_hand() {
 }
 
 #[test]
+fn refreshed_copies_are_weights_of_their_masters() {
+    // The tiny graph in FP16 with w1 and w2 read through refreshed f16
+    // copies: the masters stay the trained parameters (master weights,
+    // gradients, optimizer state unchanged: 176 parameters), the copies are
+    // low-precision weights, as the per-use casts' copies were (352 B in all
+    // with b1's FP16 copy), so the total is unchanged.
+    let (mut g, nodes) = tiny();
+    let (w1, w2) = (g.value_by_name("w1").unwrap(), g.value_by_name("w2").unwrap());
+    let c1 = g.add_refreshed_copy(w1, "w1.f16", Tensor::from_f64s(DType::F16, vec![16, 8], &[0.0; 128]).unwrap());
+    let c2 = g.add_refreshed_copy(w2, "w2.f16", Tensor::from_f64s(DType::F16, vec![2, 16], &[0.0; 32]).unwrap());
+    g.set_input(nodes[0], 1, Some(c1));
+    g.set_input(nodes[2], 1, Some(c2));
+    let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
+    let mut params: Vec<_> = facts.params().to_vec();
+    params.sort();
+    let mut want = vec![w1, g.value_by_name("b1").unwrap(), w2];
+    want.sort();
+    assert_eq!(params, want, "masters are the parameters, read or not; copies are not");
+    assert!(facts.is_param(c1) && facts.requires_grad(c1), "a copy is read as a weight and gets its gradient");
+    assert_eq!(facts.copies(), &[(c1, DType::F16), (c2, DType::F16)]);
+    let v100 = DeviceDb::bundled().unwrap().get("v100").unwrap().clone();
+    let sgd = Optimizer::Sgd { momentum: true };
+    let plan = Plan::uniform(&g, Precision::Fp16).resolve(&g);
+    let m = estimate_memory(&g, &facts, &plan, &v100, sgd, None).unwrap();
+    assert_eq!((m.master_weights, m.gradients, m.optimizer_state), (704.0, 704.0, 704.0));
+    assert_eq!(m.low_precision_weights, 352.0);
+    let (plain, _) = tiny();
+    let pf = GraphFacts::new(&plain, &Bindings::new()).unwrap();
+    let m16 = estimate_memory(&plain, &pf, &Plan::uniform(&plain, Precision::Fp16).resolve(&plain), &v100, sgd, None)
+        .unwrap();
+    assert_eq!(m.total, m16.total);
+}
+
+#[test]
 fn lowering_precision_uniformly_never_raises_memory_on_real_models() {
     let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models");
     let db = DeviceDb::bundled().unwrap();

@@ -433,3 +433,38 @@ fn split_num_outputs_below_opset_18_is_dropped() {
         assert_eq!(gr.ty(a), &TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::from(2)]));
     }
 }
+
+#[test]
+fn refreshed_copies_travel_as_metadata() {
+    let mut w = tp(1, vec![2]);
+    w.name = "w".into();
+    w.float_data = vec![1.0, 2.0];
+    let mut c = tp(10, vec![2]);
+    c.name = "w.f16".into();
+    c.int32_data = vec![0x3c00, 0x4000];
+    let graph = proto::GraphProto {
+        node: vec![node("Identity", "id", &["w.f16"], &["out"], vec![])],
+        initializer: vec![w, c],
+        output: vec![vi("out", 0, &[])],
+        ..Default::default()
+    };
+    let mut mp = proto::ModelProto::decode(model(graph, 17).as_slice()).expect("decode");
+    let entry = |k: &str, v: &str| proto::StringStringEntryProto { key: k.into(), value: v.into() };
+    mp.metadata_props = vec![entry("author", "x"), entry("qsync.refresh:w.f16", "w")];
+    let bytes = mp.encode_to_vec();
+    let m = round_trip(&bytes);
+    let g = &m.graph;
+    let (copy, master) = (g.value_by_name("w.f16").expect("copy"), g.value_by_name("w").expect("master"));
+    assert_eq!(g.master_of(copy), Some(master));
+    // The pairing is the graph's, not free-form metadata; export writes it back once.
+    assert_eq!(m.metadata, vec![("author".to_string(), "x".to_string())]);
+    let out = proto::ModelProto::decode(export_bytes(&m).expect("export").as_slice()).expect("decode");
+    let keys: Vec<&str> = out.metadata_props.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["author", "qsync.refresh:w.f16"]);
+    // A pairing naming a value that is not an initializer is an error naming
+    // the file and the entry.
+    mp.metadata_props = vec![entry("qsync.refresh:w.f16", "nope")];
+    let e = import_bytes(&mp.encode_to_vec(), None, "bad.onnx").expect_err("dangling master");
+    let text = e.to_string();
+    assert!(text.contains("bad.onnx") && text.contains("qsync.refresh:w.f16") && text.contains("`nope`"), "{text}");
+}

@@ -260,7 +260,8 @@ pub fn render(
         let _ = writeln!(o, "precision");
         let _ = writeln!(o, "  {:<24} {} ({} of weights)", "casts", p.casts, p.weight_casts);
         if p.refreshed_copies > 0 {
-            let _ = writeln!(o, "  {:<24} {} (rewritten by the optimizer step)", "refreshed copies", p.refreshed_copies);
+            let _ =
+                writeln!(o, "  {:<24} {} (rewritten by the optimizer step)", "refreshed copies", p.refreshed_copies);
         }
         let _ = writeln!(o, "  {:<24} {:.4}", "low-precision FLOPs", p.low_precision_flop_fraction);
         if let (Some(t), Some(ms)) = (target, &p.predicted_ms) {

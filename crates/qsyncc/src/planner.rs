@@ -179,6 +179,20 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         };
         pm.run(&mut model, &mut cx).with_context(|| format!("{label}: pipeline on {}", te.name))?;
         let casts = model.graph.node_ids().iter().filter(|&&n| model.graph.node(n).op == qsync_ir::Op::Cast).count();
+        // What the trainer must rewrite after each optimizer step (also in
+        // model.onnx's metadata, `qsync.refresh:<copy>` = master).
+        let copies: Vec<serde_json::Value> = model
+            .graph
+            .refreshed_copies()
+            .map(|(c, m)| {
+                let g = &model.graph;
+                json!({
+                    "copy": g.value_name(c),
+                    "master": g.value_name(m),
+                    "dtype": g.ty(c).dtype.map(|d| d.to_string()),
+                })
+            })
+            .collect();
         load::save_model(&model, &dir.join("model.onnx"))?;
         let code: Vec<&str> = a.emit.iter().map(|e| e.trim()).filter(|e| *e == "mlir" || *e == "ptx").collect();
         if !code.is_empty() {
@@ -211,6 +225,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
             "peak_memory_bytes": te.peak_memory_bytes,
             "memory_capacity_bytes": te.memory_capacity_bytes,
             "precision_histogram": te.precision_histogram,
+            "refreshed_copies": copies,
             "nodes": nodes,
         });
         write_json(&dir.join("plan.json"), &plan_json)?;
@@ -228,6 +243,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
                 "indicator": te.indicator,
                 "casts": casts,
                 "casts_added": stats.casts,
+                "refreshed_copies": copies.len(),
                 "qdq_pairs": stats.qdq_pairs,
                 "precision_histogram": te.precision_histogram,
                 "files": { "model": format!("{}/model.onnx", te.name), "plan": format!("{}/plan.json", te.name) },

@@ -162,11 +162,8 @@ impl<'g> Predictor<'g> {
         let order = facts.order().to_vec();
         let bound = graph.node_ids().iter().map(|n| n.index() + 1).max().unwrap_or(0);
         let params: f64 = facts.params().iter().filter_map(|&v| facts.elements(v)).sum();
-        let copy_bytes: f64 = facts
-            .copies()
-            .iter()
-            .map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0)
-            .sum();
+        let copy_bytes: f64 =
+            facts.copies().iter().map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0).sum();
         let mut types = Vec::with_capacity(targets.len());
         let mut programs = Vec::with_capacity(targets.len());
         let mut cluster_types = Vec::with_capacity(targets.len());

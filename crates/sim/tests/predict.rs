@@ -227,3 +227,59 @@ fn calibration_overrides_the_analytic_model_on_its_device_only() {
     let e = Predictor::new(&g, vec![t], opts(&g)).expect_err("wrong device");
     assert!(e.to_string().contains("a10"), "{e}");
 }
+
+#[test]
+fn refreshed_copies_move_weight_work_into_the_optimizer_step() {
+    // bert_tiny in FP16 on a T4, as planned (weights read by FP16 GEMMs) and
+    // with each GEMM weight read through a refreshed f16 copy instead: the
+    // same parameters are trained and all-reduced, the same memory is kept,
+    // forward and backward take the same time, and the optimizer step is
+    // longer by exactly the copies' rewrite.
+    let g = load("bert_tiny.onnx", 8);
+    let mut g2 = g.clone();
+    let mut copy_bytes = 0.0;
+    let gemms: Vec<NodeId> = g2
+        .node_ids()
+        .into_iter()
+        .filter(|&n| matches!(g2.node(n).op, qsync_ir::Op::MatMul | qsync_ir::Op::Gemm))
+        .collect();
+    for n in gemms {
+        for slot in 0..g2.node(n).inputs().len() {
+            let Some(w) = g2.node(n).input(slot) else { continue };
+            let Some(t) = g2.value(w).init().filter(|t| t.dtype == qsync_ir::DType::F32 && t.numel() > 1) else {
+                continue;
+            };
+            let dims = t.dims.clone();
+            let numel = t.numel() as f64;
+            let name = format!("{}.f16", g2.value_name(w));
+            let c = match g2.value_by_name(&name) {
+                Some(c) => c,
+                None => {
+                    copy_bytes += 2.0 * numel;
+                    let tensor =
+                        qsync_ir::Tensor { dtype: qsync_ir::DType::F16, dims, data: qsync_ir::TensorData::Absent };
+                    g2.add_refreshed_copy(w, name, tensor)
+                }
+            };
+            g2.set_input(n, slot, Some(c));
+        }
+    }
+    assert!(copy_bytes > 0.0);
+    let run = |g: &Graph| {
+        let t = Target::new(device("t4"), 2, 8, Plan::uniform(g, Precision::Fp16));
+        let mut pred = Predictor::new(g, vec![t], opts(g)).expect("predict");
+        let r = pred.result().clone();
+        (r, *pred.memory(0).expect("memory"))
+    };
+    let ((a, ma), (b, mb)) = (run(&g), run(&g2));
+    assert_eq!(a.allreduce_bytes, b.allreduce_bytes);
+    assert_eq!(
+        (ma.master_weights, ma.gradients, ma.optimizer_state, ma.low_precision_weights),
+        (mb.master_weights, mb.gradients, mb.optimizer_state, mb.low_precision_weights)
+    );
+    let (da, db) = (&a.devices[0], &b.devices[0]);
+    assert!((da.backward_end_us - db.backward_end_us).abs() < 1e-6, "{da:?} vs {db:?}");
+    let refresh_us = qsync_sim::refresh_seconds(&device("t4"), copy_bytes) * 1e6;
+    let (step_a, step_b) = (da.finish_us - da.backward_end_us, db.finish_us - db.backward_end_us);
+    assert!((step_b - step_a - refresh_us).abs() < 1e-6, "step {step_a} -> {step_b}, refresh {refresh_us}");
+}

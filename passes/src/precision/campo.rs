@@ -111,10 +111,9 @@ pub fn plan_campo(
     }
 
     // 4. clear chains touching low ops, judged by cost.
-    let candidate =
-        |n: &NodeId, low_set: &HashSet<NodeId>| {
-            (is(n, Category::Clear) || is(n, Category::Infer)) && !deny.contains(n) && !low_set.contains(n)
-        };
+    let candidate = |n: &NodeId, low_set: &HashSet<NodeId>| {
+        (is(n, Category::Clear) || is(n, Category::Infer)) && !deny.contains(n) && !low_set.contains(n)
+    };
     let mut seen: HashSet<NodeId> = HashSet::new();
     for &n in &nodes {
         if !candidate(&n, &low_set) || seen.contains(&n) {
