@@ -8,14 +8,21 @@
 //! padding, then materialization:
 //! 1. an allow op goes low only if its op time at low plus the casts it
 //!    induces (Campo eq. 1, forward and gradient casts, weights' per-iteration
-//!    casts included) beats FP32. The casts are counted against the plan TF-AMP
+//!    casts included) beats FP32. In training, a trained weight whose every
+//!    reader keeps it for the backward is priced as `egraph-casts` will
+//!    store it — a refreshed copy, costing the optimizer step's rewrite
+//!    ([`super::plancost::WeightPricing`]; `refresh=off` prices
+//!    per-iteration casts everywhere), and whole-graph comparisons below
+//!    store such weights the same way (`evaluate`). The casts are counted against the plan TF-AMP
 //!    would paint around it (its neighbours as `amp` sets them), so casts
 //!    shared along an all-low chain are not charged to every op of it;
 //! 2. deny propagation: deny ops, and infer / clear ops downstream of them
 //!    (clear ones only where they lead to infer or deny ops), stay FP32;
 //! 3. infer / clear ops on a path between two allow ops that went low go low;
-//! 4. each remaining connected chain of clear ops touching a low op goes low
-//!    as a whole only if the casts it saves exceed its op-time increase;
+//! 4. each remaining connected chain of clear and infer ops touching a low
+//!    op goes low as a whole only if the casts it saves exceed its op-time
+//!    increase (a chain with an infer op — which TF-AMP leaves FP32 unless
+//!    it lies between low ops — only if it also removes casts);
 //! 5. Tensor Core padding ([`pad_for_tensor_cores`], on unless
 //!    `padding=off`): a low GEMM / Conv whose dims miss the alignment gets a
 //!    Pad before (zeros: exact) and a Slice after, kept only where the padded
@@ -46,7 +53,7 @@ use crate::manager::{Pass, PassContext, PassError, PassOutcome};
 pub struct CampoReport {
     /// Allow ops kept FP32 by traverse 1 (low would not pay on the target).
     pub rejected_allow: usize,
-    /// Clear ops lowered by traverse 4.
+    /// Clear (and infer) ops lowered by traverse 4.
     pub clear_lowered: usize,
     /// Clear chains traverse 4 judged not worth lowering.
     pub clear_chains_rejected: usize,
@@ -388,6 +395,11 @@ pub struct Campo {
     pub refresh: bool,
 }
 
+/// Predicted times within this fraction of each other count as equal when
+/// campo picks between its candidate plans (fewer casts then wins): below
+/// what the cost model can resolve.
+pub const TIME_TIE: f64 = 0.005;
+
 impl Campo {
     pub fn new(policy: Policy, options: PlanOptions, padding: bool) -> Result<Campo, PassError> {
         if policy.kind != PolicyKind::TfAmp {
@@ -416,22 +428,46 @@ impl Pass for Campo {
         // Trained weights are priced as `egraph-casts` stores them, unless
         // `refresh=off` (or inference, where weights are constants).
         let refresh = self.refresh && mode == Mode::Training;
-        let pricing = if refresh { WeightPricing::training(&model.graph) } else { WeightPricing::casts() };
-        let (mut plan, report) = plan_campo(&model.graph, &self.policy, low, oracle, &pricing);
         let amp_plan = {
             let mut h = model.graph.clone();
             plan_amp(&mut h, &self.policy, low, oracle);
             super::apply_overrides(&mut h, &self.options.overrides, oracle, self.name())?;
             plancost::assignment_of(&h)
         };
-        {
-            let mut h = model.graph.clone();
-            plancost::write(&mut h, &plan);
-            super::apply_overrides(&mut h, &self.options.overrides, oracle, self.name())?;
-            plan = plancost::assignment_of(&h);
+        // The traverses are greedy and local; with refreshed copies they run
+        // twice, weights priced as copies and as per-iteration casts (the
+        // second keeps FP32 the tiny ops whose casts cost more than they
+        // save), and the whole-graph prediction picks: the faster plan,
+        // or, within `TIME_TIE` of each other, the one with fewer casts.
+        let pricings = if refresh {
+            vec![WeightPricing::training(&model.graph), WeightPricing::casts()]
+        } else {
+            vec![WeightPricing::casts()]
+        };
+        let mut best: Option<(Assignment, CampoReport, usize, usize, Prediction)> = None;
+        for pricing in &pricings {
+            let (mut plan, report) = plan_campo(&model.graph, &self.policy, low, oracle, pricing);
+            {
+                let mut h = model.graph.clone();
+                plancost::write(&mut h, &plan);
+                super::apply_overrides(&mut h, &self.options.overrides, oracle, self.name())?;
+                plan = plancost::assignment_of(&h);
+            }
+            let reconciled = reconcile(&model.graph, &mut plan, &amp_plan, oracle, pricing);
+            let (casts, t) = evaluate(model, &plan, mode, oracle, refresh).map_err(fail)?;
+            let better = best.as_ref().is_none_or(|(_, _, _, bc, bt)| {
+                let (a, b) = (t.total(), bt.total());
+                if (a - b).abs() <= TIME_TIE * a.min(b) {
+                    casts < *bc
+                } else {
+                    a < b
+                }
+            });
+            if better {
+                best = Some((plan, report, reconciled, casts, t));
+            }
         }
-        let reconciled = reconcile(&model.graph, &mut plan, &amp_plan, oracle, &pricing);
-        let (campo_casts, campo_t) = evaluate(model, &plan, mode, oracle, refresh).map_err(fail)?;
+        let (plan, report, reconciled, campo_casts, campo_t) = best.expect("at least one pricing");
         let (amp_casts, amp_t) = evaluate(model, &amp_plan, mode, oracle, refresh).map_err(fail)?;
         let mut fp32_plan = plan.clone();
         for p in fp32_plan.values_mut() {
