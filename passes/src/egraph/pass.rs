@@ -12,7 +12,9 @@
 //! - the result is used only when its DAG cost is strictly below the input's
 //!   and it has no more casts; otherwise the graph is returned unchanged;
 //! - new nodes are named `{node}.{dtype}` / `{value}.cast_{dtype}`, stored
-//!   constants `{init}.{dtype}`; output is deterministic (egg's
+//!   constants and refreshed copies `{init}.{dtype}` (a copy is paired with
+//!   its master, which stays; `refreshable` says which weights may get
+//!   one); output is deterministic (egg's
 //!   `deterministic` feature, ordered maps) unless the time limit stops the
 //!   runner;
 //! - the summary reports casts before → after, activation casts, the
@@ -21,6 +23,7 @@
 //! Cost: a cast costs `2 · cast_time` in training when a gradient flows
 //! through its input (the forward cast and the backward cast of its
 //! gradient; [`gradient_values`]), `cast_time` otherwise and in inference;
+//! a refreshed copy its rewrite in the optimizer step (`refresh_time`);
 //! region ops cost `op_time` at their dtype. **Requires:** `infer-shapes`; any planning pass
 //! (or none: imported models that already contain casts).
 
@@ -525,7 +528,7 @@ fn refreshable(
     out
 }
 
-/// Replace each per-iteration f16/bf16 cast of a [`refreshable`] parameter
+/// Replace each per-iteration f16/bf16 cast of a `refreshable` parameter
 /// by a refreshed copy of it, as `egraph-casts` stores one where its
 /// extraction agrees (it weighs the same costs). The copies' data is left
 /// absent: this is for pricing a plan (`campo` compares plans as they will

@@ -34,6 +34,13 @@
 //! (`fold-constant`); extraction weighs the copy's memory
 //! (bytes × [`super::extract::MEMORY_COST_PER_BYTE`]) against the
 //! per-iteration cast's time from the cost oracle.
+//! A value computed only
+//! from such constants (an exporter's `Sqrt(Constant)` attention scale, a
+//! mask built from `Constant`s) is a constant too when it is small (at most
+//! [`super::pass::KNOWN_MAX_ELEMS`] elements) and every op on the way is
+//! evaluated exactly here — the IEEE correctly rounded ones (`+ − × ÷ √`,
+//! casts) and data movement; its cast folds like any other, and the ops
+//! that computed it go when nothing else reads them.
 //!
 //! A *trained* parameter changes every step, so its stored copy must be
 //! rewritten every step too (`refresh-copy`): the graph reads an f16/bf16
@@ -51,14 +58,10 @@
 //! ops, normalization scales; `qsync_cost::facts::keeps_input`, the rule
 //! the memory model counts saved values with). A weight with any other
 //! low-precision reader — an embedding table read by Gather, a bias read by
-//! Add — keeps its per-iteration cast. A cast of a copy back to FP32 is
-//! never needed: the master is the FP32 value. A value computed only
-//! from such constants (an exporter's `Sqrt(Constant)` attention scale, a
-//! mask built from `Constant`s) is a constant too when it is small (at most
-//! [`super::pass::KNOWN_MAX_ELEMS`] elements) and every op on the way is
-//! evaluated exactly here — the IEEE correctly rounded ones (`+ − × ÷ √`,
-//! casts) and data movement; its cast folds like any other, and the ops
-//! that computed it go when nothing else reads them.
+//! Add — adds its bytes to the peak, and is offered only within the
+//! target's memory headroom (`CostOracle::memory_headroom`), most time
+//! saved per byte first; without a memory model it keeps its per-iteration
+//! cast.
 //!
 //! **Uses.** A kept op's input is normally a fixed e-class: the op reads
 //! exactly that dtype. For the ops above whose reading does not depend on
