@@ -2,7 +2,9 @@
 # The precision comparison table (issue 4): for every shared model, casts
 # added, low-precision FLOP fraction and predicted iteration time (cost model,
 # training mode; batch 32 and other symbolic dims 128 unless the model fixes
-# them) on V100 and T4 under fp32 / amp / autocast / campo / comp.
+# them) on V100 and T4 under fp32 / amp / autocast / campo / comp, and
+# campo followed by egraph-casts (the pipeline campo prices its weights
+# for: refreshed copies instead of per-iteration weight casts).
 #
 # Usage: scripts/precision-table.sh [MODELS_DIR]   (default ../shared/models)
 # Prints a Markdown table on stdout; where V100 and T4 plans differ, casts
@@ -17,8 +19,8 @@ echo "| model | plan | casts added | low-prec FLOPs | V100 ms | T4 ms |"
 echo "| --- | --- | ---: | ---: | ---: | ---: |"
 for m in "$models"/*.onnx; do
   name="$(basename "$m")"
-  for plan in fp32 amp autocast campo comp; do
-    pass="$plan"; [ "$plan" = fp32 ] && pass="uniform=f32"
+  for plan in fp32 amp autocast campo comp campo+egraph-casts; do
+    pass="${plan/+/,}"; [ "$plan" = fp32 ] && pass="uniform=f32"
     row=""; c2=""; f2=""
     for t in v100 t4; do
       j="$("$q" opt "$m" --passes "infer-shapes,$pass" --target "$t" --json 2>/dev/null)"
