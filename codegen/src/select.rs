@@ -4,7 +4,8 @@
 //! - **casts**: every `Cast`/`CastLike` between f32 and f16 (bf16) — and
 //!   every node whose `precision` is f16 (bf16), since its inputs and
 //!   outputs cross that boundary — brings the cast kernels of that format,
-//!   both directions;
+//!   both directions; so does every refreshed weight copy (the optimizer
+//!   step rewrites it from its FP32 master with the f32 → f16/bf16 cast);
 //! - **int8**: a `QuantizeLinear`/`DequantizeLinear`/`DynamicQuantizeLinear`
 //!   node, or a node computing in i8/u8, brings the range reduction, int8
 //!   parameter computation, quantize (nearest and stochastic) and dequantize
@@ -35,6 +36,7 @@ pub fn select_kernels(graph: &Graph) -> Vec<KernelSpec> {
     let mut want: Vec<KernelSpec> = Vec::new();
     let mut halves: Vec<Half> = Vec::new();
     let (mut int8, mut asym) = (false, false);
+    halves.extend(graph.refreshed_copies().filter_map(|(c, _)| graph.ty(c).dtype.and_then(half_of)));
     for id in graph.schedule() {
         let node = graph.node(id);
         if let Some(h) = node.precision.and_then(half_of) {

@@ -208,4 +208,12 @@ fn selection_follows_the_plan() {
     assert!(!k2.contains(&KernelSpec::DequantizeInt8 { symmetric: false }));
     // Deterministic order.
     assert_eq!(k2, select_kernels(&m2.graph));
+    // A refreshed bf16 weight copy brings the bf16 casts (the optimizer
+    // step rewrites it), though no node computes in bf16.
+    let mut m3 = parse(MAPPED);
+    let w = m3.graph.add_init("w", qsync_ir::Tensor::from_f32(vec![4], &[1.0; 4]));
+    let copy = qsync_ir::Tensor { dtype: DType::BF16, dims: vec![4], data: qsync_ir::TensorData::Absent };
+    m3.graph.add_refreshed_copy(w, "w.bf16", copy);
+    let k3 = select_kernels(&m3.graph);
+    assert!(k3.contains(&KernelSpec::CastTo(Half::BF16)) && k3.contains(&KernelSpec::CastFrom(Half::BF16)));
 }
