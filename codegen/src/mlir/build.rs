@@ -197,7 +197,11 @@ impl Body {
     }
     /// A scalar constant inside the body.
     pub fn cst(&mut self, lit: &str, dt: DType) -> String {
-        self.op(format!("arith.constant {lit} : {}", elem(dt)))
+        // A bool literal carries its type (`arith.constant true`).
+        match lit {
+            "true" | "false" => self.op(format!("arith.constant {lit}")),
+            _ => self.op(format!("arith.constant {lit} : {}", elem(dt))),
+        }
     }
     /// `a <op> b` on scalars of `dt` (`addf`, `mulf`, …).
     pub fn bin(&mut self, op: &str, a: &str, b: &str, dt: DType) -> String {

@@ -84,7 +84,12 @@ impl Emitter<'_> {
             Op::Gather => self.gather(node, outs),
             Op::CumSum => self.cumsum(node, outs),
             Op::ScatterND => self.scatter_nd(node, outs),
-            Op::Dropout | Op::RandomUniformLike | Op::RandomUniform => self.random(node, outs),
+            Op::Dropout
+            | Op::RandomUniformLike
+            | Op::RandomUniform
+            | Op::RandomNormalLike
+            | Op::RandomNormal
+            | Op::Bernoulli => self.random(node, outs),
             Op::Constant
             | Op::ConstantOfShape
             | Op::Shape

@@ -49,6 +49,16 @@
 //! - `RandomUniformLike` / `RandomUniform`: `low + u·(high − low)` computed
 //!   in f32 (f64 for f64 outputs) and rounded to the output type, `u` with
 //!   as many bits as that type's significand so that it is exact there.
+//! - `RandomNormalLike` / `RandomNormal`: Box–Muller on one draw `z` per
+//!   element, split into two uniforms exact in the compute type (f32, f64
+//!   for f64 outputs): `u₁ = (z ≫ (64 − b) + 1)·2⁻ᵇ` in (0, 1] from the top
+//!   `b` bits and `u₂ = ((z ≫ (32 − b)) & (2ᵇ − 1))·2⁻ᵇ` in [0, 1) from bits
+//!   `32 − b … 31`, with `b` = 24 (f32) or 32 (f64); the value is
+//!   `mean + scale·√(−2 ln u₁)·cos(2π u₂)`, rounded to the output type.
+//! - `Bernoulli`: element `n` is 1 when `u < p[n]` (the input's
+//!   probability; `u` with 24 bits compared in f32, 53 in f64 for f64
+//!   inputs), else 0, in the output type (the `dtype` attribute, else the
+//!   input's).
 
 use qsync_ir::{Attr, DType, Node, Op, ValueId};
 
@@ -147,21 +157,48 @@ fn linear_index(b: &mut Body, sizes: &[String]) -> String {
     b.op(format!("arith.index_cast {at} : index to i64"))
 }
 
-/// The uniform draw in [0, 1) of element `n` (i64) under the stream key
-/// `key` (an i64 value defined outside the body): `bits` random bits as
-/// float type `ft`.
-fn uniform(b: &mut Body, n: &str, key: &str, bits: u32, ft: DType) -> String {
+/// The 64-bit draw of element `n` (i64) under the stream key `key` (an i64
+/// value defined outside the body): `fin(K + (n + 1)·γ)`.
+fn draw(b: &mut Body, n: &str, key: &str) -> String {
     let one = b.cst("1", DType::I64);
     let n1 = b.bin("addi", n, &one, DType::I64);
     let g = b.cst(&i64_lit(GAMMA), DType::I64);
     let step = b.bin("muli", &n1, &g, DType::I64);
     let z = b.bin("addi", &step, key, DType::I64);
-    let z = finalize(b, z);
-    let s = b.cst(&i64_lit(u64::from(64 - bits)), DType::I64);
-    let top = b.bin("shrui", &z, &s, DType::I64);
-    let f = b.op(format!("arith.uitofp {top} : i64 to {}", elem(ft)));
+    finalize(b, z)
+}
+
+/// `v` (a non-negative i64 below 2^`bits`) scaled by 2^−`bits`, as `ft`.
+fn scaled(b: &mut Body, v: &str, bits: u32, ft: DType) -> String {
+    let f = b.op(format!("arith.uitofp {v} : i64 to {}", elem(ft)));
     let scale = b.cst(&float_lit(2f64.powi(-(bits as i32)), ft), ft);
     b.bin("mulf", &f, &scale, ft)
+}
+
+/// The uniform draw in [0, 1) of element `n` (i64) under the stream key
+/// `key`: the top `bits` bits of its draw as float type `ft`.
+fn uniform(b: &mut Body, n: &str, key: &str, bits: u32, ft: DType) -> String {
+    let z = draw(b, n, key);
+    let s = b.cst(&i64_lit(u64::from(64 - bits)), DType::I64);
+    let top = b.bin("shrui", &z, &s, DType::I64);
+    scaled(b, &top, bits, ft)
+}
+
+/// Two uniforms from the draw of element `n` (see the module doc):
+/// `(u₁ ∈ (0, 1], u₂ ∈ [0, 1))` as `ft`, `bits` each.
+fn uniform_pair(b: &mut Body, n: &str, key: &str, bits: u32, ft: DType) -> (String, String) {
+    let z = draw(b, n, key);
+    let s = b.cst(&i64_lit(u64::from(64 - bits)), DType::I64);
+    let top = b.bin("shrui", &z, &s, DType::I64);
+    let one = b.cst("1", DType::I64);
+    let top1 = b.bin("addi", &top, &one, DType::I64);
+    let u1 = scaled(b, &top1, bits, ft);
+    let s2 = b.cst(&i64_lit(u64::from(32 - bits)), DType::I64);
+    let mid = b.bin("shrui", &z, &s2, DType::I64);
+    let mask = b.cst(&i64_lit((1u64 << bits) - 1), DType::I64);
+    let low = b.bin("andi", &mid, &mask, DType::I64);
+    let u2 = scaled(b, &low, bits, ft);
+    (u1, u2)
 }
 
 /// Significand bits of a float type (the implicit one included).
@@ -191,6 +228,8 @@ impl Emitter<'_> {
     pub(super) fn random(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         match node.op {
             Op::Dropout => self.dropout(node, outs),
+            Op::RandomNormal | Op::RandomNormalLike => self.normal_op(node, outs),
+            Op::Bernoulli => self.bernoulli(node, outs),
             _ => self.uniform_op(node, outs),
         }
     }
@@ -337,6 +376,79 @@ impl Emitter<'_> {
             let m = b.bin("mulf", &u, &span, ct);
             let v = b.bin("addf", &m, &lo, ct);
             b.convert(&v, ct, dt)
+        });
+        Some(vec![out.name])
+    }
+
+    /// `RandomNormalLike` (the shape of its input) and `RandomNormal` (a
+    /// static `shape`): Box–Muller, see the module doc.
+    fn normal_op(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        let like = match node.input(0) {
+            Some(v) => Some(self.operand(v)?),
+            None => None,
+        };
+        if outs.len() != 1 || !is_float(dt) || like.as_ref().is_some_and(|x| x.shape != shape) {
+            return None;
+        }
+        let hints: Vec<&Operand> = like.iter().collect();
+        let mean = f64::from(node.attr_float("mean").unwrap_or(0.0));
+        let scale = f64::from(node.attr_float("scale").unwrap_or(1.0));
+        let (ct, bits) = if dt == DType::F64 { (DType::F64, 32) } else { (DType::F32, 24) };
+        let t = elem(ct);
+        let sizes = shape.iter().map(|d| self.dim(d, &hints)).collect::<Option<Vec<_>>>()?;
+        let init = self.empty(&shape, dt, &hints)?;
+        let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
+        let iters = vec!["parallel"; shape.len()];
+        let k = self.stream_key(node, outs);
+        let out = self.generic_op(&[], &init, &id, &iters, |b, _| {
+            let n = linear_index(b, &sizes);
+            let (u1, u2) = uniform_pair(b, &n, &k, bits, ct);
+            let ln = b.op(format!("math.log {u1} : {t}"));
+            let m2 = b.cst(&float_lit(-2.0, ct), ct);
+            let r2 = b.bin("mulf", &ln, &m2, ct);
+            let r = b.op(format!("math.sqrt {r2} : {t}"));
+            let tau = b.cst(&float_lit(std::f64::consts::TAU, ct), ct);
+            let angle = b.bin("mulf", &u2, &tau, ct);
+            let c = b.op(format!("math.cos {angle} : {t}"));
+            let g = b.bin("mulf", &r, &c, ct);
+            let sc = b.cst(&float_lit(scale, ct), ct);
+            let mu = b.cst(&float_lit(mean, ct), ct);
+            let v = b.bin("mulf", &g, &sc, ct);
+            let v = b.bin("addf", &v, &mu, ct);
+            b.convert(&v, ct, dt)
+        });
+        Some(vec![out.name])
+    }
+
+    /// `Bernoulli`: 1 where a uniform draw falls below the input's
+    /// probability, else 0, in the output's type.
+    fn bernoulli(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let p = self.operand(node.input(0)?)?;
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        if outs.len() != 1 || !is_float(p.dt) || p.shape != shape {
+            return None;
+        }
+        let (one, zero) = match dt {
+            DType::Bool => ("true", "false"),
+            d if is_float(d) => ("1.0", "0.0"),
+            d if d.is_int() => ("1", "0"),
+            _ => return None,
+        };
+        let (ct, bits) = if p.dt == DType::F64 { (DType::F64, 53) } else { (DType::F32, 24) };
+        let sizes = shape.iter().map(|d| self.dim(d, &[&p])).collect::<Option<Vec<_>>>()?;
+        let init = self.empty(&shape, dt, &[&p])?;
+        let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
+        let iters = vec!["parallel"; shape.len()];
+        let k = self.stream_key(node, outs);
+        let pdt = p.dt;
+        let out = self.generic_op(&[(&p, id.clone())], &init, &id, &iters, |b, a| {
+            let n = linear_index(b, &sizes);
+            let u = uniform(b, &n, &k, bits, ct);
+            let pc = b.convert(&a[0], pdt, ct);
+            let hit = b.op(format!("arith.cmpf olt, {u}, {pc} : {}", elem(ct)));
+            let (o, z) = (b.cst(one, dt), b.cst(zero, dt));
+            b.op(format!("arith.select {hit}, {o}, {z} : {}", elem(dt)))
         });
         Some(vec![out.name])
     }
