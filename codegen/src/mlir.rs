@@ -49,7 +49,11 @@
 //!   `AveragePool` → `linalg.pooling_nchw_sum` divided by the window size,
 //!   or, when pads do not count or `ceil_mode` adds some, by the window sums
 //!   of a padded ones tensor (a second `linalg.pooling_nchw_sum`); windows
-//!   of f16/bf16 sum in f32 and the mean rounds once;
+//!   of f16/bf16 sum in f32 and the mean rounds once. Over 1 or 3 spatial
+//!   axes (N×C×L, N×C×D×H×W) both, and MaxPool's `Indices` over any number,
+//!   are one reducing `linalg.generic` over N×C×out×window instead (MaxPool
+//!   by `arith.maximumf`; AveragePool carrying the sum and the count of
+//!   counted window positions, then dividing);
 //! - `GlobalAveragePool`/`GlobalMaxPool`, `ReduceSum`/`ReduceMean`/
 //!   `ReduceMax`/`ReduceMin` (float; axes from the attribute or a constant
 //!   input) → a reducing `linalg.generic` (keepdims through a constant
@@ -141,8 +145,7 @@
 //!   `tensor.insert_slice`, combined first with the old value or slice
 //!   (`arith` op, `linalg.generic`) for `add`/`mul`/`max`/`min`;
 //! - anything else (e.g. `Softmax`/`LogSoftmax` over an inner axis when
-//!   the opset is unknown, `MaxPool` with `Indices` other than 2-D,
-//!   `Multinomial`) — or any node whose
+//!   the opset is unknown, `LpPool`, `Multinomial`) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering
 //!   above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node

@@ -1458,3 +1458,134 @@ fn conv_transpose_output_shape_and_same_compute_onnx_values() {
     let p = pads(split(2, true), split(1, true));
     close("full output_shape", &r[3], &conv_transpose_ref(&x, &w, None, &win(&[2, 2], &[1, 1], &p), &[1, 1]));
 }
+
+/// A pooling window over any number of spatial axes, as ONNX defines it.
+struct PoolNd {
+    k: Vec<usize>,
+    s: Vec<usize>,
+    d: Vec<usize>,
+    lo: Vec<usize>,
+    hi: Vec<usize>,
+    ceil: bool,
+}
+
+/// Reference MaxPool (values and row-major indices, ties to the first
+/// maximum in window order) or AveragePool (`include_pad`: explicit pads
+/// count, ceil mode's extra positions never do) over `x` of `shape`
+/// (N, C, spatial…).
+fn pool_nd_ref(x: &[f64], shape: &[usize], p: &PoolNd, max: bool, include_pad: bool) -> (Vec<f64>, Vec<f64>) {
+    let sp = &shape[2..];
+    let n = sp.len();
+    let out: Vec<usize> = (0..n)
+        .map(|i| {
+            let span = sp[i] + p.lo[i] + p.hi[i] - ((p.k[i] - 1) * p.d[i] + 1);
+            let mut o = if p.ceil { span.div_ceil(p.s[i]) } else { span / p.s[i] } + 1;
+            if p.ceil && (o - 1) * p.s[i] >= sp[i] + p.lo[i] {
+                o -= 1;
+            }
+            o
+        })
+        .collect();
+    let (mut vals, mut idxs) = (Vec::new(), Vec::new());
+    let planes = shape[0] * shape[1];
+    let count = |dims: &[usize]| dims.iter().product::<usize>();
+    let unravel = |mut f: usize, dims: &[usize]| -> Vec<usize> {
+        let mut v = vec![0; dims.len()];
+        for i in (0..dims.len()).rev() {
+            v[i] = f % dims[i];
+            f /= dims[i];
+        }
+        v
+    };
+    for plane in 0..planes {
+        for of in 0..count(&out) {
+            let o = unravel(of, &out);
+            let (mut best, mut best_at, mut sum, mut cnt) = (f64::NEG_INFINITY, -1i64, 0.0, 0.0);
+            for wf in 0..count(&p.k) {
+                let w = unravel(wf, &p.k);
+                let pos: Vec<i64> = (0..n).map(|i| (o[i] * p.s[i] + w[i] * p.d[i]) as i64 - p.lo[i] as i64).collect();
+                let inside = (0..n).all(|i| pos[i] >= 0 && pos[i] < sp[i] as i64);
+                let counted = match include_pad {
+                    true => (0..n).all(|i| pos[i] >= -(p.lo[i] as i64) && pos[i] < (sp[i] + p.hi[i]) as i64),
+                    false => inside,
+                };
+                if counted {
+                    cnt += 1.0;
+                }
+                if !inside {
+                    continue;
+                }
+                let mut flat = plane as i64;
+                for i in 0..n {
+                    flat = flat * sp[i] as i64 + pos[i];
+                }
+                let v = x[flat as usize];
+                sum += v;
+                if best_at < 0 || v > best {
+                    (best, best_at) = (v, flat);
+                }
+            }
+            if max {
+                vals.push(best);
+                idxs.push(best_at as f64);
+            } else {
+                vals.push(sum / cnt);
+            }
+        }
+    }
+    (vals, idxs)
+}
+
+/// MaxPool (with and without Indices) and AveragePool over 1 and 3
+/// spatial axes: padding, strides, dilations, ceil mode, count_include_pad.
+#[test]
+fn pooling_over_one_and_three_axes_computes_onnx_values() {
+    let x1: Vec<f64> = (0..2 * 3 * 9).map(|i| ((i * 7 + i / 5) % 6) as f64 - 2.5).collect();
+    let x3: Vec<f64> = (0..2 * 4 * 5 * 4).map(|i| ((i * 11 + i / 7) % 9) as f64 * 0.5 - 2.0).collect();
+    let Some(r) = execute(
+        "pool_nd",
+        r#"  input %a: f32[2,3,9]
+  input %v: f32[1,2,4,5,4]
+  %m1, %i1 = MaxPool "m1"(%a) {kernel_shape=[3], strides=[2], pads=[1, 1]}
+  %m1b = MaxPool "m1b"(%a) {kernel_shape=[2], dilations=[3], ceil_mode=1, strides=[2]}
+  %p1 = AveragePool "p1"(%a) {kernel_shape=[4], strides=[3], pads=[2, 1], ceil_mode=1}
+  %q1 = AveragePool "q1"(%a) {kernel_shape=[4], strides=[3], pads=[2, 1], ceil_mode=1, count_include_pad=1}
+  %m3, %i3 = MaxPool "m3"(%v) {kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[0, 1, 1, 1, 1, 0]}
+  %p3 = AveragePool "p3"(%v) {kernel_shape=[2, 2, 2], strides=[1, 2, 2], pads=[1, 0, 1, 0, 1, 1], count_include_pad=1}
+  %r3 = AveragePool "r3"(%v) {kernel_shape=[3, 2, 3], ceil_mode=1, strides=[2, 2, 2]}
+  %f1 = Cast "f1"(%i1) {to=1}
+  %f3 = Cast "f3"(%i3) {to=1}
+  output %m1, %f1, %m1b, %p1, %q1, %m3, %f3, %p3, %r3"#,
+        &[
+            ("tensor<2x3x9xf32>", &dense(&x1, &[2, 3, 9], false)),
+            ("tensor<1x2x4x5x4xf32>", &dense(&x3, &[1, 2, 4, 5, 4], false)),
+        ],
+    ) else {
+        return;
+    };
+    let p = |k: &[usize], s: &[usize], d: &[usize], lo: &[usize], hi: &[usize], ceil: bool| PoolNd {
+        k: k.to_vec(),
+        s: s.to_vec(),
+        d: d.to_vec(),
+        lo: lo.to_vec(),
+        hi: hi.to_vec(),
+        ceil,
+    };
+    let (s1, s3) = ([2, 3, 9], [1, 2, 4, 5, 4]);
+    let (m1, i1) = pool_nd_ref(&x1, &s1, &p(&[3], &[2], &[1], &[1], &[1], false), true, false);
+    close("1-D max", &r[0], &m1);
+    assert_eq!(r[1], i1, "1-D max indices");
+    let (m1b, _) = pool_nd_ref(&x1, &s1, &p(&[2], &[2], &[3], &[0], &[0], true), true, false);
+    close("1-D dilated ceil max", &r[2], &m1b);
+    let q = p(&[4], &[3], &[1], &[2], &[1], true);
+    close("1-D average", &r[3], &pool_nd_ref(&x1, &s1, &q, false, false).0);
+    close("1-D average with pads", &r[4], &pool_nd_ref(&x1, &s1, &q, false, true).0);
+    let (m3, i3) =
+        pool_nd_ref(&x3, &s3, &p(&[2, 3, 2], &[2, 1, 2], &[1, 1, 1], &[0, 1, 1], &[1, 1, 0], false), true, false);
+    close("3-D max", &r[5], &m3);
+    assert_eq!(r[6], i3, "3-D max indices");
+    let q3 = p(&[2, 2, 2], &[1, 2, 2], &[1, 1, 1], &[1, 0, 1], &[0, 1, 1], false);
+    close("3-D average with pads", &r[7], &pool_nd_ref(&x3, &s3, &q3, false, true).0);
+    let r3 = p(&[3, 2, 3], &[2, 2, 2], &[1, 1, 1], &[0, 0, 0], &[0, 0, 0], true);
+    close("3-D ceil average", &r[8], &pool_nd_ref(&x3, &s3, &r3, false, false).0);
+}

@@ -21,19 +21,56 @@ pub(super) fn window(node: &Node, name: &str, n: usize, default: Option<i64>) ->
     v.iter().all(|x| (1..=WINDOW_LIMIT).contains(x)).then_some(v)
 }
 
-/// The windows of a 2-D pooling op (see `Emitter::pool_windows`).
+/// The windows of a pooling op over its trailing spatial axes (see
+/// `Emitter::pool_windows`).
 struct PoolWindows {
-    k: [i64; 2],
-    s: [i64; 2],
-    d: [i64; 2],
-    lo: [i64; 2],
-    hi: [i64; 2],
-    extra: [i64; 2],
+    k: Vec<i64>,
+    s: Vec<i64>,
+    d: Vec<i64>,
+    lo: Vec<i64>,
+    hi: Vec<i64>,
+    extra: Vec<i64>,
 }
 
-/// The two-axis [`window`] of the 2-D pooling ops.
-fn pair(node: &Node, name: &str, default: Option<i64>) -> Option<[i64; 2]> {
-    window(node, name, 2, default)?.try_into().ok()
+impl PoolWindows {
+    /// End padding: the pads plus what ceil mode needs.
+    fn high(&self) -> Vec<i64> {
+        self.hi.iter().zip(&self.extra).map(|(h, e)| h + e).collect()
+    }
+}
+
+/// Inside a pooling `linalg.generic` over N×C×out×window (n spatial axes):
+/// each spatial position read, as i64, `out·s + k·d − begin pad`.
+fn window_positions(b: &mut Body, s: &[i64], d: &[i64], lo: &[i64]) -> Vec<String> {
+    let n = s.len();
+    let cst = |b: &mut Body, v: i64| b.op(format!("arith.constant {v} : i64"));
+    (0..n)
+        .map(|i| {
+            let o = b.op(format!("linalg.index {} : index", 2 + i));
+            let o = b.op(format!("arith.index_cast {o} : index to i64"));
+            let w = b.op(format!("linalg.index {} : index", 2 + n + i));
+            let w = b.op(format!("arith.index_cast {w} : index to i64"));
+            let (sv, dv, lv) = (cst(b, s[i]), cst(b, d[i]), cst(b, lo[i]));
+            let a = b.bin("muli", &o, &sv, DType::I64);
+            let m = b.bin("muli", &w, &dv, DType::I64);
+            let p = b.bin("addi", &a, &m, DType::I64);
+            b.bin("subi", &p, &lv, DType::I64)
+        })
+        .collect()
+}
+
+/// Whether every position lies in `[from, to)` (an i1).
+fn inside(b: &mut Body, pos: &[String], from: &[i64], to: &[i64]) -> String {
+    let mut all = b.op("arith.constant true");
+    for ((p, &f), &t) in pos.iter().zip(from).zip(to) {
+        let fc = b.op(format!("arith.constant {f} : i64"));
+        let tc = b.op(format!("arith.constant {t} : i64"));
+        let ge = b.op(format!("arith.cmpi sge, {p}, {fc} : i64"));
+        let lt = b.op(format!("arith.cmpi slt, {p}, {tc} : i64"));
+        let both = b.bin("andi", &ge, &lt, DType::Bool);
+        all = b.bin("andi", &all, &both, DType::Bool);
+    }
+    all
 }
 
 /// `dense<[1, 2]> : tensor<2xi64>` (a splat when the values agree).
@@ -152,18 +189,19 @@ impl Emitter<'_> {
         (outs.len() == 1 && x.rank() == 4 && shape.len() == 4 && dt == x.dt && is_float(dt)).then_some((x, shape))
     }
 
-    /// The windows of a 2-D pooling op over `x` into `oshape`: kernel,
-    /// strides, dilations, begin and end pads, and the extra end padding
-    /// that makes every output window (ceil mode) fit.
+    /// The windows of a pooling op over the spatial axes of `x` (all but
+    /// N and C) into `oshape`: kernel, strides, dilations, begin and end
+    /// pads, and the extra end padding that makes every output window
+    /// (ceil mode) fit.
     fn pool_windows(node: &Node, x: &Operand, oshape: &[Dim]) -> Option<PoolWindows> {
-        let k = pair(node, "kernel_shape", None)?;
-        let s = pair(node, "strides", Some(1))?;
-        let d = pair(node, "dilations", Some(1))?;
+        let n = x.rank().checked_sub(2).filter(|&n| n >= 1 && oshape.len() == n + 2)?;
+        let k = window(node, "kernel_shape", n, None)?;
+        let s = window(node, "strides", n, Some(1))?;
+        let d = window(node, "dilations", n, Some(1))?;
         let (lo, hi) = Self::pads_nd(node, x, &k, &s, &d)?;
-        let (lo, hi): ([i64; 2], [i64; 2]) = (lo.try_into().ok()?, hi.try_into().ok()?);
         let ceil = node.attr_int("ceil_mode").unwrap_or(0) == 1;
-        let mut extra = [0i64; 2];
-        for i in 0..2 {
+        let mut extra = vec![0i64; n];
+        for i in 0..n {
             match (x.size(2 + i), oshape[2 + i].as_const()) {
                 (Some(n), Some(o)) if n <= WINDOW_LIMIT && (1..=WINDOW_LIMIT).contains(&o) => {
                     let need = (o - 1) * s[i] + (k[i] - 1) * d[i] + 1;
@@ -180,9 +218,13 @@ impl Emitter<'_> {
         if node.op == Op::MaxPool && outs.len() == 2 {
             return self.max_pool_indices(node, outs);
         }
+        if matches!(self.input(node, 0)?.rank(), 3 | 5) {
+            return self.pool_nd(node, outs);
+        }
         let (x, oshape) = self.nchw(node, outs)?;
-        let PoolWindows { k, s, d, lo, hi, extra } = Self::pool_windows(node, &x, &oshape)?;
-        let high = [hi[0] + extra[0], hi[1] + extra[1]];
+        let win_nd = Self::pool_windows(node, &x, &oshape)?;
+        let high = win_nd.high();
+        let PoolWindows { k, s, d, lo, hi, extra } = win_nd;
         let dt = x.dt;
         let max = node.op == Op::MaxPool;
         let (pad_lit, init_lit) = if max {
@@ -213,7 +255,8 @@ impl Emitter<'_> {
             return Some(vec![pooled.name]);
         }
         let include_pad = node.attr_int("count_include_pad").unwrap_or(0) == 1;
-        let uniform = extra == [0, 0] && (include_pad || (lo == [0, 0] && hi == [0, 0]));
+        let zero = |v: &[i64]| v.iter().all(|&e| e == 0);
+        let uniform = zero(&extra) && (include_pad || (zero(&lo) && zero(&hi)));
         let out = if uniform {
             let n = self.scalar(&float_lit((k[0] * k[1]) as f64, acc), elem(acc));
             self.ewise(&[&pooled], &oshape, dt, |b, a| {
@@ -260,84 +303,62 @@ impl Emitter<'_> {
     }
 
     /// `MaxPool` with its `Indices` output: one `linalg.generic` over
-    /// N×C×out×window reducing into (value, index) pairs. Each window
-    /// position inside the input (padding is never chosen) replaces the pair
-    /// when the pair is still empty, when its value is greater, when it
-    /// equals the value and comes first in row-major order (so ties go to
-    /// the first maximum in window order, as onnxruntime scans, whatever
-    /// order the reduction runs in), or when the held value is NaN (NaNs are
-    /// passed over as onnxruntime's `>` does). The index is row-major into
-    /// the unpadded N×C×H×W input; with `storage_order = 1` an elementwise
+    /// N×C×out×window (any number of spatial axes) reducing into (value,
+    /// index) pairs. Each window position inside the input (padding is
+    /// never chosen) replaces the pair when the pair is still empty, when
+    /// its value is greater, when it equals the value and comes first in
+    /// row-major order (so ties go to the first maximum in window order, as
+    /// onnxruntime scans, whatever order the reduction runs in), or when the
+    /// held value is NaN (NaNs are passed over as onnxruntime's `>` does).
+    /// The index is row-major into the unpadded input; with
+    /// `storage_order = 1` (2-D only, as ONNX defines it) an elementwise
     /// `linalg.generic` turns it into `(n·C + c)·H·W + w·H + h`, as
     /// onnxruntime does.
     fn max_pool_indices(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let x = self.input(node, 0)?;
         let (oshape, dt) = self.out_type(outs[0])?;
         let (ishape, it) = self.out_type(outs[1])?;
-        if x.rank() != 4 || oshape.len() != 4 || dt != x.dt || !is_float(dt) || it != DType::I64 || ishape != oshape {
+        let r = x.rank();
+        if r < 3 || oshape.len() != r || dt != x.dt || !is_float(dt) || it != DType::I64 || ishape != oshape {
             return None;
         }
+        let n = r - 2;
         let order = node.attr_int("storage_order").unwrap_or(0);
-        let (c, h, w) = (x.size(1)?, x.size(2)?, x.size(3)?);
-        if !(0..=1).contains(&order) || [c, h, w].iter().any(|&v| v > WINDOW_LIMIT) {
+        let sizes: Vec<i64> = (1..r).map(|a| x.size(a)).collect::<Option<_>>()?;
+        if !(0..=1).contains(&order) || (order == 1 && n != 2) || sizes.iter().any(|&v| v > WINDOW_LIMIT) {
             return None;
         }
-        let PoolWindows { k, s, d, lo, hi, extra } = Self::pool_windows(node, &x, &oshape)?;
+        let (c, spatial) = (sizes[0], &sizes[1..]);
+        let win_nd = Self::pool_windows(node, &x, &oshape)?;
         let ninf = float_lit(f64::NEG_INFINITY, dt);
-        let xp = self.pad_spatial(&x, &lo, &[hi[0] + extra[0], hi[1] + extra[1]], &ninf)?;
+        let xp = self.pad_spatial(&x, &win_nd.lo, &win_nd.high(), &ninf)?;
+        let PoolWindows { k, s, d, lo, .. } = win_nd;
         let vinit = self.filled(&ninf, &oshape, dt, &[&x])?;
         let iinit = self.filled("-1", &oshape, DType::I64, &[&x])?;
-        // The window's extent, for the loop bounds (as the pooling ops take it).
-        let win = Operand { name: String::new(), shape: vec![Dim::from(k[0]), Dim::from(k[1])], dt };
-        let win = Operand { name: self.line(format!("tensor.empty() : {}", win.ty())), ..win };
-        let wmap = map(6, &["d4".into(), "d5".into()]);
-        let xmap = map(
-            6,
-            &[
-                "d0".into(),
-                "d1".into(),
-                format!("d2 * {} + d4 * {}", s[0], d[0]),
-                format!("d3 * {} + d5 * {}", s[1], d[1]),
-            ],
-        );
-        let omap = map(6, &["d0".into(), "d1".into(), "d2".into(), "d3".into()]);
+        let (win, xmap, wmap, omap, iters) = self.window_maps(&k, &s, &d, dt);
         let prefix = format!("b{}_{}_", self.base, self.tmp);
         // Block arguments: the input element, the window (unused), and the best
         // value and index so far.
         let (elt, best, best_at) = (format!("%{prefix}a0"), format!("%{prefix}a2"), format!("%{prefix}a3"));
         let unused = format!("%{prefix}a1");
         let mut b = Body::named(&prefix);
-        let mut idx = Vec::new();
-        for i in 0..6 {
-            let v = b.op(format!("linalg.index {i} : index"));
-            idx.push(b.op(format!("arith.index_cast {v} : index to i64")));
-        }
+        let pos = window_positions(&mut b, &s, &d, &lo);
         let cst = |b: &mut Body, v: i64| b.op(format!("arith.constant {v} : i64"));
-        // Input row and column: out·s + k·d − begin pad.
-        let mut pos = Vec::new();
-        for i in 0..2 {
-            let (sv, dv, lv) = (cst(&mut b, s[i]), cst(&mut b, d[i]), cst(&mut b, lo[i]));
-            let a = b.bin("muli", &idx[2 + i], &sv, DType::I64);
-            let m = b.bin("muli", &idx[4 + i], &dv, DType::I64);
-            let p = b.bin("addi", &a, &m, DType::I64);
-            pos.push(b.bin("subi", &p, &lv, DType::I64));
+        let zero = cst(&mut b, 0);
+        let inb = inside(&mut b, &pos, &vec![0; n], spatial);
+        // Row-major index into the unpadded input: ((n·C + c)·S₁ + p₁)·S₂ + p₂ …
+        let i0 = b.op("linalg.index 0 : index");
+        let i0 = b.op(format!("arith.index_cast {i0} : index to i64"));
+        let i1 = b.op("linalg.index 1 : index");
+        let i1 = b.op(format!("arith.index_cast {i1} : index to i64"));
+        let cc = cst(&mut b, c);
+        let nc = b.bin("muli", &i0, &cc, DType::I64);
+        let mut flat = b.bin("addi", &nc, &i1, DType::I64);
+        for (p, &sz) in pos.iter().zip(spatial) {
+            let szc = cst(&mut b, sz);
+            let t = b.bin("muli", &flat, &szc, DType::I64);
+            flat = b.bin("addi", &t, p, DType::I64);
         }
-        let (zero, cc, hc, wc) = (cst(&mut b, 0), cst(&mut b, c), cst(&mut b, h), cst(&mut b, w));
-        let mut inside = Vec::new();
-        for (p, n) in [(&pos[0], &hc), (&pos[1], &wc)] {
-            inside.push(b.op(format!("arith.cmpi sge, {p}, {zero} : i64")));
-            inside.push(b.op(format!("arith.cmpi slt, {p}, {n} : i64")));
-        }
-        let in01 = b.bin("andi", &inside[0], &inside[1], DType::Bool);
-        let in23 = b.bin("andi", &inside[2], &inside[3], DType::Bool);
-        let inb = b.bin("andi", &in01, &in23, DType::Bool);
-        // Row-major index into the unpadded input.
-        let nc = b.bin("muli", &idx[0], &cc, DType::I64);
-        let nc = b.bin("addi", &nc, &idx[1], DType::I64);
-        let r = b.bin("muli", &nc, &hc, DType::I64);
-        let r = b.bin("addi", &r, &pos[0], DType::I64);
-        let r = b.bin("muli", &r, &wc, DType::I64);
-        let flat = b.bin("addi", &r, &pos[1], DType::I64);
         let empty = b.op(format!("arith.cmpi slt, {best_at}, {zero} : i64"));
         let e = elem(dt);
         let greater = b.op(format!("arith.cmpf ogt, {elt}, {best} : {e}"));
@@ -355,8 +376,7 @@ impl Emitter<'_> {
         let attrs = self.tags(node);
         let res = self.line_results(
             format!(
-                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}, {omap}], iterator_types = [{}]}} ins({}, {} : {}, {}) outs({}, {} : {vty}, {ity}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {best}: {e}, {best_at}: i64):\n{}\n      linalg.yield {v}, {i} : {e}, i64\n    }} -> ({vty}, {ity})",
-                ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction"].map(|t| format!("\"{t}\"")).join(", "),
+                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}, {omap}], iterator_types = [{iters}]}} ins({}, {} : {}, {}) outs({}, {} : {vty}, {ity}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {best}: {e}, {best_at}: i64):\n{}\n      linalg.yield {v}, {i} : {e}, i64\n    }} -> ({vty}, {ity})",
                 xp.name,
                 win.name,
                 xp.ty(),
@@ -372,6 +392,7 @@ impl Emitter<'_> {
             return Some(vec![values, rows]);
         }
         // Column-major within each (n, c) plane: (n·C + c)·H·W + w·H + h.
+        let (h, w) = (spatial[0], spatial[1]);
         let rm = Operand { name: rows, shape: oshape.clone(), dt: DType::I64 };
         let cm = self.ewise(&[&rm], &oshape, DType::I64, |b, a| {
             let (hc, wc, hw) = (cst(b, h), cst(b, w), cst(b, h * w));
@@ -384,6 +405,112 @@ impl Emitter<'_> {
             b.bin("addi", &t, &row, DType::I64)
         })?;
         Some(vec![values, cm.name])
+    }
+
+    /// The window tensor (its extent gives the reduction loops their
+    /// bounds, as the pooling ops take it) and the indexing maps of a
+    /// pooling `linalg.generic` over N×C×out×window: the input read at
+    /// `out·s + k·d` (padded), the window, and the output; the iterator
+    /// types.
+    fn window_maps(&mut self, k: &[i64], s: &[i64], d: &[i64], dt: DType) -> (Operand, String, String, String, String) {
+        let n = k.len();
+        let loops = 2 + 2 * n;
+        let win = Operand { name: String::new(), shape: k.iter().map(|&v| Dim::from(v)).collect(), dt };
+        let win = Operand { name: self.line(format!("tensor.empty() : {}", win.ty())), ..win };
+        let wmap = map(loops, &(0..n).map(|i| format!("d{}", 2 + n + i)).collect::<Vec<_>>());
+        let mut xs = vec!["d0".to_string(), "d1".to_string()];
+        xs.extend((0..n).map(|i| format!("d{} * {} + d{} * {}", 2 + i, s[i], 2 + n + i, d[i])));
+        let xmap = map(loops, &xs);
+        let omap = map(loops, &(0..2 + n).map(|i| format!("d{i}")).collect::<Vec<_>>());
+        let iters: Vec<String> =
+            (0..loops).map(|i| if i < 2 + n { "\"parallel\"" } else { "\"reduction\"" }.to_string()).collect();
+        (win, xmap, wmap, omap, iters.join(", "))
+    }
+
+    /// `MaxPool` / `AveragePool` over 1 or 3 spatial axes (the 2-D ones use
+    /// the named linalg pooling ops): one `linalg.generic` over
+    /// N×C×out×window. MaxPool keeps the maximum (`arith.maximumf`, as the
+    /// named op; padding reads −inf); AveragePool sums in f32 for 16-bit
+    /// floats and counts the window positions inside the input — or inside
+    /// the explicitly padded extent with `count_include_pad` (ceil mode's
+    /// extra positions never count) — then divides and rounds once.
+    fn pool_nd(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.input(node, 0)?;
+        let (oshape, dt) = self.out_type(*outs.first()?)?;
+        let r = x.rank();
+        if outs.len() != 1 || oshape.len() != r || dt != x.dt || !is_float(dt) {
+            return None;
+        }
+        let spatial: Vec<i64> = (2..r).map(|a| x.size(a)).collect::<Option<_>>()?;
+        if spatial.iter().any(|&v| v > WINDOW_LIMIT) {
+            return None;
+        }
+        let max = node.op == Op::MaxPool;
+        let win_nd = Self::pool_windows(node, &x, &oshape)?;
+        let pad_lit = if max { float_lit(f64::NEG_INFINITY, dt) } else { "0.0".into() };
+        let xp = self.pad_spatial(&x, &win_nd.lo, &win_nd.high(), &pad_lit)?;
+        let PoolWindows { k, s, d, lo, hi, .. } = win_nd;
+        let (win, xmap, wmap, omap, iters) = self.window_maps(&k, &s, &d, dt);
+        let attrs = self.tags(node);
+        let e = elem(dt);
+        let prefix = format!("b{}_{}_", self.base, self.tmp);
+        let (elt, unused) = (format!("%{prefix}a0"), format!("%{prefix}a1"));
+        let mut b = Body::named(&prefix);
+        if max {
+            let init = self.filled(&pad_lit, &oshape, dt, &[&x])?;
+            let acc = format!("%{prefix}a2");
+            let m = b.op(format!("arith.maximumf {elt}, {acc} : {e}"));
+            let ty = init.ty();
+            let name = self.line(format!(
+                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}], iterator_types = [{iters}]}} ins({}, {} : {}, {}) outs({} : {ty}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {acc}: {e}):\n{}\n      linalg.yield {m} : {e}\n    }} -> {ty}",
+                xp.name,
+                win.name,
+                xp.ty(),
+                win.ty(),
+                init.name,
+                b.into_lines().join("\n"),
+            ));
+            return Some(vec![name]);
+        }
+        let at = acc_type(dt);
+        let a = elem(at);
+        let sum0 = self.filled("0.0", &oshape, at, &[&x])?;
+        let cnt0 = self.filled("0.0", &oshape, at, &[&x])?;
+        let (sum, cnt) = (format!("%{prefix}a2"), format!("%{prefix}a3"));
+        let include_pad = node.attr_int("count_include_pad").unwrap_or(0) == 1;
+        let pos = window_positions(&mut b, &s, &d, &lo);
+        // The counted extent: the input, or the input and its explicit pads.
+        let (from, to): (Vec<i64>, Vec<i64>) = match include_pad {
+            true => (lo.iter().map(|l| -l).collect(), spatial.iter().zip(&hi).map(|(n, h)| n + h).collect()),
+            false => (vec![0; spatial.len()], spatial.clone()),
+        };
+        let counted = inside(&mut b, &pos, &from, &to);
+        let v = b.convert(&elt, dt, at);
+        let s2 = b.bin("addf", &sum, &v, at);
+        let (one, zero) = (b.cst("1.0", at), b.cst("0.0", at));
+        let inc = b.op(format!("arith.select {counted}, {one}, {zero} : {a}"));
+        let c2 = b.bin("addf", &cnt, &inc, at);
+        let ty = sum0.ty();
+        let res = self.line_results(
+            format!(
+                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}, {omap}], iterator_types = [{iters}]}} ins({}, {} : {}, {}) outs({}, {} : {ty}, {ty}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {sum}: {a}, {cnt}: {a}):\n{}\n      linalg.yield {s2}, {c2} : {a}, {a}\n    }} -> ({ty}, {ty})",
+                xp.name,
+                win.name,
+                xp.ty(),
+                win.ty(),
+                sum0.name,
+                cnt0.name,
+                b.into_lines().join("\n"),
+            ),
+            2,
+        );
+        let sums = Operand { name: format!("{res}#0"), shape: oshape.clone(), dt: at };
+        let counts = Operand { name: format!("{res}#1"), shape: oshape.clone(), dt: at };
+        let out = self.ewise(&[&sums, &counts], &oshape, dt, |b, v| {
+            let q = b.bin("divf", &v[0], &v[1], at);
+            b.convert(&q, at, dt)
+        })?;
+        Some(vec![out.name])
     }
 
     fn global_pool(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
