@@ -332,7 +332,7 @@ graph "odd" {
   input %r: f32[]
   init %one: f32[] = [1.0]
   %c = Conv "rank_mismatch"(%x, %w)
-  %p, %i = MaxPool "with_indices_1d"(%x) {kernel_shape=[2]}
+  %p, %i = MaxPool "column_major_1d"(%x) {kernel_shape=[2], storage_order=1}
   %s = Softmax "inner_axis"(%y) {axis=1}
   %l = LogSoftmax "inner_axis_log"(%y)
   %d = Dropout "ratio_one"(%y, %one, %t)
