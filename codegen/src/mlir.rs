@@ -53,7 +53,8 @@
 //!   axes (N×C×L, N×C×D×H×W) both, and MaxPool's `Indices` over any number,
 //!   are one reducing `linalg.generic` over N×C×out×window instead (MaxPool
 //!   by `arith.maximumf`; AveragePool carrying the sum and the count of
-//!   counted window positions, then dividing);
+//!   counted window positions, then dividing); `LpPool` (any rank) → the
+//!   same form summing `|x|^p`, then the `p`-th root;
 //! - `GlobalAveragePool`/`GlobalMaxPool`, `ReduceSum`/`ReduceMean`/
 //!   `ReduceMax`/`ReduceMin` (float; axes from the attribute or a constant
 //!   input) → a reducing `linalg.generic` (keepdims through a constant
@@ -145,7 +146,7 @@
 //!   `tensor.insert_slice`, combined first with the old value or slice
 //!   (`arith` op, `linalg.generic`) for `add`/`mul`/`max`/`min`;
 //! - anything else (e.g. `Softmax`/`LogSoftmax` over an inner axis when
-//!   the opset is unknown, `LpPool`, `Multinomial`) — or any node whose
+//!   the opset is unknown, `Multinomial`) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering
 //!   above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node

@@ -1589,3 +1589,45 @@ fn pooling_over_one_and_three_axes_computes_onnx_values() {
     let r3 = p(&[3, 2, 3], &[2, 2, 2], &[1, 1, 1], &[0, 0, 0], &[0, 0, 0], true);
     close("3-D ceil average", &r[8], &pool_nd_ref(&x3, &s3, &r3, false, false).0);
 }
+
+/// `LpPool`: the p-norm of each window (padding adds nothing), p = 2 over
+/// 2-D windows and p = 3 over 1-D, p = 1 over 3-D.
+#[test]
+fn lp_pool_computes_onnx_values() {
+    let x2: Vec<f64> = (0..2 * 5 * 6).map(|i| ((i * 5 + i / 4) % 7) as f64 - 3.0).collect();
+    let x1: Vec<f64> = (0..3 * 8).map(|i| ((i * 3) % 5) as f64 * 0.5 - 1.0).collect();
+    let x3: Vec<f64> = (0..2 * 3 * 3 * 3).map(|i| ((i * 7) % 6) as f64 - 2.5).collect();
+    let Some(r) = execute(
+        "lp_pool",
+        r#"  input %a: f32[1,2,5,6]
+  input %b: f32[1,3,8]
+  input %c: f32[1,2,3,3,3]
+  %l2 = LpPool "l2"(%a) {kernel_shape=[2, 3], strides=[1, 2], pads=[1, 0, 0, 1]}
+  %l3 = LpPool "l3"(%b) {kernel_shape=[3], p=3, strides=[2]}
+  %l1 = LpPool "l1"(%c) {kernel_shape=[2, 2, 2], p=1}
+  output %l2, %l3, %l1"#,
+        &[
+            ("tensor<1x2x5x6xf32>", &dense(&x2, &[1, 2, 5, 6], false)),
+            ("tensor<1x3x8xf32>", &dense(&x1, &[1, 3, 8], false)),
+            ("tensor<1x2x3x3x3xf32>", &dense(&x3, &[1, 2, 3, 3, 3], false)),
+        ],
+    ) else {
+        return;
+    };
+    // The p-norm is the average pool of |x|^p times the counted positions,
+    // so the reference reuses the average pool with pads counted (they
+    // hold 0 here): norm = (mean · window)^(1/p).
+    let lp = |x: &[f64], shape: &[usize], p: &PoolNd, pw: i32| -> Vec<f64> {
+        let powed: Vec<f64> = x.iter().map(|v| v.abs().powi(pw)).collect();
+        let window: usize = p.k.iter().product();
+        let (mean, _) = pool_nd_ref(&powed, shape, p, false, true);
+        mean.iter().map(|m| (m * window as f64).powf(1.0 / f64::from(pw))).collect()
+    };
+    let p2 = PoolNd { k: vec![2, 3], s: vec![1, 2], d: vec![1, 1], lo: vec![1, 0], hi: vec![0, 1], ceil: false };
+    close("2-D p=2", &r[0], &lp(&x2, &[1, 2, 5, 6], &p2, 2));
+    let p3 = PoolNd { k: vec![3], s: vec![2], d: vec![1], lo: vec![0], hi: vec![0], ceil: false };
+    close("1-D p=3", &r[1], &lp(&x1, &[1, 3, 8], &p3, 3));
+    let p1 =
+        PoolNd { k: vec![2, 2, 2], s: vec![1, 1, 1], d: vec![1, 1, 1], lo: vec![0; 3], hi: vec![0; 3], ceil: false };
+    close("3-D p=1", &r[2], &lp(&x3, &[1, 2, 3, 3, 3], &p1, 1));
+}

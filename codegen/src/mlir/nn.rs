@@ -101,7 +101,7 @@ impl Emitter<'_> {
     pub(super) fn lower_structured(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         match node.op {
             Op::Conv | Op::ConvTranspose => self.conv(node, outs),
-            Op::MaxPool | Op::AveragePool => self.pool(node, outs),
+            Op::MaxPool | Op::AveragePool | Op::LpPool => self.pool(node, outs),
             Op::GlobalAveragePool | Op::GlobalMaxPool => self.global_pool(node, outs),
             Op::Gemm => self.gemm(node, outs),
             Op::Flatten | Op::Reshape | Op::Squeeze | Op::Unsqueeze => {
@@ -218,7 +218,7 @@ impl Emitter<'_> {
         if node.op == Op::MaxPool && outs.len() == 2 {
             return self.max_pool_indices(node, outs);
         }
-        if matches!(self.input(node, 0)?.rank(), 3 | 5) {
+        if node.op == Op::LpPool || matches!(self.input(node, 0)?.rank(), 3 | 5) {
             return self.pool_nd(node, outs);
         }
         let (x, oshape) = self.nchw(node, outs)?;
@@ -428,12 +428,15 @@ impl Emitter<'_> {
     }
 
     /// `MaxPool` / `AveragePool` over 1 or 3 spatial axes (the 2-D ones use
-    /// the named linalg pooling ops): one `linalg.generic` over
-    /// N×C×out×window. MaxPool keeps the maximum (`arith.maximumf`, as the
-    /// named op; padding reads −inf); AveragePool sums in f32 for 16-bit
-    /// floats and counts the window positions inside the input — or inside
-    /// the explicitly padded extent with `count_include_pad` (ceil mode's
-    /// extra positions never count) — then divides and rounds once.
+    /// the named linalg pooling ops), and `LpPool` over any: one
+    /// `linalg.generic` over N×C×out×window. MaxPool keeps the maximum
+    /// (`arith.maximumf`, as the named op; padding reads −inf); AveragePool
+    /// sums in f32 for 16-bit floats and counts the window positions inside
+    /// the input — or inside the explicitly padded extent with
+    /// `count_include_pad` (ceil mode's extra positions never count) — then
+    /// divides and rounds once; LpPool sums `|x|^p` (padding reads 0; `p`
+    /// an integer ≥ 1, default 2) in the same accumulator type and takes the
+    /// `p`-th root (`math.sqrt` for 2, `math.powf` otherwise).
     fn pool_nd(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let x = self.input(node, 0)?;
         let (oshape, dt) = self.out_type(*outs.first()?)?;
@@ -474,6 +477,50 @@ impl Emitter<'_> {
         }
         let at = acc_type(dt);
         let a = elem(at);
+        if node.op == Op::LpPool {
+            let pw = node.attr_int("p").unwrap_or(2);
+            if !(1..=64).contains(&pw) {
+                return None;
+            }
+            let init = self.filled("0.0", &oshape, at, &[&x])?;
+            let acc = format!("%{prefix}a2");
+            let v = b.convert(&elt, dt, at);
+            let m = b.op(format!("math.absf {v} : {a}"));
+            let term = match pw {
+                1 => m,
+                2 => b.bin("mulf", &m, &m, at),
+                _ => {
+                    let pc = b.cst(&float_lit(pw as f64, at), at);
+                    b.op(format!("math.powf {m}, {pc} : {a}"))
+                }
+            };
+            let sum = b.bin("addf", &acc, &term, at);
+            let ty = init.ty();
+            let sums = Operand {
+                name: self.line(format!(
+                    "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}], iterator_types = [{iters}]}} ins({}, {} : {}, {}) outs({} : {ty}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {acc}: {a}):\n{}\n      linalg.yield {sum} : {a}\n    }} -> {ty}",
+                    xp.name,
+                    win.name,
+                    xp.ty(),
+                    win.ty(),
+                    init.name,
+                    b.into_lines().join("\n"),
+                )),
+                ..init
+            };
+            let out = self.ewise(&[&sums], &oshape, dt, |b, v| {
+                let r = match pw {
+                    1 => v[0].clone(),
+                    2 => b.op(format!("math.sqrt {} : {a}", v[0])),
+                    _ => {
+                        let inv = b.cst(&float_lit(1.0 / pw as f64, at), at);
+                        b.op(format!("math.powf {}, {inv} : {a}", v[0]))
+                    }
+                };
+                b.convert(&r, at, dt)
+            })?;
+            return Some(vec![out.name]);
+        }
         let sum0 = self.filled("0.0", &oshape, at, &[&x])?;
         let cnt0 = self.filled("0.0", &oshape, at, &[&x])?;
         let (sum, cnt) = (format!("%{prefix}a2"), format!("%{prefix}a3"));
