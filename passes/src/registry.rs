@@ -245,26 +245,15 @@ pub fn pass_with_args(name: &str, args: &PassArgs) -> Result<Box<dyn Pass>, Pass
         "campo" => {
             let (_, options) =
                 precision_options(name, args, &["dtype", "override", "mode", "policy", "padding", "refresh"])?;
-            let padding = match args.last("padding") {
-                None | Some("on") => true,
-                Some("off") => false,
-                Some(v) => {
-                    return Err(PassError::BadArguments {
-                        entry: name.into(),
-                        message: format!("padding `{v}` is not on or off"),
-                    })
-                }
+            let on_off = |key: &str| match args.last(key) {
+                None | Some("on") => Ok(true),
+                Some("off") => Ok(false),
+                Some(v) => Err(PassError::BadArguments {
+                    entry: name.into(),
+                    message: format!("{key} `{v}` is not on or off"),
+                }),
             };
-            let refresh = match args.last("refresh") {
-                None | Some("on") => true,
-                Some("off") => false,
-                Some(v) => {
-                    return Err(PassError::BadArguments {
-                        entry: name.into(),
-                        message: format!("refresh `{v}` is not on or off"),
-                    })
-                }
-            };
+            let (padding, refresh) = (on_off("padding")?, on_off("refresh")?);
             let mut campo = Campo::new(policy_arg(name, args, "tf-amp")?, options, padding)?;
             campo.refresh = refresh;
             Ok(Box::new(campo))

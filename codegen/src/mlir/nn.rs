@@ -458,14 +458,15 @@ impl Emitter<'_> {
         let e = elem(dt);
         let prefix = format!("b{}_{}_", self.base, self.tmp);
         let (elt, unused) = (format!("%{prefix}a0"), format!("%{prefix}a1"));
-        let mut b = Body::named(&prefix);
-        if max {
-            let init = self.filled(&pad_lit, &oshape, dt, &[&x])?;
+        // One accumulator: `step(body, element, accumulator)` folds the
+        // window into `init`.
+        let fold = |this: &mut Self, init: &Operand, step: &dyn Fn(&mut Body, &str, &str) -> String| {
             let acc = format!("%{prefix}a2");
-            let m = b.op(format!("arith.maximumf {elt}, {acc} : {e}"));
-            let ty = init.ty();
-            let name = self.line(format!(
-                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}], iterator_types = [{iters}]}} ins({}, {} : {}, {}) outs({} : {ty}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {acc}: {e}):\n{}\n      linalg.yield {m} : {e}\n    }} -> {ty}",
+            let mut b = Body::named(&prefix);
+            let y = step(&mut b, &elt, &acc);
+            let (ty, a) = (init.ty(), elem(init.dt));
+            let name = this.line(format!(
+                "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}], iterator_types = [{iters}]}} ins({}, {} : {}, {}) outs({} : {ty}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {acc}: {a}):\n{}\n      linalg.yield {y} : {a}\n    }} -> {ty}",
                 xp.name,
                 win.name,
                 xp.ty(),
@@ -473,7 +474,12 @@ impl Emitter<'_> {
                 init.name,
                 b.into_lines().join("\n"),
             ));
-            return Some(vec![name]);
+            Operand { name, ..init.clone() }
+        };
+        if max {
+            let init = self.filled(&pad_lit, &oshape, dt, &[&x])?;
+            let m = fold(self, &init, &|b, elt, acc| b.op(format!("arith.maximumf {elt}, {acc} : {e}")));
+            return Some(vec![m.name]);
         }
         let at = acc_type(dt);
         let a = elem(at);
@@ -483,31 +489,19 @@ impl Emitter<'_> {
                 return None;
             }
             let init = self.filled("0.0", &oshape, at, &[&x])?;
-            let acc = format!("%{prefix}a2");
-            let v = b.convert(&elt, dt, at);
-            let m = b.op(format!("math.absf {v} : {a}"));
-            let term = match pw {
-                1 => m,
-                2 => b.bin("mulf", &m, &m, at),
-                _ => {
-                    let pc = b.cst(&float_lit(pw as f64, at), at);
-                    b.op(format!("math.powf {m}, {pc} : {a}"))
-                }
-            };
-            let sum = b.bin("addf", &acc, &term, at);
-            let ty = init.ty();
-            let sums = Operand {
-                name: self.line(format!(
-                    "linalg.generic {{indexing_maps = [{xmap}, {wmap}, {omap}], iterator_types = [{iters}]}} ins({}, {} : {}, {}) outs({} : {ty}) attrs = {{{attrs}}} {{\n    ^bb0({elt}: {e}, {unused}: {e}, {acc}: {a}):\n{}\n      linalg.yield {sum} : {a}\n    }} -> {ty}",
-                    xp.name,
-                    win.name,
-                    xp.ty(),
-                    win.ty(),
-                    init.name,
-                    b.into_lines().join("\n"),
-                )),
-                ..init
-            };
+            let sums = fold(self, &init, &|b, elt, acc| {
+                let v = b.convert(elt, dt, at);
+                let m = b.op(format!("math.absf {v} : {a}"));
+                let term = match pw {
+                    1 => m,
+                    2 => b.bin("mulf", &m, &m, at),
+                    _ => {
+                        let pc = b.cst(&float_lit(pw as f64, at), at);
+                        b.op(format!("math.powf {m}, {pc} : {a}"))
+                    }
+                };
+                b.bin("addf", acc, &term, at)
+            });
             let out = self.ewise(&[&sums], &oshape, dt, |b, v| {
                 let r = match pw {
                     1 => v[0].clone(),
@@ -521,6 +515,7 @@ impl Emitter<'_> {
             })?;
             return Some(vec![out.name]);
         }
+        let mut b = Body::named(&prefix);
         let sum0 = self.filled("0.0", &oshape, at, &[&x])?;
         let cnt0 = self.filled("0.0", &oshape, at, &[&x])?;
         let (sum, cnt) = (format!("%{prefix}a2"), format!("%{prefix}a3"));

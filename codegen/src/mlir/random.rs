@@ -347,9 +347,17 @@ impl Emitter<'_> {
         Some(names)
     }
 
-    /// `RandomUniformLike` (the shape of its input) and `RandomUniform`
-    /// (a static `shape`): `low + u·(high − low)`.
-    fn uniform_op(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+    /// The draws of `RandomXLike` (the shape of its input) and `RandomX`
+    /// (a static `shape`): one float output of any float type, each element
+    /// `value(body, n, K)` from its linear index `n` and the stream key `K`
+    /// (i64 values), computed in `ct` (f64 for f64 outputs, else f32) and
+    /// rounded to the output type.
+    fn draws(
+        &mut self,
+        node: &Node,
+        outs: &[ValueId],
+        value: impl FnOnce(&mut Body, &str, &str, DType, DType) -> String,
+    ) -> Option<Vec<String>> {
         let (shape, dt) = self.out_type(*outs.first()?)?;
         let like = match node.input(0) {
             Some(v) => Some(self.operand(v)?),
@@ -359,10 +367,7 @@ impl Emitter<'_> {
             return None;
         }
         let hints: Vec<&Operand> = like.iter().collect();
-        let low = f64::from(node.attr_float("low").unwrap_or(0.0));
-        let high = f64::from(node.attr_float("high").unwrap_or(1.0));
         let ct = if dt == DType::F64 { DType::F64 } else { DType::F32 };
-        let (ll, sl) = (float_lit(low, ct), float_lit(high - low, ct));
         let sizes = shape.iter().map(|d| self.dim(d, &hints)).collect::<Option<Vec<_>>>()?;
         let init = self.empty(&shape, dt, &hints)?;
         let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
@@ -370,40 +375,33 @@ impl Emitter<'_> {
         let k = self.stream_key(node, outs);
         let out = self.generic_op(&[], &init, &id, &iters, |b, _| {
             let n = linear_index(b, &sizes);
-            let u = uniform(b, &n, &k, significand(dt), ct);
-            let span = b.cst(&sl, ct);
-            let lo = b.cst(&ll, ct);
-            let m = b.bin("mulf", &u, &span, ct);
-            let v = b.bin("addf", &m, &lo, ct);
+            let v = value(b, &n, &k, ct, dt);
             b.convert(&v, ct, dt)
         });
         Some(vec![out.name])
     }
 
-    /// `RandomNormalLike` (the shape of its input) and `RandomNormal` (a
-    /// static `shape`): Box–Muller, see the module doc.
+    /// `RandomUniformLike` / `RandomUniform`: `low + u·(high − low)`.
+    fn uniform_op(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let low = f64::from(node.attr_float("low").unwrap_or(0.0));
+        let high = f64::from(node.attr_float("high").unwrap_or(1.0));
+        self.draws(node, outs, |b, n, k, ct, dt| {
+            let u = uniform(b, n, k, significand(dt), ct);
+            let span = b.cst(&float_lit(high - low, ct), ct);
+            let lo = b.cst(&float_lit(low, ct), ct);
+            let m = b.bin("mulf", &u, &span, ct);
+            b.bin("addf", &m, &lo, ct)
+        })
+    }
+
+    /// `RandomNormalLike` / `RandomNormal`: Box–Muller, see the module doc.
     fn normal_op(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
-        let (shape, dt) = self.out_type(*outs.first()?)?;
-        let like = match node.input(0) {
-            Some(v) => Some(self.operand(v)?),
-            None => None,
-        };
-        if outs.len() != 1 || !is_float(dt) || like.as_ref().is_some_and(|x| x.shape != shape) {
-            return None;
-        }
-        let hints: Vec<&Operand> = like.iter().collect();
         let mean = f64::from(node.attr_float("mean").unwrap_or(0.0));
         let scale = f64::from(node.attr_float("scale").unwrap_or(1.0));
-        let (ct, bits) = if dt == DType::F64 { (DType::F64, 32) } else { (DType::F32, 24) };
-        let t = elem(ct);
-        let sizes = shape.iter().map(|d| self.dim(d, &hints)).collect::<Option<Vec<_>>>()?;
-        let init = self.empty(&shape, dt, &hints)?;
-        let id: Vec<String> = (0..shape.len()).map(|i| format!("d{i}")).collect();
-        let iters = vec!["parallel"; shape.len()];
-        let k = self.stream_key(node, outs);
-        let out = self.generic_op(&[], &init, &id, &iters, |b, _| {
-            let n = linear_index(b, &sizes);
-            let (u1, u2) = uniform_pair(b, &n, &k, bits, ct);
+        self.draws(node, outs, |b, n, k, ct, _| {
+            let t = elem(ct);
+            let bits = if ct == DType::F64 { 32 } else { 24 };
+            let (u1, u2) = uniform_pair(b, n, k, bits, ct);
             let ln = b.op(format!("math.log {u1} : {t}"));
             let m2 = b.cst(&float_lit(-2.0, ct), ct);
             let r2 = b.bin("mulf", &ln, &m2, ct);
@@ -415,10 +413,8 @@ impl Emitter<'_> {
             let sc = b.cst(&float_lit(scale, ct), ct);
             let mu = b.cst(&float_lit(mean, ct), ct);
             let v = b.bin("mulf", &g, &sc, ct);
-            let v = b.bin("addf", &v, &mu, ct);
-            b.convert(&v, ct, dt)
-        });
-        Some(vec![out.name])
+            b.bin("addf", &v, &mu, ct)
+        })
     }
 
     /// `Bernoulli`: 1 where a uniform draw falls below the input's
