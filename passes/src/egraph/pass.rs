@@ -481,8 +481,7 @@ fn refreshable(
     // (time saved per byte, value, extra bytes) of peak-raising candidates.
     let mut raising: Vec<(f64, ValueId, f64)> = Vec::new();
     for &w in g.inits() {
-        let fp32 = g.value(w).init().is_some_and(|t| t.dtype == DType::F32);
-        if !fp32 || !grads.contains(&w) || g.inputs().contains(&w) || g.master_of(w).is_some() {
+        if !refresh_candidate(g, w, grads) {
             continue;
         }
         let elems = oracle.elements(g, w);
@@ -526,6 +525,18 @@ fn refreshable(
         }
     }
     out
+}
+
+/// Whether initializer `w` is a trained FP32 parameter that may get a
+/// refreshed copy at all: it carries a gradient (`grads`, from
+/// [`gradient_values`]), is neither a graph input nor output, and is not a
+/// copy itself.
+pub(crate) fn refresh_candidate(g: &Graph, w: ValueId, grads: &std::collections::HashSet<ValueId>) -> bool {
+    g.value(w).init().is_some_and(|t| t.dtype == DType::F32)
+        && grads.contains(&w)
+        && !g.inputs().contains(&w)
+        && !g.outputs().contains(&w)
+        && g.master_of(w).is_none()
 }
 
 /// Replace each per-iteration f16/bf16 cast of a `refreshable` parameter

@@ -86,11 +86,7 @@ impl WeightPricing {
             .iter()
             .copied()
             .filter(|&w| {
-                g.value(w).init().is_some_and(|t| t.dtype == DType::F32)
-                    && grads.contains(&w)
-                    && !g.inputs().contains(&w)
-                    && g.master_of(w).is_none()
-                    && !g.outputs().contains(&w)
+                crate::egraph::pass::refresh_candidate(g, w, &grads)
                     && g.users(w)
                         .into_iter()
                         .all(|(n, slot)| qsync_cost::facts::keeps_input(g, n, slot, |v| grads.contains(&v)))
