@@ -135,7 +135,17 @@ pub fn run(a: &PlanArgs) -> Result<String> {
             calibration: None,
         });
     }
-    let popts = PredictOptions { bindings: bindings.clone(), work_scale, optimizer, config: SimConfig::default() };
+    // The per-device pipeline's egraph-casts stores the FP16/BF16 GEMM
+    // weights as refreshed copies (unless told not to): the predictions
+    // count their rewrite in the optimizer step.
+    let weight_copies = a.pipeline.contains("egraph-casts") && !a.pipeline.contains("refresh=false");
+    let popts = PredictOptions {
+        bindings: bindings.clone(),
+        work_scale,
+        optimizer,
+        config: SimConfig::default(),
+        weight_copies,
+    };
     let label = a.model.display().to_string();
     let facts = GraphFacts::new(g, &bindings).with_context(|| label.clone())?;
     let cands = qsync_planner::candidates(g, &facts);

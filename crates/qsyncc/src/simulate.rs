@@ -280,6 +280,9 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         work_scale,
         optimizer,
         config: SimConfig { bucket_cap_bytes: (a.bucket_mb * (1u64 << 20) as f64) as u64, ..SimConfig::default() },
+        // `simulate` costs the plan's nodes as given; refreshed copies the
+        // graph already holds are counted, no others assumed.
+        weight_copies: false,
     };
     let label = a.model.display().to_string();
     let mut pred = Predictor::new(g, targets, popts).with_context(|| label.clone())?;

@@ -76,6 +76,12 @@ pub struct PredictOptions {
     pub work_scale: f64,
     pub optimizer: Optimizer,
     pub config: SimConfig,
+    /// Whether the weights that GEMM-like nodes read at FP16/BF16 will be
+    /// stored as refreshed copies (what `egraph-casts` does in training):
+    /// the optimizer step then also rewrites those copies
+    /// ([`refresh_seconds`]). Copies already in the graph are always
+    /// counted.
+    pub weight_copies: bool,
 }
 
 impl Default for PredictOptions {
@@ -85,6 +91,7 @@ impl Default for PredictOptions {
             work_scale: 1.0,
             optimizer: Optimizer::default(),
             config: SimConfig::default(),
+            weight_copies: false,
         }
     }
 }
@@ -134,6 +141,30 @@ pub fn refresh_seconds(device: &Device, copy_bytes: f64) -> f64 {
     copy_bytes / (device.mem_bytes_per_s() * device.efficiency.memory)
 }
 
+/// Bytes of refreshed copies the optimizer step rewrites under `resolved`:
+/// the graph's own copies, and with `planned` one per (weight, precision)
+/// that a GEMM-like node reads at FP16/BF16 (the copies `egraph-casts`
+/// will store).
+fn copy_bytes(graph: &Graph, facts: &GraphFacts, resolved: &ResolvedPlan, planned: bool) -> Result<f64, PredictError> {
+    let mut bytes: f64 =
+        facts.copies().iter().map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0).sum();
+    if planned {
+        let mut seen = std::collections::HashSet::new();
+        for &n in facts.order() {
+            let p = resolved.compute(n);
+            if !matches!(p, Precision::Fp16 | Precision::Bf16) || !facts.node(n)?.kind.is_gemm_like() {
+                continue;
+            }
+            for &v in graph.node(n).inputs().iter().flatten() {
+                if facts.is_param(v) && graph.master_of(v).is_none() && seen.insert((v, p)) {
+                    bytes += facts.elements(v).unwrap_or(0.0) * p.bytes();
+                }
+            }
+        }
+    }
+    Ok(bytes)
+}
+
 /// Memory of `target` under `resolved`, with batch-proportional parts
 /// scaled by `opts.work_scale` (graphs with a fixed batch).
 fn scaled_memory(
@@ -162,8 +193,6 @@ impl<'g> Predictor<'g> {
         let order = facts.order().to_vec();
         let bound = graph.node_ids().iter().map(|n| n.index() + 1).max().unwrap_or(0);
         let params: f64 = facts.params().iter().filter_map(|&v| facts.elements(v)).sum();
-        let copy_bytes: f64 =
-            facts.copies().iter().map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0).sum();
         let mut types = Vec::with_capacity(targets.len());
         let mut programs = Vec::with_capacity(targets.len());
         let mut cluster_types = Vec::with_capacity(targets.len());
@@ -198,7 +227,8 @@ impl<'g> Predictor<'g> {
                 let cost = Self::sim_cost(graph, &facts, &model, n, resolved.compute(n), opts.work_scale)?;
                 ops.push(LocalOp { name: graph.node(n).name.clone(), node: Some(n), cost });
             }
-            let step = optimizer_seconds(&t.device, params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
+            let copies = copy_bytes(graph, &facts, &resolved, opts.weight_copies)?;
+            let step = optimizer_seconds(&t.device, params, opts.optimizer) + refresh_seconds(&t.device, copies);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
                 .with_bandwidth(t.device.intra_node_bytes_per_s() / 1e9, t.device.network_bytes_per_s() / 1e9)
@@ -274,6 +304,13 @@ impl<'g> Predictor<'g> {
             let memory = scaled_memory(self.graph, &self.facts, &ts.resolved, target, &self.opts)?;
             self.sim.set_static_memory(t, memory.total.max(0.0) as u64)?;
             ts.memory = memory;
+            if self.opts.weight_copies {
+                let params: f64 = self.facts.params().iter().filter_map(|&v| self.facts.elements(v)).sum();
+                let copies = copy_bytes(self.graph, &self.facts, &ts.resolved, true)?;
+                let step = optimizer_seconds(&target.device, params, self.opts.optimizer)
+                    + refresh_seconds(&target.device, copies);
+                self.sim.set_optimizer_us(t, us(step))?;
+            }
         }
         Ok(())
     }

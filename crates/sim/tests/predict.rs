@@ -283,3 +283,49 @@ fn refreshed_copies_move_weight_work_into_the_optimizer_step() {
     let (step_a, step_b) = (da.finish_us - da.backward_end_us, db.finish_us - db.backward_end_us);
     assert!((step_b - step_a - refresh_us).abs() < 1e-6, "step {step_a} -> {step_b}, refresh {refresh_us}");
 }
+
+#[test]
+fn planned_weight_copies_update_incrementally_and_cost_their_rewrite() {
+    // With `weight_copies`, the optimizer step also rewrites one copy per
+    // FP16 GEMM weight: the iteration is longer than without by at most the
+    // rewrite of every GEMM weight, and an incremental precision change
+    // equals a fresh prediction.
+    let g = load("bert_tiny.onnx", 8);
+    let o = |copies: bool| PredictOptions { weight_copies: copies, ..opts(&g) };
+    let fp16 = || vec![Target::new(device("t4"), 2, 8, Plan::uniform(&g, Precision::Fp16))];
+    let plain = Predictor::new(&g, fp16(), o(false)).expect("predict").result().clone();
+    let with = Predictor::new(&g, fp16(), o(true)).expect("predict").result().clone();
+    let (a, b) = (&plain.devices[0], &with.devices[0]);
+    let facts = qsync_cost::GraphFacts::new(&g, &bindings(&g)).expect("facts");
+    let gemm_weights: f64 = facts
+        .order()
+        .iter()
+        .filter(|&&n| facts.node(n).is_ok_and(|f| f.kind.is_gemm_like()))
+        .flat_map(|&n| g.node(n).inputs().iter().flatten().copied().collect::<Vec<_>>())
+        .filter(|&v| facts.is_param(v))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter_map(|v| facts.elements(v))
+        .sum();
+    let bound = qsync_sim::refresh_seconds(&device("t4"), 2.0 * gemm_weights) * 1e6;
+    let grown = (b.finish_us - b.backward_end_us) - (a.finish_us - a.backward_end_us);
+    assert!(grown > 0.0 && grown <= bound + 1e-9, "step grew {grown} µs, bound {bound} µs");
+    // FP32 everywhere: no copies, nothing added.
+    let fp32 = || vec![Target::new(device("t4"), 2, 8, Plan::uniform(&g, Precision::Fp32))];
+    let p32 = Predictor::new(&g, fp32(), o(false)).expect("predict").result().clone();
+    let c32 = Predictor::new(&g, fp32(), o(true)).expect("predict").result().clone();
+    assert_eq!(p32, c32);
+    // Incremental: lower one GEMM to FP16 from FP32, against a fresh run.
+    let n = *facts.order().iter().find(|&&n| facts.node(n).is_ok_and(|f| f.kind.is_gemm_like())).expect("a GEMM");
+    let mut inc = Predictor::new(&g, fp32(), o(true)).expect("predict");
+    inc.set_precision(0, n, Precision::Fp16).expect("set");
+    let mut plan = Plan::uniform(&g, Precision::Fp32);
+    plan.set(n, Precision::Fp16);
+    let fresh =
+        Predictor::new(&g, vec![Target::new(device("t4"), 2, 8, plan)], o(true)).expect("predict").result().clone();
+    assert_eq!(inc.result(), &fresh);
+    assert!(
+        fresh.devices[0].finish_us - fresh.devices[0].backward_end_us
+            > c32.devices[0].finish_us - c32.devices[0].backward_end_us
+    );
+}
