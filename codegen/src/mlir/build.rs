@@ -269,6 +269,15 @@ impl Emitter<'_> {
         self.line(format!("arith.select {neg}, {w}, {i} : index"))
     }
 
+    /// An optional input as an operand: `Some(None)` when it is omitted,
+    /// `None` when it is there but not fully typed.
+    pub(super) fn optional_operand(&self, v: Option<ValueId>) -> Option<Option<Operand>> {
+        match v {
+            Some(v) => Some(Some(self.operand(v)?)),
+            None => Some(None),
+        }
+    }
+
     /// A graph value as an operand (fully typed values only).
     pub(super) fn operand(&self, v: ValueId) -> Option<Operand> {
         let t = self.g.ty(v);

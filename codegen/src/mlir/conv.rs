@@ -38,10 +38,7 @@ impl Emitter<'_> {
     pub(super) fn conv(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let x = self.operand(node.input(0)?)?;
         let w = self.operand(node.input(1)?)?;
-        let bias = match node.input(2) {
-            Some(v) => Some(self.operand(v)?),
-            None => None,
-        };
+        let bias = self.optional_operand(node.input(2))?;
         let (oshape, dt) = self.out_type(*outs.first()?)?;
         let r = x.rank();
         let n = r.checked_sub(2)?;

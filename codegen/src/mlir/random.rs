@@ -359,10 +359,7 @@ impl Emitter<'_> {
         value: impl FnOnce(&mut Body, &str, &str, DType, DType) -> String,
     ) -> Option<Vec<String>> {
         let (shape, dt) = self.out_type(*outs.first()?)?;
-        let like = match node.input(0) {
-            Some(v) => Some(self.operand(v)?),
-            None => None,
-        };
+        let like = self.optional_operand(node.input(0))?;
         if outs.len() != 1 || !is_float(dt) || like.as_ref().is_some_and(|x| x.shape != shape) {
             return None;
         }

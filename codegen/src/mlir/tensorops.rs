@@ -382,10 +382,7 @@ impl Emitter<'_> {
     pub(super) fn layer_norm(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
         let x = self.operand(node.input(0)?)?;
         let scale = self.operand(node.input(1)?)?;
-        let bias = match node.input(2) {
-            Some(v) => Some(self.operand(v)?),
-            None => None,
-        };
+        let bias = self.optional_operand(node.input(2))?;
         let (shape, dt) = self.out_type(*outs.first()?)?;
         if outs.len() != 1 || shape != x.shape || dt != x.dt || !is_float(dt) || scale.dt != dt {
             return None;
