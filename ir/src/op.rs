@@ -323,6 +323,18 @@ impl Op {
         )
     }
 
+    /// Float input slots that are parameters of the op rather than data it
+    /// computes on (Dropout's ratio, Resize's roi and scales, Upsample's
+    /// scales): a precision plan keeps their dtype, and they do not decide
+    /// the precision an op computes in.
+    pub fn pins_input_dtype(&self, slot: usize) -> bool {
+        match self {
+            Op::Resize => slot == 1 || slot == 2,
+            Op::Upsample | Op::Dropout => slot == 1,
+            _ => false,
+        }
+    }
+
     /// The op for an ONNX `(domain, op_type)`; the default domain is `""`
     /// or `"ai.onnx"`. Unknown pairs become [`Op::Opaque`].
     pub fn from_onnx(domain: &str, op_type: &str) -> Op {

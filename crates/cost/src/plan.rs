@@ -84,9 +84,16 @@ impl Plan {
             Some(p) => p,
             None if is_precision_dependent(&node.op) => {
                 let mut widest: Option<Precision> = None;
-                for v in node.inputs().iter().flatten() {
-                    // Constants and weights are cast to the activation's precision.
-                    if !graph.ty(*v).dtype.is_some_and(DType::is_float) || graph.value(*v).init().is_some() {
+                for (slot, v) in node.inputs().iter().enumerate() {
+                    let Some(v) = v else { continue };
+                    // Constants and weights are cast to the activation's
+                    // precision; the op's own parameters (Dropout's ratio)
+                    // keep theirs.
+                    if !graph.ty(*v).dtype.is_some_and(DType::is_float)
+                        || graph.value(*v).init().is_some()
+                        || node.op.pins_input_dtype(slot)
+                        || graph.producer(*v).is_some_and(|(p, _)| graph.node(p).op == Op::Constant)
+                    {
                         continue;
                     }
                     let q = match graph.producer(*v) {

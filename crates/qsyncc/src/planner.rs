@@ -179,6 +179,20 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         for &n in &cands {
             model.graph.node_mut(n).precision = Some(te.plan.get(n).unwrap_or(Precision::Fp32).storage_dtype());
         }
+        // The precision-dependent ops (O_dep: elementwise, pooling, data
+        // movement) run at their widest input's precision, as the
+        // predictions above assumed; without an annotation materialize
+        // would keep them FP32 and cast around every one.
+        let resolved = te.plan.resolve(g);
+        for &n in facts.order() {
+            let p = resolved.compute(n);
+            if p != Precision::Fp32
+                && qsync_cost::is_precision_dependent(&g.node(n).op)
+                && qsync_passes::precision::lowerable(g, n)
+            {
+                model.graph.node_mut(n).precision = Some(p.storage_dtype());
+            }
+        }
         let stats = qsync_passes::precision::materialize(&mut model, qsync_passes::precision::Mode::Training)
             .map_err(|e| anyhow::anyhow!("{label}: materializing the plan of {}: {e}", te.name))?;
         let mut cx = qsync_passes::PassContext {
@@ -210,7 +224,6 @@ pub fn run(a: &PlanArgs) -> Result<String> {
                 .with_context(|| format!("{label}: code for {}", te.name))?;
         }
         let cm = CostModel::new(&targets[t].device, None)?;
-        let resolved = te.plan.resolve(g);
         let mut nodes = Vec::new();
         for &n in facts.order() {
             let p = resolved.compute(n);

@@ -251,13 +251,21 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
 
     let Prepared { loaded, work_scale, bindings, mut warnings } = prepare(&a.model, a.batch, &a.dims)?;
     let g = &loaded.model.graph;
-    // Precisions annotated in the model (a planned model) are its plan.
+    // A planned model carries its plan: a node computes at its precision
+    // annotation or, once exported to ONNX (where annotations do not
+    // travel), at the dtype of its first float output — the rule
+    // `opt --json` and `inspect` predict by. Casts keep the default.
     let mut annotated = Plan::new();
     for n in g.node_ids() {
-        if let Some(p) = g.node(n).precision.and_then(Precision::from_dtype) {
+        if g.node(n).op == qsync_ir::Op::Cast {
+            continue;
+        }
+        let computes = qsync_passes::precision::oracle::compute_precision(g, n);
+        if let Some(p) = Precision::from_dtype(computes).filter(|&p| p != Precision::Fp32) {
             annotated.set(n, p);
         }
     }
+    let planned = annotated.iter().next().is_some();
     let mut targets = Vec::new();
     for (name, count, per_node) in &specs {
         let device = db.get(name)?.clone();
@@ -294,7 +302,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
     for (i, d) in r.devices.iter().enumerate() {
         let precision = precisions.get(&d.name).map_or_else(
             || {
-                if g.node_ids().iter().any(|&n| g.node(n).precision.is_some()) {
+                if planned {
                     "planned".to_string()
                 } else {
                     "fp32".to_string()

@@ -463,7 +463,8 @@ impl EgraphCasts {
 ///
 /// Candidates: float initializers with a gradient that are not graph
 /// inputs or copies themselves, read at f16/bf16 through Casts whose
-/// results are not graph outputs. A candidate's copies add *no* peak memory
+/// results are not graph outputs ([`low_casts`]: directly or through
+/// element-preserving movement ops). A candidate's copies add *no* peak memory
 /// when every reader of each low cast keeps it for its backward
 /// ([`qsync_cost::facts::keeps_input`]: the per-iteration cast is alive at
 /// the peak anyway); otherwise each such copy adds its bytes. Those are
@@ -486,23 +487,20 @@ fn refreshable(
         }
         let elems = oracle.elements(g, w);
         let (mut extra, mut saved, mut low_reads, mut ok) = (0.0, 0.0, 0, true);
-        for (n, _) in g.users(w) {
-            let node = g.node(n);
-            let to = node.outputs().first().and_then(|&o| g.ty(o).dtype);
-            let Some(to) = to.filter(|d| node.op == Op::Cast && matches!(d, DType::F16 | DType::BF16)) else {
-                continue;
-            };
-            let cast = node.outputs()[0];
+        for (cast, to, moved) in low_casts(g, w) {
             if g.outputs().contains(&cast) {
                 ok = false;
                 break;
             }
             low_reads += 1;
             saved += 2.0 * oracle.cast_time(DType::F32, to, elems) - oracle.refresh_time(to, elems);
-            let kept = g
-                .users(cast)
-                .into_iter()
-                .all(|(r, slot)| qsync_cost::facts::keeps_input(g, r, slot, |v| grads.contains(&v) || v == cast));
+            // Read through a movement op, the copy is what that op reads
+            // (`cast-hoist` moves the cast up to the parameter), and no
+            // movement op keeps its input for the backward.
+            let kept = !moved
+                && g.users(cast)
+                    .into_iter()
+                    .all(|(r, slot)| qsync_cost::facts::keeps_input(g, r, slot, |v| grads.contains(&v) || v == cast));
             if !kept {
                 extra += to.storage_bytes(elems) as f64;
             }
@@ -524,6 +522,40 @@ fn refreshable(
             out.insert(w.index() as u32);
         }
     }
+    out
+}
+
+/// The f16/bf16 Casts that read parameter `w`, directly or through a
+/// chain of element-preserving movement ops (Transpose, Reshape, Flatten,
+/// Squeeze, Unsqueeze, Identity — as exporters write `Transpose(W)` before
+/// a MatMul), each as (cast output, dtype, whether it reads through a
+/// movement op). `cast-hoist` turns `cast(transpose(w))` into
+/// `transpose(cast(w))`, which `refresh-copy` then serves from the copy.
+fn low_casts(g: &Graph, w: ValueId) -> Vec<(ValueId, DType, bool)> {
+    let mut out = Vec::new();
+    let mut stack = vec![(w, false)];
+    while let Some((v, moved)) = stack.pop() {
+        for (n, slot) in g.users(v) {
+            let node = g.node(n);
+            let Some(&o) = node.outputs().first() else { continue };
+            let to = g.ty(o).dtype;
+            match &node.op {
+                Op::Cast => {
+                    if let Some(to) = to.filter(|d| matches!(d, DType::F16 | DType::BF16)) {
+                        out.push((o, to, moved));
+                    }
+                }
+                Op::Transpose | Op::Reshape | Op::Flatten | Op::Squeeze | Op::Unsqueeze | Op::Identity
+                    if slot == 0 && to == Some(DType::F32) && node.outputs().len() == 1 =>
+                {
+                    stack.push((o, true));
+                }
+                _ => {}
+            }
+        }
+    }
+    out.sort_by_key(|&(c, _, _)| c);
+    out.dedup();
     out
 }
 

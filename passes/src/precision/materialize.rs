@@ -77,11 +77,7 @@ pub fn lowerable(g: &Graph, n: NodeId) -> bool {
 /// Float input slots that keep their dtype whatever the node's precision
 /// (ONNX gives them their own type variable, or they are FP32 by convention).
 pub fn pinned_input(op: &Op, slot: usize) -> bool {
-    match op {
-        Op::Resize => slot == 1 || slot == 2,
-        Op::Upsample | Op::Dropout => slot == 1,
-        _ => false,
-    }
+    op.pins_input_dtype(slot)
 }
 
 /// Float output slots that keep their dtype (LayerNormalization's mean and
