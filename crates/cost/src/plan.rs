@@ -106,6 +106,13 @@ impl Plan {
             }
             None => Precision::Fp32,
         };
+        // A Cast writes the dtype it names, whatever it computes in.
+        if node.op == Op::Cast {
+            let to = node.outputs().first().and_then(|&o| graph.ty(o).dtype);
+            if let Some(q) = to.filter(|d| d.is_float()).and_then(Precision::from_dtype) {
+                return (p, q);
+            }
+        }
         let out = match p {
             Precision::Int8 if !is_precision_dependent(&node.op) => Precision::Fp32,
             Precision::Tf32 => Precision::Fp32,

@@ -227,6 +227,47 @@ fn precision_dependent_ops_follow_their_inputs() {
 }
 
 #[test]
+fn constants_and_op_parameters_do_not_widen_dependent_ops() {
+    // Gemm(fp16) → Mul(·, Constant) → Dropout(·, ratio) → Add(·, Cast(x → f16)):
+    // a Constant node's output is cast to the activation's precision like a
+    // weight, Dropout's ratio is a parameter of the op, and a Cast writes
+    // the dtype it names — so all three follow the Gemm to fp16.
+    let (mut g, fc) = gemm_graph(8, 16, 16);
+    let y = g.node(fc).outputs()[0];
+    let scalar = || TensorType::new(DType::F32, vec![]);
+    let c = g.add_node(
+        NodeSpec::new("two", Op::Constant)
+            .attr("value", Attr::Tensor(Tensor::from_f32(vec![], &[2.0])))
+            .output("c", scalar()),
+    );
+    let cv = g.node(c).outputs()[0];
+    let mul = g.add_node(NodeSpec::new("mul", Op::Mul).input(y).input(cv).output("m", t(&[8, 16])));
+    let m = g.node(mul).outputs()[0];
+    let r = g.add_node(
+        NodeSpec::new("ratio", Op::Constant)
+            .attr("value", Attr::Tensor(Tensor::from_f32(vec![], &[0.1])))
+            .output("r", scalar()),
+    );
+    let rv = g.node(r).outputs()[0];
+    let drop = g.add_node(NodeSpec::new("drop", Op::Dropout).input(m).input(rv).output("d", t(&[8, 16])));
+    let d = g.node(drop).outputs()[0];
+    let x = g.inputs()[0];
+    let to16 = TensorType::new(DType::F16, vec![Dim::from(8), Dim::from(16)]);
+    let cast = g.add_node(NodeSpec::new("x16", Op::Cast).attr("to", Attr::Int(10)).input(x).output("x16", to16));
+    let x16 = g.node(cast).outputs()[0];
+    let add = g.add_node(NodeSpec::new("add", Op::Add).input(d).input(x16).output("s", t(&[8, 16])));
+    let mut plan = Plan::new();
+    plan.set(fc, Precision::Fp16);
+    let res = plan.resolve(&g);
+    for n in [mul, drop, add] {
+        assert_eq!(res.compute(n), Precision::Fp16, "{}", g.node(n).name);
+    }
+    // Widening still happens through real activations: FP32 Gemm → FP32 Mul.
+    assert_eq!(Plan::new().resolve(&g).compute(mul), Precision::Fp32);
+    assert_eq!(Plan::new().resolve(&g).compute(add), Precision::Fp32);
+}
+
+#[test]
 fn unbound_symbols_name_node_value_and_symbol() {
     let mut g = Graph::new("sym");
     let shape = vec![Dim::sym("batch"), Dim::from(8)];

@@ -53,9 +53,31 @@ fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
 
 #[test]
 fn every_shared_model_plans_on_cluster_a() {
+    // Each device's written graph is the plan that was predicted: `qsyncc
+    // simulate` on `plan/<device>/model.onnx` (its casts materialized and
+    // optimized, its precisions read from the dtypes) agrees with the
+    // manifest's compute time within 5% — QSync's replayer bound. A graph
+    // whose precision-dependent ops fell back to FP32 behind casts, or a
+    // predictor that ignored the casts a plan needs, fails this.
     for p in onnx_models() {
         let name = p.file_name().and_then(|n| n.to_str()).expect("name").to_string();
-        plan(&name, &["--batch", "16"]);
+        let (out, _) = plan(&name, &["--batch", "16"]);
+        let manifest = read_json(&out.join("manifest.json"));
+        for dev in ["v100", "t4"] {
+            let planned = manifest["devices"][dev]["compute_ms"].as_f64().expect("compute_ms");
+            let model = out.join(dev).join("model.onnx");
+            let targets = format!("{dev}:16");
+            let o =
+                qsyncc(&["simulate", model.to_str().expect("utf8"), "--targets", &targets, "--batch", "16", "--json"]);
+            assert!(o.status.success(), "{name} {dev}: {}", String::from_utf8_lossy(&o.stderr));
+            let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+            let written = j["devices"][dev]["compute_ms"].as_f64().expect("compute_ms");
+            let off = (written - planned) / planned;
+            assert!(off.abs() < 0.05, "{name} {dev}: planned {planned} ms, written graph {written} ms ({off:+.3})");
+            if manifest["devices"][dev]["precision_histogram"].get("fp32").is_none() {
+                assert_eq!(j["devices"][dev]["precision"], "planned", "{name} {dev}");
+            }
+        }
     }
 }
 

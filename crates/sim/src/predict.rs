@@ -21,7 +21,7 @@ use qsync_cost::{
     estimate_memory, Bindings, CostModel, Device, GraphFacts, MemoryBreakdown, Optimizer, Plan, Precision, Profile,
     ResolvedPlan,
 };
-use qsync_ir::{Graph, NodeId};
+use qsync_ir::{DType, Graph, NodeId, Op};
 
 use crate::{Cluster, DeviceType, LocalOp, LocalProgram, OpCost, SimConfig, SimError, SimResult, Simulator};
 
@@ -116,6 +116,8 @@ pub struct Predictor<'g> {
     types: Vec<TypeState>,
     targets: Vec<Target>,
     sim: Simulator,
+    /// [`Static`] of every value (for the cast accounting).
+    statics: Vec<Static>,
 }
 
 fn us(seconds: f64) -> f64 {
@@ -141,28 +143,213 @@ pub fn refresh_seconds(device: &Device, copy_bytes: f64) -> f64 {
     copy_bytes / (device.mem_bytes_per_s() * device.efficiency.memory)
 }
 
-/// Bytes of refreshed copies the optimizer step rewrites under `resolved`:
-/// the graph's own copies, and with `planned` one per (weight, precision)
-/// that a GEMM-like node reads at FP16/BF16 (the copies `egraph-casts`
-/// will store).
-fn copy_bytes(graph: &Graph, facts: &GraphFacts, resolved: &ResolvedPlan, planned: bool) -> Result<f64, PredictError> {
-    let mut bytes: f64 =
-        facts.copies().iter().map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0).sum();
-    if planned {
-        let mut seen = std::collections::HashSet::new();
-        for &n in facts.order() {
-            let p = resolved.compute(n);
-            if !matches!(p, Precision::Fp16 | Precision::Bf16) || !facts.node(n)?.kind.is_gemm_like() {
-                continue;
-            }
-            for &v in graph.node(n).inputs().iter().flatten() {
-                if facts.is_param(v) && graph.master_of(v).is_none() && seen.insert((v, p)) {
-                    bytes += facts.elements(v).unwrap_or(0.0) * p.bytes();
-                }
+/// What a value is to the cast accounting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Static {
+    /// Computed from the inputs every iteration.
+    Activation,
+    /// Fixed: an initializer without a gradient, a Constant node, or
+    /// computed from those alone. Stored at the precision it is read in
+    /// (`egraph-casts` folds its casts), so it costs no cast.
+    Constant,
+    /// A trained parameter, or a view of one (`Identity(W)`,
+    /// `Transpose(W)`): cast every iteration when read below FP32, or
+    /// stored as a refreshed copy.
+    Param,
+}
+
+/// [`Static`] of every value, in one pass over the schedule.
+fn statics(graph: &Graph, facts: &GraphFacts) -> Vec<Static> {
+    let mut out = vec![Static::Activation; graph.value_capacity()];
+    for v in graph.all_values() {
+        if graph.value(v).init().is_some() {
+            out[v.index()] = if facts.is_param(v) { Static::Param } else { Static::Constant };
+        }
+    }
+    for &n in facts.order() {
+        let node = graph.node(n);
+        let kind = if node.op == Op::Constant {
+            Some(Static::Constant)
+        } else if node.op.class() == qsync_ir::OpClass::Random || node.inputs().iter().flatten().next().is_none() {
+            None
+        } else {
+            node.inputs().iter().flatten().try_fold(Static::Constant, |k, v| match out[v.index()] {
+                Static::Activation => None,
+                Static::Param => Some(Static::Param),
+                Static::Constant => Some(k),
+            })
+        };
+        if let Some(k) = kind {
+            for &o in node.outputs() {
+                out[o.index()] = k;
             }
         }
     }
-    Ok(bytes)
+    out
+}
+
+/// What the cast accounting of one graph needs.
+struct CastCx<'a> {
+    graph: &'a Graph,
+    facts: &'a GraphFacts,
+    statics: &'a [Static],
+    /// Node → position in the local program.
+    index: &'a [Option<usize>],
+    weight_copies: bool,
+}
+
+impl CastCx<'_> {
+    /// Whether `n` reads slot `slot` as data of its own precision (not a
+    /// Cast, a shape query or one of the op's parameters).
+    fn converts(&self, n: NodeId, slot: usize) -> bool {
+        let op = &self.graph.node(n).op;
+        !op.pins_input_dtype(slot) && !matches!(op, Op::Cast | Op::CastLike | Op::Shape | Op::Size)
+    }
+
+    /// The float data inputs of `n` that a materialized plan casts: those
+    /// held at another precision than `n` reads in, as (value, slot, held,
+    /// read), skipping constants (folded) and, with `weight_copies`,
+    /// parameters read below FP32 (refreshed copies).
+    fn casted_inputs(&self, resolved: &ResolvedPlan, n: NodeId) -> Vec<(qsync_ir::ValueId, Precision, Precision)> {
+        let g = self.graph;
+        let Some(to) = reads_in(resolved.compute(n)) else { return Vec::new() };
+        let mut out = Vec::new();
+        for (slot, v) in g.node(n).inputs().iter().enumerate() {
+            let Some(v) = *v else { continue };
+            if !g.ty(v).dtype.is_some_and(DType::is_float) || !self.converts(n, slot) {
+                continue;
+            }
+            let from = match self.statics.get(v.index()).copied().unwrap_or(Static::Activation) {
+                Static::Constant => continue,
+                Static::Param if self.weight_copies && to != Precision::Fp32 => continue,
+                Static::Param => g.ty(v).dtype.and_then(Precision::from_dtype),
+                Static::Activation => held_in(g, resolved, v),
+            };
+            if let Some(from) = from.filter(|&f| f != to) {
+                out.push((v, from, to));
+            }
+        }
+        out
+    }
+
+    /// Casting work node `n` adds under `resolved` (QSync Alg. 1's cost
+    /// mapping): each input of [`Self::casted_inputs`] is cast in the
+    /// forward and its gradient cast back in the backward. Materialization
+    /// makes one cast per (value, precision), so a cast several readers
+    /// share is charged to the first of them in program order.
+    /// Activation casts grow with the work (`scale`: graphs with a fixed
+    /// batch), each but its launch, like any kernel; weight casts do not.
+    fn work(&self, model: &CostModel, resolved: &ResolvedPlan, n: NodeId, scale: f64) -> CastWork {
+        let g = self.graph;
+        let casts = model.casts();
+        let launch = model.device().launch_s();
+        let scaled = |t: f64| if t > launch { launch + (t - launch) * scale } else { t };
+        let pos = |m: NodeId| self.index.get(m.index()).copied().flatten();
+        let mut w = CastWork::default();
+        for (v, from, to) in self.casted_inputs(resolved, n) {
+            let earlier = g.users(v).into_iter().any(|(u, slot)| {
+                u != n
+                    && pos(u).zip(pos(n)).is_some_and(|(a, b)| a < b)
+                    && self.converts(u, slot)
+                    && reads_in(resolved.compute(u)) == Some(to)
+            });
+            if earlier {
+                continue;
+            }
+            let e = self.facts.elements(v).unwrap_or(0.0);
+            let (there, back) = (casts.cast(from, to, e), casts.cast(to, from, e));
+            if self.statics.get(v.index()) == Some(&Static::Param) {
+                w.weight_fwd += there;
+                w.weight_grad += back;
+            } else {
+                w.fwd += scaled(there);
+                if self.facts.requires_grad(v) {
+                    w.input_grad += scaled(back);
+                }
+            }
+        }
+        // Graph outputs keep their dtype: one held at another precision is
+        // cast back (by its producer, here).
+        for &o in g.node(n).outputs() {
+            if !g.outputs().contains(&o) || self.statics.get(o.index()) != Some(&Static::Activation) {
+                continue;
+            }
+            let Some(dtype) = g.ty(o).dtype.filter(|d| d.is_float()).and_then(Precision::from_dtype) else { continue };
+            let Some(held) = held_in(g, resolved, o).filter(|&h| h != dtype) else { continue };
+            let e = self.facts.elements(o).unwrap_or(0.0);
+            w.fwd += scaled(casts.cast(held, dtype, e));
+            if self.facts.requires_grad(o) {
+                w.input_grad += scaled(casts.cast(dtype, held, e));
+            }
+        }
+        w
+    }
+
+    /// Bytes of refreshed copies the optimizer step rewrites under
+    /// `resolved`: the graph's own copies, and with `weight_copies` one per
+    /// (parameter, precision) read at FP16/BF16 (the copies `egraph-casts`
+    /// will store).
+    fn copy_bytes(&self, resolved: &ResolvedPlan) -> f64 {
+        let (g, facts) = (self.graph, self.facts);
+        let mut bytes: f64 =
+            facts.copies().iter().map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0).sum();
+        if self.weight_copies {
+            let mut seen = std::collections::HashSet::new();
+            for &n in facts.order() {
+                let p = resolved.compute(n);
+                if !matches!(p, Precision::Fp16 | Precision::Bf16) {
+                    continue;
+                }
+                for (slot, v) in g.node(n).inputs().iter().enumerate() {
+                    let Some(v) = *v else { continue };
+                    if self.statics.get(v.index()) == Some(&Static::Param)
+                        && g.ty(v).dtype == Some(DType::F32)
+                        && self.converts(n, slot)
+                        && seen.insert((v, p))
+                    {
+                        bytes += facts.elements(v).unwrap_or(0.0) * p.bytes();
+                    }
+                }
+            }
+        }
+        bytes
+    }
+}
+
+/// Seconds of casting work one node adds, already scaled to the local
+/// batch.
+#[derive(Clone, Copy, Debug, Default)]
+struct CastWork {
+    /// Activation casts in the forward.
+    fwd: f64,
+    /// Their gradients' casts back.
+    input_grad: f64,
+    /// Per-iteration weight casts in the forward.
+    weight_fwd: f64,
+    /// The weight gradients' casts back.
+    weight_grad: f64,
+}
+
+/// The float precision a node computing at `p` reads its float inputs in,
+/// where it is a float one: INT8 and FP8 work quantizes its FP32 inputs
+/// inside the op's own cost.
+fn reads_in(p: Precision) -> Option<Precision> {
+    match p {
+        Precision::Fp32 | Precision::Tf32 => Some(Precision::Fp32),
+        Precision::Fp16 | Precision::Bf16 => Some(p),
+        Precision::Int8 | Precision::Fp8e4m3 | Precision::Fp8e5m2 => None,
+    }
+}
+
+/// The precision value `v` holds under `resolved`: its producer's output
+/// precision (a Cast's is the dtype it names), or its dtype for graph
+/// inputs. Quantized outputs count as FP32.
+fn held_in(graph: &Graph, resolved: &ResolvedPlan, v: qsync_ir::ValueId) -> Option<Precision> {
+    let p = match graph.producer(v) {
+        Some((p, _)) => resolved.output(p),
+        None => graph.ty(v).dtype.and_then(Precision::from_dtype)?,
+    };
+    Some(reads_in(p).unwrap_or(Precision::Fp32))
 }
 
 /// Memory of `target` under `resolved`, with batch-proportional parts
@@ -190,6 +377,7 @@ impl<'g> Predictor<'g> {
     /// Cost every node for every target and simulate once.
     pub fn new(graph: &'g Graph, targets: Vec<Target>, opts: PredictOptions) -> Result<Predictor<'g>, PredictError> {
         let facts = GraphFacts::new(graph, &opts.bindings)?;
+        let statics = statics(graph, &facts);
         let order = facts.order().to_vec();
         let bound = graph.node_ids().iter().map(|n| n.index() + 1).max().unwrap_or(0);
         let params: f64 = facts.params().iter().filter_map(|&v| facts.elements(v)).sum();
@@ -221,13 +409,24 @@ impl<'g> Predictor<'g> {
             }
             let memory = scaled_memory(graph, &facts, &resolved, t, &opts)?;
             let mut index = vec![None; bound];
-            let mut ops = Vec::with_capacity(order.len());
             for (i, &n) in order.iter().enumerate() {
                 index[n.index()] = Some(i);
-                let cost = Self::sim_cost(graph, &facts, &model, n, resolved.compute(n), opts.work_scale)?;
+            }
+            let mut ops = Vec::with_capacity(order.len());
+            for &n in &order {
+                let cx = CastCx {
+                    graph,
+                    facts: &facts,
+                    statics: &statics,
+                    index: &index,
+                    weight_copies: opts.weight_copies,
+                };
+                let cost = Self::sim_cost(&cx, &model, &resolved, n, opts.work_scale)?;
                 ops.push(LocalOp { name: graph.node(n).name.clone(), node: Some(n), cost });
             }
-            let copies = copy_bytes(graph, &facts, &resolved, opts.weight_copies)?;
+            let cx =
+                CastCx { graph, facts: &facts, statics: &statics, index: &index, weight_copies: opts.weight_copies };
+            let copies = cx.copy_bytes(&resolved);
             let step = optimizer_seconds(&t.device, params, opts.optimizer) + refresh_seconds(&t.device, copies);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
@@ -237,18 +436,19 @@ impl<'g> Predictor<'g> {
             types.push(TypeState { model, plan: t.plan.clone(), resolved, memory, index });
         }
         let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config)?;
-        Ok(Predictor { graph, facts, opts, types, targets, sim })
+        Ok(Predictor { graph, facts, opts, types, targets, sim, statics })
     }
 
     fn sim_cost(
-        graph: &Graph,
-        facts: &GraphFacts,
+        cx: &CastCx<'_>,
         model: &CostModel,
+        resolved: &ResolvedPlan,
         n: NodeId,
-        p: Precision,
         scale: f64,
     ) -> Result<OpCost, PredictError> {
-        let c = model.op_cost(facts, n, p)?;
+        let (graph, facts) = (cx.graph, cx.facts);
+        let c = model.op_cost(facts, n, resolved.compute(n))?;
+        let w = cx.work(model, resolved, n, scale);
         // Weight gradients are all-reduced in FP32, whatever the compute precision.
         let grad_bytes: f64 = graph
             .node(n)
@@ -263,9 +463,9 @@ impl<'g> Predictor<'g> {
         let launch = model.device().launch_s();
         let scaled = |t: f64| if t > launch { us(launch + (t - launch) * scale) } else { us(t) };
         Ok(OpCost {
-            fwd_us: scaled(c.fwd),
-            input_grad_us: scaled(c.bwd_input),
-            weight_grad_us: scaled(c.bwd_weight),
+            fwd_us: scaled(c.fwd) + us(w.fwd + w.weight_fwd),
+            input_grad_us: scaled(c.bwd_input) + us(w.input_grad),
+            weight_grad_us: scaled(c.bwd_weight) + us(w.weight_grad),
             grad_bytes: grad_bytes as u64,
             saved_bytes: 0,
         })
@@ -294,10 +494,27 @@ impl<'g> Predictor<'g> {
         }
         ts.plan.set(n, p);
         let changed = ts.resolved.update(self.graph, &ts.plan, n);
+        // Casts live between a node and its neighbours: re-cost the changed
+        // nodes, the readers of their outputs, and the other readers of
+        // their inputs (who pays for a shared cast may move).
+        let g = self.graph;
+        let mut recost: std::collections::BTreeSet<NodeId> = changed.iter().copied().collect();
         for &m in &changed {
+            let node = g.node(m);
+            for &v in node.outputs().iter().chain(node.inputs().iter().flatten()) {
+                recost.extend(g.users(v).into_iter().map(|(u, _)| u));
+            }
+        }
+        for &m in &recost {
             let Some(i) = ts.index.get(m.index()).copied().flatten() else { continue };
-            let cost =
-                Self::sim_cost(self.graph, &self.facts, &ts.model, m, ts.resolved.compute(m), self.opts.work_scale)?;
+            let cx = CastCx {
+                graph: g,
+                facts: &self.facts,
+                statics: &self.statics,
+                index: &ts.index,
+                weight_copies: self.opts.weight_copies,
+            };
+            let cost = Self::sim_cost(&cx, &ts.model, &ts.resolved, m, self.opts.work_scale)?;
             self.sim.set_op_cost(t, i, cost)?;
         }
         if !changed.is_empty() {
@@ -306,7 +523,14 @@ impl<'g> Predictor<'g> {
             ts.memory = memory;
             if self.opts.weight_copies {
                 let params: f64 = self.facts.params().iter().filter_map(|&v| self.facts.elements(v)).sum();
-                let copies = copy_bytes(self.graph, &self.facts, &ts.resolved, true)?;
+                let cx = CastCx {
+                    graph: self.graph,
+                    facts: &self.facts,
+                    statics: &self.statics,
+                    index: &ts.index,
+                    weight_copies: true,
+                };
+                let copies = cx.copy_bytes(&ts.resolved);
                 let step = optimizer_seconds(&target.device, params, self.opts.optimizer)
                     + refresh_seconds(&target.device, copies);
                 self.sim.set_optimizer_us(t, us(step))?;

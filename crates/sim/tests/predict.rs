@@ -48,28 +48,98 @@ fn cluster(v100: Plan, t4: Plan) -> Vec<Target> {
 
 #[test]
 fn incremental_set_precision_equals_fresh_prediction() {
+    // Random precision changes, with per-iteration weight casts and with
+    // refreshed copies: every cast a change adds, moves (a shared cast is
+    // charged to its first reader) or removes is re-costed.
     let g = load("bert_tiny.onnx", 8);
-    let o = opts(&g);
-    let mut pred = Predictor::new(&g, cluster(Plan::new(), Plan::new()), o.clone()).expect("predict");
     let all: Vec<NodeId> = g.schedule();
     let choices = [Precision::Fp16, Precision::Int8, Precision::Fp32];
-    // Seeded LCG (Knuth's MMIX constants): reproducible without a dependency.
-    let mut state: u64 = 0x5eed;
-    let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 33) as usize
-    };
-    for step in 0..12 {
-        let t = next() % 2;
-        let n = all[next() % all.len()];
-        let p = choices[next() % choices.len()];
-        pred.set_precision(t, n, p).expect("change");
-        let fresh_targets = cluster(pred.plan(0).expect("plan").clone(), pred.plan(1).expect("plan").clone());
-        let mut fresh = Predictor::new(&g, fresh_targets, o.clone()).expect("fresh");
-        assert_eq!(pred.resolved(t), fresh.resolved(t), "step {step}: resolution of {n:?} at {p}");
-        assert_eq!(pred.memory(t), fresh.memory(t), "step {step}: memory");
-        assert_eq!(pred.result(), fresh.result(), "step {step}: {n:?} at {p} on type {t}");
+    for copies in [false, true] {
+        let o = PredictOptions { weight_copies: copies, ..opts(&g) };
+        let mut pred = Predictor::new(&g, cluster(Plan::new(), Plan::new()), o.clone()).expect("predict");
+        // Seeded LCG (Knuth's MMIX constants): reproducible without a dependency.
+        let mut state: u64 = 0x5eed;
+        let mut next = move || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as usize
+        };
+        for step in 0..30 {
+            let t = next() % 2;
+            let n = all[next() % all.len()];
+            let p = choices[next() % choices.len()];
+            pred.set_precision(t, n, p).expect("change");
+            let fresh_targets = cluster(pred.plan(0).expect("plan").clone(), pred.plan(1).expect("plan").clone());
+            let mut fresh = Predictor::new(&g, fresh_targets, o.clone()).expect("fresh");
+            assert_eq!(pred.resolved(t), fresh.resolved(t), "step {step}: resolution of {n:?} at {p}");
+            assert_eq!(pred.memory(t), fresh.memory(t), "step {step}: memory");
+            assert_eq!(pred.result(), fresh.result(), "copies {copies}, step {step}: {n:?} at {p} on type {t}");
+        }
     }
+}
+
+#[test]
+fn casts_between_precisions_are_costed_once_per_value() {
+    // QSync's cost mapping: a node reading a value held at another
+    // precision pays the cast and its gradient's cast back; readers sharing
+    // one cast pay it once; FP32 everywhere pays none. Graph: x → Relu →
+    // {Gemm1, Gemm2} (two readers of one value) → Add.
+    let text = r#"
+graph "g" {
+  init %w1: f32[256,256] = absent
+  init %w2: f32[256,256] = absent
+  input %x: f32[64,256]
+  %r: f32[64,256] = Relu "relu"(%x)
+  %a: f32[64,256] = MatMul "mm1"(%r, %w1)
+  %b: f32[64,256] = MatMul "mm2"(%r, %w2)
+  %s: f32[64,256] = Add "add"(%a, %b)
+  output %s
+}
+"#;
+    let g = qsync_ir::text::parse_graph(text).expect("parse");
+    let id = |name: &str| g.node_ids().into_iter().find(|&n| g.node(n).name == name).expect(name);
+    let (mm1, mm2) = (id("mm1"), id("mm2"));
+    let t4 = device("t4");
+    let o = PredictOptions { bindings: Bindings::new(), ..PredictOptions::default() };
+    let run = |plan: Plan| {
+        let mut p = Predictor::new(&g, vec![Target::new(t4.clone(), 1, 64, plan)], o.clone()).expect("predict");
+        p.result().devices[0].backward_end_us
+    };
+    let model = qsync_cost::CostModel::new(&t4, None).expect("model");
+    let facts = qsync_cost::GraphFacts::new(&g, &Bindings::new()).expect("facts");
+    let op = |n: NodeId, p: Precision| model.op_cost(&facts, n, p).expect("cost").total() * 1e6;
+    let cast = |from: Precision, to: Precision, e: f64| model.cast_cost(from, to, e) * 1e6;
+    let (act, w) = (64.0 * 256.0, 256.0 * 256.0);
+    let (f32_, f16_) = (Precision::Fp32, Precision::Fp16);
+    let base = run(Plan::new());
+    // One GEMM low: its op time changes; it pays the cast of `r` in (no
+    // gradient flows back to the input) and the FP32 Add pays the cast of
+    // its output up, with the gradient's cast back; the weight is cast,
+    // and its gradient cast back.
+    let mut one = Plan::new();
+    one.set(mm1, f16_);
+    let expect_one = base - op(mm1, f32_)
+        + op(mm1, f16_)
+        + 2.0 * cast(f32_, f16_, act)
+        + cast(f16_, f32_, act)
+        + cast(f32_, f16_, w)
+        + cast(f16_, f32_, w);
+    let got = run(one.clone());
+    assert!((got - expect_one).abs() < 1e-6, "one low GEMM: {got} µs, expected {expect_one} µs");
+    // Both low: `r` is cast once for both readers; the Add (O_dep) follows
+    // to FP16, and its FP16 result is cast back to the output's FP32 (with
+    // the gradient's cast down); each weight is cast.
+    let mut both = one;
+    both.set(mm2, f16_);
+    let add = id("add");
+    let expect_both = base - op(mm1, f32_) - op(mm2, f32_) - op(add, f32_)
+        + op(mm1, f16_)
+        + op(mm2, f16_)
+        + op(add, f16_)
+        + 2.0 * cast(f32_, f16_, act)
+        + cast(f16_, f32_, act)
+        + 2.0 * (cast(f32_, f16_, w) + cast(f16_, f32_, w));
+    let got = run(both);
+    assert!((got - expect_both).abs() < 1e-6, "both low: {got} µs, expected {expect_both} µs");
 }
 
 /// Uniform FP16 / BF16 plans need no more memory than FP32. INT8 is not
@@ -230,14 +300,19 @@ fn calibration_overrides_the_analytic_model_on_its_device_only() {
 
 #[test]
 fn refreshed_copies_move_weight_work_into_the_optimizer_step() {
-    // bert_tiny in FP16 on a T4, as planned (weights read by FP16 GEMMs) and
-    // with each GEMM weight read through a refreshed f16 copy instead: the
-    // same parameters are trained and all-reduced, the same memory is kept,
-    // forward and backward take the same time, and the optimizer step is
-    // longer by exactly the copies' rewrite.
+    // bert_tiny in FP16 on a T4, as planned (FP32 weights read by FP16
+    // GEMMs: cast every iteration) and with each GEMM weight read through a
+    // refreshed f16 copy instead: the same parameters are trained and
+    // all-reduced, the same memory is kept, forward and backward are
+    // shorter by exactly the weight casts and their gradients' casts back,
+    // and the optimizer step is longer by exactly the copies' rewrite.
     let g = load("bert_tiny.onnx", 8);
     let mut g2 = g.clone();
     let mut copy_bytes = 0.0;
+    let facts = qsync_cost::GraphFacts::new(&g, &bindings(&g)).expect("facts");
+    let model = qsync_cost::CostModel::new(&device("t4"), None).expect("model");
+    let (f32_, f16_) = (Precision::Fp32, Precision::Fp16);
+    let mut saved_us = 0.0;
     let gemms: Vec<NodeId> = g2
         .node_ids()
         .into_iter()
@@ -256,6 +331,9 @@ fn refreshed_copies_move_weight_work_into_the_optimizer_step() {
                 Some(c) => c,
                 None => {
                     copy_bytes += 2.0 * numel;
+                    if facts.is_param(w) {
+                        saved_us += (model.cast_cost(f32_, f16_, numel) + model.cast_cost(f16_, f32_, numel)) * 1e6;
+                    }
                     let tensor =
                         qsync_ir::Tensor { dtype: qsync_ir::DType::F16, dims, data: qsync_ir::TensorData::Absent };
                     g2.add_refreshed_copy(w, name, tensor)
@@ -278,7 +356,9 @@ fn refreshed_copies_move_weight_work_into_the_optimizer_step() {
         (mb.master_weights, mb.gradients, mb.optimizer_state, mb.low_precision_weights)
     );
     let (da, db) = (&a.devices[0], &b.devices[0]);
-    assert!((da.backward_end_us - db.backward_end_us).abs() < 1e-6, "{da:?} vs {db:?}");
+    assert!(saved_us > 0.0);
+    let shorter = da.backward_end_us - db.backward_end_us;
+    assert!((shorter - saved_us).abs() < 1e-6, "backward ends {shorter} µs sooner, weight casts {saved_us} µs");
     let refresh_us = qsync_sim::refresh_seconds(&device("t4"), copy_bytes) * 1e6;
     let (step_a, step_b) = (da.finish_us - da.backward_end_us, db.finish_us - db.backward_end_us);
     assert!((step_b - step_a - refresh_us).abs() < 1e-6, "step {step_a} -> {step_b}, refresh {refresh_us}");
@@ -286,10 +366,10 @@ fn refreshed_copies_move_weight_work_into_the_optimizer_step() {
 
 #[test]
 fn planned_weight_copies_update_incrementally_and_cost_their_rewrite() {
-    // With `weight_copies`, the optimizer step also rewrites one copy per
-    // FP16 GEMM weight: the iteration is longer than without by at most the
-    // rewrite of every GEMM weight, and an incremental precision change
-    // equals a fresh prediction.
+    // With `weight_copies`, every parameter read at FP16 is a refreshed
+    // copy: forward and backward lose the weight casts, the optimizer step
+    // grows by at most the rewrite of every parameter, and an incremental
+    // precision change equals a fresh prediction.
     let g = load("bert_tiny.onnx", 8);
     let o = |copies: bool| PredictOptions { weight_copies: copies, ..opts(&g) };
     let fp16 = || vec![Target::new(device("t4"), 2, 8, Plan::uniform(&g, Precision::Fp16))];
@@ -297,19 +377,11 @@ fn planned_weight_copies_update_incrementally_and_cost_their_rewrite() {
     let with = Predictor::new(&g, fp16(), o(true)).expect("predict").result().clone();
     let (a, b) = (&plain.devices[0], &with.devices[0]);
     let facts = qsync_cost::GraphFacts::new(&g, &bindings(&g)).expect("facts");
-    let gemm_weights: f64 = facts
-        .order()
-        .iter()
-        .filter(|&&n| facts.node(n).is_ok_and(|f| f.kind.is_gemm_like()))
-        .flat_map(|&n| g.node(n).inputs().iter().flatten().copied().collect::<Vec<_>>())
-        .filter(|&v| facts.is_param(v))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .filter_map(|v| facts.elements(v))
-        .sum();
-    let bound = qsync_sim::refresh_seconds(&device("t4"), 2.0 * gemm_weights) * 1e6;
+    let params: f64 = facts.params().iter().filter_map(|&v| facts.elements(v)).sum();
+    let bound = qsync_sim::refresh_seconds(&device("t4"), 2.0 * params) * 1e6;
     let grown = (b.finish_us - b.backward_end_us) - (a.finish_us - a.backward_end_us);
     assert!(grown > 0.0 && grown <= bound + 1e-9, "step grew {grown} µs, bound {bound} µs");
+    assert!(b.backward_end_us < a.backward_end_us, "no weight casts with copies: {b:?} vs {a:?}");
     // FP32 everywhere: no copies, nothing added.
     let fp32 = || vec![Target::new(device("t4"), 2, 8, Plan::uniform(&g, Precision::Fp32))];
     let p32 = Predictor::new(&g, fp32(), o(false)).expect("predict").result().clone();
