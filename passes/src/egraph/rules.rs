@@ -61,7 +61,9 @@
 //! Add — adds its bytes to the peak, and is offered only within the
 //! target's memory headroom (`CostOracle::memory_headroom`), most time
 //! saved per byte first; without a memory model it keeps its per-iteration
-//! cast.
+//! cast. A weight cast behind element-preserving movement ops (an
+//! exporter's `Cast(Transpose(W))`) is a candidate too: `cast-hoist` brings
+//! the cast onto the weight, where the copy serves it.
 //!
 //! **Uses.** A kept op's input is normally a fixed e-class: the op reads
 //! exactly that dtype. For the ops above whose reading does not depend on
