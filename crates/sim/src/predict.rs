@@ -200,10 +200,16 @@ struct CastCx<'a> {
 
 impl CastCx<'_> {
     /// Whether `n` reads slot `slot` as data of its own precision (not a
-    /// Cast, a shape query or one of the op's parameters).
+    /// Cast, a shape query or one of the op's parameters). Mixed-precision
+    /// BatchNormalization reads its scale, bias and statistics in FP32
+    /// whatever its data's precision (cuDNN; ONNX types them apart from the
+    /// data since opset 15, and `egraph-casts` reads them uncast).
     fn converts(&self, n: NodeId, slot: usize) -> bool {
         let op = &self.graph.node(n).op;
-        !op.pins_input_dtype(slot) && !matches!(op, Op::Cast | Op::CastLike | Op::Shape | Op::Size)
+        let own_dtype = op.pins_input_dtype(slot)
+            || matches!(op, Op::Cast | Op::CastLike | Op::Shape | Op::Size)
+            || (*op == Op::BatchNormalization && slot > 0);
+        !own_dtype
     }
 
     /// The float data inputs of `n` that a materialized plan casts: those
@@ -283,6 +289,38 @@ impl CastCx<'_> {
             }
         }
         w
+    }
+
+    /// A float-to-float Cast node costs what the cast model says, like the
+    /// casts [`Self::work`] charges for a plan: its conversion, and its
+    /// gradient's conversion back when the input carries one (a weight
+    /// cast's, unscaled). `None` for other nodes.
+    fn cast_node(&self, model: &CostModel, n: NodeId, scale: f64) -> Option<CastWork> {
+        let g = self.graph;
+        let node = g.node(n);
+        if node.op != Op::Cast {
+            return None;
+        }
+        let (x, y) = (node.input(0)?, *node.outputs().first()?);
+        let precision = |v: qsync_ir::ValueId| g.ty(v).dtype.filter(|d| d.is_float()).and_then(Precision::from_dtype);
+        let (from, to) = (precision(x)?, precision(y)?);
+        let e = self.facts.elements(x).unwrap_or(0.0);
+        let casts = model.casts();
+        let launch = model.device().launch_s();
+        let scaled = |t: f64| if t > launch { launch + (t - launch) * scale } else { t };
+        let (there, back) = (casts.cast(from, to, e), casts.cast(to, from, e));
+        let mut w = CastWork::default();
+        match self.statics.get(x.index()).copied().unwrap_or(Static::Activation) {
+            Static::Param => (w.weight_fwd, w.weight_grad) = (there, back),
+            Static::Constant => w.weight_fwd = there,
+            Static::Activation => {
+                w.fwd = scaled(there);
+                if self.facts.requires_grad(x) {
+                    w.input_grad = scaled(back);
+                }
+            }
+        }
+        Some(w)
     }
 
     /// Bytes of refreshed copies the optimizer step rewrites under
@@ -447,8 +485,10 @@ impl<'g> Predictor<'g> {
         scale: f64,
     ) -> Result<OpCost, PredictError> {
         let (graph, facts) = (cx.graph, cx.facts);
-        let c = model.op_cost(facts, n, resolved.compute(n))?;
-        let w = cx.work(model, resolved, n, scale);
+        let (c, w) = match cx.cast_node(model, n, scale) {
+            Some(w) => (qsync_cost::OpCost::default(), w),
+            None => (model.op_cost(facts, n, resolved.compute(n))?, cx.work(model, resolved, n, scale)),
+        };
         // Weight gradients are all-reduced in FP32, whatever the compute precision.
         let grad_bytes: f64 = graph
             .node(n)
