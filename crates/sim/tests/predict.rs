@@ -140,6 +140,32 @@ graph "g" {
         + 2.0 * (cast(f32_, f16_, w) + cast(f16_, f32_, w));
     let got = run(both);
     assert!((got - expect_both).abs() < 1e-6, "both low: {got} µs, expected {expect_both} µs");
+
+    // The same plan written out — the casts as Cast nodes, as materializing
+    // it does — predicts the same iteration: a Cast node costs what the
+    // plan's accounting charged for it.
+    let written = r#"
+graph "g" {
+  init %w1: f32[256,256] = absent
+  init %w2: f32[256,256] = absent
+  input %x: f32[64,256]
+  %r: f32[64,256] = Relu "relu"(%x)
+  %r16: f16[64,256] = Cast "r16"(%r) {to=10}
+  %w16: f16[256,256] = Cast "w16"(%w1) {to=10}
+  %a16: f16[64,256] = MatMul "mm1"(%r16, %w16) @f16
+  %a: f32[64,256] = Cast "a32"(%a16) {to=1}
+  %b: f32[64,256] = MatMul "mm2"(%r, %w2)
+  %s: f32[64,256] = Add "add"(%a, %b)
+  output %s
+}
+"#;
+    let gw = qsync_ir::text::parse_graph(written).expect("parse");
+    let mut plan = Plan::new();
+    let mm1w = gw.node_ids().into_iter().find(|&n| gw.node(n).name == "mm1").expect("mm1");
+    plan.set(mm1w, f16_);
+    let mut p = Predictor::new(&gw, vec![Target::new(t4.clone(), 1, 64, plan)], o.clone()).expect("predict");
+    let got = p.result().devices[0].backward_end_us;
+    assert!((got - expect_one).abs() < 1e-6, "written: {got} µs, planned {expect_one} µs");
 }
 
 /// Uniform FP16 / BF16 plans need no more memory than FP32. INT8 is not
