@@ -6,8 +6,8 @@
 //! and a [`CostOracle`].
 //! **Guarantees:** an O_dep op ([`is_dependent`]: elementwise binary and
 //! activation ops, data movement, MaxPool / AveragePool, Dropout) runs at the
-//! widest precision of its inputs; a change spreads breadth-first through
-//! dependent successors. INT8 / FP8 ops output FP32 (QSync's kernels) and
+//! widest precision of its activation inputs (weights and constants are cast
+//! to it); a change spreads breadth-first through dependent successors. INT8 / FP8 ops output FP32 (QSync's kernels) and
 //! run their backward in FP16.
 //! [`Cascade::set_precision`] returns the change in total cost, where a
 //! node's cost is Alg. 1's mapping: its op time at its precision, plus for
@@ -162,16 +162,27 @@ impl<'a> Cascade<'a> {
         }
     }
 
+    /// The widest precision among `n`'s activation inputs. Weights and
+    /// constants (initializers, Constant nodes) do not widen: they are cast
+    /// to the activations' precision, as a framework's fused op casts its
+    /// bias (the same rule as `qsync_cost::Plan::resolve`). An op reading
+    /// only weights and constants runs at their precision.
     fn widest_input(&self, n: NodeId) -> Option<DType> {
-        let op = &self.g.node(n).op;
-        self.g
+        let g = self.g;
+        let op = &g.node(n).op;
+        let data: Vec<qsync_ir::ValueId> = g
             .node(n)
             .inputs()
             .iter()
             .enumerate()
             .filter(|(slot, _)| !super::materialize::pinned_input(op, *slot))
-            .filter_map(|(_, v)| v.and_then(|v| self.input_precision(v)))
-            .reduce(widest)
+            .filter_map(|(_, v)| *v)
+            .collect();
+        let fixed = |v: &qsync_ir::ValueId| {
+            g.value(*v).init().is_some() || g.producer(*v).is_some_and(|(p, _)| g.node(p).op == Op::Constant)
+        };
+        let activations = data.iter().filter(|v| !fixed(v)).filter_map(|&v| self.input_precision(v)).reduce(widest);
+        activations.or_else(|| data.iter().filter_map(|&v| self.input_precision(v)).reduce(widest))
     }
 
     fn node_cost(&self, n: NodeId) -> f64 {
