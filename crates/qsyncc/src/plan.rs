@@ -50,9 +50,24 @@ pub struct PredictedMs {
     pub total: f64,
 }
 
+/// `g` with each op between QDQ pairs reading the pairs' inputs and
+/// annotated with their quantized dtype: QDQ around an op is its INT8 /
+/// FP8 compute (how materialize writes it), whose quantization the cost
+/// model charges inside the op. `g` itself when it has no QDQ.
+fn quantized_ops(g: &Graph) -> std::borrow::Cow<'_, Graph> {
+    if g.node_ids().iter().any(|&n| g.node(n).op == Op::DequantizeLinear) {
+        let mut c = g.clone();
+        qsync_passes::precision::materialize::unmaterialize_qdq(&mut c);
+        std::borrow::Cow::Owned(c)
+    } else {
+        std::borrow::Cow::Borrowed(g)
+    }
+}
+
 /// The cost model's prediction for `g` on `target`.
 pub fn predict(g: &Graph, target: &str, opts: &InferOptions) -> Option<PredictedMs> {
     use qsync_passes::precision::CostOracle;
+    let g = &*quantized_ops(g);
     let oracle = qsync_passes::precision::CostModelOracle::for_target(target, opts).ok()?;
     let p = oracle.predict(g);
     let r = |x: f64| (x * 1e6).round() / 1e3;
@@ -107,7 +122,8 @@ pub fn figures(input: &Graph, result: &Graph, target: Option<&str>, mode: &str, 
 
 /// What `qsyncc inspect` shows of a planned model: the same figures as
 /// `opt --json`, read from the graph alone (a node computes at its plan
-/// annotation, or at the dtype of its first float output once exported).
+/// annotation, or at the dtype of its first float output once exported; an
+/// op between QDQ pairs at their quantized dtype).
 #[derive(Serialize, Debug)]
 pub struct Planned {
     pub casts: usize,
@@ -121,6 +137,7 @@ pub struct Planned {
 
 /// `None` when the graph has no casts, no low-precision node and no target.
 pub fn planned(g: &Graph, target: Option<&str>, opts: &InferOptions) -> Option<Planned> {
+    let g = &*quantized_ops(g);
     let casts: Vec<_> = g.node_ids().into_iter().filter(|&n| g.node(n).op == Op::Cast).collect();
     let weight_casts =
         casts.iter().filter(|&&n| g.node(n).input(0).is_some_and(|v| g.value(v).init().is_some())).count();

@@ -249,7 +249,10 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         bail!("--bucket-mb must be positive");
     }
 
-    let Prepared { loaded, work_scale, bindings, mut warnings } = prepare(&a.model, a.batch, &a.dims)?;
+    let Prepared { mut loaded, work_scale, bindings, mut warnings } = prepare(&a.model, a.batch, &a.dims)?;
+    // QDQ pairs around an op are its INT8 / FP8 compute: cost them inside
+    // the op, as the plan that wrote them did.
+    qsync_passes::precision::materialize::unmaterialize_qdq(&mut loaded.model.graph);
     let g = &loaded.model.graph;
     // A planned model carries its plan: a node computes at its precision
     // annotation or, once exported to ONNX (where annotations do not

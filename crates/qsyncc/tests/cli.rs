@@ -195,6 +195,42 @@ fn opt_json_reports_planning_figures() {
 }
 
 #[test]
+fn quantized_plans_cost_their_qdq_inside_the_op() {
+    // An INT8 plan is written as QuantizeLinear/DequantizeLinear around FP32
+    // ops. `opt --json` (on the plan in memory) and `inspect` (on the file)
+    // predict the same time and INT8 FLOP share: the QDQ pairs are the op's
+    // quantization, which the cost model charges inside the INT8 op, not
+    // also as separate FP32 nodes. `simulate` reads the file the same way.
+    let dir = tmpdir("int8");
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let out = dir.join("i8.onnx");
+    let (m, out_s) = (m.to_str().expect("utf8"), out.to_str().expect("utf8"));
+    let o = qsyncc(&["opt", m, "--passes", "uniform=i8", "--target", "t4", "--json", "-o", out_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let planned: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let o = qsyncc(&["inspect", out_s, "--target", "t4", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let inspected: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let total = |v: &serde_json::Value| v["predicted_ms"]["total"].as_f64().expect("total");
+    assert_eq!(total(&planned), total(&inspected["precision"]), "{planned} vs {inspected}");
+    let frac = inspected["precision"]["low_precision_flop_fraction"].as_f64().expect("fraction");
+    assert!(frac > 0.9, "the INT8 convolutions count as low precision: {inspected}");
+    // `simulate` of the written file lands within 1% of the original model
+    // simulated at uniform INT8 (the plans differ only in ops the pass keeps
+    // FP32); read as FP32 ops plus QDQ nodes it was 20% off (2.32 vs
+    // 2.89 ms).
+    let o = qsyncc(&["simulate", out_s, "--targets", "t4", "--batch", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let sim: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(sim["devices"]["t4"]["precision"], "planned", "{sim}");
+    let direct = qsyncc(&["simulate", m, "--targets", "t4", "--batch", "1", "--precision", "t4=int8", "--json"]);
+    let direct: serde_json::Value = serde_json::from_slice(&direct.stdout).expect("JSON");
+    let ms = |v: &serde_json::Value| v["devices"]["t4"]["compute_ms"].as_f64().expect("compute_ms");
+    let off = (ms(&sim) - ms(&direct)) / ms(&direct);
+    assert!(off.abs() < 0.01, "written {} ms vs INT8 {} ms", ms(&sim), ms(&direct));
+}
+
+#[test]
 fn symbolic_batch_contradicted_by_the_graph_is_treated_as_fixed() {
     // Exporters sometimes declare a symbolic batch but bake the traced batch
     // (here 1) into a reshape target.

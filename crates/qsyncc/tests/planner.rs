@@ -82,6 +82,28 @@ fn every_shared_model_plans_on_cluster_a() {
 }
 
 #[test]
+fn int8_plans_simulate_as_predicted() {
+    // Without FP16, ResNet-50's T4s at 30% memory need INT8 on some
+    // operators. The written graph holds them as QDQ pairs around FP32 ops;
+    // `simulate` reads those as the INT8 ops they are and agrees with the
+    // manifest (without that reading it said FP32, 26% slower).
+    let (out, summary) =
+        plan("resnet50_train.onnx", &["--batch", "32", "--precisions", "fp32,int8", "--memory", "t4=30%"]);
+    let manifest = read_json(&out.join("manifest.json"));
+    let t4 = &manifest["devices"]["t4"];
+    assert!(t4["precision_histogram"]["int8"].as_u64().unwrap_or(0) > 0, "{summary}");
+    assert!(t4["qdq_pairs"].as_u64().unwrap_or(0) > 0, "{t4}");
+    let model = out.join("t4").join("model.onnx");
+    let o = qsyncc(&["simulate", model.to_str().expect("utf8"), "--targets", "t4:16", "--batch", "32", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let (planned, written) =
+        (t4["compute_ms"].as_f64().expect("planned"), j["devices"]["t4"]["compute_ms"].as_f64().expect("written"));
+    assert!(((written - planned) / planned).abs() < 0.05, "planned {planned} ms, written graph {written} ms");
+    assert_eq!(j["devices"]["t4"]["precision"], "planned");
+}
+
+#[test]
 fn cluster_b_all_four() {
     for m in ["resnet50_train.onnx", "vgg16.onnx", "vgg16_bn.onnx", "bert_base_train.onnx"] {
         plan(m, &["--memory", "t4=30%", "--batch", "32"]);

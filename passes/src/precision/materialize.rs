@@ -308,3 +308,74 @@ impl Materializer<'_> {
         }
     }
 }
+
+/// The inverse of materialization's QDQ pairs, for costing a written plan:
+/// every lowerable node all of whose float data inputs are
+/// `DequantizeLinear(QuantizeLinear(x))` pairs to one quantized dtype (INT8
+/// or FP8) reads the `x`s directly and is annotated with that dtype, and
+/// the pairs no longer read are removed. The cost model then charges the
+/// quantization inside the op (QSync's INT8 kernels) instead of as separate
+/// FP32 nodes. Returns the number of nodes re-annotated.
+pub fn unmaterialize_qdq(g: &mut Graph) -> usize {
+    // `DequantizeLinear(QuantizeLinear(x))` → (x, quantized dtype).
+    let pair = |g: &Graph, v: ValueId| -> Option<(ValueId, DType)> {
+        let (dq, _) = g.producer(v)?;
+        let dqn = g.node(dq);
+        if dqn.op != Op::DequantizeLinear {
+            return None;
+        }
+        let q = dqn.input(0)?;
+        let (qn, _) = g.producer(q)?;
+        let qnode = g.node(qn);
+        let dt = g.ty(q).dtype.filter(|&d| is_quantized(d))?;
+        (qnode.op == Op::QuantizeLinear).then_some(())?;
+        Some((qnode.input(0)?, dt))
+    };
+    let mut changed = 0;
+    let mut dead = Vec::new();
+    for n in g.node_ids() {
+        if !lowerable(g, n) {
+            continue;
+        }
+        let node = g.node(n);
+        let data: Vec<(usize, ValueId)> = node
+            .inputs()
+            .iter()
+            .enumerate()
+            .filter(|(slot, v)| {
+                !pinned_input(&node.op, *slot) && v.is_some_and(|v| g.ty(v).dtype.is_some_and(DType::is_float))
+            })
+            .filter_map(|(slot, v)| v.map(|v| (slot, v)))
+            .collect();
+        let pairs: Vec<Option<(ValueId, DType)>> = data.iter().map(|&(_, v)| pair(g, v)).collect();
+        let Some(Some((_, dt))) = pairs.first().copied() else { continue };
+        if pairs.iter().any(|p| p.is_none_or(|(_, d)| d != dt)) {
+            continue;
+        }
+        for (&(slot, v), p) in data.iter().zip(&pairs) {
+            if let Some((x, _)) = p {
+                g.set_input(n, slot, Some(*x));
+                dead.push(v);
+            }
+        }
+        g.node_mut(n).precision = Some(dt);
+        changed += 1;
+    }
+    // Remove the pairs nothing reads any more (a pair may still feed another
+    // reader, e.g. a graph output).
+    for v in dead {
+        let Some((dq, _)) = g.producer(v) else { continue };
+        if g.users(v).is_empty() && !g.outputs().contains(&v) {
+            let q = g.node(dq).input(0);
+            g.remove_node(dq);
+            if let Some(q) = q {
+                if let Some((qn, _)) = g.producer(q) {
+                    if g.users(q).is_empty() && !g.outputs().contains(&q) {
+                        g.remove_node(qn);
+                    }
+                }
+            }
+        }
+    }
+    changed
+}
