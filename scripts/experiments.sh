@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Paper-shaped experiments (QSync Tables IV-V): ClusterA (16 V100 + 16 T4,
 # full memory) and ClusterB (T4s at 30% memory) for ResNet-50, VGG-16,
-# VGG-16-BN and BERT-base. Prints a Markdown table of predicted throughput
-# and indicator sum for UP, DBS and qsync. Models from ../shared/models.
+# VGG-16-BN and BERT-base, and ClusterA again with the paper's T_min (the
+# lowest uniform precision that fits, `--t-min lowest`). Prints a Markdown
+# table of predicted throughput and indicator sum for UP, DBS and qsync.
+# Models from ../shared/models.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 M=${MODELS:-../shared/models}
@@ -11,9 +13,13 @@ Q=${QSYNCC:-target/release/qsyncc}
 echo "| model | cluster | UP samples/s | DBS samples/s (split) | qsync samples/s | qsync vs UP | qsync vs DBS | UP Ω | qsync Ω | T4 precisions |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
 for m in resnet50_train vgg16 vgg16_bn bert_base_train; do
-  for c in A B; do
-    if [ $c = A ]; then extra=(--batch 32); else extra=(--memory t4=30% --batch 32); fi
-    out=target/experiments/$m-$c
+  for c in A B A/lowest; do
+    case $c in
+      A) extra=(--batch 32) ;;
+      B) extra=(--memory t4=30% --batch 32) ;;
+      A/lowest) extra=(--batch 32 --t-min lowest) ;;
+    esac
+    out=target/experiments/$m-${c//\//-}
     if j=$($Q "$M/$m.onnx" --targets v100:16,t4:16 "${extra[@]}" -o "$out" --json 2>/dev/null); then
       printf "%s" "$j" > "$out/summary.json"
       python3 - "$m" "$c" "$out/manifest.json" "$out/summary.json" <<'PY'

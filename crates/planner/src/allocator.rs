@@ -2,7 +2,9 @@
 //!
 //! Problem (1): per inference device type, minimise the indicator sum over
 //! its operators subject to memory ≤ its capacity and global throughput ≥
-//! T_min, the throughput of UP (the uniform lowest precision that fits).
+//! T_min ([`TMin`]: by default the throughput of UP, the fastest uniform
+//! level that fits; with [`TMin::Lowest`] the paper's own definition, the
+//! throughput of the lowest uniform precision that fits).
 //!
 //! - **UP**: every inference type at one uniform precision level (FP32,
 //!   FP16, INT8 — INT8 only for Conv/GEMM, whose neighbours drop to FP16 at
@@ -57,6 +59,8 @@ pub enum PlanError {
 pub struct AllocOptions {
     /// Precisions inference devices may use (FP32 is always allowed).
     pub precisions: Vec<Precision>,
+    /// Which uniform plan sets the throughput floor recovery keeps.
+    pub t_min: TMin,
     /// Training devices on AMP instead of FP32.
     pub train_amp: bool,
     /// Class combinations searched exhaustively (else DP).
@@ -69,9 +73,35 @@ impl Default for AllocOptions {
     fn default() -> Self {
         AllocOptions {
             precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
+            t_min: TMin::Fastest,
             train_amp: false,
             exhaustive_limit: 4096,
             gap_limit: 512,
+        }
+    }
+}
+
+/// The throughput floor T_min of problem (1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TMin {
+    /// The fastest uniform level that fits (UP): recovery never makes the
+    /// iteration slower than the best uniform plan.
+    #[default]
+    Fastest,
+    /// The lowest uniform precision that fits (the paper's T_min, e.g.
+    /// INT8 on a T4): where that level is not the fastest (quantization
+    /// overhead), recovery may trade throughput down to it for precision.
+    Lowest,
+}
+
+impl std::str::FromStr for TMin {
+    type Err = String;
+    fn from_str(s: &str) -> Result<TMin, String> {
+        match s {
+            "fastest" => Ok(TMin::Fastest),
+            "lowest" => Ok(TMin::Lowest),
+            _ => Err(format!("unknown T_min rule `{s}` (fastest, lowest)")),
         }
     }
 }
@@ -418,6 +448,8 @@ pub fn allocate(
     level_sets.sort_by_key(|p| std::cmp::Reverse(p.bits()));
     level_sets.dedup_by_key(|p| p.bits());
     let mut best: Option<(f64, Vec<Plan>)> = None;
+    // Levels run widest first: the last one that fits is the lowest.
+    let mut lowest_fitting: Option<f64> = None;
     let mut lowest_failure = String::new();
     for &p in &level_sets {
         let plans: Vec<Plan> =
@@ -425,6 +457,7 @@ pub fn allocate(
         let mut pred = cx.predictor(&plans)?;
         let r = pred.result().clone();
         if r.devices.iter().all(|d| d.fits) {
+            lowest_fitting = Some(r.samples_per_s);
             if best.as_ref().is_none_or(|(b, _)| r.samples_per_s > *b) {
                 best = Some((r.samples_per_s, plans));
             }
@@ -453,7 +486,10 @@ pub fn allocate(
     let mut up_pred = cx.predictor(&up_plans)?;
     let up = cx.eval("up", &mut up_pred);
     let up_trace = up_pred.chrome_trace_json();
-    let t_min = up.samples_per_s;
+    let t_min = match opts.t_min {
+        TMin::Fastest => up.samples_per_s,
+        TMin::Lowest => lowest_fitting.unwrap_or(up.samples_per_s).min(up.samples_per_s),
+    };
 
     // Greedy: recovery from UP.
     progress("QSync greedy recovery");

@@ -15,5 +15,7 @@
 pub mod allocator;
 pub mod indicator;
 
-pub use allocator::{allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Outcome, PlanError, TypeEval};
+pub use allocator::{
+    allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Outcome, PlanError, TMin, TypeEval,
+};
 pub use indicator::{Calibration, Indicator, OpStats, Source, Sources, TensorStats};

@@ -7,7 +7,8 @@
 //!   count, per node, local batch, memory fraction, role), `cluster` (devices,
 //!   global batch), `pipeline` (passes run on each device's graph after the
 //!   casts are materialized), `indicator` (statistics sources), `chosen`
-//!   (`ours` or `greedy-fallback`), `t_min_samples_per_s`, `devices` per type
+//!   (`ours` or `greedy-fallback`), `t_min_samples_per_s` and `t_min_rule`
+//!   (`fastest` or `lowest`, `--t-min`), `devices` per type
 //!   {iteration_ms, peak_memory_bytes, memory_capacity_bytes, indicator,
 //!   casts, precision_histogram, files}, and `methods` {qsync, up, greedy,
 //!   dbs} with iteration_ms, samples_per_s and indicator_sum (DBS adds its
@@ -67,6 +68,13 @@ pub struct PlanArgs {
     /// `qsync_planner::Calibration`; `scripts/calibrate.py` writes one).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// The throughput floor precision recovery keeps: `fastest` (the
+    /// fastest uniform level that fits, UP — never slower than the best
+    /// uniform plan) or `lowest` (the paper's T_min: the lowest uniform
+    /// precision that fits, e.g. INT8; recovery may then trade throughput
+    /// down to it for precision).
+    #[arg(long = "t-min", default_value = "fastest", value_parser = ["fastest", "lowest"])]
+    pub t_min: String,
     /// Training devices: `fp32` (default) or `amp`.
     #[arg(long, default_value = "fp32", value_parser = ["fp32", "amp"])]
     pub train_precision: String,
@@ -162,6 +170,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
     let aopts = AllocOptions {
         precisions: precisions.clone(),
         train_amp: a.train_precision == "amp",
+        t_min: a.t_min.parse().map_err(|e: String| anyhow::anyhow!("--t-min: {e}"))?,
         ..AllocOptions::default()
     };
     let mut prog = |m: &str| progress(quiet, m, start);
@@ -298,6 +307,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         "indicator": { "calibrated": calibration.is_some(), "sources": ind.sources, "model_depth": ind.model_depth() },
         "chosen": out.chosen,
         "t_min_samples_per_s": out.t_min,
+        "t_min_rule": a.t_min,
         "iteration_ms": out.ours.iteration_ms,
         "samples_per_s": out.ours.samples_per_s,
         "devices": dev_json,
@@ -307,7 +317,8 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         "warnings": warnings,
     });
     write_json(&a.output.join("manifest.json"), &manifest)?;
-    std::fs::write(a.output.join("report.md"), report(&model_name, &out, &warnings)).context("writing report.md")?;
+    std::fs::write(a.output.join("report.md"), report(&model_name, &out, &a.t_min, &warnings))
+        .context("writing report.md")?;
     progress(quiet, &format!("done: {}", a.output.display()), start);
 
     let summary = json!({
@@ -360,14 +371,15 @@ fn table(out: &Outcome) -> String {
 }
 
 /// `report.md`: table, DBS split, gap, and an SVG of UP vs the plan.
-fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
+fn report(model: &str, out: &Outcome, t_min_rule: &str, warnings: &[String]) -> String {
     let mut s = format!("# qsync plan: {model}\n\n");
     let _ = writeln!(s, "{}", table(out));
     let split: Vec<String> = out.dbs.batch_split.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let _ = writeln!(
         s,
-        "DBS batch split per device: {}. T_min (UP throughput): {:.1} samples/s. Chosen: {}.\n",
+        "DBS batch split per device: {}. T_min ({}): {:.1} samples/s. Chosen: {}.\n",
         split.join(", "),
+        if t_min_rule == "lowest" { "lowest uniform precision that fits" } else { "UP throughput" },
         out.t_min,
         out.chosen
     );

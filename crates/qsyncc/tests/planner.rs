@@ -104,6 +104,49 @@ fn int8_plans_simulate_as_predicted() {
 }
 
 #[test]
+fn paper_t_min_trades_throughput_for_precision() {
+    // `--t-min lowest`: the floor is the lowest uniform precision that fits
+    // (INT8 on the T4s), below UP; recovery gives precision back down to
+    // it, so the plan's Ω is below the default plan's and its throughput
+    // between the floor and UP.
+    let run = |rule: &str| {
+        let out = tmpdir(&format!("tmin-{rule}"));
+        let path = models_dir().join("resnet50_train.onnx");
+        let o = qsyncc(&[
+            path.to_str().expect("utf8"),
+            "--targets",
+            "v100:16,t4:16",
+            "--batch",
+            "32",
+            "--t-min",
+            rule,
+            "-o",
+            out.to_str().expect("utf8"),
+            "--json",
+        ]);
+        assert!(o.status.success(), "{rule}: {}", String::from_utf8_lossy(&o.stderr));
+        let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        (summary, read_json(&out.join("manifest.json")))
+    };
+    let ((fast, fast_m), (low, low_m)) = (run("fastest"), run("lowest"));
+    assert_eq!(fast_m["t_min_rule"], "fastest");
+    assert_eq!(low_m["t_min_rule"], "lowest");
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let up = f(&low["baselines"]["up"], "samples_per_s");
+    let floor = f(&low_m, "t_min_samples_per_s");
+    assert!(floor < up, "INT8 is the slower uniform level here: floor {floor}, UP {up}");
+    assert_eq!(f(&fast_m, "t_min_samples_per_s"), up);
+    let sps = f(&low, "samples_per_s");
+    assert!(sps >= floor * (1.0 - 1e-9) && sps <= up * (1.0 + 1e-9), "{floor} <= {sps} <= {up}");
+    assert!(f(&low, "indicator_sum") < f(&fast, "indicator_sum"), "{low} vs {fast}");
+    assert!(low_m["devices"]["t4"]["precision_histogram"]["fp32"].as_u64().unwrap_or(0) > 0);
+    // An unknown rule is a usage error.
+    let path = models_dir().join("resnet50_train.onnx");
+    let o = qsyncc(&[path.to_str().expect("utf8"), "--targets", "t4", "--t-min", "slowest", "-o", "/tmp/never"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
 fn cluster_b_all_four() {
     for m in ["resnet50_train.onnx", "vgg16.onnx", "vgg16_bn.onnx", "bert_base_train.onnx"] {
         plan(m, &["--memory", "t4=30%", "--batch", "32"]);
