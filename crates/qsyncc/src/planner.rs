@@ -14,8 +14,10 @@
 //!   dbs} with iteration_ms, samples_per_s and indicator_sum (DBS adds its
 //!   batch split), `optimality_gap` when the graph was small enough;
 //! - `<device>/model.onnx` — the planned graph with casts / QDQ materialized;
-//! - `<device>/plan.json` — per candidate node its precision, predicted
-//!   forward / backward µs and Ω;
+//! - `<device>/plan.json` — per node its precision, the forward / backward
+//!   µs the chosen plan was simulated with (the casts its precision needs
+//!   and the batch scaling included; their sum plus the optimizer step is
+//!   the device's `compute_ms`), and Ω for the planned candidates;
 //! - `timeline.json` — Chrome trace of the planned iteration;
 //! - `report.md` — the baseline table and an SVG timeline of UP vs the plan.
 
@@ -24,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use qsync_cost::{CostModel, GraphFacts, Plan, Precision};
+use qsync_cost::{GraphFacts, Plan, Precision};
 use qsync_ir::infer::InferOptions;
 use qsync_planner::{allocate, AllocOptions, Calibration, Eval, Indicator, Outcome};
 use qsync_sim::{PredictOptions, SimConfig, Target};
@@ -174,7 +176,12 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         ..AllocOptions::default()
     };
     let mut prog = |m: &str| progress(quiet, m, start);
-    let out = allocate(g, &facts, targets.clone(), popts, &ind, &aopts, &mut prog).with_context(|| label.clone())?;
+    let out =
+        allocate(g, &facts, targets.clone(), popts.clone(), &ind, &aopts, &mut prog).with_context(|| label.clone())?;
+    // The chosen plan, simulated once more for its per-node times.
+    let chosen_targets: Vec<Target> =
+        targets.iter().zip(&out.ours.types).map(|(t, te)| Target { plan: te.plan.clone(), ..t.clone() }).collect();
+    let chosen = qsync_sim::Predictor::new(g, chosen_targets, popts).with_context(|| label.clone())?;
     progress(quiet, "writing the plan directory", start);
 
     // Per-device outputs.
@@ -232,19 +239,24 @@ pub fn run(a: &PlanArgs) -> Result<String> {
             crate::codegen::run(&a.model, &model, &te.name, &code.join(","), &dir, false)
                 .with_context(|| format!("{label}: code for {}", te.name))?;
         }
-        let cm = CostModel::new(&targets[t].device, None)?;
+        // Per node, the times the chosen plan was simulated with: its op at
+        // its precision, the casts that precision needs, the batch scaling.
+        let costs: std::collections::HashMap<qsync_ir::NodeId, qsync_sim::OpCost> = chosen
+            .program(t)
+            .map(|prog| prog.ops.iter().filter_map(|op| op.node.map(|n| (n, op.cost))).collect())
+            .unwrap_or_default();
         let mut nodes = Vec::new();
         for &n in facts.order() {
             let p = resolved.compute(n);
-            let c = cm.op_cost(&facts, n, p).ok();
+            let c = costs.get(&n);
             let cand = cands.contains(&n);
             nodes.push(json!({
                 "name": g.node(n).name,
                 "op": g.node(n).op.to_string(),
                 "precision": p.to_string(),
                 "planned": cand,
-                "forward_us": c.map(|c| round(c.fwd * 1e6)),
-                "backward_us": c.map(|c| round((c.bwd_input + c.bwd_weight) * 1e6)),
+                "forward_us": c.map(|c| round(c.fwd_us)),
+                "backward_us": c.map(|c| round(c.input_grad_us + c.weight_grad_us)),
                 "indicator": if cand { Some(ind.omega(n, p)) } else { None },
             }));
         }

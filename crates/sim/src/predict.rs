@@ -579,6 +579,13 @@ impl<'g> Predictor<'g> {
         Ok(())
     }
 
+    /// The local program of device type `t`: per node (in schedule order)
+    /// its forward, input-gradient and weight-gradient times as simulated,
+    /// the casts its precision needs and the batch scaling included.
+    pub fn program(&self, t: usize) -> Option<&crate::LocalProgram> {
+        self.sim.program(t)
+    }
+
     /// The explicit plan of device type `t`.
     pub fn plan(&self, t: usize) -> Option<&Plan> {
         self.types.get(t).map(|s| &s.plan)
