@@ -31,7 +31,8 @@
 //!   scaled to its new batch plus the exposed communication of the FP32
 //!   iteration (gradients do not depend on the batch).
 //!
-//! Training device types (the fastest at FP32 when the cluster is hybrid)
+//! Training device types (when the cluster is hybrid, the type predicted
+//! fastest on the model at FP32, per sample)
 //! stay FP32, or AMP (Conv/GEMM in FP16) when asked.
 
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -408,14 +409,19 @@ pub fn allocate(
     let cands = candidates(g, facts);
     let gemm: HashMap<NodeId, bool> =
         cands.iter().map(|&n| (n, facts.node(n).is_ok_and(|f| f.kind.is_gemm_like()))).collect();
-    // The training type: the fastest at FP32, when the cluster is hybrid.
+    // The training type, when the cluster is hybrid: the type that runs
+    // this model fastest at FP32 (its predicted compute time at the same
+    // local batch) — not the highest FP32 peak, which ranks an L4 (30 TFLOPS
+    // on CUDA cores, 300 GB/s) above an A100 (19.5 TFLOPS, 1.5 TB/s).
     let training = if targets.len() > 1 {
-        (0..targets.len()).max_by(|&a, &b| {
-            targets[a]
-                .device
-                .cuda_peak(Precision::Fp32)
-                .total_cmp(&targets[b].device.cuda_peak(Precision::Fp32))
-                .then(b.cmp(&a))
+        let mut fp32 = targets.clone();
+        for t in &mut fp32 {
+            t.plan = Plan::new();
+        }
+        let r = Predictor::new(g, fp32, popts.clone())?.result().clone();
+        (0..targets.len()).min_by(|&a, &b| {
+            let per_sample = |t: usize| r.devices[t].compute_us / f64::from(targets[t].local_batch.max(1));
+            per_sample(a).total_cmp(&per_sample(b)).then(a.cmp(&b))
         })
     } else {
         None

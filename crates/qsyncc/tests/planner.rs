@@ -147,6 +147,34 @@ fn paper_t_min_trades_throughput_for_precision() {
 }
 
 #[test]
+fn the_training_role_goes_to_the_device_faster_on_the_model() {
+    // An L4 has the higher FP32 peak (30 TFLOPS on CUDA cores against an
+    // A100's 19.5) but a fifth of its memory bandwidth: on ResNet-50 the
+    // A100 is the faster FP32 device, so it trains in FP32 and the L4 is
+    // the one planned below FP32 (here BF16).
+    let out = tmpdir("roles");
+    let path = models_dir().join("resnet50_train.onnx");
+    let o = qsyncc(&[
+        path.to_str().expect("utf8"),
+        "--targets",
+        "a100-40gb:4,l4:4",
+        "--precisions",
+        "fp32,bf16",
+        "--batch",
+        "16",
+        "-o",
+        out.to_str().expect("utf8"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = read_json(&out.join("manifest.json"));
+    assert_eq!(m["devices"]["a100-40gb"]["role"], "training", "{m}");
+    assert_eq!(m["devices"]["l4"]["role"], "inference", "{m}");
+    assert!(m["devices"]["l4"]["precision_histogram"]["bf16"].as_u64().unwrap_or(0) > 0, "{m}");
+    assert!(m["devices"]["a100-40gb"]["precision_histogram"].get("bf16").is_none(), "{m}");
+}
+
+#[test]
 fn cluster_b_all_four() {
     for m in ["resnet50_train.onnx", "vgg16.onnx", "vgg16_bn.onnx", "bert_base_train.onnx"] {
         plan(m, &["--memory", "t4=30%", "--batch", "32"]);
