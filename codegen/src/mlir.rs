@@ -5,7 +5,7 @@
 //! initializers (weights stay outside the module), each tagged
 //! `{qsync.name = "<value name>"}`; then, only when the module draws random
 //! numbers (a lowered training-mode `Dropout`, `RandomUniform(Like)`,
-//! `RandomNormal(Like)` or `Bernoulli`), one trailing `%rng_offset: tensor<i64>` tagged
+//! `RandomNormal(Like)`, `Bernoulli` or `Multinomial`), one trailing `%rng_offset: tensor<i64>` tagged
 //! `{qsync.name = "rng_offset", qsync.rng_offset}` ([`MlirOutput::rng_offset`]
 //! says whether it is there). It selects the random streams of the call: a
 //! training loop passes a different value each step (the step number, say)
@@ -120,7 +120,9 @@
 //!   `u ≥ ratio`, and one selecting `x / (1 − ratio)` or 0;
 //!   `RandomUniformLike`/`RandomUniform` → `low + u·(high − low)` from the
 //!   same stream, `RandomNormalLike`/`RandomNormal` → Box–Muller on one
-//!   draw split in two uniforms, `Bernoulli` → `u < p` (see `random.rs`);
+//!   draw split in two uniforms, `Bernoulli` → `u < p`, `Multinomial` →
+//!   per row the first class whose running sum of `exp(x − max)` exceeds
+//!   `u·Σ` (see `random.rs`);
 //! - `Constant` (inline `value`/`value_*`) → `arith.constant dense<…>`;
 //!   `ConstantOfShape` → a splat constant, or `tensor.empty` + `linalg.fill`
 //!   for dynamic shapes; `Shape` → a constant, or `tensor.dim`s gathered by
@@ -146,7 +148,7 @@
 //!   `tensor.insert_slice`, combined first with the old value or slice
 //!   (`arith` op, `linalg.generic`) for `add`/`mul`/`max`/`min`;
 //! - anything else (e.g. `Softmax`/`LogSoftmax` over an inner axis when
-//!   the opset is unknown, `Multinomial`) — or any node whose
+//!   the opset is unknown) — or any node whose
 //!   types are not fully known, or whose shape or attributes a lowering
 //!   above does not cover — → a
 //!   generic `"qsync.<op>"` operation carrying the ONNX op type, the node

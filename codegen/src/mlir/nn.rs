@@ -126,7 +126,8 @@ impl Emitter<'_> {
             | Op::RandomUniform
             | Op::RandomNormalLike
             | Op::RandomNormal
-            | Op::Bernoulli => self.random(node, outs),
+            | Op::Bernoulli
+            | Op::Multinomial => self.random(node, outs),
             Op::Constant
             | Op::ConstantOfShape
             | Op::Shape

@@ -59,6 +59,14 @@
 //!   probability; `u` with 24 bits compared in f32, 53 in f64 for f64
 //!   inputs), else 0, in the output type (the `dtype` attribute, else the
 //!   input's).
+//! - `Multinomial`: sample `s` of batch row `b` inverts the row's CDF.
+//!   The row's weights are `e_c = exp(x_c − max x)` and its running sums
+//!   `S_c = e_0 + … + e_c` (an `scf.for` scan, as `CumSum`), computed in
+//!   f32 (f64 for f64 inputs); with `u` the draw of output element
+//!   `n = b·sample_size + s` (24 bits, 53 for f64) and `T = u·Σ e` (a
+//!   separate reduction), the sample is the number of classes whose `S_c
+//!   ≤ T` — the first class whose running sum exceeds `T` — capped at the
+//!   last class, in the `dtype` attribute's type (int32 by default).
 
 use qsync_ir::{Attr, DType, Node, Op, ValueId};
 
@@ -230,6 +238,7 @@ impl Emitter<'_> {
             Op::Dropout => self.dropout(node, outs),
             Op::RandomNormal | Op::RandomNormalLike => self.normal_op(node, outs),
             Op::Bernoulli => self.bernoulli(node, outs),
+            Op::Multinomial => self.multinomial(node, outs),
             _ => self.uniform_op(node, outs),
         }
     }
@@ -443,6 +452,76 @@ impl Emitter<'_> {
             let (o, z) = (b.cst(one, dt), b.cst(zero, dt));
             b.op(format!("arith.select {hit}, {o}, {z} : {}", elem(dt)))
         });
+        Some(vec![out.name])
+    }
+
+    /// `Multinomial`: inverse-CDF sampling per row, see the module doc.
+    fn multinomial(&mut self, node: &Node, outs: &[ValueId]) -> Option<Vec<String>> {
+        let x = self.operand(node.input(0)?)?;
+        let (shape, dt) = self.out_type(*outs.first()?)?;
+        let samples = node.attr_int("sample_size").unwrap_or(1);
+        if outs.len() != 1
+            || x.rank() != 2
+            || !is_float(x.dt)
+            || !matches!(dt, DType::I32 | DType::I64)
+            || shape.len() != 2
+            || shape[0] != x.shape[0]
+            || shape[1].as_const() != Some(samples)
+        {
+            return None;
+        }
+        let (ct, bits) = if x.dt == DType::F64 { (DType::F64, 53) } else { (DType::F32, 24) };
+        let t = elem(ct);
+        let xc = self.converted(&x, ct)?;
+        let ninf = float_lit(f64::NEG_INFINITY, ct);
+        let max =
+            self.reduce(&xc, &[1], true, &ninf, ct, |b, e, acc| b.op(format!("arith.maximumf {e}, {acc} : {t}")))?;
+        let row = xc.shape.clone();
+        let weights = self.ewise(&[&xc, &max], &row, ct, |b, a| {
+            let d = b.bin("subf", &a[0], &a[1], ct);
+            b.op(format!("math.exp {d} : {t}"))
+        })?;
+        let cdf = self.scan(&weights, 1, false, false)?;
+        let total = self.reduce(&weights, &[1], true, "0.0", ct, |b, e, acc| b.bin("addf", e, acc, ct))?;
+        let sizes = shape.iter().map(|d| self.dim(d, &[&x])).collect::<Option<Vec<_>>>()?;
+        let classes = self.dim(&x.shape[1].clone(), &[&x])?;
+        let classes = self.line(format!("arith.index_cast {classes} : index to i64"));
+        let one = self.scalar("1", "i64");
+        let last = self.line(format!("arith.subi {classes}, {one} : i64"));
+        let k = self.stream_key(node, outs);
+        let id = vec!["d0".to_string(), "d1".to_string()];
+        let init = self.empty(&shape, ct, &[&x])?;
+        let target = self.generic_op(
+            &[(&total, vec!["d0".into(), "0".into()])],
+            &init,
+            &id,
+            &["parallel", "parallel"],
+            |b, a| {
+                let n = linear_index(b, &sizes);
+                let u = uniform(b, &n, &k, bits, ct);
+                b.bin("mulf", &u, &a[0], ct)
+            },
+        );
+        let zeros = self.filled("0", &shape, DType::I64, &[&x])?;
+        let below = self.generic_op(
+            &[(&cdf, vec!["d0".into(), "d2".into()]), (&target, id.clone())],
+            &zeros,
+            &id,
+            &["parallel", "parallel", "reduction"],
+            |b, a| {
+                let le = b.op(format!("arith.cmpf ole, {}, {} : {t}", a[0], a[1]));
+                let (one, zero) = (b.cst("1", DType::I64), b.cst("0", DType::I64));
+                let inc = b.op(format!("arith.select {le}, {one}, {zero} : i64"));
+                b.bin("addi", &a[2], &inc, DType::I64)
+            },
+        );
+        let out = self.ewise(&[&below], &shape, dt, |b, a| {
+            let capped = b.op(format!("arith.minsi {}, {last} : i64", a[0]));
+            match dt {
+                DType::I32 => b.op(format!("arith.trunci {capped} : i64 to i32")),
+                _ => capped,
+            }
+        })?;
         Some(vec![out.name])
     }
 

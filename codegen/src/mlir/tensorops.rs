@@ -506,13 +506,19 @@ impl Emitter<'_> {
             &[a] => axis_index(a, r)?,
             _ => return None,
         };
+        Some(vec![self.scan(&x, axis, exclusive, reverse)?.name])
+    }
+
+    /// The running sums of `x` along `axis` (see [`Self::cumsum`]).
+    pub(super) fn scan(&mut self, x: &Operand, axis: usize, exclusive: bool, reverse: bool) -> Option<Operand> {
+        let (shape, dt, r) = (x.shape.clone(), x.dt, x.rank());
         let (zero, add) = if is_float(dt) { ("0.0", "addf") } else { ("0", "addi") };
         let mut line = x.shape.clone();
         line[axis] = Dim::from(1);
-        let line_sizes = self.sizes(&line, &[&x])?;
-        let n = self.dim(&x.shape[axis].clone(), &[&x])?;
-        let init = self.empty(&shape, dt, &[&x])?;
-        let sum0 = self.filled(zero, &line, dt, &[&x])?;
+        let line_sizes = self.sizes(&line, &[x])?;
+        let n = self.dim(&x.shape[axis].clone(), &[x])?;
+        let init = self.empty(&shape, dt, &[x])?;
+        let sum0 = self.filled(zero, &line, dt, &[x])?;
         let (c0, c1) = (self.scalar("0", "index"), self.scalar("1", "index"));
         let last = match reverse {
             true => Some(self.line(format!("arith.subi {n}, {c1} : index"))),
@@ -549,6 +555,6 @@ impl Emitter<'_> {
         let carried =
             [Carried { name: &out, init: &init.name, ty: &ty }, Carried { name: &sum, init: &sum0.name, ty: &line_ty }];
         let name = self.line_results(scf_for(&iv, [&c0, &n, &c1], &carried, &body, &[&out2, &sum2]), 2);
-        Some(vec![format!("{name}#0")])
+        Some(Operand { name: format!("{name}#0"), shape, dt })
     }
 }
