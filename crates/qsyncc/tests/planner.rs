@@ -14,16 +14,23 @@ fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// Run the planner and check every file and the headline invariants.
-fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
+/// Run the planner on a shared model for `targets`; returns the plan
+/// directory and the `--json` summary.
+fn run_planner(model: &str, targets: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
     let path = models_dir().join(model);
-    let out = tmpdir(&format!("{model}-{}", extra.join("_").replace(['%', '='], "")));
+    let out = tmpdir(&format!("{model}-{targets}-{}", extra.join("_").replace(['%', '=', ':', ','], "")));
     let mut args =
-        vec![path.to_str().expect("utf8"), "--targets", "v100:16,t4:16", "-o", out.to_str().expect("utf8"), "--json"];
+        vec![path.to_str().expect("utf8"), "--targets", targets, "-o", out.to_str().expect("utf8"), "--json"];
     args.extend_from_slice(extra);
     let o = qsyncc(&args);
     assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+    (out, summary)
+}
+
+/// Run the planner and check every file and the headline invariants.
+fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
+    let (out, summary) = run_planner(model, "v100:16,t4:16", extra);
     let manifest = read_json(&out.join("manifest.json"));
     assert_eq!(manifest["schema"], "qsync-plan/1");
     assert_eq!(manifest["model"]["sha256"].as_str().map(str::len), Some(64));
@@ -110,22 +117,7 @@ fn paper_t_min_trades_throughput_for_precision() {
     // it, so the plan's Ω is below the default plan's and its throughput
     // between the floor and UP.
     let run = |rule: &str| {
-        let out = tmpdir(&format!("tmin-{rule}"));
-        let path = models_dir().join("resnet50_train.onnx");
-        let o = qsyncc(&[
-            path.to_str().expect("utf8"),
-            "--targets",
-            "v100:16,t4:16",
-            "--batch",
-            "32",
-            "--t-min",
-            rule,
-            "-o",
-            out.to_str().expect("utf8"),
-            "--json",
-        ]);
-        assert!(o.status.success(), "{rule}: {}", String::from_utf8_lossy(&o.stderr));
-        let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        let (out, summary) = run_planner("resnet50_train.onnx", "v100:16,t4:16", &["--batch", "32", "--t-min", rule]);
         (summary, read_json(&out.join("manifest.json")))
     };
     let ((fast, fast_m), (low, low_m)) = (run("fastest"), run("lowest"));
@@ -152,21 +144,8 @@ fn the_training_role_goes_to_the_device_faster_on_the_model() {
     // A100's 19.5) but a fifth of its memory bandwidth: on ResNet-50 the
     // A100 is the faster FP32 device, so it trains in FP32 and the L4 is
     // the one planned below FP32 (here BF16).
-    let out = tmpdir("roles");
-    let path = models_dir().join("resnet50_train.onnx");
-    let o = qsyncc(&[
-        path.to_str().expect("utf8"),
-        "--targets",
-        "a100-40gb:4,l4:4",
-        "--precisions",
-        "fp32,bf16",
-        "--batch",
-        "16",
-        "-o",
-        out.to_str().expect("utf8"),
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (out, _) =
+        run_planner("resnet50_train.onnx", "a100-40gb:4,l4:4", &["--precisions", "fp32,bf16", "--batch", "16"]);
     let m = read_json(&out.join("manifest.json"));
     assert_eq!(m["devices"]["a100-40gb"]["role"], "training", "{m}");
     assert_eq!(m["devices"]["l4"]["role"], "inference", "{m}");
