@@ -163,6 +163,8 @@ pub struct Gap {
 #[derive(Debug)]
 pub struct Outcome {
     pub t_min: f64,
+    /// How `t_min` was chosen.
+    pub t_min_rule: TMin,
     pub up: Eval,
     pub greedy: Eval,
     pub ours: Eval,
@@ -540,6 +542,7 @@ pub fn allocate(
     let gap = optimality_gap(&cx, &cls, &up_plans, t_min, ours.indicator_sum, opts)?;
     Ok(Outcome {
         t_min,
+        t_min_rule: opts.t_min,
         up,
         greedy,
         ours,

@@ -199,7 +199,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         // movement) run at their widest input's precision, as the
         // predictions above assumed; without an annotation materialize
         // would keep them FP32 and cast around every one.
-        let resolved = te.plan.resolve(g);
+        let resolved = chosen.resolved(t).context("the chosen plan has every device type")?;
         for &n in facts.order() {
             let p = resolved.compute(n);
             if p != Precision::Fp32
@@ -319,7 +319,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         "indicator": { "calibrated": calibration.is_some(), "sources": ind.sources, "model_depth": ind.model_depth() },
         "chosen": out.chosen,
         "t_min_samples_per_s": out.t_min,
-        "t_min_rule": a.t_min,
+        "t_min_rule": out.t_min_rule,
         "iteration_ms": out.ours.iteration_ms,
         "samples_per_s": out.ours.samples_per_s,
         "devices": dev_json,
@@ -329,8 +329,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         "warnings": warnings,
     });
     write_json(&a.output.join("manifest.json"), &manifest)?;
-    std::fs::write(a.output.join("report.md"), report(&model_name, &out, &a.t_min, &warnings))
-        .context("writing report.md")?;
+    std::fs::write(a.output.join("report.md"), report(&model_name, &out, &warnings)).context("writing report.md")?;
     progress(quiet, &format!("done: {}", a.output.display()), start);
 
     let summary = json!({
@@ -383,7 +382,7 @@ fn table(out: &Outcome) -> String {
 }
 
 /// `report.md`: table, DBS split, gap, and an SVG of UP vs the plan.
-fn report(model: &str, out: &Outcome, t_min_rule: &str, warnings: &[String]) -> String {
+fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
     let mut s = format!("# qsync plan: {model}\n\n");
     let _ = writeln!(s, "{}", table(out));
     let split: Vec<String> = out.dbs.batch_split.iter().map(|(k, v)| format!("{k} {v}")).collect();
@@ -391,7 +390,10 @@ fn report(model: &str, out: &Outcome, t_min_rule: &str, warnings: &[String]) -> 
         s,
         "DBS batch split per device: {}. T_min ({}): {:.1} samples/s. Chosen: {}.\n",
         split.join(", "),
-        if t_min_rule == "lowest" { "lowest uniform precision that fits" } else { "UP throughput" },
+        match out.t_min_rule {
+            qsync_planner::TMin::Lowest => "lowest uniform precision that fits",
+            qsync_planner::TMin::Fastest => "UP throughput",
+        },
         out.t_min,
         out.chosen
     );

@@ -213,9 +213,9 @@ impl CastCx<'_> {
     }
 
     /// The float data inputs of `n` that a materialized plan casts: those
-    /// held at another precision than `n` reads in, as (value, slot, held,
-    /// read), skipping constants (folded) and, with `weight_copies`,
-    /// parameters read below FP32 (refreshed copies).
+    /// held at another precision than `n` reads in, as (value, held, read),
+    /// skipping constants (folded) and, with `weight_copies`, parameters
+    /// read below FP32 (refreshed copies).
     fn casted_inputs(&self, resolved: &ResolvedPlan, n: NodeId) -> Vec<(qsync_ir::ValueId, Precision, Precision)> {
         let g = self.graph;
         let Some(to) = reads_in(resolved.compute(n)) else { return Vec::new() };
@@ -248,8 +248,7 @@ impl CastCx<'_> {
     fn work(&self, model: &CostModel, resolved: &ResolvedPlan, n: NodeId, scale: f64) -> CastWork {
         let g = self.graph;
         let casts = model.casts();
-        let launch = model.device().launch_s();
-        let scaled = |t: f64| if t > launch { launch + (t - launch) * scale } else { t };
+        let scaled = |t: f64| scaled_work(t, model.device().launch_s(), scale);
         let pos = |m: NodeId| self.index.get(m.index()).copied().flatten();
         let mut w = CastWork::default();
         for (v, from, to) in self.casted_inputs(resolved, n) {
@@ -306,12 +305,13 @@ impl CastCx<'_> {
         let (from, to) = (precision(x)?, precision(y)?);
         let e = self.facts.elements(x).unwrap_or(0.0);
         let casts = model.casts();
-        let launch = model.device().launch_s();
-        let scaled = |t: f64| if t > launch { launch + (t - launch) * scale } else { t };
+        let scaled = |t: f64| scaled_work(t, model.device().launch_s(), scale);
         let (there, back) = (casts.cast(from, to, e), casts.cast(to, from, e));
         let mut w = CastWork::default();
         match self.statics.get(x.index()).copied().unwrap_or(Static::Activation) {
             Static::Param => (w.weight_fwd, w.weight_grad) = (there, back),
+            // A constant's cast left in the graph runs every iteration; no
+            // gradient flows back through it.
             Static::Constant => w.weight_fwd = there,
             Static::Activation => {
                 w.fwd = scaled(there);
@@ -351,6 +351,16 @@ impl CastCx<'_> {
             }
         }
         bytes
+    }
+}
+
+/// `t` seconds of per-sample work scaled by `scale` (a graph with a fixed
+/// batch run at another local batch): all of it but one kernel launch.
+fn scaled_work(t: f64, launch: f64, scale: f64) -> f64 {
+    if t > launch {
+        launch + (t - launch) * scale
+    } else {
+        t
     }
 }
 
@@ -450,20 +460,13 @@ impl<'g> Predictor<'g> {
             for (i, &n) in order.iter().enumerate() {
                 index[n.index()] = Some(i);
             }
+            let cx =
+                CastCx { graph, facts: &facts, statics: &statics, index: &index, weight_copies: opts.weight_copies };
             let mut ops = Vec::with_capacity(order.len());
             for &n in &order {
-                let cx = CastCx {
-                    graph,
-                    facts: &facts,
-                    statics: &statics,
-                    index: &index,
-                    weight_copies: opts.weight_copies,
-                };
                 let cost = Self::sim_cost(&cx, &model, &resolved, n, opts.work_scale)?;
                 ops.push(LocalOp { name: graph.node(n).name.clone(), node: Some(n), cost });
             }
-            let cx =
-                CastCx { graph, facts: &facts, statics: &statics, index: &index, weight_copies: opts.weight_copies };
             let copies = cx.copy_bytes(&resolved);
             let step = optimizer_seconds(&t.device, params, opts.optimizer) + refresh_seconds(&t.device, copies);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
@@ -500,8 +503,7 @@ impl<'g> Predictor<'g> {
             .map(|e| 4.0 * e)
             .sum();
         // Per-sample work scales; the kernel launch does not.
-        let launch = model.device().launch_s();
-        let scaled = |t: f64| if t > launch { us(launch + (t - launch) * scale) } else { us(t) };
+        let scaled = |t: f64| us(scaled_work(t, model.device().launch_s(), scale));
         Ok(OpCost {
             fwd_us: scaled(c.fwd) + us(w.fwd + w.weight_fwd),
             input_grad_us: scaled(c.bwd_input) + us(w.input_grad),
@@ -545,36 +547,29 @@ impl<'g> Predictor<'g> {
                 recost.extend(g.users(v).into_iter().map(|(u, _)| u));
             }
         }
+        let cx = CastCx {
+            graph: g,
+            facts: &self.facts,
+            statics: &self.statics,
+            index: &ts.index,
+            weight_copies: self.opts.weight_copies,
+        };
         for &m in &recost {
             let Some(i) = ts.index.get(m.index()).copied().flatten() else { continue };
-            let cx = CastCx {
-                graph: g,
-                facts: &self.facts,
-                statics: &self.statics,
-                index: &ts.index,
-                weight_copies: self.opts.weight_copies,
-            };
             let cost = Self::sim_cost(&cx, &ts.model, &ts.resolved, m, self.opts.work_scale)?;
             self.sim.set_op_cost(t, i, cost)?;
         }
         if !changed.is_empty() {
             let memory = scaled_memory(self.graph, &self.facts, &ts.resolved, target, &self.opts)?;
             self.sim.set_static_memory(t, memory.total.max(0.0) as u64)?;
-            ts.memory = memory;
             if self.opts.weight_copies {
                 let params: f64 = self.facts.params().iter().filter_map(|&v| self.facts.elements(v)).sum();
-                let cx = CastCx {
-                    graph: self.graph,
-                    facts: &self.facts,
-                    statics: &self.statics,
-                    index: &ts.index,
-                    weight_copies: true,
-                };
                 let copies = cx.copy_bytes(&ts.resolved);
                 let step = optimizer_seconds(&target.device, params, self.opts.optimizer)
                     + refresh_seconds(&target.device, copies);
                 self.sim.set_optimizer_us(t, us(step))?;
             }
+            ts.memory = memory;
         }
         Ok(())
     }
