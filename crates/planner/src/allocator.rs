@@ -60,7 +60,7 @@ pub enum PlanError {
 pub struct AllocOptions {
     /// Precisions inference devices may use (FP32 is always allowed).
     pub precisions: Vec<Precision>,
-    /// Which uniform plan sets the throughput floor recovery keeps.
+    /// Which throughput floor the plan must keep.
     pub t_min: TMin,
     /// Training devices on AMP instead of FP32.
     pub train_amp: bool,
@@ -68,16 +68,77 @@ pub struct AllocOptions {
     pub exhaustive_limit: u64,
     /// Combinations the optimality-gap search may evaluate with the predictor.
     pub gap_limit: u64,
+    /// Which plan is chosen: the joint search (default) or QSync's allocator.
+    pub method: Method,
+    /// What the joint search optimizes.
+    pub objective: Objective,
+    /// `Objective::Throughput`: the largest indicator sum allowed (default:
+    /// UP's).
+    pub indicator_bound: Option<f64>,
+    /// Per-type option combinations the joint search splits and estimates.
+    pub combination_limit: usize,
 }
 
 impl Default for AllocOptions {
     fn default() -> Self {
         AllocOptions {
             precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
-            t_min: TMin::Fastest,
+            t_min: TMin::Best,
             train_amp: false,
             exhaustive_limit: 4096,
             gap_limit: 512,
+            method: Method::Joint,
+            objective: Objective::Indicator,
+            indicator_bound: None,
+            combination_limit: 4096,
+        }
+    }
+}
+
+/// Which allocator's plan is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// Batch split and precision searched together ([`crate::joint`]); the
+    /// chosen plan is the best of every method computed under the objective.
+    #[default]
+    Joint,
+    /// QSync's allocator at the uniform batch (ours: fastest start, then
+    /// recovery; greedy from UP when ours does not dominate it), as the
+    /// paper describes it.
+    Qsync,
+}
+
+impl std::str::FromStr for Method {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Method, String> {
+        match s {
+            "joint" => Ok(Method::Joint),
+            "qsync" => Ok(Method::Qsync),
+            _ => Err(format!("unknown method `{s}` (joint, qsync)")),
+        }
+    }
+}
+
+/// What the joint search optimizes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// QSync's problem (1): the smallest indicator sum whose throughput
+    /// keeps the floor ([`TMin`]).
+    #[default]
+    Indicator,
+    /// The fastest plan whose indicator sum stays within a bound.
+    Throughput,
+}
+
+impl std::str::FromStr for Objective {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Objective, String> {
+        match s {
+            "indicator" => Ok(Objective::Indicator),
+            "throughput" => Ok(Objective::Throughput),
+            _ => Err(format!("unknown objective `{s}` (indicator, throughput)")),
         }
     }
 }
@@ -86,9 +147,13 @@ impl Default for AllocOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TMin {
+    /// The best baseline computed in the same run: max(UP, DBS). The
+    /// chosen plan is never predicted slower than either. (QSync's method,
+    /// which keeps the uniform batch, uses UP's.)
+    #[default]
+    Best,
     /// The fastest uniform level that fits (UP): recovery never makes the
     /// iteration slower than the best uniform plan.
-    #[default]
     Fastest,
     /// The lowest uniform precision that fits (the paper's T_min, e.g.
     /// INT8 on a T4): where that level is not the fastest (quantization
@@ -100,9 +165,10 @@ impl std::str::FromStr for TMin {
     type Err = String;
     fn from_str(s: &str) -> Result<TMin, String> {
         match s {
+            "best" => Ok(TMin::Best),
             "fastest" => Ok(TMin::Fastest),
             "lowest" => Ok(TMin::Lowest),
-            _ => Err(format!("unknown T_min rule `{s}` (fastest, lowest)")),
+            _ => Err(format!("unknown T_min rule `{s}` (best, fastest, lowest)")),
         }
     }
 }
@@ -145,8 +211,11 @@ pub struct DbsEval {
     pub indicator_sum: f64,
     /// Device type → local batch.
     pub batch_split: BTreeMap<String, u32>,
-    /// Device type → whether the larger batch still fits (activations scaled).
+    /// Device type → whether it fits at its batch.
     pub fits: BTreeMap<String, bool>,
+    /// The whole evaluation (per type: FP32 plan, local batch, times).
+    #[serde(skip)]
+    pub eval: Option<Eval>,
 }
 
 /// Optimality gap against an exhaustive search over class-uniform plans.
@@ -162,38 +231,84 @@ pub struct Gap {
 /// Everything one planning run produces.
 #[derive(Debug)]
 pub struct Outcome {
+    /// The floor the chosen plan keeps (samples/s).
     pub t_min: f64,
     /// How `t_min` was chosen.
     pub t_min_rule: TMin,
+    /// The floor QSync's method (uniform batch) kept.
+    pub qsync_t_min: f64,
     pub up: Eval,
     pub greedy: Eval,
+    /// QSync's allocator (ours: fastest start and recovery, or greedy's plan
+    /// when ours does not dominate it).
     pub ours: Eval,
     pub dbs: DbsEval,
-    /// `ours` or `greedy-fallback`.
-    pub chosen: &'static str,
+    /// The joint plan at the floor (`Objective::Indicator`), when found.
+    pub joint: Option<Eval>,
+    /// The fastest joint plan within the indicator bound, when found.
+    pub joint_fastest: Option<Eval>,
+    /// The indicator bound of the fastest joint plan.
+    pub indicator_bound: f64,
+    /// The method whose plan is chosen: a key of [`Outcome::methods`].
+    pub chosen: String,
+    /// The chosen plan.
+    pub chosen_eval: Eval,
+    /// Whether QSync's own method fell back to greedy's plan.
+    pub qsync_fallback: bool,
+    pub method: Method,
+    pub objective: Objective,
     pub gap: Option<Gap>,
     pub candidates: usize,
     pub classes: usize,
     /// Recovery steps tried / kept (ours).
     pub steps_tried: usize,
     pub steps_kept: usize,
+    /// Joint combinations split and estimated, and how many were verified.
+    pub joint_combinations: usize,
+    pub joint_verified: usize,
+    /// Seconds per phase, in order.
+    pub phases: Vec<(String, f64)>,
     pub up_trace: String,
-    pub ours_trace: String,
+}
+
+impl Outcome {
+    /// Every method's evaluation, by key: `up`, `dbs`, `qsync-greedy`,
+    /// `qsync`, `joint-fastest`, `joint` (the last two when found).
+    pub fn methods(&self) -> Vec<(&'static str, &Eval)> {
+        let mut v: Vec<(&'static str, &Eval)> = vec![("up", &self.up)];
+        if let Some(d) = &self.dbs.eval {
+            v.push(("dbs", d));
+        }
+        v.push(("qsync-greedy", &self.greedy));
+        v.push(("qsync", &self.ours));
+        if let Some(j) = &self.joint_fastest {
+            v.push(("joint-fastest", j));
+        }
+        if let Some(j) = &self.joint {
+            v.push(("joint", j));
+        }
+        v
+    }
+
+    /// The global batch every plan keeps.
+    pub fn global_batch(&self) -> u64 {
+        self.up.types.iter().map(|t| u64::from(t.count) * u64::from(t.local_batch)).sum()
+    }
 }
 
 /// The state the search shares.
-struct Ctx<'g> {
-    g: &'g Graph,
-    facts: &'g GraphFacts,
-    targets: Vec<Target>,
-    popts: PredictOptions,
-    ind: &'g Indicator,
-    candidates: Vec<NodeId>,
-    gemm: HashMap<NodeId, bool>,
+pub(crate) struct Ctx<'g> {
+    pub(crate) g: &'g Graph,
+    pub(crate) facts: &'g GraphFacts,
+    pub(crate) targets: Vec<Target>,
+    pub(crate) popts: PredictOptions,
+    pub(crate) ind: &'g Indicator,
+    pub(crate) candidates: Vec<NodeId>,
+    pub(crate) gemm: HashMap<NodeId, bool>,
     /// Per type: None for training types, else its levels (bits descending).
-    levels: Vec<Option<Vec<Precision>>>,
+    pub(crate) levels: Vec<Option<Vec<Precision>>>,
     /// Training types on AMP.
-    amp: bool,
+    pub(crate) amp: bool,
 }
 
 /// Nodes the allocator chooses precisions for: lowerable operators that are
@@ -216,18 +331,18 @@ pub fn candidates(g: &Graph, facts: &GraphFacts) -> Vec<NodeId> {
 }
 
 impl<'g> Ctx<'g> {
-    fn allowed(&self, t: usize, n: NodeId) -> Vec<Precision> {
+    pub(crate) fn allowed(&self, t: usize, n: NodeId) -> Vec<Precision> {
         let Some(levels) = &self.levels[t] else { return vec![Precision::Fp32] };
         let gemm = self.gemm.get(&n).copied().unwrap_or(false);
         levels.iter().copied().filter(|p| gemm || (!p.is_fixed_point() && p.bits() >= 16)).collect()
     }
 
     /// The node's precision at uniform level `p`: the lowest it allows with at least `p`'s bits.
-    fn at_level(&self, t: usize, n: NodeId, p: Precision) -> Precision {
+    pub(crate) fn at_level(&self, t: usize, n: NodeId, p: Precision) -> Precision {
         self.allowed(t, n).into_iter().rev().find(|q| q.bits() >= p.bits()).unwrap_or(Precision::Fp32)
     }
 
-    fn training_plan(&self) -> Plan {
+    pub(crate) fn training_plan(&self) -> Plan {
         let mut plan = Plan::new();
         for &n in &self.candidates {
             let gemm = self.gemm.get(&n).copied().unwrap_or(false);
@@ -236,7 +351,16 @@ impl<'g> Ctx<'g> {
         plan
     }
 
-    fn uniform(&self, t: usize, p: Precision) -> Plan {
+    /// Every candidate of type `t` at FP32 (training types too).
+    pub(crate) fn uniform_fp32(&self, _t: usize) -> Plan {
+        let mut plan = Plan::new();
+        for &n in &self.candidates {
+            plan.set(n, Precision::Fp32);
+        }
+        plan
+    }
+
+    pub(crate) fn uniform(&self, t: usize, p: Precision) -> Plan {
         let mut plan = Plan::new();
         for &n in &self.candidates {
             plan.set(n, self.at_level(t, n, p));
@@ -244,7 +368,7 @@ impl<'g> Ctx<'g> {
         plan
     }
 
-    fn predictor(&self, plans: &[Plan]) -> Result<Predictor<'g>, PlanError> {
+    pub(crate) fn predictor(&self, plans: &[Plan]) -> Result<Predictor<'g>, PlanError> {
         let mut targets = self.targets.clone();
         for (t, p) in targets.iter_mut().zip(plans) {
             t.plan = p.clone();
@@ -252,12 +376,33 @@ impl<'g> Ctx<'g> {
         Ok(Predictor::new(self.g, targets, self.popts.clone())?)
     }
 
-    fn indicator_of(&self, plan: &Plan) -> f64 {
+    /// A predictor of `plans` with per-type local batches.
+    pub(crate) fn predictor_at(&self, plans: &[Plan], batches: &[u32]) -> Result<Predictor<'g>, PlanError> {
+        let mut targets = self.targets.clone();
+        for ((t, p), &b) in targets.iter_mut().zip(plans).zip(batches) {
+            t.plan = p.clone();
+            t.local_batch = b;
+        }
+        Ok(Predictor::new(self.g, targets, self.popts.clone())?)
+    }
+
+    /// The batch every type was given (the predictor's reference batch).
+    pub(crate) fn reference_batch(&self) -> u32 {
+        self.popts.reference_batch.unwrap_or_else(|| self.targets.first().map_or(1, |t| t.local_batch)).max(1)
+    }
+
+    /// The global batch of the cluster as given.
+    pub(crate) fn global_batch(&self) -> u64 {
+        self.targets.iter().map(|t| u64::from(t.count) * u64::from(t.local_batch)).sum()
+    }
+
+    pub(crate) fn indicator_of(&self, plan: &Plan) -> f64 {
         self.candidates.iter().map(|&n| self.ind.omega(n, plan.get(n).unwrap_or(Precision::Fp32))).sum()
     }
 
-    fn eval(&self, method: &str, pred: &mut Predictor<'g>) -> Eval {
+    pub(crate) fn eval(&self, method: &str, pred: &mut Predictor<'_>) -> Eval {
         let r = pred.result().clone();
+        let batches: Vec<u32> = pred.targets().iter().map(|t| t.local_batch).collect();
         let mut types = Vec::new();
         for (t, d) in r.devices.iter().enumerate() {
             let plan = pred.plan(t).cloned().unwrap_or_default();
@@ -270,7 +415,7 @@ impl<'g> Ctx<'g> {
             types.push(TypeEval {
                 name: d.name.clone(),
                 count: self.targets[t].count,
-                local_batch: self.targets[t].local_batch,
+                local_batch: batches[t],
                 role: if self.levels[t].is_some() { "inference" } else { "training" },
                 plan,
                 peak_memory_bytes: d.peak_memory_bytes,
@@ -294,7 +439,7 @@ impl<'g> Ctx<'g> {
     }
 
     /// Max-heap recovery (QSync Sec. V) on `pred`, in place. Returns (tried, kept).
-    fn recover(&self, pred: &mut Predictor<'g>, t_min: f64) -> Result<(usize, usize), PlanError> {
+    pub(crate) fn recover(&self, pred: &mut Predictor<'_>, t_min: f64) -> Result<(usize, usize), PlanError> {
         let mut heaps: Vec<BinaryHeap<Step>> = Vec::new();
         for t in 0..self.targets.len() {
             let mut h = BinaryHeap::new();
@@ -408,6 +553,23 @@ pub fn allocate(
     opts: &AllocOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Outcome, PlanError> {
+    let mut popts = popts;
+    if popts.reference_batch.is_none() {
+        let first = targets.first().map_or(1, |t| t.local_batch);
+        if targets.iter().any(|t| t.local_batch != first) {
+            return Err(PlanError::Infeasible(
+                "targets with different local batches need PredictOptions::reference_batch (the batch the graph is costed at)"
+                    .into(),
+            ));
+        }
+        popts.reference_batch = Some(first);
+    }
+    let mut phases: Vec<(String, f64)> = Vec::new();
+    let mut clock = std::time::Instant::now();
+    let mut lap = |name: &str, phases: &mut Vec<(String, f64)>| {
+        phases.push((name.to_string(), clock.elapsed().as_secs_f64()));
+        clock = std::time::Instant::now();
+    };
     let cands = candidates(g, facts);
     let gemm: HashMap<NodeId, bool> =
         cands.iter().map(|&n| (n, facts.node(n).is_ok_and(|f| f.kind.is_gemm_like()))).collect();
@@ -494,68 +656,150 @@ pub fn allocate(
     let mut up_pred = cx.predictor(&up_plans)?;
     let up = cx.eval("up", &mut up_pred);
     let up_trace = up_pred.chrome_trace_json();
+    lap("uniform precision (UP)", &mut phases);
+
+    progress("dynamic batch sizing (DBS)");
+    let dbs = dbs(&cx)?;
+    lap("dynamic batch sizing (DBS)", &mut phases);
+    let dbs_sps = dbs.eval.as_ref().map_or(0.0, |e| e.samples_per_s);
+    let lowest = lowest_fitting.unwrap_or(up.samples_per_s).min(up.samples_per_s);
+    let qsync_t_min = match opts.t_min {
+        TMin::Lowest => lowest,
+        TMin::Best | TMin::Fastest => up.samples_per_s,
+    };
     let t_min = match opts.t_min {
+        TMin::Best => up.samples_per_s.max(dbs_sps),
         TMin::Fastest => up.samples_per_s,
-        TMin::Lowest => lowest_fitting.unwrap_or(up.samples_per_s).min(up.samples_per_s),
+        TMin::Lowest => lowest,
     };
 
     // Greedy: recovery from UP.
     progress("QSync greedy recovery");
     let mut gp = cx.predictor(&up_plans)?;
-    cx.recover(&mut gp, t_min)?;
-    let greedy = cx.eval("greedy", &mut gp);
+    cx.recover(&mut gp, qsync_t_min)?;
+    let greedy = cx.eval("qsync-greedy", &mut gp);
+    lap("QSync greedy recovery", &mut phases);
 
     // Ours: fastest start under memory, then recovery.
     progress("fastest start (class knapsack)");
     let cls = classes(g, &cx.candidates);
+    let mut fastest: Vec<Option<Plan>> = vec![None; n_types];
     let mut start = up_plans.clone();
     for t in 0..n_types {
         if cx.levels[t].is_none() {
             continue;
         }
         if let Some(p) = fastest_start(&cx, t, &cls, &start, opts)? {
+            fastest[t] = Some(p.clone());
             start[t] = p;
         }
     }
+    lap("fastest start (class knapsack)", &mut phases);
     let mut sp = cx.predictor(&start)?;
     let sr = sp.result().clone();
-    if !(sr.devices.iter().all(|d| d.fits) && sr.samples_per_s >= t_min) {
+    if !(sr.devices.iter().all(|d| d.fits) && sr.samples_per_s >= qsync_t_min) {
         start = up_plans.clone();
         sp = cx.predictor(&start)?;
     }
     progress("indicator recovery (max-heap)");
-    let (tried, kept) = cx.recover(&mut sp, t_min)?;
+    let (tried, kept) = cx.recover(&mut sp, qsync_t_min)?;
     let mut ours = cx.eval("qsync", &mut sp);
-    let mut ours_trace = sp.chrome_trace_json();
     let dominates = ours.samples_per_s >= greedy.samples_per_s * (1.0 - 1e-12)
         && ours.indicator_sum <= greedy.indicator_sum * (1.0 + 1e-12);
-    let chosen = if dominates {
-        "ours"
-    } else {
+    if !dominates {
         ours = Eval { method: "qsync".into(), ..greedy.clone() };
-        ours_trace = gp.chrome_trace_json();
-        "greedy-fallback"
-    };
+    }
+    lap("indicator recovery (max-heap)", &mut phases);
 
-    progress("dynamic batch sizing (DBS)");
-    let dbs = dbs(&cx)?;
-    let gap = optimality_gap(&cx, &cls, &up_plans, t_min, ours.indicator_sum, opts)?;
+    // Joint: batch split and precision together.
+    progress("joint batch split and precision");
+    let bound = opts.indicator_bound.unwrap_or(up.indicator_sum);
+    let joint = crate::joint::search(&cx, &up_plans, &fastest, &level_sets, t_min, bound, opts, &mut up_pred)?;
+    lap("joint batch split and precision", &mut phases);
+
+    let (chosen, chosen_eval) = choose(opts, &up, &dbs, &greedy, &ours, &joint, t_min, bound, dominates);
+    let gap = optimality_gap(&cx, &cls, &up_plans, qsync_t_min, ours.indicator_sum, opts)?;
+    lap("optimality gap", &mut phases);
     Ok(Outcome {
-        t_min,
+        t_min: if opts.method == Method::Qsync { qsync_t_min } else { t_min },
         t_min_rule: opts.t_min,
+        qsync_t_min,
         up,
         greedy,
         ours,
         dbs,
+        joint: joint.at_floor,
+        joint_fastest: joint.fastest,
+        indicator_bound: bound,
         chosen,
+        chosen_eval,
+        qsync_fallback: !dominates,
+        method: opts.method,
+        objective: opts.objective,
         gap,
         candidates: cx.candidates.len(),
         classes: cls.len(),
         steps_tried: tried,
         steps_kept: kept,
+        joint_combinations: joint.combinations,
+        joint_verified: joint.verified,
+        phases,
         up_trace,
-        ours_trace,
     })
+}
+
+/// The chosen plan: QSync's method as published, or the best of every
+/// method under the objective — `Indicator`: the smallest indicator sum at
+/// or above the floor (ties: the faster); `Throughput`: the fastest within
+/// the indicator bound (ties: the smaller indicator).
+#[allow(clippy::too_many_arguments)]
+fn choose(
+    opts: &AllocOptions,
+    up: &Eval,
+    dbs: &DbsEval,
+    greedy: &Eval,
+    ours: &Eval,
+    joint: &crate::joint::Found,
+    t_min: f64,
+    bound: f64,
+    dominates: bool,
+) -> (String, Eval) {
+    if opts.method == Method::Qsync {
+        return if dominates { ("qsync".into(), ours.clone()) } else { ("qsync-greedy".into(), greedy.clone()) };
+    }
+    let mut pool: Vec<(&str, &Eval)> = Vec::new();
+    if let Some(j) = &joint.at_floor {
+        pool.push(("joint", j));
+    }
+    if let Some(j) = &joint.fastest {
+        pool.push(("joint-fastest", j));
+    }
+    pool.push(("qsync", ours));
+    pool.push(("qsync-greedy", greedy));
+    if let Some(d) = &dbs.eval {
+        pool.push(("dbs", d));
+    }
+    pool.push(("up", up));
+    let fits = |e: &Eval| e.types.iter().all(|t| t.fits);
+    let best = match opts.objective {
+        Objective::Indicator => pool
+            .iter()
+            .filter(|(_, e)| fits(e) && e.samples_per_s >= t_min * (1.0 - 1e-9))
+            .min_by(|a, b| {
+                a.1.indicator_sum.total_cmp(&b.1.indicator_sum).then(b.1.samples_per_s.total_cmp(&a.1.samples_per_s))
+            }),
+        Objective::Throughput => pool
+            .iter()
+            .filter(|(_, e)| fits(e) && e.indicator_sum <= bound * (1.0 + 1e-9) + 1e-300)
+            .max_by(|a, b| {
+                a.1.samples_per_s.total_cmp(&b.1.samples_per_s).then(b.1.indicator_sum.total_cmp(&a.1.indicator_sum))
+            }),
+    };
+    // UP fits (the planner stops earlier otherwise), so the pool is never
+    // empty of a fitting plan under Throughput with UP's own bound; the
+    // floor is met by UP or DBS, whichever set it.
+    let (k, e) = best.copied().unwrap_or(("up", up));
+    (k.to_string(), Eval { method: k.to_string(), ..e.clone() })
 }
 
 /// The fastest class-uniform plan of type `t` under its memory cap.
@@ -687,35 +931,31 @@ fn knapsack(items: &[Vec<(Precision, f64, f64)>], budget: f64, exhaustive_limit:
     Some(out)
 }
 
-/// DBS: FP32 everywhere, the global batch split by FP32 speed.
+/// DBS: FP32 everywhere (training types too), the global batch split so
+/// that the slowest type finishes first ([`crate::joint::split`] on the
+/// FP32 lines), verified by a full prediction at that split.
 fn dbs(cx: &Ctx<'_>) -> Result<DbsEval, PlanError> {
-    let plans: Vec<Plan> = (0..cx.targets.len()).map(|t| cx.uniform(t, Precision::Fp32)).collect();
-    let mut pred = cx.predictor(&plans)?;
-    let r = pred.result().clone();
-    let global: f64 = cx.targets.iter().map(|t| f64::from(t.count) * f64::from(t.local_batch)).sum();
-    let speed: Vec<f64> =
-        r.devices.iter().zip(&cx.targets).map(|(d, t)| f64::from(t.local_batch) / d.compute_us.max(1e-9)).collect();
-    let total_speed: f64 = speed.iter().zip(&cx.targets).map(|(s, t)| s * f64::from(t.count)).sum();
-    let max_compute = r.devices.iter().map(|d| d.compute_us).fold(0.0, f64::max);
-    let exposed = (r.iteration_us - max_compute).max(0.0);
-    let (mut split, mut fits) = (BTreeMap::new(), BTreeMap::new());
-    let mut slowest = 0.0f64;
-    for (t, (d, s)) in r.devices.iter().zip(&speed).enumerate() {
-        let b = (global * s / total_speed).round().max(1.0);
-        let scale = b / f64::from(cx.targets[t].local_batch);
-        slowest = slowest.max(d.compute_us * scale);
-        let m = pred.memory(t).copied().unwrap_or_default();
-        fits.insert(d.name.clone(), m.total + m.activations * (scale - 1.0) <= m.capacity);
-        split.insert(d.name.clone(), b as u32);
-    }
-    let global_eff: f64 = split.values().zip(&cx.targets).map(|(&b, t)| f64::from(b) * f64::from(t.count)).sum();
-    let it = slowest + exposed;
+    let plans: Vec<Plan> = (0..cx.targets.len()).map(|t| cx.uniform_fp32(t)).collect();
+    let lines = cx.lines(&plans)?;
+    let Some((batches, _)) = crate::joint::split(&lines, cx.global_batch()) else {
+        return Ok(DbsEval {
+            iteration_ms: f64::INFINITY,
+            samples_per_s: 0.0,
+            indicator_sum: 0.0,
+            batch_split: BTreeMap::new(),
+            fits: cx.targets.iter().map(|t| (t.device.name.clone(), false)).collect(),
+            eval: None,
+        });
+    };
+    let mut pred = cx.predictor_at(&plans, &batches)?;
+    let e = cx.eval("dbs", &mut pred);
     Ok(DbsEval {
-        iteration_ms: it / 1e3,
-        samples_per_s: if it > 0.0 { global_eff / (it / 1e6) } else { 0.0 },
-        indicator_sum: 0.0,
-        batch_split: split,
-        fits,
+        iteration_ms: e.iteration_ms,
+        samples_per_s: e.samples_per_s,
+        indicator_sum: e.indicator_sum,
+        batch_split: e.types.iter().map(|t| (t.name.clone(), t.local_batch)).collect(),
+        fits: e.types.iter().map(|t| (t.name.clone(), t.fits)).collect(),
+        eval: if e.types.iter().all(|t| t.fits) { Some(e) } else { None },
     })
 }
 

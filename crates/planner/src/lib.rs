@@ -7,15 +7,20 @@
 //!   (Prop. 2–3, eqs. 3–5), from initializers and an optional calibration file;
 //! - [`allocator`]: UP, DBS, QSync's greedy and our allocator (fastest start
 //!   under memory over classes of repeated operators, then max-heap recovery),
-//!   all evaluated by the predictor of `qsync-sim`.
+//!   all evaluated by the predictor of `qsync-sim`;
+//! - [`joint`]: each device type's local batch and precisions searched
+//!   together, under QSync's objective (smallest indicator at a throughput
+//!   floor) or the fastest plan within an indicator bound.
 //!
 //! Reads the IR, the cost model and the predictor; knows nothing of files
 //! or the CLI.
 
 pub mod allocator;
 pub mod indicator;
+pub mod joint;
 
 pub use allocator::{
-    allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Outcome, PlanError, TMin, TypeEval,
+    allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Method, Objective, Outcome, PlanError, TMin,
+    TypeEval,
 };
 pub use indicator::{Calibration, Indicator, OpStats, Source, Sources, TensorStats};

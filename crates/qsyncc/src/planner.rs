@@ -1,137 +1,239 @@
-//! `qsyncc MODEL --targets v100:16,t4:16 -o plan/`: the QSync planner.
+//! The plan pipeline: `qsyncc MODEL --targets v100:16,t4:16 -o plan/`, as a
+//! library.
 //!
-//! Loads the model, runs the allocator (`qsync-planner`) with its baselines
-//! and writes the plan directory (schema `qsync-plan/1`):
+//! [`plan`] loads the model, runs every method of `qsync-planner` (UP, DBS,
+//! QSync's greedy and allocator, the joint batch-and-precision search),
+//! materializes the chosen plan on each device type's graph and runs the
+//! per-device pipeline (`egraph-casts` by default); [`Planned::write`] writes
+//! the plan directory atomically (a temporary sibling renamed into place, so
+//! a failed run never leaves a half-written plan). [`run`] is the CLI's thin
+//! wrapper.
 //!
-//! - `manifest.json` — `schema`, `model` {name, sha256}, `targets` (type,
-//!   count, per node, local batch, memory fraction, role), `cluster` (devices,
-//!   global batch), `pipeline` (passes run on each device's graph after the
-//!   casts are materialized), `indicator` (statistics sources), `chosen`
-//!   (`ours` or `greedy-fallback`), `t_min_samples_per_s` and `t_min_rule`
-//!   (`fastest` or `lowest`, `--t-min`), `devices` per type
-//!   {iteration_ms, peak_memory_bytes, memory_capacity_bytes, indicator,
-//!   casts, precision_histogram, files}, and `methods` {qsync, up, greedy,
-//!   dbs} with iteration_ms, samples_per_s and indicator_sum (DBS adds its
-//!   batch split), `optimality_gap` when the graph was small enough;
+//! ```no_run
+//! use qsyncc::planner::{plan, PlanRequest};
+//!
+//! let mut req = PlanRequest::new("examples/squeezenet1_1.onnx", "v100:16,t4:16");
+//! req.batch = 32;
+//! let planned = plan(&req)?;
+//! println!("{}: {:.1} samples/s", planned.outcome.chosen, planned.outcome.chosen_eval.samples_per_s);
+//! planned.write(std::path::Path::new("plan"))?;
+//! # Ok::<(), qsyncc::planner::PipelineError>(())
+//! ```
+//!
+//! The directory (schema `qsync-plan/2`):
+//!
+//! - `manifest.json` — `schema`, `model` {name, path, sha256}, `targets`
+//!   (device, count, per node, local batch, gradient weight, memory
+//!   fraction, role), `cluster` (devices, global batch, training precision,
+//!   precisions), `gradient_averaging` (each device's gradient is weighted by
+//!   its local batch over the global batch: per type the weight of one
+//!   device), `pipeline`, `indicator` (statistics sources), `method`,
+//!   `objective`, `chosen` (a key of `methods`), `t_min_samples_per_s` and
+//!   `t_min_rule` (`best`, `fastest`, `lowest`), `indicator_bound`, the
+//!   chosen plan's `iteration_ms` and `samples_per_s`, `devices` per type
+//!   {role, count, local_batch, iteration_ms, compute_ms, memory, fits,
+//!   indicator, casts, precision_histogram, files}, `methods` {up, dbs,
+//!   qsync-greedy, qsync, joint-fastest, joint — those found} with
+//!   iteration_ms, samples_per_s, indicator_sum and local_batches,
+//!   `search` (candidates, classes, recovery steps, joint combinations),
+//!   `optimality_gap`, `warnings` (byte-deterministic: the per-phase
+//!   timings go only to `--json`'s `timings_s`);
 //! - `<device>/model.onnx` — the planned graph with casts / QDQ materialized;
 //! - `<device>/plan.json` — per node its precision, the forward / backward
-//!   µs the chosen plan was simulated with (the casts its precision needs
-//!   and the batch scaling included; their sum plus the optimizer step is
-//!   the device's `compute_ms`), and Ω for the planned candidates;
-//! - `timeline.json` — Chrome trace of the planned iteration;
-//! - `report.md` — the baseline table and an SVG timeline of UP vs the plan.
+//!   µs the chosen plan was simulated with (casts and batch scaling
+//!   included), and Ω for the planned candidates;
+//! - `timeline.json` — Chrome trace of the chosen plan's iteration;
+//! - `report.md` — the verdict, the methods side by side, what changed per
+//!   device, and an SVG timeline of UP against the chosen plan.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use qsync_cost::{GraphFacts, Plan, Precision};
 use qsync_ir::infer::InferOptions;
-use qsync_planner::{allocate, AllocOptions, Calibration, Eval, Indicator, Outcome};
+use qsync_planner::{allocate, AllocOptions, Calibration, Eval, Indicator, Method, Objective, Outcome, TMin};
 use qsync_sim::{PredictOptions, SimConfig, Target};
 use serde_json::json;
 
 use crate::load;
 
 /// Manifest schema version.
-pub const SCHEMA: &str = "qsync-plan/1";
+pub const SCHEMA: &str = "qsync-plan/2";
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "qsyncc",
-    about = "Plan per-device mixed precision for a hybrid cluster: qsyncc MODEL --targets v100:16,t4:16 -o plan/"
-)]
-pub struct PlanArgs {
+/// Why the plan pipeline failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The request itself is wrong (unknown device, precision, flag value).
+    #[error("{0}")]
+    Request(String),
+    /// Loading, planning or rewriting the model failed; the message names
+    /// the file and, where there is one, the node.
+    #[error("{0}")]
+    Plan(String),
+    /// The output directory could not be written, or is not ours to replace.
+    #[error("{path}: {reason}")]
+    Output { path: PathBuf, reason: String },
+}
+
+fn plan_err(e: anyhow::Error) -> PipelineError {
+    PipelineError::Plan(format!("{e:#}"))
+}
+
+/// Everything the planner needs; [`PlanRequest::new`] gives the CLI's
+/// defaults.
+#[derive(Clone, Debug)]
+pub struct PlanRequest {
     /// An ONNX model (.onnx), TorchScript archive (.pt) or text IR (.qir).
     pub model: PathBuf,
     /// Device types and counts: `v100:16,t4:16` (`t4:16/4`: 4 per node).
-    #[arg(long)]
     pub targets: String,
-    /// Output directory.
-    #[arg(short, long)]
-    pub output: PathBuf,
-    /// Samples per device per iteration.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
+    /// Samples per device per iteration before any split (the global batch
+    /// is this times the device count).
     pub batch: i64,
-    /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
-    #[arg(long = "dim", value_parser = crate::parse_dim_binding)]
+    /// Named symbolic dimensions: `("seq", 128)`.
     pub dims: Vec<(String, i64)>,
-    /// Available memory of a device type: `t4=30%` (repeatable).
-    #[arg(long, value_delimiter = ',')]
+    /// Available memory of a device type: `t4=30%`.
     pub memory: Vec<String>,
     /// Precisions inference devices may use.
-    #[arg(long, default_value = "fp32,fp16,int8")]
-    pub precisions: String,
+    pub precisions: Vec<Precision>,
     /// Passes run on each device's graph after materialization.
-    #[arg(long, default_value = "egraph-casts")]
     pub pipeline: String,
-    /// Activation / gradient statistics for the indicator (JSON, see
-    /// `qsync_planner::Calibration`; `scripts/calibrate.py` writes one).
-    #[arg(long)]
+    /// Activation / gradient statistics for the indicator.
     pub calibration: Option<PathBuf>,
-    /// The throughput floor precision recovery keeps: `fastest` (the
-    /// fastest uniform level that fits, UP — never slower than the best
-    /// uniform plan) or `lowest` (the paper's T_min: the lowest uniform
-    /// precision that fits, e.g. INT8; recovery may then trade throughput
-    /// down to it for precision).
-    #[arg(long = "t-min", default_value = "fastest", value_parser = ["fastest", "lowest"])]
-    pub t_min: String,
-    /// Training devices: `fp32` (default) or `amp`.
-    #[arg(long, default_value = "fp32", value_parser = ["fp32", "amp"])]
-    pub train_precision: String,
-    /// Optimizer whose state is kept: sgd, momentum or adam.
-    #[arg(long, default_value = "adam")]
+    pub t_min: TMin,
+    pub method: Method,
+    pub objective: Objective,
+    pub indicator_bound: Option<f64>,
+    /// Training devices on AMP instead of FP32.
+    pub train_amp: bool,
+    /// sgd, momentum or adam.
     pub optimizer: String,
-    /// Extra device description files.
-    #[arg(long = "device-file")]
     pub device_files: Vec<PathBuf>,
-    /// Print a JSON summary on stdout.
-    #[arg(long)]
-    pub json: bool,
-    /// What each `<device>/` directory gets: `onnx` (always written), and
-    /// `mlir` / `ptx` for the device's `model.mlir` and `kernels.ptx`.
-    #[arg(long, default_value = "onnx", value_delimiter = ',')]
+    /// `mlir` / `ptx` besides the ONNX always written.
     pub emit: Vec<String>,
+    /// Progress lines with elapsed seconds on stderr.
+    pub progress: bool,
 }
 
-fn progress(quiet: bool, msg: &str, start: std::time::Instant) {
-    if !quiet {
-        eprintln!("[{:>6.2}s] {msg}", start.elapsed().as_secs_f64());
-    }
-}
-
-/// Run the planner; returns what goes to stdout.
-pub fn run(a: &PlanArgs) -> Result<String> {
-    if let Some(bad) = a.emit.iter().map(|e| e.trim()).find(|e| !matches!(*e, "onnx" | "mlir" | "ptx")) {
-        bail!("unknown --emit kind `{bad}` (expected onnx, mlir, ptx)");
-    }
-    let start = std::time::Instant::now();
-    let crate::simulate::ClusterSpec { db, specs, fractions } =
-        crate::simulate::parse_cluster(&a.device_files, &a.targets, &a.memory)?;
-    let mut precisions = Vec::new();
-    for s in a.precisions.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let p: Precision = s
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--precisions: {e} (fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2)"))?;
-        if !specs.iter().any(|(n, _, _)| db.get(n).is_ok_and(|d| d.supports(p))) {
-            bail!("--precisions: no target supports {p}");
+impl PlanRequest {
+    pub fn new(model: impl Into<PathBuf>, targets: impl Into<String>) -> PlanRequest {
+        PlanRequest {
+            model: model.into(),
+            targets: targets.into(),
+            batch: 32,
+            dims: Vec::new(),
+            memory: Vec::new(),
+            precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
+            pipeline: "egraph-casts".into(),
+            calibration: None,
+            t_min: TMin::Best,
+            method: Method::Joint,
+            objective: Objective::Indicator,
+            indicator_bound: None,
+            train_amp: false,
+            optimizer: "adam".into(),
+            device_files: Vec::new(),
+            emit: Vec::new(),
+            progress: false,
         }
-        precisions.push(p);
     }
-    let optimizer = crate::simulate::parse_optimizer(&a.optimizer)?;
-    let calibration = match &a.calibration {
+}
+
+/// One device type's share of a plan, ready to write.
+#[derive(Debug)]
+pub struct DevicePlan {
+    pub name: String,
+    /// The planned graph, casts materialized and the pipeline run.
+    pub model: qsync_ir::Model,
+    /// `plan.json`.
+    pub plan_json: serde_json::Value,
+    /// Its entry in the manifest's `devices`.
+    pub manifest_entry: serde_json::Value,
+}
+
+/// A finished plan, in memory.
+#[derive(Debug)]
+pub struct Planned {
+    pub outcome: Outcome,
+    pub devices: Vec<DevicePlan>,
+    pub manifest: serde_json::Value,
+    /// What `--json` prints.
+    pub summary: serde_json::Value,
+    pub report: String,
+    pub timeline: String,
+    pub warnings: Vec<String>,
+    /// Kept for code emission at write time.
+    model_path: PathBuf,
+    emit: Vec<String>,
+}
+
+struct Clock {
+    start: std::time::Instant,
+    last: std::time::Instant,
+    on: bool,
+    phases: Vec<(String, f64)>,
+}
+
+impl Clock {
+    fn new(on: bool) -> Clock {
+        let now = std::time::Instant::now();
+        Clock { start: now, last: now, on, phases: Vec::new() }
+    }
+    fn say(&self, msg: &str) {
+        if self.on {
+            eprintln!("[{:>6.2}s] {msg}", self.start.elapsed().as_secs_f64());
+        }
+    }
+    fn lap(&mut self, phase: &str) {
+        let now = std::time::Instant::now();
+        self.phases.push((phase.to_string(), (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
+}
+
+/// Plan `req.model` for `req.targets`: every method, the chosen plan
+/// materialized per device type. Nothing is written.
+pub fn plan(req: &PlanRequest) -> Result<Planned, PipelineError> {
+    plan_inner(req).map_err(|e| match e.downcast::<PipelineError>() {
+        Ok(p) => p,
+        Err(e) => plan_err(e),
+    })
+}
+
+fn request_err(msg: String) -> anyhow::Error {
+    anyhow::Error::new(PipelineError::Request(msg))
+}
+
+fn plan_inner(req: &PlanRequest) -> Result<Planned> {
+    if let Some(bad) = req.emit.iter().map(|e| e.trim()).find(|e| !matches!(*e, "onnx" | "mlir" | "ptx")) {
+        return Err(request_err(format!("unknown --emit kind `{bad}` (expected onnx, mlir, ptx)")));
+    }
+    if !(1..=1 << 24).contains(&req.batch) {
+        return Err(request_err(format!("--batch {} is outside 1..=16777216", req.batch)));
+    }
+    let mut clock = Clock::new(req.progress);
+    let crate::simulate::ClusterSpec { db, specs, fractions } =
+        crate::simulate::parse_cluster(&req.device_files, &req.targets, &req.memory)
+            .map_err(|e| request_err(format!("{e:#}")))?;
+    for &p in &req.precisions {
+        if !specs.iter().any(|(n, _, _)| db.get(n).is_ok_and(|d| d.supports(p))) {
+            return Err(request_err(format!("--precisions: no target supports {p}")));
+        }
+    }
+    let optimizer = crate::simulate::parse_optimizer(&req.optimizer).map_err(|e| request_err(format!("{e:#}")))?;
+    let calibration = match &req.calibration {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
             Some(Calibration::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
         }
         None => None,
     };
-    let bytes = std::fs::read(&a.model).with_context(|| format!("cannot read {}", a.model.display()))?;
+    let bytes = std::fs::read(&req.model).with_context(|| format!("cannot read {}", req.model.display()))?;
     let crate::simulate::Prepared { loaded, work_scale, bindings, mut warnings } =
-        crate::simulate::prepare(&a.model, a.batch, &a.dims)?;
-    let quiet = false;
-    progress(quiet, &format!("loaded {} ({} nodes)", a.model.display(), loaded.model.graph.node_count()), start);
+        crate::simulate::prepare(&req.model, req.batch, &req.dims)?;
+    clock.say(&format!("loaded {} ({} nodes)", req.model.display(), loaded.model.graph.node_count()));
+    clock.lap("load");
     let g = &loaded.model.graph;
     let mut targets = Vec::new();
     for (name, count, per_node) in &specs {
@@ -139,7 +241,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
             device: db.get(name)?.clone(),
             count: *count,
             per_node: *per_node,
-            local_batch: a.batch as u32,
+            local_batch: req.batch as u32,
             plan: Plan::new(),
             memory_fraction: fractions.get(name).copied(),
             calibration: None,
@@ -148,15 +250,16 @@ pub fn run(a: &PlanArgs) -> Result<String> {
     // The per-device pipeline's egraph-casts stores the FP16/BF16 GEMM
     // weights as refreshed copies (unless told not to): the predictions
     // count their rewrite in the optimizer step.
-    let weight_copies = a.pipeline.contains("egraph-casts") && !a.pipeline.contains("refresh=false");
+    let weight_copies = req.pipeline.contains("egraph-casts") && !req.pipeline.contains("refresh=false");
     let popts = PredictOptions {
         bindings: bindings.clone(),
         work_scale,
         optimizer,
         config: SimConfig::default(),
         weight_copies,
+        reference_batch: Some(req.batch as u32),
     };
-    let label = a.model.display().to_string();
+    let label = req.model.display().to_string();
     let facts = GraphFacts::new(g, &bindings).with_context(|| label.clone())?;
     let cands = qsync_planner::candidates(g, &facts);
     let ind = Indicator::new(g, &facts, &cands, calibration.as_ref());
@@ -170,27 +273,35 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         ));
     }
     let aopts = AllocOptions {
-        precisions: precisions.clone(),
-        train_amp: a.train_precision == "amp",
-        t_min: a.t_min.parse().map_err(|e: String| anyhow::anyhow!("--t-min: {e}"))?,
+        precisions: req.precisions.clone(),
+        train_amp: req.train_amp,
+        t_min: req.t_min,
+        method: req.method,
+        objective: req.objective,
+        indicator_bound: req.indicator_bound,
         ..AllocOptions::default()
     };
-    let mut prog = |m: &str| progress(quiet, m, start);
+    let mut prog = |m: &str| clock.say(m);
     let out =
         allocate(g, &facts, targets.clone(), popts.clone(), &ind, &aopts, &mut prog).with_context(|| label.clone())?;
+    clock.phases.extend(out.phases.iter().cloned());
+    clock.last = std::time::Instant::now();
     // The chosen plan, simulated once more for its per-node times.
-    let chosen_targets: Vec<Target> =
-        targets.iter().zip(&out.ours.types).map(|(t, te)| Target { plan: te.plan.clone(), ..t.clone() }).collect();
-    let chosen = qsync_sim::Predictor::new(g, chosen_targets, popts).with_context(|| label.clone())?;
-    progress(quiet, "writing the plan directory", start);
+    let chosen_targets: Vec<Target> = targets
+        .iter()
+        .zip(&out.chosen_eval.types)
+        .map(|(t, te)| Target { plan: te.plan.clone(), local_batch: te.local_batch, ..t.clone() })
+        .collect();
+    let mut chosen = qsync_sim::Predictor::new(g, chosen_targets, popts).with_context(|| label.clone())?;
+    let timeline = chosen.chrome_trace_json();
+    clock.say("materializing each device's graph");
 
-    // Per-device outputs.
-    std::fs::create_dir_all(&a.output).with_context(|| format!("creating {}", a.output.display()))?;
-    let pm = qsync_passes::pipeline_from_spec(&a.pipeline)?;
-    let mut dev_json = serde_json::Map::new();
-    for (t, te) in out.ours.types.iter().enumerate() {
-        let dir = a.output.join(&te.name);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let pm = qsync_passes::pipeline_from_spec(&req.pipeline).map_err(|e| request_err(format!("--pipeline: {e:#}")))?;
+    let emitted: Vec<String> =
+        req.emit.iter().map(|e| e.trim().to_string()).filter(|e| e == "mlir" || e == "ptx").collect();
+    let global_batch: u64 = out.chosen_eval.types.iter().map(|t| u64::from(t.count) * u64::from(t.local_batch)).sum();
+    let mut devices = Vec::new();
+    for (t, te) in out.chosen_eval.types.iter().enumerate() {
         let mut model = loaded.model.clone();
         for &n in &cands {
             model.graph.node_mut(n).precision = Some(te.plan.get(n).unwrap_or(Precision::Fp32).storage_dtype());
@@ -212,7 +323,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         let stats = qsync_passes::precision::materialize(&mut model, qsync_passes::precision::Mode::Training)
             .map_err(|e| anyhow::anyhow!("{label}: materializing the plan of {}: {e}", te.name))?;
         let mut cx = qsync_passes::PassContext {
-            infer: InferOptions { batch: Some(a.batch), dims: a.dims.iter().cloned().collect() },
+            infer: InferOptions { batch: Some(req.batch), dims: req.dims.iter().cloned().collect() },
             warnings: Vec::new(),
             target: Some(te.name.clone()).filter(|n| qsync_passes::precision::KNOWN_TARGETS.contains(&n.as_str())),
             inference: false,
@@ -233,12 +344,6 @@ pub fn run(a: &PlanArgs) -> Result<String> {
                 })
             })
             .collect();
-        load::save_model(&model, &dir.join("model.onnx"))?;
-        let code: Vec<&str> = a.emit.iter().map(|e| e.trim()).filter(|e| *e == "mlir" || *e == "ptx").collect();
-        if !code.is_empty() {
-            crate::codegen::run(&a.model, &model, &te.name, &code.join(","), &dir, false)
-                .with_context(|| format!("{label}: code for {}", te.name))?;
-        }
         // Per node, the times the chosen plan was simulated with: its op at
         // its precision, the casts that precision needs, the batch scaling.
         let costs: std::collections::HashMap<qsync_ir::NodeId, qsync_sim::OpCost> = chosen
@@ -260,11 +365,13 @@ pub fn run(a: &PlanArgs) -> Result<String> {
                 "indicator": if cand { Some(ind.omega(n, p)) } else { None },
             }));
         }
+        let weight = f64::from(te.local_batch) / global_batch.max(1) as f64;
         let plan_json = json!({
             "schema": SCHEMA,
             "device": te.name,
             "role": te.role,
             "local_batch": te.local_batch,
+            "gradient_weight": weight,
             "indicator_sum": te.indicator,
             "peak_memory_bytes": te.peak_memory_bytes,
             "memory_capacity_bytes": te.memory_capacity_bytes,
@@ -272,85 +379,325 @@ pub fn run(a: &PlanArgs) -> Result<String> {
             "refreshed_copies": copies,
             "nodes": nodes,
         });
-        write_json(&dir.join("plan.json"), &plan_json)?;
-        dev_json.insert(
-            te.name.clone(),
-            json!({
-                "role": te.role,
-                "count": te.count,
-                "local_batch": te.local_batch,
-                "iteration_ms": out.ours.iteration_ms,
-                "compute_ms": te.compute_ms,
-                "peak_memory_bytes": te.peak_memory_bytes,
-                "memory_capacity_bytes": te.memory_capacity_bytes,
-                "fits": te.fits,
-                "indicator": te.indicator,
-                "casts": casts,
-                "casts_added": stats.casts,
-                "refreshed_copies": copies.len(),
-                "qdq_pairs": stats.qdq_pairs,
-                "precision_histogram": te.precision_histogram,
-                "files": { "model": format!("{}/model.onnx", te.name), "plan": format!("{}/plan.json", te.name) },
-            }),
-        );
+        let mut files = serde_json::Map::new();
+        files.insert("model".into(), json!(format!("{}/model.onnx", te.name)));
+        files.insert("plan".into(), json!(format!("{}/plan.json", te.name)));
+        for e in &emitted {
+            let f = if e == "mlir" { "model.mlir" } else { "kernels.ptx" };
+            files.insert(e.clone(), json!(format!("{}/{f}", te.name)));
+        }
+        let manifest_entry = json!({
+            "role": te.role,
+            "count": te.count,
+            "local_batch": te.local_batch,
+            "gradient_weight": weight,
+            "iteration_ms": out.chosen_eval.iteration_ms,
+            "compute_ms": te.compute_ms,
+            "peak_memory_bytes": te.peak_memory_bytes,
+            "memory_capacity_bytes": te.memory_capacity_bytes,
+            "fits": te.fits,
+            "indicator": te.indicator,
+            "casts": casts,
+            "casts_added": stats.casts,
+            "refreshed_copies": copies.len(),
+            "qdq_pairs": stats.qdq_pairs,
+            "precision_histogram": te.precision_histogram,
+            "files": files,
+        });
+        devices.push(DevicePlan { name: te.name.clone(), model, plan_json, manifest_entry });
     }
-    std::fs::write(a.output.join("timeline.json"), &out.ours_trace).context("writing timeline.json")?;
+    clock.lap("materialize and per-device pipeline");
 
-    let method = |e: &Eval| json!({ "iteration_ms": e.iteration_ms, "samples_per_s": e.samples_per_s, "indicator_sum": e.indicator_sum });
-    let dbs = json!({
-        "iteration_ms": out.dbs.iteration_ms, "samples_per_s": out.dbs.samples_per_s, "indicator_sum": 0.0,
-        "batch_split": out.dbs.batch_split, "fits": out.dbs.fits,
-    });
-    let model_name = a.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
+    let method = |e: &Eval| {
+        json!({
+            "iteration_ms": e.iteration_ms,
+            "samples_per_s": e.samples_per_s,
+            "indicator_sum": e.indicator_sum,
+            "local_batches": e.types.iter().map(|t| (t.name.clone(), json!(t.local_batch))).collect::<serde_json::Map<_, _>>(),
+            "fits": e.types.iter().all(|t| t.fits),
+        })
+    };
+    let methods: serde_json::Map<String, serde_json::Value> =
+        out.methods().into_iter().map(|(k, e)| (k.to_string(), method(e))).collect();
+    let model_name = req.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
+    let dev_json: serde_json::Map<String, serde_json::Value> =
+        devices.iter().map(|d| (d.name.clone(), d.manifest_entry.clone())).collect();
+    let weights: serde_json::Map<String, serde_json::Value> = out
+        .chosen_eval
+        .types
+        .iter()
+        .map(|t| (t.name.clone(), json!(f64::from(t.local_batch) / global_batch.max(1) as f64)))
+        .collect();
+    let timings: Vec<serde_json::Value> =
+        clock.phases.iter().map(|(k, v)| json!({ "phase": k, "seconds": round(*v) })).collect();
     let manifest = json!({
         "schema": SCHEMA,
         "model": { "name": model_name, "path": label, "sha256": sha256_hex(&bytes) },
-        "targets": out.ours.types.iter().zip(&specs).map(|(te, (_, _, per_node))| json!({
+        "targets": out.chosen_eval.types.iter().zip(&specs).map(|(te, (_, _, per_node))| json!({
             "device": te.name, "count": te.count, "per_node": per_node, "local_batch": te.local_batch,
+            "gradient_weight": f64::from(te.local_batch) / global_batch.max(1) as f64,
             "memory_fraction": fractions.get(&te.name), "role": te.role,
         })).collect::<Vec<_>>(),
         "cluster": {
             "devices": specs.iter().map(|s| s.1).sum::<u32>(),
-            "global_batch": specs.iter().map(|s| u64::from(s.1) * a.batch as u64).sum::<u64>(),
-            "train_precision": a.train_precision,
-            "precisions": precisions.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            "global_batch": global_batch,
+            "train_precision": if req.train_amp { "amp" } else { "fp32" },
+            "precisions": req.precisions.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
         },
-        "pipeline": ["materialize", a.pipeline],
+        "gradient_averaging": {
+            "rule": "weighted by local batch: g = sum over devices of (local_batch / global_batch) * g_device",
+            "weight_per_device": weights,
+        },
+        "pipeline": ["materialize", req.pipeline],
         "indicator": { "calibrated": calibration.is_some(), "sources": ind.sources, "model_depth": ind.model_depth() },
+        "method": out.method,
+        "objective": out.objective,
         "chosen": out.chosen,
         "t_min_samples_per_s": out.t_min,
         "t_min_rule": out.t_min_rule,
-        "iteration_ms": out.ours.iteration_ms,
-        "samples_per_s": out.ours.samples_per_s,
+        "indicator_bound": out.indicator_bound,
+        "iteration_ms": out.chosen_eval.iteration_ms,
+        "samples_per_s": out.chosen_eval.samples_per_s,
         "devices": dev_json,
-        "methods": { "qsync": method(&out.ours), "up": method(&out.up), "greedy": method(&out.greedy), "dbs": dbs },
-        "search": { "candidates": out.candidates, "classes": out.classes, "steps_tried": out.steps_tried, "steps_kept": out.steps_kept },
+        "methods": methods,
+        "search": {
+            "candidates": out.candidates, "classes": out.classes, "steps_tried": out.steps_tried,
+            "steps_kept": out.steps_kept, "joint_combinations": out.joint_combinations, "joint_verified": out.joint_verified,
+        },
         "optimality_gap": out.gap,
         "warnings": warnings,
     });
-    write_json(&a.output.join("manifest.json"), &manifest)?;
-    std::fs::write(a.output.join("report.md"), report(&model_name, &out, &warnings)).context("writing report.md")?;
-    progress(quiet, &format!("done: {}", a.output.display()), start);
-
+    let report = crate::report::report(&model_name, &out, &warnings);
     let summary = json!({
         "model": model_name,
-        "output": a.output.display().to_string(),
-        "iteration_ms": out.ours.iteration_ms,
-        "samples_per_s": out.ours.samples_per_s,
-        "indicator_sum": out.ours.indicator_sum,
         "chosen": out.chosen,
-        "baselines": { "up": method(&out.up), "dbs": dbs, "greedy": method(&out.greedy) },
+        "iteration_ms": out.chosen_eval.iteration_ms,
+        "samples_per_s": out.chosen_eval.samples_per_s,
+        "indicator_sum": out.chosen_eval.indicator_sum,
+        "t_min_samples_per_s": out.t_min,
+        "methods": manifest["methods"].clone(),
         "devices": manifest["devices"].clone(),
+        "timings_s": timings,
         "optimality_gap": out.gap,
         "warnings": warnings,
     });
+    Ok(Planned {
+        outcome: out,
+        devices,
+        manifest,
+        summary,
+        report,
+        timeline,
+        warnings,
+        model_path: req.model.clone(),
+        emit: emitted,
+    })
+}
+
+impl Planned {
+    /// Write the plan directory. It is built in a temporary sibling and
+    /// renamed into place when complete: an existing plan directory is
+    /// replaced whole (no stale files), an existing directory that is not a
+    /// plan (and not empty) is refused, and a failure leaves nothing.
+    pub fn write(&self, dir: &Path) -> Result<(), PipelineError> {
+        let out_err = |reason: String| PipelineError::Output { path: dir.to_path_buf(), reason };
+        if dir.exists() && !replaceable(dir) {
+            return Err(out_err(
+                "exists and is not a qsync plan directory (no manifest.json of schema qsync-plan/*); refusing to replace it"
+                    .into(),
+            ));
+        }
+        let name = dir.file_name().and_then(|n| n.to_str()).ok_or_else(|| out_err("has no file name".into()))?;
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&parent).map_err(|e| out_err(format!("creating its parent: {e}")))?;
+        let tmp = parent.join(format!(".{name}.qsync-tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        if let Err(e) = self.write_into(&tmp) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(out_err(format!("{e:#}")));
+        }
+        let old = parent.join(format!(".{name}.qsync-old-{}", std::process::id()));
+        if dir.exists() {
+            std::fs::rename(dir, &old).map_err(|e| {
+                let _ = std::fs::remove_dir_all(&tmp);
+                out_err(format!("moving the previous plan aside: {e}"))
+            })?;
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| {
+            let _ = std::fs::rename(&old, dir);
+            let _ = std::fs::remove_dir_all(&tmp);
+            out_err(format!("moving the new plan into place: {e}"))
+        })?;
+        let _ = std::fs::remove_dir_all(&old);
+        Ok(())
+    }
+
+    fn write_into(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for d in &self.devices {
+            let sub = dir.join(&d.name);
+            std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
+            load::save_model(&d.model, &sub.join("model.onnx"))?;
+            if !self.emit.is_empty() {
+                crate::codegen::run(&self.model_path, &d.model, &d.name, &self.emit.join(","), &sub, false)
+                    .with_context(|| format!("code for {}", d.name))?;
+            }
+            write_json(&sub.join("plan.json"), &d.plan_json)?;
+        }
+        std::fs::write(dir.join("timeline.json"), &self.timeline).context("writing timeline.json")?;
+        std::fs::write(dir.join("report.md"), &self.report).context("writing report.md")?;
+        // The manifest last: a directory with a manifest is complete.
+        write_json(&dir.join("manifest.json"), &self.manifest)?;
+        Ok(())
+    }
+}
+
+/// An empty directory, or one holding a qsync plan manifest.
+fn replaceable(dir: &Path) -> bool {
+    if !dir.is_dir() {
+        return false;
+    }
+    if std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false) {
+        return true;
+    }
+    std::fs::read_to_string(dir.join("manifest.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|m| m["schema"].as_str().map(|s| s.starts_with("qsync-plan/")))
+        .unwrap_or(false)
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "qsyncc",
+    about = "Plan per-device mixed precision and batch split for a hybrid cluster: qsyncc MODEL --targets v100:16,t4:16 -o plan/"
+)]
+pub struct PlanArgs {
+    /// An ONNX model (.onnx), TorchScript archive (.pt) or text IR (.qir).
+    pub model: PathBuf,
+    /// Device types and counts: `v100:16,t4:16` (`t4:16/4`: 4 per node).
+    #[arg(long)]
+    pub targets: String,
+    /// Output directory (written atomically; an existing plan directory is replaced).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Samples per device per iteration before the split (the global batch
+    /// is this times the device count, and is kept).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
+    pub batch: i64,
+    /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
+    #[arg(long = "dim", value_parser = crate::parse_dim_binding)]
+    pub dims: Vec<(String, i64)>,
+    /// Available memory of a device type: `t4=30%` (repeatable).
+    #[arg(long, value_delimiter = ',')]
+    pub memory: Vec<String>,
+    /// Precisions inference devices may use.
+    #[arg(long, default_value = "fp32,fp16,int8")]
+    pub precisions: String,
+    /// Passes run on each device's graph after materialization.
+    #[arg(long, default_value = "egraph-casts")]
+    pub pipeline: String,
+    /// Activation / gradient statistics for the indicator (JSON, see
+    /// `qsync_planner::Calibration`; `scripts/calibrate.py` writes one).
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// The throughput floor: `best` (max of UP and DBS, computed in the same
+    /// run — the plan is never predicted slower than either), `fastest`
+    /// (UP) or `lowest` (the paper's T_min: the lowest uniform precision
+    /// that fits).
+    #[arg(long = "t-min", default_value = "best", value_parser = ["best", "fastest", "lowest"])]
+    pub t_min: String,
+    /// `joint` (batch split and precision searched together; the best plan
+    /// of every method is chosen) or `qsync` (QSync's allocator at the
+    /// uniform batch, as published).
+    #[arg(long, default_value = "joint", value_parser = ["joint", "qsync"])]
+    pub method: String,
+    /// `indicator`: the least indicator sum at the throughput floor;
+    /// `throughput`: the fastest plan whose indicator sum stays within
+    /// `--indicator-bound` (default: UP's).
+    #[arg(long, default_value = "indicator", value_parser = ["indicator", "throughput"])]
+    pub objective: String,
+    /// The largest indicator sum `--objective throughput` accepts.
+    #[arg(long)]
+    pub indicator_bound: Option<f64>,
+    /// Training devices: `fp32` (default) or `amp`.
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "amp"])]
+    pub train_precision: String,
+    /// Optimizer whose state is kept: sgd, momentum or adam.
+    #[arg(long, default_value = "adam")]
+    pub optimizer: String,
+    /// Extra device description files.
+    #[arg(long = "device-file")]
+    pub device_files: Vec<PathBuf>,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// What each `<device>/` directory gets: `onnx` (always written), and
+    /// `mlir` / `ptx` for the device's `model.mlir` and `kernels.ptx`.
+    #[arg(long, default_value = "onnx", value_delimiter = ',')]
+    pub emit: Vec<String>,
+}
+
+impl PlanArgs {
+    /// The library request these flags describe.
+    pub fn request(&self) -> Result<PlanRequest> {
+        let mut precisions = Vec::new();
+        for s in self.precisions.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let p: Precision = s.parse().map_err(|e| {
+                anyhow::anyhow!("--precisions: {e} (fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2)")
+            })?;
+            precisions.push(p);
+        }
+        if let Some(b) = self.indicator_bound {
+            if !(b.is_finite() && b >= 0.0) {
+                bail!("--indicator-bound must be a finite number ≥ 0, got {b}");
+            }
+        }
+        Ok(PlanRequest {
+            model: self.model.clone(),
+            targets: self.targets.clone(),
+            batch: self.batch,
+            dims: self.dims.clone(),
+            memory: self.memory.clone(),
+            precisions,
+            pipeline: self.pipeline.clone(),
+            calibration: self.calibration.clone(),
+            t_min: self.t_min.parse().map_err(|e: String| anyhow::anyhow!("--t-min: {e}"))?,
+            method: self.method.parse().map_err(|e: String| anyhow::anyhow!("--method: {e}"))?,
+            objective: self.objective.parse().map_err(|e: String| anyhow::anyhow!("--objective: {e}"))?,
+            indicator_bound: self.indicator_bound,
+            train_amp: self.train_precision == "amp",
+            optimizer: self.optimizer.clone(),
+            device_files: self.device_files.clone(),
+            emit: self.emit.clone(),
+            progress: true,
+        })
+    }
+}
+
+/// Run the planner from CLI flags; returns what goes to stdout.
+pub fn run(a: &PlanArgs) -> Result<String> {
+    let req = a.request()?;
+    let start = std::time::Instant::now();
+    let planned = plan(&req)?;
+    eprintln!("[{:>6.2}s] writing {}", start.elapsed().as_secs_f64(), a.output.display());
+    planned.write(&a.output)?;
+    eprintln!("[{:>6.2}s] done", start.elapsed().as_secs_f64());
     if a.json {
+        let mut summary = planned.summary.clone();
+        summary["output"] = json!(a.output.display().to_string());
         return Ok(serde_json::to_string_pretty(&summary)? + "\n");
     }
+    let out = &planned.outcome;
     let mut o = String::new();
-    let _ = writeln!(o, "{}", table(&out));
-    let _ = writeln!(o, "wrote {}", a.output.display());
-    for w in &warnings {
+    use std::fmt::Write as _;
+    let _ = writeln!(o, "{}\n", crate::report::explanation(out));
+    let _ = writeln!(o, "{}", crate::report::table(out));
+    let _ = writeln!(o, "chosen: {} — wrote {}", out.chosen, a.output.display());
+    for w in &planned.warnings {
         let _ = writeln!(o, "warning: {w}");
     }
     Ok(o)
@@ -362,112 +709,6 @@ fn round(x: f64) -> f64 {
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
     std::fs::write(path, serde_json::to_string_pretty(v)? + "\n").with_context(|| format!("writing {}", path.display()))
-}
-
-/// The baseline table in Markdown.
-fn table(out: &Outcome) -> String {
-    let mut s =
-        String::from("| method | iteration ms | samples/s | vs UP | indicator sum |\n|---|---:|---:|---:|---:|\n");
-    let up = out.up.samples_per_s.max(1e-12);
-    let rows = [
-        ("UP", out.up.iteration_ms, out.up.samples_per_s, out.up.indicator_sum),
-        ("DBS", out.dbs.iteration_ms, out.dbs.samples_per_s, 0.0),
-        ("QSync greedy", out.greedy.iteration_ms, out.greedy.samples_per_s, out.greedy.indicator_sum),
-        ("qsync (ours)", out.ours.iteration_ms, out.ours.samples_per_s, out.ours.indicator_sum),
-    ];
-    for (name, it, sps, ind) in rows {
-        let _ = writeln!(s, "| {name} | {it:.2} | {sps:.1} | {:+.1}% | {ind:.4e} |", (sps / up - 1.0) * 100.0);
-    }
-    s
-}
-
-/// `report.md`: table, DBS split, gap, and an SVG of UP vs the plan.
-fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
-    let mut s = format!("# qsync plan: {model}\n\n");
-    let _ = writeln!(s, "{}", table(out));
-    let split: Vec<String> = out.dbs.batch_split.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let _ = writeln!(
-        s,
-        "DBS batch split per device: {}. T_min ({}): {:.1} samples/s. Chosen: {}.\n",
-        split.join(", "),
-        match out.t_min_rule {
-            qsync_planner::TMin::Lowest => "lowest uniform precision that fits",
-            qsync_planner::TMin::Fastest => "UP throughput",
-        },
-        out.t_min,
-        out.chosen
-    );
-    if let Some(g) = &out.gap {
-        let _ = writeln!(
-            s,
-            "Optimality gap against exhaustive search over {} class-uniform plans: {:+.2}% (optimum {:.4e}).\n",
-            g.combinations,
-            g.relative_gap * 100.0,
-            g.optimal_indicator_sum
-        );
-    }
-    let _ = writeln!(s, "## Timeline (UP above, qsync below; forward, backward, optimizer per device type)\n");
-    s += &svg(out);
-    s += "\n\n## Per device\n\n| device | role | precisions | memory GiB | capacity GiB | indicator |\n|---|---|---|---:|---:|---:|\n";
-    for t in &out.ours.types {
-        let h: Vec<String> = t.precision_histogram.iter().map(|(k, v)| format!("{k}:{v}")).collect();
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {:.2} | {:.2} | {:.4e} |",
-            t.name,
-            t.role,
-            h.join(" "),
-            gib(t.peak_memory_bytes),
-            gib(t.memory_capacity_bytes),
-            t.indicator
-        );
-    }
-    if !warnings.is_empty() {
-        s += "\n## Notes\n\n";
-        for w in warnings {
-            let _ = writeln!(s, "- {w}");
-        }
-    }
-    s
-}
-
-fn svg(out: &Outcome) -> String {
-    let span = out.up.iteration_ms.max(out.ours.iteration_ms).max(1e-9);
-    let (w, row, left) = (720.0, 22.0, 140.0);
-    let rows: Vec<(String, &qsync_planner::TypeEval, f64)> = out
-        .up
-        .types
-        .iter()
-        .map(|t| (format!("UP {}", t.name), t, out.up.iteration_ms))
-        .chain(out.ours.types.iter().map(|t| (format!("qsync {}", t.name), t, out.ours.iteration_ms)))
-        .collect();
-    let h = row * rows.len() as f64 + 30.0;
-    let x = |ms: f64| left + ms / span * (w - left - 10.0);
-    let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n");
-    for (i, (label, t, it)) in rows.iter().enumerate() {
-        let y = 5.0 + i as f64 * row;
-        let _ = writeln!(s, "<text x=\"2\" y=\"{:.1}\">{label}</text>", y + 13.0);
-        for (a, b, color) in [
-            (0.0, t.forward_end_ms, "#4c78a8"),
-            (t.forward_end_ms, t.backward_end_ms, "#f58518"),
-            (t.backward_end_ms, t.finish_ms, "#54a24b"),
-            (t.finish_ms, *it, "#dddddd"),
-        ] {
-            if b > a {
-                let _ = writeln!(
-                    s,
-                    "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{color}\"/>",
-                    x(a),
-                    x(b) - x(a),
-                    row - 4.0
-                );
-            }
-        }
-    }
-    let _ = writeln!(s, "<text x=\"{left}\" y=\"{:.1}\">0 … {span:.1} ms (blue forward, orange backward, green optimizer, grey waiting)</text>", h - 6.0);
-    s += "</svg>";
-    s
 }
 
 /// Lower-case hex SHA-256 of the model file, recorded in the manifest.

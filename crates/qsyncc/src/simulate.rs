@@ -294,6 +294,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         // `simulate` costs the plan's nodes as given; refreshed copies the
         // graph already holds are counted, no others assumed.
         weight_copies: false,
+        reference_batch: None,
     };
     let label = a.model.display().to_string();
     let mut pred = Predictor::new(g, targets, popts).with_context(|| label.clone())?;

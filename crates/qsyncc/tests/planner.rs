@@ -28,11 +28,46 @@ fn run_planner(model: &str, targets: &str, extra: &[&str]) -> (PathBuf, serde_js
     (out, summary)
 }
 
+/// The chosen plan against every method computed in the same run: never
+/// slower than the best baseline (max of UP and DBS), and its indicator
+/// sum no larger than that of any method at equal or greater throughput.
+fn check_choice(model: &str, summary: &serde_json::Value) {
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{model}: {k} in {v}"));
+    let methods = summary["methods"].as_object().expect("methods");
+    let chosen = summary["chosen"].as_str().expect("chosen");
+    assert!(methods.contains_key(chosen), "{model}: chosen `{chosen}` is not a key of methods");
+    let (sps, ind) = (f(summary, "samples_per_s"), f(summary, "indicator_sum"));
+    let up = f(&methods["up"], "samples_per_s");
+    let dbs = methods.get("dbs").map_or(0.0, |d| f(d, "samples_per_s"));
+    assert!(sps >= up.max(dbs) * (1.0 - 1e-9), "{model}: chosen {sps} < max(UP {up}, DBS {dbs})");
+    for (k, m) in methods {
+        if m["fits"] == true && f(m, "samples_per_s") >= sps * (1.0 + 1e-9) {
+            assert!(ind <= f(m, "indicator_sum") * (1.0 + 1e-9), "{model}: {k} is faster with a smaller indicator");
+        }
+    }
+}
+
+/// Local batches keep the global batch, and the gradient weights of all
+/// devices sum to one.
+fn check_batches(manifest: &serde_json::Value) {
+    let global = manifest["cluster"]["global_batch"].as_u64().expect("global_batch");
+    let (mut samples, mut weight) = (0u64, 0.0f64);
+    for t in manifest["targets"].as_array().expect("targets") {
+        let (n, b) = (t["count"].as_u64().expect("count"), t["local_batch"].as_u64().expect("local_batch"));
+        assert!(b >= 1, "{t}");
+        samples += n * b;
+        weight += n as f64 * t["gradient_weight"].as_f64().expect("gradient_weight");
+        assert!((t["gradient_weight"].as_f64().unwrap_or(0.0) - b as f64 / global as f64).abs() < 1e-12);
+    }
+    assert_eq!(samples, global, "{manifest}");
+    assert!((weight - 1.0).abs() < 1e-9, "gradient weights sum to {weight}");
+}
+
 /// Run the planner and check every file and the headline invariants.
 fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
     let (out, summary) = run_planner(model, "v100:16,t4:16", extra);
     let manifest = read_json(&out.join("manifest.json"));
-    assert_eq!(manifest["schema"], "qsync-plan/1");
+    assert_eq!(manifest["schema"], "qsync-plan/2");
     assert_eq!(manifest["model"]["sha256"].as_str().map(str::len), Some(64));
     read_json(&out.join("timeline.json"));
     assert!(std::fs::read_to_string(out.join("report.md")).expect("report").contains("<svg"));
@@ -46,15 +81,8 @@ fn plan(model: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
         assert!(peak <= cap, "{model} {dev}: {peak} > {cap}");
         assert!(d["precision_histogram"].is_object() && d["indicator"].is_number());
     }
-    let sps = summary["samples_per_s"].as_f64().expect("samples_per_s");
-    let up = summary["baselines"]["up"]["samples_per_s"].as_f64().expect("up");
-    assert!(summary["baselines"]["dbs"]["iteration_ms"].is_number());
-    assert!(sps >= up * (1.0 - 1e-9), "{model}: {sps} < UP {up}");
-    let greedy = &summary["baselines"]["greedy"];
-    assert!(sps >= greedy["samples_per_s"].as_f64().expect("g") * (1.0 - 1e-9));
-    assert!(
-        summary["indicator_sum"].as_f64().expect("i") <= greedy["indicator_sum"].as_f64().expect("gi") * (1.0 + 1e-9)
-    );
+    check_choice(model, &summary);
+    check_batches(&manifest);
     (out, summary)
 }
 
@@ -74,8 +102,9 @@ fn every_shared_model_plans_on_cluster_a() {
             let planned = manifest["devices"][dev]["compute_ms"].as_f64().expect("compute_ms");
             let model = out.join(dev).join("model.onnx");
             let targets = format!("{dev}:16");
+            let batch = manifest["devices"][dev]["local_batch"].as_u64().expect("local_batch").to_string();
             let o =
-                qsyncc(&["simulate", model.to_str().expect("utf8"), "--targets", &targets, "--batch", "16", "--json"]);
+                qsyncc(&["simulate", model.to_str().expect("utf8"), "--targets", &targets, "--batch", &batch, "--json"]);
             assert!(o.status.success(), "{name} {dev}: {}", String::from_utf8_lossy(&o.stderr));
             let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
             let written = j["devices"][dev]["compute_ms"].as_f64().expect("compute_ms");
@@ -94,8 +123,10 @@ fn int8_plans_simulate_as_predicted() {
     // operators. The written graph holds them as QDQ pairs around FP32 ops;
     // `simulate` reads those as the INT8 ops they are and agrees with the
     // manifest (without that reading it said FP32, 26% slower).
-    let (out, summary) =
-        plan("resnet50_train.onnx", &["--batch", "32", "--precisions", "fp32,int8", "--memory", "t4=30%"]);
+    let (out, summary) = plan(
+        "resnet50_train.onnx",
+        &["--batch", "32", "--precisions", "fp32,int8", "--memory", "t4=30%", "--method", "qsync"],
+    );
     let manifest = read_json(&out.join("manifest.json"));
     let t4 = &manifest["devices"]["t4"];
     assert!(t4["precision_histogram"]["int8"].as_u64().unwrap_or(0) > 0, "{summary}");
@@ -117,14 +148,15 @@ fn paper_t_min_trades_throughput_for_precision() {
     // it, so the plan's Ω is below the default plan's and its throughput
     // between the floor and UP.
     let run = |rule: &str| {
-        let (out, summary) = run_planner("resnet50_train.onnx", "v100:16,t4:16", &["--batch", "32", "--t-min", rule]);
+        let (out, summary) =
+            run_planner("resnet50_train.onnx", "v100:16,t4:16", &["--batch", "32", "--t-min", rule, "--method", "qsync"]);
         (summary, read_json(&out.join("manifest.json")))
     };
     let ((fast, fast_m), (low, low_m)) = (run("fastest"), run("lowest"));
     assert_eq!(fast_m["t_min_rule"], "fastest");
     assert_eq!(low_m["t_min_rule"], "lowest");
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
-    let up = f(&low["baselines"]["up"], "samples_per_s");
+    let up = f(&low["methods"]["up"], "samples_per_s");
     let floor = f(&low_m, "t_min_samples_per_s");
     assert!(floor < up, "INT8 is the slower uniform level here: floor {floor}, UP {up}");
     assert_eq!(f(&fast_m, "t_min_samples_per_s"), up);
@@ -145,7 +177,7 @@ fn the_training_role_goes_to_the_device_faster_on_the_model() {
     // A100 is the faster FP32 device, so it trains in FP32 and the L4 is
     // the one planned below FP32 (here BF16).
     let (out, _) =
-        run_planner("resnet50_train.onnx", "a100-40gb:4,l4:4", &["--precisions", "fp32,bf16", "--batch", "16"]);
+        run_planner("resnet50_train.onnx", "a100-40gb:4,l4:4", &["--precisions", "fp32,bf16", "--batch", "16", "--method", "qsync"]);
     let m = read_json(&out.join("manifest.json"));
     assert_eq!(m["devices"]["a100-40gb"]["role"], "training", "{m}");
     assert_eq!(m["devices"]["l4"]["role"], "inference", "{m}");
@@ -162,7 +194,7 @@ fn cluster_b_all_four() {
 
 #[test]
 fn bert_tiny_plan_snapshot() {
-    let (out, _) = plan("bert_tiny.onnx", &["--batch", "16"]);
+    let (out, _) = plan("bert_tiny.onnx", &["--batch", "16", "--method", "qsync"]);
     let t4 = read_json(&out.join("t4").join("plan.json"));
     let rows: Vec<String> = t4["nodes"]
         .as_array()

@@ -82,6 +82,16 @@ pub struct PredictOptions {
     /// ([`refresh_seconds`]). Copies already in the graph are always
     /// counted.
     pub weight_copies: bool,
+    /// The local batch the graph's work is costed at (the batch bound in
+    /// `bindings`, times `work_scale`). When set, a target whose
+    /// `local_batch` differs has its per-sample work, activations and
+    /// per-node buffers scaled by `local_batch / reference_batch` — the
+    /// same linear rule as `work_scale` (kernel launches, weights, their
+    /// gradients and optimizer state do not scale). This is how a joint
+    /// plan gives each device type its own batch. `None`: every target is
+    /// costed at the bound batch whatever its `local_batch` (which then
+    /// only counts its samples).
+    pub reference_batch: Option<u32>,
 }
 
 impl Default for PredictOptions {
@@ -92,6 +102,18 @@ impl Default for PredictOptions {
             optimizer: Optimizer::default(),
             config: SimConfig::default(),
             weight_copies: false,
+            reference_batch: None,
+        }
+    }
+}
+
+impl PredictOptions {
+    /// The work scale of `target`: `work_scale`, times its batch over the
+    /// reference batch when one is set.
+    pub fn scale_of(&self, target: &Target) -> f64 {
+        match self.reference_batch {
+            Some(r) if r > 0 => self.work_scale * f64::from(target.local_batch) / f64::from(r),
+            _ => self.work_scale,
         }
     }
 }
@@ -401,7 +423,7 @@ fn held_in(graph: &Graph, resolved: &ResolvedPlan, v: qsync_ir::ValueId) -> Opti
 }
 
 /// Memory of `target` under `resolved`, with batch-proportional parts
-/// scaled by `opts.work_scale` (graphs with a fixed batch).
+/// scaled by the target's work scale ([`PredictOptions::scale_of`]).
 fn scaled_memory(
     graph: &Graph,
     facts: &GraphFacts,
@@ -410,7 +432,7 @@ fn scaled_memory(
     opts: &PredictOptions,
 ) -> Result<MemoryBreakdown, PredictError> {
     let mut m = estimate_memory(graph, facts, resolved, &target.device, opts.optimizer, target.memory_fraction)?;
-    let s = opts.work_scale;
+    let s = opts.scale_of(target);
     if s != 1.0 {
         let buffers = (m.workspace - target.device.workspace_bytes as f64).max(0.0);
         m.activations *= s;
@@ -463,8 +485,9 @@ impl<'g> Predictor<'g> {
             let cx =
                 CastCx { graph, facts: &facts, statics: &statics, index: &index, weight_copies: opts.weight_copies };
             let mut ops = Vec::with_capacity(order.len());
+            let scale = opts.scale_of(t);
             for &n in &order {
-                let cost = Self::sim_cost(&cx, &model, &resolved, n, opts.work_scale)?;
+                let cost = Self::sim_cost(&cx, &model, &resolved, n, scale)?;
                 ops.push(LocalOp { name: graph.node(n).name.clone(), node: Some(n), cost });
             }
             let copies = cx.copy_bytes(&resolved);
@@ -554,9 +577,10 @@ impl<'g> Predictor<'g> {
             index: &ts.index,
             weight_copies: self.opts.weight_copies,
         };
+        let scale = self.opts.scale_of(target);
         for &m in &recost {
             let Some(i) = ts.index.get(m.index()).copied().flatten() else { continue };
-            let cost = Self::sim_cost(&cx, &ts.model, &ts.resolved, m, self.opts.work_scale)?;
+            let cost = Self::sim_cost(&cx, &ts.model, &ts.resolved, m, scale)?;
             self.sim.set_op_cost(t, i, cost)?;
         }
         if !changed.is_empty() {

@@ -1,0 +1,232 @@
+//! `report.md` of a plan directory: the verdict, every method side by side,
+//! one paragraph on what changed per device and what it bought, and an SVG
+//! timeline of UP against the chosen plan.
+
+use std::fmt::Write as _;
+
+use qsync_planner::{Eval, Outcome, TypeEval};
+
+/// The methods table in Markdown: one row per method, the chosen one marked.
+pub fn table(out: &Outcome) -> String {
+    let mut s = String::from(
+        "| method | local batches | iteration ms | samples/s | vs UP | vs DBS | indicator sum |\n|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    let up = out.up.samples_per_s.max(1e-12);
+    let dbs = out.dbs.eval.as_ref().map(|e| e.samples_per_s).filter(|&x| x > 0.0);
+    for (key, e) in out.methods() {
+        let name = match key {
+            "up" => "UP (uniform precision)",
+            "dbs" => "DBS (FP32, batch split)",
+            "qsync-greedy" => "QSync greedy (paper)",
+            "qsync" => "QSync allocator (fastest start)",
+            "joint-fastest" => "joint, fastest within bound",
+            "joint" => "joint, least indicator at floor",
+            other => other,
+        };
+        let mark = if key == out.chosen { " **(chosen)**" } else { "" };
+        let vs_dbs = dbs.map_or("–".to_string(), |d| format!("{:+.1}%", (e.samples_per_s / d - 1.0) * 100.0));
+        let _ = writeln!(
+            s,
+            "| {name}{mark} | {} | {:.2} | {:.1} | {:+.1}% | {vs_dbs} | {:.4e} |",
+            batches(e),
+            e.iteration_ms,
+            e.samples_per_s,
+            (e.samples_per_s / up - 1.0) * 100.0,
+            e.indicator_sum
+        );
+    }
+    s
+}
+
+fn batches(e: &Eval) -> String {
+    e.types.iter().map(|t| format!("{} {}", t.name, t.local_batch)).collect::<Vec<_>>().join(", ")
+}
+
+fn precisions(t: &TypeEval) -> String {
+    let total: usize = t.precision_histogram.values().sum();
+    if total == 0 {
+        return "nothing planned".into();
+    }
+    t.precision_histogram
+        .iter()
+        .map(|(k, v)| format!("{:.0}% {k}", *v as f64 * 100.0 / total as f64))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// One paragraph: which device types changed batch or precision against UP,
+/// and what the chosen plan gains over the baselines.
+pub fn explanation(out: &Outcome) -> String {
+    let c = &out.chosen_eval;
+    let mut changes = Vec::new();
+    for (t, u) in c.types.iter().zip(&out.up.types) {
+        let mut what = Vec::new();
+        if t.local_batch != u.local_batch {
+            what.push(format!("{} samples per device instead of {}", t.local_batch, u.local_batch));
+        }
+        if t.precision_histogram != u.precision_histogram {
+            what.push(format!("computes {} (UP: {})", precisions(t), precisions(u)));
+        }
+        if !what.is_empty() {
+            changes.push(format!("each {} ({}) {}", t.name, t.role, what.join(" and ")));
+        }
+    }
+    let mut s = String::new();
+    if changes.is_empty() {
+        let _ = write!(s, "The chosen plan is UP's own: no device type changes batch or precision. ");
+    } else {
+        let _ = write!(s, "Against UP, {}. ", changes.join("; "));
+    }
+    let up = out.up.samples_per_s.max(1e-12);
+    let _ = write!(s, "Predicted {:.1} samples/s, {:+.1}% over UP", c.samples_per_s, (c.samples_per_s / up - 1.0) * 100.0);
+    if let Some(d) = out.dbs.eval.as_ref().filter(|d| d.samples_per_s > 0.0) {
+        let _ = write!(s, " and {:+.1}% over DBS", (c.samples_per_s / d.samples_per_s - 1.0) * 100.0);
+    }
+    let _ = write!(
+        s,
+        ", with an indicator sum of {:.3e} against UP's {:.3e} (the indicator, QSync's Ω, estimates the gradient \
+         variance that lowered precision adds: smaller is closer to FP32 training). ",
+        c.indicator_sum, out.up.indicator_sum
+    );
+    let slowest = c.types.iter().max_by(|a, b| a.compute_ms.total_cmp(&b.compute_ms));
+    if let Some(sl) = slowest {
+        let _ = write!(
+            s,
+            "The slowest device type is {} ({:.2} ms of compute in a {:.2} ms iteration). ",
+            sl.name, sl.compute_ms, c.iteration_ms
+        );
+    }
+    let global: u64 = c.types.iter().map(|t| u64::from(t.count) * u64::from(t.local_batch)).sum();
+    if c.types.iter().any(|t| t.local_batch != c.types[0].local_batch) {
+        let _ = write!(
+            s,
+            "The global batch stays {global}; the runtime weights each device's gradient by its local batch over {global}, \
+             so the update equals the uniform-batch one."
+        );
+    }
+    s
+}
+
+/// `report.md`.
+pub fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
+    let mut s = format!("# qsync plan: {model}\n\n");
+    let c = &out.chosen_eval;
+    let best_base = out.up.samples_per_s.max(out.dbs.eval.as_ref().map_or(0.0, |e| e.samples_per_s));
+    let _ = writeln!(
+        s,
+        "**Run `{}`**: {:.1} samples/s predicted ({:.2} ms per iteration), {:+.1}% against the best baseline \
+         (UP or DBS).\n",
+        out.chosen,
+        c.samples_per_s,
+        c.iteration_ms,
+        (c.samples_per_s / best_base.max(1e-12) - 1.0) * 100.0
+    );
+    let _ = writeln!(s, "{}\n", explanation(out));
+    let _ = writeln!(s, "{}", table(out));
+    let floor_rule = match out.t_min_rule {
+        qsync_planner::TMin::Best => "the best baseline, max(UP, DBS)",
+        qsync_planner::TMin::Lowest => "the lowest uniform precision that fits",
+        qsync_planner::TMin::Fastest => "UP's throughput",
+    };
+    let _ = writeln!(
+        s,
+        "Method `{}`, objective `{}`. Throughput floor ({floor_rule}): {:.1} samples/s; indicator bound of the \
+         fastest joint plan: {:.4e}. QSync's allocator {}.\n",
+        serde_json::to_value(out.method).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+        serde_json::to_value(out.objective).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+        out.t_min,
+        out.indicator_bound,
+        if out.qsync_fallback { "fell back to greedy's plan (its own did not dominate)" } else { "kept its own plan" }
+    );
+    if let Some(g) = &out.gap {
+        let _ = writeln!(
+            s,
+            "Optimality gap of QSync's allocator against exhaustive search over {} class-uniform plans: {:+.2}% \
+             (optimum {:.4e}).\n",
+            g.combinations,
+            g.relative_gap * 100.0,
+            g.optimal_indicator_sum
+        );
+    }
+    let _ = writeln!(
+        s,
+        "## Timeline (UP above, the chosen plan below: forward, backward, optimizer step, then waiting)\n"
+    );
+    s += &svg(out);
+    s += "\n\n## Per device (chosen plan)\n\n| device | role | local batch | precisions | compute ms | memory GiB | capacity GiB | indicator |\n|---|---|---:|---|---:|---:|---:|---:|\n";
+    for t in &c.types {
+        let h: Vec<String> = t.precision_histogram.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.4e} |",
+            t.name,
+            t.role,
+            t.local_batch,
+            h.join(" "),
+            t.compute_ms,
+            gib(t.peak_memory_bytes),
+            gib(t.memory_capacity_bytes),
+            t.indicator
+        );
+    }
+    if !warnings.is_empty() {
+        s += "\n## Notes\n\n";
+        for w in warnings {
+            let _ = writeln!(s, "- {w}");
+        }
+    }
+    s
+}
+
+fn svg(out: &Outcome) -> String {
+    let c = &out.chosen_eval;
+    let span = out.up.iteration_ms.max(c.iteration_ms).max(1e-9);
+    let (w, row, left) = (760.0, 22.0, 170.0);
+    let rows: Vec<(String, &TypeEval, f64)> = out
+        .up
+        .types
+        .iter()
+        .map(|t| (format!("UP {}", t.name), t, out.up.iteration_ms))
+        .chain(c.types.iter().map(|t| (format!("{} {}", out.chosen, t.name), t, c.iteration_ms)))
+        .collect();
+    let h = row * rows.len() as f64 + 30.0;
+    let x = |ms: f64| left + ms / span * (w - left - 10.0);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n"
+    );
+    for (i, (label, t, it)) in rows.iter().enumerate() {
+        let y = 5.0 + i as f64 * row;
+        let _ = writeln!(s, "<text x=\"2\" y=\"{:.1}\">{label}</text>", y + 13.0);
+        // The optimizer step runs once the gradients are synchronized, at
+        // the end: its length is the compute not spent in forward and
+        // backward. Everything else after the backward is waiting (on the
+        // collectives or on stragglers) and is drawn as such.
+        let step = (t.compute_ms - t.backward_end_ms).max(0.0).min(t.finish_ms - t.backward_end_ms);
+        let step_start = (t.finish_ms - step).max(t.backward_end_ms);
+        for (a, b, color) in [
+            (0.0, t.forward_end_ms, "#4c78a8"),
+            (t.forward_end_ms, t.backward_end_ms, "#f58518"),
+            (t.backward_end_ms, step_start, "#dddddd"),
+            (step_start, t.finish_ms, "#54a24b"),
+            (t.finish_ms, *it, "#dddddd"),
+        ] {
+            if b > a {
+                let _ = writeln!(
+                    s,
+                    "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{color}\"/>",
+                    x(a),
+                    (x(b) - x(a)).max(0.5),
+                    row - 4.0
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{left}\" y=\"{:.1}\">0 … {span:.1} ms (blue forward, orange backward, green optimizer, grey waiting)</text>",
+        h - 6.0
+    );
+    s += "</svg>";
+    s
+}
