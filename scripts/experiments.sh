@@ -1,40 +1,71 @@
 #!/usr/bin/env bash
-# Paper-shaped experiments (QSync Tables IV-V): ClusterA (16 V100 + 16 T4,
-# full memory) and ClusterB (T4s at 30% memory) for ResNet-50, VGG-16,
-# VGG-16-BN and BERT-base, and ClusterA again with the paper's T_min (the
-# lowest uniform precision that fits, `--t-min lowest`). Prints a Markdown
-# table of predicted throughput and indicator sum for UP, DBS and qsync.
+# Paper-shaped experiments (QSync Tables IV-V) and heterogeneous clusters.
+#
+# Part 1, the paper's clusters: ClusterA (16 V100 + 16 T4, full memory) and
+# ClusterB (T4s at 30% memory) for ResNet-50, VGG-16, VGG-16-BN and
+# BERT-base, and ClusterA again with the paper's T_min (`--t-min lowest`),
+# with QSync's method (`--method qsync`) and the joint plan.
+# Part 2, modern mixed clusters (A100/L4/T4, H100/A10): UP, DBS, QSync's
+# allocator, the fastest joint plan within UP's indicator
+# (`--objective throughput`) and the default joint plan (least indicator at
+# max(UP, DBS)).
+# Prints Markdown tables of predicted throughput and indicator sums.
 # Models from ../shared/models.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 M=${MODELS:-../shared/models}
 if [ -z "${QSYNCC:-}" ]; then cargo build --quiet --release -p qsyncc; fi
 Q=${QSYNCC:-target/release/qsyncc}
-echo "| model | cluster | UP samples/s | DBS samples/s (split) | qsync samples/s | qsync vs UP | qsync vs DBS | UP Ω | qsync Ω | T4 precisions |"
-echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
-for m in resnet50_train vgg16 vgg16_bn bert_base_train; do
-  for c in A B A/lowest; do
-    case $c in
-      A) extra=(--batch 32) ;;
-      B) extra=(--memory t4=30% --batch 32) ;;
-      A/lowest) extra=(--batch 32 --t-min lowest) ;;
-    esac
-    out=target/experiments/$m-${c//\//-}
-    if j=$($Q "$M/$m.onnx" --targets v100:16,t4:16 "${extra[@]}" -o "$out" --json 2>/dev/null); then
-      printf "%s" "$j" > "$out/summary.json"
-      python3 - "$m" "$c" "$out/manifest.json" "$out/summary.json" <<'PY'
+
+row() { # model cluster-label targets summary.json manifest.json
+  python3 - "$@" <<'PY'
 import json, sys
-s = json.load(open(sys.argv[4])); man = json.load(open(sys.argv[3]))
-up, dbs = s["baselines"]["up"], s["baselines"]["dbs"]
-split = "/".join(f"{k}:{v}" for k, v in dbs["batch_split"].items())
-h = " ".join(f"{k}:{v}" for k, v in s["devices"]["t4"]["precision_histogram"].items())
-print(f"| {sys.argv[1]} | {sys.argv[2]} | {up['samples_per_s']:.0f} | {dbs['samples_per_s']:.0f} ({split}) | {s['samples_per_s']:.0f} | "
-      f"{(s['samples_per_s']/up['samples_per_s']-1)*100:+.1f}% | {(s['samples_per_s']/dbs['samples_per_s']-1)*100:+.1f}% | "
-      f"{man['methods']['up']['indicator_sum']:.3e} | {s['indicator_sum']:.3e} | {h} |")
+model, label, targets, sfile, mfile = sys.argv[1:6]
+s = json.load(open(sfile)); m = s["methods"]
+def sps(k): return m[k]["samples_per_s"] if k in m else float("nan")
+def ind(k): return m[k]["indicator_sum"] if k in m else float("nan")
+def batches(k): return "/".join(f"{d}:{b}" for d, b in m[k]["local_batches"].items()) if k in m else "–"
+up = sps("up")
+q = "qsync" if "qsync" in m else "qsync-greedy"
+print(f"| {model} | {label} | {sps('up'):.0f} | {sps('dbs'):.0f} ({batches('dbs')}) | {sps(q):.0f} | "
+      f"{sps('joint-fastest'):.0f} ({batches('joint-fastest')}) | {s['samples_per_s']:.0f} `{s['chosen']}` | "
+      f"{(s['samples_per_s']/up-1)*100:+.1f}% | {ind('up'):.3e} | {ind(q):.3e} | {ind('joint-fastest'):.3e} | {s['indicator_sum']:.3e} |")
 PY
-    else
-      err=$($Q "$M/$m.onnx" --targets v100:16,t4:16 "${extra[@]}" -o "$out" 2>&1 | grep '^error' | head -1)
-      echo "| $m | $c | – | – | – | – | – | – | – | ${err:0:120} |"
-    fi
+}
+
+header() {
+  echo "| model | cluster | UP samples/s | DBS samples/s (split) | QSync samples/s | fastest joint (split) | chosen | chosen vs UP | UP Ω | QSync Ω | fastest joint Ω | chosen Ω |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+}
+
+run() { # model label targets extra...
+  local m=$1 label=$2 targets=$3; shift 3
+  local out=target/experiments/$m-${label//[\/:, ]/-}
+  if j=$($Q "$M/$m.onnx" --targets "$targets" "$@" -o "$out" --json 2>/dev/null); then
+    printf "%s" "$j" > "$out.summary.json"
+    row "$m" "$label" "$targets" "$out.summary.json" "$out/manifest.json"
+  else
+    err=$($Q "$M/$m.onnx" --targets "$targets" "$@" -o "$out" 2>&1 | grep '^error' | head -1)
+    echo "| $m | $label | – | – | – | – | – | – | – | – | – | ${err:0:120} |"
+  fi
+}
+
+mkdir -p target/experiments
+echo "### The paper's clusters (16 V100 + 16 T4, batch 32 per device)"
+echo
+header
+for m in resnet50_train vgg16 vgg16_bn bert_base_train; do
+  run $m A v100:16,t4:16 --batch 32 --dim seq=128
+  run $m B v100:16,t4:16 --memory t4=30% --batch 32 --dim seq=128
+  run $m A/lowest/qsync v100:16,t4:16 --batch 32 --dim seq=128 --t-min lowest --method qsync
+done
+echo
+echo "### Modern mixed clusters (batch 16 per device before the split, seq 128)"
+echo
+header
+for m in resnet50_train bert_base_train; do
+  for c in a100-80gb:8,l4:8,t4:8 h100-sxm:8,a10:8; do
+    run $m "$c" "$c" --batch 16 --dim seq=128
+    run $m "$c throughput" "$c" --batch 16 --dim seq=128 --objective throughput
   done
 done
