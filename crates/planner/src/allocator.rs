@@ -767,38 +767,54 @@ fn choose(
     if opts.method == Method::Qsync {
         return if dominates { ("qsync".into(), ours.clone()) } else { ("qsync-greedy".into(), greedy.clone()) };
     }
-    let mut pool: Vec<(&str, &Eval)> = Vec::new();
-    if let Some(j) = &joint.at_floor {
-        pool.push(("joint", j));
-    }
-    if let Some(j) = &joint.fastest {
-        pool.push(("joint-fastest", j));
-    }
-    pool.push(("qsync", ours));
-    pool.push(("qsync-greedy", greedy));
+    // Baselines first: a joint plan that only ties a baseline is reported
+    // as that baseline, so the plan never claims what a simpler one does.
+    let mut pool: Vec<(&str, &Eval)> = vec![("up", up)];
     if let Some(d) = &dbs.eval {
         pool.push(("dbs", d));
     }
-    pool.push(("up", up));
+    pool.push(("qsync-greedy", greedy));
+    pool.push(("qsync", ours));
+    if let Some(j) = &joint.fastest {
+        pool.push(("joint-fastest", j));
+    }
+    if let Some(j) = &joint.at_floor {
+        pool.push(("joint", j));
+    }
     let fits = |e: &Eval| e.types.iter().all(|t| t.fits);
-    let best = match opts.objective {
-        Objective::Indicator => pool
-            .iter()
-            .filter(|(_, e)| fits(e) && e.samples_per_s >= t_min * (1.0 - 1e-9))
-            .min_by(|a, b| {
-                a.1.indicator_sum.total_cmp(&b.1.indicator_sum).then(b.1.samples_per_s.total_cmp(&a.1.samples_per_s))
-            }),
-        Objective::Throughput => pool
-            .iter()
-            .filter(|(_, e)| fits(e) && e.indicator_sum <= bound * (1.0 + 1e-9) + 1e-300)
-            .max_by(|a, b| {
-                a.1.samples_per_s.total_cmp(&b.1.samples_per_s).then(b.1.indicator_sum.total_cmp(&a.1.indicator_sum))
-            }),
-    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
+    let mut best: Option<(&str, &Eval)> = None;
+    for &(k, e) in &pool {
+        let ok = fits(e)
+            && match opts.objective {
+                Objective::Indicator => e.samples_per_s >= t_min * (1.0 - 1e-9),
+                Objective::Throughput => e.indicator_sum <= bound * (1.0 + 1e-9) + f64::MIN_POSITIVE,
+            };
+        if !ok {
+            continue;
+        }
+        let better = best.is_none_or(|(_, b)| match opts.objective {
+            Objective::Indicator => {
+                e.indicator_sum < b.indicator_sum && !close(e.indicator_sum, b.indicator_sum)
+                    || close(e.indicator_sum, b.indicator_sum)
+                        && e.samples_per_s > b.samples_per_s
+                        && !close(e.samples_per_s, b.samples_per_s)
+            }
+            Objective::Throughput => {
+                e.samples_per_s > b.samples_per_s && !close(e.samples_per_s, b.samples_per_s)
+                    || close(e.samples_per_s, b.samples_per_s)
+                        && e.indicator_sum < b.indicator_sum
+                        && !close(e.indicator_sum, b.indicator_sum)
+            }
+        });
+        if better {
+            best = Some((k, e));
+        }
+    }
     // UP fits (the planner stops earlier otherwise), so the pool is never
     // empty of a fitting plan under Throughput with UP's own bound; the
     // floor is met by UP or DBS, whichever set it.
-    let (k, e) = best.copied().unwrap_or(("up", up));
+    let (k, e) = best.unwrap_or(("up", up));
     (k.to_string(), Eval { method: k.to_string(), ..e.clone() })
 }
 
