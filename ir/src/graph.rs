@@ -176,6 +176,12 @@ pub struct Graph {
     /// Refreshed copies: low-precision initializer → its FP32 master (see
     /// [`Graph::add_refreshed_copy`]).
     copies: BTreeMap<ValueId, ValueId>,
+    /// Every reader of each value as `(node, input slot)`, by
+    /// `ValueId::index`, kept in step with the nodes' inputs. The edges of
+    /// `dag` only know the readers of node outputs; without this, the
+    /// readers of an initializer or input took a scan of every node, and
+    /// passes asking for them per weight were quadratic in the graph.
+    uses: Vec<Vec<(NodeId, u32)>>,
 }
 
 impl Graph {
@@ -441,11 +447,27 @@ impl Graph {
         self.link(n, slot, v);
     }
 
+    fn add_use(&mut self, v: ValueId, n: NodeId, slot: usize) {
+        if self.uses.len() <= v.index() {
+            self.uses.resize_with(v.index() + 1, Vec::new);
+        }
+        self.uses[v.index()].push((n, slot as u32));
+    }
+
+    fn drop_use(&mut self, v: ValueId, n: NodeId, slot: usize) {
+        if let Some(list) = self.uses.get_mut(v.index()) {
+            if let Some(i) = list.iter().position(|&u| u == (n, slot as u32)) {
+                list.swap_remove(i);
+            }
+        }
+    }
+
     fn link(&mut self, n: NodeId, slot: usize, v: Option<ValueId>) {
         if let Some(v) = v {
             if matches!(self.values[v.index()].def, ValueDef::Undefined) {
                 self.forward_used.insert(v);
             }
+            self.add_use(v, n, slot);
         }
         if let Some((p, _)) = v.and_then(|v| self.producer(v)) {
             self.dag.add_edge(p, n, slot as u32);
@@ -453,6 +475,9 @@ impl Graph {
     }
 
     fn unlink(&mut self, n: NodeId, slot: usize) {
+        if let Some(v) = self.dag[n].inputs.get(slot).copied().flatten() {
+            self.drop_use(v, n, slot);
+        }
         let edge =
             self.dag.edges_directed(n, Direction::Incoming).find(|e| *e.weight() as usize == slot).map(|e| e.id());
         if let Some(e) = edge {
@@ -491,6 +516,11 @@ impl Graph {
     /// Remove a node; its outputs become `Removed`.
     pub fn remove_node(&mut self, n: NodeId) -> Option<Node> {
         let node = self.dag.remove_node(n)?;
+        for (slot, v) in node.inputs.iter().enumerate() {
+            if let Some(v) = *v {
+                self.drop_use(v, n, slot);
+            }
+        }
         for &v in &node.outputs {
             self.values[v.index()].def = ValueDef::Removed;
             let name = self.values[v.index()].name.clone();
@@ -533,24 +563,18 @@ impl Graph {
 
     /// Consumers of `v` as `(node, input slot)`, in node insertion order.
     pub fn users(&self, v: ValueId) -> Vec<(NodeId, usize)> {
-        let mut out: Vec<(NodeId, usize)> = match self.producer(v) {
-            Some((p, _)) => self
-                .dag
-                .edges_directed(p, Direction::Outgoing)
-                .filter(|e| self.dag[e.target()].inputs.get(*e.weight() as usize) == Some(&Some(v)))
-                .map(|e| (e.target(), *e.weight() as usize))
-                .collect(),
-            None => self
-                .dag
-                .node_indices()
-                .flat_map(|n| {
-                    self.dag[n].inputs.iter().enumerate().filter(|(_, i)| **i == Some(v)).map(move |(s, _)| (n, s))
-                })
-                .collect(),
-        };
+        let mut out: Vec<(NodeId, usize)> = self
+            .uses
+            .get(v.index())
+            .map(|l| l.iter().map(|&(n, s)| (n, s as usize)).collect())
+            .unwrap_or_default();
         out.sort_by_key(|&(n, s)| (self.dag[n].seq, s));
-        out.dedup();
         out
+    }
+
+    /// Whether any node reads `v`.
+    pub fn has_users(&self, v: ValueId) -> bool {
+        self.uses.get(v.index()).is_some_and(|l| !l.is_empty())
     }
 
     /// Use counts of every value (node inputs plus graph outputs), indexed by `ValueId::index`.
