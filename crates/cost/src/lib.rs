@@ -44,7 +44,7 @@ pub use cast::{fit_linear, CastModel, LinearFit, LinearModel};
 pub use device::{Device, DeviceDb, Efficiency, IntraNode, LinkKind};
 pub use error::{CostError, Result};
 pub use facts::{Bindings, GraphFacts, Kind, NodeFacts, Work};
-pub use memory::{estimate_memory, MemoryBreakdown, Optimizer};
+pub use memory::{estimate_memory, MemoryBreakdown, MemoryTracker, Optimizer, SharedBytes};
 pub use model::{CostModel, OpCost, HOST_OP_S};
 pub use plan::{is_precision_dependent, Plan, ResolvedPlan};
 pub use precision::Precision;

@@ -18,8 +18,8 @@
 //! scale linearly; weights, their gradients and optimizer state do not.
 
 use qsync_cost::{
-    estimate_memory, Bindings, CostModel, Device, GraphFacts, MemoryBreakdown, Optimizer, Plan, Precision, Profile,
-    ResolvedPlan,
+    Bindings, CostModel, Device, GraphFacts, MemoryBreakdown, MemoryTracker, Optimizer, Plan, Precision, Profile,
+    ResolvedPlan, SharedBytes,
 };
 use qsync_ir::{DType, Graph, NodeId, Op};
 
@@ -125,6 +125,12 @@ struct TypeState {
     plan: Plan,
     resolved: ResolvedPlan,
     memory: MemoryBreakdown,
+    /// The memory, updated node by node as precisions change.
+    tracker: MemoryTracker,
+    /// Refreshed copies `egraph-casts` will store, per (parameter,
+    /// precision), and each node's claim on them.
+    copies: SharedBytes,
+    copy_claims: Vec<Vec<((qsync_ir::ValueId, Precision), f64)>>,
     /// Node → position in the local program.
     index: Vec<Option<usize>>,
 }
@@ -345,34 +351,34 @@ impl CastCx<'_> {
         Some(w)
     }
 
-    /// Bytes of refreshed copies the optimizer step rewrites under
-    /// `resolved`: the graph's own copies, and with `weight_copies` one per
-    /// (parameter, precision) read at FP16/BF16 (the copies `egraph-casts`
-    /// will store).
-    fn copy_bytes(&self, resolved: &ResolvedPlan) -> f64 {
+    /// Bytes of refreshed copies the graph already stores: rewritten by
+    /// every optimizer step whatever the plan.
+    fn stored_copy_bytes(&self) -> f64 {
+        let facts = self.facts;
+        facts.copies().iter().map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0).sum()
+    }
+
+    /// With `weight_copies`, the refreshed copies node `n` needs under
+    /// `resolved`: one per FP32 parameter it reads at FP16/BF16, as
+    /// ((parameter, precision), bytes). Shared between readers through
+    /// [`SharedBytes`].
+    fn copy_claims(&self, resolved: &ResolvedPlan, n: NodeId) -> Vec<((qsync_ir::ValueId, Precision), f64)> {
         let (g, facts) = (self.graph, self.facts);
-        let mut bytes: f64 =
-            facts.copies().iter().map(|&(c, dt)| facts.elements(c).unwrap_or(0.0) * f64::from(dt.bits()) / 8.0).sum();
-        if self.weight_copies {
-            let mut seen = std::collections::HashSet::new();
-            for &n in facts.order() {
-                let p = resolved.compute(n);
-                if !matches!(p, Precision::Fp16 | Precision::Bf16) {
-                    continue;
-                }
-                for (slot, v) in g.node(n).inputs().iter().enumerate() {
-                    let Some(v) = *v else { continue };
-                    if self.statics.get(v.index()) == Some(&Static::Param)
-                        && g.ty(v).dtype == Some(DType::F32)
-                        && self.converts(n, slot)
-                        && seen.insert((v, p))
-                    {
-                        bytes += facts.elements(v).unwrap_or(0.0) * p.bytes();
-                    }
-                }
+        let p = resolved.compute(n);
+        if !self.weight_copies || !matches!(p, Precision::Fp16 | Precision::Bf16) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (slot, v) in g.node(n).inputs().iter().enumerate() {
+            let Some(v) = *v else { continue };
+            if self.statics.get(v.index()) == Some(&Static::Param)
+                && g.ty(v).dtype == Some(DType::F32)
+                && self.converts(n, slot)
+            {
+                out.push(((v, p), facts.elements(v).unwrap_or(0.0) * p.bytes()));
             }
         }
-        bytes
+        out
     }
 }
 
@@ -422,16 +428,9 @@ fn held_in(graph: &Graph, resolved: &ResolvedPlan, v: qsync_ir::ValueId) -> Opti
     Some(reads_in(p).unwrap_or(Precision::Fp32))
 }
 
-/// Memory of `target` under `resolved`, with batch-proportional parts
-/// scaled by the target's work scale ([`PredictOptions::scale_of`]).
-fn scaled_memory(
-    graph: &Graph,
-    facts: &GraphFacts,
-    resolved: &ResolvedPlan,
-    target: &Target,
-    opts: &PredictOptions,
-) -> Result<MemoryBreakdown, PredictError> {
-    let mut m = estimate_memory(graph, facts, resolved, &target.device, opts.optimizer, target.memory_fraction)?;
+/// `m` with its batch-proportional parts scaled by the target's work scale
+/// ([`PredictOptions::scale_of`]).
+fn scaled_memory(mut m: MemoryBreakdown, target: &Target, opts: &PredictOptions) -> MemoryBreakdown {
     let s = opts.scale_of(target);
     if s != 1.0 {
         let buffers = (m.workspace - target.device.workspace_bytes as f64).max(0.0);
@@ -440,7 +439,7 @@ fn scaled_memory(
         m.total =
             m.master_weights + m.low_precision_weights + m.gradients + m.optimizer_state + m.activations + m.workspace;
     }
-    Ok(m)
+    m
 }
 
 impl<'g> Predictor<'g> {
@@ -477,7 +476,9 @@ impl<'g> Predictor<'g> {
                     });
                 }
             }
-            let memory = scaled_memory(graph, &facts, &resolved, t, &opts)?;
+            let tracker =
+                MemoryTracker::new(graph, &facts, &resolved, &t.device, opts.optimizer, t.memory_fraction)?;
+            let memory = scaled_memory(tracker.breakdown(), t, &opts);
             let mut index = vec![None; bound];
             for (i, &n) in order.iter().enumerate() {
                 index[n.index()] = Some(i);
@@ -490,14 +491,32 @@ impl<'g> Predictor<'g> {
                 let cost = Self::sim_cost(&cx, &model, &resolved, n, scale)?;
                 ops.push(LocalOp { name: graph.node(n).name.clone(), node: Some(n), cost });
             }
-            let copies = cx.copy_bytes(&resolved);
-            let step = optimizer_seconds(&t.device, params, opts.optimizer) + refresh_seconds(&t.device, copies);
+            let mut copies = SharedBytes::default();
+            let mut copy_claims = vec![Vec::new(); bound];
+            for &n in &order {
+                let claims = cx.copy_claims(&resolved, n);
+                for &(k, b) in &claims {
+                    copies.add(k, b);
+                }
+                copy_claims[n.index()] = claims;
+            }
+            let copy_bytes = cx.stored_copy_bytes() + copies.total();
+            let step = optimizer_seconds(&t.device, params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
                 .with_bandwidth(t.device.intra_node_bytes_per_s() / 1e9, t.device.network_bytes_per_s() / 1e9)
                 .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64));
             cluster_types.push(dt);
-            types.push(TypeState { model, plan: t.plan.clone(), resolved, memory, index });
+            types.push(TypeState {
+                model,
+                plan: t.plan.clone(),
+                resolved,
+                memory,
+                tracker,
+                copies,
+                copy_claims,
+                index,
+            });
         }
         let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config)?;
         Ok(Predictor { graph, facts, opts, types, targets, sim, statics })
@@ -584,11 +603,23 @@ impl<'g> Predictor<'g> {
             self.sim.set_op_cost(t, i, cost)?;
         }
         if !changed.is_empty() {
-            let memory = scaled_memory(self.graph, &self.facts, &ts.resolved, target, &self.opts)?;
+            ts.tracker.update(self.graph, &self.facts, &ts.resolved, recost.iter().copied())?;
+            let memory = scaled_memory(ts.tracker.breakdown(), target, &self.opts);
             self.sim.set_static_memory(t, memory.total.max(0.0) as u64)?;
             if self.opts.weight_copies {
+                for &m in &changed {
+                    let Some(old) = ts.copy_claims.get_mut(m.index()) else { continue };
+                    for &(k, _) in old.iter() {
+                        ts.copies.remove(k);
+                    }
+                    let claims = cx.copy_claims(&ts.resolved, m);
+                    for &(k, b) in &claims {
+                        ts.copies.add(k, b);
+                    }
+                    ts.copy_claims[m.index()] = claims;
+                }
                 let params: f64 = self.facts.params().iter().filter_map(|&v| self.facts.elements(v)).sum();
-                let copies = cx.copy_bytes(&ts.resolved);
+                let copies = cx.stored_copy_bytes() + ts.copies.total();
                 let step = optimizer_seconds(&target.device, params, self.opts.optimizer)
                     + refresh_seconds(&target.device, copies);
                 self.sim.set_optimizer_us(t, us(step))?;
