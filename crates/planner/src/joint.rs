@@ -54,7 +54,7 @@ pub(crate) struct Found {
 
 /// Candidates verified by a full prediction, per objective, before the
 /// search settles for the best verified one.
-const VERIFY: usize = 6;
+const VERIFY: usize = 3;
 
 /// The joint search (module doc): per-type options from the uniform levels
 /// and the fastest class plans, every combination split, the best verified
@@ -101,17 +101,17 @@ pub(crate) fn search(
     let mut within: Vec<&Candidate> =
         cands.iter().filter(|c| c.indicator <= bound * (1.0 + 1e-9) + f64::MIN_POSITIVE).collect();
     within.sort_by(|a, b| a.estimate_us.total_cmp(&b.estimate_us).then(a.indicator.total_cmp(&b.indicator)));
-    let mut best: Option<(f64, &Candidate)> = None;
+    let mut best: Option<(f64, Predictor<'_>)> = None;
     for c in within.iter().take(VERIFY) {
         found.verified += 1;
         let mut pred = cx.verify(c)?;
         let r = pred.result();
-        if r.devices.iter().all(|d| d.fits) && best.is_none_or(|(s, _)| r.samples_per_s > s) {
-            best = Some((r.samples_per_s, c));
+        let sps = r.samples_per_s;
+        if r.devices.iter().all(|d| d.fits) && best.as_ref().is_none_or(|(s, _)| sps > *s) {
+            best = Some((sps, pred));
         }
     }
-    if let Some((sps, c)) = best {
-        let mut pred = cx.verify(c)?;
+    if let Some((sps, mut pred)) = best {
         cx.recover(&mut pred, sps)?;
         found.fastest = cx.fitting_eval("joint-fastest", &mut pred);
     }

@@ -276,6 +276,37 @@ fn fixed_batch_graphs_scale_activations_not_weights() {
 }
 
 #[test]
+fn each_target_is_costed_at_its_own_batch() {
+    // With a reference batch, a target at twice it costs what the whole
+    // graph costs at work scale 2 (per-sample work and activations double,
+    // launches and weights do not), while a target at the reference batch
+    // is unchanged: how joint plans give each device type its own batch.
+    let g = load("bert_tiny.onnx", 8);
+    let t4 = |b: u32| Target::new(device("t4"), 4, b, Plan::uniform(&g, Precision::Fp16));
+    let v100 = |b: u32| Target::new(device("v100"), 4, b, Plan::new());
+    let per_target = PredictOptions { reference_batch: Some(8), ..opts(&g) };
+    let mut split = Predictor::new(&g, vec![v100(8), t4(16)], per_target).expect("predict");
+    let doubled = PredictOptions { work_scale: 2.0, ..opts(&g) };
+    let mut both2 = Predictor::new(&g, vec![v100(16), t4(16)], doubled).expect("predict");
+    let mut both1 = Predictor::new(&g, vec![v100(8), t4(8)], opts(&g)).expect("predict");
+    let (s, d, u) = (split.result().clone(), both2.result().clone(), both1.result().clone());
+    assert_eq!(s.devices[1].compute_us, d.devices[1].compute_us, "the T4 at 16 = the graph at scale 2");
+    assert_eq!(split.memory(1), both2.memory(1));
+    assert_eq!(s.devices[0].compute_us, u.devices[0].compute_us, "the V100 at the reference batch");
+    assert_eq!(split.memory(0), both1.memory(0));
+    assert_eq!(s.global_batch, 4 * 8 + 4 * 16);
+    // Affine in the batch (the joint planner's lines), and not simply
+    // proportional: launches do not scale.
+    let at = |b: u32| {
+        let o = PredictOptions { reference_batch: Some(8), ..opts(&g) };
+        Predictor::new(&g, vec![v100(8), t4(b)], o).expect("predict").result().devices[1].compute_us
+    };
+    let (c8, c16, c24) = (at(8), at(16), at(24));
+    assert!(c16 > c8 && c16 < 2.0 * c8, "{c8} {c16}");
+    assert!(((c24 - c16) - (c16 - c8)).abs() <= 1e-9 * c24, "{c8} {c16} {c24}");
+}
+
+#[test]
 fn optimizer_state_shows_in_time_and_memory() {
     let g = load("bert_tiny.onnx", 8);
     let run = |opt: Optimizer| {
