@@ -13,6 +13,7 @@ pub enum CommError {
     /// The operation did not complete before its deadline. The communicator
     /// is unusable afterwards (the operation may still be in flight).
     #[error("rank {rank}: {op} did not complete within {timeout:.1?} (a peer is stalled or dead)")]
+    /// `rank` is the world rank of the process that timed out.
     Timeout { op: &'static str, rank: usize, timeout: Duration },
     /// A peer failed (exited, aborted, or reported an error) during `op`.
     #[error("rank {rank}: a peer failed during {op}: {detail}")]

@@ -98,6 +98,8 @@ pub struct MpiComm {
     comm: ffi::MPI_Comm,
     rank: usize,
     size: usize,
+    /// For messages: errors name the world rank, whatever the group.
+    world_rank: usize,
     /// Split communicators are freed on drop; the world is not.
     owned: bool,
     shared: Rc<Shared>,
@@ -127,6 +129,7 @@ impl MpiComm {
             comm: world,
             rank,
             size,
+            world_rank: rank,
             owned: false,
             shared: Rc::new(Shared {
                 universe: RefCell::new(Some(universe)),
@@ -162,7 +165,7 @@ impl MpiComm {
                 break Ok(());
             }
             if deadline.expired() {
-                break Err(CommError::Timeout { op, rank: self.rank, timeout: deadline.budget });
+                break Err(CommError::Timeout { op, rank: self.world_rank, timeout: deadline.budget });
             }
             // Oversubscribed ranks must yield the core to the peers they
             // wait for; past the first polls, sleep briefly.
@@ -302,7 +305,7 @@ impl Communicator for MpiComm {
         self.start("split", unsafe { ffi::MPI_Comm_split(self.comm, color, key, &mut comm) })?;
         check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) }, "split")?;
         let (rank, size) = rank_size(comm)?;
-        Ok(Box::new(MpiComm { comm, rank, size, owned: true, shared: self.shared.clone() }))
+        Ok(Box::new(MpiComm { comm, rank, size, world_rank: self.world_rank, owned: true, shared: self.shared.clone() }))
     }
 
     fn all_gather(&self, send: &[u8], recv: &mut [u8], deadline: Deadline) -> Result<(), CommError> {

@@ -80,7 +80,8 @@ impl Scheme {
     pub fn name(&self) -> String {
         let mut s = match self.kind {
             Kind::Fp32 => "fp32".to_string(),
-            Kind::Half(h) => h.name().to_string(),
+            Kind::Half(Half::F16) => "fp16".to_string(),
+            Kind::Half(Half::BF16) => "bf16".to_string(),
             Kind::Qgz { intra, inter: None } => format!("qgz-{}", bits_name(intra)),
             Kind::Qgz { intra, inter: Some(inter) } if inter == intra => format!("qgz-{}-hier", bits_name(intra)),
             Kind::Qgz { intra, inter: Some(inter) } => format!("qgz-{}-{}-hier", bits_name(intra), bits_name(inter)),
