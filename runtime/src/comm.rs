@@ -105,7 +105,7 @@ pub trait Communicator: fmt::Debug {
     /// Equal personalized exchange: slice `j` of `size` equal slices to rank `j`.
     fn all_to_all(&self, send: &[u8], recv: &mut [u8], deadline: Deadline) -> Result<(), CommError> {
         let p = self.size();
-        if p == 0 || send.len() % p != 0 || recv.len() != send.len() {
+        if p == 0 || !send.len().is_multiple_of(p) || recv.len() != send.len() {
             return Err(CommError::InvalidArgument {
                 op: "all_to_all",
                 detail: format!("{} send and {} recv bytes for {p} ranks", send.len(), recv.len()),
@@ -165,7 +165,7 @@ pub struct ClusterShape {
 impl ClusterShape {
     /// `nodes` nodes over `world` ranks; `world` must be a multiple of `nodes`.
     pub fn new(world: usize, nodes: usize) -> Result<Self, SyncError> {
-        if nodes == 0 || world == 0 || world % nodes != 0 {
+        if nodes == 0 || world == 0 || !world.is_multiple_of(nodes) {
             return Err(SyncError::BadShape(format!("{world} ranks cannot form {nodes} equal nodes")));
         }
         Ok(ClusterShape { nodes, ranks_per_node: world / nodes })

@@ -74,7 +74,7 @@ pub fn gradient(kind: GradKind, n: usize, seed: u64, rank: usize) -> Vec<f32> {
             GradKind::Zeros => 0.0,
             GradKind::Tiny => (1e-30 * normal(s, i)) as f32,
             GradKind::Outliers => {
-                if rng::hash(s ^ 2, i) % 997 == 0 {
+                if rng::hash(s ^ 2, i).is_multiple_of(997) {
                     (1000.0 * normal(s ^ 3, i)) as f32
                 } else {
                     (0.001 * normal(s, i)) as f32

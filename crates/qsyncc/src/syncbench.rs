@@ -150,7 +150,8 @@ pub fn run(args: &SyncBenchArgs) -> Result<Option<String>> {
     let report = match bench::run(&world, &opts) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: rank {}: {e}", world.rank());
+            // The error names the rank (world rank) itself.
+            eprintln!("error: {e}");
             world.abort(2);
         }
     };

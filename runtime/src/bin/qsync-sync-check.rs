@@ -291,7 +291,7 @@ fn main() -> ExitCode {
     let rep = match run(&world, &args) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("qsync-sync-check: rank {}: {e:#}", world.rank());
+            eprintln!("qsync-sync-check: {e:#} (seen by rank {})", world.rank());
             world.abort(3);
         }
     };

@@ -28,7 +28,10 @@ use super::block::shards;
 use super::{GradSync, Hop};
 use crate::error::SyncError;
 
-fn converters(h: Half) -> (fn(f32) -> u16, fn(u16) -> f32) {
+/// Narrowing and widening conversions of one 16-bit format.
+type Converters = (fn(f32) -> u16, fn(u16) -> f32);
+
+fn converters(h: Half) -> Converters {
     match h {
         Half::F16 => (reference::f32_to_f16, reference::f16_to_f32),
         Half::BF16 => (reference::f32_to_bf16, reference::bf16_to_f32),
