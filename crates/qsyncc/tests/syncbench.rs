@@ -98,3 +98,24 @@ fn bad_arguments_exit_2() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("qgz-int3") && err.contains("known:"), "{err}");
 }
+
+/// `qsyncc simulate --sync` prices the scheme: on two 8-GPU nodes of each
+/// type, qgZ int4 moves about 1/8 of fp32's bytes, so its communication
+/// time must drop, and the JSON names the scheme (fp32 output unchanged).
+#[test]
+fn simulate_prices_the_sync_scheme() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/squeezenet1_1.onnx");
+    let run = |sync: &str| -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_qsyncc"))
+            .args(["simulate", model, "--targets", "v100:16/8,t4:16/8", "--json", "--sync", sync])
+            .output()
+            .expect("run qsyncc");
+        assert!(out.status.success(), "{sync}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let (fp32, int4) = (run("fp32"), run("qgz-int4"));
+    assert!(fp32.get("sync").is_none(), "{fp32}");
+    assert_eq!(int4["sync"], "qgz-int4");
+    let comm = |v: &serde_json::Value| v["devices"]["t4"]["comm_ms"].as_f64().expect("comm_ms");
+    assert!(comm(&int4) < comm(&fp32), "qgz-int4 {} ms vs fp32 {} ms", comm(&int4), comm(&fp32));
+}
