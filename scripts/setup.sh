@@ -35,3 +35,20 @@ if ! "$PY" -c 'import nvidia.cuda_nvcc' 2>/dev/null; then
   "$PY" -m pip install -q --disable-pip-version-check "$ptxas_pkg" \
     || echo "setup: could not install $ptxas_pkg; the PTX assembly test will skip" >&2
 fi
+
+# --- qsync-runtime (issue 17): Open MPI, the CPU engine of the runtime's
+# multi-process tests (`mpirun`), and its headers for the `mpi` crate
+# (mpi-sys finds libclang through llvm-config-22, installed above).
+mpi_pkgs=(libopenmpi-dev openmpi-bin)
+missing=()
+for p in "${mpi_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# --- end qsync-runtime

@@ -8,6 +8,7 @@ pub mod plan;
 pub mod planner;
 pub mod report;
 pub mod simulate;
+pub mod syncbench;
 
 /// `NAME=N` for `--dim`.
 pub fn parse_dim_binding(s: &str) -> Result<(String, i64), String> {

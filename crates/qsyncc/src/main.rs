@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use qsyncc::{codegen, inspect, load, parse_dim_binding, plan, planner, simulate};
+use qsyncc::syncbench;
 
 #[derive(Parser, Debug)]
 #[command(name = "qsyncc", version, about = "Mixed-precision planning compiler for hybrid GPU clusters")]
@@ -83,6 +84,8 @@ enum Cmd {
         #[command(flatten)]
         dims: DimArgs,
     },
+    /// Benchmark a gradient-synchronization scheme on a running job (launch under mpirun).
+    SyncBench(syncbench::SyncBenchArgs),
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -161,6 +164,10 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Simulate(args) => write_stdout(&simulate::run(&args)?),
+        Cmd::SyncBench(args) => match syncbench::run(&args)? {
+            Some(out) => write_stdout(&out),
+            None => Ok(()),
+        },
     }
 }
 

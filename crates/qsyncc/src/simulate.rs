@@ -56,6 +56,18 @@ pub struct SimulateArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Gradient synchronization the runtime runs (qsync-runtime's scheme
+    /// names: fp32, fp16, bf16, qgz-int8, qgz-int4, qgz-int4-hier,
+    /// qgz-int4-int8-hier, nbit-2, …, with -sr / -ef).
+    #[arg(long, default_value = "fp32", value_parser = parse_sync)]
+    pub sync: qsync_sim::SyncScheme,
+    /// Elements per quantization group of `--sync`.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sync_group: u32,
+}
+
+fn parse_sync(s: &str) -> std::result::Result<qsync_sim::SyncScheme, String> {
+    qsync_sim::SyncScheme::parse(s)
 }
 
 /// `name[:count[/per_node]]`.
@@ -139,6 +151,9 @@ struct SimJson {
     allreduce_bytes: u64,
     devices: BTreeMap<String, DeviceJson>,
     warnings: Vec<String>,
+    /// The synchronization scheme, when not fp32.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sync: Option<String>,
 }
 
 /// The cluster a command runs on: the device database (bundled plus
@@ -290,7 +305,11 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         bindings,
         work_scale,
         optimizer,
-        config: SimConfig { bucket_cap_bytes: (a.bucket_mb * (1u64 << 20) as f64) as u64, ..SimConfig::default() },
+        config: SimConfig {
+            bucket_cap_bytes: (a.bucket_mb * (1u64 << 20) as f64) as u64,
+            sync: qsync_sim::SyncSpec { scheme: a.sync, group: a.sync_group },
+            ..SimConfig::default()
+        },
         // `simulate` costs the plan's nodes as given; refreshed copies the
         // graph already holds are counted, no others assumed.
         weight_copies: false,
@@ -346,6 +365,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         allreduce_bytes: r.allreduce_bytes,
         devices,
         warnings,
+        sync: (a.sync != qsync_sim::SyncScheme::Fp32).then(|| a.sync.name()),
     };
     if a.json {
         return Ok(serde_json::to_string_pretty(&out)? + "\n");
@@ -358,6 +378,9 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         out.iteration_ms, out.samples_per_s, out.global_batch
     );
     let _ = writeln!(o, "all-reduce   {:.1} MiB of gradients", out.allreduce_bytes as f64 / (1u64 << 20) as f64);
+    if let Some(s) = &out.sync {
+        let _ = writeln!(o, "sync         {s} (group {})", a.sync_group);
+    }
     let _ = writeln!(
         o,
         "{:<12} {:>5} {:>9} {:>12} {:>10} {:>10} {:>12} {:>12}",

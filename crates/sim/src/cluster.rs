@@ -32,6 +32,10 @@ pub struct DeviceType {
     pub static_memory_bytes: u64,
     /// Memory available to training on one device, if known.
     pub memory_capacity_bytes: Option<u64>,
+    /// Costs of the gradient-synchronization kernels (quantize,
+    /// dequantize-accumulate, 16-bit casts) on one device.
+    #[serde(default)]
+    pub sync_kernels: crate::sync::SyncKernels,
 }
 
 impl DeviceType {
@@ -58,7 +62,14 @@ impl DeviceType {
             network_latency_us: 20.0,
             static_memory_bytes: 0,
             memory_capacity_bytes: None,
+            sync_kernels: crate::sync::SyncKernels::default(),
         }
+    }
+
+    /// Set the synchronization kernels' costs.
+    pub fn with_sync_kernels(mut self, k: crate::sync::SyncKernels) -> DeviceType {
+        self.sync_kernels = k;
+        self
     }
 
     /// Set both bandwidths (GB/s).

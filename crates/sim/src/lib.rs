@@ -46,6 +46,7 @@ mod error;
 pub mod predict;
 mod program;
 mod sim;
+pub mod sync;
 mod trace;
 
 pub use cluster::{AllReduceAlgo, Cluster, DeviceType};
@@ -53,3 +54,4 @@ pub use error::SimError;
 pub use predict::{optimizer_seconds, refresh_seconds, PredictError, PredictOptions, Predictor, Target};
 pub use program::{CostSource, LocalOp, LocalProgram, OpCost};
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
+pub use sync::{SyncChoice, SyncKernels, SyncScheme, SyncSpec};

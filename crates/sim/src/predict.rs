@@ -148,6 +148,23 @@ pub struct Predictor<'g> {
     statics: Vec<Static>,
 }
 
+/// The synchronization kernels' costs from the device's cast model:
+/// quantizing is QSync's f32 → int8 cast (range reduction, scale, codes),
+/// dequantize-accumulate its int8 → f32 cast, 16-bit casts f32 → f16.
+fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
+    use qsync_cost::Precision as P;
+    let c = model.casts();
+    let (q, d, h) = (c.model(P::Fp32, P::Int8), c.model(P::Int8, P::Fp32), c.model(P::Fp32, P::Fp16));
+    crate::SyncKernels {
+        quantize_r: q.r,
+        quantize_c: q.c,
+        dequantize_r: d.r,
+        dequantize_c: d.c,
+        cast16_r: h.r,
+        cast16_c: h.c,
+    }
+}
+
 fn us(seconds: f64) -> f64 {
     seconds * 1e6
 }
@@ -505,7 +522,8 @@ impl<'g> Predictor<'g> {
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
                 .with_bandwidth(t.device.intra_node_bytes_per_s() / 1e9, t.device.network_bytes_per_s() / 1e9)
-                .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64));
+                .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64))
+                .with_sync_kernels(sync_kernels(&model));
             cluster_types.push(dt);
             types.push(TypeState {
                 model,

@@ -31,11 +31,19 @@ pub struct SimConfig {
     /// bytes. PyTorch's default is 25 MiB.
     pub bucket_cap_bytes: u64,
     pub algo: AllReduceAlgo,
+    /// How each bucket is synchronized (fp32: the engine's all-reduce by
+    /// `algo`; otherwise [`crate::sync`]'s model of the runtime's scheme).
+    #[serde(default)]
+    pub sync: crate::sync::SyncSpec,
 }
 
 impl Default for SimConfig {
     fn default() -> SimConfig {
-        SimConfig { bucket_cap_bytes: 25 << 20, algo: AllReduceAlgo::Hierarchical }
+        SimConfig {
+            bucket_cap_bytes: 25 << 20,
+            algo: AllReduceAlgo::Hierarchical,
+            sync: crate::sync::SyncSpec::default(),
+        }
     }
 }
 
@@ -419,7 +427,7 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Buc
         bytes += g;
         if bytes >= config.bucket_cap_bytes || k + 1 == grads.len() {
             let dur_us =
-                (0..cluster.types.len()).map(|t| cluster.allreduce_us(t, bytes, config.algo)).fold(0.0f64, f64::max);
+                (0..cluster.types.len()).map(|t| cluster.sync_us(t, bytes, &config.sync, config.algo)).fold(0.0f64, f64::max);
             buckets.push(Bucket { bytes, last_grad: k, dur_us });
             bytes = 0;
         }

@@ -20,7 +20,7 @@ fn programs(rng: &mut Lcg, n: usize) -> Vec<LocalProgram> {
 }
 
 fn config(cap: u64) -> SimConfig {
-    SimConfig { bucket_cap_bytes: cap, algo: AllReduceAlgo::Hierarchical }
+    SimConfig { bucket_cap_bytes: cap, algo: AllReduceAlgo::Hierarchical, ..SimConfig::default() }
 }
 
 /// After any sequence of single-op changes, the incremental result (and

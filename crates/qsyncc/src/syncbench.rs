@@ -1,0 +1,163 @@
+//! `qsyncc sync-bench`: a thin wrapper over `qsync_runtime::bench`, run on
+//! every rank of an `mpirun` job. Rank 0 prints the report; any failure
+//! after MPI is up ends the whole job (`MPI_Abort`) with the error printed
+//! by the rank that saw it, so no rank waits forever on a dead peer.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use qsync_runtime::bench::{self, BenchOptions, BenchReport};
+use qsync_runtime::fault::Fault;
+use qsync_runtime::testdata::GradKind;
+use qsync_runtime::{Communicator, Gather, Scheme, SyncConfig};
+
+/// `qsyncc sync-bench` arguments.
+#[derive(Args, Debug, Clone)]
+pub struct SyncBenchArgs {
+    /// fp32, fp16, bf16, qgz-int8, qgz-int4, qgz-int8-hier, qgz-int4-hier,
+    /// qgz-intA-intB-hier, nbit-1/2/4/8; suffixes -sr (stochastic rounding), -ef (error feedback).
+    #[arg(long)]
+    pub scheme: String,
+    /// Gradient size in bytes (f32 elements × 4); K, M, G suffixes (powers of 1024).
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: usize,
+    /// Emulated nodes: the world's ranks split node-major into this many equal nodes.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Elements per quantization group (one f32 scale each).
+    #[arg(long, default_value_t = 512)]
+    pub group: usize,
+    /// How qgZ's all-reduce gathers reduced shards: `quantized` or `f32`.
+    #[arg(long, default_value = "quantized", value_parser = ["quantized", "f32"])]
+    pub gather: String,
+    /// Synthetic gradient: normal, heavy-tailed, zeros, tiny, outliers.
+    #[arg(long, default_value = "normal")]
+    pub gradient: String,
+    #[arg(long, default_value_t = 10)]
+    pub iterations: usize,
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Deadline of every communicator call, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+    /// Communication engine: `mpi` (under mpirun) or `nccl`.
+    #[arg(long, default_value = "mpi", value_parser = ["mpi", "nccl"])]
+    pub backend: String,
+    /// This rank exits abruptly in the middle of the timed synchronization.
+    #[arg(long)]
+    pub kill_rank: Option<usize>,
+    /// This rank stalls (sleeps an hour) in the middle of the timed synchronization.
+    #[arg(long)]
+    pub stall_rank: Option<usize>,
+    /// Print one JSON object (rank 0).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `4096`, `64K`, `16M`, `1G` (binary multiples).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = num.parse().map_err(|_| format!("`{s}` is not a size (e.g. 4096, 64K, 16M)"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))
+}
+
+fn options(args: &SyncBenchArgs) -> Result<BenchOptions> {
+    let scheme: Scheme = args.scheme.parse()?;
+    let mut config = SyncConfig::new(scheme);
+    config.nodes = args.nodes;
+    config.seed = args.seed;
+    config.group = args.group;
+    config.gather = if args.gather == "f32" { Gather::F32 } else { Gather::Quantized };
+    if !(args.timeout > 0.0 && args.timeout.is_finite()) {
+        bail!("--timeout must be a positive number of seconds");
+    }
+    config.timeout = Duration::from_secs_f64(args.timeout);
+    let fault = match (args.kill_rank, args.stall_rank) {
+        (Some(_), Some(_)) => bail!("--kill-rank and --stall-rank are exclusive"),
+        (Some(r), None) => Some((r, Fault::Exit)),
+        (None, Some(r)) => Some((r, Fault::Stall(Duration::from_secs(3600)))),
+        (None, None) => None,
+    };
+    if args.iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    Ok(BenchOptions {
+        config,
+        bytes: args.bytes,
+        kind: args.gradient.parse::<GradKind>().map_err(anyhow::Error::msg)?,
+        iterations: args.iterations,
+        warmup: args.warmup,
+        fault,
+    })
+}
+
+fn render(r: &BenchReport, json: bool) -> Result<String> {
+    if json {
+        return Ok(serde_json::to_string(r)? + "\n");
+    }
+    Ok(format!(
+        "scheme {} on {} ranks ({} nodes, {}), {} bytes ({} f32), group {}, gather {}\n\
+         wire bytes per rank: {:.0} ({:.0} intra-node, {:.0} inter-node) = {:.4} of f32 ring all-reduce's {:.0}\n\
+         error vs exact f64 mean: max {:.3e}, bound {:.3e} (largest error/bound {:.3}), {}\n\
+         ranks bitwise identical: {}\n\
+         time: {:.6} s median of {} vs the engine's f32 all-reduce {:.6} s ({:.2}x)\n",
+        r.scheme,
+        r.ranks,
+        r.nodes,
+        r.backend,
+        r.bytes,
+        r.elements,
+        r.group,
+        r.gather,
+        r.wire_bytes_per_rank,
+        r.intra_node_bytes_per_rank,
+        r.inter_node_bytes_per_rank,
+        r.wire_fraction,
+        r.ring_f32_bytes_per_rank,
+        r.max_abs_error,
+        r.error_bound,
+        r.max_error_to_bound,
+        if r.within_bound { "within bound".to_string() } else { format!("{} elements OVER the bound", r.bound_violations) },
+        r.bitwise_identical,
+        r.seconds,
+        r.iterations,
+        r.f32_allreduce_seconds,
+        if r.seconds > 0.0 { r.f32_allreduce_seconds / r.seconds } else { 0.0 },
+    ))
+}
+
+/// Runs the benchmark on this rank; `Some(text)` on rank 0.
+pub fn run(args: &SyncBenchArgs) -> Result<Option<String>> {
+    let opts = options(args)?;
+    if args.backend == "nccl" {
+        let info = qsync_runtime::nccl::probe()?;
+        bail!(
+            "NCCL {} is present, but the NCCL communicator is not implemented yet (issue 17): run sync-bench under mpirun",
+            info.version
+        );
+    }
+    let world = qsync_runtime::mpi::MpiComm::init()?;
+    let report = match bench::run(&world, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            // The error names the rank (world rank) itself.
+            eprintln!("error: {e}");
+            world.abort(2);
+        }
+    };
+    if world.rank() == 0 {
+        Ok(Some(render(&report, args.json)?))
+    } else {
+        Ok(None)
+    }
+}

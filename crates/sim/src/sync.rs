@@ -1,0 +1,404 @@
+//! Cost model of the gradient-synchronization schemes `qsync-runtime` runs
+//! (fp32, fp16/bf16, qgZ one-shot and hierarchical, n-bit), and the choice
+//! of the fastest scheme within an error budget.
+//!
+//! For one all-reduce of `S` f32 bytes (`E = S/4` elements) over `P` devices
+//! in `N` nodes of `L`, a scheme is a sequence of phases. Each phase moves
+//! bytes per device — split into the intra-node and inter-node share by
+//! which peers it talks to — and costs `max(intra / B_intra, inter / B_net)`
+//! plus one step latency (the network's if any byte leaves the node), then
+//! the scheme's kernels (quantize, dequantize-and-accumulate, 16-bit casts)
+//! at the device's [`SyncKernels`] rates (`seconds = r·elements + c`, filled
+//! from the cost model's cast model by the predictor). Kernels and
+//! communication do not overlap inside one bucket.
+//!
+//! Bytes per device, as the runtime moves them (block of `m` elements at
+//! `b` bits, group `G`: `m·b/8 + 4·⌈m/G⌉`):
+//! - fp32: the engine's all-reduce ([`Cluster::allreduce_us`]);
+//! - fp16/bf16: all-to-all of 16-bit shards then all-gather:
+//!   `2 · (P−1)/P · S/2`, a flat exchange (every peer);
+//! - qgZ one-shot: all-to-all of blocks, all-gather of requantized shards:
+//!   `(P−1)·block(E/P)` each;
+//! - qgZ hierarchical: intra-node all-to-all `(L−1)·N·block(E/P)`,
+//!   inter-node all-to-all `(N−1)·block'(E/P)`, flat all-gather;
+//! - n-bit: all-gather of every device's packed gradient,
+//!   `(P−1)·(10 + ⌈E·b/8⌉)`.
+//!
+//! [`choose`] never returns a scheme predicted slower than fp32: fp32 is a
+//! candidate and wins ties.
+//!
+//! The relative error bound of a scheme ([`SyncScheme::relative_error`]) is
+//! its documented bound divided by the largest magnitude in the unit it
+//! scales by (quantization group for qgZ, tensor for n-bit, the value for
+//! fp16/bf16): `k/qmax` per quantization stage for qgZ (`k = 1/2`
+//! round-to-nearest, `1` stochastic), `2k/(2^b−1)` for n-bit (the range
+//! spans up to twice the largest magnitude), the unit roundoff twice for
+//! 16-bit formats.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{AllReduceAlgo, Cluster};
+
+/// Kernel costs on one device type, `seconds = r·elements + c`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SyncKernels {
+    /// f32 → block-quantized (range reduction, scales, codes).
+    pub quantize_r: f64,
+    pub quantize_c: f64,
+    /// Block-quantized → f32, accumulated.
+    pub dequantize_r: f64,
+    pub dequantize_c: f64,
+    /// f32 ↔ f16/bf16.
+    pub cast16_r: f64,
+    pub cast16_c: f64,
+}
+
+impl Default for SyncKernels {
+    /// A memory-bound default for 500 GB/s and 5 µs per launch (the
+    /// predictor replaces it with the device's cast model).
+    fn default() -> Self {
+        let per_byte = 1.0 / 500e9;
+        SyncKernels {
+            quantize_r: 2.0 * 4.0 * per_byte + 1.0 * per_byte,
+            quantize_c: 15e-6,
+            dequantize_r: (1.0 + 4.0) * per_byte,
+            dequantize_c: 5e-6,
+            cast16_r: (4.0 + 2.0) * per_byte,
+            cast16_c: 5e-6,
+        }
+    }
+}
+
+impl SyncKernels {
+    fn quantize(&self, e: f64) -> f64 {
+        if e > 0.0 { self.quantize_r * e + self.quantize_c } else { 0.0 }
+    }
+    fn dequantize(&self, e: f64) -> f64 {
+        if e > 0.0 { self.dequantize_r * e + self.dequantize_c } else { 0.0 }
+    }
+    fn cast16(&self, e: f64) -> f64 {
+        if e > 0.0 { self.cast16_r * e + self.cast16_c } else { 0.0 }
+    }
+}
+
+/// A scheme, as far as its cost and error go (names as in `qsync-runtime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SyncScheme {
+    Fp32,
+    Fp16,
+    Bf16,
+    /// qgZ; bits 8 or 4; `inter: Some(bits)` is hierarchical.
+    Qgz { intra: u8, inter: Option<u8>, stochastic: bool },
+    NBit { bits: u8, stochastic: bool },
+}
+
+/// A scheme with its quantization group size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncSpec {
+    pub scheme: SyncScheme,
+    pub group: u32,
+}
+
+impl Default for SyncSpec {
+    fn default() -> Self {
+        SyncSpec { scheme: SyncScheme::Fp32, group: 512 }
+    }
+}
+
+fn qbits(s: &str) -> Option<u8> {
+    match s {
+        "int8" => Some(8),
+        "int4" => Some(4),
+        _ => None,
+    }
+}
+
+impl SyncScheme {
+    /// Parses a runtime scheme name (`-ef` is accepted and costs nothing
+    /// extra here; `-sr` doubles the error bound).
+    pub fn parse(name: &str) -> Result<SyncScheme, String> {
+        let bad = || format!("unknown synchronization scheme `{name}`");
+        let mut base = name.strip_suffix("-ef").unwrap_or(name);
+        let stochastic = match base.strip_suffix("-sr") {
+            Some(b) => {
+                base = b;
+                true
+            }
+            None => false,
+        };
+        let s = match base {
+            "fp32" => SyncScheme::Fp32,
+            "fp16" => SyncScheme::Fp16,
+            "bf16" => SyncScheme::Bf16,
+            _ => {
+                if let Some(b) = base.strip_prefix("nbit-") {
+                    match b {
+                        "1" | "2" | "4" | "8" => SyncScheme::NBit { bits: b.parse().map_err(|_| bad())?, stochastic },
+                        _ => return Err(bad()),
+                    }
+                } else if let Some(rest) = base.strip_prefix("qgz-") {
+                    let parts: Vec<&str> = rest.split('-').collect();
+                    match parts.as_slice() {
+                        [b] => SyncScheme::Qgz { intra: qbits(b).ok_or_else(bad)?, inter: None, stochastic },
+                        [b, "hier"] => {
+                            let w = qbits(b).ok_or_else(bad)?;
+                            SyncScheme::Qgz { intra: w, inter: Some(w), stochastic }
+                        }
+                        [a, b, "hier"] => SyncScheme::Qgz {
+                            intra: qbits(a).ok_or_else(bad)?,
+                            inter: Some(qbits(b).ok_or_else(bad)?),
+                            stochastic,
+                        },
+                        _ => return Err(bad()),
+                    }
+                } else {
+                    return Err(bad());
+                }
+            }
+        };
+        if stochastic && matches!(s, SyncScheme::Fp32 | SyncScheme::Fp16 | SyncScheme::Bf16) {
+            return Err(format!("`{name}`: -sr applies to quantized schemes only"));
+        }
+        Ok(s)
+    }
+
+    pub fn name(&self) -> String {
+        let sr = |s: bool| if s { "-sr" } else { "" };
+        match *self {
+            SyncScheme::Fp32 => "fp32".into(),
+            SyncScheme::Fp16 => "fp16".into(),
+            SyncScheme::Bf16 => "bf16".into(),
+            SyncScheme::Qgz { intra, inter: None, stochastic } => format!("qgz-int{intra}{}", sr(stochastic)),
+            SyncScheme::Qgz { intra, inter: Some(i), stochastic } if i == intra => {
+                format!("qgz-int{intra}-hier{}", sr(stochastic))
+            }
+            SyncScheme::Qgz { intra, inter: Some(i), stochastic } => format!("qgz-int{intra}-int{i}-hier{}", sr(stochastic)),
+            SyncScheme::NBit { bits, stochastic } => format!("nbit-{bits}{}", sr(stochastic)),
+        }
+    }
+
+    /// The documented error bound relative to the largest magnitude in the
+    /// scaling unit (see the module doc).
+    pub fn relative_error(&self) -> f64 {
+        let k = |s: bool| if s { 1.0 } else { 0.5 };
+        let qmax = |b: u8| if b == 8 { 127.0 } else { 7.0 };
+        match *self {
+            SyncScheme::Fp32 => 0.0,
+            SyncScheme::Fp16 => 2.0 * 2f64.powi(-11),
+            SyncScheme::Bf16 => 2.0 * 2f64.powi(-8),
+            SyncScheme::Qgz { intra, inter: None, stochastic } => 2.0 * k(stochastic) / qmax(intra),
+            SyncScheme::Qgz { intra, inter: Some(i), stochastic } => {
+                k(stochastic) * (1.0 / qmax(intra) + 2.0 / qmax(i))
+            }
+            SyncScheme::NBit { bits, stochastic } => 2.0 * k(stochastic) / f64::from((1u32 << bits) - 1),
+        }
+    }
+
+    /// Every round-to-nearest scheme the chooser considers.
+    pub fn candidates() -> Vec<SyncScheme> {
+        let mut v = vec![SyncScheme::Fp32, SyncScheme::Fp16, SyncScheme::Bf16];
+        for b in [8, 4] {
+            v.push(SyncScheme::Qgz { intra: b, inter: None, stochastic: false });
+        }
+        for a in [8, 4] {
+            for b in [8, 4] {
+                v.push(SyncScheme::Qgz { intra: a, inter: Some(b), stochastic: false });
+            }
+        }
+        for bits in [8, 4, 2, 1] {
+            v.push(SyncScheme::NBit { bits, stochastic: false });
+        }
+        v
+    }
+}
+
+/// Bytes one device receives in one phase, by hop.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct PhaseBytes {
+    pub intra_node: f64,
+    pub inter_node: f64,
+}
+
+fn block(m: f64, bits: u8, group: u32) -> f64 {
+    m * f64::from(bits) / 8.0 + 4.0 * (m / f64::from(group.max(1))).ceil()
+}
+
+/// The communication phases of `spec` for `bytes` of f32 gradient on a
+/// cluster of `p` devices, `per_node` to a node (uniform nodes).
+pub fn phases(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64) -> Vec<PhaseBytes> {
+    let pf = p as f64;
+    let l = per_node.clamp(1, p.max(1)) as f64;
+    let nodes = (pf / l).max(1.0);
+    let e = bytes / 4.0;
+    // A flat exchange receiving `each` bytes from each of the P−1 peers.
+    let flat = |each: f64| PhaseBytes { intra_node: (l - 1.0) * each, inter_node: (pf - l) * each };
+    if p <= 1 {
+        return Vec::new();
+    }
+    match spec.scheme {
+        SyncScheme::Fp32 => {
+            let total = 2.0 * bytes * (pf - 1.0) / pf;
+            vec![PhaseBytes { intra_node: total * (l - 1.0) / (pf - 1.0), inter_node: total * (pf - l) / (pf - 1.0) }]
+        }
+        SyncScheme::Fp16 | SyncScheme::Bf16 => vec![flat(2.0 * e / pf), flat(2.0 * e / pf)],
+        SyncScheme::Qgz { intra, inter: None, .. } => {
+            vec![flat(block(e / pf, intra, spec.group)), flat(block(e / pf, intra, spec.group))]
+        }
+        SyncScheme::Qgz { intra, inter: Some(inter), .. } => vec![
+            PhaseBytes { intra_node: (l - 1.0) * nodes * block(e / pf, intra, spec.group), inter_node: 0.0 },
+            PhaseBytes { intra_node: 0.0, inter_node: (nodes - 1.0) * block(e / pf, inter, spec.group) },
+            flat(block(e / pf, inter, spec.group)),
+        ],
+        SyncScheme::NBit { bits, .. } => vec![flat(10.0 + (e * f64::from(bits) / 8.0).ceil())],
+    }
+}
+
+/// Seconds of the kernels `spec` runs on one device for `bytes` of gradient.
+pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_node: u64) -> f64 {
+    let e = bytes / 4.0;
+    let pf = p.max(1) as f64;
+    let l = per_node.clamp(1, p.max(1)) as f64;
+    match spec.scheme {
+        SyncScheme::Fp32 => 0.0,
+        SyncScheme::Fp16 | SyncScheme::Bf16 => k.cast16(e) + k.cast16(e) + k.cast16(e / pf) + k.cast16(e),
+        SyncScheme::Qgz { inter: None, .. } => k.quantize(e) + k.dequantize(e) + k.quantize(e / pf) + k.dequantize(e),
+        SyncScheme::Qgz { inter: Some(_), .. } => {
+            k.quantize(e) + k.dequantize(e) + k.quantize(e / l) + k.dequantize(e / l) + k.quantize(e / pf) + k.dequantize(e)
+        }
+        SyncScheme::NBit { .. } => k.quantize(e) + k.dequantize(e * pf),
+    }
+}
+
+impl Cluster {
+    /// Microseconds that devices of type `t` spend in one all-reduce of
+    /// `bytes` under `spec` (fp32: the engine's `algo`).
+    pub fn sync_us(&self, t: usize, bytes: u64, spec: &SyncSpec, algo: AllReduceAlgo) -> f64 {
+        if spec.scheme == SyncScheme::Fp32 {
+            return self.allreduce_us(t, bytes, algo);
+        }
+        let ty = &self.types[t];
+        let p = self.device_count();
+        // Nodes as the type sees them: its largest node.
+        let per_node = u64::from(ty.nodes.iter().copied().max().unwrap_or(1));
+        let (intra_bw, net_bw) = (ty.intra_node_gb_per_s * 1e3, ty.network_gb_per_s * 1e3);
+        let comm: f64 = phases(spec, bytes as f64, p, per_node)
+            .iter()
+            .map(|ph| {
+                let lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
+                (ph.intra_node / intra_bw).max(ph.inter_node / net_bw) + lat
+            })
+            .sum();
+        comm + kernel_seconds(spec, &ty.sync_kernels, bytes as f64, p, per_node) * 1e6
+    }
+}
+
+/// What [`choose`] decided.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SyncChoice {
+    pub scheme: String,
+    pub predicted_us: f64,
+    pub fp32_us: f64,
+    pub relative_error: f64,
+    /// Every candidate within budget: `(name, µs)`, fastest first.
+    pub considered: Vec<(String, f64)>,
+}
+
+/// The fastest scheme whose relative error is within `error_budget` for
+/// synchronizing `gradient_bytes` in DDP buckets of `bucket_cap_bytes` on
+/// `cluster` (the slowest device type decides each bucket). fp32 when no
+/// compressed scheme is strictly faster.
+pub fn choose(
+    cluster: &Cluster,
+    gradient_bytes: u64,
+    bucket_cap_bytes: u64,
+    error_budget: f64,
+    group: u32,
+    algo: AllReduceAlgo,
+) -> SyncChoice {
+    let cap = bucket_cap_bytes.max(1);
+    let mut buckets = vec![cap; (gradient_bytes / cap) as usize];
+    if gradient_bytes % cap != 0 {
+        buckets.push(gradient_bytes % cap);
+    }
+    let cost = |spec: &SyncSpec| -> f64 {
+        buckets
+            .iter()
+            .map(|&b| (0..cluster.types.len()).map(|t| cluster.sync_us(t, b, spec, algo)).fold(0.0, f64::max))
+            .sum()
+    };
+    let fp32_us = cost(&SyncSpec { scheme: SyncScheme::Fp32, group });
+    let mut considered: Vec<(SyncScheme, f64)> = SyncScheme::candidates()
+        .into_iter()
+        .filter(|s| s.relative_error() <= error_budget)
+        .map(|s| (s, cost(&SyncSpec { scheme: s, group })))
+        .collect();
+    // Stable: fp32 is first among equals, so ties keep fp32.
+    considered.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let (best, us) = considered.first().copied().unwrap_or((SyncScheme::Fp32, fp32_us));
+    SyncChoice {
+        scheme: best.name(),
+        predicted_us: us,
+        fp32_us,
+        relative_error: best.relative_error(),
+        considered: considered.iter().map(|(s, t)| (s.name(), *t)).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeviceType;
+
+    #[test]
+    fn names_round_trip() {
+        for s in SyncScheme::candidates() {
+            assert_eq!(SyncScheme::parse(&s.name()), Ok(s));
+        }
+        assert!(SyncScheme::parse("qgz-int4-hier-sr-ef").is_ok());
+        assert!(SyncScheme::parse("fp16-sr").is_err());
+        assert!(SyncScheme::parse("nbit-3").is_err());
+    }
+
+    #[test]
+    fn qgz_fractions_by_hand() {
+        // 8 ranks, 1 node, 2^20 f32 elements, group 512: every shard is
+        // 131072 elements = 256 groups. int8 block: 131072 + 1024 bytes.
+        let bytes = 4.0 * (1u64 << 20) as f64;
+        let ring = 2.0 * bytes * 7.0 / 8.0;
+        let spec = SyncSpec { scheme: SyncScheme::Qgz { intra: 8, inter: None, stochastic: false }, group: 512 };
+        let total: f64 = phases(&spec, bytes, 8, 8).iter().map(|p| p.intra_node + p.inter_node).sum();
+        assert_eq!(total, 2.0 * 7.0 * (131072.0 + 1024.0));
+        assert!((total / ring - (1.0 + 4.0 / 512.0) / 4.0).abs() < 1e-12);
+        let spec4 = SyncSpec { scheme: SyncScheme::Qgz { intra: 4, inter: None, stochastic: false }, group: 512 };
+        let total4: f64 = phases(&spec4, bytes, 8, 8).iter().map(|p| p.intra_node + p.inter_node).sum();
+        assert_eq!(total4, 2.0 * 7.0 * (65536.0 + 1024.0));
+    }
+
+    #[test]
+    fn hierarchical_keeps_most_bytes_inside_the_node() {
+        let bytes = 64e6;
+        let one = SyncSpec { scheme: SyncScheme::Qgz { intra: 4, inter: None, stochastic: false }, group: 512 };
+        let hier = SyncSpec { scheme: SyncScheme::Qgz { intra: 4, inter: Some(4), stochastic: false }, group: 512 };
+        let inter = |s: &SyncSpec| phases(s, bytes, 16, 8).iter().map(|p| p.inter_node).sum::<f64>();
+        // Reduce-scatter part: one-shot sends 8/16 of its blocks off-node,
+        // hierarchical 1/16; both all-gather flat.
+        assert!(inter(&hier) < inter(&one));
+    }
+
+    #[test]
+    fn auto_is_never_slower_than_fp32() {
+        // A fast network: compression's kernels cost more than they save.
+        let fast = Cluster::new(vec![DeviceType::new("a", 8, 8, 32).with_bandwidth(600.0, 600.0)]);
+        let c = choose(&fast, 4 << 20, 25 << 20, 1.0, 512, AllReduceAlgo::Hierarchical);
+        assert!(c.predicted_us <= c.fp32_us);
+        // A slow network and a loose budget: a quantized scheme wins.
+        let slow = Cluster::new(vec![DeviceType::new("a", 16, 4, 32).with_bandwidth(50.0, 1.0)]);
+        let c = choose(&slow, 400 << 20, 25 << 20, 0.5, 512, AllReduceAlgo::Hierarchical);
+        assert!(c.predicted_us < c.fp32_us, "{c:?}");
+        assert_ne!(c.scheme, "fp32");
+        // A zero budget admits only fp32.
+        let c = choose(&slow, 400 << 20, 25 << 20, 0.0, 512, AllReduceAlgo::Hierarchical);
+        assert_eq!(c.scheme, "fp32");
+        assert_eq!(c.predicted_us, c.fp32_us);
+    }
+}

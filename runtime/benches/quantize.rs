@@ -1,0 +1,82 @@
+//! CPU throughput of the synchronization kernels as the runtime calls them
+//! (the `qsync-kernels` reference implementations), in bytes of f32 input
+//! per second: block quantization (int8/int4, group 512, round-to-nearest
+//! and stochastic), dequantize-and-accumulate of 8 blocks (one-shot qgZ's
+//! reduction on 8 ranks), n-bit packing and unpacking, the f16 cast.
+//!
+//! `cargo bench -p qsync-runtime --bench quantize`
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use qsync_kernels::{reference, QBits, Rounding};
+use qsync_runtime::sync::block::Quantizer;
+use qsync_runtime::testdata::{gradient, GradKind};
+
+const N: usize = 1 << 22; // 16 MiB of f32
+
+fn quantize(c: &mut Criterion) {
+    let x = gradient(GradKind::Normal, N, 1, 0);
+    let mut g = c.benchmark_group("quantize");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(4 * N as u64));
+    for (bits, rounding, name) in [
+        (QBits::Int8, Rounding::Nearest, "int8-rn"),
+        (QBits::Int4, Rounding::Nearest, "int4-rn"),
+        (QBits::Int8, Rounding::Stochastic, "int8-sr"),
+    ] {
+        let q = Quantizer { bits, group: 512, rounding };
+        g.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| {
+                let mut out = Vec::with_capacity(q.block_len(N));
+                q.encode(black_box(&x), 7, &mut out, None);
+                out
+            })
+        });
+    }
+    g.finish();
+}
+
+fn dequantize_accumulate(c: &mut Criterion) {
+    let k = 8;
+    let m = N / k;
+    let mut g = c.benchmark_group("dequant-accumulate");
+    g.sample_size(10);
+    // k blocks of m elements stand for k·m f32 values.
+    g.throughput(Throughput::Bytes(4 * (k * m) as u64));
+    for (bits, name) in [(QBits::Int8, "int8x8"), (QBits::Int4, "int4x8")] {
+        let q = Quantizer { bits, group: 512, rounding: Rounding::Nearest };
+        let blocks: Vec<Vec<u8>> = (0..k)
+            .map(|r| {
+                let mut b = Vec::new();
+                q.encode(&gradient(GradKind::Normal, m, 2, r), 0, &mut b, None);
+                b
+            })
+            .collect();
+        let refs: Vec<&[u8]> = blocks.iter().map(|b| b.as_slice()).collect();
+        g.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| {
+                let mut out = vec![0f32; m];
+                q.accumulate(black_box(&refs), &mut out).map(|()| out)
+            })
+        });
+    }
+    g.finish();
+}
+
+fn nbit_and_cast(c: &mut Criterion) {
+    let x = gradient(GradKind::Normal, N, 3, 0);
+    let (mins, maxs) = reference::row_min_max(&x, N);
+    let [mn, mx, _] = reference::tensor_min_max(&mins, &maxs);
+    let mut g = c.benchmark_group("nbit-and-cast");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(4 * N as u64));
+    g.bench_function("pack-2bit", |b| b.iter(|| reference::pack(black_box(&x), mn, mx, 2, Rounding::Nearest, 0)));
+    let packed = reference::pack(&x, mn, mx, 2, Rounding::Nearest, 0);
+    g.bench_function("unpack-2bit", |b| b.iter(|| reference::unpack(black_box(&packed), N, 2)));
+    g.bench_function("cast-f16", |b| b.iter(|| reference::cast_to(qsync_kernels::Half::F16, black_box(&x))));
+    g.finish();
+}
+
+criterion_group!(benches, quantize, dequantize_accumulate, nbit_and_cast);
+criterion_main!(benches);

@@ -1,0 +1,186 @@
+//! `qsyncc sync-bench`: one scheme, one tensor size, one cluster shape, on a
+//! running job (every rank calls [`run`]; rank 0's report is the answer).
+//!
+//! It measures, in one job:
+//! - bytes on the wire per rank (received from other ranks, averaged over
+//!   ranks, split intra/inter-node) for one all-reduce, next to a ring f32
+//!   all-reduce's `2·M·(P−1)/P`;
+//! - the error of the first synchronization (fresh state) against the exact
+//!   f64 mean of every rank's gradient, next to the scheme's documented bound
+//!   ([`crate::bound`]), checked element by element on rank 0;
+//! - whether every rank ended with the same bits (digests all-gathered);
+//! - the median time of the scheme's all-reduce and of the engine's own f32
+//!   all-reduce of the same buffer, each bracketed by barriers.
+//!
+//! With a fault (`--kill-rank`, `--stall-rank`) the chosen rank fails at its
+//! second communicator call of the timed loop; the job must end with an
+//! error on every surviving rank (see [`crate::fault`]).
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::bound;
+use crate::comm::{ClusterShape, Communicator, Deadline, ReduceBuf};
+use crate::error::SyncError;
+use crate::fault::{Fault, FaultyComm};
+use crate::scheme::{Gather, SyncConfig};
+use crate::sync::GradSync;
+use crate::testdata::{digest, gradient, GradKind};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub config: SyncConfig,
+    /// Gradient size in bytes (f32 elements × 4).
+    pub bytes: usize,
+    pub kind: GradKind,
+    pub iterations: usize,
+    pub warmup: usize,
+    /// `(world rank, fault)` to inject in the timed loop.
+    pub fault: Option<(usize, Fault)>,
+}
+
+/// The measurements (rank 0's view; identical fields on every rank except
+/// the error, which only rank 0 computes).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub scheme: String,
+    pub backend: String,
+    pub ranks: usize,
+    pub nodes: usize,
+    pub bytes: usize,
+    pub elements: usize,
+    pub group: usize,
+    pub gather: String,
+    pub gradient: String,
+    pub seed: u64,
+    pub wire_bytes_per_rank: f64,
+    pub intra_node_bytes_per_rank: f64,
+    pub inter_node_bytes_per_rank: f64,
+    pub ring_f32_bytes_per_rank: f64,
+    pub wire_fraction: f64,
+    pub max_abs_error: f64,
+    pub error_bound: f64,
+    pub max_error_to_bound: f64,
+    pub bound_violations: usize,
+    pub within_bound: bool,
+    pub bitwise_identical: bool,
+    pub iterations: usize,
+    pub seconds: f64,
+    pub f32_allreduce_seconds: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// All-gathers one u64 per rank.
+fn gather_u64(comm: &dyn Communicator, v: u64, deadline: Deadline) -> Result<Vec<u64>, SyncError> {
+    let mut all = vec![0u8; 8 * comm.size()];
+    comm.all_gather(&v.to_le_bytes(), &mut all, deadline)?;
+    Ok(all.chunks_exact(8).map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect())
+}
+
+/// Runs the benchmark on `world` (collective: every rank calls it).
+pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport, SyncError> {
+    let cfg = &opts.config;
+    if opts.bytes == 0 || !opts.bytes.is_multiple_of(4) {
+        return Err(SyncError::BadScheme(format!("--bytes {} is not a positive multiple of 4 (f32 elements)", opts.bytes)));
+    }
+    let n = opts.bytes / 4;
+    let (p, me) = (world.size(), world.rank());
+    let shape = ClusterShape::new(p, cfg.nodes)?;
+    let deadline = || Deadline::after(cfg.timeout);
+    let grad = gradient(opts.kind, n, cfg.seed, me);
+
+    // One synchronization from a fresh state: bytes, error, agreement.
+    let mut result = grad.clone();
+    let mut sync = GradSync::new(world, cfg.clone())?;
+    sync.all_reduce_mean(&mut result)?;
+    let wire = sync.wire_bytes();
+    drop(sync);
+    let intra = gather_u64(world, wire.intra_node, deadline())?;
+    let inter = gather_u64(world, wire.inter_node, deadline())?;
+    let digests = gather_u64(world, digest(&result), deadline())?;
+    let avg = |v: &[u64]| v.iter().map(|&x| x as f64).sum::<f64>() / p as f64;
+    let (intra_avg, inter_avg) = (avg(&intra), avg(&inter));
+    let ring = 2.0 * opts.bytes as f64 * (p as f64 - 1.0) / p as f64;
+
+    let (mut violations, mut max_err, mut max_bound, mut ratio) = (0, 0.0, 0.0, 0.0);
+    if me == 0 {
+        let reference = bound::reference(cfg, shape, n, &|r| gradient(opts.kind, n, cfg.seed, r));
+        (violations, max_err, max_bound, ratio) = bound::compare(&result, &reference);
+    }
+
+    // Timing: the scheme, then the engine's f32 all-reduce, same buffer.
+    let faulty;
+    let comm: &dyn Communicator = match opts.fault {
+        Some((rank, fault)) => {
+            faulty = FaultyComm::new(world, rank, fault, 2);
+            &faulty
+        }
+        None => world,
+    };
+    let mut sync = GradSync::new(comm, cfg.clone())?;
+    let mut buf = vec![0f32; n];
+    let mut times = Vec::with_capacity(opts.iterations);
+    for it in 0..opts.warmup + opts.iterations {
+        buf.copy_from_slice(&grad);
+        comm.barrier(deadline())?;
+        let t0 = Instant::now();
+        sync.all_reduce_mean(&mut buf)?;
+        comm.barrier(deadline())?;
+        if it >= opts.warmup {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let mut f32_times = Vec::with_capacity(opts.iterations);
+    for it in 0..opts.warmup + opts.iterations {
+        buf.copy_from_slice(&grad);
+        comm.barrier(deadline())?;
+        let t0 = Instant::now();
+        comm.all_reduce_sum(ReduceBuf::F32(&mut buf), deadline())?;
+        comm.barrier(deadline())?;
+        if it >= opts.warmup {
+            f32_times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+
+    Ok(BenchReport {
+        scheme: cfg.scheme.name(),
+        backend: world.backend().to_string(),
+        ranks: p,
+        nodes: cfg.nodes,
+        bytes: opts.bytes,
+        elements: n,
+        group: cfg.group,
+        gather: match cfg.gather {
+            Gather::Quantized => "quantized".into(),
+            Gather::F32 => "f32".into(),
+        },
+        gradient: opts.kind.name().into(),
+        seed: cfg.seed,
+        wire_bytes_per_rank: intra_avg + inter_avg,
+        intra_node_bytes_per_rank: intra_avg,
+        inter_node_bytes_per_rank: inter_avg,
+        ring_f32_bytes_per_rank: ring,
+        wire_fraction: if ring > 0.0 { (intra_avg + inter_avg) / ring } else { 0.0 },
+        max_abs_error: max_err,
+        error_bound: max_bound,
+        max_error_to_bound: ratio,
+        bound_violations: violations,
+        within_bound: violations == 0,
+        bitwise_identical: digests.iter().all(|&d| d == digests[0]),
+        iterations: opts.iterations,
+        seconds: median(times),
+        f32_allreduce_seconds: median(f32_times),
+    })
+}
+
+/// Default deadline for the benchmark's calls.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);

@@ -1,0 +1,326 @@
+//! `qsync-sync-check`: the multi-process correctness and failure checks of
+//! qsync-runtime, run under `mpirun` (by `tests/mpi_jobs.rs`, or by hand).
+//!
+//! Suites (`--suite`):
+//! - `bounds`: every scheme × gradient kind × size (sizes not divisible by
+//!   the world or the group) against the exact f64 mean within the
+//!   documented bound; results bitwise identical across ranks (digests
+//!   all-gathered) and across a repeated run with the same seed; NaN and
+//!   infinity propagate to every rank;
+//! - `stochastic`: stochastic rounding is unbiased (a z-test over many seeds
+//!   on inputs round-to-nearest is biased on — which the same test rejects);
+//! - `feedback`: with error feedback the summed outputs of `T` steps stay
+//!   within a few single-step bounds of `T ×` the mean, without it they drift;
+//! - `fault`: one rank fails (`--fault exit|panic|stall`, `--fault-rank R`)
+//!   inside a hierarchical synchronization; the job must end with an error.
+//!
+//! Exit status: 0 when every check passed, 1 when a check failed (rank 0
+//! prints each failure), 2 on bad arguments, 3 when synchronization itself
+//! failed (the job is aborted).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use qsync_runtime::bound;
+use qsync_runtime::comm::{ClusterShape, Communicator, Deadline};
+use qsync_runtime::fault::{Fault, FaultyComm};
+use qsync_runtime::mpi::MpiComm;
+use qsync_runtime::testdata::{digest, gradient, GradKind};
+use qsync_runtime::{GradSync, Scheme, SyncConfig};
+
+struct Args {
+    suite: String,
+    nodes: usize,
+    fault: Option<Fault>,
+    fault_rank: usize,
+    timeout: Duration,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args { suite: "bounds".into(), nodes: 1, fault: None, fault_rank: 1, timeout: Duration::from_secs(60) };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--suite" => a.suite = val()?,
+            "--nodes" => a.nodes = val()?.parse().context("--nodes")?,
+            "--fault-rank" => a.fault_rank = val()?.parse().context("--fault-rank")?,
+            "--timeout" => a.timeout = Duration::from_secs_f64(val()?.parse().context("--timeout")?),
+            "--fault" => {
+                a.fault = Some(match val()?.as_str() {
+                    "exit" => Fault::Exit,
+                    "panic" => Fault::Panic,
+                    "stall" => Fault::Stall(Duration::from_secs(3600)),
+                    other => bail!("unknown fault `{other}` (exit, panic, stall)"),
+                })
+            }
+            other => bail!("unknown argument `{other}`"),
+        }
+    }
+    Ok(a)
+}
+
+/// Failures seen on this rank.
+#[derive(Default)]
+struct Report {
+    checks: usize,
+    failures: Vec<String>,
+}
+
+impl Report {
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        self.checks += 1;
+        if !ok {
+            self.failures.push(what());
+        }
+    }
+}
+
+fn config(name: &str, nodes: usize, group: usize, seed: u64, timeout: Duration) -> Result<SyncConfig> {
+    let mut cfg = SyncConfig::new(name.parse::<Scheme>()?);
+    cfg.nodes = nodes;
+    cfg.group = group;
+    cfg.seed = seed;
+    cfg.timeout = timeout;
+    Ok(cfg)
+}
+
+fn all_reduce(world: &dyn Communicator, cfg: &SyncConfig, grad: &[f32]) -> Result<Vec<f32>> {
+    let mut out = grad.to_vec();
+    GradSync::new(world, cfg.clone())?.all_reduce_mean(&mut out)?;
+    Ok(out)
+}
+
+fn digests(world: &dyn Communicator, x: &[f32], timeout: Duration) -> Result<Vec<u64>> {
+    let mut all = vec![0u8; 8 * world.size()];
+    world.all_gather(&digest(x).to_le_bytes(), &mut all, Deadline::after(timeout))?;
+    Ok(all.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+}
+
+const SCHEMES: [&str; 16] = [
+    "fp32",
+    "fp16",
+    "bf16",
+    "qgz-int8",
+    "qgz-int4",
+    "qgz-int8-sr",
+    "qgz-int4-sr",
+    "qgz-int8-hier",
+    "qgz-int4-hier",
+    "qgz-int4-int8-hier",
+    "qgz-int4-hier-sr",
+    "nbit-1",
+    "nbit-2",
+    "nbit-4",
+    "nbit-8",
+    "nbit-2-sr",
+];
+
+fn bounds_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
+    let (p, me) = (world.size(), world.rank());
+    let shape = ClusterShape::new(p, a.nodes)?;
+    let mut case = 0u64;
+    for name in SCHEMES {
+        let mut worst = 0.0f64;
+        for (n, group) in [(1usize, 64usize), (13, 4), (1000, 64), (4099, 512)] {
+            for kind in GradKind::ALL {
+                case += 1;
+                let cfg = config(name, a.nodes, group, case, a.timeout)?;
+                let grad = gradient(kind, n, case, me);
+                let out = all_reduce(world, &cfg, &grad)?;
+                let again = all_reduce(world, &cfg, &grad)?;
+                let d = digests(world, &out, a.timeout)?;
+                let what = format!("{name} n={n} group={group} {kind} ranks={p} nodes={}", a.nodes);
+                rep.check(d.iter().all(|&x| x == d[0]), || format!("{what}: ranks disagree: {d:x?}"));
+                rep.check(digest(&again) == digest(&out), || format!("{what}: a repeated run differs"));
+                if me == 0 {
+                    let reference = bound::reference(&cfg, shape, n, &|r| gradient(kind, n, case, r));
+                    let (violations, err, b, ratio) = bound::compare(&out, &reference);
+                    worst = worst.max(ratio);
+                    rep.check(violations == 0, || {
+                        format!("{what}: {violations} elements over the bound (max error {err:e}, bound {b:e}, ratio {ratio:.3})")
+                    });
+                }
+            }
+        }
+        if me == 0 {
+            eprintln!("bounds: {name}: largest error / bound over all cases = {worst:.3}");
+            // A bound far above every error would make the checks above
+            // unfalsifiable: the worst case must come reasonably close.
+            rep.check(worst >= 0.1, || format!("{name}: the bound is loose (largest error/bound {worst:.3} < 0.1)"));
+        }
+        // Non-finite values reach every rank.
+        let n = 777;
+        let mut grad = gradient(GradKind::Normal, n, 99, me);
+        if me == 1 % p {
+            grad[3] = f32::NAN;
+        }
+        if me == p - 1 {
+            grad[n - 2] = f32::INFINITY;
+        }
+        let cfg = config(name, a.nodes, 64, 5, a.timeout)?;
+        let out = all_reduce(world, &cfg, &grad)?;
+        let d = digests(world, &out, a.timeout)?;
+        rep.check(!out[3].is_finite() && !out[n - 2].is_finite(), || {
+            format!("{name}: NaN/inf lost on rank {me}: out[3] = {}, out[{}] = {}", out[3], n - 2, out[n - 2])
+        });
+        rep.check(d.iter().all(|&x| x == d[0]), || format!("{name}: ranks disagree with non-finite input"));
+    }
+    Ok(())
+}
+
+/// `Σ e / sqrt(Σ e²)` of the errors against the mean over `trials` seeds.
+fn z_statistic(world: &dyn Communicator, name: &str, a: &Args, x: &[f32], trials: u64) -> Result<f64> {
+    let p = world.size();
+    let (mut s1, mut s2) = (0.0f64, 0.0f64);
+    for seed in 0..trials {
+        let cfg = config(name, a.nodes, 64, 1000 + seed, a.timeout)?;
+        let out = all_reduce(world, &cfg, x)?;
+        // Every rank holds the same `x`, so the mean is `x`.
+        for (o, v) in out.iter().zip(x) {
+            let e = f64::from(*o) - f64::from(*v) * p as f64 / p as f64;
+            s1 += e;
+            s2 += e * e;
+        }
+    }
+    Ok(if s2 > 0.0 { s1 / s2.sqrt() } else { 0.0 })
+}
+
+fn stochastic_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
+    let n = 2048;
+    for (sr, qmax_or_levels, is_qgz) in
+        [("qgz-int4-sr", 7.0, true), ("qgz-int8-sr", 127.0, true), ("qgz-int4-hier-sr", 7.0, true), ("nbit-2-sr", 3.0, false), ("nbit-4-sr", 15.0, false)]
+    {
+        // 0.3 of a quantization step everywhere except the value that fixes
+        // the step: round-to-nearest drops them all (bias −0.3 step).
+        let step = 1.0f32 / qmax_or_levels;
+        let x: Vec<f32> = (0..n)
+            .map(|i| if is_qgz { if i % 64 == 0 { 1.0 } else { 0.3 * step } } else if i == 0 { 0.0 } else if i == 1 { 1.0 } else { 0.3 * step })
+            .collect();
+        let z = z_statistic(world, sr, a, &x, 40)?;
+        let rn = sr.trim_end_matches("-sr");
+        let z_rn = z_statistic(world, rn, a, &x, 3)?;
+        rep.check(z.abs() < 5.0, || format!("{sr}: stochastic rounding looks biased: z = {z:.2}"));
+        rep.check(z_rn.abs() > 5.0, || format!("{rn}: the bias test cannot see round-to-nearest's bias: z = {z_rn:.2}"));
+        if world.rank() == 0 {
+            eprintln!("stochastic: {sr} z = {z:+.2}; {rn} z = {z_rn:+.2}");
+        }
+    }
+    Ok(())
+}
+
+fn feedback_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
+    let (p, me) = (world.size(), world.rank());
+    let shape = ClusterShape::new(p, a.nodes)?;
+    let (n, steps) = (3001usize, 16usize);
+    for name in ["qgz-int4-ef", "qgz-int8-ef", "qgz-int4-hier-ef", "nbit-4-ef", "fp16-ef", "bf16-ef"] {
+        let grad = gradient(GradKind::Normal, n, 7, me);
+        let drift = |name: &str| -> Result<Vec<f64>> {
+            let cfg = config(name, a.nodes, 64, 11, a.timeout)?;
+            let mut sync = GradSync::new(world, cfg)?;
+            let mut total = vec![0.0f64; n];
+            for _ in 0..steps {
+                let mut g = grad.clone();
+                sync.all_reduce_mean(&mut g)?;
+                total.iter_mut().zip(&g).for_each(|(t, v)| *t += f64::from(*v));
+            }
+            Ok(total)
+        };
+        let with = drift(name)?;
+        let without = drift(name.trim_end_matches("-ef"))?;
+        let cfg = config(name, a.nodes, 64, 11, a.timeout)?;
+        let reference = bound::reference(&cfg, shape, n, &|r| gradient(GradKind::Normal, n, 7, r));
+        let dev = |t: &[f64]| t.iter().zip(&reference.mean).map(|(s, m)| (s - steps as f64 * m).abs()).fold(0.0, f64::max);
+        let single = reference.bound.iter().copied().fold(0.0, f64::max);
+        let (d_with, d_without) = (dev(&with), dev(&without));
+        rep.check(d_with <= 3.0 * single, || {
+            format!("{name}: {steps}-step drift {d_with:e} exceeds 3 single-step bounds ({single:e})")
+        });
+        rep.check(d_with * 2.0 < d_without, || {
+            format!("{name}: error feedback does not help: drift {d_with:e} with, {d_without:e} without")
+        });
+        if me == 0 {
+            eprintln!("feedback: {name}: {steps}-step drift {d_with:.3e} with, {d_without:.3e} without (one-step bound {single:.3e})");
+        }
+    }
+    Ok(())
+}
+
+fn fault_suite(world: &dyn Communicator, a: &Args, fault: Fault) -> Result<()> {
+    let faulty = FaultyComm::new(world, a.fault_rank, fault, 2);
+    let cfg = config("qgz-int4-hier", a.nodes, 512, 1, a.timeout)?;
+    let mut sync = GradSync::new(&faulty, cfg)?;
+    let grad = gradient(GradKind::Normal, 100_000, 1, world.rank());
+    for _ in 0..4 {
+        let mut g = grad.clone();
+        sync.all_reduce_mean(&mut g)?;
+    }
+    Ok(())
+}
+
+fn run(world: &dyn Communicator, a: &Args) -> Result<Report> {
+    let mut rep = Report::default();
+    match a.suite.as_str() {
+        "bounds" => bounds_suite(world, a, &mut rep)?,
+        "stochastic" => stochastic_suite(world, a, &mut rep)?,
+        "feedback" => feedback_suite(world, a, &mut rep)?,
+        "all" => {
+            bounds_suite(world, a, &mut rep)?;
+            stochastic_suite(world, a, &mut rep)?;
+            feedback_suite(world, a, &mut rep)?;
+        }
+        "fault" => fault_suite(world, a, a.fault.context("--suite fault needs --fault")?)?,
+        other => bail!("unknown suite `{other}` (bounds, stochastic, feedback, all, fault)"),
+    }
+    Ok(rep)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("qsync-sync-check: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let world = match MpiComm::init() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("qsync-sync-check: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rep = match run(&world, &args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("qsync-sync-check: {e:#} (seen by rank {})", world.rank());
+            world.abort(3);
+        }
+    };
+    // Every rank's failures, counted on rank 0.
+    let mut all = vec![0u8; 8 * world.size()];
+    let mine = rep.failures.len() as u64;
+    if let Err(e) = world.all_gather(&mine.to_le_bytes(), &mut all, Deadline::after(args.timeout)) {
+        eprintln!("qsync-sync-check: rank {}: {e}", world.rank());
+        world.abort(3);
+    }
+    let total: u64 = all.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).sum();
+    for f in &rep.failures {
+        eprintln!("FAIL (rank {}): {f}", world.rank());
+    }
+    if world.rank() == 0 {
+        eprintln!(
+            "qsync-sync-check: suite {} on {} ranks, {} nodes: {} checks on rank 0, {total} failures over all ranks",
+            args.suite,
+            world.size(),
+            args.nodes,
+            rep.checks
+        );
+    }
+    if total == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

@@ -1,0 +1,221 @@
+//! The [`Communicator`] abstraction: what a backend (MPI, NCCL) must provide
+//! for gradient synchronization, and nothing more.
+//!
+//! A communicator moves bytes (all-gather, all-to-all with equal or uneven
+//! counts, broadcast) and sums f32 / f16 / bf16 values (all-reduce). It never
+//! sums integers: NCCL has no int4 type and its int8 sums wrap, so every
+//! quantized reduction happens in this crate's code, in f32, where it is the
+//! same on every backend.
+//!
+//! Guarantees every backend gives:
+//! - every call takes a [`Deadline`]; a call that cannot finish by then
+//!   returns [`CommError::Timeout`] naming the operation instead of hanging,
+//!   and the communicator is poisoned (every later call fails fast);
+//! - failures are [`CommError`] values, never panics;
+//! - buffer sizes are checked before anything is sent, so a caller's
+//!   mistake is [`CommError::InvalidArgument`], not a corrupted peer.
+//!
+//! Rank layout of a cluster ([`ClusterShape`]): world rank `r` is local rank
+//! `r % L` on node `r / L` for `L` ranks per node — the order `mpirun` and
+//! `torchrun` give by default. `L` is a setting, so one machine can emulate
+//! several nodes.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::error::{CommError, SyncError};
+
+/// The instant by which an operation must complete, and the budget it was
+/// given (for the error message).
+#[derive(Copy, Clone, Debug)]
+pub struct Deadline {
+    pub at: Instant,
+    pub budget: Duration,
+}
+
+impl Deadline {
+    pub fn after(budget: Duration) -> Self {
+        Deadline { at: Instant::now() + budget, budget }
+    }
+
+    pub fn expired(&self) -> bool {
+        Instant::now() >= self.at
+    }
+}
+
+/// A buffer summed element-wise across ranks, in place.
+#[derive(Debug)]
+pub enum ReduceBuf<'a> {
+    F32(&'a mut [f32]),
+    /// IEEE binary16 bit patterns.
+    F16(&'a mut [u16]),
+    /// bfloat16 bit patterns.
+    BF16(&'a mut [u16]),
+}
+
+impl ReduceBuf<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            ReduceBuf::F32(b) => b.len(),
+            ReduceBuf::F16(b) | ReduceBuf::BF16(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A group of ranks that can exchange data.
+///
+/// Buffer conventions: `all_gather` receives `size × send.len()` bytes in rank
+/// order; `all_to_all` sends the `j`-th of `size` equal slices of `send` to
+/// rank `j` and receives rank `j`'s slice at position `j`; the `_v` forms take
+/// per-rank byte counts (slices laid end to end in rank order).
+pub trait Communicator: fmt::Debug {
+    /// This rank's index in the group.
+    fn rank(&self) -> usize;
+    /// The number of ranks in the group.
+    fn size(&self) -> usize;
+    /// The engine's name, for messages (`"mpi"`, `"nccl"`).
+    fn backend(&self) -> &'static str;
+
+    /// A sub-group of the ranks that pass the same `color`, ordered by `key`
+    /// (ties by rank). Collective: every rank of this group must call it.
+    fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError>;
+
+    /// Every rank's `send` (all the same length), concatenated in rank order.
+    fn all_gather(&self, send: &[u8], recv: &mut [u8], deadline: Deadline) -> Result<(), CommError>;
+
+    /// Every rank's `send`, of `counts[rank]` bytes, concatenated in rank order.
+    fn all_gather_v(&self, send: &[u8], recv: &mut [u8], counts: &[usize], deadline: Deadline)
+        -> Result<(), CommError>;
+
+    /// Uneven personalized exchange: `send_counts[j]` bytes to rank `j`,
+    /// `recv_counts[j]` bytes from rank `j`.
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv: &mut [u8],
+        recv_counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<(), CommError>;
+
+    /// Equal personalized exchange: slice `j` of `size` equal slices to rank `j`.
+    fn all_to_all(&self, send: &[u8], recv: &mut [u8], deadline: Deadline) -> Result<(), CommError> {
+        let p = self.size();
+        if p == 0 || !send.len().is_multiple_of(p) || recv.len() != send.len() {
+            return Err(CommError::InvalidArgument {
+                op: "all_to_all",
+                detail: format!("{} send and {} recv bytes for {p} ranks", send.len(), recv.len()),
+            });
+        }
+        let counts = vec![send.len() / p; p];
+        self.all_to_all_v(send, &counts, recv, &counts, deadline)
+    }
+
+    /// Element-wise sum across ranks, in place. 16-bit sums are the engine's
+    /// own (NCCL sums in the 16-bit type; the MPI backend accumulates in f32
+    /// in rank order and rounds once).
+    fn all_reduce_sum(&self, buf: ReduceBuf<'_>, deadline: Deadline) -> Result<(), CommError>;
+
+    /// `root`'s buffer to every rank.
+    fn broadcast(&self, buf: &mut [u8], root: usize, deadline: Deadline) -> Result<(), CommError>;
+
+    /// Returns once every rank has entered it.
+    fn barrier(&self, deadline: Deadline) -> Result<(), CommError>;
+
+    /// Ends the whole job (every rank, every group) with `code`. For MPI this
+    /// is `MPI_Abort`; for NCCL, the communicators are aborted and the
+    /// process exits, so its launcher sees the failure.
+    fn abort(&self, code: i32) -> !;
+}
+
+/// Checks that byte counts match a buffer and the group size.
+pub(crate) fn check_counts(op: &'static str, counts: &[usize], size: usize, buf_len: usize) -> Result<(), CommError> {
+    if counts.len() != size {
+        return Err(CommError::InvalidArgument { op, detail: format!("{} counts for {size} ranks", counts.len()) });
+    }
+    let total: usize = counts.iter().sum();
+    if total != buf_len {
+        return Err(CommError::InvalidArgument { op, detail: format!("counts sum to {total}, buffer holds {buf_len}") });
+    }
+    Ok(())
+}
+
+/// Byte offsets of slices of the given lengths laid end to end.
+pub(crate) fn displacements(counts: &[usize]) -> Vec<usize> {
+    let mut d = Vec::with_capacity(counts.len());
+    let mut at = 0;
+    for &c in counts {
+        d.push(at);
+        at += c;
+    }
+    d
+}
+
+/// How world ranks map onto nodes: `nodes × ranks_per_node`, node-major.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ClusterShape {
+    pub nodes: usize,
+    pub ranks_per_node: usize,
+}
+
+impl ClusterShape {
+    /// `nodes` nodes over `world` ranks; `world` must be a multiple of `nodes`.
+    pub fn new(world: usize, nodes: usize) -> Result<Self, SyncError> {
+        if nodes == 0 || world == 0 || !world.is_multiple_of(nodes) {
+            return Err(SyncError::BadShape(format!("{world} ranks cannot form {nodes} equal nodes")));
+        }
+        Ok(ClusterShape { nodes, ranks_per_node: world / nodes })
+    }
+
+    pub fn world(&self) -> usize {
+        self.nodes * self.ranks_per_node
+    }
+
+    pub fn node_of(&self, rank: usize) -> usize {
+        rank / self.ranks_per_node
+    }
+
+    pub fn local_of(&self, rank: usize) -> usize {
+        rank % self.ranks_per_node
+    }
+}
+
+/// The two sub-groups of a hierarchical scheme: this rank's node (ranked by
+/// local index) and the ranks with its local index on every node (ranked by
+/// node).
+#[derive(Debug)]
+pub struct NodeGroups {
+    pub intra: Box<dyn Communicator>,
+    pub inter: Box<dyn Communicator>,
+}
+
+impl NodeGroups {
+    /// Splits `world` by `shape`. Collective over `world`.
+    pub fn split(world: &dyn Communicator, shape: ClusterShape, deadline: Deadline) -> Result<Self, SyncError> {
+        if shape.world() != world.size() {
+            return Err(SyncError::BadShape(format!(
+                "{} nodes × {} ranks per node ≠ {} ranks",
+                shape.nodes,
+                shape.ranks_per_node,
+                world.size()
+            )));
+        }
+        let r = world.rank();
+        let intra = world.split(shape.node_of(r), shape.local_of(r), deadline)?;
+        let inter = world.split(shape.local_of(r), shape.node_of(r), deadline)?;
+        if intra.size() != shape.ranks_per_node || inter.size() != shape.nodes {
+            return Err(SyncError::BadShape(format!(
+                "split gave groups of {} and {} ranks, expected {} and {}",
+                intra.size(),
+                inter.size(),
+                shape.ranks_per_node,
+                shape.nodes
+            )));
+        }
+        Ok(NodeGroups { intra, inter })
+    }
+}

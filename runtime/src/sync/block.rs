@@ -1,0 +1,182 @@
+//! Shard layout and the quantized block, qgZ's unit on the wire.
+//!
+//! A gradient of `n` elements is cut into `P` shards, the first `n mod P`
+//! one element longer ([`shards`]), so any `n` works. Each shard is
+//! quantized on its own, in groups of `group` elements starting at the
+//! shard's first element (the last group may be short), so a shard's bytes
+//! never depend on its neighbours.
+//!
+//! Block layout: `[scale f32 LE × ceil(m/group)][codes]`, codes being `m`
+//! int8 bytes or `ceil(m/2)` int4 bytes (low nibble first). The arithmetic is
+//! `qsync-kernels`' reference (symmetric scales `absmax/qmax`, quantize,
+//! dequantize-and-accumulate by `fma` in f32), which the PTX kernels match
+//! bit for bit.
+//!
+//! Non-finite values: a group holding a NaN or an infinity travels with a
+//! NaN scale, so every element of that group is NaN in every rank's sum — an
+//! overflow check (a loss scaler's) sees it, whatever the other ranks sent.
+
+use std::ops::Range;
+
+use qsync_kernels::{reference, QBits, Rounding};
+
+/// The `p` shards of `n` elements: near-equal, the first `n mod p` longer.
+pub fn shards(n: usize, p: usize) -> Vec<Range<usize>> {
+    let p = p.max(1);
+    let (base, extra) = (n / p, n % p);
+    let mut at = 0;
+    (0..p)
+        .map(|r| {
+            let len = base + usize::from(r < extra);
+            at += len;
+            at - len..at
+        })
+        .collect()
+}
+
+/// Groups in a slice of `m` elements.
+pub fn groups(m: usize, group: usize) -> usize {
+    m.div_ceil(group.max(1))
+}
+
+/// Code bytes of `m` elements.
+pub fn code_bytes(m: usize, bits: QBits) -> usize {
+    match bits {
+        QBits::Int8 => m,
+        QBits::Int4 => m.div_ceil(2),
+    }
+}
+
+/// Bytes of the block of a slice of `m` elements.
+pub fn block_len(m: usize, bits: QBits, group: usize) -> usize {
+    4 * groups(m, group) + code_bytes(m, bits)
+}
+
+/// One quantization stage's parameters.
+#[derive(Copy, Clone, Debug)]
+pub struct Quantizer {
+    pub bits: QBits,
+    pub group: usize,
+    pub rounding: Rounding,
+}
+
+impl Quantizer {
+    pub fn block_len(&self, m: usize) -> usize {
+        block_len(m, self.bits, self.group)
+    }
+
+    /// Appends the block of `x` to `out`. With `residual` (error feedback),
+    /// writes `x − dequant(block)` there (0 where that is not finite).
+    pub fn encode(&self, x: &[f32], seed: u64, out: &mut Vec<u8>, residual: Option<&mut [f32]>) {
+        let g = self.group.max(1);
+        let (mins, maxs) = reference::row_min_max(x, g);
+        let (scales, _) = reference::quant_params_all(&mins, &maxs, self.bits, true);
+        let codes: Vec<u8> = match self.bits {
+            QBits::Int8 => reference::quantize_i8(x, &scales, &[], g, true, self.rounding, seed)
+                .into_iter()
+                .map(|c| c as u8)
+                .collect(),
+            QBits::Int4 => reference::quantize_i4(x, &scales, g, self.rounding, seed),
+        };
+        if let Some(res) = residual {
+            let deq = self.dequantize(&codes, &scales, x.len());
+            for ((r, &v), d) in res.iter_mut().zip(x).zip(deq) {
+                let e = v - d;
+                *r = if e.is_finite() { e } else { 0.0 };
+            }
+        }
+        for (chunk, s) in x.chunks(g).zip(&scales) {
+            let s = if chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
+            out.extend_from_slice(&s.to_le_bytes());
+        }
+        out.extend_from_slice(&codes);
+    }
+
+    fn dequantize(&self, codes: &[u8], scales: &[f32], m: usize) -> Vec<f32> {
+        let mut out = vec![0f32; m];
+        reference::dequant_accumulate(codes, scales, m, self.group.max(1), 1, self.bits, &mut out);
+        out
+    }
+
+    /// `out[i] += Σ_j dequant(blocks[j])[i]` in block order (the reference
+    /// `dequant_accumulate`). Every block must hold `out.len()` elements.
+    pub fn accumulate(&self, blocks: &[&[u8]], out: &mut [f32]) -> Result<(), String> {
+        let m = out.len();
+        let (ng, nc) = (groups(m, self.group), code_bytes(m, self.bits));
+        let mut scales = Vec::with_capacity(ng * blocks.len());
+        let mut codes = Vec::with_capacity(nc * blocks.len());
+        for (j, b) in blocks.iter().enumerate() {
+            if b.len() != 4 * ng + nc {
+                return Err(format!("block {j} has {} bytes, {m} elements need {}", b.len(), 4 * ng + nc));
+            }
+            scales.extend(b[..4 * ng].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            codes.extend_from_slice(&b[4 * ng..]);
+        }
+        reference::dequant_accumulate(&codes, &scales, m, self.group.max(1), blocks.len(), self.bits, out);
+        Ok(())
+    }
+
+    /// The values one block stands for.
+    pub fn decode(&self, block: &[u8], m: usize) -> Result<Vec<f32>, String> {
+        let mut out = vec![0f32; m];
+        self.accumulate(&[block], &mut out)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_every_size() {
+        for n in [0, 1, 7, 8, 9, 1000] {
+            for p in [1, 3, 4, 8] {
+                let s = shards(n, p);
+                assert_eq!(s.len(), p);
+                assert_eq!(s[0].start, 0);
+                assert_eq!(s[p - 1].end, n);
+                assert!(s.windows(2).all(|w| w[0].end == w[1].start && w[0].len() >= w[1].len()));
+                assert!(s[0].len() - s[p - 1].len() <= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn block_round_trip_error_is_half_a_step() {
+        let x: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        for bits in [QBits::Int8, QBits::Int4] {
+            let q = Quantizer { bits, group: 64, rounding: Rounding::Nearest };
+            let mut block = Vec::new();
+            let mut res = vec![0f32; x.len()];
+            q.encode(&x, 1, &mut block, Some(&mut res));
+            assert_eq!(block.len(), q.block_len(x.len()));
+            let y = q.decode(&block, x.len()).expect("decode");
+            for (g, (xs, ys)) in x.chunks(64).zip(y.chunks(64)).enumerate() {
+                let step = xs.iter().fold(0f32, |a, v| a.max(v.abs())) / bits_qmax(bits);
+                for (i, (a, b)) in xs.iter().zip(ys).enumerate() {
+                    assert!((a - b).abs() <= step * 0.5001, "group {g} element {i}: {a} vs {b}");
+                    assert_eq!(res[g * 64 + i], a - b);
+                }
+            }
+        }
+    }
+
+    fn bits_qmax(b: QBits) -> f32 {
+        b.qmax() as f32
+    }
+
+    #[test]
+    fn non_finite_group_decodes_to_nan() {
+        let mut x = vec![0.5f32; 10];
+        x[7] = f32::INFINITY;
+        let q = Quantizer { bits: QBits::Int8, group: 4, rounding: Rounding::Nearest };
+        let mut block = Vec::new();
+        q.encode(&x, 0, &mut block, None);
+        let y = q.decode(&block, 10).expect("decode");
+        assert!(y[..4].iter().all(|v| *v == 0.5));
+        assert!(y[4..8].iter().all(|v| v.is_nan()));
+        assert!(y[8..].iter().all(|v| *v == 0.5));
+        assert!(q.decode(&block[1..], 10).is_err());
+    }
+}

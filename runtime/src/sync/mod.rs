@@ -1,0 +1,211 @@
+//! [`GradSync`]: gradient synchronization written once over
+//! [`Communicator`], for every scheme of [`crate::scheme`].
+//!
+//! `all_reduce_mean` leaves the mean of every rank's gradient on every rank;
+//! qgZ also offers `reduce_scatter_mean` (each rank its own shard). The
+//! schemes and their error bounds are documented in their modules
+//! ([`half`], [`qgz`], [`nbit`]); [`crate::bound`] evaluates those bounds.
+//!
+//! Guarantees:
+//! - every quantized reduction is done here in f32 with the kernels'
+//!   reference arithmetic, in a fixed order (rank order), so all ranks end
+//!   with bitwise-identical gradients, and a run is reproducible: the same
+//!   inputs, seed and step give the same bytes;
+//! - stochastic rounding draws from `hash(seed, step, stage, rank, shard)`,
+//!   so ranks, stages and steps use independent streams;
+//! - a NaN or infinity in any rank's gradient is non-finite in every rank's
+//!   result (at element granularity for fp32/fp16/bf16, quantization group
+//!   for qgZ, the whole tensor for n-bit), so overflow checks still fire;
+//! - with error feedback, every quantization site (a rank's first stage,
+//!   a node partial's requantization, a shard's requantization before the
+//!   all-gather) keeps its residual and adds it to the next step's input, so
+//!   the sum of outputs over `T` steps is `T ×` the exact mean plus one
+//!   step's error, instead of `T ×` a step's error. Residuals reset when
+//!   the gradient length changes;
+//! - wire bytes are counted as bytes this rank receives from others, split
+//!   into intra- and inter-node by the cluster shape.
+
+pub mod block;
+pub mod half;
+pub mod nbit;
+pub mod qgz;
+
+use std::collections::BTreeMap;
+
+use qsync_kernels::rng;
+
+use crate::comm::{ClusterShape, Communicator, Deadline, NodeGroups, ReduceBuf};
+use crate::error::SyncError;
+use crate::scheme::{Kind, SyncConfig};
+
+/// Bytes this rank received from other ranks, by hop.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct WireBytes {
+    pub intra_node: u64,
+    pub inter_node: u64,
+}
+
+impl WireBytes {
+    pub fn total(&self) -> u64 {
+        self.intra_node + self.inter_node
+    }
+}
+
+/// Which group a collective ran on, for classifying its bytes by hop.
+#[derive(Copy, Clone, Debug)]
+enum Hop {
+    World,
+    Intra,
+    Inter,
+}
+
+/// Gradient synchronization state for one communicator and scheme.
+#[derive(Debug)]
+pub struct GradSync<'c> {
+    world: &'c dyn Communicator,
+    groups: Option<NodeGroups>,
+    shape: ClusterShape,
+    cfg: SyncConfig,
+    step: u64,
+    residuals: BTreeMap<&'static str, Vec<f32>>,
+    wire: WireBytes,
+}
+
+impl<'c> GradSync<'c> {
+    /// Prepares `cfg` on `world`: checks the shape and, for hierarchical
+    /// schemes, splits the node groups (collective over `world`).
+    pub fn new(world: &'c dyn Communicator, cfg: SyncConfig) -> Result<Self, SyncError> {
+        let shape = ClusterShape::new(world.size(), cfg.nodes)?;
+        if cfg.group == 0 {
+            return Err(SyncError::BadScheme("quantization group size must be positive".into()));
+        }
+        let groups = if cfg.scheme.is_hierarchical() {
+            Some(NodeGroups::split(world, shape, Deadline::after(cfg.timeout))?)
+        } else {
+            None
+        };
+        Ok(GradSync { world, groups, shape, cfg, step: 0, residuals: BTreeMap::new(), wire: WireBytes::default() })
+    }
+
+    pub fn config(&self) -> &SyncConfig {
+        &self.cfg
+    }
+
+    pub fn shape(&self) -> ClusterShape {
+        self.shape
+    }
+
+    /// Bytes received from other ranks since creation.
+    pub fn wire_bytes(&self) -> WireBytes {
+        self.wire
+    }
+
+    /// Replaces `grad` by the mean over all ranks. Every rank must call it
+    /// with the same length.
+    pub fn all_reduce_mean(&mut self, grad: &mut [f32]) -> Result<(), SyncError> {
+        let p = self.world.size();
+        match self.cfg.scheme.kind {
+            Kind::Fp32 => {
+                self.world.all_reduce_sum(ReduceBuf::F32(grad), self.deadline())?;
+                // The engine's ring moves 2·(P−1)/P of the buffer per rank.
+                let moved = 2 * 4 * grad.len() as u64 * (p as u64 - 1) / p as u64;
+                self.count_model(moved);
+                let pf = p as f32;
+                grad.iter_mut().for_each(|v| *v /= pf);
+            }
+            Kind::Half(h) => self.half_all_reduce(grad, h)?,
+            Kind::Qgz { .. } => {
+                let mean = self.reduce_scatter_mean(grad)?;
+                self.gather_shards(&mean, grad)?;
+                // reduce_scatter_mean already advanced the step.
+                return Ok(());
+            }
+            Kind::NBit(bits) => self.nbit_all_reduce(grad, bits)?,
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    fn deadline(&self) -> Deadline {
+        Deadline::after(self.cfg.timeout)
+    }
+
+    fn comm(&self, hop: Hop) -> &dyn Communicator {
+        match (&self.groups, hop) {
+            (Some(g), Hop::Intra) => g.intra.as_ref(),
+            (Some(g), Hop::Inter) => g.inter.as_ref(),
+            _ => self.world,
+        }
+    }
+
+    /// Counts the bytes received in one collective on `hop` (`recv[j]` from
+    /// group rank `j`).
+    fn count(&mut self, hop: Hop, recv: &[usize]) {
+        let me = self.comm(hop).rank();
+        let world_rank = self.world.rank();
+        for (j, &c) in recv.iter().enumerate() {
+            if j == me {
+                continue;
+            }
+            let c = c as u64;
+            let same_node = match hop {
+                Hop::Intra => true,
+                Hop::Inter => false,
+                Hop::World => self.shape.node_of(j) == self.shape.node_of(world_rank),
+            };
+            if same_node {
+                self.wire.intra_node += c;
+            } else {
+                self.wire.inter_node += c;
+            }
+        }
+    }
+
+    /// Counts an engine-internal collective by its traffic model (split by
+    /// the share of peers on other nodes).
+    fn count_model(&mut self, bytes: u64) {
+        let p = self.shape.world() as u64;
+        let remote = p - self.shape.ranks_per_node as u64;
+        let inter = if p > 1 { bytes * remote / (p - 1) } else { 0 };
+        self.wire.inter_node += inter;
+        self.wire.intra_node += bytes - inter;
+    }
+
+    /// The stochastic-rounding seed of one quantization site.
+    fn seed(&self, stage: u64, shard: usize) -> u64 {
+        let site = (stage << 56) ^ ((self.world.rank() as u64) << 28) ^ shard as u64;
+        rng::hash(rng::hash(self.cfg.seed, self.step), site)
+    }
+
+    /// `x + residual[stage]` when error feedback is on (the residual is
+    /// created, or reset, at `x`'s length).
+    fn with_residual(&mut self, stage: &'static str, x: &[f32]) -> Vec<f32> {
+        let mut v = x.to_vec();
+        if self.cfg.scheme.error_feedback {
+            let r = self.residuals.entry(stage).or_default();
+            if r.len() != x.len() {
+                *r = vec![0.0; x.len()];
+            }
+            v.iter_mut().zip(r.iter()).for_each(|(a, b)| *a += b);
+        }
+        v
+    }
+
+    /// The residual buffer of `stage`, when error feedback is on.
+    fn residual_mut(&mut self, stage: &'static str) -> Option<&mut Vec<f32>> {
+        if self.cfg.scheme.error_feedback {
+            self.residuals.get_mut(stage)
+        } else {
+            None
+        }
+    }
+}
+
+/// Raw little-endian bytes of f32 values.
+pub(crate) fn f32_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+pub(crate) fn f32_from_bytes(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}

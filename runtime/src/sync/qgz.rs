@@ -1,0 +1,233 @@
+//! qgZ (ZeRO++): block-quantized reduce-scatter by all-to-all, reduced in
+//! f32, one-shot or hierarchical; all-reduce = that reduce-scatter plus an
+//! all-gather of the (requantized or f32) shards.
+//!
+//! **One-shot.** Rank `r` quantizes each of the `P` shards of its gradient
+//! ([`super::block`]) and sends shard `s`'s block to rank `s` (one
+//! all-to-all with uneven counts); rank `s` dequantizes and accumulates the
+//! `P` blocks in rank order in f32 and divides by `P`. Unlike a ring
+//! reduce-scatter, nothing is requantized between hops.
+//!
+//! **Hierarchical** (`N` nodes × `L` ranks; rank `n·L + l`). Intra-node
+//! all-to-all with slice reordering: local rank `l` receives, from each rank
+//! of its node, the blocks of the `N` final shards `{n·L + l}` — the slices
+//! a rank sends to local peer `j` are shards `j, L+j, 2L+j, …`, gathered out
+//! of order (DeepSpeed's `a·D+b → b·N+a` permutation) — and sums them
+//! (the node partials); each partial is requantized at the inter-node width
+//! and sent over the inter-node group (same `l` on every node) to node `n`,
+//! so rank `n·L + l` ends with exactly its own shard. Inter-node traffic is
+//! `1/L` of the one-shot scheme's.
+//!
+//! **All-gather.** `Gather::Quantized` requantizes each mean shard (at the
+//! scheme's width; the inter-node width when hierarchical) and all-gathers
+//! the blocks; every rank, the owner included, decodes the same bytes, so
+//! results are bitwise identical. Wire bytes per rank of the all-reduce,
+//! `b` bits per code, group `G`: `2·(P−1)/P·M/4·(b/8 + 4/G)`, i.e. a fraction
+//! `(b/8 + 4/G)/4` of an f32 ring all-reduce's `2·M·(P−1)/P` (int8, G = 512:
+//! 0.252; int4: 0.127).
+//!
+//! **Error bound** (per element of group `g`; a quantization with scale
+//! `s = absmax/qmax` errs by at most `q(s) = s·(k + 2^-10)`, `k = 1/2` for
+//! round-to-nearest and `1` for stochastic rounding — the `2^-10` covers the
+//! f32 evaluation of `x·(1/s)`, of `s` and of the dequantized product; `ε` =
+//! 2^-24; `A_r` = absmax of rank `r`'s group):
+//!
+//! ```text
+//! one-shot sum:  E = Σ_r q(A_r/qmax) + (P+1)·ε·Σ_r (A_r + A_r/qmax)
+//! hierarchical:  E1_m = Σ_{r∈m} q(A_r/qmax) + (L+1)·ε·Σ_{r∈m}(A_r + A_r/qmax)
+//!                B_m  = absmax_g(exact node partial) + max_g E1_m
+//!                E = Σ_m (E1_m + q'(B_m/qmax')) + (N+1)·ε·Σ_m (B_m + B_m/qmax')
+//! mean:          E_rs = E/P + |mean|·ε
+//! all-gather:    E_rs + q''((absmax_g(mean) + max_g E_rs)/qmax'') + ε·(absmax_g(mean) + max_g E_rs)
+//! ```
+//!
+//! (f32 gather: `E_rs`). The bound is `(1/P)·Σ scale/2` per quantization
+//! stage up to rounding terms — the form DeepSpeed's analysis uses.
+
+use qsync_kernels::QBits;
+
+use super::block::{shards, Quantizer};
+use super::{f32_bytes, f32_from_bytes, GradSync, Hop};
+use crate::error::SyncError;
+use crate::scheme::{Gather, Kind};
+
+const STAGE_FIRST: u64 = 1;
+const STAGE_INTER: u64 = 2;
+const STAGE_GATHER: u64 = 3;
+
+impl GradSync<'_> {
+    fn quantizer(&self, bits: QBits) -> Quantizer {
+        Quantizer { bits, group: self.cfg.group, rounding: self.cfg.scheme.rounding }
+    }
+
+    fn qgz_bits(&self) -> Result<(QBits, Option<QBits>), SyncError> {
+        match self.cfg.scheme.kind {
+            Kind::Qgz { intra, inter } => Ok((intra, inter)),
+            _ => Err(SyncError::BadScheme(format!("{} is not a qgZ scheme", self.cfg.scheme))),
+        }
+    }
+
+    /// The width the all-gather requantizes at.
+    pub(crate) fn gather_bits(&self) -> Option<QBits> {
+        match (self.cfg.scheme.kind, self.cfg.gather) {
+            (_, Gather::F32) => None,
+            (Kind::Qgz { inter: Some(b), .. }, _) | (Kind::Qgz { intra: b, inter: None }, _) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// This rank's shard (`shards(n, P)[rank]`) of the mean gradient.
+    pub fn reduce_scatter_mean(&mut self, grad: &[f32]) -> Result<Vec<f32>, SyncError> {
+        let (intra, inter) = self.qgz_bits()?;
+        let mut sum = match inter {
+            None => self.one_shot_sum(grad, intra)?,
+            Some(inter) => self.hierarchical_sum(grad, intra, inter)?,
+        };
+        let pf = self.world.size() as f32;
+        sum.iter_mut().for_each(|v| *v /= pf);
+        self.step += 1;
+        Ok(sum)
+    }
+
+    fn bad(&self, peer: usize, detail: String) -> SyncError {
+        SyncError::BadPayload { rank: self.world.rank(), peer, detail }
+    }
+
+    fn one_shot_sum(&mut self, grad: &[f32], bits: QBits) -> Result<Vec<f32>, SyncError> {
+        let p = self.world.size();
+        let me = self.world.rank();
+        let q = self.quantizer(bits);
+        let sh = shards(grad.len(), p);
+        let x = self.with_residual("first", grad);
+        let mut send = Vec::with_capacity(q.block_len(grad.len()) + 4 * p);
+        let mut send_counts = Vec::with_capacity(p);
+        for (s, range) in sh.iter().enumerate() {
+            let before = send.len();
+            let seed = self.seed(STAGE_FIRST, s);
+            let res = self.residual_mut("first").map(|r| &mut r[range.clone()]);
+            q.encode(&x[range.clone()], seed, &mut send, res);
+            send_counts.push(send.len() - before);
+        }
+        let m = sh[me].len();
+        let recv_counts = vec![q.block_len(m); p];
+        let mut recv = vec![0u8; recv_counts.iter().sum()];
+        self.world.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.count(Hop::World, &recv_counts);
+        let blocks: Vec<&[u8]> = recv.chunks(q.block_len(m).max(1)).take(p).collect();
+        let mut sum = vec![0f32; m];
+        if m > 0 {
+            q.accumulate(&blocks, &mut sum).map_err(|e| self.bad(p, e))?;
+        }
+        Ok(sum)
+    }
+
+    fn hierarchical_sum(&mut self, grad: &[f32], intra_bits: QBits, inter_bits: QBits) -> Result<Vec<f32>, SyncError> {
+        let (nodes, per_node) = (self.shape.nodes, self.shape.ranks_per_node);
+        let me = self.world.rank();
+        let (node, local) = (self.shape.node_of(me), self.shape.local_of(me));
+        let sh = shards(grad.len(), self.world.size());
+        // Final shards handled by local rank `j`: n·L + j for every node n.
+        let owned_by = |j: usize| (0..nodes).map(move |n| n * per_node + j);
+
+        // Intra-node all-to-all, slices reordered so peer j gets its shards.
+        let q1 = self.quantizer(intra_bits);
+        let x = self.with_residual("first", grad);
+        let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * self.world.size());
+        let mut send_counts = Vec::with_capacity(per_node);
+        for j in 0..per_node {
+            let before = send.len();
+            for s in owned_by(j) {
+                let seed = self.seed(STAGE_FIRST, s);
+                let res = self.residual_mut("first").map(|r| &mut r[sh[s].clone()]);
+                q1.encode(&x[sh[s].clone()], seed, &mut send, res);
+            }
+            send_counts.push(send.len() - before);
+        }
+        let mine: Vec<usize> = owned_by(local).collect();
+        let per_peer: usize = mine.iter().map(|&s| q1.block_len(sh[s].len())).sum();
+        let recv_counts = vec![per_peer; per_node];
+        let mut recv = vec![0u8; per_peer * per_node];
+        self.comm(Hop::Intra).all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.count(Hop::Intra, &recv_counts);
+
+        // Node partials of my N shards, concatenated.
+        let mut partial = Vec::with_capacity(mine.iter().map(|&s| sh[s].len()).sum());
+        let mut offset = 0;
+        for &s in &mine {
+            let (m, len) = (sh[s].len(), q1.block_len(sh[s].len()));
+            let blocks: Vec<&[u8]> = (0..per_node).map(|i| &recv[i * per_peer + offset..i * per_peer + offset + len]).collect();
+            let mut acc = vec![0f32; m];
+            if m > 0 {
+                q1.accumulate(&blocks, &mut acc).map_err(|e| self.bad(per_node, e))?;
+            }
+            partial.extend_from_slice(&acc);
+            offset += len;
+        }
+
+        // Inter-node all-to-all: node n gets the partial of shard n·L + l.
+        let q2 = self.quantizer(inter_bits);
+        let y = self.with_residual("inter", &partial);
+        let mut send = Vec::with_capacity(q2.block_len(y.len()) + 4 * nodes);
+        let mut send_counts = Vec::with_capacity(nodes);
+        let mut at = 0;
+        for &s in &mine {
+            let m = sh[s].len();
+            let before = send.len();
+            let seed = self.seed(STAGE_INTER, s);
+            let res = self.residual_mut("inter").map(|r| &mut r[at..at + m]);
+            q2.encode(&y[at..at + m], seed, &mut send, res);
+            send_counts.push(send.len() - before);
+            at += m;
+        }
+        let m = sh[me].len();
+        let recv_counts = vec![q2.block_len(m); nodes];
+        let mut recv = vec![0u8; recv_counts.iter().sum()];
+        self.comm(Hop::Inter).all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.count(Hop::Inter, &recv_counts);
+        debug_assert_eq!(node * per_node + local, me);
+        let blocks: Vec<&[u8]> = recv.chunks(q2.block_len(m).max(1)).take(nodes).collect();
+        let mut sum = vec![0f32; m];
+        if m > 0 {
+            q2.accumulate(&blocks, &mut sum).map_err(|e| self.bad(nodes, e))?;
+        }
+        Ok(sum)
+    }
+
+    /// All-gathers every rank's mean shard into `out` (the full gradient).
+    pub(super) fn gather_shards(&mut self, mean: &[f32], out: &mut [f32]) -> Result<(), SyncError> {
+        let p = self.world.size();
+        let me = self.world.rank();
+        let sh = shards(out.len(), p);
+        match self.gather_bits() {
+            None => {
+                let counts: Vec<usize> = sh.iter().map(|s| 4 * s.len()).collect();
+                let mut all = vec![0u8; 4 * out.len()];
+                self.world.all_gather_v(&f32_bytes(mean), &mut all, &counts, self.deadline())?;
+                self.count(Hop::World, &counts);
+                out.copy_from_slice(&f32_from_bytes(&all));
+            }
+            Some(bits) => {
+                let q = self.quantizer(bits);
+                let y = self.with_residual("gather", mean);
+                let mut block = Vec::with_capacity(q.block_len(y.len()));
+                // The seed of the step this shard was reduced in.
+                self.step -= 1;
+                let seed = self.seed(STAGE_GATHER, me);
+                self.step += 1;
+                let res = self.residual_mut("gather").map(|r| r.as_mut_slice());
+                q.encode(&y, seed, &mut block, res);
+                let counts: Vec<usize> = sh.iter().map(|s| q.block_len(s.len())).collect();
+                let mut all = vec![0u8; counts.iter().sum()];
+                self.world.all_gather_v(&block, &mut all, &counts, self.deadline())?;
+                self.count(Hop::World, &counts);
+                let mut at = 0;
+                for (j, range) in sh.iter().enumerate() {
+                    let vals = q.decode(&all[at..at + counts[j]], range.len()).map_err(|e| self.bad(j, e))?;
+                    out[range.clone()].copy_from_slice(&vals);
+                    at += counts[j];
+                }
+            }
+        }
+        Ok(())
+    }
+}

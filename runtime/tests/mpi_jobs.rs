@@ -1,0 +1,94 @@
+//! Real multi-process MPI jobs: `mpirun` runs `qsync-sync-check` on 4 and 8
+//! ranks (oversubscribed: CI machines have 2 cores) with 1 and 2 emulated
+//! nodes, and the failure cases. Every job runs under `timeout`, so a hang
+//! is a test failure, not a stuck CI. Jobs run one at a time (they would
+//! otherwise compete for the same cores and stretch each other's deadlines).
+//!
+//! Needs Open MPI's `mpirun` (`scripts/setup.sh` installs it).
+
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn mpirun(ranks: usize, args: &[&str], limit: Duration) -> (Output, Duration) {
+    let _guard = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let found = Command::new("mpirun").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(found, "mpirun not found: run scripts/setup.sh (it installs Debian's Open MPI)");
+    let start = Instant::now();
+    let out = Command::new("timeout")
+        .args(["-k", "5", &limit.as_secs().to_string(), "mpirun", "-n", &ranks.to_string(), "--bind-to", "none"])
+        .arg(env!("CARGO_BIN_EXE_qsync-sync-check"))
+        .args(args)
+        // Root in containers; more ranks than cores.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .output()
+        .expect("spawn timeout/mpirun");
+    (out, start.elapsed())
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn expect_pass(ranks: usize, nodes: usize, suite: &str) {
+    let (out, took) = mpirun(ranks, &["--suite", suite, "--nodes", &nodes.to_string()], Duration::from_secs(300));
+    let log = text(&out);
+    assert!(out.status.success(), "{ranks} ranks, {nodes} nodes, suite {suite} failed ({:?}):\n{log}", out.status);
+    assert!(log.contains(" 0 failures over all ranks"), "no summary line:\n{log}");
+    eprintln!("{ranks} ranks / {nodes} nodes / {suite}: {took:.1?}\n{log}");
+}
+
+#[test]
+fn four_ranks_one_node() {
+    expect_pass(4, 1, "bounds");
+}
+
+#[test]
+fn four_ranks_two_nodes() {
+    expect_pass(4, 2, "all");
+}
+
+#[test]
+fn eight_ranks_one_node() {
+    expect_pass(8, 1, "bounds");
+}
+
+#[test]
+fn eight_ranks_two_nodes() {
+    expect_pass(8, 2, "all");
+}
+
+/// A failing rank ends the job within seconds, with a non-zero status and a
+/// message naming the failure.
+fn expect_failure(fault: &str, needles: &[&str]) {
+    let args = ["--suite", "fault", "--fault", fault, "--fault-rank", "1", "--nodes", "2", "--timeout", "3"];
+    let (out, took) = mpirun(4, &args, Duration::from_secs(60));
+    let log = text(&out);
+    let code = out.status.code();
+    assert_ne!(code, Some(0), "job with a failed rank ({fault}) succeeded:\n{log}");
+    assert_ne!(code, Some(124), "job with a failed rank ({fault}) hung until the timeout:\n{log}");
+    assert!(took < Duration::from_secs(30), "job with a failed rank ({fault}) took {took:?} to end:\n{log}");
+    for n in needles {
+        assert!(log.contains(n), "`{n}` missing from the job's output ({fault}):\n{log}");
+    }
+    eprintln!("fault {fault}: job ended in {took:.1?} with {:?}", out.status);
+}
+
+#[test]
+fn killed_rank_ends_the_job() {
+    expect_failure("exit", &["rank 1: injected fault: exiting abruptly inside"]);
+}
+
+#[test]
+fn panicking_rank_ends_the_job() {
+    expect_failure("panic", &["injected panic", "rank 1 panicked; calling MPI_Abort", "MPI_ABORT was invoked"]);
+}
+
+#[test]
+fn stalled_rank_gives_the_deadline_error() {
+    expect_failure("stall", &["stalling", "did not complete within 3.0s", "MPI_ABORT was invoked"]);
+}
