@@ -25,7 +25,9 @@
 //! - `manifest.json` — `schema`, `model` {name, path, sha256}, `targets`
 //!   (device, count, per node, local batch, gradient weight, memory
 //!   fraction, role), `cluster` (devices, global batch, training precision,
-//!   precisions), `gradient_averaging` (each device's gradient is weighted by
+//!   precisions), `sync` (the gradient synchronization every prediction
+//!   assumes: `mode` given or auto, `scheme`, `group`, its relative error
+//!   and, for auto, the budget and the schemes compared), `gradient_averaging` (each device's gradient is weighted by
 //!   its local batch over the global batch: per type the weight of one
 //!   device), `pipeline`, `indicator` (statistics sources), `method`,
 //!   `objective`, `chosen` (a key of `methods`), `t_min_samples_per_s` and
@@ -112,6 +114,15 @@ pub struct PlanRequest {
     pub device_files: Vec<PathBuf>,
     /// `mlir` / `ptx` besides the ONNX always written.
     pub emit: Vec<String>,
+    /// Gradient synchronization: `fp32`, a runtime scheme name
+    /// (`qgz-int4-hier`, `fp16`, …) or `auto` (the fastest scheme whose
+    /// relative error stays within `sync_error_budget`, fp32 when none is
+    /// predicted faster).
+    pub sync: String,
+    /// Relative error `auto` may accept.
+    pub sync_error_budget: f64,
+    /// Elements per quantization group of the quantized schemes.
+    pub sync_group: u32,
     /// Progress lines with elapsed seconds on stderr.
     pub progress: bool,
 }
@@ -135,9 +146,49 @@ impl PlanRequest {
             optimizer: "adam".into(),
             device_files: Vec::new(),
             emit: Vec::new(),
+            sync: "fp32".into(),
+            sync_error_budget: 0.01,
+            sync_group: 512,
             progress: false,
         }
     }
+}
+
+/// The synchronization the plan assumes: the scheme and, for `auto`, what
+/// [`qsync_sim::sync::choose`] compared.
+fn resolve_sync(
+    req: &PlanRequest,
+    g: &qsync_ir::Graph,
+    targets: &[Target],
+    popts: &PredictOptions,
+) -> Result<(qsync_sim::SyncSpec, serde_json::Value)> {
+    let group = req.sync_group;
+    if !(2..=1 << 20).contains(&group) {
+        return Err(request_err(format!("--sync-group {group} is outside 2..=1048576")));
+    }
+    if req.sync != "auto" {
+        let scheme = qsync_sim::SyncScheme::parse(&req.sync).map_err(|e| request_err(format!("--sync: {e}")))?;
+        let spec = qsync_sim::SyncSpec { scheme, group };
+        return Ok((spec, json!({ "mode": "given", "scheme": scheme.name(), "group": group, "relative_error": scheme.relative_error() })));
+    }
+    let budget = req.sync_error_budget;
+    if !(budget.is_finite() && budget >= 0.0) {
+        return Err(request_err(format!("--sync-error-budget must be a finite number ≥ 0, got {budget}")));
+    }
+    let mut pred = qsync_sim::Predictor::new(g, targets.to_vec(), popts.clone())?;
+    let bytes = pred.result().allreduce_bytes;
+    let c = qsync_sim::sync::choose(pred.cluster(), bytes, popts.config.bucket_cap_bytes, budget, group, popts.config.algo);
+    let scheme = qsync_sim::SyncScheme::parse(&c.scheme).map_err(|e| anyhow::anyhow!("sync choice: {e}"))?;
+    let considered: Vec<serde_json::Value> =
+        c.considered.iter().map(|(n, us)| json!({ "scheme": n, "predicted_us": round(*us) })).collect();
+    Ok((
+        qsync_sim::SyncSpec { scheme, group },
+        json!({
+            "mode": "auto", "scheme": c.scheme, "group": group, "error_budget": budget,
+            "relative_error": c.relative_error, "predicted_us": round(c.predicted_us), "fp32_us": round(c.fp32_us),
+            "considered": considered,
+        }),
+    ))
 }
 
 /// One device type's share of a plan, ready to write.
@@ -251,7 +302,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     // weights as refreshed copies (unless told not to): the predictions
     // count their rewrite in the optimizer step.
     let weight_copies = req.pipeline.contains("egraph-casts") && !req.pipeline.contains("refresh=false");
-    let popts = PredictOptions {
+    let mut popts = PredictOptions {
         bindings: bindings.clone(),
         work_scale,
         optimizer,
@@ -259,6 +310,10 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         weight_copies,
         reference_batch: Some(req.batch as u32),
     };
+    // Every method is predicted with the synchronization the plan will run.
+    let (sync_spec, sync_json) = resolve_sync(req, g, &targets, &popts)?;
+    popts.config.sync = sync_spec;
+    clock.say(&format!("gradient synchronization: {}", sync_spec.scheme.name()));
     let label = req.model.display().to_string();
     let facts = GraphFacts::new(g, &bindings).with_context(|| label.clone())?;
     let cands = qsync_planner::candidates(g, &facts);
@@ -449,6 +504,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             "weight_per_device": weights,
         },
         "pipeline": ["materialize", req.pipeline],
+        "sync": sync_json,
         "indicator": { "calibrated": calibration.is_some(), "sources": ind.sources, "model_depth": ind.model_depth() },
         "method": out.method,
         "objective": out.objective,
@@ -475,6 +531,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         "samples_per_s": out.chosen_eval.samples_per_s,
         "indicator_sum": out.chosen_eval.indicator_sum,
         "t_min_samples_per_s": out.t_min,
+        "sync": manifest["sync"].clone(),
         "methods": manifest["methods"].clone(),
         "devices": manifest["devices"].clone(),
         "timings_s": timings,
@@ -639,6 +696,19 @@ pub struct PlanArgs {
     /// `mlir` / `ptx` for the device's `model.mlir` and `kernels.ptx`.
     #[arg(long, default_value = "onnx", value_delimiter = ',')]
     pub emit: Vec<String>,
+    /// Gradient synchronization the runtime runs: `fp32`, a scheme
+    /// (`fp16`, `bf16`, `qgz-int8`, `qgz-int4`, `qgz-int8-hier`,
+    /// `qgz-int4-hier`, `nbit-1|2|4|8`, with `-sr` / `-ef`), or `auto` (the
+    /// fastest within `--sync-error-budget`; fp32 when compression does not
+    /// pay). Recorded in the manifest's `sync`.
+    #[arg(long, default_value = "fp32")]
+    pub sync: String,
+    /// Relative gradient error `--sync auto` may accept.
+    #[arg(long, default_value_t = 0.01)]
+    pub sync_error_budget: f64,
+    /// Elements per quantization group of the quantized schemes.
+    #[arg(long, default_value_t = 512)]
+    pub sync_group: u32,
 }
 
 impl PlanArgs {
@@ -673,6 +743,9 @@ impl PlanArgs {
             optimizer: self.optimizer.clone(),
             device_files: self.device_files.clone(),
             emit: self.emit.clone(),
+            sync: self.sync.clone(),
+            sync_error_budget: self.sync_error_budget,
+            sync_group: self.sync_group,
             progress: true,
         })
     }

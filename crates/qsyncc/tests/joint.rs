@@ -156,3 +156,26 @@ fn the_pipeline_is_a_library_and_deterministic() {
         other => panic!("expected a request error, got {other:?}"),
     }
 }
+
+#[test]
+fn the_planner_chooses_the_gradient_synchronization() {
+    // `--sync auto`: the fastest scheme within the error budget, never
+    // predicted slower than fp32; a zero budget leaves fp32; a named scheme
+    // is taken as given; an unknown one is a usage error.
+    let (out, s) = plan("resnet50_train.onnx", "v100:16/8,t4:16/8", &["--batch", "32", "--sync", "auto"]);
+    let sync = &s["sync"];
+    assert_eq!(sync["mode"], "auto");
+    assert!(f(sync, "predicted_us") <= f(sync, "fp32_us"), "{sync}");
+    assert!(f(sync, "relative_error") <= 0.01, "{sync}");
+    assert_eq!(read_json(&out.join("manifest.json"))["sync"], *sync);
+    let (_, zero) =
+        plan("resnet50_train.onnx", "v100:16/8,t4:16/8", &["--batch", "32", "--sync", "auto", "--sync-error-budget", "0"]);
+    assert_eq!(zero["sync"]["scheme"], "fp32", "{}", zero["sync"]);
+    let (_, given) = plan("resnet50_train.onnx", "v100:16/8,t4:16/8", &["--batch", "32", "--sync", "qgz-int4-hier"]);
+    assert_eq!(given["sync"]["scheme"], "qgz-int4-hier");
+    assert_eq!(given["sync"]["mode"], "given");
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let o = qsyncc(&[m.to_str().expect("utf8"), "--targets", "v100,t4", "--sync", "qgz-int3", "-o", "/tmp/qsync-never"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("qgz-int3"), "{}", stderr(&o));
+}

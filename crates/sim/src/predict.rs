@@ -678,6 +678,12 @@ impl<'g> Predictor<'g> {
         &self.targets
     }
 
+    /// The simulated cluster (device types with their links and the sync
+    /// kernels' costs), e.g. for [`crate::sync::choose`].
+    pub fn cluster(&self) -> &crate::Cluster {
+        self.sim.cluster()
+    }
+
     /// The iteration as a Chrome trace (opens in Perfetto).
     pub fn chrome_trace_json(&mut self) -> String {
         self.sim.chrome_trace_json()
