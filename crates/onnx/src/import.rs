@@ -3,7 +3,10 @@
 //! Reads a serialized `ModelProto` (see [`crate::proto`]) and builds a
 //! [`Model`]. What it maps:
 //! - model fields (IR version, producer, domain, version, doc, metadata) and
-//!   the opset imports; the default domain must be at opset 11..=21;
+//!   the opset imports; the default domain, when imported, must be at opset
+//!   7..=25 (a model importing only other domains, such as `ai.onnx.ml`, is
+//!   accepted: its nodes are opaque ops, and a default-domain node in such a
+//!   model is an error naming the node);
 //! - graph inputs (initializers that are also inputs stay one value, marked
 //!   as an input too), outputs and `value_info` types (the annotated names
 //!   are kept in `Model::annotated`); `dim_param`s become symbols, or dimension expressions when the string is one (`batch*seq`);
@@ -42,7 +45,7 @@ use crate::proto::{self, attr_type, DimValue, TypeValue};
 use crate::OnnxError;
 
 /// Supported default-domain opsets.
-pub const OPSET_RANGE: std::ops::RangeInclusive<i64> = 11..=21;
+pub const OPSET_RANGE: std::ops::RangeInclusive<i64> = 7..=25;
 
 /// Largest element count accepted for one tensor (guards size arithmetic).
 const MAX_NUMEL: u64 = 1 << 48;
@@ -181,7 +184,7 @@ impl Importer {
                 self.opset = o.version;
             }
         }
-        if !default_seen {
+        if !default_seen && mp.opset_import.is_empty() {
             return Err(OnnxError::UnsupportedOpset { file: self.file.clone(), domain: String::new(), version: 0 });
         }
         let g = mp.graph.ok_or_else(|| OnnxError::MissingGraph { file: self.file.clone() })?;
@@ -377,6 +380,12 @@ impl Importer {
         if n.op_type.is_empty() {
             return Err(self.invalid(place, "node has no op_type"));
         }
+        if self.opset == 0 && (n.domain.is_empty() || n.domain == "ai.onnx") {
+            return Err(self.invalid(
+                place,
+                format!("op `{}` is in the default domain, which the model does not import", n.op_type),
+            ));
+        }
         let op = Op::from_onnx(&n.domain, &n.op_type);
         if matches!(op, Op::If | Op::Loop | Op::Scan) {
             self.warnings.push(format!("{place}: control flow kept opaque (subgraph bodies stay encoded attributes)"));
@@ -551,7 +560,9 @@ impl Importer {
             let data = if n == 0 { TensorData::Inline(Vec::new().into()) } else { TensorData::Absent };
             return Ok(Tensor { dtype, dims, data });
         }
-        let mut bytes: Vec<u8> = Vec::with_capacity(byte_len);
+        // Reserve from the values present, not the declared dims: a file may
+        // declare 2^48 elements and hold one (the count check below refuses it).
+        let mut bytes: Vec<u8> = Vec::with_capacity(byte_len.min(typed_total.saturating_mul(8)));
         let (field, have) = match dtype {
             DType::F32 => {
                 bytes.extend(t.float_data.iter().flat_map(|v| v.to_le_bytes()));
@@ -581,15 +592,26 @@ impl Importer {
                 bytes.extend(t.int32_data.iter().flat_map(|&v| (v as u16).to_le_bytes()));
                 ("int32_data", t.int32_data.len())
             }
-            DType::I8 | DType::U8 | DType::Bool | DType::F8E4M3 | DType::F8E5M2 => {
+            DType::I8
+            | DType::U8
+            | DType::Bool
+            | DType::F8E4M3
+            | DType::F8E5M2
+            | DType::F8E4M3Fnuz
+            | DType::F8E5M2Fnuz
+            | DType::F8E8M0 => {
                 bytes.extend(t.int32_data.iter().map(|&v| v as u8));
                 ("int32_data", t.int32_data.len())
             }
-            DType::I4 | DType::U4 => {
-                // One packed byte (two 4-bit values, low nibble first) per element.
+            DType::I4 | DType::U4 | DType::F4E2M1 | DType::I2 | DType::U2 => {
+                // One packed byte (two 4-bit or four 2-bit values, low bits
+                // first) per int32 element.
                 bytes.extend(t.int32_data.iter().map(|&v| v as u8));
                 if t.int32_data.len() != byte_len {
-                    return Err(count_err(t.int32_data.len() * 2, "int32_data"));
+                    return Err(self.invalid(
+                        place,
+                        format!("int32_data holds {} packed bytes but the dims need {byte_len}", t.int32_data.len()),
+                    ));
                 }
                 return Ok(Tensor { dtype, dims, data: TensorData::Inline(bytes.into()) });
             }
