@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 /// How deep the parser may recurse (parentheses, unary operators, blocks).
-pub const MAX_NESTING: usize = 100;
+pub const MAX_NESTING: usize = 40;
 /// The deepest expression tree one statement may hold.
 pub const MAX_EXPR_DEPTH: usize = 200;
 
@@ -936,10 +936,10 @@ mod tests {
         // An unfinished long chain (a syntax error after it) is dropped safely.
         assert!(parse(&def(&format!("a{}+", "+a".repeat(100_000)))).is_err());
         // Ordinary depth parses.
-        let ok = format!("{}1{}", "(".repeat(40), ")".repeat(40));
+        let ok = format!("{}1{}", "(".repeat(30), ")".repeat(30));
         assert!(parse(&def(&ok)).is_ok());
-        let nested_ifs: String = (0..150).map(|i| format!("{}if c:\n", " ".repeat(2 + 2 * i))).collect();
-        let src = format!("def forward(self):\n{nested_ifs}{}pass\n", " ".repeat(2 + 2 * 150));
+        let nested_ifs: String = (0..60).map(|i| format!("{}if c:\n", " ".repeat(2 + 2 * i))).collect();
+        let src = format!("def forward(self):\n{nested_ifs}{}pass\n", " ".repeat(2 + 2 * 60));
         assert!(parse(&src).expect_err("deep blocks").msg.contains("nesting deeper"));
     }
 

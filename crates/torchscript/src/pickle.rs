@@ -131,6 +131,12 @@ struct Vm<'a> {
     stack: Vec<PyVal>,
     marks: Vec<usize>,
     memo: Vec<Option<PyVal>>,
+    /// Heights of the tuples built so far (keyed by allocation; the clone
+    /// keeps the address from being reused), so that a tuple nested past
+    /// [`MAX_DEPTH`] is refused as it is built rather than after the whole
+    /// chain exists. Tuples are immutable, so their height is exact; lists
+    /// and dicts grow later and are measured by the final check.
+    tuple_heights: HashMap<usize, (usize, PyVal)>,
 }
 
 /// The limit on memo indices, so a corrupt index cannot allocate gigabytes.
@@ -332,7 +338,8 @@ impl<'a> Vm<'a> {
                 b'}' => self.stack.push(PyVal::Dict(Rc::new(RefCell::new(Vec::new())))),
                 b't' => {
                     let items = self.pop_mark()?;
-                    self.stack.push(PyVal::Tuple(Rc::new(items)));
+                    let t = self.tuple(items)?;
+                    self.stack.push(t);
                 }
                 0x85..=0x87 => {
                     let n = usize::from(op - 0x84);
@@ -340,7 +347,8 @@ impl<'a> Vm<'a> {
                         return self.err("stack underflow in TUPLEn");
                     }
                     let items = self.stack.split_off(self.stack.len() - n);
-                    self.stack.push(PyVal::Tuple(Rc::new(items)));
+                    let t = self.tuple(items)?;
+                    self.stack.push(t);
                 }
                 b'l' => {
                     let items = self.pop_mark()?;
@@ -455,6 +463,24 @@ impl<'a> Vm<'a> {
         }
     }
 
+    fn tuple(&mut self, items: Vec<PyVal>) -> PResult<PyVal> {
+        let below = items
+            .iter()
+            .filter_map(|v| identity(v).map(|id| self.tuple_heights.get(&id).map_or(1, |h| h.0)))
+            .max()
+            .unwrap_or(0);
+        if below + 1 > MAX_DEPTH {
+            return self.err(format!("pickled value nests containers deeper than {MAX_DEPTH} levels"));
+        }
+        let t = PyVal::Tuple(Rc::new(items));
+        if below > 0 {
+            if let Some(id) = identity(&t) {
+                self.tuple_heights.insert(id, (below + 1, t.clone()));
+            }
+        }
+        Ok(t)
+    }
+
     fn append(&mut self, items: Vec<PyVal>) -> PResult<()> {
         match self.top()? {
             PyVal::List(l) => {
@@ -563,7 +589,14 @@ pub const MAX_DEPTH: usize = 200;
 /// cycles, or an error.
 pub fn load(bytes: &[u8]) -> Result<PyVal, PickleError> {
     let v = {
-        let mut vm = Vm { b: bytes, pos: 0, stack: Vec::new(), marks: Vec::new(), memo: Vec::new() };
+        let mut vm = Vm {
+            b: bytes,
+            pos: 0,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: Vec::new(),
+            tuple_heights: HashMap::new(),
+        };
         vm.run()?
     };
     match check_shape(&v) {
@@ -582,6 +615,7 @@ impl Drop for Vm<'_> {
         // containers with the value `load` returns.
         let mut rest = std::mem::take(&mut self.stack);
         rest.extend(self.memo.drain(..).flatten());
+        rest.extend(self.tuple_heights.drain().map(|(_, (_, v))| v));
         dismantle(rest, false);
     }
 }
