@@ -684,7 +684,7 @@ mod tests {
         assert!(Dim::parse(&vec!["a"; 65].join("*")).is_err());
         // Floor divisions nested past the limit.
         let mut x = d("a+1");
-        for _ in 0..MAX_NESTING {
+        for _ in 0..=MAX_NESTING {
             x = x.floor_div_const(2).expect("positive divisor").add(&d("1"));
         }
         assert!(x.is_invalid());
