@@ -252,6 +252,26 @@ impl Importer {
         })
     }
 
+    /// Graph inputs and outputs must be tensors: the IR has no sequence,
+    /// optional or map type yet, and exporting one as an untyped tensor
+    /// writes a model the checker rejects. Refused with the reason instead.
+    /// (Such values *inside* the graph import as unknown types and are not
+    /// declared on export.)
+    fn tensor_boundary(&self, vi: &proto::ValueInfoProto, place: &str) -> Result<(), OnnxError> {
+        let kind = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            None | Some(TypeValue::TensorType(_)) => return Ok(()),
+            Some(TypeValue::SequenceType(_)) => "a sequence",
+            Some(TypeValue::OptionalType(_)) => "an optional",
+            Some(TypeValue::MapType(_)) => "a map",
+            Some(TypeValue::SparseTensorType(_)) => "a sparse tensor",
+            Some(TypeValue::OpaqueType(_)) => "an opaque",
+        };
+        Err(self.invalid(
+            place,
+            format!("has {kind} type; sequence, optional, map and sparse values are not supported at the graph boundary"),
+        ))
+    }
+
     fn ty(&mut self, t: Option<&proto::TypeProto>, place: &str) -> Result<TensorType, OnnxError> {
         let Some(value) = t.and_then(|t| t.value.as_ref()) else { return Ok(TensorType::unknown()) };
         let TypeValue::TensorType(tt) = value else {
@@ -304,6 +324,7 @@ impl Importer {
         }
         for vi in &g.input {
             let place = format!("graph input `{}`", vi.name);
+            self.tensor_boundary(vi, &place)?;
             let ty = self.ty(vi.r#type.as_ref(), &place)?;
             match graph.value_by_name(&vi.name) {
                 Some(v) if graph.value(v).init().is_some() && !graph.inputs().contains(&v) => graph.push_input(v),
@@ -348,6 +369,7 @@ impl Importer {
         let mut outs = Vec::with_capacity(g.output.len());
         for vi in &g.output {
             let place = format!("graph output `{}`", vi.name);
+            self.tensor_boundary(vi, &place)?;
             let ty = self.ty(vi.r#type.as_ref(), &place)?;
             let v = graph.value_by_name(&vi.name).ok_or_else(|| OnnxError::UndefinedValue {
                 file: self.file.clone(),

@@ -544,3 +544,24 @@ fn declared_sizes_do_not_drive_allocation() {
     let t = proto::TensorProto { float_data: vec![1.0], ..tp(1, vec![1 << 40, 1 << 40]) };
     assert!(import_bytes(&init_model(t), None, "overflow.onnx").expect_err("too large").to_string().contains("too large"));
 }
+
+#[test]
+fn sequence_and_optional_boundaries_are_refused_not_written_untyped() {
+    let elem = vi("x", 1, &[DimValue::DimValue(2)]).r#type.map(Box::new);
+    for (value, kind) in [
+        (TypeValue::SequenceType(Box::new(proto::TypeSequence { elem_type: elem.clone() })), "a sequence"),
+        (TypeValue::OptionalType(Box::new(proto::TypeOptional { elem_type: elem.clone() })), "an optional"),
+    ] {
+        let mut out = vi("y", 1, &[]);
+        out.r#type = Some(proto::TypeProto { value: Some(value), denotation: String::new() });
+        let g = proto::GraphProto {
+            node: vec![node("Identity", "id", &["x"], &["y"], vec![])],
+            input: vec![vi("x", 1, &[DimValue::DimValue(2)])],
+            output: vec![out],
+            ..Default::default()
+        };
+        let e = import_bytes(&model(g, 18), None, "seq.onnx").expect_err("non-tensor output");
+        let s = e.to_string();
+        assert!(s.contains("seq.onnx") && s.contains("graph output `y`") && s.contains(kind), "{s}");
+    }
+}
