@@ -102,6 +102,7 @@ def inputs_of(test_dir, model):
 def ort_run(path, feeds):
     import onnxruntime as ort
 
+    ort.set_default_logger_severity(3)
     try:
         s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         return s.run(None, feeds)
