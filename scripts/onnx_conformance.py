@@ -15,6 +15,12 @@ expected outputs:
 * `qsyncc opt MODEL --passes verify -o OUT.onnx`: OUT must pass the ONNX
   checker (full check with strict shape inference off), and where
   onnxruntime runs the original model, OUT must give bit-identical outputs.
+* `qsyncc opt MODEL --passes uniform=f16 --target t4` and `--passes amp`:
+  each written model must pass the checker. Where onnxruntime runs both the
+  original and the rewrite, outputs are compared with an FP16 tolerance
+  (|a-b| <= 1e-2 + 1e-2*|b|, NaN where NaN); outside it is counted and
+  listed as a note (FP16 is not FP32), not a failure. A rewrite onnxruntime
+  cannot load (no FP16 kernel for some op) is counted, not a failure.
 
 Prints the counts and exits non-zero on any crash, undocumented refusal,
 shape mismatch, invalid output file or output difference. Usage:
@@ -119,6 +125,16 @@ def same(a, b):
     return np.array_equal(a, b)
 
 
+def close16(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if b.dtype.kind not in "fc":
+        return np.array_equal(a, b)
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return bool(np.all((np.abs(a - b) <= 1e-2 + 1e-2 * np.abs(b)) | (np.isnan(a) & np.isnan(b)) | (a == b)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qsyncc", default=os.path.join(os.path.dirname(__file__), "..", "target", "debug", "qsyncc"))
@@ -137,6 +153,8 @@ def main():
     reasons = collections.Counter()
     examples = {}
     failures = []
+    notes = []
+    refusals_low = collections.Counter()
     tmp = tempfile.mkdtemp(prefix="qsync-conformance-")
     for test_dir in tests:
         name = os.path.basename(test_dir)
@@ -183,26 +201,58 @@ def main():
             c["roundtrip_invalid"] += 1
             failures.append(f"{name}: written model invalid: {str(e).splitlines()[0][:200]}")
             continue
-        if args.no_ort:
-            continue
-        feeds = inputs_of(test_dir, model)
-        if feeds is None:
-            continue
-        want = ort_run(path, feeds)
-        if want is None:
-            continue
-        c["ort_runs_original"] += 1
-        got = ort_run(out_path, feeds)
-        if got is not None and len(got) == len(want) and all(same(a, b) for a, b in zip(got, want)):
-            c["ort_identical"] += 1
-        else:
-            failures.append(f"{name}: round trip output differs from the original under onnxruntime")
+        feeds = None if args.no_ort else inputs_of(test_dir, model)
+        want = ort_run(path, feeds) if feeds is not None else None
+        if want is not None:
+            c["ort_runs_original"] += 1
+            got = ort_run(out_path, feeds)
+            if got is not None and len(got) == len(want) and all(same(a, b) for a, b in zip(got, want)):
+                c["ort_identical"] += 1
+            else:
+                failures.append(f"{name}: round trip output differs from the original under onnxruntime")
         os.remove(out_path)
+        for label, passes in [("uniform_f16", "uniform=f16"), ("amp", "amp")]:
+            low_path = os.path.join(tmp, f"{name}.{label}.onnx")
+            rc, _, err = run([args.qsyncc, "opt", path, "--passes", passes, "--target", "t4", "-o", low_path])
+            if rc != 0:
+                c[f"{label}_refused"] += 1
+                if rc != 2 or "panicked" in err:
+                    failures.append(f"{name}: {passes} exit {rc}: {err.strip()[:300]}")
+                else:
+                    refusals_low[mask(err.strip().splitlines()[0] if err.strip() else "")] += 1
+                continue
+            try:
+                onnx.checker.check_model(onnx.load(low_path), full_check=False)
+                c[f"{label}_valid"] += 1
+            except Exception as e:  # noqa: BLE001
+                c[f"{label}_invalid"] += 1
+                failures.append(f"{name}: {passes} wrote an invalid model: {str(e).splitlines()[0][:200]}")
+                continue
+            low = ort_run(low_path, feeds) if want is not None else None
+            if want is None:
+                pass
+            elif low is None:
+                c[f"{label}_ort_cannot_run"] += 1
+            elif len(low) == len(want) and all(close16(a, b) for a, b in zip(low, want)):
+                c[f"{label}_within_f16_tol"] += 1
+            else:
+                c[f"{label}_outside_f16_tol"] += 1
+                notes.append(f"{name}: {passes} outputs outside the FP16 tolerance")
+            os.remove(low_path)
 
     print("counts:")
     for k in ["models", "imported", "refused", "crashed", "shapes_checked", "shapes_matched", "roundtrip_valid",
               "roundtrip_invalid", "roundtrip_refused", "ort_runs_original", "ort_identical"]:
         print(f"  {k}: {c[k]}")
+    for label in ["uniform_f16", "amp"]:
+        for k in ["valid", "invalid", "refused", "within_f16_tol", "outside_f16_tol", "ort_cannot_run"]:
+            print(f"  {label}_{k}: {c[label + '_' + k]}")
+    print("precision-pass refusals by reason:")
+    for r, n in refusals_low.most_common():
+        print(f"  {n:5d}  {r}")
+    print(f"notes: {len(notes)}")
+    for n in notes:
+        print("  " + n)
     print("refusals by reason:")
     for r, n in reasons.most_common():
         print(f"  {n:5d}  {r}   (e.g. {examples[r]})")
@@ -211,7 +261,7 @@ def main():
         print("  " + f)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"counts": c, "reasons": reasons, "failures": failures}, f, indent=1, sort_keys=True)
+            json.dump({"counts": c, "reasons": reasons, "failures": failures, "notes": notes}, f, indent=1, sort_keys=True)
     return 1 if failures else 0
 
 
