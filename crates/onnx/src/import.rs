@@ -268,7 +268,9 @@ impl Importer {
         };
         Err(self.invalid(
             place,
-            format!("has {kind} type; sequence, optional, map and sparse values are not supported at the graph boundary"),
+            format!(
+                "has {kind} type; sequence, optional, map and sparse values are not supported at the graph boundary"
+            ),
         ))
     }
 

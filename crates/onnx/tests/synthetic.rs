@@ -542,7 +542,10 @@ fn declared_sizes_do_not_drive_allocation() {
     assert!(s.contains("huge.onnx") && s.contains("double_data holds 1 values"), "{s}");
     // Dims whose product overflows u64 are refused before anything is read.
     let t = proto::TensorProto { float_data: vec![1.0], ..tp(1, vec![1 << 40, 1 << 40]) };
-    assert!(import_bytes(&init_model(t), None, "overflow.onnx").expect_err("too large").to_string().contains("too large"));
+    assert!(import_bytes(&init_model(t), None, "overflow.onnx")
+        .expect_err("too large")
+        .to_string()
+        .contains("too large"));
 }
 
 #[test]
