@@ -115,7 +115,6 @@ pub fn apply_overrides(
 /// Materialize the plan and summarise it.
 pub fn finish(model: &mut Model, mode: Mode, cx: &PassContext, pass: &str) -> Result<PassOutcome, PassError> {
     let mode = if cx.inference { Mode::Inference } else { mode };
-    let kept = respect_type_constraints(model);
     let low = count_low(&model.graph);
     let stats = materialize(model, mode).map_err(|message| PassError::FailedGraph { pass: pass.into(), message })?;
     let mut summary = format!("{low} nodes below f32, {} casts added ({} of weights)", stats.casts, stats.weight_casts);
@@ -125,30 +124,10 @@ pub fn finish(model: &mut Model, mode: Mode, cx: &PassContext, pass: &str) -> Re
     if stats.converted_weights > 0 {
         summary += &format!(", {} weights stored low", stats.converted_weights);
     }
-    if kept > 0 {
-        summary += &format!(", {kept} kept at f32 by their ONNX type constraints");
+    if stats.kept_by_schema > 0 {
+        summary += &format!(", {} kept at f32 by their ONNX type constraints", stats.kept_by_schema);
     }
     Ok(PassOutcome { changed: low > 0 || stats.casts > 0, summary })
-}
-
-/// Every planner ends here, so this is where a plan meets the ONNX schemas:
-/// a node planned at a float precision its op does not accept at the
-/// model's opset (`Celu` is f32-only; most ops lack bf16 before opset 13)
-/// computes in f32 instead, and materialization casts around it. Returns
-/// how many nodes it moved.
-fn respect_type_constraints(model: &mut Model) -> usize {
-    let opset = model.opset();
-    let g = &mut model.graph;
-    let mut kept = 0;
-    for n in g.node_ids() {
-        let node = g.node(n);
-        let Some(p) = node.precision.filter(|p| p.is_float()) else { continue };
-        if node.op.float_input_allowed(opset, p) == Some(false) {
-            g.node_mut(n).precision = Some(DType::F32);
-            kept += 1;
-        }
-    }
-    kept
 }
 
 fn count_low(g: &Graph) -> usize {
