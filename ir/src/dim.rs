@@ -7,10 +7,33 @@
 //! Canonical means two dims that are equal as polynomials compare equal and
 //! print identically, which is what makes the text format round-trip and what
 //! lets shape inference see that `batch*seq*768 / (batch*seq*12)` is `64`.
+//!
+//! Arithmetic is bounded, because dims come from untrusted files: an integer
+//! result that overflows `i64`, a polynomial of more than [`MAX_TERMS`]
+//! terms, a monomial of degree above [`MAX_DEGREE`] or floor divisions nested
+//! deeper than [`MAX_NESTING`] yield an *invalid* dim instead of panicking or
+//! growing without end (`(a+…+j)^12` expands to millions of terms). An
+//! invalid dim absorbs every operation, equals no other invalid dim, and
+//! [`Dim::is_invalid`] reports it; shape inference turns it into an error
+//! naming the node, the text parser into a parse error. The parser also
+//! limits parenthesis nesting, so no input can exhaust the stack.
 
 use std::cmp::Ordering;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
+
+/// The most terms one dimension polynomial may have.
+pub const MAX_TERMS: usize = 1024;
+/// The highest degree of one monomial.
+pub const MAX_DEGREE: usize = 64;
+/// How deep floor divisions (and parentheses in the text syntax) may nest.
+pub const MAX_NESTING: usize = 32;
+
+/// Identities of invalid dims: each invalid result is distinct, so two dims
+/// that overflowed never compare equal by accident. Never printed, so output
+/// stays deterministic.
+static NEXT_INVALID: AtomicU64 = AtomicU64::new(0);
 
 /// An indivisible factor of a monomial.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -18,6 +41,9 @@ enum Atom {
     Sym(Arc<str>),
     /// `floor(poly / d)` with `d >= 2` and `poly` not a multiple of `d`.
     FloorDiv(Box<Poly>, i64),
+    /// The result of arithmetic that exceeded a limit (see the module doc);
+    /// only ever the sole atom of a dim.
+    Invalid(u64),
 }
 
 /// A product of atoms, sorted; the empty monomial is the constant `1`.
@@ -67,16 +93,49 @@ impl Poly {
         }
     }
 
+    fn invalid() -> Poly {
+        let id = NEXT_INVALID.fetch_add(1, AtomicOrdering::Relaxed);
+        Poly(vec![(Mono(vec![Atom::Invalid(id)]), 1)])
+    }
+
+    fn is_invalid(&self) -> bool {
+        matches!(self.0.as_slice(), [(m, _)] if matches!(m.0.as_slice(), [Atom::Invalid(_)]))
+    }
+
+    /// How deeply floor divisions nest inside this polynomial.
+    fn nesting(&self) -> usize {
+        self.0
+            .iter()
+            .flat_map(|(m, _)| m.0.iter())
+            .map(|a| match a {
+                Atom::FloorDiv(p, _) => 1 + p.nesting(),
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Canonical sum of terms; invalid when a coefficient overflows or the
+    /// result exceeds the size limits.
     fn from_terms(mut terms: Vec<(Mono, i64)>) -> Poly {
+        if terms.iter().any(|(m, _)| m.0.iter().any(|a| matches!(a, Atom::Invalid(_)))) {
+            return Poly::invalid();
+        }
         terms.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out: Vec<(Mono, i64)> = Vec::with_capacity(terms.len());
         for (m, c) in terms {
             match out.last_mut() {
-                Some((lm, lc)) if *lm == m => *lc = lc.wrapping_add(c),
+                Some((lm, lc)) if *lm == m => match lc.checked_add(c) {
+                    Some(v) => *lc = v,
+                    None => return Poly::invalid(),
+                },
                 _ => out.push((m, c)),
             }
         }
         out.retain(|(_, c)| *c != 0);
+        if out.len() > MAX_TERMS || out.iter().any(|(m, _)| m.0.len() > MAX_DEGREE) {
+            return Poly::invalid();
+        }
         Poly(out)
     }
 
@@ -93,14 +152,32 @@ impl Poly {
     }
 
     fn scale(&self, k: i64) -> Poly {
-        Poly::from_terms(self.0.iter().map(|(m, c)| (m.clone(), c.wrapping_mul(k))).collect())
+        let mut terms = Vec::with_capacity(self.0.len());
+        for (m, c) in &self.0 {
+            match c.checked_mul(k) {
+                Some(v) => terms.push((m.clone(), v)),
+                None => return Poly::invalid(),
+            }
+        }
+        Poly::from_terms(terms)
     }
 
     fn mul(&self, o: &Poly) -> Poly {
+        // Refuse before expanding: the product of two large sums is where
+        // hostile dims explode.
+        if self.is_invalid() || o.is_invalid() || self.0.len().saturating_mul(o.0.len()) > MAX_TERMS * 4 {
+            return Poly::invalid();
+        }
         let mut terms = Vec::with_capacity(self.0.len() * o.0.len());
         for (ma, ca) in &self.0 {
             for (mb, cb) in &o.0 {
-                terms.push((ma.mul(mb), ca.wrapping_mul(*cb)));
+                if ma.0.len() + mb.0.len() > MAX_DEGREE {
+                    return Poly::invalid();
+                }
+                match ca.checked_mul(*cb) {
+                    Some(c) => terms.push((ma.mul(mb), c)),
+                    None => return Poly::invalid(),
+                }
             }
         }
         Poly::from_terms(terms)
@@ -113,10 +190,11 @@ impl Poly {
         }
         let mut terms = Vec::with_capacity(self.0.len());
         for (tm, tc) in &self.0 {
-            if tc % c != 0 {
+            // `checked_rem` is `None` only for `i64::MIN % -1`, whose quotient overflows.
+            if tc.checked_rem(c)? != 0 {
                 return None;
             }
-            terms.push((tm.div(m)?, tc / c));
+            terms.push((tm.div(m)?, tc.checked_div(c)?));
         }
         Some(Poly::from_terms(terms))
     }
@@ -162,6 +240,12 @@ impl Dim {
         }
     }
 
+    /// Whether arithmetic producing this dim exceeded a limit (overflowed
+    /// `i64` or grew too complex); such a dim must be reported, not used.
+    pub fn is_invalid(&self) -> bool {
+        self.0.is_invalid()
+    }
+
     /// Whether the dimension involves no symbol.
     pub fn is_const(&self) -> bool {
         self.as_const().is_some()
@@ -175,6 +259,7 @@ impl Dim {
                     match a {
                         Atom::Sym(s) => out.push(s.clone()),
                         Atom::FloorDiv(q, _) => walk(q, out),
+                        Atom::Invalid(_) => {}
                     }
                 }
             }
@@ -207,7 +292,7 @@ impl Dim {
         if d <= 0 {
             return None;
         }
-        if d == 1 {
+        if d == 1 || self.is_invalid() {
             return Some(self.clone());
         }
         if let Some(c) = self.as_const() {
@@ -216,20 +301,33 @@ impl Dim {
         if let Some(p) = self.0.div_exact_term(&Mono::default(), d) {
             return Some(Dim(p));
         }
+        if self.0.nesting() >= MAX_NESTING {
+            return Some(Dim(Poly::invalid()));
+        }
         Some(Dim(Poly(vec![(Mono(vec![Atom::FloorDiv(Box::new(self.0.clone()), d)]), 1)])))
     }
 
     /// `ceil(self / d)` for a constant `d > 0`.
     pub fn ceil_div_const(&self, d: i64) -> Option<Dim> {
-        self.add(&Dim::from(d - 1)).floor_div_const(d)
+        self.add(&Dim::from(d.checked_sub(1)?)).floor_div_const(d)
     }
 
     /// `self / o` when the division is exact as polynomials (every term of
     /// `self` is a multiple of the single-term divisor `o`), or both are
     /// integers and `o` divides `self`.
+    /// An invalid operand gives an invalid result, so the failure is
+    /// reported where the dim is used rather than lost.
     pub fn div_exact(&self, o: &Dim) -> Option<Dim> {
+        if self.is_invalid() || o.is_invalid() {
+            return Some(Dim(Poly::invalid()));
+        }
         if let (Some(a), Some(b)) = (self.as_const(), o.as_const()) {
-            return (b != 0 && a % b == 0).then(|| Dim::from(a / b));
+            // `i64::MIN / -1` overflows: that element count is not an i64.
+            return match (a.checked_rem(b), a.checked_div(b)) {
+                (Some(0), Some(q)) => Some(Dim::from(q)),
+                (None, _) | (Some(0), None) if b != 0 => Some(Dim(Poly::invalid())),
+                _ => None,
+            };
         }
         match o.0 .0.as_slice() {
             [(m, c)] => self.0.div_exact_term(m, *c).map(Dim),
@@ -241,6 +339,9 @@ impl Dim {
     /// Whether the dimension is known to be ≥ 0 (true for symbols, which
     /// stand for sizes, and for sums of them with positive coefficients).
     pub fn is_nonneg(&self) -> bool {
+        if self.is_invalid() {
+            return false;
+        }
         self.as_const().map_or_else(|| self.0.is_nonneg_obviously(), |c| c >= 0)
     }
 
@@ -258,6 +359,7 @@ impl Dim {
                             let q = poly(q, bind);
                             q.floor_div_const(*d).unwrap_or(q)
                         }
+                        Atom::Invalid(_) => Dim(Poly::invalid()),
                     };
                     term = term.mul(&f);
                 }
@@ -271,12 +373,28 @@ impl Dim {
     /// Parse the text syntax written by `Display`.
     pub fn parse(s: &str) -> Result<Dim, String> {
         let toks = lex_dim(s)?;
-        let mut p = DimParser { toks, pos: 0 };
+        let mut p = DimParser { toks, pos: 0, depth: 0 };
         let d = p.expr()?;
         if p.pos != p.toks.len() {
             return Err(format!("unexpected `{}` in dimension `{s}`", p.toks[p.pos]));
         }
+        if d.is_invalid() {
+            return Err(format!(
+                "dimension `{}` is too complex (more than {MAX_TERMS} terms, degree above {MAX_DEGREE}, \
+                 or a value outside i64)",
+                abbreviate(s)
+            ));
+        }
         Ok(d)
+    }
+}
+
+/// The start of a long dimension text, for error messages.
+fn abbreviate(s: &str) -> String {
+    const KEEP: usize = 48;
+    match s.char_indices().nth(KEEP) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
     }
 }
 
@@ -298,6 +416,8 @@ fn write_sym(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
 fn write_atom(f: &mut fmt::Formatter<'_>, a: &Atom, alone: bool) -> fmt::Result {
     match a {
         Atom::Sym(s) => write_sym(f, s),
+        // Not parseable on purpose: an invalid dim must never round-trip.
+        Atom::Invalid(_) => f.write_str("<invalid>"),
         Atom::FloorDiv(p, d) => {
             let single_atom = matches!(p.0.as_slice(), [(m, 1)] if m.0.len() == 1 && matches!(m.0[0], Atom::Sym(_)));
             // `a*b/2` would read as `(a*b)/2`: inside a product the whole
@@ -421,6 +541,9 @@ fn lex_dim(s: &str) -> Result<Vec<DimTok>, String> {
 struct DimParser {
     toks: Vec<DimTok>,
     pos: usize,
+    /// Current nesting of parentheses and unary minus, bounded by
+    /// [`MAX_NESTING`] so no input recurses deeply.
+    depth: usize,
 }
 
 impl DimParser {
@@ -458,6 +581,17 @@ impl DimParser {
     }
 
     fn unary(&mut self) -> Result<Dim, String> {
+        self.depth += 1;
+        let r = if self.depth > MAX_NESTING {
+            Err(format!("dimension nests parentheses or signs deeper than {MAX_NESTING}"))
+        } else {
+            self.unary_inner()
+        };
+        self.depth -= 1;
+        r
+    }
+
+    fn unary_inner(&mut self) -> Result<Dim, String> {
         match self.peek().cloned() {
             Some(DimTok::Punct('-')) => {
                 self.pos += 1;
@@ -525,6 +659,44 @@ mod tests {
         assert_eq!(d("batch+1").div_exact(&d("seq")), None);
         assert_eq!(d("7").floor_div_const(2), Some(d("3")));
         assert_eq!(d("seq").ceil_div_const(2).map(|x| x.to_string()), Some("(seq+1)/2".into()));
+    }
+
+    #[test]
+    fn overflow_and_blowup_give_invalid_dims_not_panics() {
+        // 2^32 * 2^31 = 2^63 does not fit i64.
+        let big = d("4294967296").mul(&d("2147483648"));
+        assert!(big.is_invalid());
+        // i64::MIN / -1 and i64::MIN % -1 overflow: invalid, not a panic.
+        let min = Dim::from(i64::MIN);
+        assert!(min.div_exact(&Dim::from(-1)).is_some_and(|q| q.is_invalid()));
+        assert!(min.neg().is_invalid());
+        assert_eq!(d("7").div_exact(&d("0")), None);
+        // (a+…+j)^3 has 220 terms and parses; its square would have 48,400
+        // before collecting: refused before it is expanded.
+        let s = "(a+b+c+d+e+f+g+h+i+j)";
+        let cube = d(&format!("{s}*{s}*{s}"));
+        assert_eq!(cube.to_string().matches('+').count(), 219);
+        assert!(cube.mul(&cube).is_invalid());
+        assert!(cube.mul(&cube).add(&d("1")).is_invalid(), "invalid absorbs");
+        assert_ne!(cube.mul(&cube), cube.mul(&cube), "two invalid dims are never equal");
+        assert!(Dim::parse(&format!("{s}*{s}*{s}*{s}*{s}*{s}")).is_err());
+        // A monomial of degree 65.
+        assert!(Dim::parse(&vec!["a"; 65].join("*")).is_err());
+        // Floor divisions nested past the limit.
+        let mut x = d("a+1");
+        for _ in 0..=MAX_NESTING {
+            x = x.floor_div_const(2).expect("positive divisor").add(&d("1"));
+        }
+        assert!(x.is_invalid());
+    }
+
+    #[test]
+    fn deep_text_is_a_parse_error() {
+        let deep = format!("{}a{}", "(".repeat(20_000), ")".repeat(20_000));
+        assert!(Dim::parse(&deep).expect_err("too deep").contains("deeper than"));
+        assert!(Dim::parse(&format!("{}a", "-".repeat(20_000))).is_err());
+        let fine = format!("{}a{}", "(".repeat(10), ")".repeat(10));
+        assert_eq!(d(&fine), d("a"));
     }
 
     #[test]

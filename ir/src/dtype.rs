@@ -12,6 +12,14 @@ pub enum DType {
     BF16,
     F8E4M3,
     F8E5M2,
+    /// ONNX `FLOAT8E4M3FNUZ`: no negative zero, one NaN, bias 8.
+    F8E4M3Fnuz,
+    /// ONNX `FLOAT8E5M2FNUZ`.
+    F8E5M2Fnuz,
+    /// ONNX `FLOAT4E2M1` (packed two a byte, like the 4-bit integers).
+    F4E2M1,
+    /// ONNX `FLOAT8E8M0`: an exponent-only scale type (MX formats).
+    F8E8M0,
     I64,
     I32,
     I16,
@@ -22,19 +30,26 @@ pub enum DType {
     U8,
     I4,
     U4,
+    /// ONNX `INT2`/`UINT2`, packed four a byte.
+    I2,
+    U2,
     Bool,
     /// ONNX `STRING` tensors: kept so such models import, never computed on.
     Str,
 }
 
 impl DType {
-    pub const ALL: [DType; 18] = [
+    pub const ALL: [DType; 24] = [
         DType::F64,
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::F8E4M3,
         DType::F8E5M2,
+        DType::F8E4M3Fnuz,
+        DType::F8E5M2Fnuz,
+        DType::F4E2M1,
+        DType::F8E8M0,
         DType::I64,
         DType::I32,
         DType::I16,
@@ -45,6 +60,8 @@ impl DType {
         DType::U8,
         DType::I4,
         DType::U4,
+        DType::I2,
+        DType::U2,
         DType::Bool,
         DType::Str,
     ];
@@ -57,6 +74,10 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F8E4M3 => "f8e4m3",
             DType::F8E5M2 => "f8e5m2",
+            DType::F8E4M3Fnuz => "f8e4m3fnuz",
+            DType::F8E5M2Fnuz => "f8e5m2fnuz",
+            DType::F4E2M1 => "f4e2m1",
+            DType::F8E8M0 => "f8e8m0",
             DType::I64 => "i64",
             DType::I32 => "i32",
             DType::I16 => "i16",
@@ -67,6 +88,8 @@ impl DType {
             DType::U8 => "u8",
             DType::I4 => "i4",
             DType::U4 => "u4",
+            DType::I2 => "i2",
+            DType::U2 => "u2",
             DType::Bool => "bool",
             DType::Str => "str",
         }
@@ -94,9 +117,15 @@ impl DType {
             DType::U64 => 13,
             DType::BF16 => 16,
             DType::F8E4M3 => 17,
+            DType::F8E4M3Fnuz => 18,
             DType::F8E5M2 => 19,
+            DType::F8E5M2Fnuz => 20,
             DType::U4 => 21,
             DType::I4 => 22,
+            DType::F4E2M1 => 23,
+            DType::F8E8M0 => 24,
+            DType::U2 => 25,
+            DType::I2 => 26,
         }
     }
 
@@ -110,19 +139,41 @@ impl DType {
             DType::F64 | DType::I64 | DType::U64 => 64,
             DType::F32 | DType::I32 | DType::U32 => 32,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 16,
-            DType::F8E4M3 | DType::F8E5M2 | DType::I8 | DType::U8 | DType::Bool => 8,
-            DType::I4 | DType::U4 => 4,
+            DType::F8E4M3
+            | DType::F8E5M2
+            | DType::F8E4M3Fnuz
+            | DType::F8E5M2Fnuz
+            | DType::F8E8M0
+            | DType::I8
+            | DType::U8
+            | DType::Bool => 8,
+            DType::I4 | DType::U4 | DType::F4E2M1 => 4,
+            DType::I2 | DType::U2 => 2,
             DType::Str => 0,
         }
     }
 
-    /// Bytes taken by `n` elements in ONNX raw layout (4-bit types pack two a byte).
+    /// Bytes taken by `n` elements in ONNX raw layout (4-bit types pack two
+    /// a byte, 2-bit types four).
     pub fn storage_bytes(self, n: u64) -> u64 {
-        (n * u64::from(self.bits())).div_ceil(8)
+        // Saturating: `n` may come from a file's declared dims.
+        n.saturating_mul(u64::from(self.bits())).div_ceil(8)
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2)
+        matches!(
+            self,
+            DType::F64
+                | DType::F32
+                | DType::F16
+                | DType::BF16
+                | DType::F8E4M3
+                | DType::F8E5M2
+                | DType::F8E4M3Fnuz
+                | DType::F8E5M2Fnuz
+                | DType::F4E2M1
+                | DType::F8E8M0
+        )
     }
 
     pub fn is_int(self) -> bool {
@@ -138,11 +189,13 @@ impl DType {
                 | DType::U8
                 | DType::I4
                 | DType::U4
+                | DType::I2
+                | DType::U2
         )
     }
 
     pub fn is_signed_int(self) -> bool {
-        matches!(self, DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::I4)
+        matches!(self, DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::I4 | DType::I2)
     }
 
     pub fn is_numeric(self) -> bool {

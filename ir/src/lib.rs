@@ -19,6 +19,7 @@ pub mod dtype;
 pub mod graph;
 pub mod infer;
 pub mod op;
+mod op_types;
 pub mod tensor;
 pub mod text;
 pub mod types;

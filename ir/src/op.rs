@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use crate::DType;
+
 /// What an operator is for, used for statistics (FLOPs per class) and by
 /// precision policies as a first coarse grouping.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -335,6 +337,17 @@ impl Op {
         }
     }
 
+    /// Whether the ONNX schema of this op at `opset` accepts `dtype` on its
+    /// first input, for the four computing float types (f16, bf16, f32,
+    /// f64): `Celu` takes only f32, most ops gain bf16 at opset 13, `CumSum`
+    /// gains f16 at 14. `None` when the schema does not constrain it here
+    /// (opaque ops, non-float dtypes, first inputs that are not float).
+    /// Planners keep a node whose schema refuses their precision at f32
+    /// (with casts) and the verifier refuses such a node.
+    pub fn float_input_allowed(&self, opset: i64, dtype: DType) -> Option<bool> {
+        float_input_allowed(self.op_type(), self.is_opaque(), opset, dtype)
+    }
+
     /// The op for an ONNX `(domain, op_type)`; the default domain is `""`
     /// or `"ai.onnx"`. Unknown pairs become [`Op::Opaque`].
     pub fn from_onnx(domain: &str, op_type: &str) -> Op {
@@ -359,6 +372,29 @@ impl Op {
     }
 }
 
+/// Table lookup behind [`Op::float_input_allowed`].
+pub fn float_input_allowed(op_type: &str, opaque: bool, opset: i64, dtype: DType) -> Option<bool> {
+    let bit = match dtype {
+        DType::F16 => 1u8,
+        DType::BF16 => 2,
+        DType::F32 => 4,
+        DType::F64 => 8,
+        _ => return None,
+    };
+    if opaque {
+        return None;
+    }
+    let table = crate::op_types::FIRST_INPUT_FLOATS;
+    let start = table.partition_point(|(name, _, _)| *name < op_type);
+    let mask = table[start..]
+        .iter()
+        .take_while(|(name, _, _)| *name == op_type)
+        .filter(|(_, since, _)| *since <= opset)
+        .last()
+        .map(|(_, _, mask)| *mask)?;
+    Some(mask & bit != 0)
+}
+
 /// Text syntax: `Conv` for known ops, `!domain::Type` for opaque ones.
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -380,5 +416,21 @@ mod tests {
         }
         assert!(Op::from_onnx("com.microsoft", "FusedMatMul").is_opaque());
         assert!(Op::from_onnx("", "NoSuchOp").is_opaque());
+    }
+
+    #[test]
+    fn schema_float_constraints_follow_the_opset() {
+        // Facts from the ONNX operator documentation (Operators.md).
+        assert_eq!(Op::Celu.float_input_allowed(12, DType::F16), Some(false));
+        assert_eq!(Op::Celu.float_input_allowed(21, DType::F32), Some(true));
+        assert_eq!(Op::Relu.float_input_allowed(12, DType::BF16), Some(false));
+        assert_eq!(Op::Relu.float_input_allowed(14, DType::BF16), Some(true));
+        assert_eq!(Op::Relu.float_input_allowed(14, DType::F16), Some(true));
+        assert_eq!(Op::CumSum.float_input_allowed(13, DType::F16), Some(false));
+        assert_eq!(Op::CumSum.float_input_allowed(14, DType::F16), Some(true));
+        assert_eq!(Op::Relu.float_input_allowed(14, DType::I8), None);
+        assert_eq!(Op::from_onnx("x", "Celu").float_input_allowed(14, DType::F16), None);
+        let table = crate::op_types::FIRST_INPUT_FLOATS;
+        assert!(table.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)), "sorted for the binary search");
     }
 }

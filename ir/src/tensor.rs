@@ -30,7 +30,9 @@ pub struct Tensor {
 
 impl Tensor {
     pub fn numel(&self) -> u64 {
-        self.dims.iter().map(|&d| d.max(0) as u64).product()
+        // Saturating: dims come from files, and a product past u64 must not
+        // wrap to a small count (callers compare it with the bytes present).
+        self.dims.iter().fold(1u64, |n, &d| n.saturating_mul(d.max(0) as u64))
     }
 
     /// Bytes the values take in raw layout.
@@ -72,8 +74,16 @@ impl Tensor {
                 let mut file = file;
                 file.seek(SeekFrom::Start(*offset))?;
                 let len = length.unwrap_or(self.byte_len());
-                let mut buf = vec![0u8; len as usize];
-                file.read_exact(&mut buf)?;
+                // Read what is there (up to `len`) rather than allocating a
+                // declared length up front; a short file is an error.
+                let mut buf = Vec::new();
+                file.take(len).read_to_end(&mut buf)?;
+                if (buf.len() as u64) < len {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("{location}: {} bytes at offset {offset}, {len} expected", buf.len()),
+                    ));
+                }
                 Ok(Some(buf.into()))
             }
         }

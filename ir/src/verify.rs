@@ -185,6 +185,16 @@ fn check_node(
             _ => {}
         }
     }
+    // The schema's type constraint on the first input (see
+    // `Op::float_input_allowed`): e.g. Celu computes only in f32.
+    if let Some(dt) = node.inputs().first().copied().flatten().and_then(|v| graph.ty(v).dtype) {
+        if node.op.float_input_allowed(opset, dt) == Some(false) {
+            errs.push(VerifyError::at(
+                node,
+                format!("input 0 is {dt}, which the ONNX schema of {} at opset {opset} does not allow", node.op),
+            ));
+        }
+    }
     let n_in = node.inputs().len();
     if let Some((lo, hi)) = arity(&node.op, opset) {
         if n_in < lo || n_in > hi {

@@ -21,7 +21,7 @@ pub enum OnnxError {
     Decode { file: String, detail: String },
     #[error("{file}: the model has no graph")]
     MissingGraph { file: String },
-    #[error("{file}: unsupported opset: domain `{domain}` version {version} (the default domain must be imported at a version in 11..=21)")]
+    #[error("{file}: unsupported opset: domain `{domain}` version {version} (the default domain must be imported at a version in 7..=25)")]
     UnsupportedOpset { file: String, domain: String, version: i64 },
     #[error("{file}: {place}: unknown tensor element type code {code}")]
     UnknownElemType { file: String, place: String, code: i32 },

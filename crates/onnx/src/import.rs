@@ -3,7 +3,10 @@
 //! Reads a serialized `ModelProto` (see [`crate::proto`]) and builds a
 //! [`Model`]. What it maps:
 //! - model fields (IR version, producer, domain, version, doc, metadata) and
-//!   the opset imports; the default domain must be at opset 11..=21;
+//!   the opset imports; the default domain, when imported, must be at opset
+//!   7..=25 (a model importing only other domains, such as `ai.onnx.ml`, is
+//!   accepted: its nodes are opaque ops, and a default-domain node in such a
+//!   model is an error naming the node);
 //! - graph inputs (initializers that are also inputs stay one value, marked
 //!   as an input too), outputs and `value_info` types (the annotated names
 //!   are kept in `Model::annotated`); `dim_param`s become symbols, or dimension expressions when the string is one (`batch*seq`);
@@ -42,7 +45,7 @@ use crate::proto::{self, attr_type, DimValue, TypeValue};
 use crate::OnnxError;
 
 /// Supported default-domain opsets.
-pub const OPSET_RANGE: std::ops::RangeInclusive<i64> = 11..=21;
+pub const OPSET_RANGE: std::ops::RangeInclusive<i64> = 7..=25;
 
 /// Largest element count accepted for one tensor (guards size arithmetic).
 const MAX_NUMEL: u64 = 1 << 48;
@@ -181,7 +184,7 @@ impl Importer {
                 self.opset = o.version;
             }
         }
-        if !default_seen {
+        if !default_seen && mp.opset_import.is_empty() {
             return Err(OnnxError::UnsupportedOpset { file: self.file.clone(), domain: String::new(), version: 0 });
         }
         let g = mp.graph.ok_or_else(|| OnnxError::MissingGraph { file: self.file.clone() })?;
@@ -249,6 +252,28 @@ impl Importer {
         })
     }
 
+    /// Graph inputs and outputs must be tensors: the IR has no sequence,
+    /// optional or map type yet, and exporting one as an untyped tensor
+    /// writes a model the checker rejects. Refused with the reason instead.
+    /// (Such values *inside* the graph import as unknown types and are not
+    /// declared on export.)
+    fn tensor_boundary(&self, vi: &proto::ValueInfoProto, place: &str) -> Result<(), OnnxError> {
+        let kind = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            None | Some(TypeValue::TensorType(_)) => return Ok(()),
+            Some(TypeValue::SequenceType(_)) => "a sequence",
+            Some(TypeValue::OptionalType(_)) => "an optional",
+            Some(TypeValue::MapType(_)) => "a map",
+            Some(TypeValue::SparseTensorType(_)) => "a sparse tensor",
+            Some(TypeValue::OpaqueType(_)) => "an opaque",
+        };
+        Err(self.invalid(
+            place,
+            format!(
+                "has {kind} type; sequence, optional, map and sparse values are not supported at the graph boundary"
+            ),
+        ))
+    }
+
     fn ty(&mut self, t: Option<&proto::TypeProto>, place: &str) -> Result<TensorType, OnnxError> {
         let Some(value) = t.and_then(|t| t.value.as_ref()) else { return Ok(TensorType::unknown()) };
         let TypeValue::TensorType(tt) = value else {
@@ -301,6 +326,7 @@ impl Importer {
         }
         for vi in &g.input {
             let place = format!("graph input `{}`", vi.name);
+            self.tensor_boundary(vi, &place)?;
             let ty = self.ty(vi.r#type.as_ref(), &place)?;
             match graph.value_by_name(&vi.name) {
                 Some(v) if graph.value(v).init().is_some() && !graph.inputs().contains(&v) => graph.push_input(v),
@@ -345,6 +371,7 @@ impl Importer {
         let mut outs = Vec::with_capacity(g.output.len());
         for vi in &g.output {
             let place = format!("graph output `{}`", vi.name);
+            self.tensor_boundary(vi, &place)?;
             let ty = self.ty(vi.r#type.as_ref(), &place)?;
             let v = graph.value_by_name(&vi.name).ok_or_else(|| OnnxError::UndefinedValue {
                 file: self.file.clone(),
@@ -376,6 +403,12 @@ impl Importer {
         let place = node_place(&name, &n.op_type);
         if n.op_type.is_empty() {
             return Err(self.invalid(place, "node has no op_type"));
+        }
+        if self.opset == 0 && (n.domain.is_empty() || n.domain == "ai.onnx") {
+            return Err(self.invalid(
+                place,
+                format!("op `{}` is in the default domain, which the model does not import", n.op_type),
+            ));
         }
         let op = Op::from_onnx(&n.domain, &n.op_type);
         if matches!(op, Op::If | Op::Loop | Op::Scan) {
@@ -551,7 +584,9 @@ impl Importer {
             let data = if n == 0 { TensorData::Inline(Vec::new().into()) } else { TensorData::Absent };
             return Ok(Tensor { dtype, dims, data });
         }
-        let mut bytes: Vec<u8> = Vec::with_capacity(byte_len);
+        // Reserve from the values present, not the declared dims: a file may
+        // declare 2^48 elements and hold one (the count check below refuses it).
+        let mut bytes: Vec<u8> = Vec::with_capacity(byte_len.min(typed_total.saturating_mul(8)));
         let (field, have) = match dtype {
             DType::F32 => {
                 bytes.extend(t.float_data.iter().flat_map(|v| v.to_le_bytes()));
@@ -581,15 +616,26 @@ impl Importer {
                 bytes.extend(t.int32_data.iter().flat_map(|&v| (v as u16).to_le_bytes()));
                 ("int32_data", t.int32_data.len())
             }
-            DType::I8 | DType::U8 | DType::Bool | DType::F8E4M3 | DType::F8E5M2 => {
+            DType::I8
+            | DType::U8
+            | DType::Bool
+            | DType::F8E4M3
+            | DType::F8E5M2
+            | DType::F8E4M3Fnuz
+            | DType::F8E5M2Fnuz
+            | DType::F8E8M0 => {
                 bytes.extend(t.int32_data.iter().map(|&v| v as u8));
                 ("int32_data", t.int32_data.len())
             }
-            DType::I4 | DType::U4 => {
-                // One packed byte (two 4-bit values, low nibble first) per element.
+            DType::I4 | DType::U4 | DType::F4E2M1 | DType::I2 | DType::U2 => {
+                // One packed byte (two 4-bit or four 2-bit values, low bits
+                // first) per int32 element.
                 bytes.extend(t.int32_data.iter().map(|&v| v as u8));
                 if t.int32_data.len() != byte_len {
-                    return Err(count_err(t.int32_data.len() * 2, "int32_data"));
+                    return Err(self.invalid(
+                        place,
+                        format!("int32_data holds {} packed bytes but the dims need {byte_len}", t.int32_data.len()),
+                    ));
                 }
                 return Ok(Tensor { dtype, dims, data: TensorData::Inline(bytes.into()) });
             }

@@ -257,7 +257,8 @@ fn structural_errors_name_file_and_node() {
     assert!(matches!(e, OnnxError::UndefinedValue { .. }), "{e}");
     let s = e.to_string();
     assert!(s.contains("undef.onnx") && s.contains("`r`") && s.contains("nowhere"), "{s}");
-    for v in [10, 22, 1] {
+    // Opsets 7..=25 import (issue 19); outside that range is refused.
+    for v in [6, 26, 1] {
         let e = import_bytes(&model(g.clone(), v), None, "opset.onnx").expect_err("opset");
         assert!(matches!(e, OnnxError::UnsupportedOpset { version, .. } if version == v), "{e}");
         assert!(e.to_string().contains("opset.onnx"));
@@ -467,4 +468,103 @@ fn refreshed_copies_travel_as_metadata() {
     let e = import_bytes(&mp.encode_to_vec(), None, "bad.onnx").expect_err("dangling master");
     let text = e.to_string();
     assert!(text.contains("bad.onnx") && text.contains("qsync.refresh:w.f16") && text.contains("`nope`"), "{text}");
+}
+
+#[test]
+fn opsets_7_to_25_and_other_domains_only_import() {
+    for v in [7, 9, 10, 21, 22, 23, 24, 25] {
+        let g = proto::GraphProto {
+            node: vec![node("Relu", "r", &["x"], &["y"], vec![])],
+            input: vec![vi("x", 1, &[p("n"), DimValue::DimValue(3)])],
+            output: vec![vi("y", 1, &[])],
+            ..Default::default()
+        };
+        let m = round_trip(&model(g, v));
+        assert_eq!(m.opset(), v);
+        let y = m.graph.outputs()[0];
+        assert_eq!(m.graph.ty(y).to_string(), "f32[n,3]", "opset {v}");
+    }
+    // A model importing only `ai.onnx.ml`: its nodes are opaque ops.
+    let only_ml = |op_domain: &str| {
+        let mut n = node("Binarizer", "b", &["x"], &["y"], vec![]);
+        n.domain = op_domain.into();
+        proto::ModelProto {
+            ir_version: 8,
+            graph: Some(proto::GraphProto {
+                node: vec![n],
+                input: vec![vi("x", 1, &[DimValue::DimValue(4)])],
+                output: vec![vi("y", 1, &[DimValue::DimValue(4)])],
+                ..Default::default()
+            }),
+            opset_import: vec![proto::OperatorSetIdProto { domain: "ai.onnx.ml".into(), version: 3 }],
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let m = round_trip(&only_ml("ai.onnx.ml"));
+    assert_eq!(m.opset(), 0);
+    assert!(matches!(&m.graph.node(m.graph.node_ids()[0]).op, Op::Opaque { domain, .. } if domain == "ai.onnx.ml"));
+    // A default-domain node in such a model names the node and the reason.
+    let e = import_bytes(&only_ml(""), None, "ml.onnx").expect_err("default-domain node without the import");
+    let s = e.to_string();
+    assert!(s.contains("ml.onnx") && s.contains("`b`") && s.contains("does not import"), "{s}");
+}
+
+#[test]
+fn newer_element_types_import_and_round_trip() {
+    // FLOAT8E4M3FNUZ 18, FLOAT8E5M2FNUZ 20, FLOAT4E2M1 23, FLOAT8E8M0 24, UINT2 25, INT2 26.
+    for (code, dt, n, bytes) in [
+        (18, DType::F8E4M3Fnuz, 3, 3),
+        (20, DType::F8E5M2Fnuz, 3, 3),
+        (23, DType::F4E2M1, 3, 2),
+        (24, DType::F8E8M0, 3, 3),
+        (25, DType::U2, 5, 2),
+        (26, DType::I2, 5, 2),
+    ] {
+        let raw: Vec<u8> = (1..=bytes as u8).collect();
+        let t = init_of(&init_model(proto::TensorProto { raw_data: raw.clone(), ..tp(code, vec![n]) }));
+        assert_eq!(t.dtype, dt);
+        assert_eq!(t.inline_bytes().map(<[u8]>::to_vec), Some(raw), "{dt}");
+        assert_eq!(DType::from_onnx_code(code), Some(dt));
+        // Packed types in int32_data: one packed byte per element.
+        let packed: Vec<i32> = (1..=bytes).collect();
+        let t = init_of(&init_model(proto::TensorProto { int32_data: packed, ..tp(code, vec![n]) }));
+        assert_eq!(t.inline_bytes().map(<[u8]>::len), Some(bytes as usize), "{dt}");
+    }
+}
+
+#[test]
+fn declared_sizes_do_not_drive_allocation() {
+    // 2^48 doubles declared, one present: an error, not a 2 PB reservation.
+    let t = proto::TensorProto { double_data: vec![1.0], ..tp(11, vec![1 << 48]) };
+    let e = import_bytes(&init_model(t), None, "huge.onnx").expect_err("count mismatch");
+    let s = e.to_string();
+    assert!(s.contains("huge.onnx") && s.contains("double_data holds 1 values"), "{s}");
+    // Dims whose product overflows u64 are refused before anything is read.
+    let t = proto::TensorProto { float_data: vec![1.0], ..tp(1, vec![1 << 40, 1 << 40]) };
+    assert!(import_bytes(&init_model(t), None, "overflow.onnx")
+        .expect_err("too large")
+        .to_string()
+        .contains("too large"));
+}
+
+#[test]
+fn sequence_and_optional_boundaries_are_refused_not_written_untyped() {
+    let elem = vi("x", 1, &[DimValue::DimValue(2)]).r#type.map(Box::new);
+    for (value, kind) in [
+        (TypeValue::SequenceType(Box::new(proto::TypeSequence { elem_type: elem.clone() })), "a sequence"),
+        (TypeValue::OptionalType(Box::new(proto::TypeOptional { elem_type: elem.clone() })), "an optional"),
+    ] {
+        let mut out = vi("y", 1, &[]);
+        out.r#type = Some(proto::TypeProto { value: Some(value), denotation: String::new() });
+        let g = proto::GraphProto {
+            node: vec![node("Identity", "id", &["x"], &["y"], vec![])],
+            input: vec![vi("x", 1, &[DimValue::DimValue(2)])],
+            output: vec![out],
+            ..Default::default()
+        };
+        let e = import_bytes(&model(g, 18), None, "seq.onnx").expect_err("non-tensor output");
+        let s = e.to_string();
+        assert!(s.contains("seq.onnx") && s.contains("graph output `y`") && s.contains(kind), "{s}");
+    }
 }

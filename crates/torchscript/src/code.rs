@@ -4,8 +4,20 @@
 //! with tuple unpacking, calls with keyword arguments, attribute access,
 //! subscripts, tuple/list/dict literals, arithmetic, `if`/`for`/`while`).
 //! Errors carry the line; the importer adds the file name.
+//!
+//! Bounded on hostile input: parentheses, unary operators, `elif` chains and
+//! blocks nest at most [`MAX_NESTING`] deep while parsing, and each
+//! statement's expression tree (left-associative chains such as
+//! `a+b+c+…` grow it without recursion) at most [`MAX_EXPR_DEPTH`], so the
+//! recursive lowering that follows cannot exhaust the stack. Expressions are
+//! dropped iteratively, so even a refused tree is freed safely.
 
 use std::collections::HashMap;
+
+/// How deep the parser may recurse (parentheses, unary operators, blocks).
+pub const MAX_NESTING: usize = 40;
+/// The deepest expression tree one statement may hold.
+pub const MAX_EXPR_DEPTH: usize = 200;
 
 /// An expression.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +37,69 @@ pub enum Expr {
     Unary(&'static str, Box<Expr>),
     Binary(String, Box<Expr>, Box<Expr>),
     IfElse { cond: Box<Expr>, then: Box<Expr>, other: Box<Expr> },
+}
+
+impl Expr {
+    /// Move the sub-expressions out (leaving `None`s), for iterative drop.
+    fn take_children(&mut self, out: &mut Vec<Expr>) {
+        let mut take = |b: &mut Box<Expr>| out.push(std::mem::replace(&mut **b, Expr::None));
+        match self {
+            Expr::Attr(b, _) | Expr::Unary(_, b) => take(b),
+            Expr::Index(a, b) | Expr::Binary(_, a, b) => {
+                take(a);
+                take(b);
+            }
+            Expr::IfElse { cond, then, other } => {
+                take(cond);
+                take(then);
+                take(other);
+            }
+            Expr::Call { func, args, kwargs } => {
+                take(func);
+                out.append(args);
+                out.extend(kwargs.drain(..).map(|(_, e)| e));
+            }
+            Expr::Tuple(v) | Expr::List(v) => out.append(v),
+            Expr::Dict(v) => out.extend(v.drain(..).flat_map(|(k, e)| [k, e])),
+            Expr::Name(_) | Expr::Int(_) | Expr::Float(_) | Expr::Str(_) | Expr::Bool(_) | Expr::None => {}
+        }
+    }
+
+    /// The depth of the tree, computed without recursion.
+    pub fn depth(&self) -> usize {
+        let mut stack = vec![(self, 1usize)];
+        let mut max = 0;
+        while let Some((e, d)) = stack.pop() {
+            max = max.max(d);
+            match e {
+                Expr::Attr(b, _) | Expr::Unary(_, b) => stack.push((b, d + 1)),
+                Expr::Index(a, b) | Expr::Binary(_, a, b) => stack.extend([(&**a, d + 1), (&**b, d + 1)]),
+                Expr::IfElse { cond, then, other } => {
+                    stack.extend([(&**cond, d + 1), (&**then, d + 1), (&**other, d + 1)]);
+                }
+                Expr::Call { func, args, kwargs } => {
+                    stack.push((func, d + 1));
+                    stack.extend(args.iter().chain(kwargs.iter().map(|(_, e)| e)).map(|e| (e, d + 1)));
+                }
+                Expr::Tuple(v) | Expr::List(v) => stack.extend(v.iter().map(|e| (e, d + 1))),
+                Expr::Dict(v) => stack.extend(v.iter().flat_map(|(k, e)| [(k, d + 1), (e, d + 1)])),
+                Expr::Name(_) | Expr::Int(_) | Expr::Float(_) | Expr::Str(_) | Expr::Bool(_) | Expr::None => {}
+            }
+        }
+        max
+    }
+}
+
+/// Iterative: the default drop recurses once per level, and a chain like
+/// `a.b.c.…` or `x+x+…` may be far deeper than the stack.
+impl Drop for Expr {
+    fn drop(&mut self) {
+        let mut work = Vec::new();
+        self.take_children(&mut work);
+        while let Some(mut e) = work.pop() {
+            e.take_children(&mut work);
+        }
+    }
 }
 
 /// A statement, with its 1-based line.
@@ -237,9 +312,32 @@ fn lex(src: &str) -> CResult<Vec<(Tok, usize)>> {
 struct P {
     toks: Vec<(Tok, usize)>,
     pos: usize,
+    /// Current recursion depth, bounded by [`MAX_NESTING`].
+    depth: usize,
 }
 
 impl P {
+    /// Run a recursive step one level deeper, refusing input that nests
+    /// past [`MAX_NESTING`].
+    fn nested<T>(&mut self, f: impl FnOnce(&mut P) -> CResult<T>) -> CResult<T> {
+        if self.depth >= MAX_NESTING {
+            return self.err(format!("nesting deeper than {MAX_NESTING} levels"));
+        }
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        r
+    }
+
+    /// A statement's expression, checked against [`MAX_EXPR_DEPTH`].
+    fn shallow(&self, e: Expr, line: usize) -> CResult<Expr> {
+        let d = e.depth();
+        if d > MAX_EXPR_DEPTH {
+            return Err(CodeError { line, msg: format!("expression nests {d} levels deep (limit {MAX_EXPR_DEPTH})") });
+        }
+        Ok(e)
+    }
+
     fn peek(&self) -> &Tok {
         self.toks.get(self.pos).map_or(&Tok::Eof, |t| &t.0)
     }
@@ -431,6 +529,10 @@ impl P {
     }
 
     fn block(&mut self) -> CResult<Vec<Stmt>> {
+        self.nested(P::block_inner)
+    }
+
+    fn block_inner(&mut self) -> CResult<Vec<Stmt>> {
         if !matches!(self.peek(), Tok::Newline) {
             // `if c: stmt` on one line
             return Ok(vec![self.stmt()?]);
@@ -459,7 +561,7 @@ impl P {
         let kind = if self.eat_name("return") {
             let e = if matches!(self.peek(), Tok::Newline | Tok::Eof) { Expr::None } else { self.expr_list()? };
             self.newline()?;
-            StmtKind::Return(e)
+            StmtKind::Return(self.shallow(e, line)?)
         } else if self.eat_name("pass") {
             self.newline()?;
             StmtKind::Pass
@@ -493,12 +595,12 @@ impl P {
                 self.skip_type()?;
             }
             if self.eat_op("=") {
-                let targets = match e {
-                    Expr::Name(n) => vec![n],
+                let targets = match &e {
+                    Expr::Name(n) => vec![n.clone()],
                     Expr::Tuple(v) => v
-                        .into_iter()
+                        .iter()
                         .map(|x| match x {
-                            Expr::Name(n) => Ok(n),
+                            Expr::Name(n) => Ok(n.clone()),
                             _ => Err(CodeError { line, msg: "unsupported assignment target".into() }),
                         })
                         .collect::<CResult<_>>()?,
@@ -506,17 +608,22 @@ impl P {
                 };
                 let v = self.expr_list()?;
                 self.newline()?;
-                StmtKind::Assign(targets, v)
+                StmtKind::Assign(targets, self.shallow(v, line)?)
             } else {
                 self.newline()?;
-                StmtKind::Expr(e)
+                StmtKind::Expr(self.shallow(e, line)?)
             }
         };
         Ok(Stmt { line, kind })
     }
 
     fn if_rest(&mut self, line: usize) -> CResult<Stmt> {
+        self.nested(|p| p.if_rest_inner(line))
+    }
+
+    fn if_rest_inner(&mut self, line: usize) -> CResult<Stmt> {
         let cond = self.expr()?;
+        let cond = self.shallow(cond, line)?;
         self.op(":")?;
         let then = self.block()?;
         let other = if self.is_name("elif") {
@@ -549,6 +656,10 @@ impl P {
     }
 
     fn expr(&mut self) -> CResult<Expr> {
+        self.nested(P::expr_inner)
+    }
+
+    fn expr_inner(&mut self) -> CResult<Expr> {
         let e = self.or()?;
         if self.eat_name("if") {
             let cond = self.or()?;
@@ -579,7 +690,7 @@ impl P {
 
     fn not(&mut self) -> CResult<Expr> {
         if self.eat_name("not") {
-            return Ok(Expr::Unary("not", Box::new(self.not()?)));
+            return Ok(Expr::Unary("not", Box::new(self.nested(P::not)?)));
         }
         self.cmp()
     }
@@ -623,18 +734,18 @@ impl P {
 
     fn unary(&mut self) -> CResult<Expr> {
         if self.eat_op("-") {
-            return Ok(match self.unary()? {
+            return Ok(match self.nested(P::unary)? {
                 Expr::Int(i) => Expr::Int(i.wrapping_neg()),
                 Expr::Float(f) => Expr::Float(-f),
                 e => Expr::Unary("-", Box::new(e)),
             });
         }
         if self.eat_op("~") {
-            return Ok(Expr::Unary("~", Box::new(self.unary()?)));
+            return Ok(Expr::Unary("~", Box::new(self.nested(P::unary)?)));
         }
         let base = self.postfix()?;
         if self.eat_op("**") {
-            return Ok(Expr::Binary("**".into(), Box::new(base), Box::new(self.unary()?)));
+            return Ok(Expr::Binary("**".into(), Box::new(base), Box::new(self.nested(P::unary)?)));
         }
         Ok(base)
     }
@@ -761,7 +872,7 @@ fn show(t: &Tok) -> String {
 /// Parse one code file.
 pub fn parse(src: &str) -> Result<CodeFile, CodeError> {
     let toks = lex(src)?;
-    P { toks, pos: 0 }.file()
+    P { toks, pos: 0, depth: 0 }.file()
 }
 
 #[cfg(test)]
@@ -805,6 +916,31 @@ mod tests {
         let b = &f.functions[0].body;
         assert!(matches!(b[0].kind, StmtKind::If { .. }));
         assert!(matches!(b[1].kind, StmtKind::Loop { kind: "for", .. }));
+    }
+
+    #[test]
+    fn hostile_nesting_is_an_error_not_a_stack_overflow() {
+        let def = |body: &str| format!("def forward(self):\n  x = {body}\n  return x\n");
+        let deep = format!("{}1{}", "(".repeat(5000), ")".repeat(5000));
+        let e = parse(&def(&deep)).expect_err("deep parentheses");
+        assert!(e.msg.contains("nesting deeper"), "{}", e.msg);
+        assert_eq!(e.line, 2);
+        for (body, what) in [
+            (format!("a{}", "+a".repeat(100_000)), "long sum"),
+            (format!("a{}", ".b".repeat(100_000)), "long attribute chain"),
+            (format!("{}a", "-".repeat(100_000)), "long unary chain"),
+        ] {
+            let e = parse(&def(&body)).expect_err(what);
+            assert!(e.msg.contains("deep"), "{what}: {}", e.msg);
+        }
+        // An unfinished long chain (a syntax error after it) is dropped safely.
+        assert!(parse(&def(&format!("a{}+", "+a".repeat(100_000)))).is_err());
+        // Ordinary depth parses.
+        let ok = format!("{}1{}", "(".repeat(30), ")".repeat(30));
+        assert!(parse(&def(&ok)).is_ok());
+        let nested_ifs: String = (0..60).map(|i| format!("{}if c:\n", " ".repeat(2 + 2 * i))).collect();
+        let src = format!("def forward(self):\n{nested_ifs}{}pass\n", " ".repeat(2 + 2 * 60));
+        assert!(parse(&src).expect_err("deep blocks").msg.contains("nesting deeper"));
     }
 
     #[test]

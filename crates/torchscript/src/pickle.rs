@@ -7,8 +7,18 @@
 //! Lists, dicts and objects are shared (`Rc<RefCell>`) because the memo may
 //! hand out a container that later opcodes still fill. Every read is bounds
 //! checked: bad bytes give a [`PickleError`], never a panic.
+//!
+//! The machine builds containers iteratively, so a hostile pickle can still
+//! describe a tuple nested a million deep or an object whose state holds
+//! itself. [`load`] therefore measures the decoded value without recursion
+//! and refuses one nested deeper than [`MAX_DEPTH`] or containing a cycle,
+//! so that everything after it (the importer walks module state
+//! recursively) sees only finite, shallow trees; rejected values and the
+//! machine's leftovers are taken apart iteratively, because even dropping a
+//! deep `Rc` chain recurses once per level.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use qsync_ir::DType;
@@ -121,6 +131,12 @@ struct Vm<'a> {
     stack: Vec<PyVal>,
     marks: Vec<usize>,
     memo: Vec<Option<PyVal>>,
+    /// Heights of the tuples built so far (keyed by allocation; the clone
+    /// keeps the address from being reused), so that a tuple nested past
+    /// [`MAX_DEPTH`] is refused as it is built rather than after the whole
+    /// chain exists. Tuples are immutable, so their height is exact; lists
+    /// and dicts grow later and are measured by the final check.
+    tuple_heights: HashMap<usize, (usize, PyVal)>,
 }
 
 /// The limit on memo indices, so a corrupt index cannot allocate gigabytes.
@@ -322,7 +338,8 @@ impl<'a> Vm<'a> {
                 b'}' => self.stack.push(PyVal::Dict(Rc::new(RefCell::new(Vec::new())))),
                 b't' => {
                     let items = self.pop_mark()?;
-                    self.stack.push(PyVal::Tuple(Rc::new(items)));
+                    let t = self.tuple(items)?;
+                    self.stack.push(t);
                 }
                 0x85..=0x87 => {
                     let n = usize::from(op - 0x84);
@@ -330,7 +347,8 @@ impl<'a> Vm<'a> {
                         return self.err("stack underflow in TUPLEn");
                     }
                     let items = self.stack.split_off(self.stack.len() - n);
-                    self.stack.push(PyVal::Tuple(Rc::new(items)));
+                    let t = self.tuple(items)?;
+                    self.stack.push(t);
                 }
                 b'l' => {
                     let items = self.pop_mark()?;
@@ -445,6 +463,24 @@ impl<'a> Vm<'a> {
         }
     }
 
+    fn tuple(&mut self, items: Vec<PyVal>) -> PResult<PyVal> {
+        let below = items
+            .iter()
+            .filter_map(|v| identity(v).map(|id| self.tuple_heights.get(&id).map_or(1, |h| h.0)))
+            .max()
+            .unwrap_or(0);
+        if below + 1 > MAX_DEPTH {
+            return self.err(format!("pickled value nests containers deeper than {MAX_DEPTH} levels"));
+        }
+        let t = PyVal::Tuple(Rc::new(items));
+        if below > 0 {
+            if let Some(id) = identity(&t) {
+                self.tuple_heights.insert(id, (below + 1, t.clone()));
+            }
+        }
+        Ok(t)
+    }
+
     fn append(&mut self, items: Vec<PyVal>) -> PResult<()> {
         match self.top()? {
             PyVal::List(l) => {
@@ -475,7 +511,14 @@ impl<'a> Vm<'a> {
             PyVal::Global(g) => storage_dtype(&g.1),
             _ => None,
         };
-        let Some(dtype) = dtype else { return self.err(format!("unsupported storage type {:?}", items[1])) };
+        let Some(dtype) = dtype else {
+            // Named, not `Debug`-printed: the value may be deep or cyclic.
+            let name = match &items[1] {
+                PyVal::Global(g) => format!("{}.{}", g.0, g.1),
+                _ => "a non-class value".to_string(),
+            };
+            return self.err(format!("unsupported storage type {name}"));
+        };
         let key = match &items[2] {
             PyVal::Str(s) => s.clone(),
             PyVal::Int(i) => i.to_string(),
@@ -538,10 +581,185 @@ fn pairs(items: Vec<PyVal>) -> Option<Vec<(PyVal, PyVal)>> {
     Some(out)
 }
 
-/// Decode one pickle.
+/// The deepest nesting of containers a decoded value may have. Real
+/// archives nest modules a few dozen levels at most.
+pub const MAX_DEPTH: usize = 200;
+
+/// Decode one pickle: a value nested at most [`MAX_DEPTH`] deep and free of
+/// cycles, or an error.
 pub fn load(bytes: &[u8]) -> Result<PyVal, PickleError> {
-    let mut vm = Vm { b: bytes, pos: 0, stack: Vec::new(), marks: Vec::new(), memo: Vec::new() };
-    vm.run()
+    let v = {
+        let mut vm = Vm {
+            b: bytes,
+            pos: 0,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: Vec::new(),
+            tuple_heights: HashMap::new(),
+        };
+        vm.run()?
+    };
+    match check_shape(&v) {
+        Ok(()) => Ok(v),
+        Err(msg) => {
+            dismantle(vec![v], true);
+            Err(PickleError { offset: bytes.len(), msg })
+        }
+    }
+}
+
+impl Drop for Vm<'_> {
+    fn drop(&mut self) {
+        // What is left on the stack or in the memo may be arbitrarily deep;
+        // only uniquely held parts are taken apart, because the memo shares
+        // containers with the value `load` returns.
+        let mut rest = std::mem::take(&mut self.stack);
+        rest.extend(self.memo.drain(..).flatten());
+        rest.extend(self.tuple_heights.drain().map(|(_, (_, v))| v));
+        dismantle(rest, false);
+    }
+}
+
+/// The containers directly inside `v`.
+fn children(v: &PyVal) -> Vec<PyVal> {
+    match v {
+        PyVal::Tuple(t) => t.as_ref().clone(),
+        PyVal::List(l) => l.try_borrow().map(|l| l.clone()).unwrap_or_default(),
+        PyVal::Dict(d) => {
+            d.try_borrow().map(|d| d.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect()).unwrap_or_default()
+        }
+        PyVal::Object(o) => o
+            .try_borrow()
+            .map(|o| o.args.iter().cloned().chain(std::iter::once(o.state.clone())).collect())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+/// The identity of a shared container (its allocation), for cycle checks.
+fn identity(v: &PyVal) -> Option<usize> {
+    match v {
+        PyVal::Tuple(t) => Some(Rc::as_ptr(t) as *const () as usize),
+        PyVal::List(l) => Some(Rc::as_ptr(l) as *const () as usize),
+        PyVal::Dict(d) => Some(Rc::as_ptr(d) as *const () as usize),
+        PyVal::Object(o) => Some(Rc::as_ptr(o) as *const () as usize),
+        _ => None,
+    }
+}
+
+/// Refuse a value nested deeper than [`MAX_DEPTH`] or one that contains
+/// itself. Iterative depth-first walk: a container is *open* while it is on
+/// the current path (meeting it again is a cycle) and gets its height (the
+/// longest chain below it) once closed, so a DAG of shared references costs
+/// its size, not its number of paths, and a shared subtree reached along a
+/// long path still counts its full depth.
+fn check_shape(root: &PyVal) -> Result<(), String> {
+    enum Mark {
+        Open,
+        Closed(usize),
+    }
+    let cycle = |v: &PyVal| {
+        let what = match v {
+            PyVal::Object(o) => o.try_borrow().map(|o| format!("object {}.{}", o.module, o.name)).ok(),
+            _ => None,
+        };
+        format!(
+            "pickled {} contains itself (a reference cycle); module state must be a tree",
+            what.unwrap_or_else(|| "container".into())
+        )
+    };
+    let mut seen: HashMap<usize, Mark> = HashMap::new();
+    // (value, children already pushed); the entries with `true` are the path.
+    let mut stack: Vec<(PyVal, bool)> = vec![(root.clone(), false)];
+    let mut path = 0usize;
+    while let Some((v, expanded)) = stack.pop() {
+        let Some(id) = identity(&v) else { continue };
+        if expanded {
+            path -= 1;
+            let below = children(&v)
+                .iter()
+                .filter_map(|k| match identity(k).and_then(|k| seen.get(&k)) {
+                    Some(Mark::Closed(h)) => Some(*h),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0);
+            if below + 1 > MAX_DEPTH {
+                return Err(format!("pickled value nests containers deeper than {MAX_DEPTH} levels"));
+            }
+            seen.insert(id, Mark::Closed(below + 1));
+            continue;
+        }
+        match seen.get(&id) {
+            Some(Mark::Closed(_)) => continue,
+            Some(Mark::Open) => return Err(cycle(&v)),
+            None => {}
+        }
+        path += 1;
+        if path > MAX_DEPTH {
+            return Err(format!("pickled value nests containers deeper than {MAX_DEPTH} levels"));
+        }
+        seen.insert(id, Mark::Open);
+        let kids = children(&v);
+        stack.push((v, true));
+        for k in kids {
+            match identity(&k).map(|kid| seen.get(&kid)) {
+                None | Some(Some(Mark::Closed(_))) => {}
+                Some(Some(Mark::Open)) => return Err(cycle(&k)),
+                Some(None) => stack.push((k, false)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Drop values without recursion. Containers held only here are emptied
+/// onto a work list before they are freed; shared ones just lose a
+/// reference. With `break_cycles`, shared mutable containers are emptied
+/// too (the caller discards everything reachable), so cycles are freed.
+fn dismantle(mut work: Vec<PyVal>, break_cycles: bool) {
+    while let Some(v) = work.pop() {
+        match v {
+            PyVal::Tuple(t) => {
+                if let Ok(items) = Rc::try_unwrap(t) {
+                    work.extend(items);
+                }
+            }
+            PyVal::List(l) => match Rc::try_unwrap(l) {
+                Ok(cell) => work.extend(cell.into_inner()),
+                Err(l) if break_cycles => {
+                    if let Ok(mut b) = l.try_borrow_mut() {
+                        work.extend(std::mem::take(&mut *b));
+                    }
+                }
+                Err(_) => {}
+            },
+            PyVal::Dict(d) => match Rc::try_unwrap(d) {
+                Ok(cell) => work.extend(cell.into_inner().into_iter().flat_map(|(k, v)| [k, v])),
+                Err(d) if break_cycles => {
+                    if let Ok(mut b) = d.try_borrow_mut() {
+                        work.extend(std::mem::take(&mut *b).into_iter().flat_map(|(k, v)| [k, v]));
+                    }
+                }
+                Err(_) => {}
+            },
+            PyVal::Object(o) => match Rc::try_unwrap(o) {
+                Ok(cell) => {
+                    let o = cell.into_inner();
+                    work.extend(o.args);
+                    work.push(o.state);
+                }
+                Err(o) if break_cycles => {
+                    if let Ok(mut b) = o.try_borrow_mut() {
+                        work.extend(std::mem::take(&mut b.args));
+                        work.push(std::mem::replace(&mut b.state, PyVal::None));
+                    }
+                }
+                Err(_) => {}
+            },
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -569,6 +787,41 @@ mod tests {
         assert_eq!(t.strides, vec![3, 1]);
         assert_eq!(t.storage.dtype, DType::F32);
         assert_eq!(t.storage.key, "0");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_recursion() {
+        // None wrapped in a million TUPLE1s: deeper than any stack.
+        let mut b = b"\x80\x02N".to_vec();
+        b.extend(std::iter::repeat_n(0x85u8, 1_000_000));
+        b.push(b'.');
+        let e = load(&b).expect_err("too deep");
+        assert!(e.msg.contains("deeper than"), "{}", e.msg);
+        // The same chain left unfinished: the machine's stack is dropped
+        // without recursion too.
+        b.pop();
+        assert!(load(&b).is_err());
+        // At the limit it decodes.
+        let mut ok = b"\x80\x02N".to_vec();
+        ok.extend(std::iter::repeat_n(0x85u8, MAX_DEPTH));
+        ok.push(b'.');
+        assert!(load(&ok).is_ok());
+        ok.insert(3, 0x85);
+        assert!(load(&ok).is_err(), "one level past the limit");
+    }
+
+    #[test]
+    fn cycles_are_refused_and_sharing_is_not() {
+        // l = []; l.append(l)
+        let e = load(b"\x80\x02]q\x00h\x00a.").expect_err("cycle");
+        assert!(e.msg.contains("contains itself"), "{}", e.msg);
+        // An object whose BUILD state holds the object.
+        let obj = b"\x80\x02c__torch__\nM\n)\x81q\x00}q\x01X\x01\x00\x00\x00sh\x00sb.";
+        let e = load(obj).expect_err("cycle through state");
+        assert!(e.msg.contains("__torch__.M"), "{}", e.msg);
+        // (l, l): shared, not cyclic.
+        let v = load(b"\x80\x02]q\x00h\x00\x86.").expect("shared list decodes");
+        assert_eq!(v.items().map(|i| i.len()), Some(2));
     }
 
     #[test]

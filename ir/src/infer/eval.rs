@@ -250,7 +250,8 @@ pub(super) fn eval(graph: &Graph, node: NodeId, inputs: &[Option<&Tensor>], opse
                 None => graph.ty(v).concrete_shape()?,
             };
             if matches!(n.op, Op::Size) {
-                return Some(vec![Tensor::from_i64(vec![], &[s.iter().product()])]);
+                let size = s.iter().try_fold(1i64, |n, &d| n.checked_mul(d))?;
+                return Some(vec![Tensor::from_i64(vec![], &[size])]);
             }
             let r = s.len() as i64;
             let clamp = |x: i64| if x < 0 { (x + r).max(0) } else { x.min(r) };

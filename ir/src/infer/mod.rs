@@ -59,8 +59,31 @@ pub struct InferReport {
 }
 
 /// Per-node inference: the output types (and known contents) of one node
-/// given its input types and known input contents.
+/// given its input types and known input contents. A dim whose arithmetic
+/// overflowed or grew past the limits of [`Dim`] is an error at this node,
+/// so hostile shapes fail where they arise instead of spreading.
 pub(crate) fn infer_op(cx: &Cx) -> InferResult {
+    if let Some(d) = cx.tys.iter().flatten().find_map(|t| t.shape.iter().flatten().find(|d| d.is_invalid())) {
+        return Err(format!("an input shape has an invalid dimension {d}"));
+    }
+    let out = infer_op_rules(cx)?;
+    if let Outcome::Done(inf) = &out {
+        let bad_ty = inf.types.iter().any(|t| t.shape.iter().flatten().any(Dim::is_invalid));
+        let bad_known = inf.known.iter().flatten().any(|k| k.vals.iter().any(Dim::is_invalid));
+        if bad_ty || bad_known {
+            return Err(format!(
+                "an output dimension overflows i64 or exceeds the symbolic-dim limits ({} terms, degree {}, \
+                 nesting {})",
+                crate::dim::MAX_TERMS,
+                crate::dim::MAX_DEGREE,
+                crate::dim::MAX_NESTING
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn infer_op_rules(cx: &Cx) -> InferResult {
     use Op::*;
     if cx.node.op.is_unary_same_shape() {
         return elementwise::same_as_input(cx);

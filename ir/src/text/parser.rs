@@ -204,7 +204,7 @@ fn lex(src: &str) -> Result<Lexed, ParseError> {
 /// Parse a model from text.
 pub fn parse_model(src: &str) -> Result<Model, ParseError> {
     let lexed = lex(src)?;
-    let mut p = Parser { toks: lexed.toks, pos: 0, graph: Graph::default(), pending: HashMap::new() };
+    let mut p = Parser { toks: lexed.toks, pos: 0, graph: Graph::default(), pending: HashMap::new(), dim_depth: 0 };
     let mut m = Model::default();
     p.header(&mut m)?;
     p.graph_block()?;
@@ -223,7 +223,7 @@ pub fn parse_graph(src: &str) -> Result<Graph, ParseError> {
 /// `i64[batch,seq]`, `f32` (unknown rank). Used for `--input NAME=TYPE`.
 pub fn parse_type(src: &str) -> Result<TensorType, ParseError> {
     let lexed = lex(src)?;
-    let mut p = Parser { toks: lexed.toks, pos: 0, graph: Graph::default(), pending: HashMap::new() };
+    let mut p = Parser { toks: lexed.toks, pos: 0, graph: Graph::default(), pending: HashMap::new(), dim_depth: 0 };
     let ty = p.ty()?;
     p.expect_eof()?;
     Ok(ty)
@@ -235,6 +235,9 @@ struct Parser {
     graph: Graph,
     /// Names referenced before their definition.
     pending: HashMap<String, ValueId>,
+    /// Nesting of parentheses and signs in the dim being parsed, bounded by
+    /// [`crate::dim::MAX_NESTING`] so hostile text cannot exhaust the stack.
+    dim_depth: usize,
 }
 
 type PResult<T> = Result<T, ParseError>;
@@ -600,7 +603,7 @@ impl Parser {
             let mut dims = Vec::new();
             if !self.eat_punct(']') {
                 loop {
-                    dims.push(self.dim_expr()?);
+                    dims.push(self.dim()?);
                     if self.eat_punct(']') {
                         break;
                     }
@@ -612,6 +615,22 @@ impl Parser {
             None
         };
         Ok(TensorType { dtype, shape })
+    }
+
+    /// A dimension expression; too deep, too complex or overflowing is a
+    /// parse error at the dim.
+    fn dim(&mut self) -> PResult<Dim> {
+        let start = self.pos;
+        let d = self.dim_expr()?;
+        if d.is_invalid() {
+            self.pos = start;
+            return self.err(format!(
+                "dimension too complex (more than {} terms, degree above {}, or a value outside i64)",
+                crate::dim::MAX_TERMS,
+                crate::dim::MAX_DEGREE
+            ));
+        }
+        Ok(d)
     }
 
     fn dim_expr(&mut self) -> PResult<Dim> {
@@ -645,6 +664,16 @@ impl Parser {
     }
 
     fn dim_unary(&mut self) -> PResult<Dim> {
+        if self.dim_depth >= crate::dim::MAX_NESTING {
+            return self.err(format!("dimension nests deeper than {} levels", crate::dim::MAX_NESTING));
+        }
+        self.dim_depth += 1;
+        let r = self.dim_unary_inner();
+        self.dim_depth -= 1;
+        r
+    }
+
+    fn dim_unary_inner(&mut self) -> PResult<Dim> {
         match self.peek().clone() {
             Tok::Punct('-') => {
                 self.next();
@@ -813,7 +842,7 @@ impl Parser {
     }
 
     fn data(&mut self, dtype: DType, dims: &[i64]) -> PResult<TensorData> {
-        let numel: u64 = dims.iter().map(|&d| d.max(0) as u64).product();
+        let numel: u64 = dims.iter().fold(1u64, |n, &d| n.saturating_mul(d.max(0) as u64));
         match self.peek().clone() {
             Tok::Ident(s) if s == "absent" => {
                 self.next();

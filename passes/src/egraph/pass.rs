@@ -419,6 +419,7 @@ impl EgraphCasts {
         grads: &std::collections::HashSet<ValueId>,
         oracle: &dyn CostOracle,
         inference: bool,
+        opset: i64,
     ) -> RuleCx {
         let region = &imp.region;
         let mut cx = RuleCx { uses: imp.uses.clone(), ..RuleCx::default() };
@@ -430,9 +431,11 @@ impl EgraphCasts {
             let Some(orig) = node.outputs().first().and_then(|&o| g.ty(o).dtype) else { continue };
             let mut ok = vec![orig];
             if lowerable(g, n) && self.policy.category(node.op.op_type()) != Category::Deny {
-                ok.extend(
-                    [DType::F32, DType::F16, DType::BF16].into_iter().filter(|&d| d != orig && oracle.supports(d)),
-                );
+                // Only dtypes the op's ONNX schema accepts at this opset
+                // (MaxPool takes bf16 only from opset 22).
+                ok.extend([DType::F32, DType::F16, DType::BF16].into_iter().filter(|&d| {
+                    d != orig && oracle.supports(d) && node.op.float_input_allowed(opset, d) != Some(false)
+                }));
             }
             cx.allowed.insert(n.index() as u32, ok);
         }
@@ -692,7 +695,7 @@ impl EgraphCasts {
             return Ok(Err("no cast region".into()));
         }
         let known = known_values(g, &order, opset, cx.inference);
-        let rcx = Arc::new(self.rule_cx(g, &imp, &known, &grads, oracle, cx.inference));
+        let rcx = Arc::new(self.rule_cx(g, &imp, &known, &grads, oracle, cx.inference, opset));
         let runner = Runner::<_, Typing, ()>::default()
             .with_egraph(std::mem::take(&mut imp.eg))
             .with_iter_limit(self.limits.iters)

@@ -52,6 +52,30 @@ pub struct MaterializeStats {
     pub weight_casts: usize,
     pub qdq_pairs: usize,
     pub converted_weights: usize,
+    /// Nodes planned at a float precision their ONNX schema refuses at the
+    /// model's opset, computed in f32 instead (see [`respect_type_constraints`]).
+    pub kept_by_schema: usize,
+}
+
+/// Every plan is materialized here, so this is where it meets the ONNX
+/// schemas: a node planned at a float precision its op does not accept at
+/// the model's opset (`Celu` is f32-only; `Conv` and `MaxPool` take bf16
+/// only from opset 22; most ops lack bf16 before 13) computes in f32
+/// instead, and materialization casts around it like any f32 node. Returns
+/// how many nodes it moved.
+pub fn respect_type_constraints(model: &mut Model) -> usize {
+    let opset = model.opset();
+    let g = &mut model.graph;
+    let mut kept = 0;
+    for n in g.node_ids() {
+        let node = g.node(n);
+        let Some(p) = node.precision.filter(|p| p.is_float()) else { continue };
+        if node.op.float_input_allowed(opset, p) == Some(false) {
+            g.node_mut(n).precision = Some(DType::F32);
+            kept += 1;
+        }
+    }
+    kept
 }
 
 /// Whether a precision means quantized compute (QDQ around an FP32 op).
@@ -107,6 +131,7 @@ struct Materializer<'a> {
 
 /// Insert the casts (and QDQ pairs) a plan needs. Errors name the node.
 pub fn materialize(model: &mut Model, mode: Mode) -> Result<MaterializeStats, String> {
+    let kept_by_schema = respect_type_constraints(model);
     let base_dir = model.base_dir.clone();
     let g = &mut model.graph;
     let order =
@@ -118,7 +143,7 @@ pub fn materialize(model: &mut Model, mode: Mode) -> Result<MaterializeStats, St
         g,
         base_dir,
         casts: HashMap::new(),
-        stats: MaterializeStats::default(),
+        stats: MaterializeStats { kept_by_schema, ..MaterializeStats::default() },
     };
     for n in order {
         m.node(n)?;

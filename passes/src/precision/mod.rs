@@ -124,6 +124,9 @@ pub fn finish(model: &mut Model, mode: Mode, cx: &PassContext, pass: &str) -> Re
     if stats.converted_weights > 0 {
         summary += &format!(", {} weights stored low", stats.converted_weights);
     }
+    if stats.kept_by_schema > 0 {
+        summary += &format!(", {} kept at f32 by their ONNX type constraints", stats.kept_by_schema);
+    }
     Ok(PassOutcome { changed: low > 0 || stats.casts > 0, summary })
 }
 
