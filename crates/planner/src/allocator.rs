@@ -77,6 +77,11 @@ pub struct AllocOptions {
     pub indicator_bound: Option<f64>,
     /// Per-type option combinations the joint search splits and estimates.
     pub combination_limit: usize,
+    /// The model's default-domain opset: a node is never planned at a
+    /// float precision its ONNX schema refuses there (materialization would
+    /// keep it FP32, and the prediction would not be the written graph).
+    /// `None`: no schema check.
+    pub opset: Option<i64>,
 }
 
 impl Default for AllocOptions {
@@ -91,6 +96,7 @@ impl Default for AllocOptions {
             objective: Objective::Indicator,
             indicator_bound: None,
             combination_limit: 4096,
+            opset: None,
         }
     }
 }
@@ -309,6 +315,8 @@ pub(crate) struct Ctx<'g> {
     pub(crate) levels: Vec<Option<Vec<Precision>>>,
     /// Training types on AMP.
     pub(crate) amp: bool,
+    /// See [`AllocOptions::opset`].
+    pub(crate) opset: Option<i64>,
 }
 
 /// Nodes the allocator chooses precisions for: lowerable operators that are
@@ -334,7 +342,24 @@ impl<'g> Ctx<'g> {
     pub(crate) fn allowed(&self, t: usize, n: NodeId) -> Vec<Precision> {
         let Some(levels) = &self.levels[t] else { return vec![Precision::Fp32] };
         let gemm = self.gemm.get(&n).copied().unwrap_or(false);
-        levels.iter().copied().filter(|p| gemm || (!p.is_fixed_point() && p.bits() >= 16)).collect()
+        levels
+            .iter()
+            .copied()
+            .filter(|p| gemm || (!p.is_fixed_point() && p.bits() >= 16))
+            .filter(|&p| self.schema_allows(n, p))
+            .collect()
+    }
+
+    /// Whether `n`'s ONNX schema takes float data at `p` (quantized
+    /// precisions compute an FP32 op between QDQ pairs, so they are judged
+    /// as FP32).
+    pub(crate) fn schema_allows(&self, n: NodeId, p: Precision) -> bool {
+        let Some(opset) = self.opset else { return true };
+        if !matches!(p, Precision::Fp16 | Precision::Bf16) {
+            return true;
+        }
+        let dtype = p.storage_dtype();
+        self.g.node(n).op.float_input_allowed(opset, dtype) != Some(false)
     }
 
     /// The node's precision at uniform level `p`: the lowest it allows with at least `p`'s bits.
@@ -346,7 +371,8 @@ impl<'g> Ctx<'g> {
         let mut plan = Plan::new();
         for &n in &self.candidates {
             let gemm = self.gemm.get(&n).copied().unwrap_or(false);
-            plan.set(n, if gemm && self.amp { Precision::Fp16 } else { Precision::Fp32 });
+            let amp = gemm && self.amp && self.schema_allows(n, Precision::Fp16);
+            plan.set(n, if amp { Precision::Fp16 } else { Precision::Fp32 });
         }
         plan
     }
@@ -605,7 +631,7 @@ pub fn allocate(
         l.sort_by_key(|p| std::cmp::Reverse(p.bits()));
         levels.push(Some(l));
     }
-    let cx = Ctx { g, facts, targets, popts, ind, candidates: cands, gemm, levels, amp: opts.train_amp };
+    let cx = Ctx { g, facts, targets, popts, ind, candidates: cands, gemm, levels, amp: opts.train_amp, opset: opts.opset };
     let n_types = cx.targets.len();
     let base: Vec<Plan> = (0..n_types)
         .map(|t| if cx.levels[t].is_none() { cx.training_plan() } else { cx.uniform(t, Precision::Fp32) })

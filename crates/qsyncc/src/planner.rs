@@ -334,6 +334,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         method: req.method,
         objective: req.objective,
         indicator_bound: req.indicator_bound,
+        opset: Some(loaded.model.opset()),
         ..AllocOptions::default()
     };
     let mut prog = |m: &str| clock.say(m);
