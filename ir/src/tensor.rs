@@ -89,6 +89,41 @@ impl Tensor {
         }
     }
 
+    /// This tensor converted to float `to` as a Cast would (round to nearest
+    /// even), reading external data relative to `base_dir`; when the values
+    /// cannot be read, [`Tensor::absent_converted`].
+    pub fn converted(&self, to: DType, base_dir: Option<&Path>) -> Tensor {
+        let vals = self.load(base_dir).ok().flatten().and_then(|bytes| {
+            Tensor { dtype: self.dtype, dims: self.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
+        });
+        vals.and_then(|v| Tensor::from_f64s(to, self.dims.clone(), &v)).unwrap_or_else(|| self.absent_converted(to))
+    }
+
+    /// The converted copy of a tensor whose values are not at hand: absent
+    /// like its source. A copy of external data is external data itself, in
+    /// `{location}.{to}` at the source's offset scaled by the element sizes
+    /// (rounded up, which keeps the copies of disjoint sources disjoint) —
+    /// a file that is not written. An ONNX initializer must hold its values
+    /// or reference them: one with neither fails `onnx.checker`. The name
+    /// follows the master file, so the copies of one weights file never
+    /// collide, and whoever has the weights can write the file by
+    /// converting them (a trainer refreshes the copies from their masters
+    /// anyway). A source without values or reference stays [`TensorData::Absent`].
+    pub fn absent_converted(&self, to: DType) -> Tensor {
+        let data = match &self.data {
+            TensorData::External { location, offset, .. } => {
+                let (from_bits, to_bits) = (u64::from(self.dtype.bits().max(1)), u64::from(to.bits().max(1)));
+                TensorData::External {
+                    location: format!("{location}.{to}"),
+                    offset: (offset.saturating_mul(to_bits)).div_ceil(from_bits),
+                    length: Some(to.storage_bytes(self.numel())),
+                }
+            }
+            _ => TensorData::Absent,
+        };
+        Tensor { dtype: to, dims: self.dims.clone(), data }
+    }
+
     /// Integer values widened to i64, when inline and of an integer or bool type.
     pub fn as_i64s(&self) -> Option<Vec<i64>> {
         let b = self.inline_bytes()?;

@@ -592,9 +592,10 @@ pub fn refresh_weight_casts(g: &mut Graph, oracle: &dyn CostOracle) -> usize {
             continue;
         }
         let copy = *copies.entry((w, to)).or_insert_with(|| {
-            let dims = g.value(w).init().map(|t| t.dims.clone()).unwrap_or_default();
+            let copy = g.value(w).init().map(|t| t.absent_converted(to));
+            let copy = copy.unwrap_or(Tensor { dtype: to, dims: Vec::new(), data: TensorData::Absent });
             let name = g.fresh_value_name(&format!("{}.{to}", g.value_name(w)));
-            g.add_refreshed_copy(w, name, Tensor { dtype: to, dims, data: TensorData::Absent })
+            g.add_refreshed_copy(w, name, copy)
         });
         g.replace_all_uses(o, copy);
         g.remove_node(n);
@@ -900,17 +901,10 @@ impl Rebuild<'_> {
         out
     }
 
-    /// `t` rounded to `to` (nearest even), or an absent tensor of that type
-    /// when its data cannot be read.
+    /// `t` rounded to `to` (nearest even), or, when its data cannot be
+    /// read, absent like `t` ([`Tensor::absent_converted`]).
     fn converted(&self, t: &Tensor, to: DType) -> Tensor {
-        let vals = t.load(self.base_dir).ok().flatten().and_then(|bytes| {
-            Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) }.as_f64s()
-        });
-        vals.and_then(|v| Tensor::from_f64s(to, t.dims.clone(), &v)).unwrap_or(Tensor {
-            dtype: to,
-            dims: t.dims.clone(),
-            data: TensorData::Absent,
-        })
+        t.converted(to, self.base_dir)
     }
 
     fn store(&mut self, w: ValueId, to: DType) -> ValueId {

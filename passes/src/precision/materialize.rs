@@ -311,7 +311,8 @@ impl Materializer<'_> {
             let Some(t) = self.g.value(w).init().cloned() else { continue };
             let converted = match self.init_values(w) {
                 Some(vals) => Tensor::from_f64s(to, t.dims.clone(), &vals),
-                None => Some(Tensor { dtype: to, dims: t.dims.clone(), data: TensorData::Absent }),
+                // Absent like its master: external data stays a reference.
+                None => Some(t.absent_converted(to)),
             };
             let Some(converted) = converted else { continue };
             let Some((cn, _)) = self.g.producer(c) else { continue };
