@@ -15,7 +15,10 @@
 //!   plus cast costs ([`CastModel`]);
 //! - [`Profile`]: the calibration format (measured ops, cast samples) that
 //!   overrides the analytic model, with least-squares fits ([`fit_linear`]);
-//! - [`Plan`] and [`estimate_memory`]: per-device training memory.
+//! - [`Plan`] and [`estimate_memory`]: per-device training memory;
+//! - [`calibrate`]: the worklist of distinct operators a GPU measures, and
+//!   the calibration profile (measured ops, fitted rates) built from the
+//!   measurements.
 //!
 //! ```
 //! use qsync_cost::{DeviceDb, Precision};
@@ -30,6 +33,7 @@
 //!
 //! This crate reads the IR and knows nothing of ONNX, passes or the simulator.
 
+pub mod calibrate;
 pub mod cast;
 pub mod device;
 pub mod error;
@@ -48,4 +52,4 @@ pub use memory::{estimate_memory, MemoryBreakdown, MemoryTracker, Optimizer, Sha
 pub use model::{CostModel, OpCost, HOST_OP_S};
 pub use plan::{is_precision_dependent, Plan, ResolvedPlan};
 pub use precision::Precision;
-pub use profile::{CastFit, CastSamples, Measured, OpSample, Profile};
+pub use profile::{CastFit, CastSamples, Measured, OpSample, OptimizerSamples, Profile, ProfileEfficiency};

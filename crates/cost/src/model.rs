@@ -10,12 +10,12 @@
 //! result to FP32; the backward runs in FP16 after casting the FP32 output
 //! gradient, the weight and the saved INT8 input to FP16.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use qsync_ir::NodeId;
 use serde::Serialize;
 
-use crate::cast::CastModel;
+use crate::cast::{CastModel, LinearModel};
 use crate::facts::{GraphFacts, Kind, NodeFacts, Work};
 use crate::profile::{CastFit, Measured, Profile};
 use crate::{Bindings, Device, Precision, Result};
@@ -53,29 +53,125 @@ impl OpCost {
     }
 }
 
+/// The fractions of peak a [`CostModel`] costs with: the device file's,
+/// or a calibration profile's fitted ones where it has them.
+#[derive(Copy, Clone, PartialEq, Debug)]
+pub struct Rates {
+    /// Tensor Core fraction of peak, per precision.
+    pub tensor_core: [f64; 7],
+    /// CUDA-core fraction of peak, per precision.
+    pub cuda_core: [f64; 7],
+    /// Fraction of DRAM bandwidth.
+    pub memory: f64,
+}
+
+impl Rates {
+    /// The device file's fractions, the same for every precision.
+    pub fn of(device: &Device) -> Rates {
+        let e = &device.efficiency;
+        Rates { tensor_core: [e.tensor_core; 7], cuda_core: [e.cuda_core; 7], memory: e.memory }
+    }
+
+    /// The device file's, overridden by `profile`'s fitted ones.
+    pub fn calibrated(device: &Device, profile: Option<&Profile>) -> Rates {
+        let mut r = Rates::of(device);
+        if let Some(e) = profile.and_then(|p| p.efficiency.as_ref()) {
+            for (p, &v) in &e.tensor_core {
+                r.tensor_core[p.index()] = v;
+            }
+            for (p, &v) in &e.cuda_core {
+                r.cuda_core[p.index()] = v;
+            }
+            if let Some(m) = e.memory {
+                r.memory = m;
+            }
+        }
+        r
+    }
+}
+
+/// Which roofline bound a phase's time comes from.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Bound {
+    TensorCore,
+    CudaCore,
+    Memory,
+}
+
+/// One phase's roofline terms on `device` at `rates` (see [`roofline`]).
+#[derive(Copy, Clone, PartialEq, Debug)]
+pub struct PhaseTime {
+    /// `max(compute, memory)`.
+    pub body: f64,
+    /// Launch overhead (`kernels · launch`).
+    pub launch: f64,
+    pub bound: Bound,
+}
+
+/// The roofline of one phase: `max(flops / (peak · eff), bytes /
+/// (bandwidth · eff_mem)) + kernels · launch`, with the term that binds.
+/// Shared by the cost model and the calibration fit, so both price a phase
+/// the same way.
+pub fn roofline(device: &Device, rates: &Rates, w: &Work, gemm_like: bool, p: Precision, tc: bool) -> PhaseTime {
+    let (rate, compute_bound) = if tc && gemm_like {
+        (device.tensor_peak(p) * rates.tensor_core[p.index()], Bound::TensorCore)
+    } else {
+        let (peak, at) = if device.cuda_peak(p) > 0.0 { (device.cuda_peak(p), p) } else { (device.cuda_peak(Precision::Fp32), Precision::Fp32) };
+        (peak * rates.cuda_core[at.index()], Bound::CudaCore)
+    };
+    let compute = if rate > 0.0 { w.flops / rate } else { 0.0 };
+    let memory = bytes(w, p) / (device.mem_bytes_per_s() * rates.memory);
+    let (body, bound) = if compute >= memory { (compute, compute_bound) } else { (memory, Bound::Memory) };
+    PhaseTime { body, launch: w.kernels * device.launch_s(), bound }
+}
+
+/// Whether a GEMM-like node with `align_dims` runs on Tensor Cores at `p`.
+pub fn tensor_core_eligible(device: &Device, gemm_like: bool, align_dims: &[i64], p: Precision) -> bool {
+    let a = device.alignment(p) as i64;
+    gemm_like && device.tensor_peak(p) > 0.0 && a > 0 && align_dims.iter().all(|&d| d % a == 0)
+}
+
 /// Costs on one device, optionally calibrated.
 #[derive(Clone, Debug)]
 pub struct CostModel {
     device: Device,
+    rates: Rates,
     casts: CastModel,
     measured: HashMap<String, [Option<Measured>; 7]>,
     fits: Vec<CastFit>,
+    optimizer_fits: BTreeMap<&'static str, LinearModel>,
 }
 
 impl CostModel {
     /// A model for `device`; a profile's measured ops and fitted cast
     /// models replace the analytic ones where they have data.
     pub fn new(device: &Device, profile: Option<&Profile>) -> Result<CostModel> {
-        let mut casts = CastModel::analytic(device);
-        let (mut measured, mut fits) = (HashMap::new(), Vec::new());
+        let rates = Rates::calibrated(device, profile);
+        // Casts nobody measured stream at the calibrated bandwidth.
+        let mut calibrated = device.clone();
+        calibrated.efficiency.memory = rates.memory;
+        let mut casts = CastModel::analytic(&calibrated);
+        let (mut measured, mut fits, mut optimizer_fits) = (HashMap::new(), Vec::new(), BTreeMap::new());
         if let Some(p) = profile {
             measured = p.op_table();
             fits = p.cast_fits()?;
             for f in &fits {
                 casts.set(f.from, f.to, f.fit.model);
             }
+            optimizer_fits = p.optimizer_fits()?;
         }
-        Ok(CostModel { device: device.clone(), casts, measured, fits })
+        Ok(CostModel { device: device.clone(), rates, casts, measured, fits, optimizer_fits })
+    }
+
+    /// The fractions of peak this model costs with.
+    pub fn rates(&self) -> &Rates {
+        &self.rates
+    }
+
+    /// The measured step of `optimizer` (`sgd`, `momentum`, `adam`) from the
+    /// profile, when it has one.
+    pub fn optimizer_fit(&self, optimizer: &str) -> Option<LinearModel> {
+        crate::profile::optimizer_key(optimizer).and_then(|k| self.optimizer_fits.get(k).copied())
     }
 
     pub fn device(&self) -> &Device {
@@ -98,8 +194,7 @@ impl CostModel {
 
     /// Whether node facts `f` run on Tensor Cores at `p` on this device.
     pub fn tensor_core_eligible(&self, f: &NodeFacts, p: Precision) -> bool {
-        let a = self.device.alignment(p) as i64;
-        f.kind.is_gemm_like() && self.device.tensor_peak(p) > 0.0 && a > 0 && f.align_dims.iter().all(|&d| d % a == 0)
+        tensor_core_eligible(&self.device, f.kind.is_gemm_like(), &f.align_dims, p)
     }
 
     /// The cost of node `n` at precision `p`. Pure and allocation-free.
@@ -166,7 +261,7 @@ impl CostModel {
         // dequantize (INT32 read, FP32 written) to the FP32 output.
         let gemm = Work { elems: f.act_in + f.weight, fixed_bytes: f.fwd.fixed_bytes + 4.0 * f.out, ..f.fwd };
         let dequant =
-            8.0 * f.out / (self.device.mem_bytes_per_s() * self.device.efficiency.memory) + self.device.launch_s();
+            8.0 * f.out / (self.device.mem_bytes_per_s() * self.rates.memory) + self.device.launch_s();
         let quant = cs.quantize(Precision::Fp32, f.act_in) + cs.quantize(Precision::Fp32, f.weight) + dequant;
         c.fwd = self.phase(&gemm, f.kind, Precision::Int8, tc) + quant;
         c.quant = quant;
@@ -189,16 +284,8 @@ impl CostModel {
         if w.is_empty() {
             return 0.0;
         }
-        let d = &self.device;
-        let rate = if tc && kind.is_gemm_like() {
-            d.tensor_peak(p) * d.efficiency.tensor_core
-        } else {
-            let peak = if d.cuda_peak(p) > 0.0 { d.cuda_peak(p) } else { d.cuda_peak(Precision::Fp32) };
-            peak * d.efficiency.cuda_core
-        };
-        let compute = if rate > 0.0 { w.flops / rate } else { 0.0 };
-        let memory = bytes(w, p) / (d.mem_bytes_per_s() * d.efficiency.memory);
-        compute.max(memory) + w.kernels * d.launch_s()
+        let t = roofline(&self.device, &self.rates, w, kind.is_gemm_like(), p, tc);
+        t.body + t.launch
     }
 }
 

@@ -21,13 +21,36 @@
 //! used). Cast samples are `[elements, microseconds]`; a `to` of `int8` is
 //! QSync's whole quantization (min/max, scale, quantize), a `from` of `int8`
 //! its dequantization. Each (from, to) needs at least two distinct sizes.
+//!
+//! Three optional sections carry what a measured profile learned beyond
+//! single ops, so that it also improves the prediction of models whose exact
+//! shapes it never saw (`qsyncc profile build` writes them, see
+//! [`crate::calibrate`]):
+//!
+//! ```json
+//! {
+//!   "meta": { "gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "torch": "2.11.0", "date": "…" },
+//!   "efficiency": { "tensor_core": { "fp16": 0.71, "bf16": 0.70 }, "cuda_core": { "fp32": 0.83 }, "memory": 0.86 },
+//!   "optimizers": [ { "optimizer": "adam", "samples": [[1048576, 31.0], [16777216, 402.0]] } ]
+//! }
+//! ```
+//!
+//! `efficiency` replaces the device file's fractions of peak (per precision
+//! for the compute rates; a precision left out keeps the device's). Unlike
+//! the device file's they may exceed 1: a fitted "fraction of peak" absorbs
+//! what the roofline does not model (Winograd convolutions doing fewer
+//! multiplications than counted, activations served from a large L2 rather
+//! than DRAM), and is bounded by 4 only to reject nonsense. `optimizers`
+//! samples are `[parameters, microseconds]` of one optimizer step (`sgd`,
+//! `momentum`, `adam`), fitted like casts. `meta` is free text: the GPU,
+//! driver and framework versions and the date of the measurement.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cast::{fit_linear, LinearFit};
+use crate::cast::{fit_linear, LinearFit, LinearModel};
 use crate::{CostError, Precision, Result};
 
 /// One measured operator.
@@ -69,16 +92,51 @@ pub struct CastSamples {
     pub samples: Vec<(f64, f64)>,
 }
 
+/// Timing samples of one optimizer's step.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSamples {
+    /// `sgd`, `momentum` or `adam`.
+    pub optimizer: String,
+    /// `[parameters, microseconds]`.
+    pub samples: Vec<(f64, f64)>,
+}
+
+/// Fitted fractions of peak that replace the device file's.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileEfficiency {
+    /// Conv/GEMM on Tensor Cores, per precision.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tensor_core: BTreeMap<Precision, f64>,
+    /// Conv/GEMM and arithmetic on CUDA cores, per precision.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cuda_core: BTreeMap<Precision, f64>,
+    /// DRAM bandwidth reached by memory-bound kernels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<f64>,
+}
+
+/// The largest fitted efficiency a profile may carry (see the module doc).
+pub const MAX_PROFILE_EFFICIENCY: f64 = 4.0;
+
 /// A calibration profile for one device.
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
     #[serde(default)]
     pub device: Option<String>,
+    /// Where and when it was measured (free text).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency: Option<ProfileEfficiency>,
     #[serde(default)]
     pub ops: Vec<OpSample>,
     #[serde(default)]
     pub casts: Vec<CastSamples>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub optimizers: Vec<OptimizerSamples>,
 }
 
 /// Measured seconds of one op at one precision.
@@ -126,7 +184,47 @@ impl Profile {
                 )));
             }
         }
+        if let Some(e) = &p.efficiency {
+            let rates = e.tensor_core.iter().map(|(k, v)| (format!("tensor_core.{k}"), *v));
+            let rates = rates.chain(e.cuda_core.iter().map(|(k, v)| (format!("cuda_core.{k}"), *v)));
+            for (what, v) in rates.chain(e.memory.map(|v| ("memory".to_string(), v))) {
+                if !(v.is_finite() && v > 0.0 && v <= MAX_PROFILE_EFFICIENCY) {
+                    return Err(bad(format!("efficiency.{what} must be in (0, {MAX_PROFILE_EFFICIENCY}], got {v}")));
+                }
+            }
+        }
+        for (i, o) in p.optimizers.iter().enumerate() {
+            if optimizer_key(&o.optimizer).is_none() {
+                return Err(bad(format!(
+                    "optimizers[{i}]: unknown optimizer `{}` (sgd, momentum, adam)",
+                    o.optimizer
+                )));
+            }
+            if o.samples.iter().any(|&(x, y)| !(x.is_finite() && y.is_finite() && x >= 0.0 && y >= 0.0)) {
+                return Err(bad(format!(
+                    "optimizers[{i}] ({}): samples must be non-negative [parameters, us] pairs",
+                    o.optimizer
+                )));
+            }
+        }
         Ok(p)
+    }
+
+    /// Least-squares fits of each optimizer's step, `seconds = r·params + c`,
+    /// by optimizer name (`sgd`, `momentum`, `adam`).
+    pub fn optimizer_fits(&self) -> Result<BTreeMap<&'static str, LinearModel>> {
+        let mut pooled: BTreeMap<&'static str, Vec<(f64, f64)>> = BTreeMap::new();
+        for o in &self.optimizers {
+            let Some(k) = optimizer_key(&o.optimizer) else { continue };
+            pooled.entry(k).or_default().extend(o.samples.iter().map(|&(x, us)| (x, us * 1e-6)));
+        }
+        pooled
+            .into_iter()
+            .map(|(k, pts)| {
+                let fit = fit_linear(&pts).map_err(|e| CostError::Fit(format!("optimizer {k}: {e}")))?;
+                Ok((k, fit.model))
+            })
+            .collect()
     }
 
     pub fn load_file(path: impl AsRef<Path>) -> Result<Profile> {
@@ -170,5 +268,16 @@ impl Profile {
                 Ok(CastFit { from, to, fit })
             })
             .collect()
+    }
+}
+
+/// The canonical name of an optimizer in profiles (`adamw` is `adam`,
+/// `sgd-momentum` is `momentum`), or `None` when unknown.
+pub fn optimizer_key(name: &str) -> Option<&'static str> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "sgd" => Some("sgd"),
+        "momentum" | "sgd-momentum" => Some("momentum"),
+        "adam" | "adamw" => Some("adam"),
+        _ => None,
     }
 }

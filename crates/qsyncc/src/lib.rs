@@ -6,6 +6,7 @@ pub mod inspect;
 pub mod load;
 pub mod plan;
 pub mod planner;
+pub mod profile;
 pub mod report;
 pub mod simulate;
 pub mod syncbench;

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use qsyncc::{codegen, inspect, load, parse_dim_binding, plan, planner, simulate};
 use qsyncc::syncbench;
+use qsyncc::{codegen, inspect, load, parse_dim_binding, plan, planner, profile, simulate};
 
 #[derive(Parser, Debug)]
 #[command(name = "qsyncc", version, about = "Mixed-precision planning compiler for hybrid GPU clusters")]
@@ -63,6 +63,9 @@ enum Cmd {
     },
     /// Predict iteration time and memory on a hybrid data-parallel cluster.
     Simulate(simulate::SimulateArgs),
+    /// GPU calibration: the operators to measure, and the profile built from the measurements.
+    #[command(subcommand)]
+    Profile(profile::ProfileCmd),
     /// Emit the code one device runs: `DIR/model.mlir` and `DIR/kernels.ptx`.
     Codegen {
         model: PathBuf,
@@ -168,6 +171,7 @@ fn run(cli: Cli) -> Result<()> {
             Some(out) => write_stdout(&out),
             None => Ok(()),
         },
+        Cmd::Profile(cmd) => write_stdout(&profile::run(&cmd)?),
     }
 }
 

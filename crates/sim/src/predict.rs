@@ -181,6 +181,20 @@ pub fn optimizer_seconds(device: &Device, params: f64, optimizer: Optimizer) -> 
     params * touched / (device.mem_bytes_per_s() * device.efficiency.memory) + device.launch_s()
 }
 
+/// The optimizer step on a cost model's device: the profile's measured fit
+/// of this optimizer when its calibration has one, else [`optimizer_seconds`].
+fn step_seconds(model: &CostModel, params: f64, optimizer: Optimizer) -> f64 {
+    let name = match optimizer {
+        Optimizer::Sgd { momentum: false } => "sgd",
+        Optimizer::Sgd { momentum: true } => "momentum",
+        Optimizer::Adam => "adam",
+    };
+    match model.optimizer_fit(name) {
+        Some(fit) => fit.eval(params).max(0.0),
+        None => optimizer_seconds(model.device(), params, optimizer),
+    }
+}
+
 /// Seconds the optimizer step adds to rewrite refreshed copies of
 /// `copy_bytes` in all: the step already reads each master, so a copy costs
 /// only its write, fused into the step's sweep (no launch of its own).
@@ -518,7 +532,7 @@ impl<'g> Predictor<'g> {
                 copy_claims[n.index()] = claims;
             }
             let copy_bytes = cx.stored_copy_bytes() + copies.total();
-            let step = optimizer_seconds(&t.device, params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
+            let step = step_seconds(&model, params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
                 .with_bandwidth(t.device.intra_node_bytes_per_s() / 1e9, t.device.network_bytes_per_s() / 1e9)
@@ -638,7 +652,7 @@ impl<'g> Predictor<'g> {
                 }
                 let params: f64 = self.facts.params().iter().filter_map(|&v| self.facts.elements(v)).sum();
                 let copies = cx.stored_copy_bytes() + ts.copies.total();
-                let step = optimizer_seconds(&target.device, params, self.opts.optimizer)
+                let step = step_seconds(&ts.model, params, self.opts.optimizer)
                     + refresh_seconds(&target.device, copies);
                 self.sim.set_optimizer_us(t, us(step))?;
             }

@@ -1,0 +1,598 @@
+//! Calibration from measurements: what to measure on a GPU, and how the
+//! measurements become a [`Profile`].
+//!
+//! Three steps, of which only the middle one needs a GPU:
+//!
+//! 1. [`Worklist::add_graph`] lists each distinct operator of a model —
+//!    by [`NodeFacts::profile_key`] (op type and concrete input shapes) — with
+//!    what a measuring script needs to run it: attributes, each input's
+//!    shape, dtype and role (activation, trained weight, constant, and
+//!    whether it needs a gradient), small constant values, and the roofline
+//!    work of each phase. Several models share one worklist; every entry
+//!    records which models use it and how often (`uses`).
+//! 2. A script (`scripts/gpu/profile.py`) times every entry's forward,
+//!    input-gradient and weight-gradient at each precision on the GPU, and
+//!    casts and optimizer steps by size, and writes [`Measurements`]: the
+//!    worklist entries with a `measured` table per precision.
+//! 3. [`build_profile`] turns measurements into a calibration profile for
+//!    one device, from the models *not* excluded: the measured ops of those
+//!    models (exact-key overrides), their cast and optimizer samples, and
+//!    fractions of peak ([`ProfileEfficiency`]) fitted to those ops, which is
+//!    what carries over to models with shapes the profile never saw.
+//!
+//! The fit ([`fit_rates`]) prices every measured phase with the same
+//! [`roofline`] the cost model uses and scales each rate class (Tensor Cores
+//! per precision, CUDA cores per precision, DRAM) until the class's
+//! predicted time, summed over its phases weighted by how often the models
+//! run them, equals the measured time: the per-iteration total is what the
+//! replayer must get right, so a class is calibrated on time, not on a
+//! per-op average that small kernels would dominate. A fixed number of
+//! rounds in a fixed order: the same measurements give the same bits.
+//! INT8 entries are QSync's composite (quantize, INT8 GEMM, dequantize) and
+//! are not used to fit rates; they still override their own keys.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use qsync_ir::{Attr, DType, Graph, Op, ValueDef, ValueId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::facts::{Kind, Work};
+use crate::model::{roofline, tensor_core_eligible, Bound, Rates};
+use crate::profile::{CastSamples, OpSample, OptimizerSamples, ProfileEfficiency, MAX_PROFILE_EFFICIENCY};
+use crate::{Bindings, CostError, Device, GraphFacts, Precision, Profile, Result};
+
+/// Schema tag of worklists.
+pub const WORKLIST_SCHEMA: &str = "qsync-worklist/1";
+/// Schema tag of measurement files.
+pub const MEASUREMENTS_SCHEMA: &str = "qsync-ops/1";
+
+/// Constant inputs up to this many elements carry their values.
+const MAX_CONST_VALUES: u64 = 64;
+
+/// The roofline work of one phase, as [`Work`].
+#[derive(Copy, Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct PhaseWork {
+    pub flops: f64,
+    pub elems: f64,
+    pub fixed_bytes: f64,
+    pub kernels: f64,
+}
+
+impl From<Work> for PhaseWork {
+    fn from(w: Work) -> PhaseWork {
+        PhaseWork { flops: w.flops, elems: w.elems, fixed_bytes: w.fixed_bytes, kernels: w.kernels }
+    }
+}
+
+impl From<PhaseWork> for Work {
+    fn from(w: PhaseWork) -> Work {
+        Work { flops: w.flops, elems: w.elems, fixed_bytes: w.fixed_bytes, kernels: w.kernels }
+    }
+}
+
+/// What an input is to the measuring script.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Computed every iteration (random data of its dtype).
+    Activation,
+    /// A trained parameter (its gradient is the weight gradient).
+    Weight,
+    /// An initializer or `Constant` that is not trained.
+    Constant,
+}
+
+/// One input of a worklist entry.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct InputSpec {
+    pub shape: Vec<i64>,
+    /// IR dtype name (`f32`, `i64`, `bool`, …).
+    pub dtype: String,
+    pub role: Role,
+    /// Whether backward computes a gradient for it.
+    pub grad: bool,
+    /// Values of a small constant (shapes, axes, split sizes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Vec<f64>>,
+}
+
+/// One distinct operator to measure.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct WorkItem {
+    /// [`NodeFacts::profile_key`](crate::NodeFacts): `op|shape,shape,…`.
+    pub key: String,
+    pub op: String,
+    /// Attributes of the first node with this key, as JSON.
+    pub attrs: BTreeMap<String, Value>,
+    /// Inputs in slot order (`None` for an omitted optional input).
+    pub inputs: Vec<Option<InputSpec>>,
+    /// Output shapes.
+    pub outputs: Vec<Vec<i64>>,
+    /// The cost model's class of the op (`conv`, `gemm`, `elementwise`, …).
+    pub kind: String,
+    pub gemm_like: bool,
+    /// Dimensions that decide Tensor Core eligibility.
+    pub align_dims: Vec<i64>,
+    pub fwd: PhaseWork,
+    pub bwd_input: PhaseWork,
+    pub bwd_weight: PhaseWork,
+    /// How many nodes of each model have this key.
+    pub uses: BTreeMap<String, u32>,
+    /// Nodes with this key whose attributes differ from the first one's
+    /// (the key does not name attributes; such nodes share its measurement).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attr_variants: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A model in a worklist.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct ModelRef {
+    pub name: String,
+    /// The architecture it belongs to: leave-one-out calibration leaves
+    /// out every model of a family (`resnet50` for both ResNet-50 exports).
+    pub family: String,
+    /// Nodes that launch kernels (not shape arithmetic or views).
+    pub nodes: u32,
+}
+
+/// Distinct operators of one or more models, for a measuring script.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct Worklist {
+    pub schema: String,
+    pub batch: i64,
+    pub dims: BTreeMap<String, i64>,
+    pub models: Vec<ModelRef>,
+    pub entries: Vec<WorkItem>,
+}
+
+impl Worklist {
+    pub fn new(batch: i64, dims: BTreeMap<String, i64>) -> Worklist {
+        Worklist { schema: WORKLIST_SCHEMA.into(), batch, dims, models: Vec::new(), entries: Vec::new() }
+    }
+
+    /// Add the kernel-launching nodes of `graph` (shapes inferred, every
+    /// symbol bound by `bindings`) under model `name` of `family`. Casts are
+    /// left out: the cast samples measure them by size.
+    pub fn add_graph(&mut self, name: &str, family: &str, graph: &Graph, bindings: &Bindings) -> Result<()> {
+        if self.models.iter().any(|m| m.name == name) {
+            return Err(CostError::Profile { file: name.into(), message: "model added to the worklist twice".into() });
+        }
+        let facts = GraphFacts::new(graph, bindings)?;
+        let mut index: BTreeMap<String, usize> =
+            self.entries.iter().enumerate().map(|(i, e)| (e.key.clone(), i)).collect();
+        let mut nodes = 0;
+        for &n in facts.order() {
+            let f = facts.node(n)?;
+            if matches!(f.kind, Kind::Host | Kind::View | Kind::Cast) {
+                continue;
+            }
+            nodes += 1;
+            let node = graph.node(n);
+            let attrs: BTreeMap<String, Value> =
+                node.attrs.iter().map(|(k, a)| (k.clone(), attr_json(a))).collect();
+            if let Some(&i) = index.get(&f.profile_key) {
+                let e = &mut self.entries[i];
+                *e.uses.entry(name.to_string()).or_default() += 1;
+                if e.attrs != attrs {
+                    e.attr_variants += 1;
+                }
+                continue;
+            }
+            let known_shape = |v: ValueId| -> Option<Vec<i64>> {
+                graph.ty(v).shape.as_ref()?.iter().map(|d| bindings.eval(d).ok()).collect()
+            };
+            let shape = |v: ValueId| -> Result<Vec<i64>> {
+                let dims = graph.ty(v).shape.as_ref().ok_or_else(|| CostError::UnknownShape {
+                    node: node.name.clone(),
+                    value: graph.value_name(v).to_string(),
+                })?;
+                dims.iter()
+                    .map(|d| {
+                        bindings.eval(d).map_err(|syms| CostError::UnboundSymbol {
+                            node: node.name.clone(),
+                            value: graph.value_name(v).to_string(),
+                            dim: d.to_string(),
+                            symbols: syms.join(", "),
+                        })
+                    })
+                    .collect()
+            };
+            let mut inputs = Vec::with_capacity(node.inputs().len());
+            for (slot, &v) in node.inputs().iter().enumerate() {
+                let Some(v) = v else {
+                    inputs.push(None);
+                    continue;
+                };
+                let float = graph.ty(v).dtype.is_some_and(DType::is_float);
+                // The cost facts allow secondary integer inputs of unknown
+                // shape (their key says `_`, as an omitted input's does).
+                if slot > 0 && !float && known_shape(v).is_none() {
+                    inputs.push(None);
+                    continue;
+                }
+                let dtype = graph.ty(v).dtype.map_or("?", DType::name).to_string();
+                let constant = constant_tensor(graph, v);
+                let role = if facts.is_param(v) {
+                    Role::Weight
+                } else if constant.is_some() {
+                    Role::Constant
+                } else {
+                    Role::Activation
+                };
+                let value = constant
+                    .filter(|t| t.numel() <= MAX_CONST_VALUES)
+                    .and_then(|t| t.as_f64s().or_else(|| t.as_i64s().map(|v| v.iter().map(|&x| x as f64).collect())));
+                inputs.push(Some(InputSpec { shape: shape(v)?, dtype, role, grad: facts.requires_grad(v), value }));
+            }
+            let outputs = node.outputs().iter().map(|&o| shape(o)).collect::<Result<Vec<_>>>()?;
+            index.insert(f.profile_key.clone(), self.entries.len());
+            self.entries.push(WorkItem {
+                key: f.profile_key.clone(),
+                op: node.op.op_type().to_string(),
+                attrs,
+                inputs,
+                outputs,
+                kind: kind_name(f.kind).into(),
+                gemm_like: f.kind.is_gemm_like(),
+                align_dims: f.align_dims.clone(),
+                fwd: f.fwd.into(),
+                bwd_input: f.bwd_input.into(),
+                bwd_weight: f.bwd_weight.into(),
+                uses: BTreeMap::from([(name.to_string(), 1)]),
+                attr_variants: 0,
+            });
+        }
+        self.models.push(ModelRef { name: name.into(), family: family.into(), nodes });
+        Ok(())
+    }
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Conv => "conv",
+        Kind::Gemm => "gemm",
+        Kind::Norm => "norm",
+        Kind::Softmax => "softmax",
+        Kind::Pool => "pool",
+        Kind::Reduce => "reduce",
+        Kind::Elementwise => "elementwise",
+        Kind::Copy => "copy",
+        Kind::View => "view",
+        Kind::Host => "host",
+        Kind::Dropout => "dropout",
+        Kind::Loss => "loss",
+        Kind::Cast => "cast",
+        Kind::Other => "other",
+    }
+}
+
+/// The tensor behind `v` when it is an initializer or a `Constant`'s output.
+fn constant_tensor(graph: &Graph, v: ValueId) -> Option<&qsync_ir::Tensor> {
+    if let ValueDef::Init(t) = &graph.value(v).def {
+        return Some(t);
+    }
+    let (p, _) = graph.producer(v)?;
+    let node = graph.node(p);
+    match (&node.op, node.attr("value")) {
+        (Op::Constant, Some(Attr::Tensor(t))) => Some(t),
+        _ => None,
+    }
+}
+
+fn attr_json(a: &Attr) -> Value {
+    let floats = |v: &[f32]| Value::from(v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>());
+    match a {
+        Attr::Int(i) => Value::from(*i),
+        Attr::Float(f) => Value::from(f64::from(*f)),
+        Attr::String(s) => Value::from(String::from_utf8_lossy(s).into_owned()),
+        Attr::Ints(v) => Value::from(v.clone()),
+        Attr::Floats(v) => floats(v),
+        Attr::Strings(v) => Value::from(v.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>()),
+        Attr::Tensor(t) if t.numel() <= MAX_CONST_VALUES => {
+            serde_json::json!({ "dtype": t.dtype.name(), "dims": t.dims, "values": t.as_f64s() })
+        }
+        Attr::Tensor(t) => serde_json::json!({ "dtype": t.dtype.name(), "dims": t.dims }),
+        Attr::Tensors(_) | Attr::Raw { .. } => Value::Null,
+    }
+}
+
+/// Measured microseconds of one entry at one precision.
+#[derive(Copy, Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct Times {
+    pub fwd_us: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_input_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_weight_us: Option<f64>,
+}
+
+/// A worklist entry with its measurements.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct MeasuredItem {
+    #[serde(flatten)]
+    pub item: WorkItem,
+    #[serde(default)]
+    pub measured: BTreeMap<Precision, Times>,
+    /// Precisions not measured, with the reason.
+    #[serde(default)]
+    pub skipped: BTreeMap<String, String>,
+}
+
+/// What the measuring script writes (schema [`MEASUREMENTS_SCHEMA`]).
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct Measurements {
+    pub schema: String,
+    /// GPU, driver, framework versions, date.
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
+    pub models: Vec<ModelRef>,
+    pub entries: Vec<MeasuredItem>,
+    #[serde(default)]
+    pub casts: Vec<CastSamples>,
+    #[serde(default)]
+    pub optimizers: Vec<OptimizerSamples>,
+}
+
+impl Measurements {
+    /// Parse and check a measurement file; `file` names it in errors.
+    pub fn from_json(text: &str, file: &str) -> Result<Measurements> {
+        let bad = |message: String| CostError::Profile { file: file.into(), message };
+        let m: Measurements = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if m.schema != MEASUREMENTS_SCHEMA {
+            return Err(bad(format!("schema `{}` is not `{MEASUREMENTS_SCHEMA}`", m.schema)));
+        }
+        for e in &m.entries {
+            for (p, t) in &e.measured {
+                for (what, v) in [("fwd_us", Some(t.fwd_us)), ("bwd_input_us", t.bwd_input_us), ("bwd_weight_us", t.bwd_weight_us)] {
+                    if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
+                        return Err(bad(format!("{} at {p}: {what} must be a non-negative number", e.item.key)));
+                    }
+                }
+            }
+            if let Some(u) = e.item.uses.keys().find(|u| !m.models.iter().any(|x| &x.name == *u)) {
+                return Err(bad(format!("{}: used by `{u}`, which is not among the models", e.item.key)));
+            }
+        }
+        Ok(m)
+    }
+}
+
+/// One rate class of the fit.
+#[derive(Clone, PartialEq, Debug, Serialize)]
+pub struct ClassFit {
+    /// `tensor_core.fp16`, `cuda_core.fp32`, `memory`.
+    pub class: String,
+    pub before: f64,
+    pub after: f64,
+    /// Measured phases in the class (after the fit).
+    pub phases: usize,
+    /// Their measured time, weighted by use, in µs.
+    pub measured_us: f64,
+}
+
+/// What [`fit_rates`] did.
+#[derive(Clone, PartialEq, Debug, Serialize)]
+pub struct FitReport {
+    pub classes: Vec<ClassFit>,
+    /// Use-weighted Σ predicted / Σ measured over every fitted phase.
+    pub total_ratio_before: f64,
+    pub total_ratio_after: f64,
+    /// Median of |predicted − measured| / measured over the phases.
+    pub median_rel_err_before: f64,
+    pub median_rel_err_after: f64,
+    pub phases: usize,
+}
+
+/// A measured phase for the fit.
+struct Sample {
+    work: Work,
+    gemm_like: bool,
+    tc: bool,
+    p: Precision,
+    seconds: f64,
+    weight: f64,
+}
+
+const FIT_ROUNDS: usize = 40;
+const MIN_EFFICIENCY: f64 = 0.01;
+/// Phases whose time beyond launches is at most this fraction of their
+/// measurement are left out of the fit.
+const LAUNCH_DOMINATED: f64 = 0.2;
+
+fn class_of(device: &Device, s: &Sample, bound: Bound) -> (u8, Precision) {
+    match bound {
+        Bound::TensorCore => (0, s.p),
+        Bound::CudaCore => (1, if device.cuda_peak(s.p) > 0.0 { s.p } else { Precision::Fp32 }),
+        Bound::Memory => (2, Precision::Fp32),
+    }
+}
+
+fn predict(device: &Device, rates: &Rates, s: &Sample) -> (f64, f64, Bound) {
+    let t = roofline(device, rates, &s.work, s.gemm_like, s.p, s.tc);
+    (t.body, t.launch, t.bound)
+}
+
+fn report_stats(device: &Device, rates: &Rates, samples: &[Sample]) -> (f64, f64) {
+    let (mut pred, mut meas) = (0.0, 0.0);
+    let mut errs: Vec<f64> = Vec::with_capacity(samples.len());
+    for s in samples {
+        let (body, launch, _) = predict(device, rates, s);
+        pred += (body + launch) * s.weight;
+        meas += s.seconds * s.weight;
+        errs.push(((body + launch - s.seconds) / s.seconds).abs());
+    }
+    errs.sort_by(f64::total_cmp);
+    let median = if errs.is_empty() { 0.0 } else { errs[errs.len() / 2] };
+    (if meas > 0.0 { pred / meas } else { 1.0 }, median)
+}
+
+/// Fit the fractions of peak of `device` to the measured phases of the
+/// entries used by `models` (see the module doc). Returns the fitted rates
+/// as profile efficiencies (only the classes that had data) and a report.
+pub fn fit_rates(
+    device: &Device,
+    entries: &[MeasuredItem],
+    models: &BTreeSet<String>,
+) -> (ProfileEfficiency, FitReport) {
+    let mut samples = Vec::new();
+    for e in entries {
+        let weight: f64 = e.item.uses.iter().filter(|(m, _)| models.contains(*m)).map(|(_, &n)| f64::from(n)).sum();
+        if weight == 0.0 {
+            continue;
+        }
+        for (&p, t) in &e.measured {
+            if p == Precision::Int8 || !device.supports(p) {
+                continue;
+            }
+            let tc = tensor_core_eligible(device, e.item.gemm_like, &e.item.align_dims, p);
+            for (w, v) in [(e.item.fwd, Some(t.fwd_us)), (e.item.bwd_input, t.bwd_input_us), (e.item.bwd_weight, t.bwd_weight_us)] {
+                let work = Work::from(w);
+                if let Some(us) = v.filter(|&us| us > 0.0 && !work.is_empty()) {
+                    samples.push(Sample { work, gemm_like: e.item.gemm_like, tc, p, seconds: us * 1e-6, weight });
+                }
+            }
+        }
+    }
+    let start = Rates::of(device);
+    let mut rates = start;
+    let get = |r: &Rates, (c, p): (u8, Precision)| match c {
+        0 => r.tensor_core[p.index()],
+        1 => r.cuda_core[p.index()],
+        _ => r.memory,
+    };
+    let mut seen: BTreeMap<(u8, Precision), (usize, f64)> = BTreeMap::new();
+    for _ in 0..FIT_ROUNDS {
+        // Per class: Σ predicted body and Σ measured time beyond launches.
+        let mut sums: BTreeMap<(u8, Precision), (f64, f64, usize)> = BTreeMap::new();
+        for s in &samples {
+            let (body, launch, bound) = predict(device, &rates, s);
+            // A phase whose measurement is mostly the assumed launch
+            // overhead says nothing about rates (and may be below it).
+            let target = s.seconds - launch;
+            if target <= LAUNCH_DOMINATED * s.seconds {
+                continue;
+            }
+            let e = sums.entry(class_of(device, s, bound)).or_default();
+            e.0 += body * s.weight;
+            e.1 += target * s.weight;
+            e.2 += 1;
+        }
+        seen = sums.iter().map(|(&k, &(_, m, n))| (k, (n, m))).collect();
+        for (&k, &(pred, meas, _)) in &sums {
+            if pred <= 0.0 || meas <= 0.0 {
+                continue;
+            }
+            let v = (get(&rates, k) * pred / meas).clamp(MIN_EFFICIENCY, MAX_PROFILE_EFFICIENCY);
+            match k.0 {
+                0 => rates.tensor_core[k.1.index()] = v,
+                1 => rates.cuda_core[k.1.index()] = v,
+                _ => rates.memory = v,
+            }
+        }
+    }
+    let (ratio_before, med_before) = report_stats(device, &start, &samples);
+    let (ratio_after, med_after) = report_stats(device, &rates, &samples);
+    let mut eff = ProfileEfficiency::default();
+    let mut classes = Vec::new();
+    let mut fitted: BTreeSet<(u8, Precision)> = seen.keys().copied().collect();
+    // A class that held phases in an earlier round keeps the rate it was
+    // given then, even if the last round moved them all to another bound.
+    fitted.extend(
+        Precision::ALL
+            .iter()
+            .flat_map(|&p| [(0u8, p), (1u8, p)])
+            .filter(|&k| get(&rates, k) != get(&start, k)),
+    );
+    if rates.memory != start.memory {
+        fitted.insert((2, Precision::Fp32));
+    }
+    for k in fitted {
+        let v = get(&rates, k);
+        let class = match k.0 {
+            0 => {
+                eff.tensor_core.insert(k.1, v);
+                format!("tensor_core.{}", k.1)
+            }
+            1 => {
+                eff.cuda_core.insert(k.1, v);
+                format!("cuda_core.{}", k.1)
+            }
+            _ => {
+                eff.memory = Some(v);
+                "memory".to_string()
+            }
+        };
+        let (phases, meas) = seen.get(&k).copied().unwrap_or((0, 0.0));
+        classes.push(ClassFit { class, before: get(&start, k), after: v, phases, measured_us: meas * 1e6 });
+    }
+    let report = FitReport {
+        classes,
+        total_ratio_before: ratio_before,
+        total_ratio_after: ratio_after,
+        median_rel_err_before: med_before,
+        median_rel_err_after: med_after,
+        phases: samples.len(),
+    };
+    (eff, report)
+}
+
+/// Build the calibration profile of `device` from the measurements of every
+/// model whose family is not in `exclude_families`: their measured ops,
+/// the cast and optimizer samples, and fitted rates. Errors when nothing is
+/// left or a family to exclude is unknown.
+pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[String]) -> Result<(Profile, FitReport)> {
+    let bad = |message: String| CostError::Profile { file: "measurements".into(), message };
+    for f in exclude_families {
+        if !m.models.iter().any(|x| &x.family == f) {
+            let known: BTreeSet<&str> = m.models.iter().map(|x| x.family.as_str()).collect();
+            return Err(bad(format!(
+                "no model of family `{f}` was measured (families: {})",
+                known.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    let models: BTreeSet<String> =
+        m.models.iter().filter(|x| !exclude_families.contains(&x.family)).map(|x| x.name.clone()).collect();
+    if models.is_empty() {
+        return Err(bad("every measured model is excluded".into()));
+    }
+    let mut ops = Vec::new();
+    for e in &m.entries {
+        if !e.item.uses.keys().any(|u| models.contains(u)) {
+            continue;
+        }
+        for (&p, t) in &e.measured {
+            ops.push(OpSample {
+                op: e.item.op.clone(),
+                inputs: e.item.inputs.iter().map(|i| i.as_ref().map(|i| i.shape.clone())).collect(),
+                precision: p,
+                fwd_us: t.fwd_us,
+                bwd_input_us: t.bwd_input_us,
+                bwd_weight_us: t.bwd_weight_us,
+            });
+        }
+    }
+    let (efficiency, report) = fit_rates(device, &m.entries, &models);
+    let mut meta = m.meta.clone();
+    meta.insert("profiled_models".into(), models.iter().cloned().collect::<Vec<_>>().join(","));
+    if !exclude_families.is_empty() {
+        meta.insert("excluded_families".into(), exclude_families.join(","));
+    }
+    let profile = Profile {
+        device: Some(device.name.clone()),
+        meta,
+        efficiency: Some(efficiency),
+        ops,
+        casts: m.casts.clone(),
+        optimizers: m.optimizers.clone(),
+    };
+    // What we write must be what `--calibration` accepts.
+    let text = serde_json::to_string(&profile).map_err(|e| bad(e.to_string()))?;
+    Profile::from_json(&text, "built profile")?;
+    Ok((profile, report))
+}

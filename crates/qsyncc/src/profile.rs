@@ -1,0 +1,151 @@
+//! `qsyncc profile`: the CPU ends of GPU calibration (`qsync_cost::calibrate`).
+//!
+//! `worklist` writes the distinct operators of models at a batch for a
+//! measuring script (`scripts/gpu/profile.py`); `build` turns that script's
+//! measurements into a calibration profile for one device, optionally
+//! leaving out model families (leave-one-out: the profile that predicts a
+//! model must not have measured it). Thin: the logic is in `qsync-cost`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use qsync_cost::calibrate::{build_profile, Measurements, Worklist};
+
+use crate::simulate::{parse_cluster, prepare};
+
+/// Arguments of `qsyncc profile`.
+#[derive(clap::Subcommand, Debug)]
+pub enum ProfileCmd {
+    /// Write the distinct operators (op, input shapes) of models, for a GPU to measure.
+    Worklist {
+        /// Models, each `PATH` or `PATH=FAMILY` (the family defaults to the file stem;
+        /// models of one architecture share a family, e.g. `resnet50.onnx=resnet50`).
+        #[arg(required = true)]
+        models: Vec<String>,
+        /// The batch every model is measured at (graphs must not fix another).
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
+        batch: i64,
+        /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
+        #[arg(long = "dim", value_parser = crate::parse_dim_binding)]
+        dims: Vec<(String, i64)>,
+        /// Output file (JSON).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Build a calibration profile from a measurement file (`scripts/gpu/profile.py`).
+    Build {
+        /// The measurements (schema `qsync-ops/1`).
+        measurements: PathBuf,
+        /// The device the profile is for (its datasheet figures are the fit's start).
+        #[arg(long)]
+        device: String,
+        /// Leave out every model of this family (repeatable).
+        #[arg(long = "exclude")]
+        exclude: Vec<String>,
+        /// Extra device description files.
+        #[arg(long = "device-file")]
+        device_files: Vec<PathBuf>,
+        /// Output profile (JSON, the `--calibration` format).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Print the fit report as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn split_model(s: &str) -> (PathBuf, Option<String>) {
+    match s.rsplit_once('=') {
+        Some((p, f)) if !f.is_empty() && !f.contains('/') => (PathBuf::from(p), Some(f.to_string())),
+        _ => (PathBuf::from(s), None),
+    }
+}
+
+fn stem(p: &Path) -> String {
+    p.file_stem().map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+pub fn run(cmd: &ProfileCmd) -> Result<String> {
+    match cmd {
+        ProfileCmd::Worklist { models, batch, dims, output } => {
+            let mut list = Worklist::new(*batch, dims.iter().cloned().collect::<BTreeMap<_, _>>());
+            let mut out = String::new();
+            for m in models {
+                let (path, family) = split_model(m);
+                let prepared = prepare(&path, *batch, dims)?;
+                if prepared.work_scale != 1.0 {
+                    bail!(
+                        "{}: the graph fixes its batch at {}, not {batch}: measured shapes would not be the \
+                         ones predicted (give it a symbolic batch, e.g. scripts/gpu/rebatch.py)",
+                        path.display(),
+                        prepared.loaded.fixed_batch.unwrap_or(0)
+                    );
+                }
+                if let Some(w) = prepared.warnings.iter().find(|w| w.contains("is not bound")) {
+                    bail!("{}: {w}", path.display());
+                }
+                let name = stem(&path);
+                let family = family.unwrap_or_else(|| name.clone());
+                let before = list.entries.len();
+                list.add_graph(&name, &family, &prepared.loaded.model.graph, &prepared.bindings)
+                    .with_context(|| path.display().to_string())?;
+                let nodes = list.models.last().map_or(0, |m| m.nodes);
+                let _ = writeln!(
+                    out,
+                    "{name} ({family}): {nodes} kernel nodes, {} new distinct ops",
+                    list.entries.len() - before
+                );
+            }
+            write_json(output, &list)?;
+            let _ = writeln!(out, "{} distinct ops -> {}", list.entries.len(), output.display());
+            Ok(out)
+        }
+        ProfileCmd::Build { measurements, device, exclude, device_files, output, json } => {
+            let cluster = parse_cluster(device_files, device, &[])?;
+            let dev = cluster.db.get(device)?.clone();
+            let text = std::fs::read_to_string(measurements)
+                .with_context(|| format!("cannot read {}", measurements.display()))?;
+            let m = Measurements::from_json(&text, &measurements.display().to_string())?;
+            let (profile, report) =
+                build_profile(&m, &dev, exclude).with_context(|| measurements.display().to_string())?;
+            write_json(output, &profile)?;
+            if *json {
+                return Ok(serde_json::to_string_pretty(&report)? + "\n");
+            }
+            let mut o = String::new();
+            let _ = writeln!(
+                o,
+                "profile for {} from {} ({} op entries, {} cast pairs) -> {}",
+                dev.name,
+                profile.meta.get("profiled_models").map_or("", String::as_str),
+                profile.ops.len(),
+                profile.casts.len(),
+                output.display()
+            );
+            for c in &report.classes {
+                let _ = writeln!(
+                    o,
+                    "  {:<22} {:>6.3} -> {:>6.3}  ({} phases, {:.0} us)",
+                    c.class, c.before, c.after, c.phases, c.measured_us
+                );
+            }
+            let _ = writeln!(
+                o,
+                "  {} phases: predicted/measured {:.3} -> {:.3}, median |error| {:.1}% -> {:.1}%",
+                report.phases,
+                report.total_ratio_before,
+                report.total_ratio_after,
+                100.0 * report.median_rel_err_before,
+                100.0 * report.median_rel_err_after
+            );
+            Ok(o)
+        }
+    }
+}

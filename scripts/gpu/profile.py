@@ -1,0 +1,521 @@
+#!/usr/bin/env python3
+"""Measure a qsync worklist on a GPU with PyTorch: per distinct operator its
+forward, input-gradient and weight-gradient time at each precision, plus
+casts and optimizer steps by size. Writes a `qsync-ops/1` measurement file
+that `qsyncc profile build` turns into a calibration profile.
+
+    python3 scripts/gpu/profile.py WORKLIST.json OUT.json [--precisions fp32,tf32,fp16,bf16,fp8e4m3,int8]
+                                   [--reps 7] [--target-ms 2] [--limit N]
+
+Timing: CUDA events around N back-to-back calls (N chosen so one repeat
+takes about --target-ms), after warm-up; the median of --reps repeats,
+divided by N. Back-to-back calls measure what a training loop sees: the
+kernel's time when the GPU is the bottleneck, PyTorch's dispatch time when
+the kernel is shorter than it. The backward phases are timed through
+`torch.autograd.grad` for just the activations (input gradient) or just the
+trained weights (weight gradient), which is how autograd splits them.
+
+Precisions: fp32 with TF32 off everywhere; tf32 with TF32 on (measured for
+Conv/Gemm/MatMul, the only ops it changes; other ops reuse fp32's times,
+which is what they run); fp16 / bf16 with every float input in that type
+(normalization parameters in FP32 when PyTorch refuses reduced ones, as
+autocast keeps them); fp8e4m3: the forward of Gemm/MatMul through
+`torch._scaled_mm` (no autograd path; backward left to the analytic model);
+int8: QSync's INT8 forward of Gemm/MatMul (quantize activation and weight
+per tensor, `torch._int_mm`, dequantize to FP32). An operator PyTorch has no
+path for at a precision is listed under `skipped` with the reason, never
+timed as something else.
+
+Needs only PyTorch (no network); exits 2 with a message when there is no GPU.
+`--device cpu` runs every operator mapping on the CPU instead (wall-clock
+timing): a check of the script on a machine without a GPU, never a profile.
+"""
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+FLOAT = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {
+    "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+    "bool": torch.bool,
+}
+GEMM_OPS = {"Gemm", "MatMul"}
+DEVICE = "cuda"
+
+
+class Unsupported(Exception):
+    """PyTorch has no path for this operator (at this precision)."""
+
+
+def set_tf32(on):
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+
+
+def bench_us(fn, reps, target_ms):
+    """Median microseconds per call of `fn` (see the module doc)."""
+    if DEVICE == "cpu":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    once = max(start.elapsed_time(end), 1e-3)
+    n = max(1, min(500, int(target_ms / once)))
+    times = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / n)
+    return statistics.median(times)
+
+
+def attr(e, name, default=None):
+    return e["attrs"].get(name, default)
+
+
+def const_value(spec):
+    v = spec.get("value")
+    return None if v is None else [int(x) if float(x).is_integer() else x for x in v]
+
+
+def make_inputs(e, prec, params_fp32=False):
+    """Tensors for every input slot, at `prec` for float ones."""
+    dev = DEVICE
+    fdt = FLOAT[prec]
+    out = []
+    for slot, spec in enumerate(e["inputs"]):
+        if spec is None:
+            out.append(None)
+            continue
+        shape, dt = spec["shape"], spec["dtype"]
+        if dt in ("f32", "f16", "bf16", "f64"):
+            keep32 = params_fp32 and spec["role"] != "activation"
+            t = torch.rand(shape, device=dev, dtype=torch.float32 if keep32 else fdt) + 0.5
+            if spec.get("value") is not None and len(spec["value"]) == t.numel():
+                t = torch.tensor(spec["value"], device=dev, dtype=t.dtype).reshape(shape)
+            t.requires_grad_(bool(spec["grad"]) or spec["role"] == "weight")
+        elif dt == "bool":
+            t = torch.rand(shape, device=dev) > 0.5
+        elif dt in DTYPES:
+            if spec.get("value") is not None:
+                t = torch.tensor(const_value(spec), device=dev, dtype=DTYPES[dt]).reshape(shape)
+            else:
+                hi = index_bound(e, slot)
+                t = torch.randint(0, hi, shape, device=dev, dtype=DTYPES[dt])
+        else:
+            raise Unsupported(f"input {slot} has dtype {dt}")
+        out.append(t)
+    return out
+
+
+def index_bound(e, slot):
+    """Exclusive upper bound of random integer data for an input slot."""
+    if e["op"] in ("Gather", "GatherElements") and slot == 1:
+        data = e["inputs"][0]["shape"]
+        axis = attr(e, "axis", 0)
+        return max(1, data[axis])
+    return 2
+
+
+def conv_pads(e, rank):
+    pads = attr(e, "pads", [0] * (2 * rank))
+    if attr(e, "auto_pad", "NOTSET") not in ("NOTSET", ""):
+        raise Unsupported(f"auto_pad={attr(e, 'auto_pad')}")
+    begin, end = pads[:rank], pads[rank:]
+    return begin, end
+
+
+def forward_fn(e):
+    """The operator as a function of its input tensors (ONNX semantics)."""
+    op = e["op"]
+    rank = len(e["inputs"][0]["shape"]) - 2 if e["inputs"] and e["inputs"][0] else 0
+    if op == "Conv":
+        begin, end = conv_pads(e, rank)
+        conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(rank)
+        if conv is None:
+            raise Unsupported(f"{rank}-D convolution")
+        stride, dil, group = attr(e, "strides", [1] * rank), attr(e, "dilations", [1] * rank), attr(e, "group", 1)
+        if begin == end:
+            return lambda x, w, b=None: conv(x, w, b, stride, begin, dil, group)
+        pad = [p for pair in zip(reversed(begin), reversed(end)) for p in pair]
+        return lambda x, w, b=None: conv(F.pad(x, pad), w, b, stride, 0, dil, group)
+    if op == "Gemm":
+        ta, tb, alpha, beta = attr(e, "transA", 0), attr(e, "transB", 0), attr(e, "alpha", 1.0), attr(e, "beta", 1.0)
+        if not ta and tb and alpha == 1.0 and beta == 1.0:
+            return lambda a, b, c=None: F.linear(a, b, c)
+
+        def gemm(a, b, c=None):
+            a = a.t() if ta else a
+            b = b.t() if tb else b
+            y = alpha * (a @ b)
+            return y if c is None else y + beta * c
+        return gemm
+    if op == "MatMul":
+        return torch.matmul
+    if op == "BatchNormalization":
+        eps, mom = attr(e, "epsilon", 1e-5), attr(e, "momentum", 0.9)
+        return lambda x, s, b, m, v: F.batch_norm(x, m.detach(), v.detach(), s, b, True, 1.0 - mom, eps)
+    if op == "LayerNormalization":
+        axis, eps = attr(e, "axis", -1), attr(e, "epsilon", 1e-5)
+        shape = e["inputs"][0]["shape"]
+        norm = shape[axis:] if axis >= 0 else shape[len(shape) + axis:]
+        return lambda x, w=None, b=None: F.layer_norm(x, norm, w, b, eps)
+    unary = {"Relu": torch.relu, "Tanh": torch.tanh, "Erf": torch.erf, "Sqrt": torch.sqrt, "Sigmoid": torch.sigmoid,
+             "Exp": torch.exp, "Log": torch.log, "Neg": torch.neg, "Abs": torch.abs, "Reciprocal": torch.reciprocal,
+             "Not": torch.logical_not}
+    if op in unary:
+        return unary[op]
+    if op == "Gelu":
+        approx = attr(e, "approximate", "none")
+        return lambda x: F.gelu(x, approximate=approx)
+    binary = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div, "Pow": torch.pow,
+              "Equal": torch.eq, "Less": torch.lt, "Greater": torch.gt, "And": torch.logical_and,
+              "Or": torch.logical_or, "Max": torch.maximum, "Min": torch.minimum}
+    if op in binary:
+        return binary[op]
+    if op == "Where":
+        return lambda c, x, y: torch.where(c.bool(), x, y)
+    if op in ("Softmax", "LogSoftmax"):
+        axis = attr(e, "axis", -1)
+        return (lambda x: torch.softmax(x, axis)) if op == "Softmax" else (lambda x: torch.log_softmax(x, axis))
+    if op in ("MaxPool", "AveragePool"):
+        k = attr(e, "kernel_shape")
+        begin, end = conv_pads(e, len(k))
+        if begin != end:
+            raise Unsupported("asymmetric pooling pads")
+        s, ceil = attr(e, "strides", [1] * len(k)), bool(attr(e, "ceil_mode", 0))
+        if op == "MaxPool":
+            dil = attr(e, "dilations", [1] * len(k))
+            pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[len(k)]
+            return lambda x: pool(x, k, s, begin, dil, ceil)
+        cip = bool(attr(e, "count_include_pad", 0))
+        pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[len(k)]
+        return lambda x: pool(x, k, s, begin, ceil, cip)
+    if op == "GlobalAveragePool":
+        return lambda x: F.adaptive_avg_pool2d(x, 1) if x.dim() == 4 else x.mean(tuple(range(2, x.dim())), keepdim=True)
+    if op in ("ReduceMean", "ReduceSum", "ReduceMax"):
+        keep = bool(attr(e, "keepdims", 1))
+        axes = attr(e, "axes")
+        if axes is None and len(e["inputs"]) > 1 and e["inputs"][1]:
+            axes = const_value(e["inputs"][1])
+        if axes is None:
+            axes = list(range(len(e["inputs"][0]["shape"])))
+        red = {"ReduceMean": torch.mean, "ReduceSum": torch.sum, "ReduceMax": torch.amax}[op]
+        return lambda x, *_: red(x, dim=tuple(axes), keepdim=keep)
+    if op == "Dropout":
+        ins = e["inputs"]
+        ratio = const_value(ins[1])[0] if len(ins) > 1 and ins[1] and ins[1].get("value") else attr(e, "ratio", 0.5)
+        train = bool(const_value(ins[2])[0]) if len(ins) > 2 and ins[2] and ins[2].get("value") else False
+        return lambda x, *_: F.dropout(x, ratio, train)
+    if op == "Gather":
+        axis = attr(e, "axis", 0)
+        if axis == 0 and e["inputs"][0]["role"] == "weight":
+            return lambda w, i: F.embedding(i, w)
+        return lambda d, i: torch.index_select(d, axis, i.reshape(-1)).reshape(
+            d.shape[:axis] + i.shape + d.shape[axis + 1:])
+    if op == "GatherElements":
+        axis = attr(e, "axis", 0)
+        return lambda d, i: torch.gather(d, axis, i)
+    if op == "Transpose":
+        perm = attr(e, "perm")
+        return lambda x: x.permute(perm).contiguous() if perm else x.t().contiguous()
+    if op == "Concat":
+        axis = attr(e, "axis", 0)
+        return lambda *xs: torch.cat(xs, axis)
+    if op == "Split":
+        axis = attr(e, "axis", 0)
+        ins = e["inputs"]
+        sizes = const_value(ins[1]) if len(ins) > 1 and ins[1] and ins[1].get("value") else attr(e, "split")
+        n = len(e["outputs"])
+        dim = ins[0]["shape"][axis]
+        sizes = sizes or [dim // n] * n
+        return lambda x, *_: torch.split(x, sizes, axis)
+    if op == "Slice":
+        ins = e["inputs"]
+        vals = [const_value(s) if s and s.get("value") is not None else None for s in ins[1:]]
+        if any(v is None for v in vals[:2]):
+            raise Unsupported("Slice with computed starts/ends")
+        starts, ends = vals[0], vals[1]
+        axes = vals[2] if len(vals) > 2 and vals[2] is not None else list(range(len(starts)))
+        steps = vals[3] if len(vals) > 3 and vals[3] is not None else [1] * len(starts)
+        rank = len(ins[0]["shape"])
+
+        def sl(x, *_):
+            idx = [slice(None)] * rank
+            for a, s, t, st in zip(axes, starts, ends, steps):
+                idx[a] = slice(s, min(t, 2**62), st)
+            return x[tuple(idx)]
+        return sl
+    raise Unsupported(f"no PyTorch mapping for {op}")
+
+
+def first_float(out):
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    for o in outs:
+        if torch.is_tensor(o) and o.is_floating_point() and o.requires_grad:
+            return o
+    return None
+
+
+def time_float(e, prec, reps, target_ms):
+    """fwd / bwd_input / bwd_weight microseconds of entry `e` at a float precision."""
+    fn = forward_fn(e)
+    norm = e["kind"] == "norm"
+    try:
+        xs = make_inputs(e, prec)
+        fn(*xs)
+    except Unsupported:
+        raise
+    except Exception:  # noqa: BLE001 - PyTorch refuses reduced-precision parameters on some ops
+        if prec in ("fp32", "tf32"):
+            raise
+        xs = make_inputs(e, prec, params_fp32=True)
+        fn(*xs)
+    times = {"fwd_us": bench_us(lambda: fn(*xs), reps, target_ms)}
+    specs = e["inputs"]
+    acts = [x for x, s in zip(xs, specs) if s and torch.is_tensor(x) and x.requires_grad and s["role"] == "activation"]
+    weights = [x for x, s in zip(xs, specs) if s and torch.is_tensor(x) and x.requires_grad and s["role"] == "weight"]
+    out = first_float(fn(*xs))
+    if out is None:
+        return times
+    g = torch.rand_like(out)
+    # Normalization computes its affine gradients in the input-gradient
+    # kernel (the cost model's rule): time them together.
+    wrt_in = acts + weights if norm else acts
+    if e["bwd_input"]["kernels"] > 0 and wrt_in:
+        times["bwd_input_us"] = bench_us(lambda: torch.autograd.grad(out, wrt_in, g, retain_graph=True), reps, target_ms)
+    if e["bwd_weight"]["kernels"] > 0 and weights and not norm:
+        times["bwd_weight_us"] = bench_us(lambda: torch.autograd.grad(out, weights, g, retain_graph=True), reps,
+                                          target_ms)
+    return times
+
+
+def gemm_operands(e):
+    """(M, K, N, weight_is_nk) of a 2-D-able Gemm/MatMul whose second operand is a weight."""
+    ins = e["inputs"]
+    if e["op"] not in GEMM_OPS or len(ins) < 2 or not ins[1] or ins[1]["role"] != "weight":
+        raise Unsupported("only Gemm/MatMul with a weight operand")
+    a, b = ins[0]["shape"], ins[1]["shape"]
+    if len(b) != 2:
+        raise Unsupported("weight is not 2-D")
+    if e["op"] == "Gemm":
+        if attr(e, "transA", 0):
+            raise Unsupported("transA")
+        nk = bool(attr(e, "transB", 0))
+    else:
+        nk = False
+    k = a[-1]
+    m = math.prod(a[:-1])
+    n = b[0] if nk else b[1]
+    return m, k, n, nk
+
+
+def time_fp8(e, reps, target_ms):
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        raise Unsupported("this PyTorch has no torch._scaled_mm")
+    if DEVICE != "cuda" or torch.cuda.get_device_capability() < (8, 9):
+        raise Unsupported("FP8 GEMMs need sm_89 or newer")
+    m, k, n, _ = gemm_operands(e)
+    if m % 16 or k % 16 or n % 16:
+        raise Unsupported("FP8 GEMM dimensions must be multiples of 16")
+    a = (torch.rand(m, k, device=DEVICE) + 0.5).to(torch.float8_e4m3fn)
+    b = (torch.rand(n, k, device=DEVICE) + 0.5).to(torch.float8_e4m3fn).t()  # column-major K x N
+    one = torch.ones((), device=DEVICE)
+    fn = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+    fn()
+    return {"fwd_us": bench_us(fn, reps, target_ms)}
+
+
+def quantize_i8(x):
+    scale = x.abs().amax().clamp(min=1e-12) / 127.0
+    return torch.clamp(torch.round(x / scale), -127, 127).to(torch.int8), scale
+
+
+def time_int8(e, reps, target_ms):
+    if not hasattr(torch, "_int_mm"):
+        raise Unsupported("this PyTorch has no torch._int_mm")
+    m, k, n, nk = gemm_operands(e)
+    if m <= 16 or k % 8 or n % 8:
+        raise Unsupported("torch._int_mm needs M > 16 and K, N multiples of 8")
+    x = torch.rand(m, k, device=DEVICE) + 0.5
+    w = torch.rand((n, k) if nk else (k, n), device=DEVICE) + 0.5
+
+    def fwd():
+        qx, sx = quantize_i8(x)
+        qw, sw = quantize_i8(w)
+        acc = torch._int_mm(qx, qw.t() if nk else qw)
+        return acc.to(torch.float32) * (sx * sw)
+    fwd()
+    return {"fwd_us": bench_us(fwd, reps, target_ms)}
+
+
+def cast_samples(reps, target_ms):
+    sizes = [1 << s for s in (16, 18, 20, 22, 24, 26)]
+    base = {n: torch.rand(n, device=DEVICE) - 0.5 for n in sizes}
+    f8 = getattr(torch, "float8_e4m3fn", None)
+
+    def q8(x):
+        return quantize_i8(x)[0]
+
+    def to_f8(x):
+        scale = x.abs().amax().clamp(min=1e-12) / 448.0
+        return (x / scale).to(f8)
+    pairs = [
+        ("fp32", "fp16", lambda x: x, lambda x: x.half()),
+        ("fp16", "fp32", lambda x: x.half(), lambda x: x.float()),
+        ("fp32", "bf16", lambda x: x, lambda x: x.bfloat16()),
+        ("bf16", "fp32", lambda x: x.bfloat16(), lambda x: x.float()),
+        ("fp16", "bf16", lambda x: x.half(), lambda x: x.bfloat16()),
+        ("bf16", "fp16", lambda x: x.bfloat16(), lambda x: x.half()),
+        ("fp32", "int8", lambda x: x, q8),
+        ("fp16", "int8", lambda x: x.half(), q8),
+        ("int8", "fp32", q8, lambda q: q.float() * 0.01),
+        ("int8", "fp16", q8, lambda q: q.half() * 0.01),
+    ]
+    if f8 is not None:
+        pairs += [("fp32", "fp8e4m3", lambda x: x, to_f8), ("fp8e4m3", "fp32", to_f8, lambda q: q.float() * 0.01),
+                  ("fp16", "fp8e4m3", lambda x: x.half(), to_f8), ("fp8e4m3", "fp16", to_f8, lambda q: q.half() * 0.01)]
+    out = []
+    for src, dst, prep, fn in pairs:
+        samples = []
+        for n in sizes:
+            x = prep(base[n])
+            samples.append([n, round(bench_us(lambda: fn(x), reps, target_ms), 3)])
+        out.append({"from": src, "to": dst, "samples": samples})
+    return out
+
+
+def optimizer_samples(reps, target_ms):
+    """One step of each optimizer over 64 parameter tensors of growing size."""
+    out = []
+    makers = {
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
+        "momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        "adam": lambda ps: torch.optim.AdamW(ps, lr=1e-4),
+    }
+    for name, make in makers.items():
+        samples = []
+        for total in (1 << 20, 1 << 22, 1 << 24, 1 << 26):
+            ps = [torch.nn.Parameter(torch.rand(total // 64, device=DEVICE)) for _ in range(64)]
+            for p in ps:
+                p.grad = torch.rand_like(p)
+            opt = make(ps)
+            samples.append([total, round(bench_us(opt.step, reps, target_ms), 3)])
+            del opt, ps
+        out.append({"optimizer": name, "samples": samples})
+    return out
+
+
+def meta():
+    m = {
+        "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "none: CPU mapping check, not a profile",
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "cudnn": str(torch.backends.cudnn.version()),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "method": "CUDA events, back-to-back calls, median of repeats; cudnn.benchmark on",
+    }
+    try:
+        m["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                     capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        m["driver"] = "unknown (nvidia-smi unavailable)"
+    return m
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("worklist")
+    ap.add_argument("out")
+    ap.add_argument("--precisions", default="fp32,tf32,fp16,bf16,fp8e4m3,int8")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--target-ms", type=float, default=2.0)
+    ap.add_argument("--limit", type=int, default=0, help="measure only the first N entries (smoke runs)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: check the operator mappings without a GPU (not a profile)")
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA GPU visible to PyTorch: nothing to measure", file=sys.stderr)
+        return 2
+    with open(args.worklist) as f:
+        work = json.load(f)
+    if work.get("schema") != "qsync-worklist/1":
+        print(f"error: {args.worklist}: not a qsync-worklist/1 file", file=sys.stderr)
+        return 2
+    precisions = [p for p in args.precisions.split(",") if p]
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = True
+    entries = work["entries"][: args.limit or None]
+    out_entries = []
+    for i, e in enumerate(entries):
+        measured, skipped = {}, {}
+        for p in precisions:
+            try:
+                if p in FLOAT:
+                    if p == "tf32" and e["op"] not in ("Conv", "Gemm", "MatMul", "ConvTranspose"):
+                        if "fp32" in measured:
+                            measured["tf32"] = dict(measured["fp32"])
+                        continue
+                    set_tf32(p == "tf32")
+                    measured[p] = time_float(e, p, args.reps, args.target_ms)
+                elif p == "fp8e4m3":
+                    measured[p] = time_fp8(e, args.reps, args.target_ms)
+                elif p == "int8":
+                    measured[p] = time_int8(e, args.reps, args.target_ms)
+                else:
+                    skipped[p] = "unknown precision"
+            except Unsupported as why:
+                skipped[p] = str(why)
+            except (RuntimeError, TypeError, ValueError, IndexError) as err:
+                skipped[p] = f"PyTorch failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            finally:
+                set_tf32(False)
+        for t in measured.values():
+            for k in list(t):
+                t[k] = round(t[k], 3)
+        out_entries.append(dict(e, measured=measured, skipped=skipped))
+        print(f"[{i + 1}/{len(entries)}] {e['key'][:90]}: {sorted(measured)}"
+              + (f" skipped {sorted(skipped)}" if skipped else ""), flush=True)
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    result = {
+        "schema": "qsync-ops/1",
+        "meta": meta(),
+        "models": work["models"],
+        "entries": out_entries,
+        "casts": cast_samples(args.reps, args.target_ms) if DEVICE == "cuda" else [],
+        "optimizers": optimizer_samples(args.reps, args.target_ms) if DEVICE == "cuda" else [],
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    n_meas = sum(len(e["measured"]) for e in out_entries)
+    print(f"wrote {args.out}: {len(out_entries)} ops, {n_meas} (op, precision) timings")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
