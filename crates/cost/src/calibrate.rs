@@ -92,9 +92,22 @@ pub struct InputSpec {
     pub role: Role,
     /// Whether backward computes a gradient for it.
     pub grad: bool,
-    /// Values of a small constant (shapes, axes, split sizes).
+    /// Values of a small constant (shapes, axes, split sizes). JSON has no
+    /// infinities or NaN: ±inf are written as ±f32::MAX and NaN as 0 (an
+    /// attention mask's −inf fill times the same as −f32::MAX).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<Vec<f64>>,
+}
+
+/// `x` as a JSON number: ±inf become ±f32::MAX, NaN 0.
+fn json_safe(x: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else if x.is_infinite() {
+        f64::from(f32::MAX).copysign(x)
+    } else {
+        x
+    }
 }
 
 /// One distinct operator to measure.
@@ -226,7 +239,8 @@ impl Worklist {
                 };
                 let value = constant
                     .filter(|t| t.numel() <= MAX_CONST_VALUES)
-                    .and_then(|t| t.as_f64s().or_else(|| t.as_i64s().map(|v| v.iter().map(|&x| x as f64).collect())));
+                    .and_then(|t| t.as_f64s().or_else(|| t.as_i64s().map(|v| v.iter().map(|&x| x as f64).collect())))
+                    .map(|v| v.into_iter().map(json_safe).collect());
                 inputs.push(Some(InputSpec { shape: shape(v)?, dtype, role, grad: facts.requires_grad(v), value }));
             }
             let outputs = node.outputs().iter().map(|&o| shape(o)).collect::<Result<Vec<_>>>()?;
