@@ -85,10 +85,14 @@ fn killed_rank_ends_the_job() {
 
 #[test]
 fn panicking_rank_ends_the_job() {
-    expect_failure("panic", &["injected panic", "rank 1 panicked; calling MPI_Abort", "MPI_ABORT was invoked"]);
+    expect_failure("panic", &["injected panic", "rank 1 panicked; calling MPI_Abort"]);
 }
 
 #[test]
 fn stalled_rank_gives_the_deadline_error() {
-    expect_failure("stall", &["stalling", "did not complete within 3.0s", "MPI_ABORT was invoked"]);
+    // Our own messages only: when several ranks hit the deadline at once,
+    // Open MPI's aggregated "MPI_ABORT was invoked" banner is sometimes lost
+    // ("ORTE_ERROR_LOG: Data unpack would read past end of buffer" in
+    // show_help.c), while the job still ends, non-zero, within seconds.
+    expect_failure("stall", &["stalling", "did not complete within 3.0s"]);
 }
