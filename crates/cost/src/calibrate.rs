@@ -18,7 +18,9 @@
 //!    one device, from the models *not* excluded: the measured ops of those
 //!    models (exact-key overrides), their cast and optimizer samples, and
 //!    fractions of peak ([`ProfileEfficiency`]) fitted to those ops, which is
-//!    what carries over to models with shapes the profile never saw.
+//!    what carries over to models with shapes the profile never saw. A key
+//!    shared by nodes with different attributes (the key names shapes only)
+//!    gets no exact override: its measurement would stand for another op.
 //!
 //! The fit ([`fit_rates`]) prices every measured phase with the same
 //! [`roofline`] the cost model uses and scales each rate class (Tensor Cores
@@ -226,7 +228,9 @@ impl Worklist {
                 };
                 let value = constant
                     .filter(|t| t.numel() <= MAX_CONST_VALUES)
-                    .and_then(|t| t.as_f64s().or_else(|| t.as_i64s().map(|v| v.iter().map(|&x| x as f64).collect())));
+                    .and_then(|t| t.as_f64s().or_else(|| t.as_i64s().map(|v| v.iter().map(|&x| x as f64).collect())))
+                    // JSON has no infinities (masks hold -inf): such constants are left to the script.
+                    .filter(|v| v.iter().all(|x| x.is_finite()));
                 inputs.push(Some(InputSpec { shape: shape(v)?, dtype, role, grad: facts.requires_grad(v), value }));
             }
             let outputs = node.outputs().iter().map(|&o| shape(o)).collect::<Result<Vec<_>>>()?;
@@ -562,8 +566,17 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
         return Err(bad("every measured model is excluded".into()));
     }
     let mut ops = Vec::new();
+    let mut ambiguous = 0;
     for e in &m.entries {
         if !e.item.uses.keys().any(|u| models.contains(u)) {
+            continue;
+        }
+        // The profile key names shapes, not attributes: when nodes with
+        // different attributes share it (SqueezeNet's stride-2 and VGG's
+        // stride-1 first convolutions), one measurement would stand for
+        // both. Such keys get no exact override; the fitted rates cost them.
+        if e.item.attr_variants > 0 {
+            ambiguous += 1;
             continue;
         }
         for (&p, t) in &e.measured {
@@ -580,6 +593,9 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
     let (efficiency, report) = fit_rates(device, &m.entries, &models);
     let mut meta = m.meta.clone();
     meta.insert("profiled_models".into(), models.iter().cloned().collect::<Vec<_>>().join(","));
+    if ambiguous > 0 {
+        meta.insert("ambiguous_keys_left_out".into(), ambiguous.to_string());
+    }
     if !exclude_families.is_empty() {
         meta.insert("excluded_families".into(), exclude_families.join(","));
     }
