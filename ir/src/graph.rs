@@ -563,11 +563,8 @@ impl Graph {
 
     /// Consumers of `v` as `(node, input slot)`, in node insertion order.
     pub fn users(&self, v: ValueId) -> Vec<(NodeId, usize)> {
-        let mut out: Vec<(NodeId, usize)> = self
-            .uses
-            .get(v.index())
-            .map(|l| l.iter().map(|&(n, s)| (n, s as usize)).collect())
-            .unwrap_or_default();
+        let mut out: Vec<(NodeId, usize)> =
+            self.uses.get(v.index()).map(|l| l.iter().map(|&(n, s)| (n, s as usize)).collect()).unwrap_or_default();
         out.sort_by_key(|&(n, s)| (self.dag[n].seq, s));
         out
     }

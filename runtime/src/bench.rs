@@ -90,7 +90,10 @@ fn gather_u64(comm: &dyn Communicator, v: u64, deadline: Deadline) -> Result<Vec
 pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport, SyncError> {
     let cfg = &opts.config;
     if opts.bytes == 0 || !opts.bytes.is_multiple_of(4) {
-        return Err(SyncError::BadScheme(format!("--bytes {} is not a positive multiple of 4 (f32 elements)", opts.bytes)));
+        return Err(SyncError::BadScheme(format!(
+            "--bytes {} is not a positive multiple of 4 (f32 elements)",
+            opts.bytes
+        )));
     }
     let n = opts.bytes / 4;
     let (p, me) = (world.size(), world.rank());

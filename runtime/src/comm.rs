@@ -139,7 +139,10 @@ pub(crate) fn check_counts(op: &'static str, counts: &[usize], size: usize, buf_
     }
     let total: usize = counts.iter().sum();
     if total != buf_len {
-        return Err(CommError::InvalidArgument { op, detail: format!("counts sum to {total}, buffer holds {buf_len}") });
+        return Err(CommError::InvalidArgument {
+            op,
+            detail: format!("counts sum to {total}, buffer holds {buf_len}"),
+        });
     }
     Ok(())
 }

@@ -112,8 +112,13 @@ impl Communicator for FaultyComm<'_> {
         self.comm().all_gather(send, recv, deadline)
     }
 
-    fn all_gather_v(&self, send: &[u8], recv: &mut [u8], counts: &[usize], deadline: Deadline)
-        -> Result<(), CommError> {
+    fn all_gather_v(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<(), CommError> {
         self.tick("all_gather_v");
         self.comm().all_gather_v(send, recv, counts, deadline)
     }

@@ -131,11 +131,7 @@ impl MpiComm {
             size,
             world_rank: rank,
             owned: false,
-            shared: Rc::new(Shared {
-                universe: RefCell::new(Some(universe)),
-                poisoned: RefCell::new(None),
-                watch,
-            }),
+            shared: Rc::new(Shared { universe: RefCell::new(Some(universe)), poisoned: RefCell::new(None), watch }),
         })
     }
 
@@ -152,7 +148,13 @@ impl MpiComm {
 
     /// Polls `req` until it completes or `deadline` passes. On timeout the
     /// `keep` buffers are leaked: MPI may still access them.
-    fn wait<K>(&self, op: &'static str, mut req: ffi::MPI_Request, keep: K, deadline: Deadline) -> Result<K, CommError> {
+    fn wait<K>(
+        &self,
+        op: &'static str,
+        mut req: ffi::MPI_Request,
+        keep: K,
+        deadline: Deadline,
+    ) -> Result<K, CommError> {
         self.shared.watch.arm(deadline);
         let mut polls = 0u32;
         let result = loop {
@@ -305,7 +307,14 @@ impl Communicator for MpiComm {
         self.start("split", unsafe { ffi::MPI_Comm_split(self.comm, color, key, &mut comm) })?;
         check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) }, "split")?;
         let (rank, size) = rank_size(comm)?;
-        Ok(Box::new(MpiComm { comm, rank, size, world_rank: self.world_rank, owned: true, shared: self.shared.clone() }))
+        Ok(Box::new(MpiComm {
+            comm,
+            rank,
+            size,
+            world_rank: self.world_rank,
+            owned: true,
+            shared: self.shared.clone(),
+        }))
     }
 
     fn all_gather(&self, send: &[u8], recv: &mut [u8], deadline: Deadline) -> Result<(), CommError> {
@@ -318,8 +327,13 @@ impl Communicator for MpiComm {
         self.all_gather_v(send, recv, &vec![send.len(); self.size], deadline)
     }
 
-    fn all_gather_v(&self, send: &[u8], recv: &mut [u8], counts: &[usize], deadline: Deadline)
-        -> Result<(), CommError> {
+    fn all_gather_v(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<(), CommError> {
         const OP: &str = "all_gather_v";
         self.ensure_usable()?;
         check_counts(OP, counts, self.size, recv.len())?;
@@ -329,7 +343,8 @@ impl Communicator for MpiComm {
                 detail: format!("rank {} sends {} bytes, counts say {}", self.rank, send.len(), counts[self.rank]),
             });
         }
-        let keep = (owned_copy(send), owned::<u8>(recv.len()), to_ints(OP, counts)?, to_ints(OP, &displacements(counts))?);
+        let keep =
+            (owned_copy(send), owned::<u8>(recv.len()), to_ints(OP, counts)?, to_ints(OP, &displacements(counts))?);
         let dt = unsafe { ffi::RSMPI_UINT8_T };
         let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
         let (s, mut r, c, d) = keep;
@@ -461,10 +476,14 @@ impl MpiComm {
         let mut all = vec![0u8; send.len() * self.size];
         self.all_gather(&send, &mut all, deadline)?;
         let (to, from) = match fmt {
-            qsync_kernels::Half::F16 => {
-                (qsync_kernels::reference::f32_to_f16 as fn(f32) -> u16, qsync_kernels::reference::f16_to_f32 as fn(u16) -> f32)
-            }
-            qsync_kernels::Half::BF16 => (qsync_kernels::reference::f32_to_bf16 as fn(f32) -> u16, qsync_kernels::reference::bf16_to_f32 as fn(u16) -> f32),
+            qsync_kernels::Half::F16 => (
+                qsync_kernels::reference::f32_to_f16 as fn(f32) -> u16,
+                qsync_kernels::reference::f16_to_f32 as fn(u16) -> f32,
+            ),
+            qsync_kernels::Half::BF16 => (
+                qsync_kernels::reference::f32_to_bf16 as fn(f32) -> u16,
+                qsync_kernels::reference::bf16_to_f32 as fn(u16) -> f32,
+            ),
         };
         for (i, v) in b.iter_mut().enumerate() {
             let mut acc = 0f32;

@@ -93,7 +93,11 @@ pub fn probe() -> Result<NcclInfo, CommError> {
             ),
         });
     }
-    let version = cudarc::nccl::result::get_nccl_version()
-        .map_err(|e| CommError::Backend { backend: "nccl", op: "get_version", code: e.0 as i32, message: format!("{e:?}") })?;
+    let version = cudarc::nccl::result::get_nccl_version().map_err(|e| CommError::Backend {
+        backend: "nccl",
+        op: "get_version",
+        code: e.0 as i32,
+        message: format!("{e:?}"),
+    })?;
     Ok(NcclInfo { version })
 }

@@ -116,7 +116,8 @@ impl FromStr for Scheme {
     type Err = SyncError;
 
     fn from_str(name: &str) -> Result<Self, SyncError> {
-        let bad = |why: &str| SyncError::BadScheme(format!("`{name}`: {why} (known: {})", Scheme::BASE_NAMES.join(", ")));
+        let bad =
+            |why: &str| SyncError::BadScheme(format!("`{name}`: {why} (known: {})", Scheme::BASE_NAMES.join(", ")));
         let mut base = name;
         let (mut rounding, mut error_feedback) = (Rounding::Nearest, false);
         loop {
@@ -143,7 +144,10 @@ impl FromStr for Scheme {
                 } else if let Some(rest) = base.strip_prefix("qgz-") {
                     let parts: Vec<&str> = rest.split('-').collect();
                     match parts.as_slice() {
-                        [b] => Kind::Qgz { intra: parse_bits(b).ok_or_else(|| bad("qgZ widths are int8 and int4"))?, inter: None },
+                        [b] => Kind::Qgz {
+                            intra: parse_bits(b).ok_or_else(|| bad("qgZ widths are int8 and int4"))?,
+                            inter: None,
+                        },
                         [b, "hier"] => {
                             let w = parse_bits(b).ok_or_else(|| bad("qgZ widths are int8 and int4"))?;
                             Kind::Qgz { intra: w, inter: Some(w) }
@@ -197,7 +201,14 @@ pub struct SyncConfig {
 
 impl SyncConfig {
     pub fn new(scheme: Scheme) -> Self {
-        SyncConfig { scheme, group: 512, gather: Gather::Quantized, nodes: 1, seed: 0, timeout: Duration::from_secs(60) }
+        SyncConfig {
+            scheme,
+            group: 512,
+            gather: Gather::Quantized,
+            nodes: 1,
+            seed: 0,
+            timeout: Duration::from_secs(60),
+        }
     }
 }
 

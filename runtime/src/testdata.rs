@@ -45,9 +45,10 @@ impl fmt::Display for GradKind {
 impl FromStr for GradKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        GradKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
-            format!("unknown gradient kind `{s}` (known: normal, heavy-tailed, zeros, tiny, outliers)")
-        })
+        GradKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown gradient kind `{s}` (known: normal, heavy-tailed, zeros, tiny, outliers)"))
     }
 }
 
@@ -87,7 +88,7 @@ pub fn gradient(kind: GradKind, n: usize, seed: u64, rank: usize) -> Vec<f32> {
 /// A 64-bit FNV-1a digest of f32 bit patterns (for bitwise comparisons
 /// across ranks and runs).
 pub fn digest(x: &[f32]) -> u64 {
-    x.iter().flat_map(|v| v.to_bits().to_le_bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    x.iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }

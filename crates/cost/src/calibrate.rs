@@ -175,8 +175,7 @@ impl Worklist {
             }
             nodes += 1;
             let node = graph.node(n);
-            let attrs: BTreeMap<String, Value> =
-                node.attrs.iter().map(|(k, a)| (k.clone(), attr_json(a))).collect();
+            let attrs: BTreeMap<String, Value> = node.attrs.iter().map(|(k, a)| (k.clone(), attr_json(a))).collect();
             if let Some(&i) = index.get(&f.profile_key) {
                 let e = &mut self.entries[i];
                 *e.uses.entry(name.to_string()).or_default() += 1;
@@ -352,7 +351,9 @@ impl Measurements {
         }
         for e in &m.entries {
             for (p, t) in &e.measured {
-                for (what, v) in [("fwd_us", Some(t.fwd_us)), ("bwd_input_us", t.bwd_input_us), ("bwd_weight_us", t.bwd_weight_us)] {
+                for (what, v) in
+                    [("fwd_us", Some(t.fwd_us)), ("bwd_input_us", t.bwd_input_us), ("bwd_weight_us", t.bwd_weight_us)]
+                {
                     if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
                         return Err(bad(format!("{} at {p}: {what} must be a non-negative number", e.item.key)));
                     }
@@ -454,7 +455,9 @@ pub fn fit_rates(
                 continue;
             }
             let tc = tensor_core_eligible(device, e.item.gemm_like, &e.item.align_dims, p);
-            for (w, v) in [(e.item.fwd, Some(t.fwd_us)), (e.item.bwd_input, t.bwd_input_us), (e.item.bwd_weight, t.bwd_weight_us)] {
+            for (w, v) in
+                [(e.item.fwd, Some(t.fwd_us)), (e.item.bwd_input, t.bwd_input_us), (e.item.bwd_weight, t.bwd_weight_us)]
+            {
                 let work = Work::from(w);
                 if let Some(us) = v.filter(|&us| us > 0.0 && !work.is_empty()) {
                     samples.push(Sample { work, gemm_like: e.item.gemm_like, tc, p, seconds: us * 1e-6, weight });
@@ -507,10 +510,7 @@ pub fn fit_rates(
     // A class that held phases in an earlier round keeps the rate it was
     // given then, even if the last round moved them all to another bound.
     fitted.extend(
-        Precision::ALL
-            .iter()
-            .flat_map(|&p| [(0u8, p), (1u8, p)])
-            .filter(|&k| get(&rates, k) != get(&start, k)),
+        Precision::ALL.iter().flat_map(|&p| [(0u8, p), (1u8, p)]).filter(|&k| get(&rates, k) != get(&start, k)),
     );
     if rates.memory != start.memory {
         fitted.insert((2, Precision::Fp32));

@@ -116,7 +116,11 @@ pub fn roofline(device: &Device, rates: &Rates, w: &Work, gemm_like: bool, p: Pr
     let (rate, compute_bound) = if tc && gemm_like {
         (device.tensor_peak(p) * rates.tensor_core[p.index()], Bound::TensorCore)
     } else {
-        let (peak, at) = if device.cuda_peak(p) > 0.0 { (device.cuda_peak(p), p) } else { (device.cuda_peak(Precision::Fp32), Precision::Fp32) };
+        let (peak, at) = if device.cuda_peak(p) > 0.0 {
+            (device.cuda_peak(p), p)
+        } else {
+            (device.cuda_peak(Precision::Fp32), Precision::Fp32)
+        };
         (peak * rates.cuda_core[at.index()], Bound::CudaCore)
     };
     let compute = if rate > 0.0 { w.flops / rate } else { 0.0 };
@@ -260,8 +264,7 @@ impl CostModel {
         // Forward: quantize activation and weight, INT8 GEMM writing INT32,
         // dequantize (INT32 read, FP32 written) to the FP32 output.
         let gemm = Work { elems: f.act_in + f.weight, fixed_bytes: f.fwd.fixed_bytes + 4.0 * f.out, ..f.fwd };
-        let dequant =
-            8.0 * f.out / (self.device.mem_bytes_per_s() * self.rates.memory) + self.device.launch_s();
+        let dequant = 8.0 * f.out / (self.device.mem_bytes_per_s() * self.rates.memory) + self.device.launch_s();
         let quant = cs.quantize(Precision::Fp32, f.act_in) + cs.quantize(Precision::Fp32, f.weight) + dequant;
         c.fwd = self.phase(&gemm, f.kind, Precision::Int8, tc) + quant;
         c.quant = quant;

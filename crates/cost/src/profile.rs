@@ -195,10 +195,7 @@ impl Profile {
         }
         for (i, o) in p.optimizers.iter().enumerate() {
             if optimizer_key(&o.optimizer).is_none() {
-                return Err(bad(format!(
-                    "optimizers[{i}]: unknown optimizer `{}` (sgd, momentum, adam)",
-                    o.optimizer
-                )));
+                return Err(bad(format!("optimizers[{i}]: unknown optimizer `{}` (sgd, momentum, adam)", o.optimizer)));
             }
             if o.samples.iter().any(|&(x, y)| !(x.is_finite() && y.is_finite() && x >= 0.0 && y >= 0.0)) {
                 return Err(bad(format!(

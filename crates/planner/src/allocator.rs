@@ -377,8 +377,8 @@ impl<'g> Ctx<'g> {
         plan
     }
 
-    /// Every candidate of type `t` at FP32 (training types too).
-    pub(crate) fn uniform_fp32(&self, _t: usize) -> Plan {
+    /// Every candidate at FP32 (training types too).
+    pub(crate) fn all_fp32(&self) -> Plan {
         let mut plan = Plan::new();
         for &n in &self.candidates {
             plan.set(n, Precision::Fp32);
@@ -631,7 +631,8 @@ pub fn allocate(
         l.sort_by_key(|p| std::cmp::Reverse(p.bits()));
         levels.push(Some(l));
     }
-    let cx = Ctx { g, facts, targets, popts, ind, candidates: cands, gemm, levels, amp: opts.train_amp, opset: opts.opset };
+    let cx =
+        Ctx { g, facts, targets, popts, ind, candidates: cands, gemm, levels, amp: opts.train_amp, opset: opts.opset };
     let n_types = cx.targets.len();
     let base: Vec<Plan> = (0..n_types)
         .map(|t| if cx.levels[t].is_none() { cx.training_plan() } else { cx.uniform(t, Precision::Fp32) })
@@ -977,7 +978,7 @@ fn knapsack(items: &[Vec<(Precision, f64, f64)>], budget: f64, exhaustive_limit:
 /// that the slowest type finishes first ([`crate::joint::split`] on the
 /// FP32 lines), verified by a full prediction at that split.
 fn dbs(cx: &Ctx<'_>) -> Result<DbsEval, PlanError> {
-    let plans: Vec<Plan> = (0..cx.targets.len()).map(|t| cx.uniform_fp32(t)).collect();
+    let plans: Vec<Plan> = vec![cx.all_fp32(); cx.targets.len()];
     let lines = cx.lines(&plans)?;
     let Some((batches, _)) = crate::joint::split(&lines, cx.global_batch()) else {
         return Ok(DbsEval {

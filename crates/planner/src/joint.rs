@@ -170,7 +170,9 @@ impl Line {
                     0
                 }
             }
-            Some(cap) => ((cap - self.fixed_bytes) / self.per_sample_bytes).floor().clamp(0.0, f64::from(u32::MAX)) as u32,
+            Some(cap) => {
+                ((cap - self.fixed_bytes) / self.per_sample_bytes).floor().clamp(0.0, f64::from(u32::MAX)) as u32
+            }
         }
     }
 

@@ -169,7 +169,10 @@ fn resolve_sync(
     if req.sync != "auto" {
         let scheme = qsync_sim::SyncScheme::parse(&req.sync).map_err(|e| request_err(format!("--sync: {e}")))?;
         let spec = qsync_sim::SyncSpec { scheme, group };
-        return Ok((spec, json!({ "mode": "given", "scheme": scheme.name(), "group": group, "relative_error": scheme.relative_error() })));
+        return Ok((
+            spec,
+            json!({ "mode": "given", "scheme": scheme.name(), "group": group, "relative_error": scheme.relative_error() }),
+        ));
     }
     let budget = req.sync_error_budget;
     if !(budget.is_finite() && budget >= 0.0) {
@@ -177,7 +180,8 @@ fn resolve_sync(
     }
     let mut pred = qsync_sim::Predictor::new(g, targets.to_vec(), popts.clone())?;
     let bytes = pred.result().allreduce_bytes;
-    let c = qsync_sim::sync::choose(pred.cluster(), bytes, popts.config.bucket_cap_bytes, budget, group, popts.config.algo);
+    let c =
+        qsync_sim::sync::choose(pred.cluster(), bytes, popts.config.bucket_cap_bytes, budget, group, popts.config.algo);
     let scheme = qsync_sim::SyncScheme::parse(&c.scheme).map_err(|e| anyhow::anyhow!("sync choice: {e}"))?;
     let considered: Vec<serde_json::Value> =
         c.considered.iter().map(|(n, us)| json!({ "scheme": n, "predicted_us": round(*us) })).collect();
@@ -717,9 +721,9 @@ impl PlanArgs {
     pub fn request(&self) -> Result<PlanRequest> {
         let mut precisions = Vec::new();
         for s in self.precisions.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let p: Precision = s.parse().map_err(|e| {
-                anyhow::anyhow!("--precisions: {e} (fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2)")
-            })?;
+            let p: Precision = s
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--precisions: {e} (fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2)"))?;
             precisions.push(p);
         }
         if let Some(b) = self.indicator_bound {

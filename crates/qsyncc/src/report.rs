@@ -78,7 +78,8 @@ pub fn explanation(out: &Outcome) -> String {
         let _ = write!(s, "Against UP, {}. ", changes.join("; "));
     }
     let up = out.up.samples_per_s.max(1e-12);
-    let _ = write!(s, "Predicted {:.1} samples/s, {:+.1}% over UP", c.samples_per_s, (c.samples_per_s / up - 1.0) * 100.0);
+    let _ =
+        write!(s, "Predicted {:.1} samples/s, {:+.1}% over UP", c.samples_per_s, (c.samples_per_s / up - 1.0) * 100.0);
     if let Some(d) = out.dbs.eval.as_ref().filter(|d| d.samples_per_s > 0.0) {
         let _ = write!(s, " and {:+.1}% over DBS", (c.samples_per_s / d.samples_per_s - 1.0) * 100.0);
     }
@@ -148,10 +149,8 @@ pub fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
             g.optimal_indicator_sum
         );
     }
-    let _ = writeln!(
-        s,
-        "## Timeline (UP above, the chosen plan below: forward, backward, optimizer step, then waiting)\n"
-    );
+    let _ =
+        writeln!(s, "## Timeline (UP above, the chosen plan below: forward, backward, optimizer step, then waiting)\n");
     s += &svg(out);
     s += "\n\n## Per device (chosen plan)\n\n| device | role | local batch | precisions | compute ms | memory GiB | capacity GiB | indicator |\n|---|---|---:|---|---:|---:|---:|---:|\n";
     for t in &c.types {

@@ -127,7 +127,11 @@ fn render(r: &BenchReport, json: bool) -> Result<String> {
         r.max_abs_error,
         r.error_bound,
         r.max_error_to_bound,
-        if r.within_bound { "within bound".to_string() } else { format!("{} elements OVER the bound", r.bound_violations) },
+        if r.within_bound {
+            "within bound".to_string()
+        } else {
+            format!("{} elements OVER the bound", r.bound_violations)
+        },
         r.bitwise_identical,
         r.seconds,
         r.iterations,

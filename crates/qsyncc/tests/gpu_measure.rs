@@ -151,11 +151,15 @@ impl Truth {
         let tc_peak = self.dev["tensor_core_tflops"][p].as_f64().unwrap_or(0.0) * 1e12;
         let align = self.dev["tensor_core_alignment"][p].as_i64().unwrap_or(0);
         let dims = e["align_dims"].as_array().expect("align_dims");
-        let tc = e["gemm_like"] == true && tc_peak > 0.0 && align > 0 && dims.iter().all(|d| d.as_i64().unwrap_or(1) % align == 0);
+        let tc = e["gemm_like"] == true
+            && tc_peak > 0.0
+            && align > 0
+            && dims.iter().all(|d| d.as_i64().unwrap_or(1) % align == 0);
         let rate = if tc {
             tc_peak * TRUE_TC
         } else {
-            let cuda = self.dev["cuda_core_tflops"][p].as_f64().or_else(|| self.dev["cuda_core_tflops"]["fp32"].as_f64());
+            let cuda =
+                self.dev["cuda_core_tflops"][p].as_f64().or_else(|| self.dev["cuda_core_tflops"]["fp32"].as_f64());
             cuda.expect("fp32 rate") * 1e12 * TRUE_CUDA
         };
         let bytes = f(&w["elems"]) * Truth::bytes(p) + f(&w["fixed_bytes"]);
@@ -199,9 +203,7 @@ fn synthetic_ops(dir: &Path) -> PathBuf {
         json!({ "from": a, "to": b, "samples": sizes.iter().map(|&n| [n, (r * n + t.launch) * 1e6]).collect::<Vec<_>>() })
     };
     // Bytes touched per parameter by one step (read p, g and state, write p and state).
-    let opt = |name: &str, touched: f64| {
-        json!({ "optimizer": name, "samples": sizes.iter().map(|&n| [n, (n * touched / (t.bw * TRUE_MEM) + t.launch) * 1e6]).collect::<Vec<_>>() })
-    };
+    let opt = |name: &str, touched: f64| json!({ "optimizer": name, "samples": sizes.iter().map(|&n| [n, (n * touched / (t.bw * TRUE_MEM) + t.launch) * 1e6]).collect::<Vec<_>>() });
     let m = json!({
         "schema": "qsync-ops/1",
         "meta": { "gpu": "synthetic H100 (test)", "driver": "none", "torch": "none", "date": "2026-01-01T00:00:00Z" },
@@ -343,7 +345,12 @@ fn table_iii_on_synthetic_iterations_of_a_hidden_device() {
         .arg(repo().join("scripts/gpu/analyze.py"))
         .args(["--qsyncc", env!("CARGO_BIN_EXE_qsyncc"), "--device", "h100-sxm"])
         .args(["--ops", ops.to_str().expect("utf8"), "--iterations", its.to_str().expect("utf8")])
-        .args(["--models-dir", models.to_str().expect("utf8"), "--out-dir", dir.join("analysis").to_str().expect("utf8")])
+        .args([
+            "--models-dir",
+            models.to_str().expect("utf8"),
+            "--out-dir",
+            dir.join("analysis").to_str().expect("utf8"),
+        ])
         .args(["--json", results.to_str().expect("utf8"), "--markdown", md.to_str().expect("utf8")])
         .output()
         .expect("python3");

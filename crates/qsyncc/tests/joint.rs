@@ -16,7 +16,8 @@ fn read_json(p: &Path) -> serde_json::Value {
 fn plan(model: &str, targets: &str, extra: &[&str]) -> (std::path::PathBuf, serde_json::Value) {
     let out = tmpdir(&format!("joint-{model}"));
     let path = models_dir().join(model);
-    let mut args = vec![path.to_str().expect("utf8"), "--targets", targets, "-o", out.to_str().expect("utf8"), "--json"];
+    let mut args =
+        vec![path.to_str().expect("utf8"), "--targets", targets, "-o", out.to_str().expect("utf8"), "--json"];
     args.extend_from_slice(extra);
     let o = qsyncc(&args);
     assert!(o.status.success(), "{model} {targets}: {}", stderr(&o));
@@ -34,7 +35,8 @@ fn the_fastest_joint_plan_beats_up_and_dbs_on_a_mixed_cluster() {
     // joint plan does both and must be strictly faster than either, within
     // UP's indicator sum.
     for model in ["resnet50_train.onnx", "bert_base_train.onnx"] {
-        let (out, s) = plan(model, "a100-80gb:8,l4:8,t4:8", &["--batch", "16", "--dim", "seq=128", "--objective", "throughput"]);
+        let (out, s) =
+            plan(model, "a100-80gb:8,l4:8,t4:8", &["--batch", "16", "--dim", "seq=128", "--objective", "throughput"]);
         let m = &s["methods"];
         let (up, dbs) = (f(&m["up"], "samples_per_s"), f(&m["dbs"], "samples_per_s"));
         let joint = f(&m["joint-fastest"], "samples_per_s");
@@ -134,7 +136,15 @@ fn the_pipeline_is_a_library_and_deterministic() {
     let dir = tmpdir("lib");
     let (a, b) = (dir.join("a"), dir.join("b"));
     planned.write(&a).expect("writes");
-    let o = qsyncc(&[model.to_str().expect("utf8"), "--targets", "v100:4,t4:4", "--batch", "16", "-o", b.to_str().expect("utf8")]);
+    let o = qsyncc(&[
+        model.to_str().expect("utf8"),
+        "--targets",
+        "v100:4,t4:4",
+        "--batch",
+        "16",
+        "-o",
+        b.to_str().expect("utf8"),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     for f in ["manifest.json", "report.md", "timeline.json", "t4/model.onnx", "t4/plan.json", "v100/model.onnx"] {
         let (x, y) = (std::fs::read(a.join(f)).expect("a"), std::fs::read(b.join(f)).expect("b"));
@@ -168,14 +178,18 @@ fn the_planner_chooses_the_gradient_synchronization() {
     assert!(f(sync, "predicted_us") <= f(sync, "fp32_us"), "{sync}");
     assert!(f(sync, "relative_error") <= 0.01, "{sync}");
     assert_eq!(read_json(&out.join("manifest.json"))["sync"], *sync);
-    let (_, zero) =
-        plan("resnet50_train.onnx", "v100:16/8,t4:16/8", &["--batch", "32", "--sync", "auto", "--sync-error-budget", "0"]);
+    let (_, zero) = plan(
+        "resnet50_train.onnx",
+        "v100:16/8,t4:16/8",
+        &["--batch", "32", "--sync", "auto", "--sync-error-budget", "0"],
+    );
     assert_eq!(zero["sync"]["scheme"], "fp32", "{}", zero["sync"]);
     let (_, given) = plan("resnet50_train.onnx", "v100:16/8,t4:16/8", &["--batch", "32", "--sync", "qgz-int4-hier"]);
     assert_eq!(given["sync"]["scheme"], "qgz-int4-hier");
     assert_eq!(given["sync"]["mode"], "given");
     let m = models_dir().join("squeezenet1_1.onnx");
-    let o = qsyncc(&[m.to_str().expect("utf8"), "--targets", "v100,t4", "--sync", "qgz-int3", "-o", "/tmp/qsync-never"]);
+    let o =
+        qsyncc(&[m.to_str().expect("utf8"), "--targets", "v100,t4", "--sync", "qgz-int3", "-o", "/tmp/qsync-never"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("qgz-int3"), "{}", stderr(&o));
 }

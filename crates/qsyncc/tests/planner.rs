@@ -112,8 +112,15 @@ fn every_shared_model_plans_on_cluster_a() {
             let model = out.join(dev).join("model.onnx");
             let targets = format!("{dev}:16");
             let batch = manifest["devices"][dev]["local_batch"].as_u64().expect("local_batch").to_string();
-            let o =
-                qsyncc(&["simulate", model.to_str().expect("utf8"), "--targets", &targets, "--batch", &batch, "--json"]);
+            let o = qsyncc(&[
+                "simulate",
+                model.to_str().expect("utf8"),
+                "--targets",
+                &targets,
+                "--batch",
+                &batch,
+                "--json",
+            ]);
             assert!(o.status.success(), "{name} {dev}: {}", String::from_utf8_lossy(&o.stderr));
             let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
             let written = j["devices"][dev]["compute_ms"].as_f64().expect("compute_ms");
@@ -157,8 +164,11 @@ fn paper_t_min_trades_throughput_for_precision() {
     // it, so the plan's Ω is below the default plan's and its throughput
     // between the floor and UP.
     let run = |rule: &str| {
-        let (out, summary) =
-            run_planner("resnet50_train.onnx", "v100:16,t4:16", &["--batch", "32", "--t-min", rule, "--method", "qsync"]);
+        let (out, summary) = run_planner(
+            "resnet50_train.onnx",
+            "v100:16,t4:16",
+            &["--batch", "32", "--t-min", rule, "--method", "qsync"],
+        );
         (summary, read_json(&out.join("manifest.json")))
     };
     let ((fast, fast_m), (low, low_m)) = (run("fastest"), run("lowest"));
@@ -185,8 +195,11 @@ fn the_training_role_goes_to_the_device_faster_on_the_model() {
     // A100's 19.5) but a fifth of its memory bandwidth: on ResNet-50 the
     // A100 is the faster FP32 device, so it trains in FP32 and the L4 is
     // the one planned below FP32 (here BF16).
-    let (out, _) =
-        run_planner("resnet50_train.onnx", "a100-40gb:4,l4:4", &["--precisions", "fp32,bf16", "--batch", "16", "--method", "qsync"]);
+    let (out, _) = run_planner(
+        "resnet50_train.onnx",
+        "a100-40gb:4,l4:4",
+        &["--precisions", "fp32,bf16", "--batch", "16", "--method", "qsync"],
+    );
     let m = read_json(&out.join("manifest.json"));
     assert_eq!(m["devices"]["a100-40gb"]["role"], "training", "{m}");
     assert_eq!(m["devices"]["l4"]["role"], "inference", "{m}");

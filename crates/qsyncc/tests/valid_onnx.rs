@@ -81,8 +81,7 @@ fn written(model: &Path, dir: &Path) -> Vec<PathBuf> {
     let o = qsyncc(&[m, "--targets", "v100:16,t4:16", "--batch", "16", "-o", plan.to_str().expect("utf8")]);
     assert!(o.status.success(), "planning {m}: {}", stderr(&o));
     let mut files: Vec<PathBuf> = ["v100", "t4"].iter().map(|d| plan.join(d).join("model.onnx")).collect();
-    for (tag, passes, mode) in
-        [("train", "campo,egraph-casts", "training"), ("infer", "amp,egraph-casts", "inference")]
+    for (tag, passes, mode) in [("train", "campo,egraph-casts", "training"), ("infer", "amp,egraph-casts", "inference")]
     {
         let out = dir.join(format!("{stem}-{tag}.onnx"));
         let o = qsyncc(&[

@@ -146,6 +146,11 @@ pub struct Predictor<'g> {
     sim: Simulator,
     /// [`Static`] of every value (for the cast accounting).
     statics: Vec<Static>,
+    /// Trained parameters (elements) and the bytes of refreshed copies the
+    /// graph already stores: fixed per graph, read by every optimizer-step
+    /// update.
+    params: f64,
+    stored_copies: f64,
 }
 
 /// The synchronization kernels' costs from the device's cast model:
@@ -507,8 +512,7 @@ impl<'g> Predictor<'g> {
                     });
                 }
             }
-            let tracker =
-                MemoryTracker::new(graph, &facts, &resolved, &t.device, opts.optimizer, t.memory_fraction)?;
+            let tracker = MemoryTracker::new(graph, &facts, &resolved, &t.device, opts.optimizer, t.memory_fraction)?;
             let memory = scaled_memory(tracker.breakdown(), t, &opts);
             let mut index = vec![None; bound];
             for (i, &n) in order.iter().enumerate() {
@@ -551,7 +555,10 @@ impl<'g> Predictor<'g> {
             });
         }
         let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config)?;
-        Ok(Predictor { graph, facts, opts, types, targets, sim, statics })
+        let stored_copies =
+            CastCx { graph, facts: &facts, statics: &statics, index: &[], weight_copies: opts.weight_copies }
+                .stored_copy_bytes();
+        Ok(Predictor { graph, facts, opts, types, targets, sim, statics, params, stored_copies })
     }
 
     fn sim_cost(
@@ -650,10 +657,9 @@ impl<'g> Predictor<'g> {
                     }
                     ts.copy_claims[m.index()] = claims;
                 }
-                let params: f64 = self.facts.params().iter().filter_map(|&v| self.facts.elements(v)).sum();
-                let copies = cx.stored_copy_bytes() + ts.copies.total();
-                let step = step_seconds(&ts.model, params, self.opts.optimizer)
-                    + refresh_seconds(&target.device, copies);
+                let copies = self.stored_copies + ts.copies.total();
+                let step =
+                    step_seconds(&ts.model, self.params, self.opts.optimizer) + refresh_seconds(&target.device, copies);
                 self.sim.set_optimizer_us(t, us(step))?;
             }
             ts.memory = memory;

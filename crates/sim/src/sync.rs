@@ -71,13 +71,25 @@ impl Default for SyncKernels {
 
 impl SyncKernels {
     fn quantize(&self, e: f64) -> f64 {
-        if e > 0.0 { self.quantize_r * e + self.quantize_c } else { 0.0 }
+        if e > 0.0 {
+            self.quantize_r * e + self.quantize_c
+        } else {
+            0.0
+        }
     }
     fn dequantize(&self, e: f64) -> f64 {
-        if e > 0.0 { self.dequantize_r * e + self.dequantize_c } else { 0.0 }
+        if e > 0.0 {
+            self.dequantize_r * e + self.dequantize_c
+        } else {
+            0.0
+        }
     }
     fn cast16(&self, e: f64) -> f64 {
-        if e > 0.0 { self.cast16_r * e + self.cast16_c } else { 0.0 }
+        if e > 0.0 {
+            self.cast16_r * e + self.cast16_c
+        } else {
+            0.0
+        }
     }
 }
 
@@ -88,8 +100,15 @@ pub enum SyncScheme {
     Fp16,
     Bf16,
     /// qgZ; bits 8 or 4; `inter: Some(bits)` is hierarchical.
-    Qgz { intra: u8, inter: Option<u8>, stochastic: bool },
-    NBit { bits: u8, stochastic: bool },
+    Qgz {
+        intra: u8,
+        inter: Option<u8>,
+        stochastic: bool,
+    },
+    NBit {
+        bits: u8,
+        stochastic: bool,
+    },
 }
 
 /// A scheme with its quantization group size.
@@ -172,7 +191,9 @@ impl SyncScheme {
             SyncScheme::Qgz { intra, inter: Some(i), stochastic } if i == intra => {
                 format!("qgz-int{intra}-hier{}", sr(stochastic))
             }
-            SyncScheme::Qgz { intra, inter: Some(i), stochastic } => format!("qgz-int{intra}-int{i}-hier{}", sr(stochastic)),
+            SyncScheme::Qgz { intra, inter: Some(i), stochastic } => {
+                format!("qgz-int{intra}-int{i}-hier{}", sr(stochastic))
+            }
             SyncScheme::NBit { bits, stochastic } => format!("nbit-{bits}{}", sr(stochastic)),
         }
     }
@@ -263,7 +284,12 @@ pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_
         SyncScheme::Fp16 | SyncScheme::Bf16 => k.cast16(e) + k.cast16(e) + k.cast16(e / pf) + k.cast16(e),
         SyncScheme::Qgz { inter: None, .. } => k.quantize(e) + k.dequantize(e) + k.quantize(e / pf) + k.dequantize(e),
         SyncScheme::Qgz { inter: Some(_), .. } => {
-            k.quantize(e) + k.dequantize(e) + k.quantize(e / l) + k.dequantize(e / l) + k.quantize(e / pf) + k.dequantize(e)
+            k.quantize(e)
+                + k.dequantize(e)
+                + k.quantize(e / l)
+                + k.dequantize(e / l)
+                + k.quantize(e / pf)
+                + k.dequantize(e)
         }
         SyncScheme::NBit { .. } => k.quantize(e) + k.dequantize(e * pf),
     }

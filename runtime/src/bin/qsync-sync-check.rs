@@ -189,20 +189,40 @@ fn z_statistic(world: &dyn Communicator, name: &str, a: &Args, x: &[f32], trials
 
 fn stochastic_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
     let n = 2048;
-    for (sr, qmax_or_levels, is_qgz) in
-        [("qgz-int4-sr", 7.0, true), ("qgz-int8-sr", 127.0, true), ("qgz-int4-hier-sr", 7.0, true), ("nbit-2-sr", 3.0, false), ("nbit-4-sr", 15.0, false)]
-    {
+    for (sr, qmax_or_levels, is_qgz) in [
+        ("qgz-int4-sr", 7.0, true),
+        ("qgz-int8-sr", 127.0, true),
+        ("qgz-int4-hier-sr", 7.0, true),
+        ("nbit-2-sr", 3.0, false),
+        ("nbit-4-sr", 15.0, false),
+    ] {
         // 0.3 of a quantization step everywhere except the value that fixes
         // the step: round-to-nearest drops them all (bias −0.3 step).
         let step = 1.0f32 / qmax_or_levels;
         let x: Vec<f32> = (0..n)
-            .map(|i| if is_qgz { if i % 64 == 0 { 1.0 } else { 0.3 * step } } else if i == 0 { 0.0 } else if i == 1 { 1.0 } else { 0.3 * step })
+            .map(|i| {
+                if is_qgz {
+                    if i % 64 == 0 {
+                        1.0
+                    } else {
+                        0.3 * step
+                    }
+                } else if i == 0 {
+                    0.0
+                } else if i == 1 {
+                    1.0
+                } else {
+                    0.3 * step
+                }
+            })
             .collect();
         let z = z_statistic(world, sr, a, &x, 40)?;
         let rn = sr.trim_end_matches("-sr");
         let z_rn = z_statistic(world, rn, a, &x, 3)?;
         rep.check(z.abs() < 5.0, || format!("{sr}: stochastic rounding looks biased: z = {z:.2}"));
-        rep.check(z_rn.abs() > 5.0, || format!("{rn}: the bias test cannot see round-to-nearest's bias: z = {z_rn:.2}"));
+        rep.check(z_rn.abs() > 5.0, || {
+            format!("{rn}: the bias test cannot see round-to-nearest's bias: z = {z_rn:.2}")
+        });
         if world.rank() == 0 {
             eprintln!("stochastic: {sr} z = {z:+.2}; {rn} z = {z_rn:+.2}");
         }
@@ -231,7 +251,8 @@ fn feedback_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Resul
         let without = drift(name.trim_end_matches("-ef"))?;
         let cfg = config(name, a.nodes, 64, 11, a.timeout)?;
         let reference = bound::reference(&cfg, shape, n, &|r| gradient(GradKind::Normal, n, 7, r));
-        let dev = |t: &[f64]| t.iter().zip(&reference.mean).map(|(s, m)| (s - steps as f64 * m).abs()).fold(0.0, f64::max);
+        let dev =
+            |t: &[f64]| t.iter().zip(&reference.mean).map(|(s, m)| (s - steps as f64 * m).abs()).fold(0.0, f64::max);
         let single = reference.bound.iter().copied().fold(0.0, f64::max);
         let (d_with, d_without) = (dev(&with), dev(&without));
         rep.check(d_with <= 3.0 * single, || {

@@ -50,8 +50,7 @@ impl GradSync<'_> {
         let packed = reference::pack(&x, mn, mx, bits, self.cfg.scheme.rounding, seed);
         let me = self.world.rank();
         let unpack = |buf: &[u8], peer: usize| {
-            reference::unpack(buf, n, bits)
-                .map_err(|e| SyncError::BadPayload { rank: me, peer, detail: e.to_string() })
+            reference::unpack(buf, n, bits).map_err(|e| SyncError::BadPayload { rank: me, peer, detail: e.to_string() })
         };
         if let Some(r) = self.residual_mut("nbit") {
             let own = unpack(&packed, me)?;

@@ -155,7 +155,8 @@ impl GradSync<'_> {
         let mut offset = 0;
         for &s in &mine {
             let (m, len) = (sh[s].len(), q1.block_len(sh[s].len()));
-            let blocks: Vec<&[u8]> = (0..per_node).map(|i| &recv[i * per_peer + offset..i * per_peer + offset + len]).collect();
+            let blocks: Vec<&[u8]> =
+                (0..per_node).map(|i| &recv[i * per_peer + offset..i * per_peer + offset + len]).collect();
             let mut acc = vec![0f32; m];
             if m > 0 {
                 q1.accumulate(&blocks, &mut acc).map_err(|e| self.bad(per_node, e))?;
