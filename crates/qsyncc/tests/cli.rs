@@ -40,10 +40,31 @@ fn batch_binding_makes_flops_concrete() {
 }
 
 #[test]
-fn fixed_batch_models_are_not_rebatched() {
+fn fixed_batch_models_are_rebatched_where_the_graph_allows() {
+    // ResNet-50 fixes batch 1 in its input and its flatten target [1,2048].
     let j = inspect_json(&models_dir().join("resnet50.onnx"), &["--batch", "8"]);
-    assert_eq!(j["fixed_batch"].as_i64(), Some(1));
-    assert_eq!(j["inputs"][0]["type"], "f32[1,3,224,224]");
+    assert!(j["fixed_batch"].is_null(), "{j}");
+    assert_eq!(j["inputs"][0]["type"], "f32[8,3,224,224]");
+    assert!(j["warnings"].to_string().contains("rebatched to 8"), "{j}");
+    // A graph whose reshape drops the batch cannot be rebatched: it keeps
+    // batch 1, `simulate` refuses another batch instead of scaling the
+    // work, and the planner (which splits the batch) refuses it.
+    let dir = tmpdir("unrebatchable");
+    let p = dir.join("drop.qir");
+    std::fs::write(
+        &p,
+        "opset \"\" 17\ngraph \"g\" {\n  init %t: i64[2] = [3, 4]\n  input %x: f32[1,3,4]\n  %y = Reshape \"drop\"(%x, %t)\n  output %y\n}\n",
+    )
+    .expect("write");
+    let j = inspect_json(&p, &["--batch", "8"]);
+    assert_eq!(j["fixed_batch"].as_i64(), Some(1), "{j}");
+    assert!(j["warnings"].to_string().contains("could not be rebatched"), "{j}");
+    let ps = p.to_str().expect("utf8");
+    assert_clean_failure(&qsyncc(&["simulate", ps, "--targets", "t4", "--batch", "8"]), "use --batch 1");
+    assert!(qsyncc(&["simulate", ps, "--targets", "t4", "--batch", "1"]).status.success());
+    let out = dir.join("plan");
+    assert_clean_failure(&qsyncc(&[ps, "--targets", "t4", "-o", out.to_str().expect("utf8")]), "could not be rebatched");
+    assert!(!out.exists());
 }
 
 #[test]
@@ -231,7 +252,7 @@ fn quantized_plans_cost_their_qdq_inside_the_op() {
 }
 
 #[test]
-fn symbolic_batch_contradicted_by_the_graph_is_treated_as_fixed() {
+fn symbolic_batch_contradicted_by_the_graph_is_rebatched() {
     // Exporters sometimes declare a symbolic batch but bake the traced batch
     // (here 1) into a reshape target.
     let dir = tmpdir("traced_batch");
@@ -241,11 +262,13 @@ fn symbolic_batch_contradicted_by_the_graph_is_treated_as_fixed() {
         "opset \"\" 17\ngraph \"g\" {\n  init %t: i64[2] = [1, 12]\n  input %x: f32[batch,3,4]\n  %y = Reshape \"flat\"(%x, %t)\n  output %y\n}\n",
     )
     .expect("write");
+    // Its reshape target is made batch-relative ([-1, 12]): rebatched.
     let j = inspect_json(&p, &["--batch", "8"]);
-    assert_eq!(j["fixed_batch"].as_i64(), Some(1), "{j}");
-    assert_eq!(j["inputs"][0]["type"], "f32[1,3,4]");
+    assert!(j["fixed_batch"].is_null(), "{j}");
+    assert_eq!(j["inputs"][0]["type"], "f32[8,3,4]");
+    assert_eq!(j["outputs"][0]["type"], "f32[8,12]");
     let warnings = j["warnings"].to_string();
-    assert!(warnings.contains("contradicts the graph") && warnings.contains("flat"), "{warnings}");
+    assert!(warnings.contains("fixed its batch at 1; rebatched to 8"), "{warnings}");
 }
 
 #[test]
