@@ -140,7 +140,10 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
         ));
     } else if let Some(b) = report.fixed_batch.filter(|_| !warnings.iter().any(|w| w.contains("contradicts the graph")))
     {
-        warnings.push(format!("{label}: the batch is fixed at {b} inside the graph and could not be rebatched"));
+        warnings.push(format!(
+            "{label}: the batch is fixed at {b} inside the graph and could not be rebatched: other batches are \
+             predicted by scaling its per-sample work, and written models keep batch {b}"
+        ));
     }
     let missing = initializers_without_data(&model);
     if missing.count > 0 {

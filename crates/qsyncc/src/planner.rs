@@ -20,9 +20,13 @@
 //! # Ok::<(), qsyncc::planner::PipelineError>(())
 //! ```
 //!
-//! The directory (schema `qsync-plan/2`):
+//! The directory (schema `qsync-plan/2`; `manifest.json` is described by
+//! the JSON Schema `crates/qsyncc/schema/qsync-plan-2.schema.json`, which
+//! the tests validate every written manifest against — change both
+//! together):
 //!
-//! - `manifest.json` — `schema`, `model` {name, path, sha256}, `targets`
+//! - `manifest.json` — `schema`, `files` (every file of the directory,
+//!   sorted), `model` {name, path, sha256}, `targets`
 //!   (device, count, per node, local batch, gradient weight, memory
 //!   fraction, role), `cluster` (devices, global batch, training precision,
 //!   precisions), `sync` (the gradient synchronization every prediction
@@ -32,7 +36,7 @@
 //!   device), `pipeline`, `indicator` (statistics sources), `method`,
 //!   `objective`, `chosen` (a key of `methods`), `t_min_samples_per_s` and
 //!   `t_min_rule` (`best`, `fastest`, `lowest`), `indicator_bound`, the
-//!   chosen plan's `iteration_ms` and `samples_per_s`, `devices` per type
+//!   chosen plan's `iteration_ms`, `samples_per_s` and `indicator_sum`, `devices` per type
 //!   {role, count, local_batch, iteration_ms, compute_ms, memory, fits,
 //!   indicator, casts, precision_histogram, files}, `methods` {up, dbs,
 //!   qsync-greedy, qsync, joint-fastest, joint — those found} with
@@ -40,7 +44,8 @@
 //!   `search` (candidates, classes, recovery steps, joint combinations),
 //!   `optimality_gap`, `warnings` (byte-deterministic: the per-phase
 //!   timings go only to `--json`'s `timings_s`);
-//! - `<device>/model.onnx` — the planned graph with casts / QDQ materialized;
+//! - `<device>/model.onnx` — the planned graph with casts / QDQ
+//!   materialized, at the device's local batch;
 //! - `<device>/plan.json` — per node its precision, the forward / backward
 //!   µs the chosen plan was simulated with (casts and batch scaling
 //!   included), and Ω for the planned candidates;
@@ -307,13 +312,6 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     let bytes = std::fs::read(&req.model).with_context(|| format!("cannot read {}", req.model.display()))?;
     let crate::simulate::Prepared { loaded, work_scale, bindings, mut warnings } =
         crate::simulate::prepare(&req.model, req.batch, &req.dims)?;
-    if let Some(b) = loaded.fixed_batch {
-        return Err(request_err(format!(
-            "{}: the batch is fixed at {b} inside the graph and could not be rebatched; the planner splits the batch \
-             between device types, which needs a free batch (export the model with a dynamic batch axis)",
-            req.model.display()
-        )));
-    }
     clock.say(&format!("loaded {} ({} nodes)", req.model.display(), loaded.model.graph.node_count()));
     clock.lap("load");
     let g = &loaded.model.graph;

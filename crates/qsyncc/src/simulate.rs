@@ -270,17 +270,13 @@ pub(crate) fn prepare(model: &std::path::Path, batch: i64, dims: &[(String, i64)
     let loaded = load::load_model(model, &opts, &[])?;
     let mut warnings = loaded.warnings.clone();
     // Graphs that fix their batch are rebatched on load where the graph
-    // allows; one that cannot be is predicted only at its own batch, never
-    // by scaling the work of another (what `opt` and the written models
-    // would then contradict).
-    if let Some(b) = loaded.fixed_batch.filter(|&b| b != batch) {
-        bail!(
-            "{}: the batch is fixed at {b} inside the graph and could not be rebatched to {batch}: use --batch {b}, \
-             or export the model with a dynamic batch axis",
-            model.display()
-        );
-    }
-    let work_scale = 1.0;
+    // allows. One that cannot be (some transformer exports bake the traced
+    // batch into reshape targets we do not rewrite) is costed by scaling
+    // its per-sample work, with the loader's warning saying so.
+    let work_scale = match loaded.fixed_batch {
+        Some(b) if b > 0 => batch as f64 / b as f64,
+        _ => 1.0,
+    };
     let mut bindings = Bindings::new();
     for s in free_symbols(&loaded.model.graph) {
         warnings.push(format!("dimension `{s}` is not bound; using {DEFAULT_DIM} (bind it with --dim {s}=N)"));

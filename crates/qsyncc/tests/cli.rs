@@ -47,8 +47,7 @@ fn fixed_batch_models_are_rebatched_where_the_graph_allows() {
     assert_eq!(j["inputs"][0]["type"], "f32[8,3,224,224]");
     assert!(j["warnings"].to_string().contains("rebatched to 8"), "{j}");
     // A graph whose reshape drops the batch cannot be rebatched: it keeps
-    // batch 1, `simulate` refuses another batch instead of scaling the
-    // work, and the planner (which splits the batch) refuses it.
+    // batch 1 and says that other batches are costed by scaling its work.
     let dir = tmpdir("unrebatchable");
     let p = dir.join("drop.qir");
     std::fs::write(
@@ -59,12 +58,7 @@ fn fixed_batch_models_are_rebatched_where_the_graph_allows() {
     let j = inspect_json(&p, &["--batch", "8"]);
     assert_eq!(j["fixed_batch"].as_i64(), Some(1), "{j}");
     assert!(j["warnings"].to_string().contains("could not be rebatched"), "{j}");
-    let ps = p.to_str().expect("utf8");
-    assert_clean_failure(&qsyncc(&["simulate", ps, "--targets", "t4", "--batch", "8"]), "use --batch 1");
-    assert!(qsyncc(&["simulate", ps, "--targets", "t4", "--batch", "1"]).status.success());
-    let out = dir.join("plan");
-    assert_clean_failure(&qsyncc(&[ps, "--targets", "t4", "-o", out.to_str().expect("utf8")]), "could not be rebatched");
-    assert!(!out.exists());
+    assert!(j["warnings"].to_string().contains("scaling its per-sample work"), "{j}");
 }
 
 #[test]
