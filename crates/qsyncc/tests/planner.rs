@@ -369,6 +369,12 @@ fn manifests_are_byte_identical_across_runs() {
         texts.push(std::fs::read(out.join("manifest.json")).expect("manifest"));
     }
     assert!(texts[0] == texts[1], "manifest.json differs between two runs");
+    // The report explains the indicator to its reader, and its timeline
+    // draws the time after the backward pass as waiting unless it is the
+    // optimizer step.
+    let report = std::fs::read_to_string(dir.join("a").join("report.md")).expect("report");
+    assert!(report.contains("**The indicator**") && report.contains("not an accuracy prediction"), "{report}");
+    assert!(report.contains("grey waiting") && report.contains("fill=\"#dddddd\""), "{report}");
 }
 
 /// The count of weights without data, from each command's output.
