@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use qsync_cost::{is_precision_dependent, CostModel, GraphFacts, Kind, Plan, Precision};
 use qsync_ir::{Graph, NodeId, OpClass};
-use qsync_sim::{PredictError, PredictOptions, Predictor, Target};
+use qsync_sim::{PredictError, PredictOptions, Predictor, SimResult, Target};
 use serde::Serialize;
 
 use crate::indicator::Indicator;
@@ -662,11 +662,14 @@ pub fn allocate(
     // Levels run widest first: the last one that fits is the lowest.
     let mut lowest_fitting: Option<f64> = None;
     let mut lowest_failure = String::new();
-    for &p in &level_sets {
+    let level_results = crate::par::map(&level_sets, |&p| -> Result<(Vec<Plan>, SimResult), PlanError> {
         let plans: Vec<Plan> =
             (0..n_types).map(|t| if cx.levels[t].is_none() { base[t].clone() } else { cx.uniform(t, p) }).collect();
-        let mut pred = cx.predictor(&plans)?;
-        let r = pred.result().clone();
+        let r = cx.predictor(&plans)?.result().clone();
+        Ok((plans, r))
+    });
+    for (&p, level) in level_sets.iter().zip(level_results) {
+        let (plans, r) = level?;
         if r.devices.iter().all(|d| d.fits) {
             lowest_fitting = Some(r.samples_per_s);
             if best.as_ref().is_none_or(|(b, _)| r.samples_per_s > *b) {

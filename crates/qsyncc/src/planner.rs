@@ -346,6 +346,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     let label = req.model.display().to_string();
     let facts = GraphFacts::new(g, &bindings).with_context(|| label.clone())?;
     let cands = qsync_planner::candidates(g, &facts);
+    let is_cand: std::collections::HashSet<qsync_ir::NodeId> = cands.iter().copied().collect();
     // Weight statistics come from the values: external data found next to
     // the model is read for them. Initializers without data are counted
     // (and warned about) once, by the loader, the same in every command.
@@ -380,12 +381,14 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     let timeline = chosen.chrome_trace_json();
     clock.say("materializing each device's graph");
 
-    let pm = qsync_passes::pipeline_from_spec(&req.pipeline).map_err(|e| request_err(format!("--pipeline: {e:#}")))?;
     let emitted: Vec<String> =
         req.emit.iter().map(|e| e.trim().to_string()).filter(|e| e == "mlir" || e == "ptx").collect();
     let global_batch: u64 = out.chosen_eval.types.iter().map(|t| u64::from(t.count) * u64::from(t.local_batch)).sum();
-    let mut devices = Vec::new();
-    for (t, te) in out.chosen_eval.types.iter().enumerate() {
+    // Each device type's graph is materialized, run through the pipeline
+    // and described on its own thread; the results keep the types' order.
+    let per_device = |t: usize, te: &qsync_planner::TypeEval| -> Result<DevicePlan> {
+        let pm =
+            qsync_passes::pipeline_from_spec(&req.pipeline).map_err(|e| request_err(format!("--pipeline: {e:#}")))?;
         // Each device's graph at its own local batch: the written model's
         // batch dimension is the manifest's `local_batch`. The same file
         // loads to the same nodes, so the plan's node ids carry over.
@@ -450,7 +453,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         for &n in facts.order() {
             let p = resolved.compute(n);
             let c = costs.get(&n);
-            let cand = cands.contains(&n);
+            let cand = is_cand.contains(&n);
             nodes.push(json!({
                 "name": g.node(n).name,
                 "op": g.node(n).op.to_string(),
@@ -509,8 +512,24 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             "precision_histogram": te.precision_histogram,
             "files": files,
         });
-        devices.push(DevicePlan { name: te.name.clone(), model, plan_json, manifest_entry });
-    }
+        Ok(DevicePlan { name: te.name.clone(), model, plan_json, manifest_entry })
+    };
+    let devices: Vec<DevicePlan> = std::thread::scope(|scope| {
+        let workers: Vec<_> = out
+            .chosen_eval
+            .types
+            .iter()
+            .enumerate()
+            .map(|(t, te)| {
+                let per_device = &per_device;
+                scope.spawn(move || per_device(t, te))
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect::<Result<Vec<DevicePlan>>>()
+    })?;
     clock.lap("materialize and per-device pipeline");
 
     let method = |e: &Eval| {
@@ -660,15 +679,24 @@ impl Planned {
 
     fn write_into(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for d in &self.devices {
+        // Each device's model and plan are serialized on their own thread;
+        // code generation (LLVM, MLIR) stays on this one.
+        let save = |d: &DevicePlan| -> Result<()> {
             let sub = dir.join(&d.name);
             std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
             load::save_model(&d.model, &sub.join("model.onnx"))?;
+            write_json(&sub.join("plan.json"), &d.plan_json)
+        };
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = self.devices.iter().map(|d| scope.spawn(|| save(d))).collect();
+            workers.into_iter().try_for_each(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+        })?;
+        for d in &self.devices {
+            let sub = dir.join(&d.name);
             if !self.emit.is_empty() {
                 crate::codegen::run(&self.model_path, &d.model, &d.name, &self.emit.join(","), &sub, false)
                     .with_context(|| format!("code for {}", d.name))?;
             }
-            write_json(&sub.join("plan.json"), &d.plan_json)?;
         }
         std::fs::write(dir.join("timeline.json"), &self.timeline).context("writing timeline.json")?;
         std::fs::write(dir.join("report.md"), &self.report).context("writing report.md")?;

@@ -670,9 +670,15 @@ impl<'g> Predictor<'g> {
         // their inputs (who pays for a shared cast may move).
         let g = self.graph;
         let mut recost: std::collections::BTreeSet<NodeId> = changed.iter().copied().collect();
+        // An input that is never cast (not float, or a folded constant) ties
+        // its readers' costs to nothing: its other readers stay as they are.
+        let statics = &self.shared.statics;
+        let castable = |v: qsync_ir::ValueId| {
+            g.ty(v).dtype.is_some_and(DType::is_float) && statics.get(v.index()) != Some(&Static::Constant)
+        };
         for &m in &changed {
             let node = g.node(m);
-            for &v in node.outputs().iter().chain(node.inputs().iter().flatten()) {
+            for &v in node.outputs().iter().chain(node.inputs().iter().flatten().filter(|&&v| castable(v))) {
                 recost.extend(g.users(v).into_iter().map(|(u, _)| u));
             }
         }
