@@ -62,8 +62,8 @@ pub struct AllocOptions {
     pub precisions: Vec<Precision>,
     /// Which throughput floor the plan must keep.
     pub t_min: TMin,
-    /// Training devices on AMP instead of FP32.
-    pub train_amp: bool,
+    /// What the training device type computes in.
+    pub train_precision: TrainPrecision,
     /// Class combinations searched exhaustively (else DP).
     pub exhaustive_limit: u64,
     /// Combinations the optimality-gap search may evaluate with the predictor.
@@ -89,7 +89,7 @@ impl Default for AllocOptions {
         AllocOptions {
             precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
             t_min: TMin::Best,
-            train_amp: false,
+            train_precision: TrainPrecision::Auto,
             exhaustive_limit: 4096,
             gap_limit: 512,
             method: Method::Joint,
@@ -97,6 +97,66 @@ impl Default for AllocOptions {
             indicator_bound: None,
             combination_limit: 4096,
             opset: None,
+        }
+    }
+}
+
+/// What the training device type (the fastest type, or the only one)
+/// computes in. Its GEMM-like operators (MatMul, Gemm, Conv) run at the
+/// precision below, everything else in FP32 — PyTorch autocast's rule —
+/// and it counts no indicator: this is the precision people train in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainPrecision {
+    /// Mixed precision in the device's best 16-bit type: BF16 where it has
+    /// BF16 (A100, H100, A10, L4), else FP16 (V100, T4), else FP32.
+    #[default]
+    Auto,
+    /// Everything in FP32.
+    Fp32,
+    /// Mixed precision in FP16.
+    Fp16,
+    /// Mixed precision in BF16.
+    Bf16,
+    /// GEMM-like operators in FP8 (E4M3) where the device has it
+    /// (H100, L4), as Transformer Engine trains.
+    Fp8,
+}
+
+impl TrainPrecision {
+    /// The precision of the training type's GEMM-like operators on
+    /// `device`, or why it cannot run it.
+    pub fn gemm_precision(self, device: &qsync_cost::Device) -> Result<Precision, String> {
+        let want = match self {
+            TrainPrecision::Fp32 => return Ok(Precision::Fp32),
+            TrainPrecision::Auto => {
+                return Ok([Precision::Bf16, Precision::Fp16]
+                    .into_iter()
+                    .find(|&p| device.supports(p))
+                    .unwrap_or(Precision::Fp32))
+            }
+            TrainPrecision::Fp16 => Precision::Fp16,
+            TrainPrecision::Bf16 => Precision::Bf16,
+            TrainPrecision::Fp8 => Precision::Fp8e4m3,
+        };
+        if device.supports(want) {
+            Ok(want)
+        } else {
+            Err(format!("{} has no {want}: choose another --train-precision (auto picks BF16, else FP16)", device.name))
+        }
+    }
+}
+
+impl std::str::FromStr for TrainPrecision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<TrainPrecision, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "amp" => Ok(TrainPrecision::Auto),
+            "fp32" | "f32" => Ok(TrainPrecision::Fp32),
+            "fp16" | "f16" => Ok(TrainPrecision::Fp16),
+            "bf16" => Ok(TrainPrecision::Bf16),
+            "fp8" | "f8" | "f8e4m3" | "fp8e4m3" => Ok(TrainPrecision::Fp8),
+            _ => Err(format!("unknown training precision `{s}` (auto, amp, fp32, fp16, bf16, fp8)")),
         }
     }
 }
@@ -272,6 +332,11 @@ pub struct Outcome {
     /// Joint combinations split and estimated, and how many were verified.
     pub joint_combinations: usize,
     pub joint_verified: usize,
+    /// Each device type alone (its own devices, their local batch as given,
+    /// the training precision), in the targets' order: what the cluster
+    /// without the other types would do. Empty for a single type. `None`
+    /// where the type alone does not fit.
+    pub alone: Vec<(String, Option<Eval>)>,
     /// Seconds per phase, in order.
     pub phases: Vec<(String, f64)>,
     pub up_trace: String,
@@ -296,6 +361,17 @@ impl Outcome {
         v
     }
 
+    /// The fastest single device type alone, when it is predicted faster
+    /// than the chosen plan: leaving the other types out is then the better
+    /// answer to "is adding these GPUs worth it".
+    pub fn faster_alone(&self) -> Option<&Eval> {
+        self.alone
+            .iter()
+            .filter_map(|(_, e)| e.as_ref())
+            .filter(|e| e.samples_per_s > self.chosen_eval.samples_per_s * (1.0 + 1e-9))
+            .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s))
+    }
+
     /// The global batch every plan keeps.
     pub fn global_batch(&self) -> u64 {
         self.up.types.iter().map(|t| u64::from(t.count) * u64::from(t.local_batch)).sum()
@@ -313,8 +389,8 @@ pub(crate) struct Ctx<'g> {
     pub(crate) gemm: HashMap<NodeId, bool>,
     /// Per type: None for training types, else its levels (bits descending).
     pub(crate) levels: Vec<Option<Vec<Precision>>>,
-    /// Training types on AMP.
-    pub(crate) amp: bool,
+    /// What training types compute in.
+    pub(crate) train: TrainPrecision,
     /// See [`AllocOptions::opset`].
     pub(crate) opset: Option<i64>,
     /// The graph's analysis, shared by every predictor the planner builds.
@@ -369,14 +445,27 @@ impl<'g> Ctx<'g> {
         self.allowed(t, n).into_iter().rev().find(|q| q.bits() >= p.bits()).unwrap_or(Precision::Fp32)
     }
 
-    pub(crate) fn training_plan(&self) -> Plan {
+    /// The plan of training type `t` under [`TrainPrecision`]: GEMM-like
+    /// candidates at its precision where their schema allows, the rest FP32.
+    pub(crate) fn training_plan(&self, t: usize) -> Result<Plan, PlanError> {
+        let device = &self.targets[t].device;
+        let mut p = self.train.gemm_precision(device).map_err(PlanError::Infeasible)?;
+        // `auto` picks BF16 only where the model's opset lets every GEMM-like
+        // operator run in it (ONNX's Conv takes BF16 from opset 22 only);
+        // otherwise FP16, AMP's other type.
+        if self.train == TrainPrecision::Auto && p == Precision::Bf16 && device.supports(Precision::Fp16) {
+            let gemms = self.candidates.iter().filter(|n| self.gemm.get(n).copied().unwrap_or(false));
+            if gemms.clone().any(|&n| !self.schema_allows(n, Precision::Bf16)) {
+                p = Precision::Fp16;
+            }
+        }
         let mut plan = Plan::new();
         for &n in &self.candidates {
             let gemm = self.gemm.get(&n).copied().unwrap_or(false);
-            let amp = gemm && self.amp && self.schema_allows(n, Precision::Fp16);
-            plan.set(n, if amp { Precision::Fp16 } else { Precision::Fp32 });
+            let q = if gemm && p != Precision::Fp32 && self.schema_allows(n, p) { p } else { Precision::Fp32 };
+            plan.set(n, q);
         }
-        plan
+        Ok(plan)
     }
 
     /// Every candidate at FP32 (training types too).
@@ -429,22 +518,30 @@ impl<'g> Ctx<'g> {
     }
 
     pub(crate) fn eval(&self, method: &str, pred: &mut Predictor<'_>) -> Eval {
+        self.eval_types(method, pred, None)
+    }
+
+    /// [`Ctx::eval`] of a predictor over some of the types: `alone` is the
+    /// one type it holds, a training cluster of its own.
+    fn eval_types(&self, method: &str, pred: &mut Predictor<'_>, alone: Option<usize>) -> Eval {
         let r = pred.result().clone();
         let batches: Vec<u32> = pred.targets().iter().map(|t| t.local_batch).collect();
         let mut types = Vec::new();
-        for (t, d) in r.devices.iter().enumerate() {
-            let plan = pred.plan(t).cloned().unwrap_or_default();
+        for (i, d) in r.devices.iter().enumerate() {
+            let t = alone.unwrap_or(i);
+            let inference = alone.is_none() && self.levels[t].is_some();
+            let plan = pred.plan(i).cloned().unwrap_or_default();
             let mut hist = BTreeMap::new();
             for &n in &self.candidates {
                 *hist.entry(plan.get(n).unwrap_or(Precision::Fp32).to_string()).or_insert(0) += 1;
             }
-            let indicator = if self.levels[t].is_some() { self.indicator_of(&plan) } else { 0.0 };
-            let mem = pred.memory(t).copied().unwrap_or_default();
+            let indicator = if inference { self.indicator_of(&plan) } else { 0.0 };
+            let mem = pred.memory(i).copied().unwrap_or_default();
             types.push(TypeEval {
                 name: d.name.clone(),
                 count: self.targets[t].count,
-                local_batch: batches[t],
-                role: if self.levels[t].is_some() { "inference" } else { "training" },
+                local_batch: batches[i],
+                role: if inference { "inference" } else { "training" },
                 plan,
                 peak_memory_bytes: d.peak_memory_bytes,
                 memory_capacity_bytes: mem.capacity.max(0.0) as u64,
@@ -464,6 +561,16 @@ impl<'g> Ctx<'g> {
             indicator_sum: types.iter().map(|t| t.indicator).sum(),
             types,
         }
+    }
+
+    /// Device type `t` alone: its devices at their local batch, trained at
+    /// the training precision. `None` when it does not fit.
+    pub(crate) fn alone(&self, t: usize) -> Result<Option<Eval>, PlanError> {
+        let mut target = self.targets[t].clone();
+        target.plan = self.training_plan(t)?;
+        let mut pred = Predictor::with_analysis(self.g, self.analysis.clone(), vec![target], self.popts.clone())?;
+        let e = self.eval_types(&format!("alone:{}", self.targets[t].device.name), &mut pred, Some(t));
+        Ok(e.types.iter().all(|d| d.fits).then_some(e))
     }
 
     /// Max-heap recovery (QSync Sec. V) on `pred`, in place. Returns (tried, kept).
@@ -617,7 +724,8 @@ pub fn allocate(
             per_sample(a).total_cmp(&per_sample(b)).then(a.cmp(&b))
         })
     } else {
-        None
+        // A single device type is a training cluster.
+        Some(0)
     };
     let mut levels = Vec::new();
     for (i, t) in targets.iter().enumerate() {
@@ -643,14 +751,14 @@ pub fn allocate(
         candidates: cands,
         gemm,
         levels,
-        amp: opts.train_amp,
+        train: opts.train_precision,
         opset: opts.opset,
         analysis,
     };
     let n_types = cx.targets.len();
     let base: Vec<Plan> = (0..n_types)
-        .map(|t| if cx.levels[t].is_none() { cx.training_plan() } else { cx.uniform(t, Precision::Fp32) })
-        .collect();
+        .map(|t| if cx.levels[t].is_none() { cx.training_plan(t) } else { Ok(cx.uniform(t, Precision::Fp32)) })
+        .collect::<Result<_, _>>()?;
 
     // UP: every inference type at one uniform level; of the levels that fit,
     // the fastest (normally the lowest precision: QSync's T_min).
@@ -658,6 +766,11 @@ pub fn allocate(
     let mut level_sets: Vec<Precision> = cx.levels.iter().flatten().flatten().copied().collect();
     level_sets.sort_by_key(|p| std::cmp::Reverse(p.bits()));
     level_sets.dedup_by_key(|p| p.bits());
+    // A cluster of training types only (one device type) has one uniform
+    // plan: every type at its training precision.
+    if level_sets.is_empty() {
+        level_sets.push(Precision::Fp32);
+    }
     let mut best: Option<(f64, Vec<Plan>)> = None;
     // Levels run widest first: the last one that fits is the lowest.
     let mut lowest_fitting: Option<f64> = None;
@@ -789,6 +902,17 @@ pub fn allocate(
     phases.push(("joint batch split and precision".to_string(), joint_s));
     clock.set(std::time::Instant::now());
 
+    // Each type alone, for "is adding these GPUs worth it".
+    let alone = if n_types > 1 {
+        let types: Vec<usize> = (0..n_types).collect();
+        crate::par::map(&types, |&t| cx.alone(t).map(|e| (cx.targets[t].device.name.clone(), e)))
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        Vec::new()
+    };
+    lap("each device type alone", &mut phases);
+
     let (chosen, chosen_eval) = choose(opts, &up, &dbs, &greedy, &ours, &joint, t_min, bound, dominates);
     let gap = optimality_gap(&cx, &cls, &up_plans, qsync_t_min, ours.indicator_sum, opts)?;
     lap("optimality gap", &mut phases);
@@ -815,6 +939,7 @@ pub fn allocate(
         steps_kept: kept,
         joint_combinations: joint.combinations,
         joint_verified: joint.verified,
+        alone,
         phases,
         up_trace,
     })

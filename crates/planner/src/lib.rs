@@ -22,6 +22,6 @@ mod par;
 
 pub use allocator::{
     allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Method, Objective, Outcome, PlanError, TMin,
-    TypeEval,
+    TrainPrecision, TypeEval,
 };
 pub use indicator::{Calibration, Indicator, OpStats, Source, Sources, TensorStats};

@@ -118,8 +118,9 @@ pub struct PlanRequest {
     pub method: Method,
     pub objective: Objective,
     pub indicator_bound: Option<f64>,
-    /// Training devices on AMP instead of FP32.
-    pub train_amp: bool,
+    /// What the training device type computes in (default: AMP in its best
+    /// 16-bit type).
+    pub train_precision: qsync_planner::TrainPrecision,
     /// sgd, momentum or adam.
     pub optimizer: String,
     pub device_files: Vec<PathBuf>,
@@ -154,7 +155,7 @@ impl PlanRequest {
             method: Method::Joint,
             objective: Objective::Indicator,
             indicator_bound: None,
-            train_amp: false,
+            train_precision: qsync_planner::TrainPrecision::Auto,
             optimizer: "adam".into(),
             device_files: Vec::new(),
             emit: Vec::new(),
@@ -358,7 +359,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     }
     let aopts = AllocOptions {
         precisions: req.precisions.clone(),
-        train_amp: req.train_amp,
+        train_precision: req.train_precision,
         t_min: req.t_min,
         method: req.method,
         objective: req.objective,
@@ -543,6 +544,13 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     };
     let methods: serde_json::Map<String, serde_json::Value> =
         out.methods().into_iter().map(|(k, e)| (k.to_string(), method(e))).collect();
+    // Each device type alone, by name: its prediction, or that it does not fit.
+    let alone: serde_json::Map<String, serde_json::Value> = out
+        .alone
+        .iter()
+        .map(|(name, e)| (name.clone(), e.as_ref().map_or_else(|| json!({ "fits": false }), method)))
+        .collect();
+    let verdict = crate::report::verdict(&out);
     let model_name = req.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
     let dev_json: serde_json::Map<String, serde_json::Value> =
         devices.iter().map(|d| (d.name.clone(), d.manifest_entry.clone())).collect();
@@ -576,7 +584,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         "cluster": {
             "devices": specs.iter().map(|s| s.1).sum::<u32>(),
             "global_batch": global_batch,
-            "train_precision": if req.train_amp { "amp" } else { "fp32" },
+            "train_precision": req.train_precision,
             "precisions": req.precisions.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
         },
         "gradient_averaging": {
@@ -597,6 +605,8 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         "indicator_sum": out.chosen_eval.indicator_sum,
         "devices": dev_json,
         "methods": methods,
+        "alone": alone,
+        "verdict": verdict,
         "search": {
             "candidates": out.candidates, "classes": out.classes, "steps_tried": out.steps_tried,
             "steps_kept": out.steps_kept, "joint_combinations": out.joint_combinations, "joint_verified": out.joint_verified,
@@ -615,7 +625,9 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         "indicator_sum": out.chosen_eval.indicator_sum,
         "t_min_samples_per_s": out.t_min,
         "sync": manifest["sync"].clone(),
+        "verdict": manifest["verdict"].clone(),
         "methods": manifest["methods"].clone(),
+        "alone": manifest["alone"].clone(),
         "devices": manifest["devices"].clone(),
         "files": manifest["files"].clone(),
         "timings_s": timings,
@@ -835,8 +847,11 @@ pub struct PlanArgs {
     /// The largest indicator sum `--objective throughput` accepts.
     #[arg(long)]
     pub indicator_bound: Option<f64>,
-    /// Training devices: `fp32` (default) or `amp`.
-    #[arg(long, default_value = "fp32", value_parser = ["fp32", "amp"])]
+    /// What the training device type computes in: `auto` (default; also
+    /// `amp`): mixed precision in BF16 where the device has it, else FP16;
+    /// `fp32`; `fp16`, `bf16`; `fp8` (GEMMs in FP8 E4M3, H100/L4). A single
+    /// device type is always a training cluster.
+    #[arg(long, default_value = "auto")]
     pub train_precision: String,
     /// Optimizer whose state is kept: sgd, momentum or adam.
     #[arg(long, default_value = "adam")]
@@ -896,7 +911,10 @@ impl PlanArgs {
             method: self.method.parse().map_err(|e: String| anyhow::anyhow!("--method: {e}"))?,
             objective: self.objective.parse().map_err(|e: String| anyhow::anyhow!("--objective: {e}"))?,
             indicator_bound: self.indicator_bound,
-            train_amp: self.train_precision == "amp",
+            train_precision: self
+                .train_precision
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--train-precision: {e}"))?,
             optimizer: self.optimizer.clone(),
             device_files: self.device_files.clone(),
             emit: self.emit.clone(),
@@ -927,6 +945,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
     let out = &planned.outcome;
     let mut o = String::new();
     use std::fmt::Write as _;
+    let _ = writeln!(o, "{}\n", crate::report::verdict(out));
     let _ = writeln!(o, "{}\n", crate::report::explanation(out));
     let _ = writeln!(o, "{}", crate::report::table(out));
     let _ = writeln!(o, "chosen: {} — wrote {}", out.chosen, a.output.display());

@@ -35,6 +35,25 @@ pub fn table(out: &Outcome) -> String {
             e.indicator_sum
         );
     }
+    for (name, e) in &out.alone {
+        match e {
+            Some(e) => {
+                let vs_dbs = dbs.map_or("–".to_string(), |d| format!("{:+.1}%", (e.samples_per_s / d - 1.0) * 100.0));
+                let _ = writeln!(
+                    s,
+                    "| {name} alone ({}) | {} | {:.2} | {:.1} | {:+.1}% | {vs_dbs} | – |",
+                    e.types.first().map_or(String::new(), precisions),
+                    batches(e),
+                    e.iteration_ms,
+                    e.samples_per_s,
+                    (e.samples_per_s / up - 1.0) * 100.0,
+                );
+            }
+            None => {
+                let _ = writeln!(s, "| {name} alone | – | – | does not fit | – | – | – |");
+            }
+        }
+    }
     s
 }
 
@@ -52,6 +71,63 @@ fn precisions(t: &TypeEval) -> String {
         .map(|(k, v)| format!("{:.0}% {k}", *v as f64 * 100.0 / total as f64))
         .collect::<Vec<_>>()
         .join(" / ")
+}
+
+/// The answer to "is adding these devices worth it, and what do I run?",
+/// in one or two sentences, with the numbers.
+pub fn verdict(out: &Outcome) -> String {
+    let c = &out.chosen_eval;
+    let best_base = out.up.samples_per_s.max(out.dbs.eval.as_ref().map_or(0.0, |e| e.samples_per_s));
+    let vs_base = (c.samples_per_s / best_base.max(1e-12) - 1.0) * 100.0;
+    let label = |e: &Eval| e.types.iter().map(|t| format!("{} x{}", t.name, t.count)).collect::<Vec<_>>().join(" + ");
+    if let Some(a) = out.faster_alone() {
+        return format!(
+            "**Leave the other devices out**: {} alone ({}, {} per device) predicts {:.1} samples/s, {:.2}x the \
+             plan chosen for every device ({:.1} samples/s, `{}`). Adding the others slows training down; the plan \
+             written here is that all-device plan, for when you must use them.",
+            label(a),
+            a.types.first().map_or(String::new(), precisions),
+            a.types.first().map_or(0, |t| t.local_batch),
+            a.samples_per_s,
+            a.samples_per_s / c.samples_per_s.max(1e-12),
+            c.samples_per_s,
+            out.chosen
+        );
+    }
+    if c.types.len() == 1 {
+        let t = &c.types[0];
+        return format!(
+            "**Train on {} at {}** ({} per device): {:.1} samples/s predicted ({:.2} ms per iteration). A single \
+             device type is planned as a training cluster at --train-precision; there is nothing to split.",
+            label(c),
+            precisions(t),
+            t.local_batch,
+            c.samples_per_s,
+            c.iteration_ms
+        );
+    }
+    let mut s = format!(
+        "**Run `{}`** on {}: {:.1} samples/s predicted ({:.2} ms per iteration), {:+.1}% against the best baseline \
+         (UP or DBS).",
+        out.chosen,
+        label(c),
+        c.samples_per_s,
+        c.iteration_ms,
+        vs_base
+    );
+    let best_alone =
+        out.alone.iter().filter_map(|(_, e)| e.as_ref()).max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
+    if let Some(a) = best_alone {
+        s += &format!(
+            " Adding the other devices pays: {:.2}x the fastest type alone ({}: {:.1} samples/s).",
+            c.samples_per_s / a.samples_per_s.max(1e-12),
+            label(a),
+            a.samples_per_s
+        );
+    } else if !out.alone.is_empty() {
+        s += " No device type fits the model alone.";
+    }
+    s
 }
 
 /// One paragraph: which device types changed batch or precision against UP,
@@ -121,16 +197,7 @@ shapes), and the planner keeps it as small as it can without going below the thr
 pub fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
     let mut s = format!("# qsync plan: {model}\n\n");
     let c = &out.chosen_eval;
-    let best_base = out.up.samples_per_s.max(out.dbs.eval.as_ref().map_or(0.0, |e| e.samples_per_s));
-    let _ = writeln!(
-        s,
-        "**Run `{}`**: {:.1} samples/s predicted ({:.2} ms per iteration), {:+.1}% against the best baseline \
-         (UP or DBS).\n",
-        out.chosen,
-        c.samples_per_s,
-        c.iteration_ms,
-        (c.samples_per_s / best_base.max(1e-12) - 1.0) * 100.0
-    );
+    let _ = writeln!(s, "{}\n", verdict(out));
     let _ = writeln!(s, "{}\n", explanation(out));
     let _ = writeln!(s, "{}\n", INDICATOR_PARAGRAPH);
     let _ = writeln!(s, "{}", table(out));

@@ -206,7 +206,7 @@ fn the_training_role_goes_to_the_device_faster_on_the_model() {
     let (out, _) = run_planner(
         "resnet50_train.onnx",
         "a100-40gb:4,l4:4",
-        &["--precisions", "fp32,bf16", "--batch", "16", "--method", "qsync"],
+        &["--precisions", "fp32,bf16", "--batch", "16", "--method", "qsync", "--train-precision", "fp32"],
     );
     let m = read_json(&out.join("manifest.json"));
     assert_eq!(m["devices"]["a100-40gb"]["role"], "training", "{m}");

@@ -630,8 +630,32 @@ impl<'g> Predictor<'g> {
             .filter_map(|&v| facts.elements(v))
             .map(|e| 4.0 * e)
             .sum();
-        // Per-sample work scales; the kernel launch does not.
-        let scaled = |t: f64| us(scaled_work(t, model.device().launch_s(), scale));
+        // Per-sample work scales; the kernel launch does not, and neither
+        // does streaming the op's weights: below the reference batch a
+        // phase never gets faster than reading its weights (forward, input
+        // gradient) or writing their gradients (weight gradient) once at the
+        // compute precision — where GEMMs turn memory-bound at small batch.
+        let launch = model.device().launch_s();
+        // An op on weights alone (`Transpose(W)`, a weight's cast) does the
+        // same work at any batch.
+        let on_weights = graph
+            .node(n)
+            .outputs()
+            .iter()
+            .all(|o| matches!(cx.statics.get(o.index()), Some(Static::Param | Static::Constant)))
+            && !graph.node(n).outputs().is_empty();
+        let scale = if on_weights { 1.0 } else { scale };
+        let weight_s = if scale < 1.0 && grad_bytes > 0.0 {
+            let p = resolved.compute(n);
+            let elem_bytes = if p == Precision::Int8 { 1.0 } else { p.bytes() };
+            grad_bytes / 4.0 * elem_bytes / (model.device().mem_bytes_per_s() * model.rates().memory)
+        } else {
+            0.0
+        };
+        let scaled = |t: f64| {
+            let floor = if t > launch { (launch + weight_s).min(t) } else { t };
+            us(scaled_work(t, launch, scale).max(floor))
+        };
         Ok(OpCost {
             fwd_us: scaled(c.fwd) + us(w.fwd + w.weight_fwd),
             input_grad_us: scaled(c.bwd_input) + us(w.input_grad),
