@@ -78,14 +78,20 @@ fn expect_failure(fault: &str, needles: &[&str]) {
     eprintln!("fault {fault}: job ended in {took:.1?} with {:?}", out.status);
 }
 
+// The survivors of a dead or panicking rank are ended by mpirun (SIGTERM)
+// before their own deadlines fire; each prints what ended it. mpirun's
+// output forwarding sometimes drops the last lines of a rank it is killing,
+// so at least one survivor's message is required, not all of them.
+const SURVIVOR: &str = "terminated by the launcher during";
+
 #[test]
 fn killed_rank_ends_the_job() {
-    expect_failure("exit", &["rank 1: injected fault: exiting abruptly inside"]);
+    expect_failure("exit", &["rank 1: injected fault: exiting abruptly inside", SURVIVOR]);
 }
 
 #[test]
 fn panicking_rank_ends_the_job() {
-    expect_failure("panic", &["injected panic", "rank 1 panicked; calling MPI_Abort"]);
+    expect_failure("panic", &["injected panic", "rank 1 panicked; calling MPI_Abort", SURVIVOR]);
 }
 
 #[test]

@@ -24,6 +24,8 @@
 //!   (all but `fp32`, which is the engine's own f32 sum in the engine's
 //!   order), so an NCCL run is checked against an MPI run of the same
 //!   inputs and seeds; every result is also checked against its bound;
+//! - `probe` (`--backend nccl` only): prints NCCL's version, or the
+//!   missing library, and starts no rank;
 //! - `bench`: `qsync_runtime::bench` (what `qsyncc sync-bench` runs) for
 //!   every scheme at `--bytes` (default 16M), one JSON object per scheme on
 //!   stdout from rank 0.
@@ -534,6 +536,11 @@ fn nccl_main(args: &Args) -> ExitCode {
     }
     // The launcher.
     match probe() {
+        Ok(info) if args.suite == "probe" => {
+            let v = info.version;
+            eprintln!("NCCL {}.{}.{} ({v}), loadable with the CUDA driver", v / 10000, v / 100 % 100, v % 100);
+            return ExitCode::SUCCESS;
+        }
         Ok(info) => eprintln!("qsync-sync-check: NCCL {}: starting {} ranks", info.version, args.ranks),
         Err(e) => {
             eprintln!("qsync-sync-check: {e}");
