@@ -129,7 +129,10 @@ fn recorded_digests_are_reproduced_and_a_changed_one_fails() {
         .map(|l| match l.strip_prefix("qgz-int4 n=1000 group=64 normal") {
             Some(_) => {
                 let (k, d) = l.rsplit_once('\t').expect("tab");
-                let flipped = if d.starts_with('0') { format!("1{}", &d[1..]) } else { format!("0{}", &d[1..]) };
+                let flipped = match d.strip_prefix('0') {
+                    Some(rest) => format!("1{rest}"),
+                    None => format!("0{}", &d[1..]),
+                };
                 format!("{k}\t{flipped}")
             }
             None => l.to_string(),
