@@ -17,7 +17,12 @@
 //!   would otherwise reach `MPI_Finalize` and hang the whole job;
 //! - a watchdog thread aborts the job if an operation outlives its deadline
 //!   by the grace period without returning (the poll loop is the first line;
-//!   the watchdog covers an engine call that itself blocks).
+//!   the watchdog covers an engine call that itself blocks);
+//! - a SIGTERM/SIGINT handler: when one rank dies or aborts, `mpirun` ends
+//!   the others with SIGTERM before their own deadlines can fire; each then
+//!   prints `rank R: terminated by signal S during OP: another rank failed
+//!   …` (preformatted at init, written with the async-signal-safe `write`)
+//!   and exits `128 + S`, so every surviving rank says what ended it.
 //!
 //! 16-bit sums: Open MPI 4 has no f16/bf16 type, so they are an all-gather
 //! and a sum in f32 in rank order, rounded once (the same on every rank).
@@ -29,7 +34,7 @@ use std::cell::RefCell;
 use std::os::raw::c_int;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use mpi::environment::Universe;
@@ -46,6 +51,68 @@ const WATCHDOG_GRACE: Duration = Duration::from_secs(2);
 
 static WORLD_RANK: AtomicUsize = AtomicUsize::new(usize::MAX);
 static PANIC_HOOK: Once = Once::new();
+
+/// The operations a rank can be inside when the launcher ends it (index 0:
+/// none). [`CURRENT_OP`] holds the index; the signal handler reads it.
+const OPS: [&str; 8] =
+    ["no operation", "all_gather_v", "all_to_all_v", "all_reduce", "broadcast", "barrier", "split", "an MPI operation"];
+static CURRENT_OP: AtomicUsize = AtomicUsize::new(0);
+/// One message per entry of [`OPS`], formatted before the handler exists.
+static TERM_MESSAGES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+
+/// Marks this rank as inside `op` until dropped.
+struct InOp;
+
+impl InOp {
+    fn enter(op: &str) -> InOp {
+        let i = OPS.iter().position(|o| *o == op).unwrap_or(OPS.len() - 1);
+        CURRENT_OP.store(i, Ordering::SeqCst);
+        InOp
+    }
+}
+
+impl Drop for InOp {
+    fn drop(&mut self) {
+        CURRENT_OP.store(0, Ordering::SeqCst);
+    }
+}
+
+extern "C" fn on_termination(sig: c_int) {
+    // Async-signal-safe only: atomic loads, write(2), _exit.
+    if let Some(msgs) = TERM_MESSAGES.get() {
+        let i = CURRENT_OP.load(Ordering::SeqCst).min(OPS.len() - 1);
+        let m = &msgs[i];
+        let sig_name: &[u8] = if sig == libc::SIGINT { b" (SIGINT)\n" } else { b" (SIGTERM)\n" };
+        unsafe {
+            libc::write(2, m.as_ptr().cast(), m.len());
+            libc::write(2, sig_name.as_ptr().cast(), sig_name.len());
+        }
+    }
+    unsafe { libc::_exit(128 + sig) }
+}
+
+fn install_termination_handler(rank: usize) {
+    let msgs = OPS
+        .iter()
+        .map(|op| {
+            format!(
+                "qsync-runtime: rank {rank}: terminated by the launcher during {op}: another rank failed (exited, aborted or timed out) and the job is being ended"
+            )
+            .into_bytes()
+        })
+        .collect();
+    if TERM_MESSAGES.set(msgs).is_err() {
+        return;
+    }
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_termination as extern "C" fn(c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
 
 /// The watchdog's view of the operation in flight: milliseconds since
 /// `epoch` after which it aborts the job (0: idle).
@@ -121,6 +188,7 @@ impl MpiComm {
         let (rank, size) = rank_size(world)?;
         WORLD_RANK.store(rank, Ordering::SeqCst);
         install_panic_hook();
+        install_termination_handler(rank);
         let watch = Arc::new(Watch { epoch: Instant::now(), abort_after_ms: AtomicU64::new(0) });
         if level == Threading::Multiple {
             spawn_watchdog(watch.clone(), rank);
@@ -156,6 +224,7 @@ impl MpiComm {
         deadline: Deadline,
     ) -> Result<K, CommError> {
         self.shared.watch.arm(deadline);
+        let _in_op = InOp::enter(op);
         let mut polls = 0u32;
         let result = loop {
             let mut flag: c_int = 0;
@@ -304,6 +373,7 @@ impl Communicator for MpiComm {
         self.barrier(deadline)?;
         let (color, key) = (to_int("split", color)?, to_int("split", key)?);
         let mut comm: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
+        let _in_op = InOp::enter("split");
         self.start("split", unsafe { ffi::MPI_Comm_split(self.comm, color, key, &mut comm) })?;
         check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) }, "split")?;
         let (rank, size) = rank_size(comm)?;

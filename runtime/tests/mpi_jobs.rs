@@ -78,14 +78,20 @@ fn expect_failure(fault: &str, needles: &[&str]) {
     eprintln!("fault {fault}: job ended in {took:.1?} with {:?}", out.status);
 }
 
+// The survivors of a dead or panicking rank are ended by mpirun (SIGTERM)
+// before their own deadlines fire; each prints what ended it. mpirun's
+// output forwarding sometimes drops the last lines of a rank it is killing,
+// so at least one survivor's message is required, not all of them.
+const SURVIVOR: &str = "terminated by the launcher during";
+
 #[test]
 fn killed_rank_ends_the_job() {
-    expect_failure("exit", &["rank 1: injected fault: exiting abruptly inside"]);
+    expect_failure("exit", &["rank 1: injected fault: exiting abruptly inside", SURVIVOR]);
 }
 
 #[test]
 fn panicking_rank_ends_the_job() {
-    expect_failure("panic", &["injected panic", "rank 1 panicked; calling MPI_Abort"]);
+    expect_failure("panic", &["injected panic", "rank 1 panicked; calling MPI_Abort", SURVIVOR]);
 }
 
 #[test]
@@ -95,4 +101,48 @@ fn stalled_rank_gives_the_deadline_error() {
     // ("ORTE_ERROR_LOG: Data unpack would read past end of buffer" in
     // show_help.c), while the job still ends, non-zero, within seconds.
     expect_failure("stall", &["stalling", "did not complete within 3.0s"]);
+}
+
+/// The `digests` suite (what the GPU check compares NCCL against): digests
+/// recorded by one job are matched bit for bit by a second job, and a
+/// recorded digest that differs is reported as a failure.
+#[test]
+fn recorded_digests_are_reproduced_and_a_changed_one_fails() {
+    let dir = std::env::temp_dir().join(format!("qsync-digests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("expected-4r-2n.txt");
+    let path = file.to_str().expect("utf-8 path");
+    let base = ["--suite", "digests", "--nodes", "2"];
+    let (out, _) = mpirun(4, &[&base[..], &["--write", path]].concat(), Duration::from_secs(300));
+    assert!(out.status.success(), "recording failed:\n{}", text(&out));
+    let recorded = std::fs::read_to_string(&file).expect("recorded digests");
+    assert_eq!(recorded.lines().count(), 16 * 9, "{recorded}");
+
+    let (out, _) = mpirun(4, &[&base[..], &["--expect", path]].concat(), Duration::from_secs(300));
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("135 results compared bit for bit"), "{log}");
+
+    // Flip one digit of one quantized scheme's digest.
+    let changed: Vec<String> = recorded
+        .lines()
+        .map(|l| match l.strip_prefix("qgz-int4 n=1000 group=64 normal") {
+            Some(_) => {
+                let (k, d) = l.rsplit_once('\t').expect("tab");
+                let flipped = match d.strip_prefix('0') {
+                    Some(rest) => format!("1{rest}"),
+                    None => format!("0{}", &d[1..]),
+                };
+                format!("{k}\t{flipped}")
+            }
+            None => l.to_string(),
+        })
+        .collect();
+    assert_ne!(changed.join("\n") + "\n", recorded, "no line was changed");
+    std::fs::write(&file, changed.join("\n") + "\n").expect("write");
+    let (out, _) = mpirun(4, &[&base[..], &["--expect", path]].concat(), Duration::from_secs(300));
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(log.contains("differs from the recorded"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,7 +1,12 @@
 //! `qsyncc sync-bench`: a thin wrapper over `qsync_runtime::bench`, run on
-//! every rank of an `mpirun` job. Rank 0 prints the report; any failure
-//! after MPI is up ends the whole job (`MPI_Abort`) with the error printed
-//! by the rank that saw it, so no rank waits forever on a dead peer.
+//! every rank of an `mpirun` job (`--backend mpi`), or over NCCL
+//! (`--backend nccl`): the command then launches `--ranks N` copies of
+//! itself on this machine (`qsync_runtime::nccl::spawn_local`, the NCCL
+//! unique id passed in the environment) and each copy is one rank. Rank 0
+//! prints the report; any failure after the engine is up ends the whole job
+//! (`abort`) with the error printed by the rank that saw it, so no rank
+//! waits forever on a dead peer. Without CUDA or NCCL, `--backend nccl` is
+//! a "not found (searched: …)" error, exit status 2.
 
 use std::time::Duration;
 
@@ -47,6 +52,10 @@ pub struct SyncBenchArgs {
     /// Communication engine: `mpi` (under mpirun) or `nccl`.
     #[arg(long, default_value = "mpi", value_parser = ["mpi", "nccl"])]
     pub backend: String,
+    /// With `--backend nccl`: the number of ranks to start on this machine
+    /// (several may share one GPU: NCCL ≥ 2.30).
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
     /// This rank exits abruptly in the middle of the timed synchronization.
     #[arg(long)]
     pub kill_rank: Option<usize>,
@@ -144,14 +153,15 @@ fn render(r: &BenchReport, json: bool) -> Result<String> {
 pub fn run(args: &SyncBenchArgs) -> Result<Option<String>> {
     let opts = options(args)?;
     if args.backend == "nccl" {
-        let info = qsync_runtime::nccl::probe()?;
-        bail!(
-            "NCCL {} is present, but the NCCL communicator is not implemented yet (issue 17): run sync-bench under mpirun",
-            info.version
-        );
+        return run_nccl(args, &opts);
     }
     let world = qsync_runtime::mpi::MpiComm::init()?;
-    let report = match bench::run(&world, &opts) {
+    on_rank(&world, &opts, args.json)
+}
+
+/// The benchmark on one rank of a started job; the world is aborted on error.
+fn on_rank(world: &dyn Communicator, opts: &BenchOptions, json: bool) -> Result<Option<String>> {
+    let report = match bench::run(world, opts) {
         Ok(r) => r,
         Err(e) => {
             // The error names the rank (world rank) itself.
@@ -160,8 +170,33 @@ pub fn run(args: &SyncBenchArgs) -> Result<Option<String>> {
         }
     };
     if world.rank() == 0 {
-        Ok(Some(render(&report, args.json)?))
+        Ok(Some(render(&report, json)?))
     } else {
         Ok(None)
     }
+}
+
+/// `--backend nccl`: a rank (started by the launcher) or the launcher.
+fn run_nccl(args: &SyncBenchArgs, opts: &BenchOptions) -> Result<Option<String>> {
+    use qsync_runtime::nccl::{probe, spawn_local, NcclComm, RankEnv};
+    if RankEnv::present() {
+        let world = NcclComm::from_env(opts.config.timeout)?;
+        return on_rank(&world, opts, args.json);
+    }
+    if args.ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    let info = probe()?;
+    eprintln!("sync-bench: NCCL {}: starting {} ranks on this machine", info.version, args.ranks);
+    let exe = std::env::current_exe()?;
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let grace = opts.config.timeout + Duration::from_secs(10);
+    let outcomes = spawn_local(args.ranks, &exe, &argv, grace, Duration::from_secs(3600))?;
+    let failed: Vec<String> =
+        outcomes.iter().enumerate().filter(|(_, o)| !o.success()).map(|(r, o)| format!("rank {r}: {o}")).collect();
+    if !failed.is_empty() {
+        bail!("the NCCL job failed: {}", failed.join("; "));
+    }
+    // Rank 0 printed the report itself (the ranks share this stdout).
+    Ok(None)
 }

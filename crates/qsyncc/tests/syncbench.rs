@@ -124,3 +124,37 @@ fn simulate_prices_the_sync_scheme() {
     let comm = |v: &serde_json::Value| v["devices"]["t4"]["comm_ms"].as_f64().expect("comm_ms");
     assert!(comm(&int4) < comm(&fp32), "qgz-int4 {} ms vs fp32 {} ms", comm(&int4), comm(&fp32));
 }
+
+/// `--backend nccl` on a machine without CUDA or NCCL: exit status 2 and a
+/// message naming the missing library and where it was searched — no panic,
+/// no hang. With NCCL and a GPU, a 2-rank NCCL benchmark runs instead.
+#[test]
+fn nccl_backend_without_cuda_exits_2() {
+    let out = Command::new("timeout")
+        .args(["-k", "5", "300", env!("CARGO_BIN_EXE_qsyncc")])
+        .args(["sync-bench", "--backend", "nccl", "--ranks", "2", "--scheme", "qgz-int4", "--bytes", "64K"])
+        .args(["--iterations", "2", "--json"])
+        .output()
+        .expect("run qsyncc");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!log.contains("panicked"), "{log}");
+    match qsync_runtime::nccl::probe() {
+        Err(e) => {
+            assert_eq!(out.status.code(), Some(2), "{log}");
+            assert!(log.contains("not found (searched:"), "{log}");
+            assert!(log.contains(&e.to_string()), "the message differs from the probe's ({e}):\n{log}");
+        }
+        Ok(info) => {
+            if !Command::new("nvidia-smi").arg("-L").output().map(|o| o.status.success()).unwrap_or(false) {
+                eprintln!("skipped: NCCL {} present but no GPU visible", info.version);
+                return;
+            }
+            assert!(out.status.success(), "{log}");
+            let json = log.lines().find(|l| l.starts_with('{')).expect("rank 0's JSON report");
+            let v: serde_json::Value = serde_json::from_str(json).expect("JSON");
+            assert_eq!(v["backend"], "nccl");
+            assert_eq!(v["within_bound"], true, "{v}");
+            assert_eq!(v["bitwise_identical"], true, "{v}");
+        }
+    }
+}

@@ -1,5 +1,10 @@
 //! `qsync-sync-check`: the multi-process correctness and failure checks of
-//! qsync-runtime, run under `mpirun` (by `tests/mpi_jobs.rs`, or by hand).
+//! qsync-runtime, run under `mpirun` (by `tests/mpi_jobs.rs`, or by hand),
+//! or over NCCL (`--backend nccl`): without `$QSYNC_NCCL_ID` the process is
+//! the launcher — it starts `--ranks N` copies of itself on this machine
+//! (`qsync_runtime::nccl::spawn_local`: the NCCL unique id in the
+//! environment, every rank on the GPUs present, several per GPU allowed) and
+//! exits with the job's status; with it, the process is one rank.
 //!
 //! Suites (`--suite`):
 //! - `bounds`: every scheme × gradient kind × size (sizes not divisible by
@@ -12,41 +17,89 @@
 //! - `feedback`: with error feedback the summed outputs of `T` steps stay
 //!   within a few single-step bounds of `T ×` the mean, without it they drift;
 //! - `fault`: one rank fails (`--fault exit|panic|stall`, `--fault-rank R`)
-//!   inside a hierarchical synchronization; the job must end with an error.
+//!   inside a hierarchical synchronization; the job must end with an error;
+//! - `digests`: every scheme on fixed inputs and seeds; `--write FILE`
+//!   records each result's digest (rank 0), `--expect FILE` compares with a
+//!   recorded file — bit for bit for every scheme whose arithmetic is ours
+//!   (all but `fp32`, which is the engine's own f32 sum in the engine's
+//!   order), so an NCCL run is checked against an MPI run of the same
+//!   inputs and seeds; every result is also checked against its bound;
+//! - `probe` (`--backend nccl` only): prints NCCL's version, or the
+//!   missing library, and starts no rank;
+//! - `bench`: `qsync_runtime::bench` (what `qsyncc sync-bench` runs) for
+//!   every scheme at `--bytes` (default 16M), one JSON object per scheme on
+//!   stdout from rank 0.
 //!
 //! Exit status: 0 when every check passed, 1 when a check failed (rank 0
-//! prints each failure), 2 on bad arguments, 3 when synchronization itself
-//! failed (the job is aborted).
+//! prints each failure), 2 on bad arguments or a missing library, 3 when
+//! synchronization itself failed (the job is aborted). The NCCL launcher
+//! exits 0 when every rank did, else the first failed rank's status (3 if
+//! it was killed).
 
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use qsync_runtime::bench::{self, BenchOptions};
 use qsync_runtime::bound;
 use qsync_runtime::comm::{ClusterShape, Communicator, Deadline};
 use qsync_runtime::fault::{Fault, FaultyComm};
-use qsync_runtime::mpi::MpiComm;
 use qsync_runtime::testdata::{digest, gradient, GradKind};
 use qsync_runtime::{GradSync, Scheme, SyncConfig};
 
 struct Args {
     suite: String,
+    backend: String,
+    ranks: usize,
     nodes: usize,
     fault: Option<Fault>,
     fault_rank: usize,
     timeout: Duration,
+    write: Option<PathBuf>,
+    expect: Option<PathBuf>,
+    bytes: usize,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { suite: "bounds".into(), nodes: 1, fault: None, fault_rank: 1, timeout: Duration::from_secs(60) };
+    let mut a = Args {
+        suite: "bounds".into(),
+        backend: "mpi".into(),
+        ranks: 2,
+        nodes: 1,
+        fault: None,
+        fault_rank: 1,
+        timeout: Duration::from_secs(60),
+        write: None,
+        expect: None,
+        bytes: 16 << 20,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--suite" => a.suite = val()?,
+            "--backend" => {
+                a.backend = val()?;
+                if a.backend != "mpi" && a.backend != "nccl" {
+                    bail!("unknown backend `{}` (mpi, nccl)", a.backend);
+                }
+            }
+            "--ranks" => a.ranks = val()?.parse().context("--ranks")?,
+            "--write" => a.write = Some(val()?.into()),
+            "--expect" => a.expect = Some(val()?.into()),
+            "--bytes" => a.bytes = val()?.parse().context("--bytes (a number of bytes)")?,
             "--nodes" => a.nodes = val()?.parse().context("--nodes")?,
             "--fault-rank" => a.fault_rank = val()?.parse().context("--fault-rank")?,
-            "--timeout" => a.timeout = Duration::from_secs_f64(val()?.parse().context("--timeout")?),
+            "--timeout" => {
+                let secs: f64 = val()?.parse().context("--timeout")?;
+                if !(secs > 0.0 && secs < 1e9) {
+                    bail!("--timeout must be a positive number of seconds");
+                }
+                a.timeout = Duration::from_secs_f64(secs);
+            }
             "--fault" => {
                 a.fault = Some(match val()?.as_str() {
                     "exit" => Fault::Exit,
@@ -57,6 +110,9 @@ fn parse_args() -> Result<Args> {
             }
             other => bail!("unknown argument `{other}`"),
         }
+    }
+    if a.ranks == 0 || a.nodes == 0 {
+        bail!("--ranks and --nodes must be positive");
     }
     Ok(a)
 }
@@ -280,6 +336,116 @@ fn fault_suite(world: &dyn Communicator, a: &Args, fault: Fault) -> Result<()> {
     Ok(())
 }
 
+/// Inputs of the `digests` suite: (elements, group) × kinds, seeds from
+/// the case number, so any backend can rerun exactly these.
+const DIGEST_SIZES: [(usize, usize); 3] = [(13, 4), (1000, 64), (4099, 512)];
+const DIGEST_KINDS: [GradKind; 3] = [GradKind::Normal, GradKind::HeavyTailed, GradKind::Outliers];
+
+fn read_expected(path: &PathBuf) -> Result<HashMap<String, String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut map = HashMap::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let (key, d) = line
+            .rsplit_once('\t')
+            .with_context(|| format!("{}:{}: expected `case<TAB>digest`", path.display(), i + 1))?;
+        map.insert(key.to_string(), d.trim().to_string());
+    }
+    Ok(map)
+}
+
+fn digests_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
+    let (p, me) = (world.size(), world.rank());
+    let shape = ClusterShape::new(p, a.nodes)?;
+    let expected = match (&a.expect, me) {
+        (Some(path), 0) => Some(read_expected(path)?),
+        _ => None,
+    };
+    let (mut lines, mut compared) = (Vec::new(), 0usize);
+    let mut case = 5000u64;
+    for name in SCHEMES {
+        for (n, group) in DIGEST_SIZES {
+            for kind in DIGEST_KINDS {
+                case += 1;
+                let cfg = config(name, a.nodes, group, case, a.timeout)?;
+                let grad = gradient(kind, n, case, me);
+                let out = all_reduce(world, &cfg, &grad)?;
+                let d = digests(world, &out, a.timeout)?;
+                let key = format!("{name} n={n} group={group} {kind} seed={case} ranks={p} nodes={}", a.nodes);
+                rep.check(d.iter().all(|&x| x == d[0]), || format!("{key}: ranks disagree: {d:x?}"));
+                if me != 0 {
+                    continue;
+                }
+                let mine = format!("{:016x}", digest(&out));
+                let reference = bound::reference(&cfg, shape, n, &|r| gradient(kind, n, case, r));
+                let (violations, err, b, _) = bound::compare(&out, &reference);
+                rep.check(violations == 0, || format!("{key}: {violations} elements over the bound ({err:e} > {b:e})"));
+                // fp32 is the engine's own sum, in the engine's order.
+                if let (Some(exp), true) = (&expected, name != "fp32") {
+                    compared += 1;
+                    match exp.get(&key) {
+                        None => rep.check(false, || {
+                            format!("{key}: no expected digest (record it with the same ranks and nodes)")
+                        }),
+                        Some(e) => {
+                            rep.check(*e == mine, || format!("{key}: digest {mine} differs from the recorded {e}"))
+                        }
+                    }
+                }
+                lines.push(format!("{key}\t{mine}"));
+            }
+        }
+    }
+    if me == 0 {
+        if let Some(path) = &a.write {
+            std::fs::write(path, lines.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("digests: {} cases written to {}", lines.len(), path.display());
+        }
+        if expected.is_some() {
+            eprintln!(
+                "digests: {compared} results compared bit for bit with {}",
+                a.expect.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+const BENCH_SCHEMES: [&str; 11] = [
+    "fp32",
+    "fp16",
+    "bf16",
+    "qgz-int8",
+    "qgz-int4",
+    "qgz-int8-hier",
+    "qgz-int4-hier",
+    "nbit-1",
+    "nbit-2",
+    "nbit-4",
+    "nbit-8",
+];
+
+fn bench_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
+    for name in BENCH_SCHEMES {
+        let opts = BenchOptions {
+            config: config(name, a.nodes, 512, 1, a.timeout)?,
+            bytes: a.bytes,
+            kind: GradKind::Normal,
+            iterations: 10,
+            warmup: 2,
+            fault: None,
+        };
+        let r = bench::run(world, &opts)?;
+        if world.rank() == 0 {
+            rep.check(r.within_bound, || format!("bench {name}: {} elements over the bound", r.bound_violations));
+            rep.check(r.bitwise_identical, || format!("bench {name}: ranks disagree"));
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{}", serde_json::to_string(&r)?)?;
+            out.flush()?;
+        }
+    }
+    Ok(())
+}
+
 fn run(world: &dyn Communicator, a: &Args) -> Result<Report> {
     let mut rep = Report::default();
     match a.suite.as_str() {
@@ -292,27 +458,16 @@ fn run(world: &dyn Communicator, a: &Args) -> Result<Report> {
             feedback_suite(world, a, &mut rep)?;
         }
         "fault" => fault_suite(world, a, a.fault.context("--suite fault needs --fault")?)?,
-        other => bail!("unknown suite `{other}` (bounds, stochastic, feedback, all, fault)"),
+        "digests" => digests_suite(world, a, &mut rep)?,
+        "bench" => bench_suite(world, a, &mut rep)?,
+        other => bail!("unknown suite `{other}` (bounds, stochastic, feedback, all, fault, digests, bench)"),
     }
     Ok(rep)
 }
 
-fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("qsync-sync-check: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
-    let world = match MpiComm::init() {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("qsync-sync-check: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let rep = match run(&world, &args) {
+/// Runs the suite on this rank of a started job and gathers the verdict.
+fn job(world: &dyn Communicator, args: &Args) -> ExitCode {
+    let rep = match run(world, args) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("qsync-sync-check: {e:#} (seen by rank {})", world.rank());
@@ -332,9 +487,10 @@ fn main() -> ExitCode {
     }
     if world.rank() == 0 {
         eprintln!(
-            "qsync-sync-check: suite {} on {} ranks, {} nodes: {} checks on rank 0, {total} failures over all ranks",
+            "qsync-sync-check: suite {} on {} ranks ({}), {} nodes: {} checks on rank 0, {total} failures over all ranks",
             args.suite,
             world.size(),
+            world.backend(),
             args.nodes,
             rep.checks
         );
@@ -343,5 +499,103 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_main(args: &Args) -> ExitCode {
+    match qsync_runtime::mpi::MpiComm::init() {
+        Ok(world) => job(&world, args),
+        Err(e) => {
+            eprintln!("qsync-sync-check: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_main(_: &Args) -> ExitCode {
+    eprintln!("qsync-sync-check: built without the `mpi` feature: use --backend nccl");
+    ExitCode::from(2)
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_main(args: &Args) -> ExitCode {
+    use qsync_runtime::nccl::{probe, spawn_local, NcclComm, RankEnv};
+    if RankEnv::present() {
+        // One rank of a launched job.
+        return match NcclComm::from_env(args.timeout) {
+            Ok(world) => job(&world, args),
+            Err(e) => {
+                let rank = std::env::var(qsync_runtime::nccl::ENV_RANK).unwrap_or_else(|_| "?".into());
+                eprintln!("qsync-sync-check: rank {rank}: {e}");
+                let missing = matches!(e, qsync_runtime::CommError::LibraryMissing { .. });
+                ExitCode::from(if missing { 2 } else { 3 })
+            }
+        };
+    }
+    // The launcher.
+    match probe() {
+        Ok(info) if args.suite == "probe" => {
+            let v = info.version;
+            eprintln!("NCCL {}.{}.{} ({v}), loadable with the CUDA driver", v / 10000, v / 100 % 100, v % 100);
+            return ExitCode::SUCCESS;
+        }
+        Ok(info) => eprintln!("qsync-sync-check: NCCL {}: starting {} ranks", info.version, args.ranks),
+        Err(e) => {
+            eprintln!("qsync-sync-check: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("qsync-sync-check: cannot find its own executable: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // Survivors of a failure get their own deadline, plus time to report.
+    let grace = args.timeout + Duration::from_secs(10);
+    match spawn_local(args.ranks, &exe, &argv, grace, Duration::from_secs(3600)) {
+        Ok(outcomes) => {
+            let failed: Vec<(usize, &qsync_runtime::nccl::RankOutcome)> =
+                outcomes.iter().enumerate().filter(|(_, o)| !o.success()).collect();
+            for (r, o) in &failed {
+                eprintln!("qsync-sync-check launcher: rank {r}: {o}");
+            }
+            match failed.first() {
+                None => ExitCode::SUCCESS,
+                Some((_, qsync_runtime::nccl::RankOutcome::Exited(s))) => {
+                    ExitCode::from(s.code().and_then(|c| u8::try_from(c).ok()).filter(|&c| c != 0).unwrap_or(3))
+                }
+                Some(_) => ExitCode::from(3),
+            }
+        }
+        Err(e) => {
+            eprintln!("qsync-sync-check: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_main(_: &Args) -> ExitCode {
+    eprintln!("qsync-sync-check: built without the `nccl` feature");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("qsync-sync-check: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.backend == "nccl" {
+        nccl_main(&args)
+    } else {
+        mpi_main(&args)
     }
 }

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# The NCCL side of issue 17 in one command: qsync-runtime's NCCL communicator
+# on the one GPU of a lent machine, checked against the MPI (CPU) engine.
+#
+#   scripts/gpu-sync-check.sh [all|prepare|run] [DIR]   (defaults: all, target/gpu-sync-check)
+#
+# prepare (here: cargo, Open MPI; no GPU):
+#   - DIR/qsync-sync-check: qsync-sync-check built with the `nccl` feature
+#     only (it links no MPI: the GPU machines have no Open MPI), release
+#     profile unless QSYNC_PROFILE=debug;
+#   - DIR/expected-<R>r-<N>n.txt: every scheme's result digests on fixed
+#     inputs and seeds, recorded by `mpirun -n R qsync-sync-check --suite
+#     digests --write` for (R ranks, N emulated nodes) = (2,1) (4,1) (4,2).
+#   DIR is then all a GPU machine needs (a few MiB: carry it).
+# run (a GPU machine: NVIDIA driver, the `nvidia-nccl-cu13` wheel or another
+# NCCL ≥ 2.30; no network, no MPI). Without DIR/qsync-sync-check it builds
+# one with `cargo build --offline` if cargo is there.
+#   1. finds libnccl.so.2 (QSYNC_NCCL_LIB_DIR, the wheel's
+#      nvidia.nccl.__path__, the system) and exposes it as DIR/lib/libnccl.so
+#      (cudarc opens only unversioned or .so.1/.9–.13 names), prints the GPU
+#      and NCCL's version;
+#   2. 2 and 4 ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, set by
+#      the launcher): the `bounds` suite (every scheme within its documented
+#      bound on random, heavy-tailed, zero, tiny and outlier gradients, odd
+#      sizes, ranks bitwise identical, NaN/inf propagate);
+#   3. the `digests` suite against the recorded MPI digests: every quantized
+#      scheme and FP16/BF16 (whose sums are ours, in f32) bit for bit; fp32
+#      (NCCL's own f32 sum) within its bound;
+#   4. the `bench` suite (16 MiB of f32, group 512, every scheme) vs NCCL's
+#      f32 all-reduce of the same buffer, in a table. All ranks share one
+#      GPU, so the times show the cost of quantizing (on the host, with
+#      qsync-kernels' reference code, plus the copies), not wire savings;
+#   5. a killed rank (`--suite fault --fault exit`): the job must end with
+#      an error on the survivor within its deadline, never hang.
+#   Results: summary.txt, bench-<R>r.jsonl and the logs, in $OUT when set
+#   (the lent machine's result folder), else DIR/results. Exit status 0 when
+#   every step passed.
+# all: prepare then run (a machine with cargo, Open MPI and a GPU).
+#
+# On a lent device machine (prepared here, run there), carry
+# ["target/gpu-sync-check"] and run:  scripts/gpu-sync-check.sh run
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-all}
+DIR=${2:-target/gpu-sync-check}
+PROFILE=${QSYNC_PROFILE:-release}
+SHAPES="2:1 4:1 4:2"
+mkdir -p "$DIR"
+DIR=$(cd "$DIR" && pwd)
+
+cargo_profile_flag() { [ "$PROFILE" = release ] && echo --release; }
+
+prepare() {
+  set -e
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  # The MPI build records the reference digests.
+  cargo build -p qsync-runtime --bin qsync-sync-check
+  for shape in $SHAPES; do
+    local r=${shape%:*} n=${shape#*:}
+    timeout 600 mpirun -n "$r" --bind-to none target/debug/qsync-sync-check \
+      --suite digests --nodes "$n" --write "$DIR/expected-${r}r-${n}n.txt"
+  done
+  # The NCCL build for the GPU machine: no MPI linked.
+  cargo build $(cargo_profile_flag) -p qsync-runtime --no-default-features --features nccl --bin qsync-sync-check
+  cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/qsync-sync-check" "$DIR/qsync-sync-check"
+  if ldd "$DIR/qsync-sync-check" | grep -q libmpi; then echo "the NCCL build links MPI"; exit 1; fi
+  set +e
+  echo "prepared $DIR ($(du -sh "$DIR" | cut -f1)); run '$0 run' on the GPU machine with it"
+}
+
+run() {
+  local res=${OUT:-$DIR/results}
+  mkdir -p "$res"
+  local summary="$res/summary.txt" failed=0
+  : > "$summary"
+  log() { echo "$*" | tee -a "$summary"; }
+  step() { # name, expected status (0 or "fail"), command…
+    local name=$1 want=$2; shift 2
+    local t0=$SECONDS
+    "$@" > "$res/$name.log" 2>&1
+    local rc=$?
+    local took=$((SECONDS - t0))
+    if [ "$want" = 0 ] && [ $rc -eq 0 ]; then
+      log "PASS $name (${took}s): $(grep -h 'failures over all ranks\|compared bit for bit' "$res/$name.log" | tr '\n' ' ')"
+    elif [ "$want" = fail ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ]; then
+      log "PASS $name (${took}s): the job failed as it must (status $rc)"
+    else
+      log "FAIL $name (${took}s, status $rc; see $name.log):"
+      tail -n 25 "$res/$name.log" | tee -a "$summary"
+      failed=1
+    fi
+    return $rc
+  }
+
+  local bin=$DIR/qsync-sync-check
+  if [ ! -x "$bin" ]; then
+    if command -v cargo > /dev/null; then
+      log "no prepared binary: building one (cargo --offline)"
+      cargo build --offline $(cargo_profile_flag) -p qsync-runtime --no-default-features --features nccl \
+        --bin qsync-sync-check > "$res/build.log" 2>&1 || { log "build failed (see build.log)"; tail -n 20 "$res/build.log"; exit 1; }
+      cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/qsync-sync-check" "$bin"
+    else
+      log "missing $bin and no cargo: run '$0 prepare' on a build machine and carry $DIR"; exit 1
+    fi
+  fi
+
+  # 1. libnccl.so for cudarc, GPU and NCCL version.
+  local libdir=${QSYNC_NCCL_LIB_DIR:-}
+  if [ -z "$libdir" ]; then
+    local wheel
+    wheel=$(${PYTHON:-python3} -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+    for d in "$wheel/lib" /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64 /usr/lib64; do
+      if [ -n "$d" ] && ls "$d"/libnccl.so* > /dev/null 2>&1; then libdir=$d; break; fi
+    done
+  fi
+  if [ -n "$libdir" ]; then
+    mkdir -p "$DIR/lib"
+    local so
+    so=$(ls "$libdir"/libnccl.so "$libdir"/libnccl.so.2 "$libdir"/libnccl.so.* 2>/dev/null | head -1)
+    ln -sf "$so" "$DIR/lib/libnccl.so"
+    export LD_LIBRARY_PATH="$DIR/lib:$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    log "libnccl: $so (exposed as $DIR/lib/libnccl.so)"
+  else
+    log "no libnccl.so* found (set QSYNC_NCCL_LIB_DIR): the next step reports what was searched"
+  fi
+  command -v nvidia-smi > /dev/null && log "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)"
+  local probe
+  probe=$("$bin" --backend nccl --suite probe 2>&1)
+  log "$probe"
+  case "$probe" in "NCCL "*) ;; *) log "FAIL: NCCL or the CUDA driver cannot be loaded"; exit 1 ;; esac
+  case "$probe" in "NCCL 2."[0-9].*|"NCCL 2.1"*|"NCCL 2.2"[0-9].*) log "note: several ranks on one GPU need NCCL >= 2.30" ;; esac
+
+  # 2. Bounds, 2 and 4 ranks (2 emulated nodes for the hierarchical schemes).
+  step bounds-2r-1n 0 timeout 1800 "$bin" --backend nccl --ranks 2 --nodes 1 --suite bounds --timeout 60
+  step bounds-4r-2n 0 timeout 1800 "$bin" --backend nccl --ranks 4 --nodes 2 --suite bounds --timeout 60
+
+  # 3. Bit for bit against the MPI engine's digests.
+  for shape in $SHAPES; do
+    local r=${shape%:*} n=${shape#*:} exp="$DIR/expected-${shape%:*}r-${shape#*:}n.txt"
+    if [ -f "$exp" ]; then
+      step "digests-${r}r-${n}n" 0 timeout 1800 "$bin" --backend nccl --ranks "$r" --nodes "$n" --suite digests --expect "$exp" --timeout 60
+    else
+      log "SKIP digests-${r}r-${n}n: $exp missing (recorded by '$0 prepare' under mpirun)"
+      step "digests-${r}r-${n}n" 0 timeout 1800 "$bin" --backend nccl --ranks "$r" --nodes "$n" --suite digests --timeout 60
+    fi
+  done
+
+  # 4. Timing vs NCCL's f32 all-reduce.
+  for shape in 2:1 4:2; do
+    local r=${shape%:*} n=${shape#*:}
+    if step "bench-${r}r" 0 timeout 1800 "$bin" --backend nccl --ranks "$r" --nodes "$n" --suite bench --bytes $((16 << 20)) --timeout 120; then
+      grep '^{' "$res/bench-${r}r.log" > "$res/bench-${r}r.jsonl"
+      ${PYTHON:-python3} - "$res/bench-${r}r.jsonl" <<'PY' | tee -a "$summary"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+if rows:
+    r0 = rows[0]
+    print(f"{r0['ranks']} ranks on one GPU ({r0['nodes']} emulated nodes), {r0['bytes']} bytes of f32, group {r0['group']}:")
+    print(f"{'scheme':16} {'wire/ring':>9} {'max err':>9} {'bound':>9} {'scheme s':>10} {'f32 s':>10} {'slower':>7}")
+    for r in rows:
+        ratio = r['seconds'] / r['f32_allreduce_seconds'] if r['f32_allreduce_seconds'] > 0 else float('nan')
+        print(f"{r['scheme']:16} {r['wire_fraction']:9.4f} {r['max_abs_error']:9.2e} {r['error_bound']:9.2e} "
+              f"{r['seconds']:10.6f} {r['f32_allreduce_seconds']:10.6f} {ratio:6.1f}x")
+    print("(one GPU: the ranks share its memory, so these times are the quantization and copy cost,"
+          " not wire savings; the schemes quantize on the host with qsync-kernels' reference code)")
+PY
+    fi
+  done
+
+  # 5. A killed rank: an error on the survivor within its deadline, no hang.
+  step fault-exit fail timeout 300 "$bin" --backend nccl --ranks 2 --nodes 2 --suite fault --fault exit --fault-rank 1 --timeout 10
+  if grep -q "rank 0" "$res/fault-exit.log" && grep -q "injected fault: exiting abruptly" "$res/fault-exit.log"; then
+    log "fault-exit: survivor's message: $(grep -h 'rank 0' "$res/fault-exit.log" | head -2 | tr '\n' ' ')"
+  else
+    log "FAIL fault-exit: no message from the surviving rank 0"; failed=1
+  fi
+
+  log "$([ $failed = 0 ] && echo 'gpu-sync-check: all steps passed' || echo 'gpu-sync-check: FAILED')"
+  return $failed
+}
+
+case "$MODE" in
+  prepare) prepare ;;
+  run) run ;;
+  all) prepare && run ;;
+  *) echo "usage: $0 [all|prepare|run] [DIR]"; exit 2 ;;
+esac
