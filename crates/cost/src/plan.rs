@@ -26,7 +26,9 @@ pub fn is_precision_dependent(op: &Op) -> bool {
 /// inputs when precision-dependent).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
-    map: BTreeMap<NodeId, Precision>,
+    /// By node index; never longer than the highest explicit node + 1, so
+    /// plans with the same choices compare equal.
+    map: Vec<Option<Precision>>,
 }
 
 /// The effective precision of every node under a plan.
@@ -53,23 +55,34 @@ impl Plan {
     }
 
     pub fn set(&mut self, n: NodeId, p: Precision) {
-        self.map.insert(n, p);
+        let i = n.index();
+        if i >= self.map.len() {
+            self.map.resize(i + 1, None);
+        }
+        self.map[i] = Some(p);
     }
 
     /// The explicit choice for `n`, if any.
     pub fn get(&self, n: NodeId) -> Option<Precision> {
-        self.map.get(&n).copied()
+        self.map.get(n.index()).copied().flatten()
     }
 
+    /// The explicit choices, by node.
     pub fn iter(&self) -> impl Iterator<Item = (NodeId, Precision)> + '_ {
-        self.map.iter().map(|(&n, &p)| (n, p))
+        self.map.iter().enumerate().filter_map(|(i, p)| p.map(|p| (NodeId::new(i), p)))
     }
 
     /// Effective compute and output precisions of every node.
     pub fn resolve(&self, graph: &Graph) -> ResolvedPlan {
+        self.resolve_in(graph, &graph.schedule())
+    }
+
+    /// [`Plan::resolve`] with `graph`'s schedule already computed (callers
+    /// resolving many plans of one graph sort it once).
+    pub fn resolve_in(&self, graph: &Graph, schedule: &[NodeId]) -> ResolvedPlan {
         let bound = node_bound(graph);
         let mut r = ResolvedPlan { compute: vec![Precision::Fp32; bound], output: vec![Precision::Fp32; bound] };
-        for n in graph.schedule() {
+        for &n in schedule {
             let (c, o) = self.node_precision(graph, n, &r.output);
             r.compute[n.index()] = c;
             r.output[n.index()] = o;

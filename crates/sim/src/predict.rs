@@ -563,7 +563,7 @@ impl<'g> Predictor<'g> {
                 }
             }
             let model = CostModel::new(&t.device, t.calibration.as_ref())?;
-            let resolved = t.plan.resolve(graph);
+            let resolved = t.plan.resolve_in(graph, order);
             for n in order {
                 let p = resolved.compute(*n);
                 if !t.device.supports(p) {
