@@ -56,15 +56,7 @@ DOCUMENTED = [
 
 # Known open defects: reported as known failures (printed and counted, not
 # failing the run); one that starts passing is reported so it is removed.
-KNOWN_FAILURES = {
-    name: "subgraph captures are not uses yet: uniform=f16 schedules an If before the CastLike its branches read"
-    for name in [
-        "test_affine_grid_2d_align_corners_expanded",
-        "test_affine_grid_2d_expanded",
-        "test_affine_grid_3d_align_corners_expanded",
-        "test_affine_grid_3d_expanded",
-    ]
-}
+KNOWN_FAILURES = {}
 
 TIMEOUT_S = 60
 

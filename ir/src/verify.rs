@@ -185,6 +185,17 @@ fn check_node(
             _ => {}
         }
     }
+    for c in node.captures() {
+        let what = match graph.value(c.value).def {
+            ValueDef::Undefined => "is undefined",
+            ValueDef::Removed => "was removed",
+            _ => continue,
+        };
+        errs.push(VerifyError::at(
+            node,
+            format!("value `{}` read by its subgraphs (as `{}`) {what}", graph.value_name(c.value), c.name),
+        ));
+    }
     // The schema's type constraint on the first input (see
     // `Op::float_input_allowed`): e.g. Celu computes only in f32.
     if let Some(dt) = node.inputs().first().copied().flatten().and_then(|v| graph.ty(v).dtype) {
@@ -304,8 +315,8 @@ fn cycle_by_inputs(graph: &Graph) -> Result<(), Vec<NodeId>> {
     let mut indeg: std::collections::HashMap<NodeId, usize> = ids.iter().map(|&n| (n, 0)).collect();
     let mut users: std::collections::HashMap<NodeId, Vec<NodeId>> = std::collections::HashMap::new();
     for &n in &ids {
-        for v in graph.node(n).inputs().iter().flatten() {
-            if let Some((p, _)) = graph.producer(*v) {
+        for (_, v) in graph.node(n).reads() {
+            if let Some((p, _)) = graph.producer(v) {
                 if graph.contains_node(p) {
                     *indeg.entry(n).or_default() += 1;
                     users.entry(p).or_default().push(n);

@@ -21,7 +21,7 @@
 //! Guarantees: deterministic (the same model gives the same bytes), and
 //! import ∘ export ∘ import gives a structurally identical graph.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use prost::Message;
@@ -209,6 +209,24 @@ fn graph_proto(g: &Graph, annotated: Option<&BTreeSet<String>>, label: &str) -> 
         let mut attribute = Vec::with_capacity(n.attrs.len());
         for (k, a) in &n.attrs {
             attribute.push(attr_proto(k, a, label, &n.name)?);
+        }
+        // Captures a rewrite re-pointed or renamed: the bodies read the
+        // value's current name.
+        let renamed: BTreeMap<String, String> = n
+            .captures()
+            .iter()
+            .filter(|c| g.value_name(c.value) != c.name)
+            .map(|c| (c.name.clone(), g.value_name(c.value).to_string()))
+            .collect();
+        if !renamed.is_empty() {
+            for a in &mut attribute {
+                if let Some(sub) = a.g.as_deref_mut() {
+                    crate::subgraph::rename_free(sub, &renamed);
+                }
+                for sub in &mut a.graphs {
+                    crate::subgraph::rename_free(sub, &renamed);
+                }
+            }
         }
         nodes.push(proto::NodeProto {
             input: n.inputs().iter().map(|i| i.map(|v| g.value_name(v).to_string()).unwrap_or_default()).collect(),

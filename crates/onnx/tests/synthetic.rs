@@ -568,3 +568,73 @@ fn sequence_and_optional_boundaries_are_refused_not_written_untyped() {
         assert!(s.contains("seq.onnx") && s.contains("graph output `y`") && s.contains(kind), "{s}");
     }
 }
+
+/// An If whose branches read `r` and `x` from the main graph without
+/// inputs; in the file it comes before `r`'s producer.
+fn capturing_model(then_reads: &str) -> Vec<u8> {
+    let branch = |name: &str, reads: &str| proto::GraphProto {
+        name: name.into(),
+        node: vec![node("Identity", &format!("{name}_id"), &[reads], &[&format!("{name}_out")], vec![])],
+        output: vec![vi(&format!("{name}_out"), 1, &[DimValue::DimValue(2)])],
+        ..Default::default()
+    };
+    let mut then_a = attr("then_branch", attr_type::GRAPH);
+    then_a.g = Some(Box::new(branch("then", then_reads)));
+    let mut else_a = attr("else_branch", attr_type::GRAPH);
+    else_a.g = Some(Box::new(branch("else", "x")));
+    let g = proto::GraphProto {
+        name: "g".into(),
+        node: vec![
+            node("If", "if", &["c"], &["y"], vec![then_a, else_a]),
+            node("Relu", "relu", &["x"], &["r"], vec![]),
+        ],
+        input: vec![vi("x", 1, &[DimValue::DimValue(2)]), vi("c", 9, &[])],
+        output: vec![vi("y", 1, &[DimValue::DimValue(2)])],
+        ..Default::default()
+    };
+    model(g, 17)
+}
+
+fn exported_nodes(m: &qsync_ir::Model) -> Vec<proto::NodeProto> {
+    let bytes = export_bytes(m).unwrap_or_else(|e| panic!("{e}"));
+    proto::ModelProto::decode(bytes.as_slice()).expect("decode").graph.expect("graph").node
+}
+
+#[test]
+fn subgraph_reads_are_captures_that_order_and_follow_rewrites() {
+    let mut m = import_bytes(&capturing_model("r"), None, "t.onnx").unwrap_or_else(|e| panic!("{e}"));
+    let g = &m.graph;
+    let iff = g.node_ids().into_iter().find(|&n| g.node(n).op == Op::If).expect("if");
+    let names: Vec<&str> = g.node(iff).captures().iter().map(|c| g.value_name(c.value)).collect();
+    assert_eq!(names, ["r", "x"]);
+    let r = g.value_by_name("r").expect("r");
+    assert!(g.users(r).iter().any(|&(n, s)| n == iff && s == qsync_ir::CAPTURE_SLOT));
+    // The producer of a captured value is scheduled first.
+    let order: Vec<String> = exported_nodes(&m).iter().map(|n| n.name.clone()).collect();
+    assert_eq!(order, ["relu", "if"]);
+    // A rewrite replacing `r` re-points the capture; export renames the read.
+    let x = m.graph.value_by_name("x").expect("x");
+    let neg = m.graph.add_node(
+        qsync_ir::NodeSpec::new("neg", Op::Neg).input(x).output("r_neg", TensorType::new(DType::F32, vec![2.into()])),
+    );
+    let r_neg = m.graph.node(neg).outputs()[0];
+    m.graph.replace_all_uses(r, r_neg);
+    assert!(!m.graph.has_users(r));
+    let nodes = exported_nodes(&m);
+    let pos = |name: &str| nodes.iter().position(|n| n.name == name).expect("node");
+    assert!(pos("neg") < pos("if"));
+    let then_g = nodes[pos("if")].attribute.iter().find(|a| a.name == "then_branch").and_then(|a| a.g.clone());
+    assert_eq!(then_g.expect("then").node[0].input, ["r_neg"]);
+    let b = import_bytes(&export_bytes(&m).expect("export"), None, "t2.onnx").expect("reimport");
+    let iff = b.graph.node_ids().into_iter().find(|&n| b.graph.node(n).op == Op::If).expect("if");
+    let mut names: Vec<&str> = b.graph.node(iff).captures().iter().map(|c| b.graph.value_name(c.value)).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["r_neg", "x"]);
+}
+
+#[test]
+fn subgraph_read_of_an_undefined_value_is_an_error_naming_the_node() {
+    let e = import_bytes(&capturing_model("nowhere"), None, "t.onnx").expect_err("undefined capture");
+    let msg = e.to_string();
+    assert!(msg.contains("t.onnx") && msg.contains("if") && msg.contains("`nowhere`"), "{msg}");
+}

@@ -14,7 +14,7 @@
 //! stmt     := 'init' VALUE ':' type '=' data
 //!           | 'refresh' VALUE 'from' VALUE       # initializer 1 is a refreshed copy of trained parameter 2
 //!           | 'input' VALUE (':' type)?          # no type: an initializer that is also an input
-//!           | outs '=' OP STRING '(' args? ')' attrs? ('@' DTYPE)?
+//!           | outs '=' OP STRING '(' args? ')' attrs? captures? ('@' DTYPE)?
 //!           | 'output' VALUE (',' VALUE)*
 //! outs     := '()' | out (',' out)*
 //! out      := VALUE (':' type)?
@@ -23,6 +23,8 @@
 //! OP       := IDENT                              # a known ONNX op type, e.g. Conv
 //!           | '!' DOMAIN '::' IDENT              # an opaque op, e.g. !com.microsoft::FusedMatMul
 //! attrs    := '{' attr (',' attr)* '}'
+//! captures := 'captures' '(' capture (',' capture)* ')'   # outer values the subgraphs read
+//! capture  := VALUE ('as' VALUE)?                # 'as': the name inside the subgraphs, when it differs
 //! attr     := (IDENT | STRING) '=' avalue
 //! avalue   := INT | FLOAT | STRING | '[' INT,* ']' | '[' FLOAT,* ']' | '[' STRING,* ']'
 //!           | 'ints[]' | 'floats[]' | 'strings[]'
@@ -47,7 +49,7 @@ use base64::Engine;
 
 use crate::attr::{Attr, RawAttrKind};
 use crate::text::unescape_quoted_bytes;
-use crate::{DType, Dim, Graph, Model, NodeSpec, Op, Tensor, TensorData, TensorType, ValueDef, ValueId};
+use crate::{Capture, DType, Dim, Graph, Model, NodeSpec, Op, Tensor, TensorData, TensorType, ValueDef, ValueId};
 
 /// A parse error with its 1-based position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -580,6 +582,19 @@ impl Parser {
                 self.punct(',')?;
             }
         }
+        let mut captures = Vec::new();
+        if self.eat_ident("captures") {
+            self.punct('(')?;
+            loop {
+                let outer = self.value_name()?;
+                let inner = if self.eat_ident("as") { self.value_name()? } else { outer.clone() };
+                captures.push(Capture { name: inner, value: self.use_value(&outer) });
+                if self.eat_punct(')') {
+                    break;
+                }
+                self.punct(',')?;
+            }
+        }
         let precision = if self.eat_punct('@') {
             let d = self.ident()?;
             Some(DType::from_name(&d).map_or_else(|| self.err(format!("unknown dtype `{d}`")), Ok)?)
@@ -587,7 +602,7 @@ impl Parser {
             None
         };
         let out_ids: Vec<ValueId> = outs.iter().map(|(n, _)| self.def_value(n)).collect();
-        let spec = NodeSpec { name, op, attrs, inputs, outputs: outs, precision };
+        let spec = NodeSpec { name, op, attrs, inputs, outputs: outs, precision, captures };
         self.graph.add_node_defining(spec, out_ids);
         Ok(())
     }

@@ -399,11 +399,10 @@ fn import(
             grouped.extend(ug.slots.iter().copied());
             roots.push(Root { node: n, slots: ug.slots.clone(), vals, class });
         }
-        for (slot, v) in node.inputs().iter().enumerate() {
-            if let Some(v) = *v {
-                if region_out.contains(&v) && !grouped.contains(&slot) {
-                    roots.push(Root { node: n, slots: vec![slot], vals: vec![v], class: class_of[&v] });
-                }
+        // Captures are roots too: a subgraph reads the value at its dtype.
+        for (slot, v) in node.reads() {
+            if region_out.contains(&v) && !grouped.contains(&slot) {
+                roots.push(Root { node: n, slots: vec![slot], vals: vec![v], class: class_of[&v] });
             }
         }
     }

@@ -14,6 +14,9 @@
 //! - graph inputs and outputs keep their dtypes: an output produced at another
 //!   precision is renamed `{value}.{dtype}` and a Cast back writes the
 //!   original name;
+//! - a value captured by a node's subgraphs is read at its original dtype
+//!   (a cast back when its producer computes at another precision), as the
+//!   bodies are not rewritten;
 //! - integer and bool values are never cast; Shape / Size / Cast read any dtype;
 //! - training mode ([`Mode::Training`]): initializers stay FP32 masters, cast
 //!   once per (initializer, dtype) per iteration — visible to the cost model;
@@ -32,6 +35,7 @@ use std::collections::HashMap;
 
 use qsync_ir::{
     Attr, DType, Graph, Model, NodeId, NodeSpec, Op, OpClass, Tensor, TensorData, TensorType, ValueDef, ValueId,
+    CAPTURE_SLOT,
 };
 
 /// Whether weights keep FP32 master copies.
@@ -85,7 +89,8 @@ pub fn is_quantized(p: DType) -> bool {
 
 /// Whether a node may compute below FP32 at all: known ops with float data,
 /// excluding shape computation, casts and quantization, control flow,
-/// random generators (Dropout aside), and ops whose type constraints pin
+/// random generators (Dropout aside), nodes reading a value of unknown
+/// dtype, and ops whose type constraints pin
 /// FP32 (Range, ConstantOfShape, …) or that the IR keeps opaque.
 pub fn lowerable(g: &Graph, n: NodeId) -> bool {
     let node = g.node(n);
@@ -95,7 +100,10 @@ pub fn lowerable(g: &Graph, n: NodeId) -> bool {
         _ => true,
     };
     let is_float = |v: &ValueId| g.ty(*v).dtype.is_some_and(DType::is_float);
-    class_ok && (node.inputs().iter().flatten().any(is_float) || node.outputs().iter().any(is_float))
+    // An input of unknown dtype (an untyped control-flow output) cannot be
+    // cast to the plan's precision, so the node could not be made to read it.
+    let typed = node.inputs().iter().flatten().all(|v| g.ty(*v).dtype.is_some());
+    class_ok && typed && (node.inputs().iter().flatten().any(is_float) || node.outputs().iter().any(is_float))
 }
 
 /// Float input slots that keep their dtype whatever the node's precision
@@ -173,6 +181,16 @@ impl Materializer<'_> {
             };
             if new != v {
                 self.g.set_input(n, slot, Some(new));
+            }
+        }
+        // Subgraphs read captured values at the dtype they were built for,
+        // whatever the node's plan (their bodies are not rewritten).
+        let captured: Vec<ValueId> = self.g.node(n).captures().iter().map(|c| c.value).collect();
+        for (i, v) in captured.into_iter().enumerate() {
+            let Some(orig) = self.orig.get(v.index()).copied().flatten().filter(|d| d.is_float()) else { continue };
+            let new = self.cast_to(v, orig);
+            if new != v {
+                self.g.set_input(n, CAPTURE_SLOT + i, Some(new));
             }
         }
         // A quantized node is an FP32 op between QDQ pairs: its float outputs
