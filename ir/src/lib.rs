@@ -31,4 +31,4 @@ pub use dtype::DType;
 pub use graph::{Capture, Graph, Model, Node, NodeId, NodeSpec, ValueData, ValueDef, ValueId, CAPTURE_SLOT};
 pub use op::{Op, OpClass};
 pub use tensor::{Tensor, TensorData};
-pub use types::{Shape, TensorType};
+pub use types::{Container, Shape, TensorType};

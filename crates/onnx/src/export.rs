@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use prost::Message;
-use qsync_ir::{Attr, Dim, Graph, Model, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId};
+use qsync_ir::{Attr, Container, Dim, Graph, Model, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId};
 
 use crate::proto::{self, attr_type, DimValue, TypeValue};
 use crate::OnnxError;
@@ -185,6 +185,19 @@ pub fn dim_proto(d: &Dim) -> proto::Dimension {
 }
 
 fn type_proto(t: &TensorType) -> proto::TypeProto {
+    let boxed = |t: &TensorType| Some(Box::new(type_proto(t)));
+    let value = match t.container.as_deref() {
+        Some(Container::Sequence(e)) => TypeValue::SequenceType(Box::new(proto::TypeSequence { elem_type: boxed(e) })),
+        Some(Container::Optional(e)) => TypeValue::OptionalType(Box::new(proto::TypeOptional { elem_type: boxed(e) })),
+        Some(Container::Map(k, v)) => {
+            TypeValue::MapType(Box::new(proto::TypeMap { key_type: k.onnx_code(), value_type: boxed(v) }))
+        }
+        None => return tensor_type_proto(t),
+    };
+    proto::TypeProto { value: Some(value), denotation: String::new() }
+}
+
+fn tensor_type_proto(t: &TensorType) -> proto::TypeProto {
     let tt = proto::TypeTensor {
         elem_type: t.dtype.map_or(0, |d| d.onnx_code()),
         shape: t.shape.as_ref().map(|s| proto::TensorShapeProto { dim: s.iter().map(dim_proto).collect() }),
@@ -251,7 +264,7 @@ fn graph_proto(g: &Graph, annotated: Option<&BTreeSet<String>>, label: &str) -> 
     for &id in &order {
         for &v in g.node(id).outputs() {
             let data = g.value(v);
-            if data.name.is_empty() || outputs.contains(&v) || data.ty.dtype.is_none() {
+            if data.name.is_empty() || outputs.contains(&v) || (data.ty.dtype.is_none() && data.ty.is_tensor()) {
                 continue;
             }
             if annotated.is_some_and(|a| !a.contains(&data.name)) {

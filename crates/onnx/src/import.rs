@@ -38,8 +38,8 @@ use std::path::Path;
 use prost::Message;
 use qsync_ir::infer::{infer_shapes, InferOptions};
 use qsync_ir::{
-    Attr, Capture, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType, ValueDef,
-    ValueId, CAPTURE_SLOT,
+    Attr, Capture, Container, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType,
+    ValueDef, ValueId, CAPTURE_SLOT,
 };
 
 use crate::proto::{self, attr_type, DimValue, TypeValue};
@@ -253,35 +253,44 @@ impl Importer {
         })
     }
 
-    /// Graph inputs and outputs must be tensors: the IR has no sequence,
-    /// optional or map type yet, and exporting one as an untyped tensor
-    /// writes a model the checker rejects. Refused with the reason instead.
-    /// (Such values *inside* the graph import as unknown types and are not
-    /// declared on export.)
+    /// Sparse-tensor and opaque values at the graph boundary are refused with
+    /// the reason (the IR carries tensors and sequence / optional / map
+    /// types over them; exporting another kind as a tensor would write a
+    /// model the checker rejects).
     fn tensor_boundary(&self, vi: &proto::ValueInfoProto, place: &str) -> Result<(), OnnxError> {
         let kind = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-            None | Some(TypeValue::TensorType(_)) => return Ok(()),
-            Some(TypeValue::SequenceType(_)) => "a sequence",
-            Some(TypeValue::OptionalType(_)) => "an optional",
-            Some(TypeValue::MapType(_)) => "a map",
             Some(TypeValue::SparseTensorType(_)) => "a sparse tensor",
             Some(TypeValue::OpaqueType(_)) => "an opaque",
+            _ => return Ok(()),
         };
         Err(self.invalid(
             place,
-            format!(
-                "has {kind} type; sequence, optional, map and sparse values are not supported at the graph boundary"
-            ),
+            format!("has {kind} type; sparse tensor and opaque values are not supported at the graph boundary"),
         ))
     }
 
+    /// A value's type: tensors, and sequence / optional / map types over
+    /// them (carried unchanged); sparse and opaque types import as unknown.
     fn ty(&mut self, t: Option<&proto::TypeProto>, place: &str) -> Result<TensorType, OnnxError> {
         let Some(value) = t.and_then(|t| t.value.as_ref()) else { return Ok(TensorType::unknown()) };
-        let TypeValue::TensorType(tt) = value else {
-            self.warnings
-                .push(format!("{place}: non-tensor type (sequence/map/optional/sparse/opaque) imported as unknown"));
-            return Ok(TensorType::unknown());
+        // Nesting is bounded by prost's decoding limit (100 messages).
+        let container = match value {
+            TypeValue::TensorType(_) => None,
+            TypeValue::SequenceType(s) => Some(Container::Sequence(self.ty(s.elem_type.as_deref(), place)?)),
+            TypeValue::OptionalType(o) => Some(Container::Optional(self.ty(o.elem_type.as_deref(), place)?)),
+            TypeValue::MapType(m) => {
+                let key = self.dtype(m.key_type, place)?;
+                Some(Container::Map(key, self.ty(m.value_type.as_deref(), place)?))
+            }
+            TypeValue::SparseTensorType(_) | TypeValue::OpaqueType(_) => {
+                self.warnings.push(format!("{place}: sparse tensor or opaque type imported as unknown"));
+                return Ok(TensorType::unknown());
+            }
         };
+        if let Some(c) = container {
+            return Ok(TensorType::of(c));
+        }
+        let TypeValue::TensorType(tt) = value else { return Ok(TensorType::unknown()) };
         let dtype = if tt.elem_type == 0 { None } else { Some(self.dtype(tt.elem_type, place)?) };
         let shape = match &tt.shape {
             None => None,
@@ -297,7 +306,7 @@ impl Importer {
                 Some(dims)
             }
         };
-        Ok(TensorType { dtype, shape })
+        Ok(TensorType { container: None, dtype, shape })
     }
 
     fn graph(&mut self, g: proto::GraphProto) -> Result<Graph, OnnxError> {
@@ -519,7 +528,7 @@ impl Importer {
             } else if tx.shape == ty.shape {
                 out.push(tx);
             } else {
-                out.push(TensorType { dtype: tx.dtype, shape: None });
+                out.push(TensorType { container: None, dtype: tx.dtype, shape: None });
             }
         }
         Ok(out)

@@ -549,12 +549,11 @@ fn declared_sizes_do_not_drive_allocation() {
 }
 
 #[test]
-fn sequence_and_optional_boundaries_are_refused_not_written_untyped() {
+fn sparse_boundaries_are_refused_and_container_mismatches_fail_verification() {
     let elem = vi("x", 1, &[DimValue::DimValue(2)]).r#type.map(Box::new);
-    for (value, kind) in [
-        (TypeValue::SequenceType(Box::new(proto::TypeSequence { elem_type: elem.clone() })), "a sequence"),
-        (TypeValue::OptionalType(Box::new(proto::TypeOptional { elem_type: elem.clone() })), "an optional"),
-    ] {
+    let sparse = TypeValue::SparseTensorType(proto::TypeSparseTensor { elem_type: 1, shape: None });
+    let seq = TypeValue::SequenceType(Box::new(proto::TypeSequence { elem_type: elem }));
+    for (value, refused) in [(sparse, true), (seq, false)] {
         let mut out = vi("y", 1, &[]);
         out.r#type = Some(proto::TypeProto { value: Some(value), denotation: String::new() });
         let g = proto::GraphProto {
@@ -563,9 +562,22 @@ fn sequence_and_optional_boundaries_are_refused_not_written_untyped() {
             output: vec![out],
             ..Default::default()
         };
-        let e = import_bytes(&model(g, 18), None, "seq.onnx").expect_err("non-tensor output");
-        let s = e.to_string();
-        assert!(s.contains("seq.onnx") && s.contains("graph output `y`") && s.contains(kind), "{s}");
+        match import_bytes(&model(g, 18), None, "t.onnx") {
+            Err(e) => {
+                let s = e.to_string();
+                assert!(
+                    refused && s.contains("t.onnx") && s.contains("graph output `y`") && s.contains("sparse"),
+                    "{s}"
+                );
+            }
+            Ok(m) => {
+                // A tensor declared a sequence by Identity: the verifier says so.
+                assert!(!refused);
+                let errs = qsync_ir::verify::verify(&m.graph, 18).expect_err("tensor vs sequence");
+                let s: Vec<String> = errs.iter().map(ToString::to_string).collect();
+                assert!(s.iter().any(|e| e.contains("id") && e.contains("seq<f32[2]>")), "{s:?}");
+            }
+        }
     }
 }
 
@@ -637,4 +649,35 @@ fn subgraph_read_of_an_undefined_value_is_an_error_naming_the_node() {
     let e = import_bytes(&capturing_model("nowhere"), None, "t.onnx").expect_err("undefined capture");
     let msg = e.to_string();
     assert!(msg.contains("t.onnx") && msg.contains("if") && msg.contains("`nowhere`"), "{msg}");
+}
+
+#[test]
+fn sequence_optional_and_map_types_round_trip_unchanged() {
+    let tensor = |elem: i32, dims: &[DimValue]| vi("", elem, dims).r#type.expect("type");
+    let wrap = |v: TypeValue| proto::TypeProto { value: Some(v), denotation: String::new() };
+    let seq = wrap(TypeValue::SequenceType(Box::new(proto::TypeSequence {
+        elem_type: Some(Box::new(tensor(1, &[DimValue::DimValue(2), p("N")]))),
+    })));
+    let opt = wrap(TypeValue::OptionalType(Box::new(proto::TypeOptional { elem_type: Some(Box::new(seq.clone())) })));
+    let map =
+        wrap(TypeValue::MapType(Box::new(proto::TypeMap { key_type: 7, value_type: Some(Box::new(tensor(1, &[]))) })));
+    let typed = |name: &str, t: &proto::TypeProto| proto::ValueInfoProto {
+        name: name.into(),
+        r#type: Some(t.clone()),
+        ..Default::default()
+    };
+    let g = proto::GraphProto {
+        name: "g".into(),
+        node: vec![node("Identity", "id", &["o"], &["o2"], vec![])],
+        input: vec![typed("s", &seq), typed("o", &opt), typed("m", &map)],
+        output: vec![typed("o2", &opt), typed("s", &seq), typed("m", &map)],
+        ..Default::default()
+    };
+    let m = round_trip(&model(g.clone(), 18));
+    let out = proto::ModelProto::decode(export_bytes(&m).expect("export").as_slice()).expect("decode");
+    let out = out.graph.expect("graph");
+    assert_eq!(out.input, g.input);
+    assert_eq!(out.output, g.output);
+    // Precision passes see no float dtype on them.
+    assert!(m.graph.inputs().iter().all(|&v| m.graph.ty(v).dtype.is_none() && !m.graph.ty(v).is_tensor()));
 }

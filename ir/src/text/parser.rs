@@ -32,6 +32,7 @@
 //!           | 'tensors' '[' (tensor (',' tensor)*)? ']'
 //!           | RAWKIND '<' STRING,* '>'           # graph, graphs, sparse_tensor(s), type_proto(s): base64
 //! type     := (DTYPE | '?') ('[' (dim (',' dim)*)? ']')?   # no brackets: rank unknown
+//!           | 'seq' '<' type '>' | 'opt' '<' type '>' | 'map' '<' DTYPE ',' type '>'   # at most 16 deep
 //! dim      := dimension expression over INT and symbols with + - * ( ) and '/' INT
 //! data     := '[' number,* ']' | 'hex' STRING | 'external' '(' STRING ',' INT (',' INT)? ')'
 //!           | 'absent' | 'elided' '(' INT ')'
@@ -49,7 +50,12 @@ use base64::Engine;
 
 use crate::attr::{Attr, RawAttrKind};
 use crate::text::unescape_quoted_bytes;
-use crate::{Capture, DType, Dim, Graph, Model, NodeSpec, Op, Tensor, TensorData, TensorType, ValueDef, ValueId};
+use crate::{
+    Capture, Container, DType, Dim, Graph, Model, NodeSpec, Op, Tensor, TensorData, TensorType, ValueDef, ValueId,
+};
+
+/// Deepest nesting of container types (`seq<opt<…>>`) the parser accepts.
+pub const MAX_CONTAINER_DEPTH: usize = 16;
 
 /// A parse error with its 1-based position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -608,6 +614,32 @@ impl Parser {
     }
 
     fn ty(&mut self) -> PResult<TensorType> {
+        self.ty_at(0)
+    }
+
+    /// A type; containers nest at most [`MAX_CONTAINER_DEPTH`] deep.
+    fn ty_at(&mut self, depth: usize) -> PResult<TensorType> {
+        let is_container = matches!(self.peek(), Tok::Ident(s) if s == "seq" || s == "opt" || s == "map")
+            && *self.peek_at(1) == Tok::Punct('<');
+        if is_container {
+            if depth >= MAX_CONTAINER_DEPTH {
+                return self.err(format!("types nest more than {MAX_CONTAINER_DEPTH} containers deep"));
+            }
+            let kind = self.ident()?;
+            self.punct('<')?;
+            let c = match kind.as_str() {
+                "seq" => Container::Sequence(self.ty_at(depth + 1)?),
+                "opt" => Container::Optional(self.ty_at(depth + 1)?),
+                _ => {
+                    let k = self.ident()?;
+                    let key = DType::from_name(&k).map_or_else(|| self.err(format!("unknown dtype `{k}`")), Ok)?;
+                    self.punct(',')?;
+                    Container::Map(key, self.ty_at(depth + 1)?)
+                }
+            };
+            self.punct('>')?;
+            return Ok(TensorType::of(c));
+        }
         let dtype = if self.eat_punct('?') {
             None
         } else {
@@ -629,7 +661,7 @@ impl Parser {
         } else {
             None
         };
-        Ok(TensorType { dtype, shape })
+        Ok(TensorType { container: None, dtype, shape })
     }
 
     /// A dimension expression; too deep, too complex or overflowing is a

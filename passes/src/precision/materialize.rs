@@ -62,7 +62,8 @@ pub struct MaterializeStats {
 }
 
 /// Every plan is materialized here, so this is where it meets the ONNX
-/// schemas: a node planned at a float precision its op does not accept at
+/// schemas: a node planned at a float precision that one of the inputs a
+/// plan casts (every float input but the pinned ones) does not accept at
 /// the model's opset (`Celu` is f32-only; `Conv` and `MaxPool` take bf16
 /// only from opset 22; most ops lack bf16 before 13) computes in f32
 /// instead, and materialization casts around it like any f32 node. Returns
@@ -74,7 +75,7 @@ pub fn respect_type_constraints(model: &mut Model) -> usize {
     for n in g.node_ids() {
         let node = g.node(n);
         let Some(p) = node.precision.filter(|p| p.is_float()) else { continue };
-        if node.op.float_input_allowed(opset, p) == Some(false) {
+        if qsync_ir::op::node_float_allowed(g, n, opset, p) == Some(false) {
             g.node_mut(n).precision = Some(DType::F32);
             kept += 1;
         }
@@ -201,7 +202,7 @@ impl Materializer<'_> {
             for (slot, v) in outs.into_iter().enumerate() {
                 if self.orig[v.index()].is_some_and(DType::is_float) && !pinned_output(&op, slot) {
                     let shape = self.g.ty(v).shape.clone();
-                    self.g.set_ty(v, TensorType { dtype: Some(p), shape });
+                    self.g.set_ty(v, TensorType { container: None, dtype: Some(p), shape });
                     self.cur[v.index()] = Some(p);
                 }
             }
@@ -227,7 +228,7 @@ impl Materializer<'_> {
             return c;
         }
         let name = self.g.fresh_value_name(&format!("{}.cast_{to}", self.g.value_name(v)));
-        let ty = TensorType { dtype: Some(to), shape: self.g.ty(v).shape.clone() };
+        let ty = TensorType { container: None, dtype: Some(to), shape: self.g.ty(v).shape.clone() };
         let spec = NodeSpec::new(name.clone(), Op::Cast)
             .input(v)
             .attr("to", Attr::Int(i64::from(to.onnx_code())))
@@ -264,7 +265,7 @@ impl Materializer<'_> {
             .input(src)
             .input(scale_v)
             .input(zp_v)
-            .output(qname, TensorType { dtype: Some(q), shape: shape.clone() });
+            .output(qname, TensorType { container: None, dtype: Some(q), shape: shape.clone() });
         let qn = self.g.add_node(qspec);
         let qv = self.g.node(qn).outputs()[0];
         let dname = self.g.fresh_value_name(&format!("{base}.dequant_{q}"));
@@ -272,7 +273,7 @@ impl Materializer<'_> {
             .input(qv)
             .input(scale_v)
             .input(zp_v)
-            .output(dname, TensorType { dtype: Some(DType::F32), shape });
+            .output(dname, TensorType { container: None, dtype: Some(DType::F32), shape });
         let dn = self.g.add_node(dspec);
         let dv = self.g.node(dn).outputs()[0];
         self.track(qv, q);
