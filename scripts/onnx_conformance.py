@@ -11,7 +11,9 @@ expected outputs:
   failure. Refusal reasons are grouped by their message with names and
   numbers masked, and every group must match a pattern in DOCUMENTED below.
 * Inferred output shapes: every graph output whose inferred type is fully
-  concrete must equal the shape of the expected output tensor.
+  concrete must equal the shape of the expected output tensor; and again
+  with the model's output shapes and value_info removed, so that the shapes
+  come from qsyncc's inference alone (`inferred_shapes_*`).
 * `qsyncc opt MODEL --passes verify -o OUT.onnx`: OUT must pass the ONNX
   checker (full check with strict shape inference off), and where
   onnxruntime runs the original model, OUT must give bit-identical outputs.
@@ -129,6 +131,21 @@ def inputs_of(test_dir, model):
     return feeds
 
 
+def strip_shapes(model):
+    """A copy without value_info and without the graph outputs' shapes (their
+    element types stay), or None when nothing would change."""
+    outs = [o for o in model.graph.output if o.type.WhichOneof("value") == "tensor_type" and o.type.tensor_type.HasField("shape")]
+    if not outs and not model.graph.value_info:
+        return None
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.value_info[:]
+    for o in m.graph.output:
+        if o.type.WhichOneof("value") == "tensor_type":
+            o.type.tensor_type.ClearField("shape")
+    return m
+
+
 def ort_run(path, feeds):
     import onnxruntime as ort
 
@@ -218,6 +235,28 @@ def main():
                 c["shapes_matched"] += 1
             else:
                 failures.append(f"{name}: output {o['name']} inferred {o['type']}, expected dims {list(t.dims)}")
+        # The same model with its output shapes and value_info removed: the
+        # shapes qsyncc reports then come from its own inference alone.
+        stripped = strip_shapes(model)
+        if stripped is not None:
+            sp = os.path.join(tmp, name + ".stripped.onnx")
+            onnx.save(stripped, sp)
+            rc, out, err = run([args.qsyncc, "inspect", sp, "--json"])
+            os.remove(sp)
+            if rc != 0:
+                failures.append(f"{name}: without declared output shapes, inspect exit {rc}: {err.strip()[:300]}")
+            else:
+                for o in json.loads(out).get("outputs", []):
+                    t = exp.get(o["name"])
+                    m = re.fullmatch(r"[a-z0-9?]+\[([0-9,]*)\]", o["type"])
+                    if t is None or m is None:
+                        continue
+                    got = [int(x) for x in m.group(1).split(",") if x != ""]
+                    c["inferred_shapes_checked"] += 1
+                    if got == list(t.dims):
+                        c["inferred_shapes_matched"] += 1
+                    else:
+                        failures.append(f"{name}: output {o['name']} inferred {o['type']} (no declared shape), expected dims {list(t.dims)}")
         out_path = os.path.join(tmp, name + ".onnx")
         rc, _, err = run([args.qsyncc, "opt", path, "--passes", "verify", "-o", out_path])
         if rc != 0:
@@ -271,7 +310,8 @@ def main():
             os.remove(low_path)
 
     print("counts:")
-    for k in ["models", "imported", "refused", "crashed", "shapes_checked", "shapes_matched", "roundtrip_valid",
+    for k in ["models", "imported", "refused", "crashed", "shapes_checked", "shapes_matched",
+              "inferred_shapes_checked", "inferred_shapes_matched", "roundtrip_valid",
               "roundtrip_invalid", "roundtrip_refused", "ort_runs_original", "ort_identical"]:
         print(f"  {k}: {c[k]}")
     for label in ["uniform_f16", "amp"]:

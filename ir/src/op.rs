@@ -110,6 +110,7 @@ define_ops! {
     InstanceNormalization => Norm,
     GroupNormalization => Norm,
     RMSNormalization => Norm,
+    RotaryEmbedding => Binary,
     LpNormalization => Norm,
     MeanVarianceNormalization => Norm,
     LRN => Norm,
@@ -196,6 +197,7 @@ define_ops! {
     Sigmoid => Activation,
     HardSigmoid => Activation,
     HardSwish => Activation,
+    Swish => Activation,
     Tanh => Activation,
     Softplus => Activation,
     Softsign => Activation,
@@ -214,6 +216,7 @@ define_ops! {
     GatherND => Movement,
     ScatterElements => Movement,
     ScatterND => Movement,
+    TensorScatter => Movement,
     Scatter => Movement,
     Squeeze => Movement,
     Unsqueeze => Movement,
@@ -308,6 +311,7 @@ impl Op {
                 | Sigmoid
                 | HardSigmoid
                 | HardSwish
+                | Swish
                 | Tanh
                 | Softplus
                 | Softsign

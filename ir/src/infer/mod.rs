@@ -92,6 +92,8 @@ fn infer_op_rules(cx: &Cx) -> InferResult {
         InstanceNormalization
         | GroupNormalization
         | RMSNormalization
+        | RotaryEmbedding
+        | TensorScatter
         | CumSum
         | Trilu
         | ReverseSequence
@@ -120,6 +122,7 @@ fn infer_op_rules(cx: &Cx) -> InferResult {
         BatchNormalization => nn::batch_norm(cx),
         LayerNormalization => nn::layer_norm(cx),
         LSTM | GRU | RNN => nn::recurrent(cx),
+        Attention => nn::attention(cx),
         SoftmaxCrossEntropyLoss | NegativeLogLikelihoodLoss => nn::loss(cx),
         GridSample => nn::grid_sample(cx),
         Reshape => movement::reshape(cx),
