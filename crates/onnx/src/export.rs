@@ -232,6 +232,18 @@ fn graph_proto(g: &Graph, annotated: Option<&BTreeSet<String>>, label: &str) -> 
             .map(|c| (c.name.clone(), g.value_name(c.value).to_string()))
             .collect();
         if !renamed.is_empty() {
+            let bodies = attribute.iter().flat_map(|a| a.g.as_deref().into_iter().chain(a.graphs.iter()));
+            for body in bodies {
+                if let Some(new) = renamed.values().find(|new| crate::subgraph::defines_anywhere(body, new)) {
+                    return Err(export_err(
+                        label,
+                        format!(
+                            "node `{}`: a captured value is now named `{new}`, which its subgraph defines itself",
+                            n.name
+                        ),
+                    ));
+                }
+            }
             for a in &mut attribute {
                 if let Some(sub) = a.g.as_deref_mut() {
                     crate::subgraph::rename_free(sub, &renamed);

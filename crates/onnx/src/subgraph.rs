@@ -76,6 +76,13 @@ fn collect_free(g: &GraphProto, out: &mut Vec<String>, seen: &mut HashSet<String
     }
 }
 
+/// Whether `g` or any graph nested in it defines `name` (an input,
+/// initializer or node output of its own).
+pub fn defines_anywhere(g: &GraphProto, name: &str) -> bool {
+    defined(g).contains(name)
+        || g.node.iter().flat_map(|n| n.attribute.iter().flat_map(attr_graphs)).any(|sub| defines_anywhere(sub, name))
+}
+
 /// Rename the reads of outer names in `g` (and its nested subgraphs) by
 /// `map` (old → new). A name `g` defines itself is its own, not the outer
 /// one, and is left alone there and below.

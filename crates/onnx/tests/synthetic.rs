@@ -637,6 +637,12 @@ fn subgraph_reads_are_captures_that_order_and_follow_rewrites() {
     assert!(pos("neg") < pos("if"));
     let then_g = nodes[pos("if")].attribute.iter().find(|a| a.name == "then_branch").and_then(|a| a.g.clone());
     assert_eq!(then_g.expect("then").node[0].input, ["r_neg"]);
+    // A new name the body already defines would change what it reads: refused.
+    let mut clash = m.clone();
+    let v = clash.graph.value_by_name("r_neg").expect("r_neg");
+    clash.graph.rename_value(v, "then_out");
+    let e = export_bytes(&clash).expect_err("name clash");
+    assert!(e.to_string().contains("`if`") && e.to_string().contains("then_out"), "{e}");
     let b = import_bytes(&export_bytes(&m).expect("export"), None, "t2.onnx").expect("reimport");
     let iff = b.graph.node_ids().into_iter().find(|&n| b.graph.node(n).op == Op::If).expect("if");
     let mut names: Vec<&str> = b.graph.node(iff).captures().iter().map(|c| b.graph.value_name(c.value)).collect();
