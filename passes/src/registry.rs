@@ -12,7 +12,8 @@
 //!
 //! Commas inside parentheses belong to the entry. Keys may repeat where a pass
 //! takes a list (`override`). Precision passes (`amp`, `autocast`, `uniform`,
-//! `cascade`) take: the main value or `dtype=` (f16, bf16, f32, i8, f8e4m3),
+//! `cascade`) take: the main value or `dtype=` (fp16, bf16, fp32, int8, fp8e4m3,
+//! or the IR's names f16, f32, i8, f8e4m3),
 //! `override=PATTERN=PRECISION` (exact node name or glob with `*` and `?`;
 //! the last `=` separates), `mode=training|inference`; `amp` and `autocast`
 //! also `policy=` (a built-in name, `tf-amp` / `torch-autocast`, or a JSON
@@ -180,9 +181,18 @@ fn precision_options(name: &str, args: &PassArgs, allowed: &[&str]) -> Result<(O
     }
     let dtype = match args.main.as_deref().or(args.last("dtype")) {
         Some(d) => Some(
-            DType::from_name(d)
+            // One vocabulary with the planner and `simulate` (fp16, int8, …),
+            // the IR's dtype names (f16, i8, …) accepted too.
+            d.parse::<qsync_cost::Precision>()
+                .ok()
+                .map(|p| p.storage_dtype())
+                .or_else(|| DType::from_name(d))
                 .filter(|d| PLAN_PRECISIONS.contains(d))
-                .ok_or_else(|| bad(format!("`{d}` is not a plan precision (f32, bf16, f16, f8e4m3, i8)")))?,
+                .ok_or_else(|| {
+                    bad(format!(
+                        "`{d}` is not a plan precision (fp32, bf16, fp16, fp8e4m3, int8; or f32, f16, f8e4m3, i8)"
+                    ))
+                })?,
         ),
         None => None,
     };
@@ -343,6 +353,11 @@ mod tests {
         assert!(pipeline_from_spec("infer-shapes,dce").is_ok());
         assert!(pipeline_from_spec("uniform").is_err());
         assert!(pipeline_from_spec("uniform=f99").is_err());
+        // Both vocabularies: the planner's (fp16, int8) and the IR's (f16, i8).
+        for p in ["fp16", "f16", "int8", "i8", "fp32", "f32", "bf16", "fp8", "fp8e4m3", "f8e4m3"] {
+            assert!(pipeline_from_spec(&format!("uniform={p}")).is_ok(), "{p}");
+            assert!(pipeline_from_spec(&format!("amp(dtype={p})")).is_ok(), "{p}");
+        }
         assert!(pipeline_from_spec("dce=1").is_err());
         assert!(pipeline_from_spec("amp(bogus=1)").is_err());
         assert!(pipeline_from_spec("amp(policy=torch-autocast)").is_err());

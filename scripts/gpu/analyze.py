@@ -15,7 +15,7 @@ batch, sequence, optimizer and device:
   fp32 / tf32   `--precision DEV=fp32|tf32`
   amp_fp16/bf16 the model planned by `qsyncc opt --passes autocast(dtype=f16|bf16)`
                 (PyTorch autocast's op lists, weights cast per iteration)
-once without and once with `--calibration`, the profile `qsyncc profile build
+once without and once with `--profile`, the profile `qsyncc profile build
 --exclude FAMILY` writes from OPS.json. The error is (predicted - measured) /
 measured. `--full-profile` also writes the profile of every measured model
 (the one to commit under crates/cost/profiles/). Exits 2 with a message when
@@ -123,7 +123,7 @@ def analyze(a):
         else:
             raise Failure(f"run {r['model']}: unknown precision `{p}`")
         pred = {}
-        for label, cal in (("datasheet", []), ("calibrated", ["--calibration", profiles[r["family"]]])):
+        for label, cal in (("datasheet", []), ("calibrated", ["--profile", profiles[r["family"]]])):
             out = json.loads(qsyncc(a.qsyncc, "simulate", target, *common, *extra, *cal))
             pred[label] = out["iteration_ms"]
         m = r["median_ms"]

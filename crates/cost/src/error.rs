@@ -16,7 +16,7 @@ pub enum CostError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("unknown device `{name}` (known: {known})")]
     UnknownDevice { name: String, known: String },
-    #[error("unknown precision `{0}` (expected one of fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2)")]
+    #[error("unknown precision `{0}` (expected one of fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2; also spelt f32, f16, i8, f8e4m3 / fp8, f8e5m2)")]
     UnknownPrecision(String),
     #[error("device `{device}` does not support precision {precision}")]
     UnsupportedPrecision { device: String, precision: Precision },

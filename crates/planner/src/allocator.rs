@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use qsync_cost::{is_precision_dependent, CostModel, GraphFacts, Kind, Plan, Precision};
 use qsync_ir::{Graph, NodeId, OpClass};
-use qsync_sim::{PredictError, PredictOptions, Predictor, Target};
+use qsync_sim::{PredictError, PredictOptions, Predictor, SimResult, Target};
 use serde::Serialize;
 
 use crate::indicator::Indicator;
@@ -317,6 +317,8 @@ pub(crate) struct Ctx<'g> {
     pub(crate) amp: bool,
     /// See [`AllocOptions::opset`].
     pub(crate) opset: Option<i64>,
+    /// The graph's analysis, shared by every predictor the planner builds.
+    pub(crate) analysis: std::sync::Arc<qsync_sim::GraphAnalysis>,
 }
 
 /// Nodes the allocator chooses precisions for: lowerable operators that are
@@ -399,7 +401,7 @@ impl<'g> Ctx<'g> {
         for (t, p) in targets.iter_mut().zip(plans) {
             t.plan = p.clone();
         }
-        Ok(Predictor::new(self.g, targets, self.popts.clone())?)
+        Ok(Predictor::with_analysis(self.g, self.analysis.clone(), targets, self.popts.clone())?)
     }
 
     /// A predictor of `plans` with per-type local batches.
@@ -409,7 +411,7 @@ impl<'g> Ctx<'g> {
             t.plan = p.clone();
             t.local_batch = b;
         }
-        Ok(Predictor::new(self.g, targets, self.popts.clone())?)
+        Ok(Predictor::with_analysis(self.g, self.analysis.clone(), targets, self.popts.clone())?)
     }
 
     /// The batch every type was given (the predictor's reference batch).
@@ -591,10 +593,10 @@ pub fn allocate(
         popts.reference_batch = Some(first);
     }
     let mut phases: Vec<(String, f64)> = Vec::new();
-    let mut clock = std::time::Instant::now();
-    let mut lap = |name: &str, phases: &mut Vec<(String, f64)>| {
-        phases.push((name.to_string(), clock.elapsed().as_secs_f64()));
-        clock = std::time::Instant::now();
+    let clock = std::cell::Cell::new(std::time::Instant::now());
+    let lap = |name: &str, phases: &mut Vec<(String, f64)>| {
+        phases.push((name.to_string(), clock.get().elapsed().as_secs_f64()));
+        clock.set(std::time::Instant::now());
     };
     let cands = candidates(g, facts);
     let gemm: HashMap<NodeId, bool> =
@@ -603,12 +605,13 @@ pub fn allocate(
     // this model fastest at FP32 (its predicted compute time at the same
     // local batch) — not the highest FP32 peak, which ranks an L4 (30 TFLOPS
     // on CUDA cores, 300 GB/s) above an A100 (19.5 TFLOPS, 1.5 TB/s).
+    let analysis = std::sync::Arc::new(qsync_sim::GraphAnalysis::new(g, &popts)?);
     let training = if targets.len() > 1 {
         let mut fp32 = targets.clone();
         for t in &mut fp32 {
             t.plan = Plan::new();
         }
-        let r = Predictor::new(g, fp32, popts.clone())?.result().clone();
+        let r = Predictor::with_analysis(g, analysis.clone(), fp32, popts.clone())?.result().clone();
         (0..targets.len()).min_by(|&a, &b| {
             let per_sample = |t: usize| r.devices[t].compute_us / f64::from(targets[t].local_batch.max(1));
             per_sample(a).total_cmp(&per_sample(b)).then(a.cmp(&b))
@@ -631,8 +634,19 @@ pub fn allocate(
         l.sort_by_key(|p| std::cmp::Reverse(p.bits()));
         levels.push(Some(l));
     }
-    let cx =
-        Ctx { g, facts, targets, popts, ind, candidates: cands, gemm, levels, amp: opts.train_amp, opset: opts.opset };
+    let cx = Ctx {
+        g,
+        facts,
+        targets,
+        popts,
+        ind,
+        candidates: cands,
+        gemm,
+        levels,
+        amp: opts.train_amp,
+        opset: opts.opset,
+        analysis,
+    };
     let n_types = cx.targets.len();
     let base: Vec<Plan> = (0..n_types)
         .map(|t| if cx.levels[t].is_none() { cx.training_plan() } else { cx.uniform(t, Precision::Fp32) })
@@ -648,11 +662,14 @@ pub fn allocate(
     // Levels run widest first: the last one that fits is the lowest.
     let mut lowest_fitting: Option<f64> = None;
     let mut lowest_failure = String::new();
-    for &p in &level_sets {
+    let level_results = crate::par::map(&level_sets, |&p| -> Result<(Vec<Plan>, SimResult), PlanError> {
         let plans: Vec<Plan> =
             (0..n_types).map(|t| if cx.levels[t].is_none() { base[t].clone() } else { cx.uniform(t, p) }).collect();
-        let mut pred = cx.predictor(&plans)?;
-        let r = pred.result().clone();
+        let r = cx.predictor(&plans)?.result().clone();
+        Ok((plans, r))
+    });
+    for (&p, level) in level_sets.iter().zip(level_results) {
+        let (plans, r) = level?;
         if r.devices.iter().all(|d| d.fits) {
             lowest_fitting = Some(r.samples_per_s);
             if best.as_ref().is_none_or(|(b, _)| r.samples_per_s > *b) {
@@ -700,14 +717,6 @@ pub fn allocate(
         TMin::Lowest => lowest,
     };
 
-    // Greedy: recovery from UP.
-    progress("QSync greedy recovery");
-    let mut gp = cx.predictor(&up_plans)?;
-    cx.recover(&mut gp, qsync_t_min)?;
-    let greedy = cx.eval("qsync-greedy", &mut gp);
-    lap("QSync greedy recovery", &mut phases);
-
-    // Ours: fastest start under memory, then recovery.
     progress("fastest start (class knapsack)");
     let cls = classes(g, &cx.candidates);
     let mut fastest: Vec<Option<Plan>> = vec![None; n_types];
@@ -722,27 +731,63 @@ pub fn allocate(
         }
     }
     lap("fastest start (class knapsack)", &mut phases);
-    let mut sp = cx.predictor(&start)?;
-    let sr = sp.result().clone();
-    if !(sr.devices.iter().all(|d| d.fits) && sr.samples_per_s >= qsync_t_min) {
-        start = up_plans.clone();
-        sp = cx.predictor(&start)?;
-    }
-    progress("indicator recovery (max-heap)");
-    let (tried, kept) = cx.recover(&mut sp, qsync_t_min)?;
-    let mut ours = cx.eval("qsync", &mut sp);
-    let dominates = ours.samples_per_s >= greedy.samples_per_s * (1.0 - 1e-12)
-        && ours.indicator_sum <= greedy.indicator_sum * (1.0 + 1e-12);
-    if !dominates {
-        ours = Eval { method: "qsync".into(), ..greedy.clone() };
-    }
-    lap("indicator recovery (max-heap)", &mut phases);
 
-    // Joint: batch split and precision together.
-    progress("joint batch split and precision");
+    // QSync's two recoveries (from UP, and from the fastest start) and the
+    // joint search read the results so far and nothing of each other: they
+    // run side by side, each phase timed on its own thread.
+    progress("QSync greedy recovery, indicator recovery (max-heap), joint batch split and precision");
     let bound = opts.indicator_bound.unwrap_or(up.indicator_sum);
-    let joint = crate::joint::search(&cx, &up_plans, &fastest, &level_sets, t_min, bound, opts, &mut up_pred)?;
-    lap("joint batch split and precision", &mut phases);
+    type Recovered = (Eval, Eval, bool, (usize, usize), [(String, f64); 2]);
+    let qsync_side = |cx: &Ctx<'_>| -> Result<Recovered, PlanError> {
+        let clock = std::time::Instant::now();
+        // Greedy: recovery from UP.
+        let mut gp = cx.predictor(&up_plans)?;
+        cx.recover(&mut gp, qsync_t_min)?;
+        let greedy = cx.eval("qsync-greedy", &mut gp);
+        let greedy_s = clock.elapsed().as_secs_f64();
+        // QSync's method: fastest start under memory, then recovery.
+        let clock = std::time::Instant::now();
+        let mut start = start.clone();
+        let mut sp = cx.predictor(&start)?;
+        let sr = sp.result().clone();
+        if !(sr.devices.iter().all(|d| d.fits) && sr.samples_per_s >= qsync_t_min) {
+            start = up_plans.clone();
+            sp = cx.predictor(&start)?;
+        }
+        let steps = cx.recover(&mut sp, qsync_t_min)?;
+        let mut ours = cx.eval("qsync", &mut sp);
+        let dominates = ours.samples_per_s >= greedy.samples_per_s * (1.0 - 1e-12)
+            && ours.indicator_sum <= greedy.indicator_sum * (1.0 + 1e-12);
+        if !dominates {
+            ours = Eval { method: "qsync".into(), ..greedy.clone() };
+        }
+        let timed = [
+            ("QSync greedy recovery".to_string(), greedy_s),
+            ("indicator recovery (max-heap)".to_string(), clock.elapsed().as_secs_f64()),
+        ];
+        Ok((greedy, ours, dominates, steps, timed))
+    };
+    let joint_side = |cx: &Ctx<'_>, up_pred: &mut Predictor<'_>| {
+        let clock = std::time::Instant::now();
+        let found = crate::joint::search(cx, &up_plans, &fastest, &level_sets, t_min, bound, opts, up_pred);
+        (found, clock.elapsed().as_secs_f64())
+    };
+    let (qsync_out, (joint, joint_s)) = if cx.targets.len() > 1 {
+        std::thread::scope(|scope| {
+            let worker = scope.spawn(|| qsync_side(&cx));
+            let j = joint_side(&cx, &mut up_pred);
+            let q = worker.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            (q, j)
+        })
+    } else {
+        let q = qsync_side(&cx);
+        (q, joint_side(&cx, &mut up_pred))
+    };
+    let (greedy, ours, dominates, (tried, kept), timed) = qsync_out?;
+    let joint = joint?;
+    phases.extend(timed);
+    phases.push(("joint batch split and precision".to_string(), joint_s));
+    clock.set(std::time::Instant::now());
 
     let (chosen, chosen_eval) = choose(opts, &up, &dbs, &greedy, &ours, &joint, t_min, bound, dominates);
     let gap = optimality_gap(&cx, &cls, &up_plans, qsync_t_min, ours.indicator_sum, opts)?;

@@ -85,8 +85,9 @@ pub(crate) fn search(
     }
     // A type's line depends on its own plan only.
     let mut options: Vec<Vec<(Plan, Line, f64)>> = vec![Vec::new(); n];
-    for plans in &profiles {
-        let lines = cx.lines(plans)?;
+    let profile_lines = crate::par::map(&profiles, |plans| cx.lines(plans));
+    for (plans, lines) in profiles.iter().zip(profile_lines) {
+        let lines = lines?;
         for t in 0..n {
             if !options[t].iter().any(|(p, _, _)| *p == plans[t]) {
                 let ind = if cx.levels[t].is_some() { cx.indicator_of(&plans[t]) } else { 0.0 };
@@ -102,9 +103,10 @@ pub(crate) fn search(
         cands.iter().filter(|c| c.indicator <= bound * (1.0 + 1e-9) + f64::MIN_POSITIVE).collect();
     within.sort_by(|a, b| a.estimate_us.total_cmp(&b.estimate_us).then(a.indicator.total_cmp(&b.indicator)));
     let mut best: Option<(f64, Predictor<'_>)> = None;
-    for c in within.iter().take(VERIFY) {
+    let verified = crate::par::map(&within[..within.len().min(VERIFY)], |c| cx.verify(c));
+    for pred in verified {
         found.verified += 1;
-        let mut pred = cx.verify(c)?;
+        let mut pred = pred?;
         let r = pred.result();
         let sps = r.samples_per_s;
         if r.devices.iter().all(|d| d.fits) && best.as_ref().is_none_or(|(s, _)| sps > *s) {

@@ -18,6 +18,7 @@
 pub mod allocator;
 pub mod indicator;
 pub mod joint;
+mod par;
 
 pub use allocator::{
     allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Method, Objective, Outcome, PlanError, TMin,

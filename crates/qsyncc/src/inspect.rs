@@ -90,23 +90,16 @@ fn summarize(path: &Path, l: &Loaded) -> Summary {
         .flat_map(|n| [g.node(n).input(3), g.node(n).input(4)])
         .flatten()
         .collect();
-    let (mut parameters, mut parameter_bytes, mut absent) = (0u64, 0u64, 0usize);
+    let (mut parameters, mut parameter_bytes) = (0u64, 0u64);
     for &v in g.inits() {
         if let ValueDef::Init(t) = &g.value(v).def {
             if t.dtype.is_float() && !buffers.contains(&v) {
                 parameters += t.numel();
                 parameter_bytes += t.byte_len();
             }
-            let present = match &t.data {
-                qsync_ir::TensorData::Inline(_) => true,
-                qsync_ir::TensorData::Absent => false,
-                qsync_ir::TensorData::External { location, .. } => {
-                    m.base_dir.as_deref().unwrap_or(Path::new(".")).join(location).is_file()
-                }
-            };
-            absent += usize::from(!present);
         }
     }
+    let absent = crate::load::initializers_without_data(m).count;
     let total = flops.values().fold(Dim::from(0), |a, d| a.add(d));
     let io = |v: &qsync_ir::ValueId| Io { name: g.value_name(*v).to_string(), ty: g.ty(*v).to_string() };
     Summary {
@@ -263,7 +256,14 @@ pub fn render(
             let _ =
                 writeln!(o, "  {:<24} {} (rewritten by the optimizer step)", "refreshed copies", p.refreshed_copies);
         }
-        let _ = writeln!(o, "  {:<24} {:.4}", "low-precision FLOPs", p.low_precision_flop_fraction);
+        match p.low_precision_flop_fraction {
+            Some(x) => {
+                let _ = writeln!(o, "  {:<24} {x:.4}", "low-precision FLOPs");
+            }
+            None => {
+                let _ = writeln!(o, "  {:<24} unknown (a FLOP count overflows 64 bits)", "low-precision FLOPs");
+            }
+        }
         if let (Some(t), Some(ms)) = (target, &p.predicted_ms) {
             let _ = writeln!(
                 o,

@@ -87,7 +87,8 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
     let opset = model.opset();
     let pristine = opts.batch.is_some().then(|| model.graph.clone());
     let mut report = infer_shapes(&mut model.graph, opset, opts);
-    if let (Some(asked), Some(first), Some(pristine)) = (opts.batch, report.errors.first().cloned(), pristine) {
+    if let (Some(asked), Some(first), Some(pristine)) = (opts.batch, report.errors.first().cloned(), pristine.as_ref())
+    {
         // Some exports declare a symbolic batch but bake the traced batch into
         // reshape targets. Binding another batch then contradicts the graph;
         // treat such a graph as fixing its batch, as for constant inputs.
@@ -106,6 +107,23 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
             }
         }
     }
+    // A graph that fixes its batch (constant input dims, a constant reshape
+    // target) is rebatched when the graph allows: its inputs' leading dims
+    // and the reshape targets that carry the batch become batch-relative,
+    // so the batch asked for is the batch everything is computed, predicted
+    // and written at. Where that does not re-infer cleanly the graph keeps
+    // its own batch and callers plan at that batch.
+    let mut rebatched = None;
+    if let (Some(fixed), Some(pristine)) = (report.fixed_batch, pristine.as_ref()) {
+        // Even at the batch the graph fixes: the planner writes each
+        // device's graph at its own local batch.
+        if let Some((g, r, targets)) = rebatch(pristine, fixed, opset, opts, report.unknown.len()) {
+            model.graph = g;
+            report = r;
+            warnings.retain(|w| !w.contains("contradicts the graph"));
+            rebatched = Some((fixed, targets));
+        }
+    }
     if !report.errors.is_empty() {
         let lines: Vec<String> =
             report.errors.iter().map(|e| format!("  node {:?} ({}): {}", e.node, e.op, e.message)).collect();
@@ -114,9 +132,35 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
     for w in &report.warnings {
         warnings.push(format!("{label}: node {:?} ({}): {}", w.node, w.op, w.message));
     }
-    if let Some(b) = report.fixed_batch.filter(|_| !warnings.iter().any(|w| w.contains("contradicts the graph"))) {
+    if let Some((fixed, targets)) = rebatched {
         warnings.push(format!(
-            "{label}: the batch is fixed at {b} inside the graph (constant reshape targets); inputs were not rebatched"
+            "{label}: the graph fixed its batch at {fixed}; rebatched to {} (inputs' leading dimension{})",
+            opts.batch.unwrap_or(fixed),
+            if targets > 0 { format!(" and {targets} reshape target(s) made batch-relative") } else { String::new() }
+        ));
+    } else if let Some(b) = report.fixed_batch.filter(|_| !warnings.iter().any(|w| w.contains("contradicts the graph")))
+    {
+        warnings.push(format!(
+            "{label}: the batch is fixed at {b} inside the graph and could not be rebatched: other batches are \
+             predicted by scaling its per-sample work, and written models keep batch {b}"
+        ));
+    }
+    let missing = initializers_without_data(&model);
+    if missing.count > 0 {
+        warnings.push(format!(
+            "{label}: {} of {} initializers have no data{}: shapes, parameter counts and times are exact, but the \
+             plan's indicator estimates those weights' statistics and written models lack their values",
+            missing.count,
+            model.graph.inits().len(),
+            if missing.files.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (external data file{} {} not found next to the model)",
+                    if missing.files.len() > 1 { "s" } else { "" },
+                    missing.files.join(", ")
+                )
+            }
         ));
     }
     if let Err(errors) = qsync_ir::verify::verify(&model.graph, opset) {
@@ -131,6 +175,138 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
         fixed_batch: report.fixed_batch,
         warnings,
     })
+}
+
+/// `pristine` (a graph whose batch is fixed at `fixed`) with a symbolic
+/// batch: inputs whose leading dim is `fixed` get the symbol `batch` (a
+/// symbolic leading dim stays),
+/// constant reshape targets `[fixed, ...]` (no other `-1`) become
+/// `[-1, ...]`, and stale declared shapes with that leading dim are
+/// dropped for re-inference. Returned with its inference report and the
+/// number of reshape targets rewritten when it infers without errors, no
+/// fixed batch and no more unknown shapes than `unknown_before`; `None`
+/// otherwise (the graph keeps its batch).
+fn rebatch(
+    pristine: &qsync_ir::Graph,
+    fixed: i64,
+    opset: i64,
+    opts: &InferOptions,
+    unknown_before: usize,
+) -> Option<(qsync_ir::Graph, qsync_ir::infer::InferReport, usize)> {
+    use qsync_ir::{DType, Dim, Op, TensorType};
+    let mut g = pristine.clone();
+    let lead_is_fixed =
+        |t: &TensorType| t.shape.as_ref().and_then(|s| s.first()).is_some_and(|d| *d == Dim::from(fixed));
+    let inputs: Vec<_> = g.inputs().iter().copied().filter(|&v| g.value(v).init().is_none()).collect();
+    let mut any = false;
+    for &v in &inputs {
+        let mut t = g.ty(v).clone();
+        if lead_is_fixed(&t) {
+            if let Some(s) = t.shape.as_mut() {
+                s[0] = Dim::sym("batch");
+            }
+            g.set_ty(v, t);
+            any = true;
+        } else if t.shape.as_ref().and_then(|s| s.first()).is_some_and(|d| d.as_sym().is_some()) {
+            // A symbolic batch the graph contradicts (a traced reshape
+            // target): the targets below are what fix it.
+            any = true;
+        }
+    }
+    if !any {
+        return None;
+    }
+    let mut targets = 0;
+    for &v in &g.inits().to_vec() {
+        let Some(t) = g.value(v).init() else { continue };
+        let users = g.users(v);
+        let only_reshape_targets =
+            !users.is_empty() && users.iter().all(|&(n, i)| g.node(n).op == Op::Reshape && i == 1);
+        if t.dtype != DType::I64 || !only_reshape_targets {
+            continue;
+        }
+        let Some(mut vals) = t.as_i64s() else { continue };
+        if vals.first() != Some(&fixed) || vals[1..].contains(&-1) {
+            continue;
+        }
+        vals[0] = -1;
+        let bytes: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let nt = Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes.into()) };
+        g.set_init(v, nt);
+        targets += 1;
+    }
+    let stale: Vec<_> = g
+        .live_values()
+        .filter(|&v| g.value(v).init().is_none() && !inputs.contains(&v) && lead_is_fixed(g.ty(v)))
+        .collect();
+    for v in stale {
+        let dtype = g.ty(v).dtype;
+        g.set_ty(v, TensorType { dtype, shape: None });
+    }
+    let r = infer_shapes(&mut g, opset, opts);
+    (r.errors.is_empty() && r.fixed_batch.is_none() && r.unknown.len() <= unknown_before).then_some((g, r, targets))
+}
+
+/// Initializers whose values are neither in the model nor in an external
+/// data file found next to it: the one count every command reports
+/// (`inspect`'s "without values", the load warning of the others).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MissingData {
+    pub count: usize,
+    /// External data files referenced but not found, sorted.
+    pub files: Vec<String>,
+}
+
+pub fn initializers_without_data(model: &Model) -> MissingData {
+    let g = &model.graph;
+    let base = model.base_dir.as_deref().unwrap_or(Path::new("."));
+    let mut files = std::collections::BTreeSet::new();
+    let mut count = 0;
+    for &v in g.inits() {
+        let ValueDef::Init(t) = &g.value(v).def else { continue };
+        let present = match &t.data {
+            TensorData::Inline(_) => true,
+            TensorData::Absent => false,
+            TensorData::External { location, .. } => {
+                let ok = base.join(location).is_file();
+                if !ok {
+                    files.insert(location.clone());
+                }
+                ok
+            }
+        };
+        count += usize::from(!present);
+    }
+    MissingData { count, files: files.into_iter().collect() }
+}
+
+/// `model`'s graph with the values of external-data initializers read in
+/// (inline), for code that needs weight values (the planner's indicator);
+/// `None` when no initializer has external data that can be read. Files
+/// that are missing leave their tensors external.
+pub fn with_external_data_inline(model: &Model) -> Result<Option<qsync_ir::Graph>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let g = &model.graph;
+    let base = model.base_dir.as_deref().unwrap_or(Path::new("."));
+    let mut out: Option<qsync_ir::Graph> = None;
+    for &v in g.inits() {
+        let ValueDef::Init(t) = &g.value(v).def else { continue };
+        let TensorData::External { location, offset, length } = &t.data else { continue };
+        let path = base.join(location);
+        if !path.is_file() {
+            continue;
+        }
+        let len = length.unwrap_or_else(|| t.byte_len());
+        let mut f = std::fs::File::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        f.seek(SeekFrom::Start(*offset)).with_context(|| format!("{}: seeking to {offset}", path.display()))?;
+        let mut bytes = vec![0u8; usize::try_from(len).context("external tensor too large")?];
+        f.read_exact(&mut bytes).with_context(|| {
+            format!("{}: reading {len} bytes at {offset} for `{}`", path.display(), g.value_name(v))
+        })?;
+        let nt = Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes.into()) };
+        out.get_or_insert_with(|| g.clone()).set_init(v, nt);
+    }
+    Ok(out)
 }
 
 /// Write by extension: `.onnx` or `.qir`.

@@ -20,9 +20,13 @@
 //! # Ok::<(), qsyncc::planner::PipelineError>(())
 //! ```
 //!
-//! The directory (schema `qsync-plan/2`):
+//! The directory (schema `qsync-plan/2`; `manifest.json` is described by
+//! the JSON Schema `crates/qsyncc/schema/qsync-plan-2.schema.json`, which
+//! the tests validate every written manifest against — change both
+//! together):
 //!
-//! - `manifest.json` — `schema`, `model` {name, path, sha256}, `targets`
+//! - `manifest.json` — `schema`, `files` (every file of the directory,
+//!   sorted), `model` {name, path, sha256}, `targets`
 //!   (device, count, per node, local batch, gradient weight, memory
 //!   fraction, role), `cluster` (devices, global batch, training precision,
 //!   precisions), `sync` (the gradient synchronization every prediction
@@ -32,7 +36,7 @@
 //!   device), `pipeline`, `indicator` (statistics sources), `method`,
 //!   `objective`, `chosen` (a key of `methods`), `t_min_samples_per_s` and
 //!   `t_min_rule` (`best`, `fastest`, `lowest`), `indicator_bound`, the
-//!   chosen plan's `iteration_ms` and `samples_per_s`, `devices` per type
+//!   chosen plan's `iteration_ms`, `samples_per_s` and `indicator_sum`, `devices` per type
 //!   {role, count, local_batch, iteration_ms, compute_ms, memory, fits,
 //!   indicator, casts, precision_histogram, files}, `methods` {up, dbs,
 //!   qsync-greedy, qsync, joint-fastest, joint — those found} with
@@ -40,7 +44,8 @@
 //!   `search` (candidates, classes, recovery steps, joint combinations),
 //!   `optimality_gap`, `warnings` (byte-deterministic: the per-phase
 //!   timings go only to `--json`'s `timings_s`);
-//! - `<device>/model.onnx` — the planned graph with casts / QDQ materialized;
+//! - `<device>/model.onnx` — the planned graph with casts / QDQ
+//!   materialized, at the device's local batch;
 //! - `<device>/plan.json` — per node its precision, the forward / backward
 //!   µs the chosen plan was simulated with (casts and batch scaling
 //!   included), and Ω for the planned candidates;
@@ -101,8 +106,14 @@ pub struct PlanRequest {
     pub precisions: Vec<Precision>,
     /// Passes run on each device's graph after materialization.
     pub pipeline: String,
-    /// Activation / gradient statistics for the indicator.
-    pub calibration: Option<PathBuf>,
+    /// Activation / gradient statistics for the indicator (`--stats`,
+    /// `qsync_planner::Calibration`'s JSON, what `scripts/calibrate.py`
+    /// writes).
+    pub stats: Option<PathBuf>,
+    /// Timing profiles (`--profile`, what `qsyncc profile build` writes),
+    /// one per device type at most: measured op times replace the analytic
+    /// model's on the device each names, as in `qsyncc simulate`.
+    pub profiles: Vec<PathBuf>,
     pub t_min: TMin,
     pub method: Method,
     pub objective: Objective,
@@ -137,7 +148,8 @@ impl PlanRequest {
             memory: Vec::new(),
             precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
             pipeline: "egraph-casts".into(),
-            calibration: None,
+            stats: None,
+            profiles: Vec::new(),
             t_min: TMin::Best,
             method: Method::Joint,
             objective: Objective::Indicator,
@@ -218,6 +230,9 @@ pub struct Planned {
     pub report: String,
     pub timeline: String,
     pub warnings: Vec<String>,
+    /// Which device each alias of `--targets` was taken as (`a100` →
+    /// `a100-40gb`): for stderr, not the manifest.
+    pub notes: Vec<String>,
     /// Kept for code emission at write time.
     model_path: PathBuf,
     emit: Vec<String>,
@@ -264,23 +279,33 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     if let Some(bad) = req.emit.iter().map(|e| e.trim()).find(|e| !matches!(*e, "onnx" | "mlir" | "ptx")) {
         return Err(request_err(format!("unknown --emit kind `{bad}` (expected onnx, mlir, ptx)")));
     }
-    if !(1..=1 << 24).contains(&req.batch) {
-        return Err(request_err(format!("--batch {} is outside 1..=16777216", req.batch)));
+    // Flags are checked before any work: a bad pipeline fails at once.
+    qsync_passes::pipeline_from_spec(&req.pipeline).map_err(|e| request_err(format!("--pipeline: {e:#}")))?;
+    if !(1..=crate::MAX_DIM).contains(&req.batch) {
+        return Err(request_err(format!("--batch {} is outside 1..={}", req.batch, crate::MAX_DIM)));
     }
     let mut clock = Clock::new(req.progress);
-    let crate::simulate::ClusterSpec { db, specs, fractions } =
-        crate::simulate::parse_cluster(&req.device_files, &req.targets, &req.memory)
-            .map_err(|e| request_err(format!("{e:#}")))?;
+    let cluster = crate::simulate::parse_cluster(&req.device_files, &req.targets, &req.memory)
+        .map_err(|e| request_err(format!("{e:#}")))?;
+    let profiles =
+        crate::simulate::load_profiles(&req.profiles, &cluster).map_err(|e| request_err(format!("{e:#}")))?;
+    let crate::simulate::ClusterSpec { db, specs, fractions, notes } = cluster;
     for &p in &req.precisions {
         if !specs.iter().any(|(n, _, _)| db.get(n).is_ok_and(|d| d.supports(p))) {
             return Err(request_err(format!("--precisions: no target supports {p}")));
         }
     }
     let optimizer = crate::simulate::parse_optimizer(&req.optimizer).map_err(|e| request_err(format!("{e:#}")))?;
-    let calibration = match &req.calibration {
+    let calibration = match &req.stats {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
-            Some(Calibration::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
+            Some(Calibration::from_json(&text).map_err(|e| {
+                request_err(format!(
+                    "--stats {}: {e} (activation and gradient statistics, as `scripts/calibrate.py` writes; a \
+                     timing profile goes to --profile)",
+                    p.display()
+                ))
+            })?)
         }
         None => None,
     };
@@ -299,7 +324,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             local_batch: req.batch as u32,
             plan: Plan::new(),
             memory_fraction: fractions.get(name).copied(),
-            calibration: None,
+            calibration: profiles.get(name).cloned(),
         });
     }
     // The per-device pipeline's egraph-casts stores the FP16/BF16 GEMM
@@ -321,15 +346,15 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     let label = req.model.display().to_string();
     let facts = GraphFacts::new(g, &bindings).with_context(|| label.clone())?;
     let cands = qsync_planner::candidates(g, &facts);
-    let ind = Indicator::new(g, &facts, &cands, calibration.as_ref());
+    let is_cand: std::collections::HashSet<qsync_ir::NodeId> = cands.iter().copied().collect();
+    // Weight statistics come from the values: external data found next to
+    // the model is read for them. Initializers without data are counted
+    // (and warned about) once, by the loader, the same in every command.
+    let inlined = load::with_external_data_inline(&loaded.model)?;
+    let ind = Indicator::new(inlined.as_ref().unwrap_or(g), &facts, &cands, calibration.as_ref());
+    drop(inlined);
     if calibration.is_none() {
-        warnings.push("no --calibration: activation and gradient statistics are estimated from shapes".into());
-    }
-    if ind.sources.weights_estimated > 0 {
-        warnings.push(format!(
-            "{} weights have no data in the model: their statistics are estimated",
-            ind.sources.weights_estimated
-        ));
+        warnings.push("no --stats: activation and gradient statistics are estimated from shapes".into());
     }
     let aopts = AllocOptions {
         precisions: req.precisions.clone(),
@@ -356,13 +381,27 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     let timeline = chosen.chrome_trace_json();
     clock.say("materializing each device's graph");
 
-    let pm = qsync_passes::pipeline_from_spec(&req.pipeline).map_err(|e| request_err(format!("--pipeline: {e:#}")))?;
     let emitted: Vec<String> =
         req.emit.iter().map(|e| e.trim().to_string()).filter(|e| e == "mlir" || e == "ptx").collect();
     let global_batch: u64 = out.chosen_eval.types.iter().map(|t| u64::from(t.count) * u64::from(t.local_batch)).sum();
-    let mut devices = Vec::new();
-    for (t, te) in out.chosen_eval.types.iter().enumerate() {
-        let mut model = loaded.model.clone();
+    // Each device type's graph is materialized, run through the pipeline
+    // and described on its own thread; the results keep the types' order.
+    let per_device = |t: usize, te: &qsync_planner::TypeEval| -> Result<DevicePlan> {
+        let pm =
+            qsync_passes::pipeline_from_spec(&req.pipeline).map_err(|e| request_err(format!("--pipeline: {e:#}")))?;
+        // Each device's graph at its own local batch: the written model's
+        // batch dimension is the manifest's `local_batch`. The same file
+        // loads to the same nodes, so the plan's node ids carry over.
+        let local = i64::from(te.local_batch);
+        let mut model = if local == req.batch {
+            loaded.model.clone()
+        } else {
+            let l = crate::simulate::prepare(&req.model, local, &req.dims)?.loaded;
+            if l.model.graph.node_ids() != g.node_ids() {
+                bail!("{label}: the model loads to other nodes at batch {local}");
+            }
+            l.model
+        };
         for &n in &cands {
             model.graph.node_mut(n).precision = Some(te.plan.get(n).unwrap_or(Precision::Fp32).storage_dtype());
         }
@@ -383,7 +422,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         let stats = qsync_passes::precision::materialize(&mut model, qsync_passes::precision::Mode::Training)
             .map_err(|e| anyhow::anyhow!("{label}: materializing the plan of {}: {e}", te.name))?;
         let mut cx = qsync_passes::PassContext {
-            infer: InferOptions { batch: Some(req.batch), dims: req.dims.iter().cloned().collect() },
+            infer: InferOptions { batch: Some(local), dims: req.dims.iter().cloned().collect() },
             warnings: Vec::new(),
             target: Some(te.name.clone()).filter(|n| qsync_passes::precision::KNOWN_TARGETS.contains(&n.as_str())),
             inference: false,
@@ -414,7 +453,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         for &n in facts.order() {
             let p = resolved.compute(n);
             let c = costs.get(&n);
-            let cand = cands.contains(&n);
+            let cand = is_cand.contains(&n);
             nodes.push(json!({
                 "name": g.node(n).name,
                 "op": g.node(n).op.to_string(),
@@ -446,6 +485,15 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             let f = if e == "mlir" { "model.mlir" } else { "kernels.ptx" };
             files.insert(e.clone(), json!(format!("{}/{f}", te.name)));
         }
+        // The exporter copies the external data the model references beside
+        // its model.onnx.
+        let external = external_data_copied(&model);
+        if !external.is_empty() {
+            files.insert(
+                "external_data".into(),
+                json!(external.iter().map(|f| format!("{}/{f}", te.name)).collect::<Vec<_>>()),
+            );
+        }
         let manifest_entry = json!({
             "role": te.role,
             "count": te.count,
@@ -464,8 +512,24 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             "precision_histogram": te.precision_histogram,
             "files": files,
         });
-        devices.push(DevicePlan { name: te.name.clone(), model, plan_json, manifest_entry });
-    }
+        Ok(DevicePlan { name: te.name.clone(), model, plan_json, manifest_entry })
+    };
+    let devices: Vec<DevicePlan> = std::thread::scope(|scope| {
+        let workers: Vec<_> = out
+            .chosen_eval
+            .types
+            .iter()
+            .enumerate()
+            .map(|(t, te)| {
+                let per_device = &per_device;
+                scope.spawn(move || per_device(t, te))
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect::<Result<Vec<DevicePlan>>>()
+    })?;
     clock.lap("materialize and per-device pipeline");
 
     let method = |e: &Eval| {
@@ -490,8 +554,19 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         .collect();
     let timings: Vec<serde_json::Value> =
         clock.phases.iter().map(|(k, v)| json!({ "phase": k, "seconds": round(*v) })).collect();
+    let mut all_files: Vec<String> = vec!["manifest.json".into(), "report.md".into(), "timeline.json".into()];
+    for d in &devices {
+        for f in d.manifest_entry["files"].as_object().into_iter().flat_map(|m| m.values()) {
+            match f {
+                serde_json::Value::Array(v) => all_files.extend(v.iter().filter_map(|x| x.as_str()).map(String::from)),
+                v => all_files.extend(v.as_str().map(String::from)),
+            }
+        }
+    }
+    all_files.sort();
     let manifest = json!({
         "schema": SCHEMA,
+        "files": all_files,
         "model": { "name": model_name, "path": label, "sha256": sha256_hex(&bytes) },
         "targets": out.chosen_eval.types.iter().zip(&specs).map(|(te, (_, _, per_node))| json!({
             "device": te.name, "count": te.count, "per_node": per_node, "local_batch": te.local_batch,
@@ -519,6 +594,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         "indicator_bound": out.indicator_bound,
         "iteration_ms": out.chosen_eval.iteration_ms,
         "samples_per_s": out.chosen_eval.samples_per_s,
+        "indicator_sum": out.chosen_eval.indicator_sum,
         "devices": dev_json,
         "methods": methods,
         "search": {
@@ -529,8 +605,10 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         "warnings": warnings,
     });
     let report = crate::report::report(&model_name, &out, &warnings);
+    // `--json`: the manifest's names for the manifest's data (`model`,
+    // `methods`, `devices`, …), plus what only a run has (`timings_s`).
     let summary = json!({
-        "model": model_name,
+        "model": manifest["model"].clone(),
         "chosen": out.chosen,
         "iteration_ms": out.chosen_eval.iteration_ms,
         "samples_per_s": out.chosen_eval.samples_per_s,
@@ -539,6 +617,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         "sync": manifest["sync"].clone(),
         "methods": manifest["methods"].clone(),
         "devices": manifest["devices"].clone(),
+        "files": manifest["files"].clone(),
         "timings_s": timings,
         "optimality_gap": out.gap,
         "warnings": warnings,
@@ -551,6 +630,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         report,
         timeline,
         warnings,
+        notes,
         model_path: req.model.clone(),
         emit: emitted,
     })
@@ -599,22 +679,75 @@ impl Planned {
 
     fn write_into(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for d in &self.devices {
+        // Each device's model and plan are serialized on their own thread;
+        // code generation (LLVM, MLIR) stays on this one.
+        let save = |d: &DevicePlan| -> Result<()> {
             let sub = dir.join(&d.name);
             std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
             load::save_model(&d.model, &sub.join("model.onnx"))?;
+            write_json(&sub.join("plan.json"), &d.plan_json)
+        };
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = self.devices.iter().map(|d| scope.spawn(|| save(d))).collect();
+            workers.into_iter().try_for_each(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+        })?;
+        for d in &self.devices {
+            let sub = dir.join(&d.name);
             if !self.emit.is_empty() {
                 crate::codegen::run(&self.model_path, &d.model, &d.name, &self.emit.join(","), &sub, false)
                     .with_context(|| format!("code for {}", d.name))?;
             }
-            write_json(&sub.join("plan.json"), &d.plan_json)?;
         }
         std::fs::write(dir.join("timeline.json"), &self.timeline).context("writing timeline.json")?;
         std::fs::write(dir.join("report.md"), &self.report).context("writing report.md")?;
         // The manifest last: a directory with a manifest is complete.
         write_json(&dir.join("manifest.json"), &self.manifest)?;
+        // `files` lists every file written, no more and no fewer.
+        let mut found = Vec::new();
+        list_files(dir, dir, &mut found)?;
+        found.sort();
+        let listed: Vec<String> = self.manifest["files"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+            .unwrap_or_default();
+        if found != listed {
+            bail!("internal error: the files written ({found:?}) are not the manifest's `files` ({listed:?})");
+        }
         Ok(())
     }
+}
+
+/// Every file under `dir`, as `/`-separated paths relative to `root`.
+fn list_files(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
+    for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let p = e?.path();
+        if p.is_dir() {
+            list_files(root, &p, out)?;
+        } else {
+            let rel = p.strip_prefix(root).unwrap_or(&p);
+            out.push(rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/"));
+        }
+    }
+    Ok(())
+}
+
+/// The external-data files `qsync_onnx::export_file` copies beside a
+/// written model: plain relative locations that exist under the model's
+/// base directory.
+fn external_data_copied(model: &qsync_ir::Model) -> Vec<String> {
+    let Some(base) = &model.base_dir else { return Vec::new() };
+    let g = &model.graph;
+    let mut out = std::collections::BTreeSet::new();
+    for &v in g.inits() {
+        if let Some(qsync_ir::Tensor { data: qsync_ir::TensorData::External { location, .. }, .. }) = g.value(v).init()
+        {
+            let rel = Path::new(location);
+            if rel.components().all(|c| matches!(c, std::path::Component::Normal(_))) && base.join(rel).is_file() {
+                out.insert(location.clone());
+            }
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// An empty directory, or one holding a qsync plan manifest.
@@ -634,21 +767,27 @@ fn replaceable(dir: &Path) -> bool {
 
 #[derive(Parser, Debug)]
 #[command(
-    name = "qsyncc",
+    name = "qsyncc plan",
     about = "Plan per-device mixed precision and batch split for a hybrid cluster: qsyncc MODEL --targets v100:16,t4:16 -o plan/"
 )]
 pub struct PlanArgs {
     /// An ONNX model (.onnx), TorchScript archive (.pt) or text IR (.qir).
     pub model: PathBuf,
     /// Device types and counts: `v100:16,t4:16` (`t4:16/4`: 4 per node).
+    /// Names are those of the device table (`crates/cost/devices`) or a
+    /// short form: `a100` is taken as `a100-40gb`, `h100` as `h100-sxm`
+    /// (a note on stderr says so).
     #[arg(long)]
     pub targets: String,
-    /// Output directory (written atomically; an existing plan directory is replaced).
+    /// Output directory, written atomically: the plan is built in a hidden
+    /// sibling and renamed into place when complete. An existing plan
+    /// directory is replaced whole; any other non-empty directory is
+    /// refused.
     #[arg(short, long)]
     pub output: PathBuf,
     /// Samples per device per iteration before the split (the global batch
     /// is this times the device count, and is kept).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=crate::MAX_DIM))]
     pub batch: i64,
     /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
     #[arg(long = "dim", value_parser = crate::parse_dim_binding)]
@@ -656,15 +795,26 @@ pub struct PlanArgs {
     /// Available memory of a device type: `t4=30%` (repeatable).
     #[arg(long, value_delimiter = ',')]
     pub memory: Vec<String>,
-    /// Precisions inference devices may use.
+    /// Precisions inference devices may use: fp32, tf32, fp16, bf16, int8,
+    /// fp8e4m3, fp8e5m2 (also spelt f32, f16, i8, f8e4m3, fp8, …).
     #[arg(long, default_value = "fp32,fp16,int8")]
     pub precisions: String,
     /// Passes run on each device's graph after materialization.
     #[arg(long, default_value = "egraph-casts")]
     pub pipeline: String,
-    /// Activation / gradient statistics for the indicator (JSON, see
+    /// Activation and gradient statistics for the indicator (JSON, see
     /// `qsync_planner::Calibration`; `scripts/calibrate.py` writes one).
+    /// Without it they are estimated from shapes.
     #[arg(long)]
+    pub stats: Option<PathBuf>,
+    /// A timing profile (JSON, what `qsyncc profile build` writes; the
+    /// format of `qsyncc simulate --profile`): measured op times replace
+    /// the analytic model's on the device the profile names (repeatable,
+    /// one per device type).
+    #[arg(long = "profile")]
+    pub profiles: Vec<PathBuf>,
+    /// Replaced by `--stats` and `--profile`; kept to say so.
+    #[arg(long, hide = true)]
     pub calibration: Option<PathBuf>,
     /// The throughput floor: `best` (max of UP and DBS, computed in the same
     /// run — the plan is never predicted slower than either), `fastest`
@@ -719,11 +869,12 @@ pub struct PlanArgs {
 impl PlanArgs {
     /// The library request these flags describe.
     pub fn request(&self) -> Result<PlanRequest> {
+        if let Some(p) = &self.calibration {
+            return Err(crate::simulate::calibration_moved(p));
+        }
         let mut precisions = Vec::new();
         for s in self.precisions.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let p: Precision = s
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--precisions: {e} (fp32, tf32, fp16, bf16, int8, fp8e4m3, fp8e5m2)"))?;
+            let p: Precision = s.parse().map_err(|e| anyhow::anyhow!("--precisions: {e}"))?;
             precisions.push(p);
         }
         if let Some(b) = self.indicator_bound {
@@ -739,7 +890,8 @@ impl PlanArgs {
             memory: self.memory.clone(),
             precisions,
             pipeline: self.pipeline.clone(),
-            calibration: self.calibration.clone(),
+            stats: self.stats.clone(),
+            profiles: self.profiles.clone(),
             t_min: self.t_min.parse().map_err(|e: String| anyhow::anyhow!("--t-min: {e}"))?,
             method: self.method.parse().map_err(|e: String| anyhow::anyhow!("--method: {e}"))?,
             objective: self.objective.parse().map_err(|e: String| anyhow::anyhow!("--objective: {e}"))?,
@@ -761,6 +913,9 @@ pub fn run(a: &PlanArgs) -> Result<String> {
     let req = a.request()?;
     let start = std::time::Instant::now();
     let planned = plan(&req)?;
+    for n in &planned.notes {
+        eprintln!("note: {n}");
+    }
     eprintln!("[{:>6.2}s] writing {}", start.elapsed().as_secs_f64(), a.output.display());
     planned.write(&a.output)?;
     eprintln!("[{:>6.2}s] done", start.elapsed().as_secs_f64());

@@ -25,7 +25,7 @@ pub enum ProfileCmd {
         #[arg(required = true)]
         models: Vec<String>,
         /// The batch every model is measured at (graphs must not fix another).
-        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=crate::MAX_DIM))]
         batch: i64,
         /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
         #[arg(long = "dim", value_parser = crate::parse_dim_binding)]

@@ -108,6 +108,15 @@ pub fn explanation(out: &Outcome) -> String {
     s
 }
 
+/// What the indicator column means, for a reader of `report.md`.
+pub const INDICATOR_PARAGRAPH: &str = "**The indicator** (QSync's Ω, the `indicator sum` column) estimates the \
+variance the plan's lowered precisions add to the gradients, summed over the operators computed below FP32: for \
+each one, the rounding error of its activation, weight and incoming gradient at that precision, weighted by where \
+in the model it sits. It is 0 for an all-FP32 plan and grows as more, or more sensitive, operators are lowered; a plan with \
+half another's indicator perturbs training about half as much. It is a relative measure for comparing plans of \
+one model, not an accuracy prediction: statistics come from the weights and from `--stats` (else estimated from \
+shapes), and the planner keeps it as small as it can without going below the throughput floor.";
+
 /// `report.md`.
 pub fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
     let mut s = format!("# qsync plan: {model}\n\n");
@@ -123,6 +132,7 @@ pub fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
         (c.samples_per_s / best_base.max(1e-12) - 1.0) * 100.0
     );
     let _ = writeln!(s, "{}\n", explanation(out));
+    let _ = writeln!(s, "{}\n", INDICATOR_PARAGRAPH);
     let _ = writeln!(s, "{}", table(out));
     let floor_rule = match out.t_min_rule {
         qsync_planner::TMin::Best => "the best baseline, max(UP, DBS)",

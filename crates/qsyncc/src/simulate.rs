@@ -24,7 +24,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub targets: String,
     /// Samples per device per iteration (the global batch is this times the device count).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=crate::MAX_DIM))]
     pub batch: i64,
     /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
     #[arg(long = "dim", value_parser = crate::parse_dim_binding)]
@@ -45,11 +45,16 @@ pub struct SimulateArgs {
     /// Extra device description files (JSON, the format of the bundled ones).
     #[arg(long = "device-file")]
     pub device_files: Vec<PathBuf>,
-    /// A calibration profile (JSON, see `qsync_cost::profile`): measured op
-    /// times and cast samples override the analytic model on the device the
-    /// profile names in its `device` field (repeatable, one per device type).
-    #[arg(long = "calibration")]
-    pub calibrations: Vec<PathBuf>,
+    /// A timing profile (JSON, what `qsyncc profile build` writes; see
+    /// `qsync_cost::profile`): measured op times and cast samples override
+    /// the analytic model on the device the profile names in its `device`
+    /// field (repeatable, one per device type). The planner's `--profile`
+    /// takes the same files.
+    #[arg(long = "profile")]
+    pub profiles: Vec<PathBuf>,
+    /// Replaced by `--profile` (timing profiles); kept to say so.
+    #[arg(long, hide = true)]
+    pub calibration: Option<PathBuf>,
     /// Write a Chrome trace (opens in Perfetto) of the iteration.
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -163,6 +168,20 @@ pub(crate) struct ClusterSpec {
     pub db: DeviceDb,
     pub specs: Vec<(String, u32, u32)>,
     pub fractions: BTreeMap<String, f64>,
+    /// Which device each alias (`a100`) was taken as, for stderr.
+    pub notes: Vec<String>,
+}
+
+impl ClusterSpec {
+    /// The table name of a device named in a `--memory` / `--precision`
+    /// key, aliases resolved; it must be among `--targets`.
+    pub fn target_key(&self, flag: &str, key: &str) -> Result<String> {
+        let (name, _) = crate::devices::resolve(key, |n| self.db.get(n).is_ok());
+        if !self.specs.iter().any(|(n, _, _)| *n == name) {
+            bail!("--{flag} names `{key}`, which is not among --targets");
+        }
+        Ok(name)
+    }
 }
 
 /// Parse and check `--device-file`, `--targets` and `--memory`: every target
@@ -172,23 +191,56 @@ pub(crate) fn parse_cluster(device_files: &[PathBuf], targets: &str, memory: &[S
     for f in device_files {
         db.load_file(f)?;
     }
-    let specs: Vec<(String, u32, u32)> = targets.split(',').map(parse_target).collect::<Result<_>>()?;
+    let mut specs: Vec<(String, u32, u32)> = targets.split(',').map(parse_target).collect::<Result<_>>()?;
     let mut seen = BTreeSet::new();
-    for (name, _, _) in &specs {
-        db.get(name).with_context(|| "--targets".to_string())?;
+    let mut notes = Vec::new();
+    for (name, _, _) in &mut specs {
+        let (resolved, note) = crate::devices::resolve(name, |n| db.get(n).is_ok());
+        db.get(&resolved).with_context(|| "--targets".to_string())?;
+        notes.extend(note);
+        *name = resolved;
         if !seen.insert(name.clone()) {
             bail!("--targets names `{name}` twice");
         }
     }
-    let mut fractions = BTreeMap::new();
+    let mut cluster = ClusterSpec { db, specs, fractions: BTreeMap::new(), notes };
     for s in memory {
         let (k, v) = parse_kv("memory", s)?;
-        if !seen.contains(&k) {
-            bail!("--memory names `{k}`, which is not among --targets");
-        }
-        fractions.insert(k, parse_fraction(v)?);
+        let k = cluster.target_key("memory", &k)?;
+        cluster.fractions.insert(k, parse_fraction(v)?);
     }
-    Ok(ClusterSpec { db, specs, fractions })
+    Ok(cluster)
+}
+
+/// `--profile` files: timing profiles (`qsyncc profile build`), at most one
+/// per device type, each naming a device among `--targets`.
+pub(crate) fn load_profiles(files: &[PathBuf], cluster: &ClusterSpec) -> Result<BTreeMap<String, Profile>> {
+    let mut out: BTreeMap<String, Profile> = BTreeMap::new();
+    for f in files {
+        let profile = Profile::load_file(f).map_err(|e| {
+            anyhow::anyhow!("--profile {}: {e} (a timing profile, as `qsyncc profile build` writes)", f.display())
+        })?;
+        let Some(device) = profile.device.clone() else {
+            bail!("profile `{}` does not name its device (add \"device\": \"NAME\")", f.display());
+        };
+        let name = cluster
+            .target_key("profile", &device)
+            .with_context(|| format!("profile `{}` is for device `{device}`", f.display()))?;
+        if out.insert(name.clone(), profile).is_some() {
+            bail!("two profiles for device `{name}`");
+        }
+    }
+    Ok(out)
+}
+
+/// The old `--calibration` flag, split in two: say which to use.
+pub(crate) fn calibration_moved(path: &std::path::Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "--calibration {} : the flag was split in two: `--profile FILE` takes a timing profile (what `qsyncc profile \
+         build` writes; simulate and the planner), `--stats FILE` the activation and gradient statistics \
+         `scripts/calibrate.py` writes (the planner's indicator)",
+        path.display()
+    )
 }
 
 /// `--optimizer`.
@@ -217,6 +269,10 @@ pub(crate) fn prepare(model: &std::path::Path, batch: i64, dims: &[(String, i64)
     let opts = InferOptions { batch: Some(batch), dims: dims.iter().cloned().collect() };
     let loaded = load::load_model(model, &opts, &[])?;
     let mut warnings = loaded.warnings.clone();
+    // Graphs that fix their batch are rebatched on load where the graph
+    // allows. One that cannot be (some transformer exports bake the traced
+    // batch into reshape targets we do not rewrite) is costed by scaling
+    // its per-sample work, with the loader's warning saying so.
     let work_scale = match loaded.fixed_batch {
         Some(b) if b > 0 => batch as f64 / b as f64,
         _ => 1.0,
@@ -230,35 +286,27 @@ pub(crate) fn prepare(model: &std::path::Path, batch: i64, dims: &[(String, i64)
 }
 
 pub fn run(a: &SimulateArgs) -> Result<String> {
-    let ClusterSpec { db, specs, fractions } = parse_cluster(&a.device_files, &a.targets, &a.memory)?;
-    let seen: BTreeSet<String> = specs.iter().map(|(n, _, _)| n.clone()).collect();
+    if let Some(p) = &a.calibration {
+        return Err(calibration_moved(p));
+    }
+    let cluster = parse_cluster(&a.device_files, &a.targets, &a.memory)?;
+    for n in &cluster.notes {
+        eprintln!("note: {n}");
+    }
     let mut precisions: BTreeMap<String, Precision> = BTreeMap::new();
     for s in &a.precision {
         let (k, v) = parse_kv("precision", s)?;
-        if !seen.contains(&k) {
-            bail!("--precision names `{k}`, which is not among --targets");
-        }
+        let k = cluster.target_key("precision", &k)?;
         let p: Precision = v.parse().map_err(|e| anyhow::anyhow!("--precision {s}: {e}"))?;
-        let d = db.get(&k)?;
+        let d = cluster.db.get(&k)?;
         if !d.supports(p) {
             let known: Vec<String> = d.supported_precisions.iter().map(|p| p.to_string()).collect();
             bail!("--precision {s}: device `{k}` does not support {p} (it supports {})", known.join(", "));
         }
         precisions.insert(k, p);
     }
-    let mut calibrations: BTreeMap<String, Profile> = BTreeMap::new();
-    for f in &a.calibrations {
-        let profile = Profile::load_file(f)?;
-        let Some(name) = profile.device.as_deref().map(str::to_ascii_lowercase) else {
-            bail!("calibration profile `{}` does not name its device (add \"device\": \"NAME\")", f.display());
-        };
-        if !seen.contains(&name) {
-            bail!("calibration profile `{}` is for device `{name}`, which is not among --targets", f.display());
-        }
-        if calibrations.insert(name.clone(), profile).is_some() {
-            bail!("two calibration profiles for device `{name}`");
-        }
-    }
+    let calibrations = load_profiles(&a.profiles, &cluster)?;
+    let ClusterSpec { db, specs, fractions, .. } = cluster;
     let optimizer = parse_optimizer(&a.optimizer)?;
     if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0) {
         bail!("--bucket-mb must be positive");

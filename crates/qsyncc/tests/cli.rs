@@ -40,10 +40,25 @@ fn batch_binding_makes_flops_concrete() {
 }
 
 #[test]
-fn fixed_batch_models_are_not_rebatched() {
+fn fixed_batch_models_are_rebatched_where_the_graph_allows() {
+    // ResNet-50 fixes batch 1 in its input and its flatten target [1,2048].
     let j = inspect_json(&models_dir().join("resnet50.onnx"), &["--batch", "8"]);
-    assert_eq!(j["fixed_batch"].as_i64(), Some(1));
-    assert_eq!(j["inputs"][0]["type"], "f32[1,3,224,224]");
+    assert!(j["fixed_batch"].is_null(), "{j}");
+    assert_eq!(j["inputs"][0]["type"], "f32[8,3,224,224]");
+    assert!(j["warnings"].to_string().contains("rebatched to 8"), "{j}");
+    // A graph whose reshape drops the batch cannot be rebatched: it keeps
+    // batch 1 and says that other batches are costed by scaling its work.
+    let dir = tmpdir("unrebatchable");
+    let p = dir.join("drop.qir");
+    std::fs::write(
+        &p,
+        "opset \"\" 17\ngraph \"g\" {\n  init %t: i64[2] = [3, 4]\n  input %x: f32[1,3,4]\n  %y = Reshape \"drop\"(%x, %t)\n  output %y\n}\n",
+    )
+    .expect("write");
+    let j = inspect_json(&p, &["--batch", "8"]);
+    assert_eq!(j["fixed_batch"].as_i64(), Some(1), "{j}");
+    assert!(j["warnings"].to_string().contains("could not be rebatched"), "{j}");
+    assert!(j["warnings"].to_string().contains("scaling its per-sample work"), "{j}");
 }
 
 #[test]
@@ -231,7 +246,7 @@ fn quantized_plans_cost_their_qdq_inside_the_op() {
 }
 
 #[test]
-fn symbolic_batch_contradicted_by_the_graph_is_treated_as_fixed() {
+fn symbolic_batch_contradicted_by_the_graph_is_rebatched() {
     // Exporters sometimes declare a symbolic batch but bake the traced batch
     // (here 1) into a reshape target.
     let dir = tmpdir("traced_batch");
@@ -241,11 +256,13 @@ fn symbolic_batch_contradicted_by_the_graph_is_treated_as_fixed() {
         "opset \"\" 17\ngraph \"g\" {\n  init %t: i64[2] = [1, 12]\n  input %x: f32[batch,3,4]\n  %y = Reshape \"flat\"(%x, %t)\n  output %y\n}\n",
     )
     .expect("write");
+    // Its reshape target is made batch-relative ([-1, 12]): rebatched.
     let j = inspect_json(&p, &["--batch", "8"]);
-    assert_eq!(j["fixed_batch"].as_i64(), Some(1), "{j}");
-    assert_eq!(j["inputs"][0]["type"], "f32[1,3,4]");
+    assert!(j["fixed_batch"].is_null(), "{j}");
+    assert_eq!(j["inputs"][0]["type"], "f32[8,3,4]");
+    assert_eq!(j["outputs"][0]["type"], "f32[8,12]");
     let warnings = j["warnings"].to_string();
-    assert!(warnings.contains("contradicts the graph") && warnings.contains("flat"), "{warnings}");
+    assert!(warnings.contains("fixed its batch at 1; rebatched to 8"), "{warnings}");
 }
 
 #[test]
@@ -290,4 +307,233 @@ fn codegen_rejects_unknown_targets_and_emit_kinds() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = qsyncc(&["codegen", p, "--target", "sm_90", "--emit", "ptx", "-o", d]);
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+fn tiny() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny_mlp.qir")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn the_planner_is_the_listed_main_command_and_a_subcommand() {
+    // The top-level help lists `plan` first, as the main command, with examples.
+    let o = qsyncc(&["--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let help = stdout(&o);
+    let commands = help.split("Commands:").nth(1).expect("a Commands section");
+    let first = commands.split_whitespace().next();
+    assert_eq!(first, Some("plan"), "{help}");
+    assert!(help.contains("main command") && help.contains("Examples:"), "{help}");
+    // `qsyncc help plan` and `qsyncc plan --help` show the planner's flags.
+    for args in [vec!["help", "plan"], vec!["plan", "--help"]] {
+        let o = qsyncc(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).contains("--targets") && stdout(&o).contains("Examples:"), "{args:?}");
+    }
+    // `qsyncc plan MODEL …` and `qsyncc MODEL …` write the same plan.
+    let dir = tmpdir("plan-sub");
+    let m = tiny();
+    let m = m.to_str().expect("utf8");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let o = qsyncc(&["plan", m, "--targets", "v100:2,t4:2", "--batch", "8", "-o", a.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = qsyncc(&[m, "--targets", "v100:2,t4:2", "--batch", "8", "-o", b.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let read = |d: &std::path::Path| std::fs::read(d.join("manifest.json")).expect("manifest");
+    assert_eq!(read(&a), read(&b));
+}
+
+#[test]
+fn mistyped_subcommands_are_suggested() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let o = qsyncc(&["inpsect", m.to_str().expect("utf8")]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("unrecognized subcommand 'inpsect'") && e.contains("'inspect'"), "{e}");
+    let o = qsyncc(&["simulat", "--targets", "t4"]);
+    assert!(stderr(&o).contains("'simulate'"), "{}", stderr(&o));
+    // A missing model path is still read as a model, not as a subcommand.
+    let o = qsyncc(&["no/such/model.onnx", "--targets", "t4", "-o", "/tmp/qsync-never"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot read no/such/model.onnx"), "{}", stderr(&o));
+}
+
+#[test]
+fn every_help_has_examples_and_opt_documents_its_passes() {
+    for sub in ["plan", "inspect", "opt", "simulate", "profile", "codegen", "sync-bench"] {
+        let o = qsyncc(&[sub, "--help"]);
+        assert!(o.status.success(), "{sub}: {}", stderr(&o));
+        assert!(stdout(&o).contains("Examples:"), "{sub} --help has no examples:\n{}", stdout(&o));
+    }
+    let help = stdout(&qsyncc(&["opt", "--help"]));
+    assert!(help.contains("The model to transform"), "MODEL is described: {help}");
+    for pass in [
+        "infer-shapes",
+        "fold-constants",
+        "dce",
+        "amp",
+        "autocast",
+        "uniform=P",
+        "cascade",
+        "campo",
+        "comp",
+        "egraph-casts",
+    ] {
+        assert!(help.contains(pass), "--passes lists {pass}: {help}");
+    }
+}
+
+#[test]
+fn one_precision_vocabulary_in_every_command() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let m = m.to_str().expect("utf8");
+    // `opt` takes the planner's names and the IR's, and prints the planner's.
+    let mut seen = Vec::new();
+    for p in ["fp16", "f16"] {
+        let o = qsyncc(&["opt", m, "--passes", &format!("uniform={p}"), "--target", "t4", "--json"]);
+        assert!(o.status.success(), "uniform={p}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert!(v["precisions"]["fp16"].as_u64().unwrap_or(0) > 0, "{v}");
+        assert!(v["precisions"].get("f16").is_none(), "{v}");
+        seen.push(v);
+    }
+    assert_eq!(seen[0], seen[1]);
+    let o = qsyncc(&["opt", m, "--passes", "amp(override=*Conv*=fp32)", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // `simulate` takes the IR's names too.
+    for p in ["t4=f16", "t4=fp16"] {
+        let o = qsyncc(&["simulate", m, "--targets", "t4", "--precision", p, "--json"]);
+        assert!(o.status.success(), "{p}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert_eq!(v["devices"]["t4"]["precision"], "fp16");
+    }
+    // The planner likewise; an unknown name lists both spellings.
+    let dir = tmpdir("vocab");
+    let t = tiny();
+    let o = qsyncc(&[
+        t.to_str().expect("utf8"),
+        "--targets",
+        "v100,t4",
+        "--precisions",
+        "f32,f16,i8",
+        "-o",
+        dir.join("p").to_str().expect("utf8"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["devices"]["t4"]["precision_histogram"]
+        .as_object()
+        .expect("hist")
+        .keys()
+        .all(|k| k.starts_with("fp") || k == "int8" || k == "bf16"));
+    let o = qsyncc(&["opt", m, "--passes", "uniform=fp12"]);
+    assert_clean_failure(&o, "fp16");
+    assert!(stderr(&o).contains("f16"), "{}", stderr(&o));
+}
+
+#[test]
+fn device_aliases_resolve_with_a_note() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let m = m.to_str().expect("utf8");
+    let o = qsyncc(&[
+        "simulate",
+        m,
+        "--targets",
+        "a100:2,t4",
+        "--memory",
+        "a100=50%",
+        "--precision",
+        "a100=bf16",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`a100` is taken as `a100-40gb`") && stderr(&o).contains("a100-80gb"),
+        "{}",
+        stderr(&o)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["devices"]["a100-40gb"]["precision"], "bf16", "{v}");
+    let o = qsyncc(&["simulate", m, "--targets", "h100", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["devices"].get("h100-sxm").is_some(), "{v}");
+    let o = qsyncc(&["inspect", m, "--target", "A100"]);
+    assert!(o.status.success() && stderr(&o).contains("a100-40gb"), "{}", stderr(&o));
+    let o = qsyncc(&["inspect", m, "--target", "a1000"]);
+    assert_clean_failure(&o, "a1000");
+}
+
+#[test]
+fn batch_limits_are_one_constant() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let m = m.to_str().expect("utf8");
+    let over = (qsyncc::MAX_DIM + 1).to_string();
+    for args in [
+        vec!["inspect", m, "--batch", &over],
+        vec!["opt", m, "--batch", &over],
+        vec!["simulate", m, "--targets", "t4", "--batch", &over],
+        vec!["plan", m, "--targets", "t4", "--batch", &over, "-o", "/tmp/qsync-never"],
+        vec!["profile", "worklist", m, "--batch", &over, "-o", "/tmp/qsync-never.json"],
+        vec!["inspect", m, "--dim", "seq=16777217"],
+    ] {
+        let o = qsyncc(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains("16777216"), "{args:?}: {}", stderr(&o));
+    }
+    // At the limit the FLOP share is still a number, not a silent 0.
+    let max = qsyncc::MAX_DIM.to_string();
+    let o = qsyncc(&["opt", m, "--passes", "uniform=fp16", "--batch", &max, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["low_precision_flop_fraction"].as_f64().is_some_and(|f| f > 0.9), "{v}");
+}
+
+#[test]
+fn opt_without_output_prints_a_summary_not_the_ir() {
+    let m = models_dir().join("bert_tiny.onnx");
+    let m = m.to_str().expect("utf8");
+    let o = qsyncc(&["opt", m, "--passes", "amp", "--target", "t4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.len() < 8 << 10, "a summary, not {} bytes of IR", s.len());
+    for needle in ["nodes", "MatMul", "fp16", "casts", "predicted", "ms per iteration on t4"] {
+        assert!(s.contains(needle), "summary mentions {needle}: {s}");
+    }
+    assert!(!s.contains("graph \""), "no IR in the summary: {s}");
+    // The whole IR on request: `-o -` or `--print-ir`.
+    for flag in [vec!["-o", "-"], vec!["--print-ir"]] {
+        let mut args = vec!["opt", m, "--passes", "amp"];
+        args.extend(flag.iter().copied());
+        let o = qsyncc(&args);
+        assert!(o.status.success(), "{flag:?}: {}", stderr(&o));
+        assert!(stdout(&o).contains("graph \"") && stdout(&o).len() > 64 << 10, "{flag:?}");
+    }
+}
+
+#[test]
+fn calibration_flags_name_one_format_each() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let m = m.to_str().expect("utf8");
+    let dir = tmpdir("calflags");
+    let f = dir.join("x.json");
+    std::fs::write(&f, "{}").expect("write");
+    let f = f.to_str().expect("utf8");
+    // The old ambiguous flag says which new one to use, in both commands.
+    for args in [
+        vec!["simulate", m, "--targets", "t4", "--calibration", f],
+        vec!["plan", m, "--targets", "t4", "--calibration", f, "-o", "/tmp/qsync-never"],
+    ] {
+        let o = qsyncc(&args);
+        assert_clean_failure(&o, "--profile");
+        assert!(stderr(&o).contains("--stats"), "{}", stderr(&o));
+    }
+    let help = stdout(&qsyncc(&["plan", "--help"]));
+    assert!(help.contains("--stats") && help.contains("--profile"), "{help}");
+    let help = stdout(&qsyncc(&["simulate", "--help"]));
+    assert!(help.contains("--profile") && !help.contains("--calibration"), "{help}");
 }

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{models_dir, onnx_models, qsyncc, tmpdir};
+use common::{check_plan_dir, models_dir, onnx_models, qsyncc, stderr, tmpdir};
 
 fn read_json(p: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -25,6 +25,14 @@ fn run_planner(model: &str, targets: &str, extra: &[&str]) -> (PathBuf, serde_js
     let o = qsyncc(&args);
     assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+    // Every manifest written matches the documented schema and lists
+    // every file; `--json` uses the manifest's names for the same data.
+    let manifest = check_plan_dir(&out);
+    for k in
+        ["model", "chosen", "methods", "devices", "sync", "files", "iteration_ms", "samples_per_s", "indicator_sum"]
+    {
+        assert_eq!(summary[k], manifest[k], "{model}: --json `{k}` differs from the manifest's");
+    }
     (out, summary)
 }
 
@@ -294,7 +302,10 @@ fn emit_writes_each_devices_code() {
         dir.to_str().expect("utf8"),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest = check_plan_dir(&dir);
     for (dev, sm) in [("v100", "sm_70"), ("t4", "sm_75")] {
+        assert_eq!(manifest["devices"][dev]["files"]["ptx"], format!("{dev}/kernels.ptx"));
+        assert_eq!(manifest["devices"][dev]["files"]["mlir"], format!("{dev}/model.mlir"));
         let ptx = std::fs::read_to_string(dir.join(dev).join("kernels.ptx")).expect("kernels.ptx");
         assert!(ptx.contains(&format!(".target {sm}")) && ptx.contains(".entry "), "{dev}");
         let mlir = std::fs::read_to_string(dir.join(dev).join("model.mlir")).expect("model.mlir");
@@ -304,6 +315,20 @@ fn emit_writes_each_devices_code() {
     let o =
         qsyncc(&[m.to_str().expect("utf8"), "--targets", "t4", "--emit", "llvm", "-o", dir.to_str().expect("utf8")]);
     assert_eq!(o.status.code(), Some(2));
+    // A re-plan without --emit (and all FP32) replaces the directory whole:
+    // no FP16 model.mlir / kernels.ptx stay beside the new plan.
+    let o = qsyncc(&[
+        m.to_str().expect("utf8"),
+        "--targets",
+        "v100:16,t4:16",
+        "--precisions",
+        "fp32",
+        "-o",
+        dir.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_plan_dir(&dir);
+    assert!(!dir.join("t4").join("kernels.ptx").exists() && !dir.join("t4").join("model.mlir").exists());
 }
 
 #[test]
@@ -324,8 +349,110 @@ fn torchscript_archives_plan() {
         assert!(o.status.success(), "{m}: {}", String::from_utf8_lossy(&o.stderr));
         let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
         assert!(j["iteration_ms"].as_f64().is_some_and(|t| t > 0.0 && t.is_finite()), "{m}: {j}");
+        check_plan_dir(&dir);
         for dev in ["v100", "t4"] {
             assert!(dir.join(dev).join("model.onnx").is_file(), "{m} {dev}");
         }
     }
+}
+
+#[test]
+fn manifests_are_byte_identical_across_runs() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let dir = tmpdir("determinism");
+    let mut texts = Vec::new();
+    for name in ["a", "b"] {
+        let out = dir.join(name);
+        let o = qsyncc(&[m.to_str().expect("utf8"), "--targets", "v100:4,t4:4", "-o", out.to_str().expect("utf8")]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        check_plan_dir(&out);
+        texts.push(std::fs::read(out.join("manifest.json")).expect("manifest"));
+    }
+    assert!(texts[0] == texts[1], "manifest.json differs between two runs");
+    // The report explains the indicator to its reader, and its timeline
+    // draws the time after the backward pass as waiting unless it is the
+    // optimizer step.
+    let report = std::fs::read_to_string(dir.join("a").join("report.md")).expect("report");
+    assert!(report.contains("**The indicator**") && report.contains("not an accuracy prediction"), "{report}");
+    assert!(report.contains("grey waiting") && report.contains("fill=\"#dddddd\""), "{report}");
+}
+
+/// The count of weights without data, from each command's output.
+fn missing_counts(model: &Path, plan_dir: &Path) -> (u64, String, String) {
+    let p = model.to_str().expect("utf8");
+    let j = common::inspect_json(model, &[]);
+    let o = qsyncc(&["opt", p, "--passes", "verify"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let opt = stderr(&o);
+    let o = qsyncc(&[p, "--targets", "v100,t4", "--batch", "4", "-o", plan_dir.to_str().expect("utf8"), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    (j["absent_initializers"].as_u64().expect("count"), opt, plan["warnings"].to_string())
+}
+
+#[test]
+fn weights_without_data_are_counted_once_and_external_data_is_used() {
+    // bert_tiny written as text IR puts its large weights in `m.qir.bin`,
+    // external data beside the model.
+    let dir = tmpdir("external");
+    let src = models_dir().join("bert_tiny.onnx");
+    let m = dir.join("m.qir");
+    let o = qsyncc(&["opt", src.to_str().expect("utf8"), "-o", m.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(dir.join("m.qir.bin").is_file());
+    // Present: no command warns, and the indicator reads the weights.
+    let (count, opt, plan) = missing_counts(&m, &dir.join("p1"));
+    assert_eq!(count, 0);
+    assert!(!opt.contains("no data") && !plan.contains("no data"), "{opt}\n{plan}");
+    let manifest = check_plan_dir(&dir.join("p1"));
+    let sources = &manifest["indicator"]["sources"];
+    assert!(sources["weights_from_initializers"].as_u64().unwrap_or(0) > 0, "{sources}");
+    // The written plan carries the external data it references.
+    let ext = manifest["devices"]["t4"]["files"]["external_data"].as_array().expect("external_data listed");
+    assert!(ext.iter().any(|f| f == "t4/m.qir.bin"), "{ext:?}");
+    // Missing: every command gives the same count.
+    std::fs::remove_file(dir.join("m.qir.bin")).expect("rm");
+    let (count, opt, plan) = missing_counts(&m, &dir.join("p2"));
+    assert!(count > 0);
+    let needle = format!("{count} of ");
+    assert!(opt.contains(&needle) && opt.contains("have no data"), "opt: {opt}");
+    assert!(plan.contains(&needle) && plan.contains("have no data"), "plan: {plan}");
+    let o = qsyncc(&["inspect", m.to_str().expect("utf8")]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("{count} without values")));
+}
+
+#[test]
+fn fixed_batch_models_are_rebatched_everywhere() {
+    // The bundled SqueezeNet fixes batch 1 (input [1,3,224,224], reshape
+    // target [1,1000]). It is rebatched: `opt --batch`, `simulate
+    // --batch`, the manifest's local batch and the written model agree.
+    let m = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/squeezenet1_1.onnx");
+    let p = m.to_str().expect("utf8");
+    let j = common::inspect_json(&m, &["--batch", "32"]);
+    assert_eq!(j["inputs"][0]["type"], "f32[32,3,224,224]", "{j}");
+    assert_eq!(j["outputs"][0]["type"], "f32[32,1000]", "{j}");
+    assert!(j["fixed_batch"].is_null(), "{j}");
+    let opt_ms = |b: &str| {
+        let o = qsyncc(&["opt", p, "--passes", "verify", "--target", "t4", "--batch", b, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        v["predicted_ms"]["total"].as_f64().expect("predicted")
+    };
+    let (one, many) = (opt_ms("1"), opt_ms("32"));
+    assert!(many > 8.0 * one, "opt --batch 32 predicts the batch-32 time: {one} vs {many} ms");
+    let sim = |b: &str| {
+        let o = qsyncc(&["simulate", p, "--targets", "t4", "--batch", b, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        v["devices"]["t4"]["compute_ms"].as_f64().expect("compute")
+    };
+    let ratio = sim("32") / opt_ms("32");
+    assert!((0.5..2.0).contains(&ratio), "simulate and opt predict the same batch: ratio {ratio}");
+    let dir = tmpdir("fixed-batch");
+    let o = qsyncc(&[p, "--targets", "t4:2", "--batch", "32", "-o", dir.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest = check_plan_dir(&dir);
+    let local = manifest["devices"]["t4"]["local_batch"].as_u64().expect("local_batch");
+    let written = common::inspect_json(&dir.join("t4").join("model.onnx"), &[]);
+    assert_eq!(written["inputs"][0]["type"], format!("f32[{local},3,224,224]"), "{written}");
 }

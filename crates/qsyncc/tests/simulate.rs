@@ -179,21 +179,43 @@ fn calibration_profile_applies_to_its_device() {
     .expect("write");
     let base = iteration_ms(&simulate_json(&p, &["--targets", "v100,t4", "--batch", "8"]));
     let cal =
-        simulate_json(&p, &["--targets", "v100,t4", "--batch", "8", "--calibration", profile.to_str().expect("utf8")]);
+        simulate_json(&p, &["--targets", "v100,t4", "--batch", "8", "--profile", profile.to_str().expect("utf8")]);
     assert!(iteration_ms(&cal) >= base + 4.9, "{} ms vs {base} ms", iteration_ms(&cal));
     assert!(cal["devices"]["t4"]["compute_ms"].as_f64().expect("t4") > 5.0);
     assert!(cal["devices"]["v100"]["compute_ms"].as_f64().expect("v100") < 1.0);
     // A profile for a device not in the cluster, or naming none, is an error.
     let other = dir.join("a10.json");
     std::fs::write(&other, r#"{"device": "a10", "ops": []}"#).expect("write");
-    let o = qsyncc(&["simulate", tp, "--targets", "v100,t4", "--calibration", other.to_str().expect("utf8")]);
+    let o = qsyncc(&["simulate", tp, "--targets", "v100,t4", "--profile", other.to_str().expect("utf8")]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("not among --targets"), "{}", stderr(&o));
     let anon = dir.join("anon.json");
     std::fs::write(&anon, r#"{"ops": []}"#).expect("write");
-    let o = qsyncc(&["simulate", tp, "--targets", "t4", "--calibration", anon.to_str().expect("utf8")]);
+    let o = qsyncc(&["simulate", tp, "--targets", "t4", "--profile", anon.to_str().expect("utf8")]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("does not name its device"), "{}", stderr(&o));
+    // The planner's `--profile` takes the same file and predicts the same
+    // slower T4 (its UP baseline is simulate's uniform FP32 plan).
+    let plan_dir = dir.join("plan");
+    let o = qsyncc(&[
+        "plan",
+        tp,
+        "--targets",
+        "v100,t4",
+        "--batch",
+        "8",
+        "--precisions",
+        "fp32",
+        "--profile",
+        profile.to_str().expect("utf8"),
+        "--json",
+        "-o",
+        plan_dir.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let up = j["methods"]["up"]["iteration_ms"].as_f64().expect("up");
+    assert!(up >= base + 4.9, "the planner's UP {up} ms applies the profile ({base} ms without)");
 }
 
 #[test]

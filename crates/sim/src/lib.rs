@@ -51,7 +51,7 @@ mod trace;
 
 pub use cluster::{AllReduceAlgo, Cluster, DeviceType};
 pub use error::SimError;
-pub use predict::{optimizer_seconds, refresh_seconds, PredictError, PredictOptions, Predictor, Target};
+pub use predict::{optimizer_seconds, refresh_seconds, GraphAnalysis, PredictError, PredictOptions, Predictor, Target};
 pub use program::{CostSource, LocalOp, LocalProgram, OpCost};
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
 pub use sync::{SyncChoice, SyncKernels, SyncScheme, SyncSpec};

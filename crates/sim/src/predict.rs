@@ -22,6 +22,7 @@ use qsync_cost::{
     ResolvedPlan, SharedBytes,
 };
 use qsync_ir::{DType, Graph, NodeId, Op};
+use std::sync::Arc;
 
 use crate::{Cluster, DeviceType, LocalOp, LocalProgram, OpCost, SimConfig, SimError, SimResult, Simulator};
 
@@ -131,26 +132,73 @@ struct TypeState {
     /// precision), and each node's claim on them.
     copies: SharedBytes,
     copy_claims: Vec<Vec<((qsync_ir::ValueId, Precision), f64)>>,
-    /// Node → position in the local program.
-    index: Vec<Option<usize>>,
 }
 
 /// Cost model + simulator for one graph on one cluster.
 #[derive(Debug)]
 pub struct Predictor<'g> {
     graph: &'g Graph,
-    facts: GraphFacts,
+    shared: Arc<GraphAnalysis>,
     opts: PredictOptions,
     types: Vec<TypeState>,
     targets: Vec<Target>,
     sim: Simulator,
+}
+
+/// What every prediction of one graph under one set of bindings shares,
+/// whatever the targets and plans: the graph's facts, the schedule and the
+/// cast accounting's per-value classes. A planner that builds many
+/// predictors of the same graph computes it once ([`GraphAnalysis::new`])
+/// and hands it to [`Predictor::with_analysis`].
+#[derive(Debug)]
+pub struct GraphAnalysis {
+    bindings: Bindings,
+    weight_copies: bool,
+    facts: GraphFacts,
     /// [`Static`] of every value (for the cast accounting).
     statics: Vec<Static>,
+    /// Node → position in the local program.
+    index: Vec<Option<usize>>,
     /// Trained parameters (elements) and the bytes of refreshed copies the
     /// graph already stores: fixed per graph, read by every optimizer-step
     /// update.
     params: f64,
     stored_copies: f64,
+}
+
+impl GraphAnalysis {
+    /// Analyse `graph` with `opts`' bindings and weight-copy rule.
+    pub fn new(graph: &Graph, opts: &PredictOptions) -> Result<GraphAnalysis, PredictError> {
+        let facts = GraphFacts::new(graph, &opts.bindings)?;
+        let statics = statics(graph, &facts);
+        let bound = graph.node_ids().iter().map(|n| n.index() + 1).max().unwrap_or(0);
+        let mut index = vec![None; bound];
+        for (i, &n) in facts.order().iter().enumerate() {
+            index[n.index()] = Some(i);
+        }
+        let params: f64 = facts.params().iter().filter_map(|&v| facts.elements(v)).sum();
+        let stored_copies =
+            CastCx { graph, facts: &facts, statics: &statics, index: &[], weight_copies: opts.weight_copies }
+                .stored_copy_bytes();
+        Ok(GraphAnalysis {
+            bindings: opts.bindings.clone(),
+            weight_copies: opts.weight_copies,
+            facts,
+            statics,
+            index,
+            params,
+            stored_copies,
+        })
+    }
+
+    /// The graph's facts under the analysed bindings.
+    pub fn facts(&self) -> &GraphFacts {
+        &self.facts
+    }
+
+    fn cast_cx<'a>(&'a self, graph: &'a Graph, weight_copies: bool) -> CastCx<'a> {
+        CastCx { graph, facts: &self.facts, statics: &self.statics, index: &self.index, weight_copies }
+    }
 }
 
 /// The synchronization kernels' costs from the device's cast model:
@@ -481,11 +529,27 @@ fn scaled_memory(mut m: MemoryBreakdown, target: &Target, opts: &PredictOptions)
 impl<'g> Predictor<'g> {
     /// Cost every node for every target and simulate once.
     pub fn new(graph: &'g Graph, targets: Vec<Target>, opts: PredictOptions) -> Result<Predictor<'g>, PredictError> {
-        let facts = GraphFacts::new(graph, &opts.bindings)?;
-        let statics = statics(graph, &facts);
-        let order = facts.order().to_vec();
-        let bound = graph.node_ids().iter().map(|n| n.index() + 1).max().unwrap_or(0);
-        let params: f64 = facts.params().iter().filter_map(|&v| facts.elements(v)).sum();
+        let shared = Arc::new(GraphAnalysis::new(graph, &opts)?);
+        Predictor::with_analysis(graph, shared, targets, opts)
+    }
+
+    /// [`Predictor::new`] with the graph's analysis already made (by
+    /// [`GraphAnalysis::new`] on the same graph; its bindings must be
+    /// `opts.bindings`).
+    pub fn with_analysis(
+        graph: &'g Graph,
+        shared: Arc<GraphAnalysis>,
+        targets: Vec<Target>,
+        opts: PredictOptions,
+    ) -> Result<Predictor<'g>, PredictError> {
+        if shared.bindings != opts.bindings || shared.weight_copies != opts.weight_copies {
+            return Err(PredictError::Target {
+                device: String::new(),
+                reason: "the graph analysis was made with other dim bindings or weight-copy rule".into(),
+            });
+        }
+        let facts = &shared.facts;
+        let order = facts.order();
         let mut types = Vec::with_capacity(targets.len());
         let mut programs = Vec::with_capacity(targets.len());
         let mut cluster_types = Vec::with_capacity(targets.len());
@@ -500,7 +564,7 @@ impl<'g> Predictor<'g> {
             }
             let model = CostModel::new(&t.device, t.calibration.as_ref())?;
             let resolved = t.plan.resolve(graph);
-            for n in &order {
+            for n in order {
                 let p = resolved.compute(*n);
                 if !t.device.supports(p) {
                     return Err(PredictError::Target {
@@ -512,53 +576,36 @@ impl<'g> Predictor<'g> {
                     });
                 }
             }
-            let tracker = MemoryTracker::new(graph, &facts, &resolved, &t.device, opts.optimizer, t.memory_fraction)?;
+            let tracker = MemoryTracker::new(graph, facts, &resolved, &t.device, opts.optimizer, t.memory_fraction)?;
             let memory = scaled_memory(tracker.breakdown(), t, &opts);
-            let mut index = vec![None; bound];
-            for (i, &n) in order.iter().enumerate() {
-                index[n.index()] = Some(i);
-            }
-            let cx =
-                CastCx { graph, facts: &facts, statics: &statics, index: &index, weight_copies: opts.weight_copies };
+            let cx = shared.cast_cx(graph, opts.weight_copies);
             let mut ops = Vec::with_capacity(order.len());
             let scale = opts.scale_of(t);
-            for &n in &order {
+            for &n in order {
                 let cost = Self::sim_cost(&cx, &model, &resolved, n, scale)?;
                 ops.push(LocalOp { name: graph.node(n).name.clone(), node: Some(n), cost });
             }
             let mut copies = SharedBytes::default();
-            let mut copy_claims = vec![Vec::new(); bound];
-            for &n in &order {
+            let mut copy_claims = vec![Vec::new(); shared.index.len()];
+            for &n in order {
                 let claims = cx.copy_claims(&resolved, n);
                 for &(k, b) in &claims {
                     copies.add(k, b);
                 }
                 copy_claims[n.index()] = claims;
             }
-            let copy_bytes = cx.stored_copy_bytes() + copies.total();
-            let step = step_seconds(&model, params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
+            let copy_bytes = shared.stored_copies + copies.total();
+            let step = step_seconds(&model, shared.params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
                 .with_bandwidth(t.device.intra_node_bytes_per_s() / 1e9, t.device.network_bytes_per_s() / 1e9)
                 .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64))
                 .with_sync_kernels(sync_kernels(&model));
             cluster_types.push(dt);
-            types.push(TypeState {
-                model,
-                plan: t.plan.clone(),
-                resolved,
-                memory,
-                tracker,
-                copies,
-                copy_claims,
-                index,
-            });
+            types.push(TypeState { model, plan: t.plan.clone(), resolved, memory, tracker, copies, copy_claims });
         }
         let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config)?;
-        let stored_copies =
-            CastCx { graph, facts: &facts, statics: &statics, index: &[], weight_copies: opts.weight_copies }
-                .stored_copy_bytes();
-        Ok(Predictor { graph, facts, opts, types, targets, sim, statics, params, stored_copies })
+        Ok(Predictor { graph, shared, opts, types, targets, sim })
     }
 
     fn sim_cost(
@@ -609,7 +656,8 @@ impl<'g> Predictor<'g> {
                 reason: format!("does not support {p}"),
             });
         }
-        if ts.index.get(n.index()).copied().flatten().is_none() {
+        let shared = &*self.shared;
+        if shared.index.get(n.index()).copied().flatten().is_none() {
             return Err(PredictError::Cost(qsync_cost::CostError::NoSuchNode(n.index())));
         }
         if ts.plan.get(n) == Some(p) {
@@ -622,27 +670,27 @@ impl<'g> Predictor<'g> {
         // their inputs (who pays for a shared cast may move).
         let g = self.graph;
         let mut recost: std::collections::BTreeSet<NodeId> = changed.iter().copied().collect();
+        // An input that is never cast (not float, or a folded constant) ties
+        // its readers' costs to nothing: its other readers stay as they are.
+        let statics = &self.shared.statics;
+        let castable = |v: qsync_ir::ValueId| {
+            g.ty(v).dtype.is_some_and(DType::is_float) && statics.get(v.index()) != Some(&Static::Constant)
+        };
         for &m in &changed {
             let node = g.node(m);
-            for &v in node.outputs().iter().chain(node.inputs().iter().flatten()) {
+            for &v in node.outputs().iter().chain(node.inputs().iter().flatten().filter(|&&v| castable(v))) {
                 recost.extend(g.users(v).into_iter().map(|(u, _)| u));
             }
         }
-        let cx = CastCx {
-            graph: g,
-            facts: &self.facts,
-            statics: &self.statics,
-            index: &ts.index,
-            weight_copies: self.opts.weight_copies,
-        };
+        let cx = shared.cast_cx(g, self.opts.weight_copies);
         let scale = self.opts.scale_of(target);
         for &m in &recost {
-            let Some(i) = ts.index.get(m.index()).copied().flatten() else { continue };
+            let Some(i) = shared.index.get(m.index()).copied().flatten() else { continue };
             let cost = Self::sim_cost(&cx, &ts.model, &ts.resolved, m, scale)?;
             self.sim.set_op_cost(t, i, cost)?;
         }
         if !changed.is_empty() {
-            ts.tracker.update(self.graph, &self.facts, &ts.resolved, recost.iter().copied())?;
+            ts.tracker.update(self.graph, &shared.facts, &ts.resolved, recost.iter().copied())?;
             let memory = scaled_memory(ts.tracker.breakdown(), target, &self.opts);
             self.sim.set_static_memory(t, memory.total.max(0.0) as u64)?;
             if self.opts.weight_copies {
@@ -657,9 +705,9 @@ impl<'g> Predictor<'g> {
                     }
                     ts.copy_claims[m.index()] = claims;
                 }
-                let copies = self.stored_copies + ts.copies.total();
-                let step =
-                    step_seconds(&ts.model, self.params, self.opts.optimizer) + refresh_seconds(&target.device, copies);
+                let copies = shared.stored_copies + ts.copies.total();
+                let step = step_seconds(&ts.model, shared.params, self.opts.optimizer)
+                    + refresh_seconds(&target.device, copies);
                 self.sim.set_optimizer_us(t, us(step))?;
             }
             ts.memory = memory;

@@ -14,11 +14,14 @@
 //! and the last collective has ended; the iteration ends with the last
 //! optimizer step.
 //!
-//! **Incremental.** [`Simulator::set_op_cost`] rewrites three steps and marks
-//! the type's prefix sum stale from the first of them; [`Simulator::result`]
-//! recomputes only stale suffixes, with the same additions in the same order
-//! as a full simulation, so both give bit-identical results. The global merge
-//! (a pass over the buckets) is redone each time.
+//! **Incremental.** Each timeline keeps its step durations in a sum tree, so
+//! [`Simulator::set_op_cost`] rewrites three steps and the O(log n) sums
+//! above them, and a step's end time is an O(log n) query. The tree's shape
+//! depends only on the step count and every sum is recomputed from its two
+//! children, so an edited simulation and a fresh one add the same numbers in
+//! the same order: both give bit-identical results, whatever the history of
+//! edits. The global merge (a pass over the buckets) is redone each time,
+//! touching only the buckets' ready steps.
 
 use serde::{Deserialize, Serialize};
 
@@ -111,10 +114,11 @@ pub(crate) struct Timeline {
     pub program: LocalProgram,
     /// Step durations, see the module doc for the layout.
     pub dur: Vec<f64>,
-    /// Step end times (prefix sums of `dur`).
-    pub end: Vec<f64>,
-    /// First step whose `end` is stale (`end.len()` when none is).
-    pub stale_from: usize,
+    /// Sums of `dur` over aligned power-of-two ranges, as a complete binary
+    /// tree: leaves at `[width, 2·width)` (the steps, padded with zeros),
+    /// node `i` the sum of nodes `2i` and `2i+1`, the root at 1.
+    sums: Vec<f64>,
+    width: usize,
     /// Steps of the weight-gradient kernels that produce gradients, in
     /// production order.
     pub grad_steps: Vec<usize>,
@@ -138,22 +142,48 @@ impl Timeline {
             }
         }
         let saved_bytes = program.ops.iter().map(|o| o.cost.saved_bytes).sum();
-        let mut t = Timeline { program, end: vec![0.0; 3 * n], dur, stale_from: 0, grad_steps, saved_bytes };
-        t.refresh();
-        t
+        let width = dur.len().max(1).next_power_of_two();
+        let mut sums = vec![0.0; 2 * width];
+        sums[width..width + dur.len()].copy_from_slice(&dur);
+        for i in (1..width).rev() {
+            sums[i] = sums[2 * i] + sums[2 * i + 1];
+        }
+        Timeline { program, dur, sums, width, grad_steps, saved_bytes }
     }
 
-    fn refresh(&mut self) {
-        let mut acc = if self.stale_from == 0 { 0.0 } else { self.end[self.stale_from - 1] };
-        for k in self.stale_from..self.dur.len() {
-            acc += self.dur[k];
-            self.end[k] = acc;
+    /// Set step `k`'s duration and the sums above it.
+    fn set(&mut self, k: usize, us: f64) {
+        self.dur[k] = us;
+        let mut i = self.width + k;
+        self.sums[i] = us;
+        while i > 1 {
+            i /= 2;
+            self.sums[i] = self.sums[2 * i] + self.sums[2 * i + 1];
         }
-        self.stale_from = self.dur.len();
     }
 
     pub fn n_ops(&self) -> usize {
         self.program.ops.len()
+    }
+
+    /// End of step `k`: the sum of steps `0..=k`, added from the largest
+    /// aligned range down — a function of the durations alone, whatever
+    /// order they were set in.
+    pub fn end(&self, k: usize) -> f64 {
+        let (mut node, mut lo, mut hi) = (1, 0, self.width);
+        let mut acc = 0.0;
+        while node < self.width {
+            let mid = (lo + hi) / 2;
+            if k < mid {
+                node *= 2;
+                hi = mid;
+            } else {
+                acc += self.sums[2 * node];
+                node = 2 * node + 1;
+                lo = mid;
+            }
+        }
+        acc + self.sums[node]
     }
 
     pub fn forward_end(&self) -> f64 {
@@ -161,17 +191,20 @@ impl Timeline {
         if n == 0 {
             0.0
         } else {
-            self.end[n - 1]
+            self.end(n - 1)
         }
     }
 
     pub fn backward_end(&self) -> f64 {
-        self.end.last().copied().unwrap_or(0.0)
+        match self.dur.len() {
+            0 => 0.0,
+            len => self.end(len - 1),
+        }
     }
 
     /// Start of step `k`.
     pub fn start(&self, k: usize) -> f64 {
-        self.end[k] - self.dur[k]
+        self.end(k) - self.dur[k]
     }
 }
 
@@ -255,14 +288,11 @@ impl Simulator {
             return Err(SimError::GradBytesChanged { device: device.clone(), index: op, op: name.clone(), old, new });
         }
         let (dg, wg) = bwd_steps(n, op);
-        let mut first = usize::MAX;
         for (k, v) in [(op, cost.fwd_us), (dg, cost.input_grad_us), (wg, cost.weight_grad_us)] {
             if tl.dur[k].to_bits() != v.to_bits() {
-                tl.dur[k] = v;
-                first = first.min(k);
+                tl.set(k, v);
             }
         }
-        tl.stale_from = tl.stale_from.min(first);
         tl.saved_bytes = tl.saved_bytes - tl.program.ops[op].cost.saved_bytes + cost.saved_bytes;
         tl.program.ops[op].cost = cost;
         self.result = None;
@@ -322,15 +352,10 @@ impl Simulator {
 
     /// Bring stale timelines up to date and redo the global merge (eq. 6).
     fn merge(&mut self) -> SimResult {
-        for tl in &mut self.timelines {
-            if tl.stale_from < tl.dur.len() {
-                tl.refresh();
-            }
-        }
         let mut collectives = Vec::with_capacity(self.buckets.len());
         let mut prev_end = 0.0f64;
         for b in &self.buckets {
-            let ready_us: Vec<f64> = self.timelines.iter().map(|tl| tl.end[tl.grad_steps[b.last_grad]]).collect();
+            let ready_us: Vec<f64> = self.timelines.iter().map(|tl| tl.end(tl.grad_steps[b.last_grad])).collect();
             let start_us = ready_us.iter().fold(prev_end, |a, &r| a.max(r));
             let end_us = start_us + b.dur_us;
             prev_end = end_us;
@@ -434,4 +459,72 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Buc
         }
     }
     buckets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LocalOp;
+
+    fn program(durs: &[(f64, f64, f64)]) -> LocalProgram {
+        let ops = durs
+            .iter()
+            .enumerate()
+            .map(|(i, &(f, d, w))| LocalOp {
+                name: format!("op{i}"),
+                node: None,
+                cost: OpCost { fwd_us: f, input_grad_us: d, weight_grad_us: w, grad_bytes: 0, saved_bytes: 0 },
+            })
+            .collect();
+        LocalProgram { ops, optimizer_us: 0.0 }
+    }
+
+    /// Durations of awkward magnitudes, so that rounding differs between
+    /// summation orders.
+    fn durs(n: usize, salt: u64) -> Vec<(f64, f64, f64)> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ salt;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64 * 1e3 + 1e-3
+        };
+        (0..n).map(|_| (next(), next(), next())).collect()
+    }
+
+    #[test]
+    fn step_ends_are_prefix_sums() {
+        for n in [1, 2, 3, 5, 8, 37] {
+            let tl = Timeline::new(program(&durs(n, n as u64)));
+            let mut acc = 0.0;
+            for k in 0..tl.dur.len() {
+                acc += tl.dur[k];
+                let e = tl.end(k);
+                assert!((e - acc).abs() <= 1e-9 * acc, "n {n}, step {k}: {e} vs {acc}");
+                assert!(tl.start(k) >= -1e-9 && tl.start(k) <= e);
+            }
+            assert!((tl.backward_end() - acc).abs() <= 1e-9 * acc);
+            assert_eq!(tl.backward_end().to_bits(), tl.end(tl.dur.len() - 1).to_bits());
+        }
+    }
+
+    #[test]
+    fn edits_in_any_order_equal_a_fresh_timeline() {
+        let (a, b) = (durs(29, 1), durs(29, 2));
+        let mut edited = Timeline::new(program(&a));
+        // Walk to `b` in a scrambled order, with detours through other values.
+        let n = a.len();
+        for i in (0..n).map(|i| (i * 11) % n) {
+            let (dg, wg) = bwd_steps(n, i);
+            edited.set(i, a[i].0 * 3.0);
+            edited.set(wg, b[i].2);
+            edited.set(i, b[i].0);
+            edited.set(dg, b[i].1);
+        }
+        let fresh = Timeline::new(program(&b));
+        for k in 0..fresh.dur.len() {
+            assert_eq!(edited.end(k).to_bits(), fresh.end(k).to_bits(), "step {k}");
+        }
+        assert_eq!(edited.backward_end().to_bits(), fresh.backward_end().to_bits());
+    }
 }

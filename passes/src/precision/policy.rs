@@ -174,7 +174,14 @@ impl Override {
     /// last one separates).
     pub fn parse(s: &str) -> Result<Override, PolicyError> {
         let (pat, p) = s.rsplit_once('=').ok_or_else(|| PolicyError::BadOverride(s.into()))?;
-        let precision = DType::from_name(p.trim()).ok_or_else(|| PolicyError::BadOverride(s.into()))?;
+        // fp16 / int8 (the planner's names) or f16 / i8 (the IR's).
+        let precision = p
+            .trim()
+            .parse::<qsync_cost::Precision>()
+            .ok()
+            .map(|p| p.storage_dtype())
+            .or_else(|| DType::from_name(p.trim()))
+            .ok_or_else(|| PolicyError::BadOverride(s.into()))?;
         if pat.is_empty() {
             return Err(PolicyError::BadOverride(s.into()));
         }

@@ -57,3 +57,42 @@ pub fn run_json(sub: &str, model: &Path, extra: &[&str]) -> serde_json::Value {
 pub fn inspect_json(model: &Path, extra: &[&str]) -> serde_json::Value {
     run_json("inspect", model, extra)
 }
+
+/// Every file under `dir`, relative and `/`-separated, sorted.
+pub fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, d: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let rel = p.strip_prefix(root).expect("under root");
+                out.push(rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/"));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Check a plan directory's `manifest.json` against the schema in
+/// `crates/qsyncc/schema/` (every error listed), and that its `files` are
+/// exactly the files in the directory; returns the manifest.
+pub fn check_plan_dir(dir: &Path) -> serde_json::Value {
+    let schema_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schema/qsync-plan-2.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&schema_path).expect("schema file")).expect("schema JSON");
+    let validator = jsonschema::validator_for(&schema).expect("the schema is a valid JSON Schema");
+    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("manifest.json");
+    let manifest: serde_json::Value = serde_json::from_str(&text).expect("manifest JSON");
+    let errors: Vec<String> = validator.iter_errors(&manifest).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{}: manifest does not match the schema:\n{}", dir.display(), errors.join("\n"));
+    let listed: Vec<String> =
+        manifest["files"].as_array().expect("files").iter().map(|f| f.as_str().expect("str").to_string()).collect();
+    assert_eq!(listed, files_under(dir), "{}: `files` must list every file written", dir.display());
+    let chosen = manifest["chosen"].as_str().expect("chosen");
+    assert!(manifest["methods"].get(chosen).is_some(), "chosen `{chosen}` is a key of methods");
+    manifest
+}
