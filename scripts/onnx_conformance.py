@@ -11,7 +11,9 @@ expected outputs:
   failure. Refusal reasons are grouped by their message with names and
   numbers masked, and every group must match a pattern in DOCUMENTED below.
 * Inferred output shapes: every graph output whose inferred type is fully
-  concrete must equal the shape of the expected output tensor.
+  concrete must equal the shape of the expected output tensor; and again
+  with the model's output shapes and value_info removed, so that the shapes
+  come from qsyncc's inference alone (`inferred_shapes_*`).
 * `qsyncc opt MODEL --passes verify -o OUT.onnx`: OUT must pass the ONNX
   checker (full check with strict shape inference off), and where
   onnxruntime runs the original model, OUT must give bit-identical outputs.
@@ -49,22 +51,14 @@ from onnx import numpy_helper
 # none of these fails the run.
 DOCUMENTED = [
     (r"unknown tensor element type code \d+", "complex64/complex128 and other element types qsyncc does not model"),
-    (r"sequence|optional|non-tensor|map type", "sequence / optional / map typed values (not carried by the IR yet)"),
+    (r"sparse tensor and opaque values", "sparse-tensor / opaque typed graph inputs or outputs (sequence, optional and map types are carried)"),
     (r"unsupported opset", "a default-domain opset outside 7..=25"),
     (r"shape inference failed", "inconsistent shapes that ONNX's own checker would reject as well"),
 ]
 
 # Known open defects: reported as known failures (printed and counted, not
 # failing the run); one that starts passing is reported so it is removed.
-KNOWN_FAILURES = {
-    name: "subgraph captures are not uses yet: uniform=f16 schedules an If before the CastLike its branches read"
-    for name in [
-        "test_affine_grid_2d_align_corners_expanded",
-        "test_affine_grid_2d_expanded",
-        "test_affine_grid_3d_align_corners_expanded",
-        "test_affine_grid_3d_expanded",
-    ]
-}
+KNOWN_FAILURES = {}
 
 TIMEOUT_S = 60
 
@@ -103,21 +97,53 @@ def expected_outputs(test_dir, model):
     return outs
 
 
+def load_value(path, type_proto):
+    """A test input by its declared type: a tensor, a sequence (a list) or an
+    optional (None or its value); maps and other kinds are not fed here."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type":
+        t = onnx.TensorProto()
+        t.ParseFromString(raw)
+        return numpy_helper.to_array(t)
+    if kind == "sequence_type":
+        s = onnx.SequenceProto()
+        s.ParseFromString(raw)
+        return numpy_helper.to_list(s)
+    if kind == "optional_type":
+        o = onnx.OptionalProto()
+        o.ParseFromString(raw)
+        return numpy_helper.to_optional(o)
+    raise ValueError(f"input type {kind} not fed")
+
+
 def inputs_of(test_dir, model):
     feeds = {}
     data = sorted(glob.glob(os.path.join(test_dir, "test_data_set_0", "input_*.pb")))
     init_names = {i.name for i in model.graph.initializer}
-    names = [i.name for i in model.graph.input if i.name not in init_names]
-    for name, path in zip(names, data):
-        t = onnx.TensorProto()
-        with open(path, "rb") as f:
-            raw = f.read()
+    inputs = [i for i in model.graph.input if i.name not in init_names]
+    for vi, path in zip(inputs, data):
         try:
-            t.ParseFromString(raw)
-            feeds[name] = numpy_helper.to_array(t)
+            feeds[vi.name] = load_value(path, vi.type)
         except Exception:
-            return None  # sequence / optional inputs: not fed here
+            return None  # maps and unreadable inputs: not fed here
     return feeds
+
+
+def strip_shapes(model):
+    """A copy without value_info and without the graph outputs' shapes (their
+    element types stay), or None when nothing would change."""
+    outs = [o for o in model.graph.output if o.type.WhichOneof("value") == "tensor_type" and o.type.tensor_type.HasField("shape")]
+    if not outs and not model.graph.value_info:
+        return None
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.value_info[:]
+    for o in m.graph.output:
+        if o.type.WhichOneof("value") == "tensor_type":
+            o.type.tensor_type.ClearField("shape")
+    return m
 
 
 def ort_run(path, feeds):
@@ -132,6 +158,8 @@ def ort_run(path, feeds):
 
 
 def same(a, b):
+    if isinstance(a, list) or isinstance(b, list) or a is None or b is None:
+        return type(a) is type(b) and (a is None or (len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))))
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -141,6 +169,8 @@ def same(a, b):
 
 
 def close16(a, b):
+    if isinstance(a, list) or isinstance(b, list) or a is None or b is None:
+        return type(a) is type(b) and (a is None or (len(a) == len(b) and all(close16(x, y) for x, y in zip(a, b))))
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return False
@@ -205,6 +235,28 @@ def main():
                 c["shapes_matched"] += 1
             else:
                 failures.append(f"{name}: output {o['name']} inferred {o['type']}, expected dims {list(t.dims)}")
+        # The same model with its output shapes and value_info removed: the
+        # shapes qsyncc reports then come from its own inference alone.
+        stripped = strip_shapes(model)
+        if stripped is not None:
+            sp = os.path.join(tmp, name + ".stripped.onnx")
+            onnx.save(stripped, sp)
+            rc, out, err = run([args.qsyncc, "inspect", sp, "--json"])
+            os.remove(sp)
+            if rc != 0:
+                failures.append(f"{name}: without declared output shapes, inspect exit {rc}: {err.strip()[:300]}")
+            else:
+                for o in json.loads(out).get("outputs", []):
+                    t = exp.get(o["name"])
+                    m = re.fullmatch(r"[a-z0-9?]+\[([0-9,]*)\]", o["type"])
+                    if t is None or m is None:
+                        continue
+                    got = [int(x) for x in m.group(1).split(",") if x != ""]
+                    c["inferred_shapes_checked"] += 1
+                    if got == list(t.dims):
+                        c["inferred_shapes_matched"] += 1
+                    else:
+                        failures.append(f"{name}: output {o['name']} inferred {o['type']} (no declared shape), expected dims {list(t.dims)}")
         out_path = os.path.join(tmp, name + ".onnx")
         rc, _, err = run([args.qsyncc, "opt", path, "--passes", "verify", "-o", out_path])
         if rc != 0:
@@ -258,7 +310,8 @@ def main():
             os.remove(low_path)
 
     print("counts:")
-    for k in ["models", "imported", "refused", "crashed", "shapes_checked", "shapes_matched", "roundtrip_valid",
+    for k in ["models", "imported", "refused", "crashed", "shapes_checked", "shapes_matched",
+              "inferred_shapes_checked", "inferred_shapes_matched", "roundtrip_valid",
               "roundtrip_invalid", "roundtrip_refused", "ort_runs_original", "ort_identical"]:
         print(f"  {k}: {c[k]}")
     for label in ["uniform_f16", "amp"]:

@@ -69,6 +69,24 @@ impl ValueData {
     }
 }
 
+/// Use slots at and above this number are a node's captures: capture `i`
+/// is read through slot `CAPTURE_SLOT + i` in [`Graph::users`],
+/// [`Node::input`] and [`Graph::set_input`] (and weighs its petgraph edge).
+pub const CAPTURE_SLOT: usize = 1 << 24;
+
+/// A value of the enclosing graph that a node's subgraphs (If branches,
+/// Loop and Scan bodies, at any depth) read by name without passing it as
+/// an input. It is a use like any input: it orders the schedule, keeps its
+/// producer alive and follows rewrites ([`Graph::replace_all_uses`]).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Capture {
+    /// The name the subgraph bodies use. When a rewrite gives the node
+    /// another `value` (or renames it), the exporter renames the references
+    /// inside the bodies to the value's current name.
+    pub name: String,
+    pub value: ValueId,
+}
+
 /// An operator application.
 #[derive(Clone, PartialEq, Debug)]
 pub struct Node {
@@ -81,6 +99,7 @@ pub struct Node {
     pub precision: Option<DType>,
     inputs: Vec<Option<ValueId>>,
     outputs: Vec<ValueId>,
+    captures: Vec<Capture>,
     /// Insertion sequence number: the tie-break that makes orders deterministic.
     seq: u64,
 }
@@ -91,8 +110,25 @@ impl Node {
         &self.inputs
     }
 
+    /// The value read at `slot`: an input, or a capture at
+    /// [`CAPTURE_SLOT`]` + i`.
     pub fn input(&self, slot: usize) -> Option<ValueId> {
-        self.inputs.get(slot).copied().flatten()
+        match slot.checked_sub(CAPTURE_SLOT) {
+            Some(i) => self.captures.get(i).map(|c| c.value),
+            None => self.inputs.get(slot).copied().flatten(),
+        }
+    }
+
+    /// The outer values this node's subgraphs read, in a fixed order.
+    pub fn captures(&self) -> &[Capture] {
+        &self.captures
+    }
+
+    /// Every value the node reads with its use slot: the inputs, then the
+    /// captures (at [`CAPTURE_SLOT`]` + i`).
+    pub fn reads(&self) -> impl Iterator<Item = (usize, ValueId)> + '_ {
+        let inputs = self.inputs.iter().enumerate().filter_map(|(s, v)| v.map(|v| (s, v)));
+        inputs.chain(self.captures.iter().enumerate().map(|(i, c)| (CAPTURE_SLOT + i, c.value)))
     }
 
     pub fn outputs(&self) -> &[ValueId] {
@@ -130,6 +166,8 @@ pub struct NodeSpec {
     pub inputs: Vec<Option<ValueId>>,
     pub outputs: Vec<(String, TensorType)>,
     pub precision: Option<DType>,
+    /// Values of the enclosing graph read by the node's subgraphs.
+    pub captures: Vec<Capture>,
 }
 
 impl NodeSpec {
@@ -141,6 +179,7 @@ impl NodeSpec {
             inputs: Vec::new(),
             outputs: Vec::new(),
             precision: None,
+            captures: Vec::new(),
         }
     }
 
@@ -390,6 +429,7 @@ impl Graph {
             precision: spec.precision,
             inputs: Vec::new(),
             outputs: Vec::new(),
+            captures: Vec::new(),
             seq,
         };
         let id = self.dag.add_node(node);
@@ -400,6 +440,11 @@ impl Graph {
         self.dag[id].outputs = outs;
         for v in spec.inputs {
             self.push_node_input(id, v);
+        }
+        for (i, c) in spec.captures.into_iter().enumerate() {
+            let v = c.value;
+            self.dag[id].captures.push(c);
+            self.link(id, CAPTURE_SLOT + i, Some(v));
         }
         id
     }
@@ -421,22 +466,14 @@ impl Graph {
         if !outputs.iter().any(|v| self.forward_used.remove(v)) {
             return id;
         }
-        let earlier: Vec<(NodeId, usize)> = self
+        let earlier: Vec<(NodeId, usize, ValueId)> = self
             .dag
             .node_indices()
-            .flat_map(|n| {
-                self.dag[n]
-                    .inputs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, i)| i.is_some_and(|v| outputs.contains(&v)))
-                    .map(move |(s, _)| (n, s))
-            })
+            .flat_map(|n| self.dag[n].reads().filter(|(_, v)| outputs.contains(v)).map(move |(s, v)| (n, s, v)))
             .collect();
-        for (n, slot) in earlier {
+        for (n, slot, v) in earlier {
             self.unlink(n, slot);
-            let v = self.dag[n].inputs[slot];
-            self.link(n, slot, v);
+            self.link(n, slot, Some(v));
         }
         id
     }
@@ -475,7 +512,7 @@ impl Graph {
     }
 
     fn unlink(&mut self, n: NodeId, slot: usize) {
-        if let Some(v) = self.dag[n].inputs.get(slot).copied().flatten() {
+        if let Some(v) = self.dag[n].input(slot) {
             self.drop_use(v, n, slot);
         }
         let edge =
@@ -485,8 +522,17 @@ impl Graph {
         }
     }
 
-    /// Re-wire input `slot` of `n` to `v`.
+    /// Re-wire input `slot` of `n` to `v`. A capture slot
+    /// ([`CAPTURE_SLOT`]` + i`) is re-wired to `v` keeping the name its
+    /// subgraphs use; a capture cannot be omitted, so `None` leaves it.
     pub fn set_input(&mut self, n: NodeId, slot: usize, v: Option<ValueId>) {
+        if let Some(i) = slot.checked_sub(CAPTURE_SLOT) {
+            let (Some(v), true) = (v, i < self.dag[n].captures.len()) else { return };
+            self.unlink(n, slot);
+            self.dag[n].captures[i].value = v;
+            self.link(n, slot, Some(v));
+            return;
+        }
         self.unlink(n, slot);
         let inputs = &mut self.dag[n].inputs;
         if slot >= inputs.len() {
@@ -501,7 +547,7 @@ impl Graph {
         self.push_node_input(n, v);
     }
 
-    /// Make every use of `old` (node inputs and graph outputs) use `new`.
+    /// Make every use of `old` (node inputs, captures and graph outputs) use `new`.
     pub fn replace_all_uses(&mut self, old: ValueId, new: ValueId) {
         for (n, slot) in self.users(old) {
             self.set_input(n, slot, Some(new));
@@ -516,10 +562,8 @@ impl Graph {
     /// Remove a node; its outputs become `Removed`.
     pub fn remove_node(&mut self, n: NodeId) -> Option<Node> {
         let node = self.dag.remove_node(n)?;
-        for (slot, v) in node.inputs.iter().enumerate() {
-            if let Some(v) = *v {
-                self.drop_use(v, n, slot);
-            }
+        for (slot, v) in node.reads() {
+            self.drop_use(v, n, slot);
         }
         for &v in &node.outputs {
             self.values[v.index()].def = ValueDef::Removed;
@@ -561,7 +605,9 @@ impl Graph {
         &self.dag
     }
 
-    /// Consumers of `v` as `(node, input slot)`, in node insertion order.
+    /// Consumers of `v` as `(node, input slot)`, in node insertion order;
+    /// a node whose subgraphs capture `v` is one, at slot
+    /// [`CAPTURE_SLOT`]` + i`.
     pub fn users(&self, v: ValueId) -> Vec<(NodeId, usize)> {
         let mut out: Vec<(NodeId, usize)> =
             self.uses.get(v.index()).map(|l| l.iter().map(|&(n, s)| (n, s as usize)).collect()).unwrap_or_default();
@@ -569,16 +615,17 @@ impl Graph {
         out
     }
 
-    /// Whether any node reads `v`.
+    /// Whether any node reads `v` (as an input or a capture).
     pub fn has_users(&self, v: ValueId) -> bool {
         self.uses.get(v.index()).is_some_and(|l| !l.is_empty())
     }
 
-    /// Use counts of every value (node inputs plus graph outputs), indexed by `ValueId::index`.
+    /// Use counts of every value (node inputs, captures and graph outputs),
+    /// indexed by `ValueId::index`.
     pub fn use_counts(&self) -> Vec<usize> {
         let mut counts = vec![0usize; self.values.len()];
         for n in self.dag.node_indices() {
-            for v in self.dag[n].inputs.iter().flatten() {
+            for (_, v) in self.dag[n].reads() {
                 counts[v.index()] += 1;
             }
         }
@@ -673,5 +720,67 @@ impl Model {
     /// The default-domain opset version.
     pub fn opset(&self) -> i64 {
         self.opsets.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx").map_or(0, |(_, v)| *v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::{parse_model, print_model};
+
+    const SRC: &str = "opset \"\" 17
+graph \"g\" {
+  input %x: f32[2]
+  input %c: bool[]
+  %y: f32[2] = If \"if\"(%c) {then_branch=graph<\"\">} captures(%r, %x)
+  %r: f32[2] = Relu \"relu\"(%x)
+  output %y
+}
+";
+
+    fn ids(g: &Graph) -> (NodeId, NodeId) {
+        let find = |name: &str| g.node_ids().into_iter().find(|&n| g.node(n).name == name).expect("node");
+        (find("if"), find("relu"))
+    }
+
+    #[test]
+    fn captures_are_uses_that_order_the_schedule() {
+        let m = parse_model(SRC).expect("parse");
+        let g = &m.graph;
+        let (iff, relu) = ids(g);
+        let r = g.value_by_name("r").expect("r");
+        let x = g.value_by_name("x").expect("x");
+        assert_eq!(g.users(r), [(iff, CAPTURE_SLOT)]);
+        assert_eq!(g.users(x), [(iff, CAPTURE_SLOT + 1), (relu, 0)]);
+        assert!(g.has_users(r));
+        assert_eq!(g.use_counts()[r.index()], 1);
+        assert_eq!(g.node(iff).input(CAPTURE_SLOT), Some(r));
+        // Inserted first, scheduled after the producer of what it captures.
+        assert_eq!(g.topo_order().expect("acyclic"), [relu, iff]);
+        // The text form round trips.
+        let printed = print_model(&m);
+        assert_eq!(print_model(&parse_model(&printed).expect("reparse")), printed);
+    }
+
+    #[test]
+    fn rewrites_move_captures_and_keep_the_subgraph_name() {
+        let mut m = parse_model(SRC).expect("parse");
+        let g = &mut m.graph;
+        let (iff, relu) = ids(g);
+        let r = g.value_by_name("r").expect("r");
+        let x = g.value_by_name("x").expect("x");
+        let neg = g.add_node(NodeSpec::new("neg", Op::Neg).input(x).output("n", TensorType::unknown()));
+        let n = g.node(neg).outputs()[0];
+        g.replace_all_uses(r, n);
+        assert!(!g.has_users(r));
+        assert_eq!(g.users(n), [(iff, CAPTURE_SLOT)]);
+        assert_eq!(g.node(iff).captures()[0], Capture { name: "r".into(), value: n });
+        assert_eq!(g.topo_order().expect("acyclic"), [relu, neg, iff]);
+        assert!(print_model(&m).contains("captures(%n as %r, %x)"), "{}", print_model(&m));
+        // Removing the capturing node drops its uses.
+        let g = &mut m.graph;
+        g.remove_node(iff);
+        assert!(!g.has_users(n));
+        assert_eq!(g.users(x), [(relu, 0), (neg, 0)]);
     }
 }

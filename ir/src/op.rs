@@ -110,6 +110,7 @@ define_ops! {
     InstanceNormalization => Norm,
     GroupNormalization => Norm,
     RMSNormalization => Norm,
+    RotaryEmbedding => Binary,
     LpNormalization => Norm,
     MeanVarianceNormalization => Norm,
     LRN => Norm,
@@ -196,6 +197,7 @@ define_ops! {
     Sigmoid => Activation,
     HardSigmoid => Activation,
     HardSwish => Activation,
+    Swish => Activation,
     Tanh => Activation,
     Softplus => Activation,
     Softsign => Activation,
@@ -214,6 +216,7 @@ define_ops! {
     GatherND => Movement,
     ScatterElements => Movement,
     ScatterND => Movement,
+    TensorScatter => Movement,
     Scatter => Movement,
     Squeeze => Movement,
     Unsqueeze => Movement,
@@ -308,6 +311,7 @@ impl Op {
                 | Sigmoid
                 | HardSigmoid
                 | HardSwish
+                | Swish
                 | Tanh
                 | Softplus
                 | Softsign
@@ -342,10 +346,16 @@ impl Op {
     /// f64): `Celu` takes only f32, most ops gain bf16 at opset 13, `CumSum`
     /// gains f16 at 14. `None` when the schema does not constrain it here
     /// (opaque ops, non-float dtypes, first inputs that are not float).
-    /// Planners keep a node whose schema refuses their precision at f32
-    /// (with casts) and the verifier refuses such a node.
     pub fn float_input_allowed(&self, opset: i64, dtype: DType) -> Option<bool> {
-        float_input_allowed(self.op_type(), self.is_opaque(), opset, dtype)
+        self.float_input_allowed_at(0, opset, dtype)
+    }
+
+    /// Whether the schema accepts float `dtype` on input `slot` (a variadic
+    /// op's last formal input stands for every further one). `None` when
+    /// the schema does not say (opaque ops, non-float dtypes, ops or opsets
+    /// the table lacks, a slot beyond the formal inputs).
+    pub fn float_input_allowed_at(&self, slot: usize, opset: i64, dtype: DType) -> Option<bool> {
+        float_input_allowed_at(self.op_type(), self.is_opaque(), slot, opset, dtype)
     }
 
     /// The op for an ONNX `(domain, op_type)`; the default domain is `""`
@@ -372,8 +382,8 @@ impl Op {
     }
 }
 
-/// Table lookup behind [`Op::float_input_allowed`].
-pub fn float_input_allowed(op_type: &str, opaque: bool, opset: i64, dtype: DType) -> Option<bool> {
+/// Table lookup behind [`Op::float_input_allowed_at`].
+pub fn float_input_allowed_at(op_type: &str, opaque: bool, slot: usize, opset: i64, dtype: DType) -> Option<bool> {
     let bit = match dtype {
         DType::F16 => 1u8,
         DType::BF16 => 2,
@@ -384,15 +394,41 @@ pub fn float_input_allowed(op_type: &str, opaque: bool, opset: i64, dtype: DType
     if opaque {
         return None;
     }
-    let table = crate::op_types::FIRST_INPUT_FLOATS;
+    let table = crate::op_types::INPUT_FLOATS;
     let start = table.partition_point(|(name, _, _)| *name < op_type);
-    let mask = table[start..]
+    let masks = table[start..]
         .iter()
         .take_while(|(name, _, _)| *name == op_type)
         .filter(|(_, since, _)| *since <= opset)
         .last()
-        .map(|(_, _, mask)| *mask)?;
+        .map(|(_, _, masks)| *masks)?;
+    let mask = masks.get(slot).or(masks.last())?;
     Some(mask & bit != 0)
+}
+
+/// Whether node `n` may compute at float `dtype` under its schema at
+/// `opset`: every input a plan would cast to `dtype` (float inputs, except
+/// the slots [`Op::pins_input_dtype`] keeps) must accept it. `Some(false)`
+/// names a refusal; `None` when the schema says nothing about those inputs.
+pub fn node_float_allowed(g: &crate::Graph, n: crate::NodeId, opset: i64, dtype: DType) -> Option<bool> {
+    let node = g.node(n);
+    let mut verdict = None;
+    for (slot, v) in node.inputs().iter().enumerate() {
+        let Some(v) = v else { continue };
+        if !g.ty(*v).dtype.is_some_and(DType::is_float) || node.op.pins_input_dtype(slot) {
+            continue;
+        }
+        // Shape, Size, Cast and CastLike read any dtype in slot 0.
+        if slot == 0 && matches!(node.op, Op::Shape | Op::Size | Op::Cast | Op::CastLike) {
+            continue;
+        }
+        match node.op.float_input_allowed_at(slot, opset, dtype) {
+            Some(false) => return Some(false),
+            Some(true) => verdict = Some(true),
+            None => {}
+        }
+    }
+    verdict.or_else(|| node.op.float_input_allowed(opset, dtype))
 }
 
 /// Text syntax: `Conv` for known ops, `!domain::Type` for opaque ones.
@@ -430,7 +466,15 @@ mod tests {
         assert_eq!(Op::CumSum.float_input_allowed(14, DType::F16), Some(true));
         assert_eq!(Op::Relu.float_input_allowed(14, DType::I8), None);
         assert_eq!(Op::from_onnx("x", "Celu").float_input_allowed(14, DType::F16), None);
-        let table = crate::op_types::FIRST_INPUT_FLOATS;
+        // Later inputs: Pow's exponent (T1) gains bf16 at 15, its base (T) at 13;
+        // Where's condition takes no float; Sum's variadic inputs all follow T.
+        assert_eq!(Op::Pow.float_input_allowed_at(1, 13, DType::BF16), Some(false));
+        assert_eq!(Op::Pow.float_input_allowed_at(0, 13, DType::BF16), Some(true));
+        assert_eq!(Op::Pow.float_input_allowed_at(1, 15, DType::BF16), Some(true));
+        assert_eq!(Op::Where.float_input_allowed_at(0, 16, DType::F32), Some(false));
+        assert_eq!(Op::Sum.float_input_allowed_at(5, 13, DType::BF16), Some(true));
+        assert_eq!(Op::Sum.float_input_allowed_at(5, 12, DType::BF16), Some(false));
+        let table = crate::op_types::INPUT_FLOATS;
         assert!(table.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)), "sorted for the binary search");
     }
 }

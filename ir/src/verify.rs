@@ -185,13 +185,26 @@ fn check_node(
             _ => {}
         }
     }
-    // The schema's type constraint on the first input (see
-    // `Op::float_input_allowed`): e.g. Celu computes only in f32.
-    if let Some(dt) = node.inputs().first().copied().flatten().and_then(|v| graph.ty(v).dtype) {
-        if node.op.float_input_allowed(opset, dt) == Some(false) {
+    for c in node.captures() {
+        let what = match graph.value(c.value).def {
+            ValueDef::Undefined => "is undefined",
+            ValueDef::Removed => "was removed",
+            _ => continue,
+        };
+        errs.push(VerifyError::at(
+            node,
+            format!("value `{}` read by its subgraphs (as `{}`) {what}", graph.value_name(c.value), c.name),
+        ));
+    }
+    // The schema's float type constraint on every input (see
+    // `Op::float_input_allowed_at`): e.g. Celu computes only in f32, and
+    // Pow's exponent takes bf16 only from opset 15.
+    for (slot, v) in node.inputs().iter().enumerate() {
+        let Some(dt) = v.and_then(|v| graph.ty(v).dtype) else { continue };
+        if node.op.float_input_allowed_at(slot, opset, dt) == Some(false) {
             errs.push(VerifyError::at(
                 node,
-                format!("input 0 is {dt}, which the ONNX schema of {} at opset {opset} does not allow", node.op),
+                format!("input {slot} is {dt}, which the ONNX schema of {} at opset {opset} does not allow", node.op),
             ));
         }
     }
@@ -251,6 +264,16 @@ fn check_node(
             _ => {}
         }
     }
+    // Identity passes its input's kind through (tensor, sequence, optional, map).
+    if matches!(node.op, Op::Identity) {
+        if let (Some(i), Some(&o)) = (node.input(0), node.outputs().first()) {
+            let (a, b) = (graph.ty(i), graph.ty(o));
+            let known = |t: &crate::TensorType| !t.is_tensor() || t.dtype.is_some();
+            if known(a) && known(b) && a.is_tensor() != b.is_tensor() {
+                errs.push(VerifyError::at(node, format!("input is {a} but output `{}` is {b}", graph.value_name(o))));
+            }
+        }
+    }
     // Shapes: re-run inference from the recorded input types.
     if !inputs_ok || node.op.is_opaque() {
         return;
@@ -304,8 +327,8 @@ fn cycle_by_inputs(graph: &Graph) -> Result<(), Vec<NodeId>> {
     let mut indeg: std::collections::HashMap<NodeId, usize> = ids.iter().map(|&n| (n, 0)).collect();
     let mut users: std::collections::HashMap<NodeId, Vec<NodeId>> = std::collections::HashMap::new();
     for &n in &ids {
-        for v in graph.node(n).inputs().iter().flatten() {
-            if let Some((p, _)) = graph.producer(*v) {
+        for (_, v) in graph.node(n).reads() {
+            if let Some((p, _)) = graph.producer(v) {
                 if graph.contains_node(p) {
                     *indeg.entry(n).or_default() += 1;
                     users.entry(p).or_default().push(n);

@@ -121,3 +121,24 @@ graph "g" {
     let e = parse_model(&src.replace(" from %w", " %w")).expect_err("no from").to_string();
     assert!(e.contains("`from`"), "{e}");
 }
+
+#[test]
+fn container_types_round_trip_and_nest_boundedly() {
+    let src = r#"opset "" 17
+graph "g" {
+  input %s: seq<f32[2,N]>
+  input %o: opt<seq<f32>>
+  input %m: map<i64, f32[]>
+  %t: seq<f32[2,N]> = Identity "id"(%s)
+  output %t, %o, %m
+}
+"#;
+    let m = parse_model(src).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(print_model(&m), src);
+    let s = m.graph.value_by_name("s").expect("s");
+    assert!(!m.graph.ty(s).is_tensor());
+    assert_eq!(m.graph.ty(s).dtype, None);
+    let deep = format!("graph \"g\" {{\n  input %x: {}f32{}\n}}\n", "seq<".repeat(17), ">".repeat(17));
+    let e = parse_model(&deep).expect_err("too deep");
+    assert!(e.message.contains("16 containers deep"), "{e}");
+}

@@ -32,7 +32,8 @@ impl Pass for Dce {
             if node.op.is_opaque() || node.outputs().iter().any(|o| uses[o.index()] > 0) {
                 continue;
             }
-            let inputs: Vec<_> = node.inputs().iter().flatten().copied().collect();
+            // Its captures were uses too: what only its subgraphs read dies with it.
+            let inputs: Vec<_> = node.reads().map(|(_, v)| v).collect();
             for v in inputs {
                 uses[v.index()] = uses[v.index()].saturating_sub(1);
             }

@@ -158,6 +158,10 @@ fn elementwise_flops(op: &Op) -> f64 {
         | Op::Tanh
         | Op::HardSwish
         | Op::HardSigmoid => 4.0,
+        // x·sigmoid(αx): a sigmoid and two multiplies.
+        Op::Swish => 6.0,
+        // x·cos + rotate(x)·sin per element.
+        Op::RotaryEmbedding => 3.0,
         _ => 1.0,
     }
 }
@@ -425,6 +429,9 @@ fn node_facts(
         Kind::Host
     } else if view_op(op) {
         Kind::View
+    } else if *op == Op::Attention {
+        // Two batched GEMMs around a softmax: Tensor Core work.
+        Kind::Gemm
     } else {
         match op.class() {
             OpClass::Conv => Kind::Conv,
@@ -540,6 +547,37 @@ fn node_facts(
             bwd_input = if act_grad > 0.0 { Work::new(2.0 * macs, out + weight + act_grad) } else { tiny };
             bwd_weight =
                 if n_weight > 0.0 && has_bwd { Work::new(2.0 * macs + bias, out + act_in + weight) } else { tiny };
+        }
+        Kind::Gemm if *op == Op::Attention => {
+            let (q, k, v) = match (shape(0), shape(1), shape(2)) {
+                (Some(q), Some(k), Some(v)) if q.len() == k.len() && q.len() == v.len() => (q, k, v),
+                _ => return Err(bad("Q, K and V need shapes of one rank")),
+            };
+            let head_count = |name: &str| node.attr_int(name).filter(|&h| h > 0);
+            // (batch·q_heads, q_seq, kv_seq, head_size, v_head_size)
+            let (bh, sq, skv, dk, dv) = match q.len() {
+                4 => (q[0] * q[1], q[2], k[2], k[3], v[3]),
+                3 => {
+                    let (hq, hkv) = head_count("q_num_heads")
+                        .zip(head_count("kv_num_heads"))
+                        .ok_or_else(|| bad("3-D Attention needs q_num_heads and kv_num_heads"))?;
+                    (q[0] * hq, q[1], k[1], k[2] / hkv, v[2] / hkv)
+                }
+                _ => return Err(bad("Q must have rank 3 or 4")),
+            };
+            let total = skv + shape(4).filter(|p| p.len() == 4).map_or(0, |p| p[2]);
+            let scores = (bh * sq * total) as f64;
+            // QKᵀ and ·V, plus scale, mask and softmax over the scores.
+            let macs = scores * (dk + dv) as f64;
+            align_dims = vec![dk, dv, total];
+            fwd = Work::new(2.0 * macs + 8.0 * scores, act_in + weight + out + scores);
+            // dV, dP, then dQ and dK: twice the forward GEMMs.
+            bwd_input = if act_grad > 0.0 {
+                Work::new(4.0 * macs + 8.0 * scores, out + act_in + act_grad + 2.0 * scores)
+            } else {
+                tiny
+            };
+            bwd_weight = tiny;
         }
         Kind::Gemm => {
             let a = shape(0).ok_or_else(|| bad("A has no shape"))?;

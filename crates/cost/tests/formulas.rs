@@ -278,3 +278,23 @@ fn unbound_symbols_name_node_value_and_symbol() {
     let facts = GraphFacts::new(&g, &Bindings::new().with("batch", 4)).unwrap();
     assert_eq!(facts.node(r).unwrap().out, 32.0);
 }
+
+#[test]
+fn attention_is_two_gemms_around_a_softmax() {
+    // Q, K, V [2,8,128,64], inference (no gradients). Scores: 2·8·128·128 =
+    // 262,144. fwd flops = 2·262,144·(64+64) + 8·262,144 = 69,206,016;
+    // elems = 3·131,072 (Q,K,V) + 131,072 (Y) + 262,144 (scores) = 786,432.
+    let mut g = Graph::new("att");
+    let dims = [2, 8, 128, 64];
+    let (q, k, v) = (g.add_input("q", t(&dims)), g.add_input("k", t(&dims)), g.add_input("v", t(&dims)));
+    let spec = NodeSpec::new("att", Op::Attention).input(q).input(k).input(v).output("y", t(&dims));
+    let att = g.add_node(spec);
+    let y = g.node(att).outputs()[0];
+    g.set_outputs(vec![y]);
+    let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
+    let c = model("v100").op_cost(&facts, att, Precision::Fp16).unwrap();
+    assert!(c.tensor_core, "head sizes and sequence are multiples of 8");
+    let (tc, bw, l): (f64, f64, f64) = (125e12 * 0.6, 900e9 * 0.85, 4e-6);
+    let fwd = (69_206_016.0 / tc).max(2.0 * 786_432.0 / bw) + l;
+    assert!(close(c.fwd, fwd), "{} vs {fwd}", c.fwd);
+}

@@ -93,6 +93,11 @@ pub fn graph_diff(a: &Graph, b: &Graph) -> Vec<String> {
         if ix != iy {
             d.push(format!("{at}: inputs {ix:?} vs {iy:?}"));
         }
+        let cx: Vec<&str> = nx.captures().iter().map(|c| a.value_name(c.value)).collect();
+        let cy: Vec<&str> = ny.captures().iter().map(|c| b.value_name(c.value)).collect();
+        if cx != cy {
+            d.push(format!("{at}: captures {cx:?} vs {cy:?}"));
+        }
         let ox: Vec<String> = nx.outputs().iter().map(|&v| value_desc(a, v)).collect();
         let oy: Vec<String> = ny.outputs().iter().map(|&v| value_desc(b, v)).collect();
         if ox != oy {

@@ -21,11 +21,11 @@
 //! Guarantees: deterministic (the same model gives the same bytes), and
 //! import ∘ export ∘ import gives a structurally identical graph.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use prost::Message;
-use qsync_ir::{Attr, Dim, Graph, Model, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId};
+use qsync_ir::{Attr, Container, Dim, Graph, Model, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId};
 
 use crate::proto::{self, attr_type, DimValue, TypeValue};
 use crate::OnnxError;
@@ -185,6 +185,19 @@ pub fn dim_proto(d: &Dim) -> proto::Dimension {
 }
 
 fn type_proto(t: &TensorType) -> proto::TypeProto {
+    let boxed = |t: &TensorType| Some(Box::new(type_proto(t)));
+    let value = match t.container.as_deref() {
+        Some(Container::Sequence(e)) => TypeValue::SequenceType(Box::new(proto::TypeSequence { elem_type: boxed(e) })),
+        Some(Container::Optional(e)) => TypeValue::OptionalType(Box::new(proto::TypeOptional { elem_type: boxed(e) })),
+        Some(Container::Map(k, v)) => {
+            TypeValue::MapType(Box::new(proto::TypeMap { key_type: k.onnx_code(), value_type: boxed(v) }))
+        }
+        None => return tensor_type_proto(t),
+    };
+    proto::TypeProto { value: Some(value), denotation: String::new() }
+}
+
+fn tensor_type_proto(t: &TensorType) -> proto::TypeProto {
     let tt = proto::TypeTensor {
         elem_type: t.dtype.map_or(0, |d| d.onnx_code()),
         shape: t.shape.as_ref().map(|s| proto::TensorShapeProto { dim: s.iter().map(dim_proto).collect() }),
@@ -210,6 +223,36 @@ fn graph_proto(g: &Graph, annotated: Option<&BTreeSet<String>>, label: &str) -> 
         for (k, a) in &n.attrs {
             attribute.push(attr_proto(k, a, label, &n.name)?);
         }
+        // Captures a rewrite re-pointed or renamed: the bodies read the
+        // value's current name.
+        let renamed: BTreeMap<String, String> = n
+            .captures()
+            .iter()
+            .filter(|c| g.value_name(c.value) != c.name)
+            .map(|c| (c.name.clone(), g.value_name(c.value).to_string()))
+            .collect();
+        if !renamed.is_empty() {
+            let bodies = attribute.iter().flat_map(|a| a.g.as_deref().into_iter().chain(a.graphs.iter()));
+            for body in bodies {
+                if let Some(new) = renamed.values().find(|new| crate::subgraph::defines_anywhere(body, new)) {
+                    return Err(export_err(
+                        label,
+                        format!(
+                            "node `{}`: a captured value is now named `{new}`, which its subgraph defines itself",
+                            n.name
+                        ),
+                    ));
+                }
+            }
+            for a in &mut attribute {
+                if let Some(sub) = a.g.as_deref_mut() {
+                    crate::subgraph::rename_free(sub, &renamed);
+                }
+                for sub in &mut a.graphs {
+                    crate::subgraph::rename_free(sub, &renamed);
+                }
+            }
+        }
         nodes.push(proto::NodeProto {
             input: n.inputs().iter().map(|i| i.map(|v| g.value_name(v).to_string()).unwrap_or_default()).collect(),
             output: n.outputs().iter().map(|&v| g.value_name(v).to_string()).collect(),
@@ -233,7 +276,7 @@ fn graph_proto(g: &Graph, annotated: Option<&BTreeSet<String>>, label: &str) -> 
     for &id in &order {
         for &v in g.node(id).outputs() {
             let data = g.value(v);
-            if data.name.is_empty() || outputs.contains(&v) || data.ty.dtype.is_none() {
+            if data.name.is_empty() || outputs.contains(&v) || (data.ty.dtype.is_none() && data.ty.is_tensor()) {
                 continue;
             }
             if annotated.is_some_and(|a| !a.contains(&data.name)) {

@@ -38,7 +38,8 @@ use std::path::Path;
 use prost::Message;
 use qsync_ir::infer::{infer_shapes, InferOptions};
 use qsync_ir::{
-    Attr, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType, ValueDef, ValueId,
+    Attr, Capture, Container, DType, Dim, Graph, Model, NodeSpec, Op, RawAttrKind, Tensor, TensorData, TensorType,
+    ValueDef, ValueId, CAPTURE_SLOT,
 };
 
 use crate::proto::{self, attr_type, DimValue, TypeValue};
@@ -252,35 +253,44 @@ impl Importer {
         })
     }
 
-    /// Graph inputs and outputs must be tensors: the IR has no sequence,
-    /// optional or map type yet, and exporting one as an untyped tensor
-    /// writes a model the checker rejects. Refused with the reason instead.
-    /// (Such values *inside* the graph import as unknown types and are not
-    /// declared on export.)
+    /// Sparse-tensor and opaque values at the graph boundary are refused with
+    /// the reason (the IR carries tensors and sequence / optional / map
+    /// types over them; exporting another kind as a tensor would write a
+    /// model the checker rejects).
     fn tensor_boundary(&self, vi: &proto::ValueInfoProto, place: &str) -> Result<(), OnnxError> {
         let kind = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-            None | Some(TypeValue::TensorType(_)) => return Ok(()),
-            Some(TypeValue::SequenceType(_)) => "a sequence",
-            Some(TypeValue::OptionalType(_)) => "an optional",
-            Some(TypeValue::MapType(_)) => "a map",
             Some(TypeValue::SparseTensorType(_)) => "a sparse tensor",
             Some(TypeValue::OpaqueType(_)) => "an opaque",
+            _ => return Ok(()),
         };
         Err(self.invalid(
             place,
-            format!(
-                "has {kind} type; sequence, optional, map and sparse values are not supported at the graph boundary"
-            ),
+            format!("has {kind} type; sparse tensor and opaque values are not supported at the graph boundary"),
         ))
     }
 
+    /// A value's type: tensors, and sequence / optional / map types over
+    /// them (carried unchanged); sparse and opaque types import as unknown.
     fn ty(&mut self, t: Option<&proto::TypeProto>, place: &str) -> Result<TensorType, OnnxError> {
         let Some(value) = t.and_then(|t| t.value.as_ref()) else { return Ok(TensorType::unknown()) };
-        let TypeValue::TensorType(tt) = value else {
-            self.warnings
-                .push(format!("{place}: non-tensor type (sequence/map/optional/sparse/opaque) imported as unknown"));
-            return Ok(TensorType::unknown());
+        // Nesting is bounded by prost's decoding limit (100 messages).
+        let container = match value {
+            TypeValue::TensorType(_) => None,
+            TypeValue::SequenceType(s) => Some(Container::Sequence(self.ty(s.elem_type.as_deref(), place)?)),
+            TypeValue::OptionalType(o) => Some(Container::Optional(self.ty(o.elem_type.as_deref(), place)?)),
+            TypeValue::MapType(m) => {
+                let key = self.dtype(m.key_type, place)?;
+                Some(Container::Map(key, self.ty(m.value_type.as_deref(), place)?))
+            }
+            TypeValue::SparseTensorType(_) | TypeValue::OpaqueType(_) => {
+                self.warnings.push(format!("{place}: sparse tensor or opaque type imported as unknown"));
+                return Ok(TensorType::unknown());
+            }
         };
+        if let Some(c) = container {
+            return Ok(TensorType::of(c));
+        }
+        let TypeValue::TensorType(tt) = value else { return Ok(TensorType::unknown()) };
         let dtype = if tt.elem_type == 0 { None } else { Some(self.dtype(tt.elem_type, place)?) };
         let shape = match &tt.shape {
             None => None,
@@ -296,7 +306,7 @@ impl Importer {
                 Some(dims)
             }
         };
-        Ok(TensorType { dtype, shape })
+        Ok(TensorType { container: None, dtype, shape })
     }
 
     fn graph(&mut self, g: proto::GraphProto) -> Result<Graph, OnnxError> {
@@ -349,12 +359,14 @@ impl Importer {
         }
         for id in graph.node_ids() {
             let node = graph.node(id);
-            for v in node.inputs().iter().flatten() {
-                if matches!(graph.value(*v).def, ValueDef::Undefined) {
+            for (slot, v) in node.reads() {
+                if matches!(graph.value(v).def, ValueDef::Undefined) {
+                    let place = node_place(&node.name, node.op.op_type());
+                    let place = if slot >= CAPTURE_SLOT { format!("{place}, read by its subgraph") } else { place };
                     return Err(OnnxError::UndefinedValue {
                         file: self.file.clone(),
-                        place: node_place(&node.name, node.op.op_type()),
-                        value: graph.value_name(*v).to_string(),
+                        place,
+                        value: graph.value_name(v).to_string(),
                     });
                 }
             }
@@ -411,6 +423,7 @@ impl Importer {
             ));
         }
         let op = Op::from_onnx(&n.domain, &n.op_type);
+        let op_is_if = op == Op::If;
         if matches!(op, Op::If | Op::Loop | Op::Scan) {
             self.warnings.push(format!("{place}: control flow kept opaque (subgraph bodies stay encoded attributes)"));
         }
@@ -450,6 +463,14 @@ impl Importer {
             };
             inputs.push(Some(v));
         }
+        // Outer values the subgraphs read by name are the node's captures.
+        let captures: Vec<Capture> = crate::subgraph::attrs_free_names(&n.attribute)
+            .into_iter()
+            .map(|s| {
+                let value = graph.value_by_name(&s).unwrap_or_else(|| graph.add_undefined(s.clone()));
+                Capture { name: s, value }
+            })
+            .collect();
         let mut outs: Vec<ValueId> = Vec::with_capacity(n.output.len());
         for s in &n.output {
             if s.is_empty() {
@@ -472,9 +493,45 @@ impl Importer {
             inputs,
             outputs: outs.iter().map(|_| (String::new(), TensorType::unknown())).collect(),
             precision: None,
+            captures,
         };
-        graph.add_node_defining(spec, outs);
+        let if_types = if op_is_if { self.if_output_types(n, &place)? } else { Vec::new() };
+        graph.add_node_defining(spec, outs.clone());
+        // An If's outputs are its branches' outputs: where the outer graph
+        // declares no type, the branches' declarations (when they agree)
+        // give one, so that precision passes see float values as float.
+        for (&v, ty) in outs.iter().zip(if_types) {
+            if graph.ty(v).dtype.is_none() {
+                graph.set_ty(v, ty);
+            }
+        }
         Ok(())
+    }
+
+    /// The type of each If output that both branches declare alike (the
+    /// element type, and the shape when that agrees too).
+    fn if_output_types(&mut self, n: &proto::NodeProto, place: &str) -> Result<Vec<TensorType>, OnnxError> {
+        let branch = |name: &str| n.attribute.iter().find(|a| a.name == name).and_then(|a| a.g.as_deref());
+        let (Some(a), Some(b)) = (branch("then_branch"), branch("else_branch")) else { return Ok(Vec::new()) };
+        let mut out = Vec::new();
+        for (x, y) in a.output.iter().zip(&b.output) {
+            let is_tensor = |vi: &proto::ValueInfoProto| {
+                matches!(vi.r#type.as_ref().and_then(|t| t.value.as_ref()), Some(TypeValue::TensorType(_)))
+            };
+            if !is_tensor(x) || !is_tensor(y) {
+                out.push(TensorType::unknown());
+                continue;
+            }
+            let (tx, ty) = (self.ty(x.r#type.as_ref(), place)?, self.ty(y.r#type.as_ref(), place)?);
+            if tx.dtype != ty.dtype {
+                out.push(TensorType::unknown());
+            } else if tx.shape == ty.shape {
+                out.push(tx);
+            } else {
+                out.push(TensorType { container: None, dtype: tx.dtype, shape: None });
+            }
+        }
+        Ok(out)
     }
 
     fn attr(&mut self, a: &proto::AttributeProto, place: &str) -> Result<Attr, OnnxError> {

@@ -24,6 +24,7 @@ mod error;
 pub mod export;
 pub mod import;
 pub mod proto;
+pub mod subgraph;
 
 pub use error::OnnxError;
 pub use export::{export_bytes, export_file};

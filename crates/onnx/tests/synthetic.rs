@@ -549,12 +549,11 @@ fn declared_sizes_do_not_drive_allocation() {
 }
 
 #[test]
-fn sequence_and_optional_boundaries_are_refused_not_written_untyped() {
+fn sparse_boundaries_are_refused_and_container_mismatches_fail_verification() {
     let elem = vi("x", 1, &[DimValue::DimValue(2)]).r#type.map(Box::new);
-    for (value, kind) in [
-        (TypeValue::SequenceType(Box::new(proto::TypeSequence { elem_type: elem.clone() })), "a sequence"),
-        (TypeValue::OptionalType(Box::new(proto::TypeOptional { elem_type: elem.clone() })), "an optional"),
-    ] {
+    let sparse = TypeValue::SparseTensorType(proto::TypeSparseTensor { elem_type: 1, shape: None });
+    let seq = TypeValue::SequenceType(Box::new(proto::TypeSequence { elem_type: elem }));
+    for (value, refused) in [(sparse, true), (seq, false)] {
         let mut out = vi("y", 1, &[]);
         out.r#type = Some(proto::TypeProto { value: Some(value), denotation: String::new() });
         let g = proto::GraphProto {
@@ -563,8 +562,128 @@ fn sequence_and_optional_boundaries_are_refused_not_written_untyped() {
             output: vec![out],
             ..Default::default()
         };
-        let e = import_bytes(&model(g, 18), None, "seq.onnx").expect_err("non-tensor output");
-        let s = e.to_string();
-        assert!(s.contains("seq.onnx") && s.contains("graph output `y`") && s.contains(kind), "{s}");
+        match import_bytes(&model(g, 18), None, "t.onnx") {
+            Err(e) => {
+                let s = e.to_string();
+                assert!(
+                    refused && s.contains("t.onnx") && s.contains("graph output `y`") && s.contains("sparse"),
+                    "{s}"
+                );
+            }
+            Ok(m) => {
+                // A tensor declared a sequence by Identity: the verifier says so.
+                assert!(!refused);
+                let errs = qsync_ir::verify::verify(&m.graph, 18).expect_err("tensor vs sequence");
+                let s: Vec<String> = errs.iter().map(ToString::to_string).collect();
+                assert!(s.iter().any(|e| e.contains("id") && e.contains("seq<f32[2]>")), "{s:?}");
+            }
+        }
     }
+}
+
+/// An If whose branches read `r` and `x` from the main graph without
+/// inputs; in the file it comes before `r`'s producer.
+fn capturing_model(then_reads: &str) -> Vec<u8> {
+    let branch = |name: &str, reads: &str| proto::GraphProto {
+        name: name.into(),
+        node: vec![node("Identity", &format!("{name}_id"), &[reads], &[&format!("{name}_out")], vec![])],
+        output: vec![vi(&format!("{name}_out"), 1, &[DimValue::DimValue(2)])],
+        ..Default::default()
+    };
+    let mut then_a = attr("then_branch", attr_type::GRAPH);
+    then_a.g = Some(Box::new(branch("then", then_reads)));
+    let mut else_a = attr("else_branch", attr_type::GRAPH);
+    else_a.g = Some(Box::new(branch("else", "x")));
+    let g = proto::GraphProto {
+        name: "g".into(),
+        node: vec![
+            node("If", "if", &["c"], &["y"], vec![then_a, else_a]),
+            node("Relu", "relu", &["x"], &["r"], vec![]),
+        ],
+        input: vec![vi("x", 1, &[DimValue::DimValue(2)]), vi("c", 9, &[])],
+        output: vec![vi("y", 1, &[DimValue::DimValue(2)])],
+        ..Default::default()
+    };
+    model(g, 17)
+}
+
+fn exported_nodes(m: &qsync_ir::Model) -> Vec<proto::NodeProto> {
+    let bytes = export_bytes(m).unwrap_or_else(|e| panic!("{e}"));
+    proto::ModelProto::decode(bytes.as_slice()).expect("decode").graph.expect("graph").node
+}
+
+#[test]
+fn subgraph_reads_are_captures_that_order_and_follow_rewrites() {
+    let mut m = import_bytes(&capturing_model("r"), None, "t.onnx").unwrap_or_else(|e| panic!("{e}"));
+    let g = &m.graph;
+    let iff = g.node_ids().into_iter().find(|&n| g.node(n).op == Op::If).expect("if");
+    let names: Vec<&str> = g.node(iff).captures().iter().map(|c| g.value_name(c.value)).collect();
+    assert_eq!(names, ["r", "x"]);
+    let r = g.value_by_name("r").expect("r");
+    assert!(g.users(r).iter().any(|&(n, s)| n == iff && s == qsync_ir::CAPTURE_SLOT));
+    // The producer of a captured value is scheduled first.
+    let order: Vec<String> = exported_nodes(&m).iter().map(|n| n.name.clone()).collect();
+    assert_eq!(order, ["relu", "if"]);
+    // A rewrite replacing `r` re-points the capture; export renames the read.
+    let x = m.graph.value_by_name("x").expect("x");
+    let neg = m.graph.add_node(
+        qsync_ir::NodeSpec::new("neg", Op::Neg).input(x).output("r_neg", TensorType::new(DType::F32, vec![2.into()])),
+    );
+    let r_neg = m.graph.node(neg).outputs()[0];
+    m.graph.replace_all_uses(r, r_neg);
+    assert!(!m.graph.has_users(r));
+    let nodes = exported_nodes(&m);
+    let pos = |name: &str| nodes.iter().position(|n| n.name == name).expect("node");
+    assert!(pos("neg") < pos("if"));
+    let then_g = nodes[pos("if")].attribute.iter().find(|a| a.name == "then_branch").and_then(|a| a.g.clone());
+    assert_eq!(then_g.expect("then").node[0].input, ["r_neg"]);
+    // A new name the body already defines would change what it reads: refused.
+    let mut clash = m.clone();
+    let v = clash.graph.value_by_name("r_neg").expect("r_neg");
+    clash.graph.rename_value(v, "then_out");
+    let e = export_bytes(&clash).expect_err("name clash");
+    assert!(e.to_string().contains("`if`") && e.to_string().contains("then_out"), "{e}");
+    let b = import_bytes(&export_bytes(&m).expect("export"), None, "t2.onnx").expect("reimport");
+    let iff = b.graph.node_ids().into_iter().find(|&n| b.graph.node(n).op == Op::If).expect("if");
+    let mut names: Vec<&str> = b.graph.node(iff).captures().iter().map(|c| b.graph.value_name(c.value)).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["r_neg", "x"]);
+}
+
+#[test]
+fn subgraph_read_of_an_undefined_value_is_an_error_naming_the_node() {
+    let e = import_bytes(&capturing_model("nowhere"), None, "t.onnx").expect_err("undefined capture");
+    let msg = e.to_string();
+    assert!(msg.contains("t.onnx") && msg.contains("if") && msg.contains("`nowhere`"), "{msg}");
+}
+
+#[test]
+fn sequence_optional_and_map_types_round_trip_unchanged() {
+    let tensor = |elem: i32, dims: &[DimValue]| vi("", elem, dims).r#type.expect("type");
+    let wrap = |v: TypeValue| proto::TypeProto { value: Some(v), denotation: String::new() };
+    let seq = wrap(TypeValue::SequenceType(Box::new(proto::TypeSequence {
+        elem_type: Some(Box::new(tensor(1, &[DimValue::DimValue(2), p("N")]))),
+    })));
+    let opt = wrap(TypeValue::OptionalType(Box::new(proto::TypeOptional { elem_type: Some(Box::new(seq.clone())) })));
+    let map =
+        wrap(TypeValue::MapType(Box::new(proto::TypeMap { key_type: 7, value_type: Some(Box::new(tensor(1, &[]))) })));
+    let typed = |name: &str, t: &proto::TypeProto| proto::ValueInfoProto {
+        name: name.into(),
+        r#type: Some(t.clone()),
+        ..Default::default()
+    };
+    let g = proto::GraphProto {
+        name: "g".into(),
+        node: vec![node("Identity", "id", &["o"], &["o2"], vec![])],
+        input: vec![typed("s", &seq), typed("o", &opt), typed("m", &map)],
+        output: vec![typed("o2", &opt), typed("s", &seq), typed("m", &map)],
+        ..Default::default()
+    };
+    let m = round_trip(&model(g.clone(), 18));
+    let out = proto::ModelProto::decode(export_bytes(&m).expect("export").as_slice()).expect("decode");
+    let out = out.graph.expect("graph");
+    assert_eq!(out.input, g.input);
+    assert_eq!(out.output, g.output);
+    // Precision passes see no float dtype on them.
+    assert!(m.graph.inputs().iter().all(|&v| m.graph.ty(v).dtype.is_none() && !m.graph.ty(v).is_tensor()));
 }

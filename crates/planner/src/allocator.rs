@@ -437,7 +437,7 @@ impl<'g> Ctx<'g> {
             return true;
         }
         let dtype = p.storage_dtype();
-        self.g.node(n).op.float_input_allowed(opset, dtype) != Some(false)
+        qsync_ir::op::node_float_allowed(self.g, n, opset, dtype) != Some(false)
     }
 
     /// The node's precision at uniform level `p`: the lowest it allows with at least `p`'s bits.

@@ -241,7 +241,7 @@ fn rebatch(
         .collect();
     for v in stale {
         let dtype = g.ty(v).dtype;
-        g.set_ty(v, TensorType { dtype, shape: None });
+        g.set_ty(v, TensorType { container: None, dtype, shape: None });
     }
     let r = infer_shapes(&mut g, opset, opts);
     (r.errors.is_empty() && r.fixed_batch.is_none() && r.unknown.len() <= unknown_before).then_some((g, r, targets))

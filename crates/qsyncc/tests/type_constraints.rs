@@ -48,3 +48,48 @@ fn bf16_follows_the_opset() {
     let new = plan(14, "uniform=bf16");
     assert_eq!(input_dtype(&new, "relu"), Some(qsync_ir::DType::BF16), "Relu-14 accepts bf16");
 }
+
+/// `Pow`'s exponent (type T1) accepts bf16 only from opset 15, while its
+/// base (T) does from 13: a constraint on the second input.
+fn pow_model(opset: i64, exp_dtype: &str) -> std::path::PathBuf {
+    let dir = tmpdir("type-constraints-pow");
+    let src = dir.join(format!("pow{opset}{exp_dtype}.qir"));
+    std::fs::write(
+        &src,
+        format!(
+            "opset \"\" {opset}\ngraph \"g\" {{\n  input %x: f32[4,8]\n  input %e: {exp_dtype}[4,8]\n  \
+             %h = Relu \"relu\"(%x)\n  %p = Pow \"pow\"(%h, %e)\n  output %p\n}}\n"
+        ),
+    )
+    .expect("write model");
+    src
+}
+
+#[test]
+fn every_input_is_checked_by_planners_and_the_verifier() {
+    let dir = tmpdir("type-constraints-pow-out");
+    for (opset, want) in [(13, qsync_ir::DType::F32), (15, qsync_ir::DType::BF16)] {
+        let src = pow_model(opset, "f32");
+        let out = dir.join(format!("out{opset}.onnx"));
+        let o = qsyncc(&[
+            "opt",
+            src.to_str().expect("utf8"),
+            "--passes",
+            "uniform=bf16",
+            "-o",
+            out.to_str().expect("utf8"),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = qsyncc(&["opt", out.to_str().expect("utf8"), "--passes", "verify"]);
+        assert!(o.status.success(), "written model does not verify: {}", stderr(&o));
+        let m = qsync_onnx::import_file(&out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(input_dtype(&m, "pow"), Some(want), "Pow at opset {opset}");
+        assert_eq!(input_dtype(&m, "relu"), Some(qsync_ir::DType::BF16), "Relu-14+ at opset {opset}");
+    }
+    // A bf16 exponent at opset 13 is refused by the verifier, naming the input.
+    let src = pow_model(13, "bf16");
+    let o = qsyncc(&["opt", src.to_str().expect("utf8"), "--passes", "verify"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("pow") && err.contains("input 1 is bf16") && err.contains("opset 13"), "{err}");
+}

@@ -14,6 +14,8 @@ pub enum TsError {
     },
     #[error("{file}: not a TorchScript archive: {why}")]
     NotArchive { file: String, why: String },
+    #[error("{file}: zip entry `{member}` would take the archive's decompressed size to {read} bytes, over the limit of {limit} (a decompression bomb, or an archive too large to import)")]
+    Inflate { file: String, member: String, read: u64, limit: u64 },
     #[error("{file}: archive has no `{member}`")]
     Missing { file: String, member: String },
     #[error("{file}: {member}: malformed pickle at byte {offset}: {msg}")]

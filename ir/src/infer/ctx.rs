@@ -328,7 +328,7 @@ pub fn product(s: &[Dim]) -> Dim {
 
 /// Build a type from optional parts.
 pub fn tt(dtype: Option<DType>, shape: Option<Vec<Dim>>) -> TensorType {
-    TensorType { dtype, shape }
+    TensorType { container: None, dtype, shape }
 }
 
 pub fn done(t: TensorType) -> InferResult {

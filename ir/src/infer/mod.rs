@@ -92,6 +92,8 @@ fn infer_op_rules(cx: &Cx) -> InferResult {
         InstanceNormalization
         | GroupNormalization
         | RMSNormalization
+        | RotaryEmbedding
+        | TensorScatter
         | CumSum
         | Trilu
         | ReverseSequence
@@ -120,6 +122,7 @@ fn infer_op_rules(cx: &Cx) -> InferResult {
         BatchNormalization => nn::batch_norm(cx),
         LayerNormalization => nn::layer_norm(cx),
         LSTM | GRU | RNN => nn::recurrent(cx),
+        Attention => nn::attention(cx),
         SoftmaxCrossEntropyLoss | NegativeLogLikelihoodLoss => nn::loss(cx),
         GridSample => nn::grid_sample(cx),
         Reshape => movement::reshape(cx),
@@ -191,6 +194,10 @@ pub(crate) fn infer_node_types(
     opset: i64,
     known: &[Option<Known>],
 ) -> Result<Option<Vec<TensorType>>, String> {
+    let node = graph.node(n);
+    if node.inputs().iter().flatten().chain(node.outputs()).any(|&v| !graph.ty(v).is_tensor()) {
+        return Ok(None);
+    }
     let cx = node_cx(graph, n, opset, known);
     match infer_op(&cx)? {
         Outcome::Done(inf) => Ok(Some(inf.types)),
@@ -227,7 +234,14 @@ pub(crate) fn known_table(graph: &Graph, opset: i64) -> Vec<Option<Known>> {
 
 fn bind_type(t: &TensorType, bind: &BTreeMap<String, i64>) -> TensorType {
     let f = |s: &str| bind.get(s).map(|&v| Dim::from(v));
-    TensorType { dtype: t.dtype, shape: t.shape.as_ref().map(|s| s.iter().map(|d| d.substitute(&f)).collect()) }
+    if !t.is_tensor() {
+        return t.clone();
+    }
+    TensorType {
+        container: None,
+        dtype: t.dtype,
+        shape: t.shape.as_ref().map(|s| s.iter().map(|d| d.substitute(&f)).collect()),
+    }
 }
 
 fn shape_concrete(t: &TensorType) -> bool {
@@ -277,7 +291,24 @@ pub fn infer_shapes(graph: &mut Graph, opset: i64, opts: &InferOptions) -> Infer
         let node = graph.node(n);
         let issue = |m: String| InferIssue { node: node.name.clone(), op: node.op.op_type().to_string(), message: m };
         let outs: Vec<ValueId> = node.outputs().to_vec();
-        match infer_op(&cx) {
+        // Sequence, optional and map values are carried, not inferred.
+        let containers = node.inputs().iter().flatten().chain(&outs).any(|&v| !graph.ty(v).is_tensor());
+        // Identity passes a container through: an undeclared output takes its type.
+        if containers && node.op == crate::Op::Identity {
+            if let (Some(i), Some(&o)) = (node.input(0), outs.first()) {
+                if !graph.ty(i).is_tensor() && *graph.ty(o) == TensorType::unknown() {
+                    let t = graph.ty(i).clone();
+                    graph.set_ty(o, t);
+                }
+            }
+            continue;
+        }
+        let outcome = if containers {
+            Ok(Outcome::Skip("reads or writes a sequence, optional or map value: types left as declared".into()))
+        } else {
+            infer_op(&cx)
+        };
+        match outcome {
             Err(m) => report.errors.push(issue(m)),
             Ok(Outcome::Skip(m)) => report.warnings.push(issue(m)),
             Ok(Outcome::Done(inf)) => {
@@ -287,6 +318,7 @@ pub fn infer_shapes(graph: &mut Graph, opset: i64, opts: &InferOptions) -> Infer
                     let declared = graph.ty(v);
                     let Some(new) = inf.types.get(slot) else { continue };
                     let merged = TensorType {
+                        container: declared.container.clone(),
                         dtype: new.dtype.or(declared.dtype),
                         shape: new.shape.clone().or_else(|| declared.shape.clone()),
                     };
@@ -349,8 +381,11 @@ impl Incremental {
                 for (slot, &v) in outs.iter().enumerate() {
                     if let Some(t) = inf.types.get(slot) {
                         let declared = graph.ty(v).clone();
-                        let merged =
-                            TensorType { dtype: t.dtype.or(declared.dtype), shape: t.shape.clone().or(declared.shape) };
+                        let merged = TensorType {
+                            container: None,
+                            dtype: t.dtype.or(declared.dtype),
+                            shape: t.shape.clone().or(declared.shape),
+                        };
                         graph.set_ty(v, merged);
                     }
                     self.known[v.index()] = inf.known.get(slot).cloned().flatten();

@@ -335,6 +335,66 @@ pub fn layer_norm(cx: &Cx) -> InferResult {
     done_many(ts)
 }
 
+/// Attention (opset 23): Q, K, V as `[batch, heads, seq, head_size]`, or
+/// 3-D `[batch, seq, heads * head_size]` with the `q_num_heads` /
+/// `kv_num_heads` attributes. Outputs: Y (Q's layout, V's head size),
+/// present key and value (past sequence + new, 4-D), and the QK product
+/// `[batch, q_heads, q_seq, total_seq]`. Y and the present key have Q's and
+/// K's dtype (T1), the present value V's (T2).
+pub fn attention(cx: &Cx) -> InferResult {
+    let q = cx.req(0)?;
+    let (dt_q, dt_v) = (q.dtype, cx.dtype(2));
+    let unknown = |d: Option<DType>| tt(d, None);
+    let (Some(qs), Some(ks), Some(vs)) = (cx.shape(0), cx.shape(1), cx.shape(2)) else {
+        return done_many([dt_q, dt_q, dt_v, dt_q].into_iter().take(cx.n_out()).map(unknown).collect());
+    };
+    let rank = qs.len();
+    if !(rank == 3 || rank == 4) || ks.len() != rank || vs.len() != rank {
+        return Err(format!(
+            "Q, K and V must all have rank 3 or all rank 4, got {}, {} and {}",
+            qs.len(),
+            ks.len(),
+            vs.len()
+        ));
+    }
+    let heads = |name: &str| -> Result<Dim, String> {
+        match cx.int(name, 0) {
+            h if h > 0 => Ok(Dim::from(h)),
+            _ => Err(format!("3-D inputs need a positive `{name}` attribute")),
+        }
+    };
+    let split = |hidden: &Dim, h: &Dim| {
+        hidden.div_exact(h).ok_or_else(|| format!("hidden size {hidden} is not a multiple of {h} heads"))
+    };
+    // (batch, q_heads, q_seq, kv_heads, kv_seq, head_size, v_head_size)
+    let (batch, hq, sq, hkv, skv, dk, dv) = if rank == 4 {
+        (qs[0].clone(), qs[1].clone(), qs[2].clone(), ks[1].clone(), ks[2].clone(), ks[3].clone(), vs[3].clone())
+    } else {
+        let (hq, hkv) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+        let dk = split(&ks[2], &hkv)?;
+        let dv = split(&vs[2], &hkv)?;
+        (qs[0].clone(), hq, qs[1].clone(), hkv, ks[1].clone(), dk, dv)
+    };
+    let total = match cx.shape(4) {
+        Some(p) if p.len() == 4 => p[2].add(&skv),
+        Some(p) => return Err(format!("past_key must have rank 4, got {}", p.len())),
+        None => skv,
+    };
+    let y = if rank == 4 {
+        vec![batch.clone(), hq.clone(), sq.clone(), dv.clone()]
+    } else {
+        vec![batch.clone(), sq.clone(), hq.mul(&dv)]
+    };
+    let present = |d: &Dim| vec![batch.clone(), hkv.clone(), total.clone(), d.clone()];
+    let ts = vec![
+        tt(dt_q, Some(y)),
+        tt(dt_q, Some(present(&dk))),
+        tt(dt_v, Some(present(&dv))),
+        tt(dt_q, Some(vec![batch.clone(), hq.clone(), sq.clone(), total.clone()])),
+    ];
+    done_many(ts.into_iter().take(cx.n_out()).collect())
+}
+
 /// LSTM, GRU, RNN.
 pub fn recurrent(cx: &Cx) -> InferResult {
     let x = cx.req(0)?;

@@ -513,3 +513,47 @@ fn known_contents_mod_max_and_2d_movement() {
     assert_eq!(g.ty(t), &ty("i64[2,3]"));
     assert_eq!(vals(t), Some(vec![5, 3, 1, 6, 4, 2]));
 }
+
+#[test]
+fn opset_22_to_25_ops() {
+    let mut g = Graph::new("g");
+    // 4-D attention with a past: outputs Y, present key/value, QK scores.
+    let q = g.add_input("q", ty("f16[b,8,s,64]"));
+    let k = g.add_input("k", ty("f16[b,2,s,64]"));
+    let v = g.add_input("v", ty("f32[b,2,s,32]"));
+    let pk = g.add_input("pk", ty("f16[b,2,p,64]"));
+    let pv = g.add_input("pv", ty("f32[b,2,p,32]"));
+    let mut spec = NodeSpec::new("att4", Op::Attention);
+    spec.inputs = vec![Some(q), Some(k), Some(v), None, Some(pk), Some(pv)];
+    for o in ["y4", "pk4", "pv4", "qk4"] {
+        spec = spec.output(o, TensorType::unknown());
+    }
+    let a4 = g.add_node(spec);
+    let a4: Vec<ValueId> = g.node(a4).outputs().to_vec();
+    // 3-D grouped-query attention: hidden sizes split by the head counts.
+    let q3 = g.add_input("q3", ty("f32[2,4,48]"));
+    let k3 = g.add_input("k3", ty("f32[2,6,24]"));
+    let v3 = g.add_input("v3", ty("f32[2,6,39]"));
+    let heads = [("q_num_heads", Attr::Int(6)), ("kv_num_heads", Attr::Int(3))];
+    let a3 = node_n(&mut g, Op::Attention, &[q3, k3, v3], &heads, 2);
+    let x = g.add_input("x", ty("f32[2,4,3,8]"));
+    let cos = g.add_input("cos", ty("f32[2,3,4]"));
+    let rot = node(&mut g, Op::RotaryEmbedding, &[x, cos, cos], &[]);
+    let sw = node(&mut g, Op::Swish, &[x], &[("alpha", Attr::Float(1.0))]);
+    let idx = g.add_input("idx", ty("i64[2]"));
+    let ts = node(&mut g, Op::TensorScatter, &[x, x, idx], &[]);
+    let bad = node(&mut g, Op::Attention, &[q3, k3, v3], &[]);
+    let r = run(&mut g, 24);
+    assert_eq!(g.ty(a4[0]), &ty("f16[b,8,s,32]"));
+    assert_eq!(g.ty(a4[1]), &ty("f16[b,2,p+s,64]"));
+    assert_eq!(g.ty(a4[2]), &ty("f32[b,2,p+s,32]"));
+    assert_eq!(g.ty(a4[3]), &ty("f16[b,8,s,p+s]"));
+    assert_eq!(g.ty(a3[0]), &ty("f32[2,4,78]"));
+    assert_eq!(g.ty(a3[1]), &ty("f32[2,3,6,8]"));
+    for o in [rot, sw, ts] {
+        assert_eq!(g.ty(o), &ty("f32[2,4,3,8]"));
+    }
+    // 3-D inputs without head counts: an error at the node.
+    assert_eq!(g.ty(bad).shape, None);
+    assert!(r.errors.iter().any(|e| e.message.contains("q_num_heads")), "{:?}", r.errors);
+}

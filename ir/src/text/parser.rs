@@ -14,7 +14,7 @@
 //! stmt     := 'init' VALUE ':' type '=' data
 //!           | 'refresh' VALUE 'from' VALUE       # initializer 1 is a refreshed copy of trained parameter 2
 //!           | 'input' VALUE (':' type)?          # no type: an initializer that is also an input
-//!           | outs '=' OP STRING '(' args? ')' attrs? ('@' DTYPE)?
+//!           | outs '=' OP STRING '(' args? ')' attrs? captures? ('@' DTYPE)?
 //!           | 'output' VALUE (',' VALUE)*
 //! outs     := '()' | out (',' out)*
 //! out      := VALUE (':' type)?
@@ -23,6 +23,8 @@
 //! OP       := IDENT                              # a known ONNX op type, e.g. Conv
 //!           | '!' DOMAIN '::' IDENT              # an opaque op, e.g. !com.microsoft::FusedMatMul
 //! attrs    := '{' attr (',' attr)* '}'
+//! captures := 'captures' '(' capture (',' capture)* ')'   # outer values the subgraphs read
+//! capture  := VALUE ('as' VALUE)?                # 'as': the name inside the subgraphs, when it differs
 //! attr     := (IDENT | STRING) '=' avalue
 //! avalue   := INT | FLOAT | STRING | '[' INT,* ']' | '[' FLOAT,* ']' | '[' STRING,* ']'
 //!           | 'ints[]' | 'floats[]' | 'strings[]'
@@ -30,6 +32,7 @@
 //!           | 'tensors' '[' (tensor (',' tensor)*)? ']'
 //!           | RAWKIND '<' STRING,* '>'           # graph, graphs, sparse_tensor(s), type_proto(s): base64
 //! type     := (DTYPE | '?') ('[' (dim (',' dim)*)? ']')?   # no brackets: rank unknown
+//!           | 'seq' '<' type '>' | 'opt' '<' type '>' | 'map' '<' DTYPE ',' type '>'   # at most 16 deep
 //! dim      := dimension expression over INT and symbols with + - * ( ) and '/' INT
 //! data     := '[' number,* ']' | 'hex' STRING | 'external' '(' STRING ',' INT (',' INT)? ')'
 //!           | 'absent' | 'elided' '(' INT ')'
@@ -47,7 +50,12 @@ use base64::Engine;
 
 use crate::attr::{Attr, RawAttrKind};
 use crate::text::unescape_quoted_bytes;
-use crate::{DType, Dim, Graph, Model, NodeSpec, Op, Tensor, TensorData, TensorType, ValueDef, ValueId};
+use crate::{
+    Capture, Container, DType, Dim, Graph, Model, NodeSpec, Op, Tensor, TensorData, TensorType, ValueDef, ValueId,
+};
+
+/// Deepest nesting of container types (`seq<opt<…>>`) the parser accepts.
+pub const MAX_CONTAINER_DEPTH: usize = 16;
 
 /// A parse error with its 1-based position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -580,6 +588,19 @@ impl Parser {
                 self.punct(',')?;
             }
         }
+        let mut captures = Vec::new();
+        if self.eat_ident("captures") {
+            self.punct('(')?;
+            loop {
+                let outer = self.value_name()?;
+                let inner = if self.eat_ident("as") { self.value_name()? } else { outer.clone() };
+                captures.push(Capture { name: inner, value: self.use_value(&outer) });
+                if self.eat_punct(')') {
+                    break;
+                }
+                self.punct(',')?;
+            }
+        }
         let precision = if self.eat_punct('@') {
             let d = self.ident()?;
             Some(DType::from_name(&d).map_or_else(|| self.err(format!("unknown dtype `{d}`")), Ok)?)
@@ -587,12 +608,38 @@ impl Parser {
             None
         };
         let out_ids: Vec<ValueId> = outs.iter().map(|(n, _)| self.def_value(n)).collect();
-        let spec = NodeSpec { name, op, attrs, inputs, outputs: outs, precision };
+        let spec = NodeSpec { name, op, attrs, inputs, outputs: outs, precision, captures };
         self.graph.add_node_defining(spec, out_ids);
         Ok(())
     }
 
     fn ty(&mut self) -> PResult<TensorType> {
+        self.ty_at(0)
+    }
+
+    /// A type; containers nest at most [`MAX_CONTAINER_DEPTH`] deep.
+    fn ty_at(&mut self, depth: usize) -> PResult<TensorType> {
+        let is_container = matches!(self.peek(), Tok::Ident(s) if s == "seq" || s == "opt" || s == "map")
+            && *self.peek_at(1) == Tok::Punct('<');
+        if is_container {
+            if depth >= MAX_CONTAINER_DEPTH {
+                return self.err(format!("types nest more than {MAX_CONTAINER_DEPTH} containers deep"));
+            }
+            let kind = self.ident()?;
+            self.punct('<')?;
+            let c = match kind.as_str() {
+                "seq" => Container::Sequence(self.ty_at(depth + 1)?),
+                "opt" => Container::Optional(self.ty_at(depth + 1)?),
+                _ => {
+                    let k = self.ident()?;
+                    let key = DType::from_name(&k).map_or_else(|| self.err(format!("unknown dtype `{k}`")), Ok)?;
+                    self.punct(',')?;
+                    Container::Map(key, self.ty_at(depth + 1)?)
+                }
+            };
+            self.punct('>')?;
+            return Ok(TensorType::of(c));
+        }
         let dtype = if self.eat_punct('?') {
             None
         } else {
@@ -614,7 +661,7 @@ impl Parser {
         } else {
             None
         };
-        Ok(TensorType { dtype, shape })
+        Ok(TensorType { container: None, dtype, shape })
     }
 
     /// A dimension expression; too deep, too complex or overflowing is a

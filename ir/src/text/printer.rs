@@ -156,6 +156,20 @@ impl Printer<'_> {
                 }
                 s.push('}');
             }
+            if !node.captures().is_empty() {
+                s.push_str(" captures(");
+                for (i, c) in node.captures().iter().enumerate() {
+                    if i > 0 {
+                        s.push_str(", ");
+                    }
+                    let outer = g.value_name(c.value);
+                    s.push_str(&value_ref(outer));
+                    if c.name != outer {
+                        let _ = write!(s, " as {}", value_ref(&c.name));
+                    }
+                }
+                s.push(')');
+            }
             if let Some(p) = node.precision {
                 let _ = write!(s, " @{p}");
             }

@@ -60,7 +60,7 @@ pub fn ttype(v: &Value) -> TensorType {
             })
             .collect()
     });
-    TensorType { dtype: dt, shape }
+    TensorType { container: None, dtype: dt, shape }
 }
 
 fn tensor(v: &Value) -> Tensor {

@@ -399,11 +399,10 @@ fn import(
             grouped.extend(ug.slots.iter().copied());
             roots.push(Root { node: n, slots: ug.slots.clone(), vals, class });
         }
-        for (slot, v) in node.inputs().iter().enumerate() {
-            if let Some(v) = *v {
-                if region_out.contains(&v) && !grouped.contains(&slot) {
-                    roots.push(Root { node: n, slots: vec![slot], vals: vec![v], class: class_of[&v] });
-                }
+        // Captures are roots too: a subgraph reads the value at its dtype.
+        for (slot, v) in node.reads() {
+            if region_out.contains(&v) && !grouped.contains(&slot) {
+                roots.push(Root { node: n, slots: vec![slot], vals: vec![v], class: class_of[&v] });
             }
         }
     }
@@ -434,7 +433,7 @@ impl EgraphCasts {
                 // Only dtypes the op's ONNX schema accepts at this opset
                 // (MaxPool takes bf16 only from opset 22).
                 ok.extend([DType::F32, DType::F16, DType::BF16].into_iter().filter(|&d| {
-                    d != orig && oracle.supports(d) && node.op.float_input_allowed(opset, d) != Some(false)
+                    d != orig && oracle.supports(d) && qsync_ir::op::node_float_allowed(g, n, opset, d) != Some(false)
                 }));
             }
             cx.allowed.insert(n.index() as u32, ok);
@@ -890,7 +889,7 @@ impl Rebuild<'_> {
             return c;
         }
         let name = self.g.fresh_value_name(&format!("{}.cast_{to}", self.g.value_name(x)));
-        let ty = TensorType { dtype: Some(to), shape: self.g.ty(x).shape.clone() };
+        let ty = TensorType { container: None, dtype: Some(to), shape: self.g.ty(x).shape.clone() };
         let spec = NodeSpec::new(name.clone(), Op::Cast)
             .input(x)
             .attr("to", Attr::Int(i64::from(to.onnx_code())))
@@ -954,7 +953,8 @@ impl Rebuild<'_> {
         }
         for &o in orig.outputs() {
             let oname = self.g.fresh_value_name(&format!("{}.{dt}", self.g.value_name(o)));
-            spec.outputs.push((oname, TensorType { dtype: Some(dt), shape: self.g.ty(o).shape.clone() }));
+            spec.outputs
+                .push((oname, TensorType { container: None, dtype: Some(dt), shape: self.g.ty(o).shape.clone() }));
         }
         spec.precision = if orig.precision.is_some() || orig_dt != Some(dt) { Some(dt) } else { None };
         let m = self.g.add_node(spec);
@@ -1076,7 +1076,7 @@ fn retype_after_use_change(g: &mut Graph, n: NodeId, slot: usize) {
         Op::BatchNormalization if slot == 3 => {
             for o in g.node(n).outputs().iter().skip(1).copied().collect::<Vec<_>>() {
                 let shape = g.ty(o).shape.clone();
-                g.set_ty(o, TensorType { dtype: Some(dt), shape });
+                g.set_ty(o, TensorType { container: None, dtype: Some(dt), shape });
             }
         }
         _ => {}

@@ -340,7 +340,7 @@ fn apply_pad(g: &mut Graph, n: NodeId, plan: &PadPlan, low: DType) -> Option<Vec
         let base = g.value_name(v).to_string();
         let pads_v = i64_init(g, &format!("{base}.pads"), &pads);
         let name = g.fresh_value_name(&format!("{base}.pad"));
-        let ty = TensorType { dtype: g.ty(v).dtype, shape: Some(new_shape) };
+        let ty = TensorType { container: None, dtype: g.ty(v).dtype, shape: Some(new_shape) };
         let spec = NodeSpec::new(name.clone(), Op::Pad).input(v).input(pads_v).output(name, ty);
         let pn = g.add_node(spec);
         g.node_mut(pn).precision = Some(low);
@@ -357,7 +357,7 @@ fn apply_pad(g: &mut Graph, n: NodeId, plan: &PadPlan, low: DType) -> Option<Vec
         let yname = g.value_name(y).to_string();
         let wide = g.fresh_value_name(&format!("{yname}.padded"));
         g.rename_value(y, wide);
-        g.set_ty(y, TensorType { dtype: ty.dtype, shape: Some(padded_shape) });
+        g.set_ty(y, TensorType { container: None, dtype: ty.dtype, shape: Some(padded_shape) });
         let starts = i64_init(g, &format!("{yname}.slice_starts"), &[0]);
         let ends = i64_init(g, &format!("{yname}.slice_ends"), &[keep]);
         let axes = i64_init(g, &format!("{yname}.slice_axes"), &[axis as i64]);

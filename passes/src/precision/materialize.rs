@@ -14,6 +14,9 @@
 //! - graph inputs and outputs keep their dtypes: an output produced at another
 //!   precision is renamed `{value}.{dtype}` and a Cast back writes the
 //!   original name;
+//! - a value captured by a node's subgraphs is read at its original dtype
+//!   (a cast back when its producer computes at another precision), as the
+//!   bodies are not rewritten;
 //! - integer and bool values are never cast; Shape / Size / Cast read any dtype;
 //! - training mode ([`Mode::Training`]): initializers stay FP32 masters, cast
 //!   once per (initializer, dtype) per iteration — visible to the cost model;
@@ -32,6 +35,7 @@ use std::collections::HashMap;
 
 use qsync_ir::{
     Attr, DType, Graph, Model, NodeId, NodeSpec, Op, OpClass, Tensor, TensorData, TensorType, ValueDef, ValueId,
+    CAPTURE_SLOT,
 };
 
 /// Whether weights keep FP32 master copies.
@@ -58,7 +62,8 @@ pub struct MaterializeStats {
 }
 
 /// Every plan is materialized here, so this is where it meets the ONNX
-/// schemas: a node planned at a float precision its op does not accept at
+/// schemas: a node planned at a float precision that one of the inputs a
+/// plan casts (every float input but the pinned ones) does not accept at
 /// the model's opset (`Celu` is f32-only; `Conv` and `MaxPool` take bf16
 /// only from opset 22; most ops lack bf16 before 13) computes in f32
 /// instead, and materialization casts around it like any f32 node. Returns
@@ -70,7 +75,7 @@ pub fn respect_type_constraints(model: &mut Model) -> usize {
     for n in g.node_ids() {
         let node = g.node(n);
         let Some(p) = node.precision.filter(|p| p.is_float()) else { continue };
-        if node.op.float_input_allowed(opset, p) == Some(false) {
+        if qsync_ir::op::node_float_allowed(g, n, opset, p) == Some(false) {
             g.node_mut(n).precision = Some(DType::F32);
             kept += 1;
         }
@@ -85,7 +90,8 @@ pub fn is_quantized(p: DType) -> bool {
 
 /// Whether a node may compute below FP32 at all: known ops with float data,
 /// excluding shape computation, casts and quantization, control flow,
-/// random generators (Dropout aside), and ops whose type constraints pin
+/// random generators (Dropout aside), nodes reading a value of unknown
+/// dtype, and ops whose type constraints pin
 /// FP32 (Range, ConstantOfShape, …) or that the IR keeps opaque.
 pub fn lowerable(g: &Graph, n: NodeId) -> bool {
     let node = g.node(n);
@@ -95,7 +101,10 @@ pub fn lowerable(g: &Graph, n: NodeId) -> bool {
         _ => true,
     };
     let is_float = |v: &ValueId| g.ty(*v).dtype.is_some_and(DType::is_float);
-    class_ok && (node.inputs().iter().flatten().any(is_float) || node.outputs().iter().any(is_float))
+    // An input of unknown dtype (an untyped control-flow output) cannot be
+    // cast to the plan's precision, so the node could not be made to read it.
+    let typed = node.inputs().iter().flatten().all(|v| g.ty(*v).dtype.is_some());
+    class_ok && typed && (node.inputs().iter().flatten().any(is_float) || node.outputs().iter().any(is_float))
 }
 
 /// Float input slots that keep their dtype whatever the node's precision
@@ -175,6 +184,16 @@ impl Materializer<'_> {
                 self.g.set_input(n, slot, Some(new));
             }
         }
+        // Subgraphs read captured values at the dtype they were built for,
+        // whatever the node's plan (their bodies are not rewritten).
+        let captured: Vec<ValueId> = self.g.node(n).captures().iter().map(|c| c.value).collect();
+        for (i, v) in captured.into_iter().enumerate() {
+            let Some(orig) = self.orig.get(v.index()).copied().flatten().filter(|d| d.is_float()) else { continue };
+            let new = self.cast_to(v, orig);
+            if new != v {
+                self.g.set_input(n, CAPTURE_SLOT + i, Some(new));
+            }
+        }
         // A quantized node is an FP32 op between QDQ pairs: its float outputs
         // are FP32 (a node whose graph dtype is another float, e.g. F64,
         // reads FP32 and so writes FP32).
@@ -183,7 +202,7 @@ impl Materializer<'_> {
             for (slot, v) in outs.into_iter().enumerate() {
                 if self.orig[v.index()].is_some_and(DType::is_float) && !pinned_output(&op, slot) {
                     let shape = self.g.ty(v).shape.clone();
-                    self.g.set_ty(v, TensorType { dtype: Some(p), shape });
+                    self.g.set_ty(v, TensorType { container: None, dtype: Some(p), shape });
                     self.cur[v.index()] = Some(p);
                 }
             }
@@ -209,7 +228,7 @@ impl Materializer<'_> {
             return c;
         }
         let name = self.g.fresh_value_name(&format!("{}.cast_{to}", self.g.value_name(v)));
-        let ty = TensorType { dtype: Some(to), shape: self.g.ty(v).shape.clone() };
+        let ty = TensorType { container: None, dtype: Some(to), shape: self.g.ty(v).shape.clone() };
         let spec = NodeSpec::new(name.clone(), Op::Cast)
             .input(v)
             .attr("to", Attr::Int(i64::from(to.onnx_code())))
@@ -246,7 +265,7 @@ impl Materializer<'_> {
             .input(src)
             .input(scale_v)
             .input(zp_v)
-            .output(qname, TensorType { dtype: Some(q), shape: shape.clone() });
+            .output(qname, TensorType { container: None, dtype: Some(q), shape: shape.clone() });
         let qn = self.g.add_node(qspec);
         let qv = self.g.node(qn).outputs()[0];
         let dname = self.g.fresh_value_name(&format!("{base}.dequant_{q}"));
@@ -254,7 +273,7 @@ impl Materializer<'_> {
             .input(qv)
             .input(scale_v)
             .input(zp_v)
-            .output(dname, TensorType { dtype: Some(DType::F32), shape });
+            .output(dname, TensorType { container: None, dtype: Some(DType::F32), shape });
         let dn = self.g.add_node(dspec);
         let dv = self.g.node(dn).outputs()[0];
         self.track(qv, q);
