@@ -339,7 +339,6 @@ pub struct Outcome {
     pub alone: Vec<(String, Option<Eval>)>,
     /// Seconds per phase, in order.
     pub phases: Vec<(String, f64)>,
-    pub up_trace: String,
 }
 
 impl Outcome {
@@ -812,7 +811,6 @@ pub fn allocate(
     };
     let mut up_pred = cx.predictor(&up_plans)?;
     let up = cx.eval("up", &mut up_pred);
-    let up_trace = up_pred.chrome_trace_json();
     lap("uniform precision (UP)", &mut phases);
 
     progress("dynamic batch sizing (DBS)");
@@ -941,7 +939,6 @@ pub fn allocate(
         joint_verified: joint.verified,
         alone,
         phases,
-        up_trace,
     })
 }
 

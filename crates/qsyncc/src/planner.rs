@@ -379,7 +379,8 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         .map(|(t, te)| Target { plan: te.plan.clone(), local_batch: te.local_batch, ..t.clone() })
         .collect();
     let mut chosen = qsync_sim::Predictor::new(g, chosen_targets, popts).with_context(|| label.clone())?;
-    let timeline = chosen.chrome_trace_json();
+    chosen.result();
+    let chosen = chosen;
     clock.say("materializing each device's graph");
 
     let emitted: Vec<String> =
@@ -515,7 +516,9 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         });
         Ok(DevicePlan { name: te.name.clone(), model, plan_json, manifest_entry })
     };
-    let devices: Vec<DevicePlan> = std::thread::scope(|scope| {
+    let (devices, timeline) = std::thread::scope(|scope| {
+        // The Chrome trace is serialized beside the devices' pipelines.
+        let trace = scope.spawn(|| chosen.chrome_trace_json_cached().unwrap_or_default());
         let workers: Vec<_> = out
             .chosen_eval
             .types
@@ -530,6 +533,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             .into_iter()
             .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .collect::<Result<Vec<DevicePlan>>>()
+            .map(|d| (d, trace.join().unwrap_or_else(|e| std::panic::resume_unwind(e))))
     })?;
     clock.lap("materialize and per-device pipeline");
 

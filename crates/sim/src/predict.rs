@@ -780,4 +780,10 @@ impl<'g> Predictor<'g> {
     pub fn chrome_trace_json(&mut self) -> String {
         self.sim.chrome_trace_json()
     }
+
+    /// [`Predictor::chrome_trace_json`] through `&self`, once
+    /// [`Predictor::result`] has simulated every change (else `None`).
+    pub fn chrome_trace_json_cached(&self) -> Option<String> {
+        self.sim.chrome_trace_json_cached()
+    }
 }

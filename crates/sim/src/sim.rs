@@ -221,7 +221,7 @@ pub struct Simulator {
     pub(crate) config: SimConfig,
     pub(crate) timelines: Vec<Timeline>,
     pub(crate) buckets: Vec<Bucket>,
-    result: Option<SimResult>,
+    pub(crate) result: Option<SimResult>,
 }
 
 impl Simulator {

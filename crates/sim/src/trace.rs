@@ -9,7 +9,7 @@
 use serde::Serialize;
 
 use crate::sim::bwd_steps;
-use crate::Simulator;
+use crate::{SimResult, Simulator};
 
 #[derive(Serialize)]
 struct Trace {
@@ -58,12 +58,18 @@ fn span(name: String, cat: &'static str, start: f64, dur: f64, pid: usize, tid: 
 impl Simulator {
     /// The current simulation as a pretty-printed Chrome trace.
     pub fn chrome_trace_json(&mut self) -> String {
-        let trace = self.chrome_trace();
-        serde_json::to_string_pretty(&trace).unwrap_or_default()
+        let result = self.result().clone();
+        serde_json::to_string_pretty(&self.chrome_trace(&result)).unwrap_or_default()
     }
 
-    fn chrome_trace(&mut self) -> Trace {
-        let result = self.result().clone();
+    /// [`Simulator::chrome_trace_json`] without `&mut`: `None` when a change
+    /// since the last [`Simulator::result`] is not simulated yet.
+    pub fn chrome_trace_json_cached(&self) -> Option<String> {
+        let result = self.result.as_ref()?;
+        Some(serde_json::to_string_pretty(&self.chrome_trace(result)).unwrap_or_default())
+    }
+
+    fn chrome_trace(&self, result: &SimResult) -> Trace {
         let mut ev = Vec::new();
         for (t, (tl, ty)) in self.timelines.iter().zip(&self.cluster.types).enumerate() {
             let pid = t + 1;
