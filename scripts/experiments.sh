@@ -27,15 +27,17 @@ def ind(k): return m[k]["indicator_sum"] if k in m else float("nan")
 def batches(k): return "/".join(f"{d}:{b}" for d, b in m[k]["local_batches"].items()) if k in m else "–"
 up = sps("up")
 q = "qsync" if "qsync" in m else "qsync-greedy"
-print(f"| {model} | {label} | {sps('up'):.0f} | {sps('dbs'):.0f} ({batches('dbs')}) | {sps(q):.0f} | "
+al = [(v["samples_per_s"], d) for d, v in s.get("alone", {}).items() if "samples_per_s" in v]
+best_alone = f"{max(al)[0]:.0f} ({max(al)[1]})" if al else "–"
+print(f"| {model} | {label} | {best_alone} | {sps('up'):.0f} | {sps('dbs'):.0f} ({batches('dbs')}) | {sps(q):.0f} | "
       f"{sps('joint-fastest'):.0f} ({batches('joint-fastest')}) | {s['samples_per_s']:.0f} `{s['chosen']}` | "
       f"{(s['samples_per_s']/up-1)*100:+.1f}% | {ind('up'):.3e} | {ind(q):.3e} | {ind('joint-fastest'):.3e} | {s['indicator_sum']:.3e} |")
 PY
 }
 
 header() {
-  echo "| model | cluster | UP samples/s | DBS samples/s (split) | QSync samples/s | fastest joint (split) | chosen | chosen vs UP | UP Ω | QSync Ω | fastest joint Ω | chosen Ω |"
-  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| model | cluster | best type alone | UP samples/s | DBS samples/s (split) | QSync samples/s | fastest joint (split) | chosen | chosen vs UP | UP Ω | QSync Ω | fastest joint Ω | chosen Ω |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 }
 
 run() { # model label targets extra...
@@ -46,21 +48,21 @@ run() { # model label targets extra...
     row "$m" "$label" "$targets" "$out.summary.json" "$out/manifest.json"
   else
     err=$($Q "$M/$m.onnx" --targets "$targets" "$@" -o "$out" 2>&1 | grep '^error' | head -1)
-    echo "| $m | $label | – | – | – | – | – | – | – | – | – | ${err:0:120} |"
+    echo "| $m | $label | – | – | – | – | – | – | – | – | – | – | ${err:0:120} |"
   fi
 }
 
 mkdir -p target/experiments
-echo "### The paper's clusters (16 V100 + 16 T4, batch 32 per device)"
+echo "### The paper's clusters (16 V100 + 16 T4, batch 32 per device, training devices in FP32 as in the paper)"
 echo
 header
 for m in resnet50_train vgg16 vgg16_bn bert_base_train; do
-  run $m A v100:16,t4:16 --batch 32 --dim seq=128
-  run $m B v100:16,t4:16 --memory t4=30% --batch 32 --dim seq=128
-  run $m A/lowest/qsync v100:16,t4:16 --batch 32 --dim seq=128 --t-min lowest --method qsync
+  run $m A v100:16,t4:16 --batch 32 --dim seq=128 --train-precision fp32
+  run $m B v100:16,t4:16 --memory t4=30% --batch 32 --dim seq=128 --train-precision fp32
+  run $m A/lowest/qsync v100:16,t4:16 --batch 32 --dim seq=128 --t-min lowest --method qsync --train-precision fp32
 done
 echo
-echo "### Modern mixed clusters (batch 16 per device before the split, seq 128)"
+echo "### Modern mixed clusters (batch 16 per device before the split, seq 128, training type in AMP)"
 echo
 header
 for m in resnet50_train bert_base_train; do
