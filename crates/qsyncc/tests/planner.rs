@@ -456,3 +456,80 @@ fn fixed_batch_models_are_rebatched_everywhere() {
     let written = common::inspect_json(&dir.join("t4").join("model.onnx"), &[]);
     assert_eq!(written["inputs"][0]["type"], format!("f32[{local},3,224,224]"), "{written}");
 }
+
+#[test]
+fn the_verdict_says_when_leaving_devices_out_is_faster() {
+    // BERT-base on 8 A100s + 8 T4s: the A100s alone (BF16 AMP) beat every
+    // plan that also uses the T4s (the cross-node gradient sync costs more
+    // than the T4s add), and the first line says so with the numbers.
+    let (out, s) = run_planner("bert_base_train.onnx", "a100-40gb:8,t4:8", &["--dim", "seq=128"]);
+    let alone = s["alone"]["a100-40gb"]["samples_per_s"].as_f64().expect("a100 alone");
+    let chosen = s["samples_per_s"].as_f64().expect("chosen");
+    assert!(alone > chosen, "{s}");
+    for (k, m) in s["methods"].as_object().expect("methods") {
+        assert!(alone > m["samples_per_s"].as_f64().expect("sps"), "{k} beats the A100s alone: {s}");
+    }
+    let verdict = s["verdict"].as_str().expect("verdict");
+    assert!(verdict.starts_with("**Leave the other devices out**: a100-40gb x8 alone"), "{verdict}");
+    assert!(verdict.contains(&format!("{alone:.1} samples/s")), "{verdict}");
+    let report = std::fs::read_to_string(out.join("report.md")).expect("report");
+    assert!(report.lines().nth(2).is_some_and(|l| l.starts_with("**Leave the other devices out**")), "{report}");
+    assert!(report.contains("| a100-40gb alone (") && report.contains("| t4 alone ("), "{report}");
+    // The training devices are planned in AMP (BF16 on an A100), not FP32.
+    assert!(s["devices"]["a100-40gb"]["precision_histogram"]["bf16"].as_u64().unwrap_or(0) > 0, "{s}");
+    // And the terminal (without --json) opens with the same verdict.
+    let path = models_dir().join("bert_base_train.onnx");
+    let dir = tmpdir("verdict-terminal");
+    let o = qsyncc(&[
+        path.to_str().expect("utf8"),
+        "--targets",
+        "a100-40gb:8,t4:8",
+        "--dim",
+        "seq=128",
+        "-o",
+        dir.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with(verdict), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+#[test]
+fn a_single_device_type_is_a_training_cluster_at_its_training_precision() {
+    for (targets, dtype) in [("a100-40gb:8", "bf16"), ("v100:4", "fp16"), ("t4:8", "fp16")] {
+        let dev = targets.split(':').next().expect("device");
+        let (_, s) = run_planner("bert_base_train.onnx", targets, &["--dim", "seq=128"]);
+        assert_eq!(s["devices"][dev]["role"], "training", "{targets}: {s}");
+        assert_eq!(s["devices"][dev]["indicator"].as_f64(), Some(0.0), "{targets}");
+        assert!(s["devices"][dev]["precision_histogram"][dtype].as_u64().unwrap_or(0) > 0, "{targets}: {s}");
+        assert!(s["verdict"].as_str().expect("verdict").starts_with(&format!("**Train on {dev} x")), "{s}");
+        // FP32 only when asked.
+        let (_, f) = run_planner("bert_base_train.onnx", targets, &["--dim", "seq=128", "--train-precision", "fp32"]);
+        assert!(f["devices"][dev]["precision_histogram"].get(dtype).is_none(), "{targets}: {f}");
+        assert!(
+            f["samples_per_s"].as_f64().expect("sps") < s["samples_per_s"].as_f64().expect("sps"),
+            "{targets}: AMP is predicted faster than FP32"
+        );
+    }
+    // A precision the device lacks is refused, naming it.
+    let path = models_dir().join("bert_base_train.onnx");
+    let o = qsyncc(&[
+        path.to_str().expect("utf8"),
+        "--targets",
+        "v100:4",
+        "--train-precision",
+        "bf16",
+        "-o",
+        "/tmp/never-bf16",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("v100 has no bf16"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn adding_devices_that_pay_is_said_with_the_ratio() {
+    let (_, s) = run_planner("squeezenet1_1.onnx", "v100:16,t4:16", &["--batch", "16"]);
+    let best_alone =
+        s["alone"].as_object().expect("alone").values().filter_map(|v| v["samples_per_s"].as_f64()).fold(0.0, f64::max);
+    assert!(s["samples_per_s"].as_f64().expect("sps") > best_alone, "{s}");
+    assert!(s["verdict"].as_str().expect("verdict").contains("Adding the other devices pays"), "{s}");
+}
