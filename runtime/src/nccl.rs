@@ -271,6 +271,12 @@ fn c_str(p: *const std::os::raw::c_char) -> String {
 }
 
 /// NCCL's code, its name and the communicator's last error message.
+/// Whether an NCCL call was accepted: done, or (non-blocking
+/// communicators) still in progress, to be polled.
+fn accepted(r: nc::ncclResult_t) -> bool {
+    matches!(r, nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress)
+}
+
 fn nccl_error(comm: nc::ncclComm_t, r: nc::ncclResult_t, op: &'static str, rank: usize) -> CommError {
     let name = c_str(unsafe { nc::ncclGetErrorString(r) });
     let last = c_str(unsafe { nc::ncclGetLastError(comm) });
@@ -502,7 +508,7 @@ impl NcclComm {
         let mut cfg = config();
         let mut comm: nc::ncclComm_t = std::ptr::null_mut();
         let r = unsafe { nc::ncclCommInitRankConfig(&mut comm, nranks, env.id.0, rank as c_int, &mut cfg) };
-        if !matches!(r, nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress) {
+        if !accepted(r) {
             let e = nccl_error(comm, r, OP, rank);
             if !comm.is_null() {
                 unsafe { nc::ncclCommAbort(comm) };
@@ -610,15 +616,14 @@ impl NcclComm {
         deadline: Deadline,
         enqueue: impl FnOnce(nc::ncclComm_t, nc::cudaStream_t) -> nc::ncclResult_t,
     ) -> Result<(), CommError> {
-        let ok = |r: nc::ncclResult_t| matches!(r, nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress);
         let start = unsafe { nc::ncclGroupStart() };
-        if !ok(start) {
+        if !accepted(start) {
             return Err(self.fail(nccl_error(self.comm, start, op, self.dev.world_rank)));
         }
         let r = enqueue(self.comm, self.dev.nccl_stream());
         let end = unsafe { nc::ncclGroupEnd() };
         for code in [r, end] {
-            if !ok(code) {
+            if !accepted(code) {
                 return Err(self.fail(nccl_error(self.comm, code, op, self.dev.world_rank)));
             }
         }
@@ -676,7 +681,7 @@ impl NcclComm {
                             stream,
                         )
                     };
-                    if !matches!(rc, nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress) {
+                    if !accepted(rc) {
                         return rc;
                     }
                 }
@@ -691,7 +696,7 @@ impl NcclComm {
                             stream,
                         )
                     };
-                    if !matches!(rc, nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress) {
+                    if !accepted(rc) {
                         return rc;
                     }
                 }
@@ -745,7 +750,7 @@ impl Drop for NcclComm {
         // Finalize (non-blocking: polled, bounded), then destroy; abort if
         // finalizing fails or outlives its budget.
         let finalized = unsafe { nc::ncclCommFinalize(self.comm) };
-        let mut done = matches!(finalized, nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress);
+        let mut done = accepted(finalized);
         if done {
             let until = Instant::now() + FINALIZE_BUDGET;
             loop {
@@ -795,7 +800,7 @@ impl Communicator for NcclComm {
         let mut cfg = config();
         let mut comm: nc::ncclComm_t = std::ptr::null_mut();
         let r = unsafe { nc::ncclCommSplit(self.comm, color, key, &mut comm, &mut cfg) };
-        if !matches!(r, nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress) {
+        if !accepted(r) {
             return Err(self.fail(nccl_error(self.comm, r, OP, self.dev.world_rank)));
         }
         // The parent finishes its part of the split, then the child its init.

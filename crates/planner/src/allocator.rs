@@ -124,25 +124,14 @@ pub enum TrainPrecision {
 }
 
 impl TrainPrecision {
-    /// The precision of the training type's GEMM-like operators on
-    /// `device`, or why it cannot run it.
-    pub fn gemm_precision(self, device: &qsync_cost::Device) -> Result<Precision, String> {
-        let want = match self {
-            TrainPrecision::Fp32 => return Ok(Precision::Fp32),
-            TrainPrecision::Auto => {
-                return Ok([Precision::Bf16, Precision::Fp16]
-                    .into_iter()
-                    .find(|&p| device.supports(p))
-                    .unwrap_or(Precision::Fp32))
-            }
-            TrainPrecision::Fp16 => Precision::Fp16,
-            TrainPrecision::Bf16 => Precision::Bf16,
-            TrainPrecision::Fp8 => Precision::Fp8e4m3,
-        };
-        if device.supports(want) {
-            Ok(want)
-        } else {
-            Err(format!("{} has no {want}: choose another --train-precision (auto picks BF16, else FP16)", device.name))
+    /// The GEMM precisions this choice accepts, in order of preference.
+    fn choices(self) -> &'static [Precision] {
+        match self {
+            TrainPrecision::Auto => &[Precision::Bf16, Precision::Fp16, Precision::Fp32],
+            TrainPrecision::Fp32 => &[Precision::Fp32],
+            TrainPrecision::Fp16 => &[Precision::Fp16],
+            TrainPrecision::Bf16 => &[Precision::Bf16],
+            TrainPrecision::Fp8 => &[Precision::Fp8e4m3],
         }
     }
 }
@@ -364,11 +353,12 @@ impl Outcome {
     /// than the chosen plan: leaving the other types out is then the better
     /// answer to "is adding these GPUs worth it".
     pub fn faster_alone(&self) -> Option<&Eval> {
-        self.alone
-            .iter()
-            .filter_map(|(_, e)| e.as_ref())
-            .filter(|e| e.samples_per_s > self.chosen_eval.samples_per_s * (1.0 + 1e-9))
-            .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s))
+        self.best_alone().filter(|e| e.samples_per_s > self.chosen_eval.samples_per_s * (1.0 + 1e-9))
+    }
+
+    /// The fastest device type alone (of those that fit).
+    pub fn best_alone(&self) -> Option<&Eval> {
+        self.alone.iter().filter_map(|(_, e)| e.as_ref()).max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s))
     }
 
     /// The global batch every plan keeps.
@@ -448,20 +438,25 @@ impl<'g> Ctx<'g> {
     /// candidates at its precision where their schema allows, the rest FP32.
     pub(crate) fn training_plan(&self, t: usize) -> Result<Plan, PlanError> {
         let device = &self.targets[t].device;
-        let mut p = self.train.gemm_precision(device).map_err(PlanError::Infeasible)?;
-        // `auto` picks BF16 only where the model's opset lets every GEMM-like
-        // operator run in it (ONNX's Conv takes BF16 from opset 22 only);
-        // otherwise FP16, AMP's other type.
-        if self.train == TrainPrecision::Auto && p == Precision::Bf16 && device.supports(Precision::Fp16) {
-            let gemms = self.candidates.iter().filter(|n| self.gemm.get(n).copied().unwrap_or(false));
-            if gemms.clone().any(|&n| !self.schema_allows(n, Precision::Bf16)) {
-                p = Precision::Fp16;
-            }
-        }
+        let gemm = |n: &NodeId| self.gemm.get(n).copied().unwrap_or(false);
+        // The first choice the device has; `auto` also skips a type the
+        // model's opset refuses for some GEMM-like operator (ONNX's Conv
+        // takes BF16 from opset 22 only) rather than leave those in FP32.
+        let usable = |p: Precision| {
+            device.supports(p)
+                && (self.train != TrainPrecision::Auto
+                    || self.candidates.iter().filter(|n| gemm(n)).all(|&n| self.schema_allows(n, p)))
+        };
+        let p = self.train.choices().iter().copied().find(|&p| usable(p)).ok_or_else(|| {
+            PlanError::Infeasible(format!(
+                "{} has no {}: choose another --train-precision (auto picks BF16, else FP16)",
+                device.name,
+                self.train.choices()[0]
+            ))
+        })?;
         let mut plan = Plan::new();
         for &n in &self.candidates {
-            let gemm = self.gemm.get(&n).copied().unwrap_or(false);
-            let q = if gemm && p != Precision::Fp32 && self.schema_allows(n, p) { p } else { Precision::Fp32 };
+            let q = if gemm(&n) && p != Precision::Fp32 && self.schema_allows(n, p) { p } else { Precision::Fp32 };
             plan.set(n, q);
         }
         Ok(plan)

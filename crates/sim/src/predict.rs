@@ -620,35 +620,30 @@ impl<'g> Predictor<'g> {
             Some(w) => (qsync_cost::OpCost::default(), w),
             None => (model.op_cost(facts, n, resolved.compute(n))?, cx.work(model, resolved, n, scale)),
         };
-        // Weight gradients are all-reduced in FP32, whatever the compute precision.
-        let grad_bytes: f64 = graph
+        let weight_elems: f64 = graph
             .node(n)
             .inputs()
             .iter()
             .flatten()
             .filter(|v| facts.is_param(**v))
             .filter_map(|&v| facts.elements(v))
-            .map(|e| 4.0 * e)
             .sum();
+        // Weight gradients are all-reduced in FP32, whatever the compute precision.
+        let grad_bytes = 4.0 * weight_elems;
         // Per-sample work scales; the kernel launch does not, and neither
         // does streaming the op's weights: below the reference batch a
         // phase never gets faster than reading its weights (forward, input
         // gradient) or writing their gradients (weight gradient) once at the
         // compute precision — where GEMMs turn memory-bound at small batch.
-        let launch = model.device().launch_s();
         // An op on weights alone (`Transpose(W)`, a weight's cast) does the
         // same work at any batch.
-        let on_weights = graph
-            .node(n)
-            .outputs()
-            .iter()
-            .all(|o| matches!(cx.statics.get(o.index()), Some(Static::Param | Static::Constant)))
-            && !graph.node(n).outputs().is_empty();
+        let launch = model.device().launch_s();
+        let outputs = graph.node(n).outputs();
+        let on_weights = !outputs.is_empty()
+            && outputs.iter().all(|o| matches!(cx.statics.get(o.index()), Some(Static::Param | Static::Constant)));
         let scale = if on_weights { 1.0 } else { scale };
-        let weight_s = if scale < 1.0 && grad_bytes > 0.0 {
-            let p = resolved.compute(n);
-            let elem_bytes = if p == Precision::Int8 { 1.0 } else { p.bytes() };
-            grad_bytes / 4.0 * elem_bytes / (model.device().mem_bytes_per_s() * model.rates().memory)
+        let weight_s = if scale < 1.0 {
+            weight_elems * resolved.compute(n).bytes() / (model.device().mem_bytes_per_s() * model.rates().memory)
         } else {
             0.0
         };

@@ -410,22 +410,8 @@ fn digests_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result
     Ok(())
 }
 
-const BENCH_SCHEMES: [&str; 11] = [
-    "fp32",
-    "fp16",
-    "bf16",
-    "qgz-int8",
-    "qgz-int4",
-    "qgz-int8-hier",
-    "qgz-int4-hier",
-    "nbit-1",
-    "nbit-2",
-    "nbit-4",
-    "nbit-8",
-];
-
 fn bench_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
-    for name in BENCH_SCHEMES {
+    for name in Scheme::BASE_NAMES {
         let opts = BenchOptions {
             config: config(name, a.nodes, 512, 1, a.timeout)?,
             bytes: a.bytes,
