@@ -87,8 +87,24 @@ pub struct Capture {
     pub value: ValueId,
 }
 
+/// Where a node came from in the source framework: the PyTorch module
+/// whose `forward` produced it and the call inside that forward, as the
+/// exporters record them (the dynamo exporter's `name_scopes`, the legacy
+/// exporter's `/a/b/Op_N` names, TorchScript attribute paths). It is what
+/// lets a plan be applied back to the module it was exported from.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Scope {
+    /// Dotted module path from the exported root (`""` for the root itself),
+    /// e.g. `layer1.0.conv1`.
+    pub module: String,
+    /// The call within that module's forward (`conv2d_1`, `MatMul_1`,
+    /// `scaled_dot_product_attention`): nodes with the same call came from
+    /// one framework operation.
+    pub call: String,
+}
+
 /// An operator application.
-#[derive(Clone, PartialEq, Debug)]
+#[derive(Clone, Debug)]
 pub struct Node {
     /// The node's name (the ONNX node name; unique names are the importer's job).
     pub name: String,
@@ -102,6 +118,22 @@ pub struct Node {
     captures: Vec<Capture>,
     /// Insertion sequence number: the tie-break that makes orders deterministic.
     seq: u64,
+    /// Provenance, when the frontend knows it. Not semantics: equality and
+    /// the text format ignore it, and passes' new nodes have none.
+    pub scope: Option<Scope>,
+}
+
+impl PartialEq for Node {
+    fn eq(&self, o: &Node) -> bool {
+        self.name == o.name
+            && self.op == o.op
+            && self.attrs == o.attrs
+            && self.precision == o.precision
+            && self.inputs == o.inputs
+            && self.outputs == o.outputs
+            && self.captures == o.captures
+            && self.seq == o.seq
+    }
 }
 
 impl Node {
@@ -431,6 +463,7 @@ impl Graph {
             outputs: Vec::new(),
             captures: Vec::new(),
             seq,
+            scope: None,
         };
         let id = self.dag.add_node(node);
         let mut outs = Vec::with_capacity(spec.outputs.len());

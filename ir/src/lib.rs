@@ -28,7 +28,7 @@ pub mod verify;
 pub use attr::{Attr, RawAttrKind};
 pub use dim::Dim;
 pub use dtype::DType;
-pub use graph::{Capture, Graph, Model, Node, NodeId, NodeSpec, ValueData, ValueDef, ValueId, CAPTURE_SLOT};
+pub use graph::{Capture, Graph, Model, Node, NodeId, NodeSpec, Scope, ValueData, ValueDef, ValueId, CAPTURE_SLOT};
 pub use op::{Op, OpClass};
 pub use tensor::{Tensor, TensorData};
 pub use types::{Container, Shape, TensorType};

@@ -496,7 +496,8 @@ impl Importer {
             captures,
         };
         let if_types = if op_is_if { self.if_output_types(n, &place)? } else { Vec::new() };
-        graph.add_node_defining(spec, outs.clone());
+        let id = graph.add_node_defining(spec, outs.clone());
+        graph.node_mut(id).scope = source_scope(n);
         // An If's outputs are its branches' outputs: where the outer graph
         // declares no type, the branches' declarations (when they agree)
         // give one, so that precision passes see float values as float.
@@ -760,4 +761,108 @@ pub(crate) fn constant_type<'a>(mut attrs: impl Iterator<Item = (&'a String, &'a
         ("value_strings", Attr::Strings(v)) => Some(TensorType::new(DType::Str, vec![Dim::from(v.len() as i64)])),
         _ => None,
     })
+}
+
+/// The PyTorch module and call a node came from: the dynamo exporter's
+/// `pkg.torch.onnx.name_scopes` metadata (`['', 'features', 'features.3',
+/// 'features.3.squeeze', 'conv2d_1']`: the last entry is the call, the one
+/// before it the module), else the legacy exporter's node name
+/// (`/layer1/layer1.0/conv1/Conv`: scope components, then the op). Legacy
+/// components are relative to the enclosing scope except where a child of a
+/// container repeats its parent's name (`layer1` then `layer1.0`), which
+/// replaces it.
+pub(crate) fn source_scope(n: &proto::NodeProto) -> Option<qsync_ir::Scope> {
+    if let Some(p) = n.metadata_props.iter().find(|p| p.key == "pkg.torch.onnx.name_scopes") {
+        let items = python_str_list(&p.value)?;
+        let (call, rest) = items.split_last()?;
+        let module = rest.iter().rev().find(|m| !m.is_empty()).cloned().unwrap_or_default();
+        return Some(qsync_ir::Scope { module, call: call.clone() });
+    }
+    let path = n.name.strip_prefix('/')?;
+    let mut parts: Vec<&str> = path.split('/').collect();
+    let call = parts.pop()?;
+    if call.is_empty() || parts.iter().any(|p| p.is_empty()) {
+        return None;
+    }
+    let mut module: Vec<&str> = Vec::new();
+    for p in parts {
+        match module.last() {
+            Some(last) if p.strip_prefix(*last).is_some_and(|r| r.starts_with('.')) => {
+                module.pop();
+                module.push(p);
+            }
+            _ => module.push(p),
+        }
+    }
+    Some(qsync_ir::Scope { module: module.join("."), call: call.to_string() })
+}
+
+/// Parses a Python list of string literals as `repr` writes it
+/// (`['a', "b'c"]`), or `None` when it is anything else.
+fn python_str_list(s: &str) -> Option<Vec<String>> {
+    let inner = s.trim().strip_prefix('[')?.strip_suffix(']')?;
+    let mut out = Vec::new();
+    let mut chars = inner.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
+            chars.next();
+        }
+        let Some(q) = chars.next() else { break };
+        if q != '\'' && q != '"' {
+            return None;
+        }
+        let mut item = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => item.push(chars.next()?),
+                c if c == q => break,
+                c => item.push(c),
+            }
+        }
+        out.push(item);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod scope_tests {
+    use super::*;
+
+    fn node(name: &str, scopes: Option<&str>) -> proto::NodeProto {
+        let mut n = proto::NodeProto { name: name.into(), ..Default::default() };
+        if let Some(v) = scopes {
+            n.metadata_props.push(proto::StringStringEntryProto {
+                key: "pkg.torch.onnx.name_scopes".into(),
+                value: v.into(),
+            });
+        }
+        n
+    }
+
+    fn scope(n: &proto::NodeProto) -> Option<(String, String)> {
+        source_scope(n).map(|s| (s.module, s.call))
+    }
+
+    #[test]
+    fn dynamo_name_scopes_give_the_module_and_call() {
+        let n = node("node_Conv_8", Some("['', 'features', 'features.3', 'features.3.squeeze', 'conv2d_1']"));
+        assert_eq!(scope(&n), Some(("features.3.squeeze".into(), "conv2d_1".into())));
+        let root = node("node_MatMul_1", Some("['', 'matmul']"));
+        assert_eq!(scope(&root), Some((String::new(), "matmul".into())));
+        let quoted = node("n", Some(r#"['', "a'b", 'c\'d', 'call']"#));
+        assert_eq!(scope(&quoted), Some(("c'd".into(), "call".into())));
+        assert_eq!(scope(&node("n", Some("not a list"))), None);
+    }
+
+    #[test]
+    fn legacy_names_give_the_module_and_call() {
+        let n = node("/m/bert/encoder/layer.0/attention/self/query/MatMul", None);
+        assert_eq!(scope(&n), Some(("m.bert.encoder.layer.0.attention.self.query".into(), "MatMul".into())));
+        // A container's child repeats the container's name.
+        let n = node("/layer1/layer1.0/conv1/Conv", None);
+        assert_eq!(scope(&n), Some(("layer1.0.conv1".into(), "Conv".into())));
+        assert_eq!(scope(&node("/MatMul_3", None)), Some((String::new(), "MatMul_3".into())));
+        assert_eq!(scope(&node("Conv_12", None)), None);
+        assert_eq!(scope(&node("//Conv", None)), None);
+    }
 }

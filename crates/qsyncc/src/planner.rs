@@ -461,6 +461,8 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
                 "op": g.node(n).op.to_string(),
                 "precision": p.to_string(),
                 "planned": cand,
+                "module": g.node(n).scope.as_ref().map(|s| s.module.as_str()),
+                "call": g.node(n).scope.as_ref().map(|s| s.call.as_str()),
                 "forward_us": c.map(|c| round(c.fwd_us)),
                 "backward_us": c.map(|c| round(c.input_grad_us + c.weight_grad_us)),
                 "indicator": if cand { Some(ind.omega(n, p)) } else { None },

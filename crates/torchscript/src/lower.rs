@@ -154,6 +154,10 @@ impl<'a> Lowerer<'a> {
             spec.outputs.push((vn, TensorType::unknown()));
         }
         let n = self.g.add_node(spec);
+        // The attribute path of the module being inlined, and this node's
+        // own call (`MatMul_69`) within it.
+        let call = name.strip_prefix(&format!("{}.", self.scope)).unwrap_or(&name).to_string();
+        self.g.node_mut(n).scope = Some(qsync_ir::Scope { module: self.scope.clone(), call });
         if let Err(m) = self.inc.infer_node(&mut self.g, n, self.opset) {
             return self.err(format!("{}: {m}", self.g.node(n).op.op_type()));
         }

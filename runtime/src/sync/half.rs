@@ -49,8 +49,8 @@ fn read16(b: &[u8], i: usize) -> u16 {
 impl GradSync<'_> {
     pub(super) fn half_all_reduce(&mut self, grad: &mut [f32], h: Half) -> Result<(), SyncError> {
         let (to, from) = converters(h);
-        let p = self.world.size();
-        let me = self.world.rank();
+        let p = self.world().size();
+        let me = self.world().rank();
         let pf = p as f32;
         let scaled: Vec<f32> = grad.iter().map(|v| v / pf).collect();
         let x = self.with_residual("half", &scaled);
@@ -66,7 +66,7 @@ impl GradSync<'_> {
         let mine = sh[me].len();
         let recv_counts = vec![2 * mine; p];
         let mut recv = vec![0u8; 2 * mine * p];
-        self.world.all_to_all_v(&to_bytes(&h16), &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.world().all_to_all_v(&to_bytes(&h16), &send_counts, &mut recv, &recv_counts, self.deadline())?;
         self.count(Hop::World, &recv_counts);
         let sums: Vec<f32> = (0..mine)
             .map(|i| {
@@ -87,7 +87,7 @@ impl GradSync<'_> {
             }
         }
         let mut all = vec![0u8; 2 * grad.len()];
-        self.world.all_gather_v(&to_bytes(&reduced), &mut all, &send_counts, self.deadline())?;
+        self.world().all_gather_v(&to_bytes(&reduced), &mut all, &send_counts, self.deadline())?;
         self.count(Hop::World, &send_counts);
         for (i, v) in grad.iter_mut().enumerate() {
             *v = from(read16(&all, i));

@@ -59,10 +59,17 @@ enum Hop {
     Inter,
 }
 
+/// The world communicator, borrowed or owned.
+#[derive(Debug)]
+enum World<'c> {
+    Borrowed(&'c dyn Communicator),
+    Owned(Box<dyn Communicator>),
+}
+
 /// Gradient synchronization state for one communicator and scheme.
 #[derive(Debug)]
 pub struct GradSync<'c> {
-    world: &'c dyn Communicator,
+    world: World<'c>,
     groups: Option<NodeGroups>,
     shape: ClusterShape,
     cfg: SyncConfig,
@@ -84,7 +91,31 @@ impl<'c> GradSync<'c> {
         } else {
             None
         };
-        Ok(GradSync { world, groups, shape, cfg, step: 0, residuals: BTreeMap::new(), wire: WireBytes::default() })
+        Ok(GradSync {
+            world: World::Borrowed(world),
+            groups,
+            shape,
+            cfg,
+            step: 0,
+            residuals: BTreeMap::new(),
+            wire: WireBytes::default(),
+        })
+    }
+
+    /// [`GradSync::new`] owning its communicator, for callers that keep the
+    /// synchronization state beyond any borrow (the Python bindings keep
+    /// one per DDP bucket).
+    pub fn owning(world: Box<dyn Communicator>, cfg: SyncConfig) -> Result<GradSync<'static>, SyncError> {
+        let GradSync { groups, shape, cfg, step, residuals, wire, .. } = GradSync::new(world.as_ref(), cfg)?;
+        Ok(GradSync { world: World::Owned(world), groups, shape, cfg, step, residuals, wire })
+    }
+
+    /// The communicator every rank of the job is in.
+    pub fn world(&self) -> &dyn Communicator {
+        match &self.world {
+            World::Borrowed(w) => *w,
+            World::Owned(w) => w.as_ref(),
+        }
     }
 
     pub fn config(&self) -> &SyncConfig {
@@ -103,10 +134,10 @@ impl<'c> GradSync<'c> {
     /// Replaces `grad` by the mean over all ranks. Every rank must call it
     /// with the same length.
     pub fn all_reduce_mean(&mut self, grad: &mut [f32]) -> Result<(), SyncError> {
-        let p = self.world.size();
+        let p = self.world().size();
         match self.cfg.scheme.kind {
             Kind::Fp32 => {
-                self.world.all_reduce_sum(ReduceBuf::F32(grad), self.deadline())?;
+                self.world().all_reduce_sum(ReduceBuf::F32(grad), self.deadline())?;
                 // The engine's ring moves 2·(P−1)/P of the buffer per rank.
                 let moved = 2 * 4 * grad.len() as u64 * (p as u64 - 1) / p as u64;
                 self.count_model(moved);
@@ -134,7 +165,7 @@ impl<'c> GradSync<'c> {
         match (&self.groups, hop) {
             (Some(g), Hop::Intra) => g.intra.as_ref(),
             (Some(g), Hop::Inter) => g.inter.as_ref(),
-            _ => self.world,
+            _ => self.world(),
         }
     }
 
@@ -142,7 +173,7 @@ impl<'c> GradSync<'c> {
     /// group rank `j`).
     fn count(&mut self, hop: Hop, recv: &[usize]) {
         let me = self.comm(hop).rank();
-        let world_rank = self.world.rank();
+        let world_rank = self.world().rank();
         for (j, &c) in recv.iter().enumerate() {
             if j == me {
                 continue;
@@ -173,7 +204,7 @@ impl<'c> GradSync<'c> {
 
     /// The stochastic-rounding seed of one quantization site.
     fn seed(&self, stage: u64, shard: usize) -> u64 {
-        let site = (stage << 56) ^ ((self.world.rank() as u64) << 28) ^ shard as u64;
+        let site = (stage << 56) ^ ((self.world().rank() as u64) << 28) ^ shard as u64;
         rng::hash(rng::hash(self.cfg.seed, self.step), site)
     }
 

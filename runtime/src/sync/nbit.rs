@@ -38,7 +38,7 @@ const STAGE_PACK: u64 = 4;
 
 impl GradSync<'_> {
     pub(super) fn nbit_all_reduce(&mut self, grad: &mut [f32], bits: u8) -> Result<(), SyncError> {
-        let p = self.world.size();
+        let p = self.world().size();
         let n = grad.len();
         let x = self.with_residual("nbit", grad);
         let (mins, maxs) = reference::row_min_max(&x, n.max(1));
@@ -48,7 +48,7 @@ impl GradSync<'_> {
         }
         let seed = self.seed(STAGE_PACK, 0);
         let packed = reference::pack(&x, mn, mx, bits, self.cfg.scheme.rounding, seed);
-        let me = self.world.rank();
+        let me = self.world().rank();
         let unpack = |buf: &[u8], peer: usize| {
             reference::unpack(buf, n, bits).map_err(|e| SyncError::BadPayload { rank: me, peer, detail: e.to_string() })
         };
@@ -61,7 +61,7 @@ impl GradSync<'_> {
         }
         let len = packed.len();
         let mut all = vec![0u8; len * p];
-        self.world.all_gather(&packed, &mut all, self.deadline())?;
+        self.world().all_gather(&packed, &mut all, self.deadline())?;
         self.count(Hop::World, &vec![len; p]);
         let mut acc = vec![0f32; n];
         for j in 0..p {

@@ -83,19 +83,19 @@ impl GradSync<'_> {
             None => self.one_shot_sum(grad, intra)?,
             Some(inter) => self.hierarchical_sum(grad, intra, inter)?,
         };
-        let pf = self.world.size() as f32;
+        let pf = self.world().size() as f32;
         sum.iter_mut().for_each(|v| *v /= pf);
         self.step += 1;
         Ok(sum)
     }
 
     fn bad(&self, peer: usize, detail: String) -> SyncError {
-        SyncError::BadPayload { rank: self.world.rank(), peer, detail }
+        SyncError::BadPayload { rank: self.world().rank(), peer, detail }
     }
 
     fn one_shot_sum(&mut self, grad: &[f32], bits: QBits) -> Result<Vec<f32>, SyncError> {
-        let p = self.world.size();
-        let me = self.world.rank();
+        let p = self.world().size();
+        let me = self.world().rank();
         let q = self.quantizer(bits);
         let sh = shards(grad.len(), p);
         let x = self.with_residual("first", grad);
@@ -111,7 +111,7 @@ impl GradSync<'_> {
         let m = sh[me].len();
         let recv_counts = vec![q.block_len(m); p];
         let mut recv = vec![0u8; recv_counts.iter().sum()];
-        self.world.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.world().all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
         self.count(Hop::World, &recv_counts);
         let blocks: Vec<&[u8]> = recv.chunks(q.block_len(m).max(1)).take(p).collect();
         let mut sum = vec![0f32; m];
@@ -123,16 +123,16 @@ impl GradSync<'_> {
 
     fn hierarchical_sum(&mut self, grad: &[f32], intra_bits: QBits, inter_bits: QBits) -> Result<Vec<f32>, SyncError> {
         let (nodes, per_node) = (self.shape.nodes, self.shape.ranks_per_node);
-        let me = self.world.rank();
+        let me = self.world().rank();
         let (node, local) = (self.shape.node_of(me), self.shape.local_of(me));
-        let sh = shards(grad.len(), self.world.size());
+        let sh = shards(grad.len(), self.world().size());
         // Final shards handled by local rank `j`: n·L + j for every node n.
         let owned_by = |j: usize| (0..nodes).map(move |n| n * per_node + j);
 
         // Intra-node all-to-all, slices reordered so peer j gets its shards.
         let q1 = self.quantizer(intra_bits);
         let x = self.with_residual("first", grad);
-        let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * self.world.size());
+        let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * self.world().size());
         let mut send_counts = Vec::with_capacity(per_node);
         for j in 0..per_node {
             let before = send.len();
@@ -196,14 +196,14 @@ impl GradSync<'_> {
 
     /// All-gathers every rank's mean shard into `out` (the full gradient).
     pub(super) fn gather_shards(&mut self, mean: &[f32], out: &mut [f32]) -> Result<(), SyncError> {
-        let p = self.world.size();
-        let me = self.world.rank();
+        let p = self.world().size();
+        let me = self.world().rank();
         let sh = shards(out.len(), p);
         match self.gather_bits() {
             None => {
                 let counts: Vec<usize> = sh.iter().map(|s| 4 * s.len()).collect();
                 let mut all = vec![0u8; 4 * out.len()];
-                self.world.all_gather_v(&f32_bytes(mean), &mut all, &counts, self.deadline())?;
+                self.world().all_gather_v(&f32_bytes(mean), &mut all, &counts, self.deadline())?;
                 self.count(Hop::World, &counts);
                 out.copy_from_slice(&f32_from_bytes(&all));
             }
@@ -219,7 +219,7 @@ impl GradSync<'_> {
                 q.encode(&y, seed, &mut block, res);
                 let counts: Vec<usize> = sh.iter().map(|s| q.block_len(s.len())).collect();
                 let mut all = vec![0u8; counts.iter().sum()];
-                self.world.all_gather_v(&block, &mut all, &counts, self.deadline())?;
+                self.world().all_gather_v(&block, &mut all, &counts, self.deadline())?;
                 self.count(Hop::World, &counts);
                 let mut at = 0;
                 for (j, range) in sh.iter().enumerate() {

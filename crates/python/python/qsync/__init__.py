@@ -1,0 +1,30 @@
+"""qsync for PyTorch: apply a qsync plan to a module and synchronize its
+gradients with qsync's quantized collectives inside DistributedDataParallel.
+
+    plan = qsync.Plan.load("plan/")
+    device = plan.device_for_rank(rank)             # or name it
+    report = qsync.apply_plan(model, "plan/", device)
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(None, qsync.comm_hook("plan/"))
+
+The plan comes from `qsyncc MODEL --targets v100:4,t4:4 -o plan/`; each rank
+trains with its device type's `plan.local_batch(device)` samples per step.
+"""
+
+from ._native import SyncError, __version__, schemes
+from .hook import QSyncHook, comm_hook
+from .plan import ApplyReport, Plan, PlanError, apply_plan
+from ._transport import TorchTransport
+
+__all__ = [
+    "ApplyReport",
+    "Plan",
+    "PlanError",
+    "QSyncHook",
+    "SyncError",
+    "TorchTransport",
+    "apply_plan",
+    "comm_hook",
+    "schemes",
+    "__version__",
+]

@@ -1,0 +1,140 @@
+"""Byte collectives over a torch.distributed process group.
+
+`TorchTransport` is what the native `GradSync` calls to move bytes when the
+gradients live on the CPU: gloo carries them, and every quantized reduction
+happens in qsync's own code. Each method takes the seconds left before its
+deadline as its last argument; it raises `TimeoutError` when they run out and
+`ConnectionError` when the engine reports a lost peer, so the native side can
+tell a stalled job from a dead one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+_LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "socket")
+
+
+class TorchTransport:
+    """Collectives on `group` (a gloo process group; `None`: a new gloo group
+    over every rank, so qsync's traffic never interleaves with DDP's own)."""
+
+    def __init__(self, group=None, *, _members=None):
+        if group is None:
+            group = dist.new_group(backend="gloo")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        # World ranks of this group, in group-rank order.
+        self.members = list(_members) if _members is not None else list(range(dist.get_world_size()))
+        self._splits = {}
+
+    # ---- plumbing -------------------------------------------------------
+
+    def _wait(self, work, op, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        pause = 0.0
+        while not work.is_completed():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"rank {dist.get_rank()}: {op} did not complete within {timeout_s:.1f} s")
+            time.sleep(pause)
+            pause = min(0.002, pause + 0.0001)
+        try:
+            work.wait()
+        except RuntimeError as e:
+            text = str(e)
+            if any(k in text.lower() for k in _LOST_PEER):
+                raise ConnectionError(f"rank {dist.get_rank()}: {op}: {text.splitlines()[0]}") from e
+            raise
+
+    @staticmethod
+    def _u8(data: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+    # ---- collectives ----------------------------------------------------
+
+    def all_gather(self, send: bytes, timeout_s: float) -> bytes:
+        x = self._u8(send)
+        out = torch.empty(len(send) * self.size, dtype=torch.uint8)
+        if len(send) == 0:
+            return b""
+        self._wait(dist.all_gather_into_tensor(out, x, group=self.group, async_op=True), "all_gather", timeout_s)
+        return out.numpy().tobytes()
+
+    def all_gather_v(self, send: bytes, counts, timeout_s: float) -> bytes:
+        width = max(counts) if counts else 0
+        if width == 0:
+            return b""
+        padded = bytearray(send) + bytearray(width - len(send))
+        both = self.all_gather(bytes(padded), timeout_s)
+        return b"".join(both[r * width : r * width + c] for r, c in enumerate(counts))
+
+    def all_to_all_v(self, send: bytes, send_counts, recv_counts, timeout_s: float) -> bytes:
+        x = self._u8(send)
+        out = torch.empty(sum(recv_counts), dtype=torch.uint8)
+        work = dist.all_to_all_single(
+            out,
+            x,
+            output_split_sizes=list(recv_counts),
+            input_split_sizes=list(send_counts),
+            group=self.group,
+            async_op=True,
+        )
+        self._wait(work, "all_to_all", timeout_s)
+        return out.numpy().tobytes()
+
+    def all_reduce_f32(self, send: bytes, timeout_s: float) -> bytes:
+        if not send:
+            return b""
+        x = torch.frombuffer(bytearray(send), dtype=torch.float32)
+        self._wait(dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group, async_op=True), "all_reduce", timeout_s)
+        return x.numpy().tobytes()
+
+    def broadcast(self, buf: bytes, root: int, timeout_s: float) -> bytes:
+        if not buf:
+            return b""
+        x = self._u8(buf)
+        self._wait(dist.broadcast(x, group_src=root, group=self.group, async_op=True), "broadcast", timeout_s)
+        return x.numpy().tobytes()
+
+    def barrier(self, timeout_s: float) -> None:
+        x = torch.zeros(1)
+        self._wait(dist.all_reduce(x, group=self.group, async_op=True), "barrier", timeout_s)
+
+    def split(self, color: int, key: int, timeout_s: float) -> "TorchTransport":
+        """The ranks with the same `color`, ordered by `key` (collective).
+
+        torch creates groups collectively over the whole job, so a group of
+        every rank may split into any partition, a sub-group only trivially."""
+        mine = torch.tensor([color, key], dtype=torch.int64)
+        both = torch.empty(2 * self.size, dtype=torch.int64)
+        self._wait(dist.all_gather_into_tensor(both, mine, group=self.group, async_op=True), "split", timeout_s)
+        pairs = both.view(self.size, 2).tolist()
+        colors = sorted({c for c, _ in pairs})
+        parts = {}
+        for c in colors:
+            ranks = sorted((k, r) for r, (cc, k) in enumerate(pairs) if cc == c)
+            order = [r for _, r in ranks]
+            if order != sorted(order):
+                raise ValueError("torch.distributed orders a group by rank: split keys must follow rank order")
+            parts[c] = tuple(self.members[r] for r in order)
+        if len(colors) == 1:
+            return self  # the same members: the same group serves.
+        if self.size != dist.get_world_size():
+            raise ValueError("only the group of every rank can be split into several groups")
+        key_all = tuple(parts[c] for c in colors)
+        if key_all not in self._splits:
+            # Every rank creates every group, in the same order.
+            made = {members: dist.new_group(ranks=list(members), backend="gloo") for members in key_all}
+            self._splits[key_all] = made
+        members = parts[color]
+        return TorchTransport(self._splits[key_all][members], _members=members)
+
+    def abort(self, code: int) -> None:
+        sys.stderr.flush()
+        os._exit(code if code else 1)

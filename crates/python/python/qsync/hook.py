@@ -1,0 +1,154 @@
+"""A DistributedDataParallel communication hook running qsync's schemes.
+
+    ddp.register_comm_hook(None, qsync.comm_hook("plan/"))      # the plan's scheme and batch weights
+    ddp.register_comm_hook(None, qsync.comm_hook("qgz-int4"))   # any DDP job, no plan
+
+Each bucket is synchronized by the runtime's `GradSync` (the same code the
+MPI and NCCL jobs run): CPU buckets through torch.distributed (gloo) as the
+transport, CUDA buckets through the runtime's own NCCL communicator, whose
+unique id rank 0 makes and shares through a gloo group. The CUDA path stages
+each bucket through host memory, where the runtime's schemes quantize (the
+same reference arithmetic as on CPU, so every rank gets the same bits).
+
+With a plan, each rank's gradient is weighted by its device type's share of
+the global batch (`local_batch / global_batch` in the manifest), so a joint
+plan's uneven local batches give the update of one uniform global batch.
+Non-finite values survive the reduction, so GradScaler's overflow check
+still fires.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from . import _native
+from ._transport import TorchTransport
+from .plan import Plan
+
+
+class QSyncHook:
+    """The hook object: call it as `hook(state, bucket)` (DDP does)."""
+
+    def __init__(self, scheme, *, weight=None, nodes=1, group=512, seed=0, timeout_s=60.0,
+                 gather_f32=False, process_group=None):
+        if not dist.is_initialized():
+            raise RuntimeError("qsync.comm_hook needs torch.distributed to be initialized (init_process_group)")
+        self.scheme = _native.parse_scheme(scheme)
+        self.world = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        # Scale so that the mean over ranks is the batch-weighted sum.
+        self.scale = 1.0 if weight is None else float(weight) * self.world
+        self._opts = dict(nodes=nodes, group=group, seed=seed, timeout_s=timeout_s, gather_f32=gather_f32)
+        self._pg = process_group
+        self._cpu = None  # gloo transport, made on first use (collective)
+        self._syncs = {}  # (device kind, bucket index) -> GradSync
+        self._base = {}
+
+    def _transport(self):
+        if self._cpu is None:
+            members = None
+            if self._pg is not None:
+                members = [dist.get_global_rank(self._pg, r) for r in range(self.world)]
+            self._cpu = TorchTransport(dist.new_group(ranks=members, backend="gloo"), _members=members)
+        return self._cpu
+
+    def _sync_for(self, kind, index, device):
+        key = (kind, index)
+        if key in self._syncs:
+            return self._syncs[key]
+        base = self._base.get(kind)
+        if base is None:
+            if kind == "cpu":
+                base = _native.GradSync(self._transport(), self.scheme, **self._opts)
+            else:
+                ids = [_native.nccl_unique_id() if self.rank == 0 else None]
+                dist.broadcast_object_list(ids, group_src=0, group=self._transport().group)
+                base = _native.GradSync.nccl(self.rank, self.world, ids[0], device.index or 0, self.scheme,
+                                             **self._opts)
+            self._base[kind] = base
+            sync = base
+        else:
+            sync = base.fork()
+        self._syncs[key] = sync
+        return sync
+
+    def __call__(self, state, bucket):
+        buf = bucket.buffer()
+        grad = buf if buf.dtype == torch.float32 else buf.float()
+        if self.scale != 1.0:
+            grad.mul_(self.scale)
+        kind = "cpu" if grad.device.type == "cpu" else "cuda"
+        sync = self._sync_for(kind, bucket.index(), grad.device)
+        if kind == "cpu":
+            host = grad if grad.is_contiguous() else grad.contiguous()
+            sync.all_reduce_mean(host.detach().numpy())
+            if host is not grad:
+                grad.copy_(host)
+        else:
+            host = grad.detach().to("cpu").contiguous()
+            sync.all_reduce_mean(host.numpy())
+            grad.copy_(host, non_blocking=False)
+        if grad is not buf:
+            buf.copy_(grad)
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+
+    def wire_bytes(self):
+        """Bytes this rank received from others, summed over buckets: (intra, inter)."""
+        intra = inter = 0
+        for s in self._syncs.values():
+            a, b = s.wire_bytes
+            intra, inter = intra + a, inter + b
+        return intra, inter
+
+
+def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=None, group=None, seed=0,
+              timeout_s=60.0, gather_f32=False, process_group=None):
+    """A DDP communication hook for `ddp.register_comm_hook(None, hook)`;
+    `hook.qsync` is its `QSyncHook` (scheme, weight scale, wire bytes).
+
+    `plan_or_scheme` is a plan directory written by `qsyncc` (its manifest's
+    scheme, group size and cluster shape; this rank's gradient weighted by its
+    device type's share of the global batch) or a scheme name (`fp16`,
+    `bf16`, `qgz-int8`, `qgz-int4`, `qgz-int8-hier`, `qgz-int4-hier`,
+    `nbit-1/2/4/8`, with `-sr` / `-ef` where they apply). `device_type` names
+    this rank's type in the plan (default: by rank, in the manifest's target
+    order); `nodes` the node count for hierarchical schemes (default: the
+    plan's, else `$QSYNC_NODES`, else 1).
+    """
+    weight = None
+    if isinstance(plan_or_scheme, (str, os.PathLike)) and os.path.isdir(plan_or_scheme):
+        plan = Plan.load(plan_or_scheme)
+        world = dist.get_world_size(process_group)
+        if world != plan.device_count:
+            raise ValueError(
+                f"{plan.path}: the plan is for {plan.device_count} devices "
+                f"({plan.cluster_text()}), this job has {world} ranks"
+            )
+        dev = device_type or plan.device_for_rank(dist.get_rank(process_group))
+        weight = plan.gradient_weight(dev)
+        scheme = scheme or plan.sync_scheme
+        group = group or plan.sync_group
+        if nodes is None:
+            nodes = plan.nodes
+    else:
+        scheme = scheme or str(plan_or_scheme)
+    if nodes is None:
+        nodes = int(os.environ.get("QSYNC_NODES", "1"))
+    if scheme == "fp32" and weight is None:
+        warnings.warn("qsync.comm_hook('fp32') does what DDP does by default", stacklevel=2)
+    obj = QSyncHook(scheme, weight=weight, nodes=nodes, group=group or 512, seed=seed, timeout_s=timeout_s,
+                    gather_f32=gather_f32, process_group=process_group)
+
+    # DDP wants a plain function (it logs its name); the state rides along.
+    def hook(state, bucket):
+        return obj(state, bucket)
+
+    hook.__name__ = hook.__qualname__ = f"qsync_{obj.scheme.replace('-', '_')}_hook"
+    hook.qsync = obj
+    return hook

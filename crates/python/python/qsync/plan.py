@@ -1,0 +1,503 @@
+"""Reading a qsync plan and applying it to a PyTorch module.
+
+A plan directory (`qsyncc MODEL --targets ... -o plan/`) holds
+`manifest.json` (the cluster, each device type's local batch and gradient
+weight, the synchronization scheme) and `<device>/plan.json` (every operator
+with its precision and, when the exporter recorded it, the PyTorch module and
+call it came from).
+
+`apply_plan(module, plan_dir, device_type)` makes each planned operator
+compute at its precision:
+
+- an operator that is a whole leaf module (Conv, Linear, LayerNorm, ...)
+  runs that module with its inputs and parameters cast to the precision
+  (`torch.func.functional_call`: the FP32 master parameters are kept and
+  receive FP32 gradients through the cast), its outputs cast back to FP32;
+- an operator called inside a module's own forward (attention's matmuls and
+  softmax, a functional conv) is intercepted with a TorchFunctionMode active
+  only in that module's forward, matched by kind and order of call;
+- INT8 runs as quantize-dequantize in FP32 (symmetric, per tensor for
+  activations and per output channel for weights, straight-through
+  gradients) — QSync's own simulation mode — except for Linear layers on
+  CUDA, which use PyTorch's int8 GEMM (`torch._int_mm`) where the shapes
+  allow; FP8 likewise by an E4M3 round trip with a per-tensor scale.
+
+Operators the plan cannot tie to a module of `module` are listed in the
+report, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+DTYPES = {
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+# Widest first: where several planned nodes share one call or module, the
+# widest precision among them is the one applied.
+ORDER = ["fp32", "tf32", "bf16", "fp16", "fp8e5m2", "fp8e4m3", "fp8", "int8"]
+
+
+def _widest(ps):
+    return min(ps, key=lambda p: ORDER.index(p) if p in ORDER else 0)
+
+
+class PlanError(ValueError):
+    """A plan directory that cannot be read or does not fit the job."""
+
+
+class Plan:
+    """A plan directory's manifest, with per-device plans on demand."""
+
+    def __init__(self, path, manifest):
+        self.path = os.fspath(path)
+        self.manifest = manifest
+        self.targets = manifest.get("targets", [])
+        if not self.targets:
+            raise PlanError(f"{self.path}/manifest.json: no targets")
+
+    @classmethod
+    def load(cls, path):
+        mpath = os.path.join(os.fspath(path), "manifest.json")
+        try:
+            with open(mpath, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except FileNotFoundError:
+            raise PlanError(f"{mpath}: no manifest (is {path} a plan directory written by qsyncc?)") from None
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{mpath}: not valid JSON ({e})") from None
+        schema = manifest.get("schema", "")
+        if not str(schema).startswith("qsync-plan/"):
+            raise PlanError(f"{mpath}: schema {schema!r} is not a qsync plan")
+        return cls(path, manifest)
+
+    @property
+    def device_count(self):
+        return sum(int(t["count"]) for t in self.targets)
+
+    @property
+    def devices(self):
+        return [t["device"] for t in self.targets]
+
+    def cluster_text(self):
+        return ",".join(f"{t['device']}:{t['count']}" for t in self.targets)
+
+    def _target(self, device):
+        for t in self.targets:
+            if t["device"] == device:
+                return t
+        raise PlanError(f"{self.path}: no device type {device!r} in the plan (it has {', '.join(self.devices)})")
+
+    def device_for_rank(self, rank):
+        """Rank order follows the manifest's targets: the first type's ranks first."""
+        at = 0
+        for t in self.targets:
+            at += int(t["count"])
+            if rank < at:
+                return t["device"]
+        raise PlanError(f"{self.path}: rank {rank} is beyond the plan's {self.device_count} devices")
+
+    def local_batch(self, device):
+        return int(self._target(device)["local_batch"])
+
+    def gradient_weight(self, device):
+        return float(self._target(device)["gradient_weight"])
+
+    @property
+    def global_batch(self):
+        return int(self.manifest.get("cluster", {}).get("global_batch", 0))
+
+    @property
+    def sync_scheme(self):
+        return self.manifest.get("sync", {}).get("scheme", "fp32")
+
+    @property
+    def sync_group(self):
+        return int(self.manifest.get("sync", {}).get("group", 512))
+
+    @property
+    def nodes(self):
+        n = 0
+        for t in self.targets:
+            per = int(t.get("per_node") or t["count"])
+            n += -(-int(t["count"]) // max(per, 1))
+        return max(n, 1)
+
+    def device_plan(self, device):
+        self._target(device)
+        files = self.manifest.get("devices", {}).get(device, {}).get("files", {})
+        rel = files.get("plan", f"{device}/plan.json")
+        p = os.path.join(self.path, rel)
+        try:
+            with open(p, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise PlanError(f"{p}: {e}") from None
+
+
+# ---- precision arithmetic ---------------------------------------------------
+
+
+def _fake_int8(x, dim=None):
+    """Symmetric int8 quantize-dequantize with straight-through gradients."""
+    a = x.detach().abs()
+    amax = a.amax() if dim is None else a.amax(dim=tuple(d for d in range(x.dim()) if d != dim), keepdim=True)
+    scale = (amax / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.clamp(torch.round(x.detach() / scale), -127, 127) * scale
+    return x + (q - x).detach()
+
+
+def _fake_fp8(x):
+    amax = x.detach().abs().amax()
+    scale = (amax / 448.0).clamp_min(torch.finfo(torch.float32).tiny)
+    q = (x.detach() / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+    return x + (q - x).detach()
+
+
+def _lower(p, t, weight=False):
+    """`t` as precision `p` computes with it (floating tensors only)."""
+    if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+        return t
+    if p in DTYPES:
+        return t.to(DTYPES[p])
+    if p == "int8":
+        return _fake_int8(t, dim=0 if weight and t.dim() > 1 else None)
+    if p.startswith("fp8"):
+        return _fake_fp8(t)
+    return t
+
+
+def _to_f32(out):
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.is_floating_point() and out.dtype != torch.float32 else out
+    if isinstance(out, tuple):
+        return tuple(_to_f32(o) for o in out)
+    if isinstance(out, list):
+        return [_to_f32(o) for o in out]
+    return out
+
+
+class _Int8Linear(torch.autograd.Function):
+    """y = x Wᵀ + b through torch._int_mm (CUDA), gradients by the
+    dequantized operands (straight through)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        sx = (x2.abs().amax() / 127.0).clamp_min(1e-30)
+        sw = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-30)
+        xq = torch.clamp(torch.round(x2 / sx), -127, 127).to(torch.int8)
+        wq = torch.clamp(torch.round(w / sw[:, None]), -127, 127).to(torch.int8)
+        acc = torch._int_mm(xq, wq.t().contiguous())
+        y = acc.float() * sx * sw[None, :]
+        if b is not None:
+            y = y + b
+        ctx.save_for_backward(xq.float() * sx, wq.float() * sw[:, None])
+        ctx.has_bias = b is not None
+        ctx.shape = shape
+        return y.reshape(*shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, gy):
+        xd, wd = ctx.saved_tensors
+        g2 = gy.reshape(-1, gy.shape[-1]).float()
+        gx = (g2 @ wd).reshape(ctx.shape)
+        gw = g2.t() @ xd
+        gb = g2.sum(0) if ctx.has_bias else None
+        return gx, gw, gb
+
+
+def _int_mm_ok(x, w):
+    m = x.numel() // x.shape[-1]
+    return x.is_cuda and m > 16 and x.shape[-1] % 8 == 0 and w.shape[0] % 8 == 0 and hasattr(torch, "_int_mm")
+
+
+# ---- applying ----------------------------------------------------------------
+
+
+@dataclass
+class ApplyReport:
+    """What `apply_plan` did: planned nodes mapped to modules (with the
+    precision applied), those it could not map (with why), counts."""
+
+    device: str
+    mapped: list = field(default_factory=list)  # (node, module path, precision)
+    unmapped: list = field(default_factory=list)  # (node, reason)
+    per_precision: Counter = field(default_factory=Counter)
+    warnings: list = field(default_factory=list)
+    _records: list = field(default_factory=list, repr=False)
+
+    def unmatched_calls(self):
+        """After a forward pass: planned calls no forward has reached, as
+        `(module, call)` (they ran at FP32). Empty when everything matched."""
+        out = []
+        for r in self._records:
+            out.extend(r.unreached())
+        return out
+
+    def summary(self):
+        hist = ", ".join(f"{k} {v}" for k, v in sorted(self.per_precision.items()))
+        return (f"qsync plan for {self.device}: {len(self.mapped)} planned operators mapped ({hist}), "
+                f"{len(self.unmapped)} unmapped")
+
+    def __str__(self):
+        lines = [self.summary()]
+        lines += [f"  unmapped {n}: {why}" for n, why in self.unmapped]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+_ACTIVE = threading.local()
+
+
+def _stack():
+    s = getattr(_ACTIVE, "stack", None)
+    if s is None:
+        s = _ACTIVE.stack = []
+    return s
+
+
+def _family_of_plan(op, call):
+    if call and call.startswith("scaled_dot_product_attention"):
+        return "attention"
+    return {
+        "MatMul": "matmul", "Gemm": "matmul", "Einsum": "matmul", "MatMulInteger": "matmul",
+        "Conv": "conv", "ConvTranspose": "conv",
+        "Softmax": "softmax", "LogSoftmax": "softmax",
+        "LayerNormalization": "norm", "BatchNormalization": "norm", "GroupNormalization": "norm",
+        "InstanceNormalization": "norm", "Attention": "attention",
+    }.get(op, op.lower())
+
+
+def _torch_families():
+    fam = {}
+    for f in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm, torch.mm,
+              torch.Tensor.mm, torch.baddbmm, torch.addmm, torch.einsum, F.linear):
+        fam[f] = "matmul"
+    for f in (F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d):
+        fam[f] = "conv"
+    for f in (F.softmax, torch.softmax, torch.Tensor.softmax, F.log_softmax, torch.log_softmax):
+        fam[f] = "softmax"
+    for f in (F.layer_norm, F.batch_norm, F.group_norm, F.instance_norm):
+        fam[f] = "norm"
+    fam[F.scaled_dot_product_attention] = "attention"
+    return fam
+
+
+_FAMILIES = _torch_families()
+
+
+class _CallRecord(TorchFunctionMode):
+    """Per-call precisions inside one module's own forward."""
+
+    def __init__(self, path, calls):
+        super().__init__()
+        self.path = path
+        # family -> [(call, precision)] in plan order
+        self.calls = {}
+        for fam, call, p in calls:
+            self.calls.setdefault(fam, []).append((call, p))
+        self.count = Counter()
+        self.reached = set()
+
+    def unreached(self):
+        return [(self.path, c) for fam, cs in self.calls.items() for c, _ in cs if (fam, c) not in self.reached]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        fam = _FAMILIES.get(func)
+        st = _stack()
+        if fam is None or not st or st[-1] is not self or fam not in self.calls:
+            return func(*args, **kwargs)
+        i = self.count[fam]
+        self.count[fam] += 1
+        planned = self.calls[fam]
+        if i >= len(planned):
+            return func(*args, **kwargs)
+        call, p = planned[i]
+        self.reached.add((fam, call))
+        if p in ("fp32", "tf32"):
+            return func(*args, **kwargs)
+        args = tuple(_lower(p, a) for a in args)
+        kwargs = {k: _lower(p, v) for k, v in kwargs.items()}
+        return _to_f32(func(*args, **kwargs))
+
+
+def _install_calls(module, rec):
+    def pre(_m, _a):
+        st = _stack()
+        st.append(rec)
+        rec.count.clear()
+        rec.__enter__()
+
+    def post(_m, _a, _o):
+        rec.__exit__(None, None, None)
+        st = _stack()
+        if st and st[-1] is rec:
+            st.pop()
+
+    module.register_forward_pre_hook(pre)
+    module.register_forward_hook(post, always_call=True)
+
+    # Calls inside submodules are theirs, not this module's.
+    def child_pre(_m, _a):
+        _stack().append(None)
+
+    def child_post(_m, _a, _o):
+        st = _stack()
+        if st and st[-1] is None:
+            st.pop()
+
+    for sub in module.modules():
+        if sub is not module:
+            sub.register_forward_pre_hook(child_pre)
+            sub.register_forward_hook(child_post, always_call=True)
+
+
+def _wrap_leaf(module, p, report, path):
+    orig = module.forward
+    params = dict(module.named_parameters(recurse=False))
+
+    if p in ("fp32", "tf32"):
+        return True
+    if p == "int8" and isinstance(module, torch.nn.Linear):
+
+        def forward(x, *a, **kw):
+            if _int_mm_ok(x, module.weight):
+                return _Int8Linear.apply(x.float(), module.weight, module.bias)
+            return F.linear(_fake_int8(x), _fake_int8(module.weight, dim=0), module.bias)
+
+        module.forward = forward
+        return True
+
+    if p in DTYPES and any(b.is_floating_point() for b in module.buffers(recurse=False)):
+        # Running statistics update in place, in their own dtype: such a
+        # layer (BatchNorm) stays in FP32.
+        report.warnings.append(f"`{path}` ({type(module).__name__}): kept in FP32, its running statistics "
+                               f"update in place (planned {p})")
+        return False
+
+    def forward(*args, **kwargs):
+        cast = {k: _lower(p, v, weight=True) for k, v in params.items()}
+        args = tuple(_lower(p, a) for a in args)
+        kwargs = {k: _lower(p, v) for k, v in kwargs.items()}
+        return _to_f32(_call_with(module, orig, cast, args, kwargs))
+
+    module.forward = forward
+    return True
+
+
+def _call_with(module, orig, cast, args, kwargs):
+    """`orig(*args)` with the module's own parameters replaced by `cast`."""
+    saved = {}
+    try:
+        for k, v in cast.items():
+            saved[k] = module._parameters[k]
+            module._parameters.pop(k)
+            setattr(module, k, v)
+        return orig(*args, **kwargs)
+    finally:
+        for k, v in saved.items():
+            delattr(module, k)
+            module._parameters[k] = v
+
+
+def apply_plan(module, plan_dir, device_type, *, prefix=None):
+    """Makes `module` compute as `plan_dir`'s plan for `device_type` says.
+
+    `prefix`: the module path of `module` inside the exported model (e.g.
+    `"m"` when the export wrapped it as `Wrap(m=module)`); by default the
+    prefix that maps the most planned operators is chosen (none, or the
+    export's first one or two path components). Returns an `ApplyReport`.
+    """
+    plan = Plan.load(plan_dir)
+    dplan = plan.device_plan(device_type)
+    report = ApplyReport(device=device_type)
+    names = {n for n, _ in module.named_modules()}
+    planned = [n for n in dplan.get("nodes", []) if n.get("planned")]
+
+    def strip(path, k):
+        parts = path.split(".") if path else []
+        return ".".join(parts[k:]) if len(parts) >= k else None
+
+    def fit(path, pre):
+        if path is None:
+            return None
+        if pre is None:
+            return path if path in names else None
+        if path == pre:
+            return ""
+        if pre and path.startswith(pre + "."):
+            q = path[len(pre) + 1:]
+            return q if q in names else None
+        return None
+
+    if prefix is None:
+        best = (-1, None)
+        mods = [n.get("module") for n in planned if n.get("module") is not None]
+        cands = {None} | {".".join(m.split(".")[:k]) for m in mods for k in (1, 2) if m and len(m.split(".")) >= k}
+        for pre in sorted(cands, key=lambda c: (c is not None, c or "")):
+            hits = sum(1 for m in mods if fit(m, pre) is not None)
+            if hits > best[0]:
+                best = (hits, pre)
+        prefix = best[1]
+
+    by_module = {}
+    for n in planned:
+        name, p, path = n["name"], n["precision"], n.get("module")
+        if path is None:
+            report.unmapped.append((name, "the exporter recorded no module for this operator"))
+            continue
+        target = fit(path, prefix)
+        if target is None:
+            report.unmapped.append((name, f"module `{path}` is not in this model"
+                                          + (f" (prefix `{prefix}` stripped)" if prefix else "")))
+            continue
+        by_module.setdefault(target, []).append(n)
+
+    all_mods = dict(module.named_modules())
+    for path, nodes in by_module.items():
+        m = all_mods[path]
+        leaf = len(list(m.children())) == 0 and any(True for _ in m.parameters(recurse=False))
+        if leaf:
+            p = _widest([n["precision"] for n in nodes])
+            if len({n["precision"] for n in nodes}) > 1:
+                report.warnings.append(f"`{path}`: its operators are planned at "
+                                       f"{sorted({n['precision'] for n in nodes})}; the widest, {p}, is applied")
+            applied = p if _wrap_leaf(m, p, report, path) else "fp32"
+            for n in nodes:
+                report.mapped.append((n["name"], path, applied))
+                report.per_precision[applied] += 1
+            if p == "int8" and not isinstance(m, torch.nn.Linear):
+                report.warnings.append(f"`{path}` ({type(m).__name__}): INT8 simulated by quantize-dequantize")
+        else:
+            calls = []
+            seen = {}
+            for n in nodes:
+                key = (_family_of_plan(n["op"], n.get("call")), n.get("call") or n["name"])
+                seen.setdefault(key, []).append(n)
+            for (fam, call), ns in seen.items():
+                p = _widest([x["precision"] for x in ns])
+                calls.append((fam, call, p))
+                for x in ns:
+                    report.mapped.append((x["name"], path, p))
+                    report.per_precision[p] += 1
+            rec = _CallRecord(path, calls)
+            _install_calls(m, rec)
+            report._records.append(rec)
+    if any(p == "int8" for _, _, p in report.mapped) and not torch.cuda.is_available():
+        report.warnings.append("INT8 runs as quantize-dequantize in FP32 on CPU (QSync's simulation mode)")
+    for w in report.warnings:
+        warnings.warn(w, stacklevel=2)
+    return report

@@ -1,0 +1,232 @@
+//! # qsync-python — the `qsync._native` extension module
+//!
+//! The native half of the `qsync` Python package (`python/qsync/`): it runs
+//! the runtime's gradient synchronization ([`qsync_runtime::GradSync`], every
+//! scheme, bit for bit the same code the MPI and NCCL jobs run) on buffers
+//! PyTorch hands over in a DistributedDataParallel communication hook.
+//!
+//! - On CPU the bytes travel through `torch.distributed` (gloo):
+//!   [`transport::PyTransport`] is a [`qsync_runtime::Communicator`] over the
+//!   package's `TorchTransport` object.
+//! - On CUDA the runtime's own NCCL communicator is used
+//!   ([`GradSync::nccl`](PyGradSync::nccl)): its unique id comes from
+//!   [`nccl_unique_id`] on rank 0 and is shared through torch's store.
+//!
+//! Python sees `GradSync(transport, scheme, *, nodes, group, seed,
+//! timeout_s, gather_f32)` with `all_reduce_mean(buffer)` (a writable,
+//! C-contiguous float32 buffer: a NumPy view of a DDP bucket), `fork()` (an
+//! independent state for another bucket, over a duplicate of the same
+//! group) and `wire_bytes`; `schemes()`; `nccl_unique_id()`; and the
+//! exception `SyncError`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use qsync_runtime::{Communicator, Deadline, Gather, GradSync, Scheme, SyncConfig};
+
+pub mod transport;
+
+pyo3::create_exception!(_native, SyncError, PyRuntimeError, "A gradient synchronization failed (timeout, dead peer, engine error).");
+
+/// One bucket's synchronization state.
+struct Owned(GradSync<'static>);
+
+// SAFETY: `GradSync` is `!Send` only because it holds its communicators as
+// `Box<dyn Communicator>` without a `Send` bound. The communicators in an
+// `Owned` are made in this module alone: a `PyTransport` (a `Py<PyAny>`
+// handle and a `Mutex`, both `Send`), its splits (again `PyTransport`s),
+// or an NCCL communicator whose state (a raw NCCL handle and an `Rc` to its
+// device) is only touched through the `Mutex` in `PyGradSync`, so at most
+// one thread uses it at a time and the `Rc` is never cloned outside it.
+#[allow(unsafe_code)]
+unsafe impl Send for Owned {}
+
+impl Owned {
+    fn mean(&mut self, grad: &mut [f32]) -> Result<(), qsync_runtime::SyncError> {
+        self.0.all_reduce_mean(grad)
+    }
+}
+
+/// Gradient synchronization for one DDP bucket (see the module docs).
+#[pyclass(name = "GradSync", module = "qsync._native")]
+struct PyGradSync {
+    state: Mutex<Owned>,
+    name: String,
+    timeout: Duration,
+}
+
+fn sync_err(e: impl std::fmt::Display) -> PyErr {
+    SyncError::new_err(e.to_string())
+}
+
+fn config(scheme: &str, nodes: usize, group: usize, seed: u64, timeout_s: f64, gather_f32: bool)
+    -> PyResult<SyncConfig> {
+    let scheme: Scheme = scheme.parse().map_err(|e| PyValueError::new_err(format!("{e}")))?;
+    if !(timeout_s.is_finite() && timeout_s > 0.0) {
+        return Err(PyValueError::new_err(format!("timeout_s must be a positive number of seconds, not {timeout_s}")));
+    }
+    let mut cfg = SyncConfig::new(scheme);
+    cfg.nodes = nodes;
+    cfg.group = group;
+    cfg.seed = seed;
+    cfg.timeout = Duration::from_secs_f64(timeout_s);
+    cfg.gather = if gather_f32 { Gather::F32 } else { Gather::Quantized };
+    Ok(cfg)
+}
+
+impl PyGradSync {
+    fn make(py: Python<'_>, world: Box<dyn Communicator>, cfg: SyncConfig) -> PyResult<Self> {
+        let name = cfg.scheme.name();
+        let timeout = cfg.timeout;
+        // Hierarchical schemes split the world here (a collective; the GIL
+        // stays held: a Python transport needs it anyway).
+        let _ = py;
+        let sync = GradSync::owning(world, cfg).map(Owned).map_err(sync_err)?;
+        Ok(PyGradSync { state: Mutex::new(sync), name, timeout })
+    }
+
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, Owned>> {
+        self.state.lock().map_err(|_| SyncError::new_err("an earlier synchronization panicked"))
+    }
+}
+
+#[pymethods]
+impl PyGradSync {
+    /// Synchronization over a Python transport (`qsync.TorchTransport`).
+    #[new]
+    #[pyo3(signature = (transport, scheme, *, nodes=1, group=512, seed=0, timeout_s=60.0, gather_f32=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        transport: &Bound<'_, PyAny>,
+        scheme: &str,
+        nodes: usize,
+        group: usize,
+        seed: u64,
+        timeout_s: f64,
+        gather_f32: bool,
+    ) -> PyResult<Self> {
+        let cfg = config(scheme, nodes, group, seed, timeout_s, gather_f32)?;
+        let world = transport::PyTransport::new(transport)?;
+        Self::make(py, Box::new(world), cfg)
+    }
+
+    /// Synchronization over the runtime's NCCL communicator: rank `rank` of
+    /// `world` on CUDA device `device`, joined through `unique_id` (the hex
+    /// string [`nccl_unique_id`] made on rank 0).
+    #[staticmethod]
+    #[pyo3(signature = (rank, world, unique_id, device, scheme, *, nodes=1, group=512, seed=0, timeout_s=60.0, gather_f32=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn nccl(
+        py: Python<'_>,
+        rank: usize,
+        world: usize,
+        unique_id: &str,
+        device: usize,
+        scheme: &str,
+        nodes: usize,
+        group: usize,
+        seed: u64,
+        timeout_s: f64,
+        gather_f32: bool,
+    ) -> PyResult<Self> {
+        use qsync_runtime::nccl::{probe, NcclComm, RankEnv, UniqueId};
+        let cfg = config(scheme, nodes, group, seed, timeout_s, gather_f32)?;
+        let id = UniqueId::from_hex(unique_id).map_err(sync_err)?;
+        let env = RankEnv { id, rank, world, device: Some(device) };
+        let deadline = Deadline::after(cfg.timeout);
+        let comm = py
+            .detach(|| probe().and_then(|info| NcclComm::init(info, &env, deadline)).map(Owned2))
+            .map_err(sync_err)?;
+        Self::make(py, Box::new(comm.0), cfg)
+    }
+
+    /// An independent state for another bucket: the same scheme over a
+    /// duplicate of this group (a collective: every rank calls it).
+    fn fork(&self, py: Python<'_>) -> PyResult<Self> {
+        let guard = self.lock()?;
+        let deadline = Deadline::after(self.timeout);
+        let cfg = guard.0.config().clone();
+        let world = guard.0.world();
+        let dup = world.split(0, world.rank(), deadline).map_err(sync_err)?;
+        drop(guard);
+        Self::make(py, dup, cfg)
+    }
+
+    /// Replaces the float32 values of `buffer` (writable, C-contiguous) by
+    /// their mean over every rank. Every rank calls it with the same length.
+    fn all_reduce_mean(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buf: PyBuffer<f32> = PyBuffer::get(buffer)?;
+        if buf.readonly() || !buf.is_c_contiguous() {
+            return Err(PyValueError::new_err("all_reduce_mean needs a writable, C-contiguous float32 buffer"));
+        }
+        let mut values = buf.to_vec(py)?;
+        let mut guard = self.lock()?;
+        let state = &mut *guard;
+        py.detach(|| state.mean(&mut values)).map_err(sync_err)?;
+        drop(guard);
+        buf.copy_from_slice(py, &values)
+    }
+
+    /// The scheme's canonical name.
+    #[getter]
+    fn scheme(&self) -> String {
+        self.name.clone()
+    }
+
+    /// Bytes this rank received from others so far: `(intra_node, inter_node)`.
+    #[getter]
+    fn wire_bytes(&self) -> PyResult<(u64, u64)> {
+        let w = self.lock()?.0.wire_bytes();
+        Ok((w.intra_node, w.inter_node))
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let g = self.lock()?;
+        let w = g.0.world();
+        Ok(format!("GradSync({}, rank {} of {} over {})", self.name, w.rank(), w.size(), w.backend()))
+    }
+}
+
+/// The NCCL communicator on its way out of a GIL-free section.
+struct Owned2(qsync_runtime::nccl::NcclComm);
+
+// SAFETY: the communicator is created in the closure and handed to the
+// caller, which moves it straight into a `PyGradSync` (see `Owned`); no
+// other reference to it exists while it crosses threads.
+#[allow(unsafe_code)]
+unsafe impl Send for Owned2 {}
+
+/// The synchronization schemes (base names; add `-sr` for stochastic
+/// rounding and `-ef` for error feedback where they apply).
+#[pyfunction]
+fn schemes() -> Vec<&'static str> {
+    Scheme::BASE_NAMES.to_vec()
+}
+
+/// The canonical name of `scheme`, or `ValueError` naming the known ones.
+#[pyfunction]
+fn parse_scheme(scheme: &str) -> PyResult<String> {
+    scheme.parse::<Scheme>().map(|s| s.name()).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// A fresh NCCL unique id (hex), made on rank 0 and shared with the others.
+#[pyfunction]
+fn nccl_unique_id() -> PyResult<String> {
+    qsync_runtime::nccl::probe().map_err(sync_err)?;
+    qsync_runtime::nccl::UniqueId::new().map(|id| id.to_hex()).map_err(sync_err)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyGradSync>()?;
+    m.add_function(wrap_pyfunction!(schemes, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_scheme, m)?)?;
+    m.add_function(wrap_pyfunction!(nccl_unique_id, m)?)?;
+    m.add("SyncError", m.py().get_type::<SyncError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

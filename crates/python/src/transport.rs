@@ -1,0 +1,260 @@
+//! [`PyTransport`]: a [`Communicator`] whose bytes travel through a Python
+//! object — in the `qsync` package, `torch.distributed` process groups
+//! (gloo on CPU) — so that every scheme of [`qsync_runtime::GradSync`] runs
+//! unchanged inside a PyTorch job.
+//!
+//! The Python object (`qsync._transport.TorchTransport`) provides byte
+//! collectives only: `all_gather`, `all_gather_v`, `all_to_all_v`,
+//! `all_reduce_f32`, `broadcast`, `barrier`, `split`, `abort`, each taking
+//! the seconds left before the deadline as its last argument and raising
+//! `TimeoutError` when they run out, `ConnectionError` when a peer is gone.
+//! 16-bit sums are done here (an all-gather, then an f32 sum in rank order
+//! rounded once), the same arithmetic as the MPI backend, so no transport
+//! needs 16-bit reductions and every rank gets the same bits.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use pyo3::exceptions::{PyConnectionError, PyTimeoutError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyFloat, PyList, PyTuple};
+use qsync_kernels::reference::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use qsync_runtime::{CommError, Communicator, Deadline, ReduceBuf};
+
+const BACKEND: &str = "torch.distributed";
+
+/// A communicator over a Python transport object.
+#[derive(Debug)]
+pub struct PyTransport {
+    obj: Py<PyAny>,
+    rank: usize,
+    size: usize,
+    /// The first failure; every later call fails fast with it.
+    poisoned: Mutex<Option<String>>,
+}
+
+impl PyTransport {
+    /// Wraps `obj`, reading its `rank` and `size` attributes.
+    pub fn new(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let rank: usize = obj.getattr("rank")?.extract()?;
+        let size: usize = obj.getattr("size")?.extract()?;
+        if size == 0 || rank >= size {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "transport says rank {rank} of {size} ranks"
+            )));
+        }
+        Ok(PyTransport { obj: obj.clone().unbind(), rank, size, poisoned: Mutex::new(None) })
+    }
+
+    fn check(&self) -> Result<(), CommError> {
+        match self.poisoned.lock().map(|g| g.clone()) {
+            Ok(None) => Ok(()),
+            Ok(Some(why)) => Err(CommError::Poisoned(why)),
+            Err(_) => Err(CommError::Poisoned("a thread panicked inside the transport".into())),
+        }
+    }
+
+    fn poison(&self, e: CommError) -> CommError {
+        if let Ok(mut g) = self.poisoned.lock() {
+            g.get_or_insert_with(|| e.to_string());
+        }
+        e
+    }
+
+    /// Calls `method(*args, seconds_left)` on the transport.
+    fn call<F>(&self, op: &'static str, deadline: Deadline, method: &str, args: F) -> Result<Py<PyAny>, CommError>
+    where
+        F: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>>,
+    {
+        self.check()?;
+        let left = deadline.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.poison(CommError::Timeout { op, rank: self.rank, timeout: deadline.budget }));
+        }
+        Python::attach(|py| {
+            let run = || -> PyResult<Py<PyAny>> {
+                let mut a = args(py)?;
+                a.push(PyFloat::new(py, left.as_secs_f64()).into_any());
+                let tuple = PyTuple::new(py, a)?;
+                Ok(self.obj.bind(py).call_method1(method, tuple)?.unbind())
+            };
+            run().map_err(|e| self.from_py(py, op, deadline, e))
+        })
+    }
+
+    fn from_py(&self, py: Python<'_>, op: &'static str, deadline: Deadline, e: PyErr) -> CommError {
+        let err = if e.is_instance_of::<PyTimeoutError>(py) {
+            CommError::Timeout { op, rank: self.rank, timeout: deadline.budget }
+        } else if e.is_instance_of::<PyConnectionError>(py) {
+            CommError::PeerFailed { op, rank: self.rank, detail: e.value(py).to_string() }
+        } else {
+            CommError::Backend { backend: BACKEND, op, code: -1, message: e.to_string() }
+        };
+        self.poison(err)
+    }
+
+    /// Copies a returned `bytes` object of exactly `want` bytes into `out`.
+    fn take_bytes(&self, op: &'static str, obj: Py<PyAny>, out: &mut [u8]) -> Result<(), CommError> {
+        Python::attach(|py| {
+            let b = obj.bind(py);
+            let bytes = b.cast::<PyBytes>().map_err(|_| CommError::Backend {
+                backend: BACKEND,
+                op,
+                code: -1,
+                message: "the transport returned something other than bytes".into(),
+            })?;
+            let got = bytes.as_bytes();
+            if got.len() != out.len() {
+                return Err(self.poison(CommError::Backend {
+                    backend: BACKEND,
+                    op,
+                    code: -1,
+                    message: format!("the transport returned {} bytes, {} were expected", got.len(), out.len()),
+                }));
+            }
+            out.copy_from_slice(got);
+            Ok(())
+        })
+    }
+
+    /// Sums 16-bit values across ranks: all-gather, f32 sum in rank order,
+    /// one rounding.
+    fn sum16(&self, buf: &mut [u16], up: fn(u16) -> f32, down: fn(f32) -> u16, deadline: Deadline)
+        -> Result<(), CommError> {
+        let send: Vec<u8> = buf.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut all = vec![0u8; send.len() * self.size];
+        self.all_gather(&send, &mut all, deadline)?;
+        let n = buf.len();
+        for (i, out) in buf.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for r in 0..self.size {
+                let at = 2 * (r * n + i);
+                acc += up(u16::from_le_bytes([all[at], all[at + 1]]));
+            }
+            *out = down(acc);
+        }
+        Ok(())
+    }
+}
+
+fn bytes<'py>(py: Python<'py>, b: &[u8]) -> Bound<'py, PyAny> {
+    PyBytes::new(py, b).into_any()
+}
+
+fn ints<'py>(py: Python<'py>, v: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+    Ok(PyList::new(py, v)?.into_any())
+}
+
+fn int<'py>(py: Python<'py>, v: usize) -> PyResult<Bound<'py, PyAny>> {
+    Ok(v.into_pyobject(py)?.into_any())
+}
+
+impl Communicator for PyTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError> {
+        let obj = self.call("split", deadline, "split", |py| Ok(vec![int(py, color)?, int(py, key)?]))?;
+        Python::attach(|py| PyTransport::new(obj.bind(py)))
+            .map(|t| Box::new(t) as Box<dyn Communicator>)
+            .map_err(|e| {
+                self.poison(CommError::Backend { backend: BACKEND, op: "split", code: -1, message: e.to_string() })
+            })
+    }
+
+    fn all_gather(&self, send: &[u8], recv: &mut [u8], deadline: Deadline) -> Result<(), CommError> {
+        if recv.len() != send.len() * self.size {
+            return Err(CommError::InvalidArgument {
+                op: "all_gather",
+                detail: format!("{} send and {} recv bytes for {} ranks", send.len(), recv.len(), self.size),
+            });
+        }
+        let out = self.call("all_gather", deadline, "all_gather", |py| Ok(vec![bytes(py, send)]))?;
+        self.take_bytes("all_gather", out, recv)
+    }
+
+    fn all_gather_v(&self, send: &[u8], recv: &mut [u8], counts: &[usize], deadline: Deadline)
+        -> Result<(), CommError> {
+        check_counts("all_gather_v", counts, self.size, recv.len())?;
+        if counts[self.rank] != send.len() {
+            return Err(CommError::InvalidArgument {
+                op: "all_gather_v",
+                detail: format!("rank {} sends {} bytes, counts say {}", self.rank, send.len(), counts[self.rank]),
+            });
+        }
+        let out = self.call("all_gather_v", deadline, "all_gather_v", |py| Ok(vec![bytes(py, send), ints(py, counts)?]))?;
+        self.take_bytes("all_gather_v", out, recv)
+    }
+
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv: &mut [u8],
+        recv_counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<(), CommError> {
+        check_counts("all_to_all_v", send_counts, self.size, send.len())?;
+        check_counts("all_to_all_v", recv_counts, self.size, recv.len())?;
+        let out = self.call("all_to_all_v", deadline, "all_to_all_v", |py| {
+            Ok(vec![bytes(py, send), ints(py, send_counts)?, ints(py, recv_counts)?])
+        })?;
+        self.take_bytes("all_to_all_v", out, recv)
+    }
+
+    fn all_reduce_sum(&self, buf: ReduceBuf<'_>, deadline: Deadline) -> Result<(), CommError> {
+        match buf {
+            ReduceBuf::F32(b) => {
+                let send: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let mut out = vec![0u8; send.len()];
+                let got = self.call("all_reduce", deadline, "all_reduce_f32", |py| Ok(vec![bytes(py, &send)]))?;
+                self.take_bytes("all_reduce", got, &mut out)?;
+                for (v, c) in b.iter_mut().zip(out.chunks_exact(4)) {
+                    *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+                Ok(())
+            }
+            ReduceBuf::F16(b) => self.sum16(b, f16_to_f32, f32_to_f16, deadline),
+            ReduceBuf::BF16(b) => self.sum16(b, bf16_to_f32, f32_to_bf16, deadline),
+        }
+    }
+
+    fn broadcast(&self, buf: &mut [u8], root: usize, deadline: Deadline) -> Result<(), CommError> {
+        if root >= self.size {
+            return Err(CommError::InvalidArgument {
+                op: "broadcast",
+                detail: format!("root {root} of {} ranks", self.size),
+            });
+        }
+        let got = self.call("broadcast", deadline, "broadcast", |py| Ok(vec![bytes(py, buf), int(py, root)?]))?;
+        self.take_bytes("broadcast", got, buf)
+    }
+
+    fn barrier(&self, deadline: Deadline) -> Result<(), CommError> {
+        self.call("barrier", deadline, "barrier", |_| Ok(Vec::new())).map(drop)
+    }
+
+    fn abort(&self, code: i32) -> ! {
+        let _ = Python::attach(|py| self.obj.bind(py).call_method1("abort", (code,)).map(drop));
+        std::process::exit(if code == 0 { 1 } else { code })
+    }
+}
+
+fn check_counts(op: &'static str, counts: &[usize], size: usize, len: usize) -> Result<(), CommError> {
+    if counts.len() != size || counts.iter().sum::<usize>() != len {
+        return Err(CommError::InvalidArgument {
+            op,
+            detail: format!("{} counts summing to {} for {size} ranks and {len} bytes", counts.len(), counts.iter().sum::<usize>()),
+        });
+    }
+    Ok(())
+}

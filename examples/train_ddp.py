@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Plan a model with qsync, then train it with DistributedDataParallel.
+
+  # 1. export the PyTorch model to ONNX and plan it for a hybrid cluster
+  python examples/train_ddp.py plan --model resnet18 --targets v100:2,t4:2 --batch 8 -o target/ddp-plan
+  # 2. train: each rank applies its device type's plan and the qsync hook
+  torchrun --nproc-per-node 4 examples/train_ddp.py train --plan target/ddp-plan --steps 5
+
+`train` without `--plan` is plain FP32 DDP over the same global batches (the
+baseline); `--scheme S` overrides the plan's synchronization scheme (or,
+without a plan, tries scheme S alone). Every rank draws the same synthetic
+global batch each step and trains on its own slice of it, sized by its device
+type's local batch, so a plan's uneven split and the uniform baseline see the
+same samples. Rank 0 prints one JSON line per step: the global loss (the
+batch-weighted mean of the ranks' losses) and, per rank, a digest of every
+parameter, so a test can check that the replicas stay identical.
+
+CPU only here (gloo); with CUDA devices visible, `--device cuda` trains on
+them with the runtime's NCCL path.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# ---- models ------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block with its attention written out, so each
+    matmul and softmax is an operator the plan can set."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        self.o = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def attend(self, x):
+        b, s, d = x.shape
+        h = self.heads
+
+        def split(t):
+            return t.reshape(b, s, h, d // h).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        att = torch.matmul(q, k.transpose(-1, -2)) * (d // h) ** -0.5
+        att = torch.softmax(att, dim=-1)
+        y = torch.matmul(att, v).transpose(1, 2).reshape(b, s, d)
+        return self.o(y)
+
+    def forward(self, x):
+        x = x + self.attend(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab=256, d=64, heads=4, layers=2, seq=16, classes=10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(1, seq, d))
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm(x).mean(dim=1))
+
+
+def make_model(name, seed):
+    torch.manual_seed(seed)
+    if name == "resnet18":
+        import torchvision
+
+        return torchvision.models.resnet18(num_classes=10)
+    if name == "transformer":
+        return Transformer()
+    raise SystemExit(f"unknown model {name!r} (resnet18, transformer)")
+
+
+def example_input(name, batch):
+    if name == "resnet18":
+        return torch.randn(batch, 3, 32, 32)
+    return torch.randint(0, 256, (batch, 16))
+
+
+def global_batch(name, batch, step, seed):
+    """The step's synthetic global batch, the same on every rank."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    if name == "resnet18":
+        x = torch.randn(batch, 3, 32, 32, generator=g)
+    else:
+        x = torch.randint(0, 256, (batch, 16), generator=g)
+    y = torch.randint(0, 10, (batch,), generator=g)
+    return x, y
+
+
+# ---- plan --------------------------------------------------------------------
+
+
+def qsyncc_binary():
+    exe = os.environ.get("QSYNCC")
+    if exe:
+        return exe
+    here = os.path.dirname(os.path.abspath(__file__))
+    for p in ("../target/release/qsyncc", "../target/debug/qsyncc"):
+        cand = os.path.join(here, p)
+        if os.path.exists(cand):
+            return cand
+    found = shutil.which("qsyncc")
+    if found:
+        return found
+    raise SystemExit("qsyncc not found: build it (cargo build --release -p qsyncc) or set $QSYNCC")
+
+
+def cmd_plan(a):
+    model = make_model(a.model, a.seed)
+    model.train()
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = os.path.join(tmp, f"{a.model}.onnx")
+        torch.onnx.export(model, (example_input(a.model, a.batch),), onnx_path, dynamo=a.exporter == "dynamo",
+                          training=torch.onnx.TrainingMode.TRAINING, input_names=["x"],
+                          **({} if a.exporter == "dynamo" else {"do_constant_folding": False}))
+        cmd = [qsyncc_binary(), onnx_path, "--targets", a.targets, "--batch", str(a.batch), "-o", a.output]
+        cmd += a.qsyncc_args
+        print("+ " + " ".join(cmd), file=sys.stderr)
+        r = subprocess.run(cmd)
+        if r.returncode != 0:
+            raise SystemExit(r.returncode)
+
+
+# ---- train -------------------------------------------------------------------
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for _, p in sorted(model.named_parameters()):
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def cmd_train(a):
+    import qsync
+
+    dist.init_process_group("gloo" if a.device == "cpu" else "nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(a.device if a.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    model = make_model(a.model, a.seed)
+    report = None
+    if a.plan:
+        plan = qsync.Plan.load(a.plan)
+        dev = plan.device_for_rank(rank)
+        batches = [plan.local_batch(plan.device_for_rank(r)) for r in range(world)]
+        report = qsync.apply_plan(model, a.plan, dev)
+        if report.unmapped:
+            print(f"rank {rank}: {report}", file=sys.stderr)
+    else:
+        batches = [a.batch] * world
+    gbatch = sum(batches)
+    start = sum(batches[:rank])
+    model.to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
+    scheme = a.scheme or (None if a.plan else None)
+    if a.plan or a.scheme:
+        hook = qsync.comm_hook(a.plan or a.scheme, scheme=a.scheme if a.plan else None, seed=a.seed)
+        ddp.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+    for step in range(a.steps):
+        x, y = global_batch(a.model, gbatch, step, a.seed)
+        x, y = x[start:start + batches[rank]].to(device), y[start:start + batches[rank]].to(device)
+        if a.fail_rank == rank and a.fail_step == step:
+            raise RuntimeError(f"rank {rank}: failing on purpose at step {step} (--fail-rank)")
+        loss = F.cross_entropy(ddp(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        # The global loss: each rank's mean loss weighted by its batch share.
+        t = torch.tensor([loss.item() * batches[rank] / gbatch], dtype=torch.float64)
+        dist.all_reduce(t)
+        digests = [None] * world
+        dist.all_gather_object(digests, digest(model))
+        if rank == 0:
+            rec = {"step": step, "loss": t.item(), "digests": digests, "batches": batches,
+                   "scheme": a.scheme or (qsync.Plan.load(a.plan).sync_scheme if a.plan else "ddp-fp32")}
+            if report is not None and step == 0:
+                rec["mapped"] = len(report.mapped)
+                rec["unmapped"] = len(report.unmapped)
+                rec["precisions"] = dict(report.per_precision)
+                rec["unmatched_calls"] = len(report.unmatched_calls())
+            print(json.dumps(rec), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # gloo with a communication hook can abort at interpreter exit on small
+    # machines ("terminate called without an active exception"): leave now.
+    os._exit(0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan", help="export the model to ONNX and plan it with qsyncc")
+    p.add_argument("--model", default="resnet18", choices=["resnet18", "transformer"])
+    p.add_argument("--targets", default="v100:2,t4:2")
+    p.add_argument("--batch", type=int, default=8, help="per-device batch the plan starts from")
+    p.add_argument("--exporter", default="legacy", choices=["legacy", "dynamo"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("qsyncc_args", nargs="*", help="more qsyncc options, after `--`")
+    t = sub.add_parser("train", help="train under torchrun")
+    t.add_argument("--model", default="resnet18", choices=["resnet18", "transformer"])
+    t.add_argument("--plan", help="plan directory (omit for plain FP32 DDP)")
+    t.add_argument("--scheme", help="synchronization scheme (overrides the plan's)")
+    t.add_argument("--batch", type=int, default=8, help="per-rank batch without a plan")
+    t.add_argument("--steps", type=int, default=5)
+    t.add_argument("--lr", type=float, default=0.05)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--bucket-mb", type=float, default=25.0)
+    t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    t.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at --fail-step (failure tests)")
+    t.add_argument("--fail-step", type=int, default=1)
+    a = ap.parse_args()
+    (cmd_plan if a.cmd == "plan" else cmd_train)(a)
+
+
+if __name__ == "__main__":
+    main()
