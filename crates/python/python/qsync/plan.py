@@ -236,6 +236,9 @@ class ApplyReport:
     unmapped: list = field(default_factory=list)  # (node, reason)
     per_precision: Counter = field(default_factory=Counter)
     warnings: list = field(default_factory=list)
+    # Layers with running statistics (BatchNorm) planned in 16 bits: their
+    # statistics update in place in their own dtype, so they stay in FP32.
+    kept_fp32: list = field(default_factory=list)
     _records: list = field(default_factory=list, repr=False)
 
     def unmatched_calls(self):
@@ -277,6 +280,10 @@ def _family_of_plan(op, call):
         "Softmax": "softmax", "LogSoftmax": "softmax",
         "LayerNormalization": "norm", "BatchNormalization": "norm", "GroupNormalization": "norm",
         "InstanceNormalization": "norm", "Attention": "attention",
+        "ReduceMean": "reduce", "ReduceSum": "reduce", "ReduceMax": "reduce", "ReduceMin": "reduce",
+        "ReduceProd": "reduce", "ReduceL1": "reduce", "ReduceL2": "reduce", "ReduceSumSquare": "reduce",
+        "ReduceLogSumExp": "reduce", "ReduceLogSum": "reduce",
+        "GlobalAveragePool": "pool", "AveragePool": "pool", "GlobalMaxPool": "pool", "MaxPool": "pool",
     }.get(op, op.lower())
 
 
@@ -291,6 +298,12 @@ def _torch_families():
         fam[f] = "softmax"
     for f in (F.layer_norm, F.batch_norm, F.group_norm, F.instance_norm):
         fam[f] = "norm"
+    for f in (torch.mean, torch.Tensor.mean, torch.sum, torch.Tensor.sum, torch.amax, torch.Tensor.amax,
+              torch.logsumexp, torch.Tensor.logsumexp, torch.norm, torch.Tensor.norm):
+        fam[f] = "reduce"
+    for f in (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, F.avg_pool1d, F.avg_pool2d,
+              F.avg_pool3d, F.adaptive_max_pool2d, F.max_pool2d):
+        fam[f] = "pool"
     fam[F.scaled_dot_product_attention] = "attention"
     return fam
 
@@ -384,8 +397,7 @@ def _wrap_leaf(module, p, report, path):
     if p in DTYPES and any(b.is_floating_point() for b in module.buffers(recurse=False)):
         # Running statistics update in place, in their own dtype: such a
         # layer (BatchNorm) stays in FP32.
-        report.warnings.append(f"`{path}` ({type(module).__name__}): kept in FP32, its running statistics "
-                               f"update in place (planned {p})")
+        report.kept_fp32.append(f"{path} ({type(module).__name__}, planned {p})")
         return False
 
     def forward(*args, **kwargs):
@@ -469,7 +481,9 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None):
     all_mods = dict(module.named_modules())
     for path, nodes in by_module.items():
         m = all_mods[path]
-        leaf = len(list(m.children())) == 0 and any(True for _ in m.parameters(recurse=False))
+        # A module without children is one operation (Conv, Linear, norms,
+        # pooling): run it whole at the precision.
+        leaf = len(list(m.children())) == 0
         if leaf:
             p = _widest([n["precision"] for n in nodes])
             if len({n["precision"] for n in nodes}) > 1:
@@ -479,8 +493,6 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None):
             for n in nodes:
                 report.mapped.append((n["name"], path, applied))
                 report.per_precision[applied] += 1
-            if p == "int8" and not isinstance(m, torch.nn.Linear):
-                report.warnings.append(f"`{path}` ({type(m).__name__}): INT8 simulated by quantize-dequantize")
         else:
             calls = []
             seen = {}
@@ -496,6 +508,9 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None):
             rec = _CallRecord(path, calls)
             _install_calls(m, rec)
             report._records.append(rec)
+    if report.kept_fp32:
+        report.warnings.append(f"{len(report.kept_fp32)} layers with running statistics kept in FP32 "
+                               f"(e.g. {report.kept_fp32[0]})")
     if any(p == "int8" for _, _, p in report.mapped) and not torch.cuda.is_available():
         report.warnings.append("INT8 runs as quantize-dequantize in FP32 on CPU (QSync's simulation mode)")
     for w in report.warnings:
