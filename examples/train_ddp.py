@@ -165,49 +165,54 @@ def cmd_train(a):
     dist.init_process_group("gloo" if a.device == "cpu" else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(a.device if a.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
-    model = make_model(a.model, a.seed)
-    report = None
-    if a.plan:
-        plan = qsync.Plan.load(a.plan)
-        dev = plan.device_for_rank(rank)
+    plan = qsync.Plan.load(a.plan) if a.plan else None
+    if plan:
         batches = [plan.local_batch(plan.device_for_rank(r)) for r in range(world)]
-        report = qsync.apply_plan(model, a.plan, dev)
-        if report.unmapped:
-            print(f"rank {rank}: {report}", file=sys.stderr)
     else:
         batches = [a.batch] * world
     gbatch = sum(batches)
     start = sum(batches[:rank])
-    model.to(device)
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
-    scheme = a.scheme or (None if a.plan else None)
-    if a.plan or a.scheme:
-        hook = qsync.comm_hook(a.plan or a.scheme, scheme=a.scheme if a.plan else None, seed=a.seed)
-        ddp.register_comm_hook(None, hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
-    for step in range(a.steps):
-        x, y = global_batch(a.model, gbatch, step, a.seed)
-        x, y = x[start:start + batches[rank]].to(device), y[start:start + batches[rank]].to(device)
-        if a.fail_rank == rank and a.fail_step == step:
-            raise RuntimeError(f"rank {rank}: failing on purpose at step {step} (--fail-rank)")
-        loss = F.cross_entropy(ddp(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        # The global loss: each rank's mean loss weighted by its batch share.
-        t = torch.tensor([loss.item() * batches[rank] / gbatch], dtype=torch.float64)
-        dist.all_reduce(t)
-        digests = [None] * world
-        dist.all_gather_object(digests, digest(model))
-        if rank == 0:
-            rec = {"step": step, "loss": t.item(), "digests": digests, "batches": batches,
-                   "scheme": a.scheme or (qsync.Plan.load(a.plan).sync_scheme if a.plan else "ddp-fp32")}
-            if report is not None and step == 0:
-                rec["mapped"] = len(report.mapped)
-                rec["unmapped"] = len(report.unmapped)
-                rec["precisions"] = dict(report.per_precision)
-                rec["unmatched_calls"] = len(report.unmatched_calls())
-            print(json.dumps(rec), flush=True)
+    schemes = a.schemes.split(",") if a.schemes else [a.scheme or (plan.sync_scheme if plan else "ddp")]
+    for scheme in schemes:
+        model = make_model(a.model, a.seed)
+        report = None
+        if plan and not a.no_apply:
+            report = qsync.apply_plan(model, a.plan, plan.device_for_rank(rank))
+            if report.unmapped:
+                print(f"rank {rank}: {report}", file=sys.stderr)
+        model.to(device)
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
+        hook = None
+        if plan:
+            hook = qsync.comm_hook(a.plan, scheme=scheme, seed=a.seed)
+        elif scheme != "ddp":
+            hook = qsync.comm_hook(scheme, seed=a.seed)
+        if hook is not None:
+            ddp.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+        for step in range(a.steps):
+            x, y = global_batch(a.model, gbatch, step, a.seed)
+            x, y = x[start:start + batches[rank]].to(device), y[start:start + batches[rank]].to(device)
+            if a.fail_rank == rank and a.fail_step == step:
+                raise RuntimeError(f"rank {rank}: failing on purpose at step {step} (--fail-rank)")
+            loss = F.cross_entropy(ddp(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            # The global loss: each rank's mean loss weighted by its batch share.
+            t = torch.tensor([loss.item() * batches[rank] / gbatch], dtype=torch.float64)
+            dist.all_reduce(t)
+            digests = [None] * world
+            dist.all_gather_object(digests, digest(model))
+            if rank == 0:
+                rec = {"scheme": scheme, "step": step, "loss": t.item(), "digests": digests, "batches": batches}
+                if report is not None and step == 0:
+                    rec["mapped"] = len(report.mapped)
+                    rec["unmapped"] = len(report.unmapped)
+                    rec["precisions"] = dict(report.per_precision)
+                if report is not None and step == a.steps - 1:
+                    rec["unmatched_calls"] = len(report.unmatched_calls())
+                print(json.dumps(rec), flush=True)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -231,7 +236,9 @@ def main():
     t = sub.add_parser("train", help="train under torchrun")
     t.add_argument("--model", default="resnet18", choices=["resnet18", "transformer"])
     t.add_argument("--plan", help="plan directory (omit for plain FP32 DDP)")
-    t.add_argument("--scheme", help="synchronization scheme (overrides the plan's)")
+    t.add_argument("--scheme", help="synchronization scheme (overrides the plan's; `ddp`: DDP's own all-reduce)")
+    t.add_argument("--schemes", help="comma-separated schemes, trained one after another from the same start")
+    t.add_argument("--no-apply", action="store_true", help="use the plan's batches and gradient weights only")
     t.add_argument("--batch", type=int, default=8, help="per-rank batch without a plan")
     t.add_argument("--steps", type=int, default=5)
     t.add_argument("--lr", type=float, default=0.05)

@@ -52,3 +52,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # --- end qsync-runtime
+
+# --- qsync Python package (issue 18): PyTorch for the DDP tests and the
+# example, in its own virtual environment (PyPI's torch wheel pulls its CUDA
+# libraries: ~5.8 GB and ~3 minutes the first time, nothing after), plus
+# maturin to build the `qsync` wheel. Outside the checkout, so fresh clones
+# on the same machine share it.
+torch_venv=${QSYNC_TORCH_VENV:-$HOME/.cache/qsync/torch-venv}
+torch_pkgs=(torch==2.15.0 torchvision==0.29.2 transformers==5.23.0 onnx==1.20.1 onnxscript==0.7.2
+  numpy==2.3.5 maturin==1.16.0)
+if ! "$torch_venv/bin/python" -c 'import torch, torchvision, transformers, onnxscript' 2>/dev/null \
+  || [ ! -x "$torch_venv/bin/maturin" ]; then
+  echo "setup: installing PyTorch and maturin into $torch_venv (first time: ~3 min, ~5.8 GB)" >&2
+  mkdir -p "$(dirname "$torch_venv")"
+  "$PY" -m venv "$torch_venv"
+  "$torch_venv/bin/pip" install -q --disable-pip-version-check "${torch_pkgs[@]}"
+fi
+# --- end qsync Python package

@@ -347,35 +347,33 @@ class _CallRecord(TorchFunctionMode):
         return _to_f32(func(*args, **kwargs))
 
 
-def _install_calls(module, rec):
-    def pre(_m, _a):
-        st = _stack()
-        st.append(rec)
-        rec.count.clear()
-        rec.__enter__()
+def _install_calls(owners):
+    """Hooks that keep, per thread, a stack of the module forwards running:
+    each owner's record while its own code runs, `None` while any other
+    module under an owner runs (its calls are its own). One pre and one post
+    hook per module, whatever nesting of owners."""
+    under = {}
+    for m, rec in owners.items():
+        for sub in m.modules():
+            under.setdefault(id(sub), (sub, owners.get(sub)))
 
-    def post(_m, _a, _o):
-        rec.__exit__(None, None, None)
-        st = _stack()
-        if st and st[-1] is rec:
-            st.pop()
+    for sub, rec in under.values():
 
-    module.register_forward_pre_hook(pre)
-    module.register_forward_hook(post, always_call=True)
+        def pre(_m, _a, rec=rec):
+            _stack().append(rec)
+            if rec is not None:
+                rec.count.clear()
+                rec.__enter__()
 
-    # Calls inside submodules are theirs, not this module's.
-    def child_pre(_m, _a):
-        _stack().append(None)
+        def post(_m, _a, _o, rec=rec):
+            st = _stack()
+            if st:
+                st.pop()
+            if rec is not None:
+                rec.__exit__(None, None, None)
 
-    def child_post(_m, _a, _o):
-        st = _stack()
-        if st and st[-1] is None:
-            st.pop()
-
-    for sub in module.modules():
-        if sub is not module:
-            sub.register_forward_pre_hook(child_pre)
-            sub.register_forward_hook(child_post, always_call=True)
+        sub.register_forward_pre_hook(pre)
+        sub.register_forward_hook(post, always_call=True)
 
 
 def _wrap_leaf(module, p, report, path):
@@ -479,6 +477,7 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None):
         by_module.setdefault(target, []).append(n)
 
     all_mods = dict(module.named_modules())
+    owners = {}
     for path, nodes in by_module.items():
         m = all_mods[path]
         # A module without children is one operation (Conv, Linear, norms,
@@ -506,8 +505,9 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None):
                     report.mapped.append((x["name"], path, p))
                     report.per_precision[p] += 1
             rec = _CallRecord(path, calls)
-            _install_calls(m, rec)
+            owners[m] = rec
             report._records.append(rec)
+    _install_calls(owners)
     if report.kept_fp32:
         report.warnings.append(f"{len(report.kept_fp32)} layers with running statistics kept in FP32 "
                                f"(e.g. {report.kept_fp32[0]})")
