@@ -26,10 +26,10 @@
 //!   linear estimate) and the budget shrunk until it really fits. The result
 //!   is kept only if it dominates greedy (throughput ≥, indicator ≤);
 //!   otherwise greedy's plan is returned and the outcome says so.
-//! - **DBS**: every device at FP32, the global batch split in proportion to
-//!   each type's FP32 speed. Its iteration is the slowest type's compute
-//!   scaled to its new batch plus the exposed communication of the FP32
-//!   iteration (gradients do not depend on the batch).
+//! - **DBS**: every device at the training precision (AMP by default; FP32,
+//!   QSync's definition, with `--train-precision fp32`), the global batch
+//!   split so the slowest type finishes first, verified by a full prediction
+//!   at that split.
 //!
 //! Training device types (when the cluster is hybrid, the type predicted
 //! fastest on the model at FP32, per sample)
@@ -82,6 +82,13 @@ pub struct AllocOptions {
     /// keep it FP32, and the prediction would not be the written graph).
     /// `None`: no schema check.
     pub opset: Option<i64>,
+    /// The smallest local batch any device may get (PyTorch's training
+    /// BatchNorm needs two values per channel: 2 where a BatchNorm sees one
+    /// value per sample and channel).
+    pub min_local_batch: u32,
+    /// Every device runs exactly this local batch (a graph that fixes its
+    /// batch): no batch split.
+    pub fixed_local_batch: Option<u32>,
 }
 
 impl Default for AllocOptions {
@@ -97,6 +104,8 @@ impl Default for AllocOptions {
             indicator_bound: None,
             combination_limit: 4096,
             opset: None,
+            min_local_batch: 1,
+            fixed_local_batch: None,
         }
     }
 }
@@ -268,7 +277,7 @@ pub struct DbsEval {
     pub batch_split: BTreeMap<String, u32>,
     /// Device type → whether it fits at its batch.
     pub fits: BTreeMap<String, bool>,
-    /// The whole evaluation (per type: FP32 plan, local batch, times).
+    /// The whole evaluation (per type: plan, local batch, times).
     #[serde(skip)]
     pub eval: Option<Eval>,
 }
@@ -384,6 +393,8 @@ pub(crate) struct Ctx<'g> {
     pub(crate) opset: Option<i64>,
     /// The graph's analysis, shared by every predictor the planner builds.
     pub(crate) analysis: std::sync::Arc<qsync_sim::GraphAnalysis>,
+    /// Each type's local batch bounds in a split (smallest, largest).
+    pub(crate) batch_bounds: (u32, u32),
 }
 
 /// Nodes the allocator chooses precisions for: lowerable operators that are
@@ -460,6 +471,15 @@ impl<'g> Ctx<'g> {
             plan.set(n, q);
         }
         Ok(plan)
+    }
+
+    /// DBS's plan of type `t`: what a user who only moves samples runs —
+    /// the training precision ([`Ctx::training_plan`]: AMP by default, FP32
+    /// with `--train-precision fp32`, QSync's own DBS) on every type, the
+    /// inference types included; a type without the precision asked for
+    /// (a V100 under `bf16`) trains in FP32.
+    pub(crate) fn dbs_plan(&self, t: usize) -> Plan {
+        self.training_plan(t).unwrap_or_else(|_| self.all_fp32())
     }
 
     /// Every candidate at FP32 (training types too).
@@ -748,6 +768,10 @@ pub fn allocate(
         train: opts.train_precision,
         opset: opts.opset,
         analysis,
+        batch_bounds: match opts.fixed_local_batch {
+            Some(b) => (b.max(1), b.max(1)),
+            None => (opts.min_local_batch.max(1), u32::MAX),
+        },
     };
     let n_types = cx.targets.len();
     let base: Vec<Plan> = (0..n_types)
@@ -1136,11 +1160,12 @@ fn knapsack(items: &[Vec<(Precision, f64, f64)>], budget: f64, exhaustive_limit:
     Some(out)
 }
 
-/// DBS: FP32 everywhere (training types too), the global batch split so
-/// that the slowest type finishes first ([`crate::joint::split`] on the
-/// FP32 lines), verified by a full prediction at that split.
+/// DBS: every type trains at the training precision ([`Ctx::dbs_plan`]),
+/// the global batch split so that the slowest type finishes first
+/// ([`crate::joint::split`] on those plans' lines), verified by a full
+/// prediction at that split.
 fn dbs(cx: &Ctx<'_>) -> Result<DbsEval, PlanError> {
-    let plans: Vec<Plan> = vec![cx.all_fp32(); cx.targets.len()];
+    let plans: Vec<Plan> = (0..cx.targets.len()).map(|t| cx.dbs_plan(t)).collect();
     let lines = cx.lines(&plans)?;
     let Some((batches, _)) = crate::joint::split(&lines, cx.global_batch()) else {
         return Ok(DbsEval {

@@ -153,6 +153,10 @@ pub struct Line {
     pub per_sample_bytes: f64,
     /// Available bytes (`None`: unbounded).
     pub capacity_bytes: Option<f64>,
+    /// The smallest local batch the type may get (≥ 1).
+    pub min_batch: u32,
+    /// The largest local batch allowed besides memory (`u32::MAX`: none).
+    pub batch_cap: u32,
 }
 
 impl Line {
@@ -161,8 +165,13 @@ impl Line {
         self.fixed_us + self.per_sample_us * f64::from(b)
     }
 
-    /// The largest batch that fits memory (`u32::MAX` when unbounded).
+    /// The largest batch that fits memory and the cap (`u32::MAX` when
+    /// unbounded).
     pub fn max_batch(&self) -> u32 {
+        self.memory_batch().min(self.batch_cap)
+    }
+
+    fn memory_batch(&self) -> u32 {
         match self.capacity_bytes {
             None => u32::MAX,
             Some(cap) if self.per_sample_bytes <= 0.0 => {
@@ -193,22 +202,23 @@ impl Line {
     }
 }
 
-/// Integer local batches, one per type, with `Σ count·b = global`, each at
-/// least 1 and within memory, minimising the slowest type's compute.
+/// Integer local batches, one per type, with `Σ count·b = global`, each
+/// within the type's bounds (`min_batch ≥ 1`, memory, `batch_cap`),
+/// minimising the slowest type's compute.
 /// Returns the batches and that compute time (µs), or `None` when no split
 /// fits.
 pub fn split(lines: &[Line], global: u64) -> Option<(Vec<u32>, f64)> {
-    if lines.is_empty() || lines.iter().any(|l| l.count == 0 || l.max_batch() == 0) {
+    if lines.is_empty() || lines.iter().any(|l| l.count == 0 || l.max_batch() < l.min_batch.max(1)) {
         return None;
     }
     let capacity = |t: f64| -> u64 { lines.iter().map(|l| u64::from(l.count) * u64::from(l.batch_by(t))).sum() };
     let mem_cap: u64 = lines.iter().map(|l| u64::from(l.count).saturating_mul(u64::from(l.max_batch()))).sum();
-    let min_needed: u64 = lines.iter().map(|l| u64::from(l.count)).sum();
+    let min_needed: u64 = lines.iter().map(|l| u64::from(l.count) * u64::from(l.min_batch.max(1))).sum();
     if mem_cap < global || global < min_needed {
         return None;
     }
-    // Every type runs at least one sample.
-    let mut lo = lines.iter().map(|l| l.time(1)).fold(0.0f64, f64::max);
+    // Every type runs at least its smallest batch.
+    let mut lo = lines.iter().map(|l| l.time(l.min_batch.max(1))).fold(0.0f64, f64::max);
     if capacity(lo) >= global {
         // Even the one-sample floor covers the batch.
     } else {
@@ -231,7 +241,7 @@ pub fn split(lines: &[Line], global: u64) -> Option<(Vec<u32>, f64)> {
     }
     let mut t = lo;
     for _ in 0..256 {
-        let batches: Vec<u32> = lines.iter().map(|l| l.batch_by(t).max(1)).collect();
+        let batches: Vec<u32> = lines.iter().map(|l| l.batch_by(t).max(l.min_batch.max(1))).collect();
         if let Some(exact) = remove_surplus(lines, &batches, global) {
             let time = exact.iter().zip(lines).map(|(&b, l)| l.time(b)).fold(0.0, f64::max);
             return Some((exact, time));
@@ -251,7 +261,7 @@ pub fn split(lines: &[Line], global: u64) -> Option<(Vec<u32>, f64)> {
     None
 }
 
-/// Lower `batches` (each to ≥ 1) so that `Σ count·b = global` exactly,
+/// Lower `batches` (each to ≥ its type's `min_batch`) so that `Σ count·b = global` exactly,
 /// preferring to take samples from the slowest types.
 fn remove_surplus(lines: &[Line], batches: &[u32], global: u64) -> Option<Vec<u32>> {
     let have: u64 = lines.iter().zip(batches).map(|(l, &b)| u64::from(l.count) * u64::from(b)).sum();
@@ -266,7 +276,7 @@ fn remove_surplus(lines: &[Line], batches: &[u32], global: u64) -> Option<Vec<u3
     let mut left = surplus;
     for &t in &order {
         let n = u64::from(lines[t].count);
-        let r = (left / n).min(u64::from(out[t] - 1));
+        let r = (left / n).min(u64::from(out[t] - lines[t].min_batch.max(1)));
         out[t] -= r as u32;
         left -= r * n;
     }
@@ -285,7 +295,7 @@ fn remove_surplus(lines: &[Line], batches: &[u32], global: u64) -> Option<Vec<u3
     reached[0] = true;
     for &t in &order {
         let n = lines[t].count as usize;
-        let max_r = (batches[t] - 1) as usize;
+        let max_r = (batches[t] - lines[t].min_batch.max(1)) as usize;
         let before = reached.clone();
         for x in 0..=s {
             if !before[x] {
@@ -359,6 +369,8 @@ impl Ctx<'_> {
                     fixed_bytes: (m1 - per_sample_bytes * db).max(0.0),
                     per_sample_bytes,
                     capacity_bytes: cap,
+                    min_batch: self.batch_bounds.0,
+                    batch_cap: self.batch_bounds.1,
                 }
             })
             .collect())
@@ -429,7 +441,28 @@ mod tests {
             fixed_bytes: 0.0,
             per_sample_bytes: 1.0,
             capacity_bytes: None,
+            min_batch: 1,
+            batch_cap: u32::MAX,
         }
+    }
+
+    #[test]
+    fn split_keeps_each_types_batch_bounds() {
+        // Unbounded, the fast type would take 29 of 30 samples and leave the
+        // slow one a single sample; a minimum of 4 moves three back.
+        let (fast, slow) = (line(1, 0.0, 1.0), line(1, 0.0, 20.0));
+        let (free, _) = split(&[fast, slow], 30).expect("feasible");
+        assert_eq!(free, vec![29, 1]);
+        let floor = Line { min_batch: 4, ..slow };
+        let (b, t) = split(&[fast, floor], 30).expect("feasible");
+        assert_eq!(b, vec![26, 4]);
+        assert_eq!(t, 80.0);
+        // A type pinned to one batch (a graph that fixes it) takes exactly it.
+        let pinned = |l: Line| Line { min_batch: 8, batch_cap: 8, ..l };
+        let (b, _) = split(&[pinned(fast), pinned(slow)], 16).expect("feasible");
+        assert_eq!(b, vec![8, 8]);
+        assert!(split(&[pinned(fast), pinned(slow)], 17).is_none(), "pinned batches sum to 16");
+        assert!(split(&[fast, Line { min_batch: 31, ..slow }], 30).is_none(), "the minimum alone exceeds the batch");
     }
 
     /// Brute force over all splits of small clusters.

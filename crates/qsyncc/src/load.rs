@@ -114,14 +114,18 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
     // and written at. Where that does not re-infer cleanly the graph keeps
     // its own batch and callers plan at that batch.
     let mut rebatched = None;
+    let mut not_rebatched = String::new();
     if let (Some(fixed), Some(pristine)) = (report.fixed_batch, pristine.as_ref()) {
         // Even at the batch the graph fixes: the planner writes each
         // device's graph at its own local batch.
-        if let Some((g, r, targets)) = rebatch(pristine, fixed, opset, opts, report.unknown.len()) {
-            model.graph = g;
-            report = r;
-            warnings.retain(|w| !w.contains("contradicts the graph"));
-            rebatched = Some((fixed, targets));
+        match rebatch(pristine, &model.graph, fixed, opset, opts, report.unknown.len()) {
+            Ok((g, r, targets)) => {
+                model.graph = g;
+                report = r;
+                warnings.retain(|w| !w.contains("contradicts the graph"));
+                rebatched = Some((fixed, targets));
+            }
+            Err(why) => not_rebatched = why,
         }
     }
     if !report.errors.is_empty() {
@@ -136,13 +140,14 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
         warnings.push(format!(
             "{label}: the graph fixed its batch at {fixed}; rebatched to {} (inputs' leading dimension{})",
             opts.batch.unwrap_or(fixed),
-            if targets > 0 { format!(" and {targets} reshape target(s) made batch-relative") } else { String::new() }
+            if targets > 0 { format!(" and {targets} shape operand(s) made batch-relative") } else { String::new() }
         ));
     } else if let Some(b) = report.fixed_batch.filter(|_| !warnings.iter().any(|w| w.contains("contradicts the graph")))
     {
         warnings.push(format!(
-            "{label}: the batch is fixed at {b} inside the graph and could not be rebatched: other batches are \
-             predicted by scaling its per-sample work, and written models keep batch {b}"
+            "{label}: the batch is fixed at {b} inside the graph and could not be rebatched ({}): it is planned, \
+             predicted and written at batch {b}",
+            if not_rebatched.is_empty() { "its traced batch is not in its inputs" } else { &not_rebatched }
         ));
     }
     let missing = initializers_without_data(&model);
@@ -178,22 +183,32 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
 }
 
 /// `pristine` (a graph whose batch is fixed at `fixed`) with a symbolic
-/// batch: inputs whose leading dim is `fixed` get the symbol `batch` (a
-/// symbolic leading dim stays),
-/// constant reshape targets `[fixed, ...]` (no other `-1`) become
-/// `[-1, ...]`, and stale declared shapes with that leading dim are
-/// dropped for re-inference. Returned with its inference report and the
-/// number of reshape targets rewritten when it infers without errors, no
-/// fixed batch and no more unknown shapes than `unknown_before`; `None`
-/// otherwise (the graph keeps its batch).
+/// batch, `at_fixed` being the same graph inferred at that batch:
+/// - inputs whose leading dim is `fixed` get the symbol `batch` (a symbolic
+///   leading dim stays);
+/// - constant reshape targets `[fixed, ...]` (initializers or `Constant`
+///   nodes read only as reshape targets) become `[-1, ...]`; another `-1`
+///   in them is first resolved to the dim every such reshape produces at
+///   the fixed batch (`[1, 128, -1, 64]` → `[-1, 128, 2, 64]`);
+/// - a `GatherND` whose constant indices pick row 0 and every column of a
+///   `[1, S]` tensor (the traced attention-mask broadcast of the dynamo
+///   exporter) becomes the reshape it is, `[-1, 1, …, S]`;
+/// - declared shapes of everything but the inputs are dropped for
+///   re-inference.
+///
+/// Each rewrite computes the same values at the fixed batch. Returned with
+/// its inference report and the number of shape operands rewritten when it
+/// infers without errors, no fixed batch and no more unknown shapes than
+/// `unknown_before`; otherwise why not (the graph keeps its batch).
 fn rebatch(
     pristine: &qsync_ir::Graph,
+    at_fixed: &qsync_ir::Graph,
     fixed: i64,
     opset: i64,
     opts: &InferOptions,
     unknown_before: usize,
-) -> Option<(qsync_ir::Graph, qsync_ir::infer::InferReport, usize)> {
-    use qsync_ir::{DType, Dim, Op, TensorType};
+) -> Result<(qsync_ir::Graph, qsync_ir::infer::InferReport, usize), String> {
+    use qsync_ir::{Attr, DType, Dim, Op, TensorType};
     let mut g = pristine.clone();
     let lead_is_fixed =
         |t: &TensorType| t.shape.as_ref().and_then(|s| s.first()).is_some_and(|d| *d == Dim::from(fixed));
@@ -214,37 +229,164 @@ fn rebatch(
         }
     }
     if !any {
-        return None;
+        return Err("no input carries the batch".into());
     }
+    // The concrete shape `at_fixed` gives a value.
+    let concrete = |v: qsync_ir::ValueId| -> Option<Vec<i64>> {
+        at_fixed.ty(v).shape.as_ref()?.iter().map(Dim::as_const).collect()
+    };
+    // A batch-relative reshape target for `vals`, read by `users`.
+    let relative = |vals: &[i64], users: &[(qsync_ir::NodeId, usize)]| -> Option<Vec<i64>> {
+        if vals.first() != Some(&fixed) {
+            return None;
+        }
+        let mut out = vals.to_vec();
+        if vals[1..].contains(&-1) {
+            // Resolve the other -1 from what every reader produces.
+            let mut resolved: Option<Vec<i64>> = None;
+            for &(n, _) in users {
+                let shape = concrete(*pristine.node(n).outputs().first()?)?;
+                if shape.len() != vals.len() || resolved.as_ref().is_some_and(|r| *r != shape) {
+                    return None;
+                }
+                resolved = Some(shape);
+            }
+            let shape = resolved?;
+            for (o, (&v, &d)) in out.iter_mut().zip(vals.iter().zip(&shape)) {
+                if v == -1 {
+                    *o = d;
+                }
+            }
+        }
+        out[0] = -1;
+        Some(out)
+    };
+    let i64_tensor = |dims: Vec<i64>, vals: &[i64]| {
+        let bytes: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Tensor { dtype: DType::I64, dims, data: TensorData::Inline(bytes.into()) }
+    };
+    let read_only_as_reshape_target = |g: &qsync_ir::Graph, v| {
+        let users = g.users(v);
+        (!users.is_empty() && users.iter().all(|&(n, i)| g.node(n).op == Op::Reshape && i == 1)).then_some(users)
+    };
     let mut targets = 0;
     for &v in &g.inits().to_vec() {
         let Some(t) = g.value(v).init() else { continue };
-        let users = g.users(v);
-        let only_reshape_targets =
-            !users.is_empty() && users.iter().all(|&(n, i)| g.node(n).op == Op::Reshape && i == 1);
-        if t.dtype != DType::I64 || !only_reshape_targets {
+        let Some(users) = read_only_as_reshape_target(&g, v) else { continue };
+        if t.dtype != DType::I64 {
             continue;
         }
-        let Some(mut vals) = t.as_i64s() else { continue };
-        if vals.first() != Some(&fixed) || vals[1..].contains(&-1) {
-            continue;
-        }
-        vals[0] = -1;
-        let bytes: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let nt = Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes.into()) };
+        let Some(vals) = t.as_i64s() else { continue };
+        let Some(out) = relative(&vals, &users) else { continue };
+        let nt = i64_tensor(t.dims.clone(), &out);
         g.set_init(v, nt);
         targets += 1;
     }
+    for n in g.node_ids() {
+        let node = g.node(n);
+        match node.op {
+            Op::Constant => {
+                let Some(&out_v) = node.outputs().first() else { continue };
+                let Some(Attr::Tensor(t)) = node.attr("value") else { continue };
+                if t.dtype != DType::I64 {
+                    continue;
+                }
+                let Some(users) = read_only_as_reshape_target(&g, out_v) else { continue };
+                let Some(vals) = t.as_i64s() else { continue };
+                let Some(out) = relative(&vals, &users) else { continue };
+                let nt = i64_tensor(t.dims.clone(), &out);
+                g.node_mut(n).attrs.insert("value".into(), Attr::Tensor(nt));
+                targets += 1;
+            }
+            Op::GatherND if fixed == 1 && node.attr_int("batch_dims").unwrap_or(0) == 0 => {
+                let (Some(data), Some(idx)) = (node.input(0), node.input(1)) else { continue };
+                let Some(it) = g.value(idx).init() else { continue };
+                let (Some(ds), Some(iv)) = (concrete(data), it.as_i64s()) else { continue };
+                // data [1, S]; indices [1, …, 1, S, 2] = (0, s) for s in 0..S.
+                let [1, cols] = ds[..] else { continue };
+                let dims = &it.dims;
+                let Some((&2, lead)) = dims.split_last() else { continue };
+                let Some((&s, ones)) = lead.split_last() else { continue };
+                let identity = s == cols
+                    && ones.iter().all(|&d| d == 1)
+                    && iv.len() as i64 == 2 * cols
+                    && iv.chunks(2).enumerate().all(|(k, p)| p[0] == 0 && p[1] == k as i64);
+                if !identity || ones.is_empty() {
+                    continue;
+                }
+                let mut shape = lead.to_vec();
+                shape[0] = -1;
+                let name = g.fresh_value_name(&format!("{}_shape", node.name));
+                let sv = g.add_init(name, i64_tensor(vec![shape.len() as i64], &shape));
+                let node = g.node_mut(n);
+                node.op = Op::Reshape;
+                node.attrs.clear();
+                g.set_input(n, 1, Some(sv));
+                targets += 1;
+            }
+            _ => {}
+        }
+    }
+    // Declared shapes were traced at the fixed batch, also where the batch
+    // is folded into another dim (`[batch·heads, S, D]`): all are re-inferred.
     let stale: Vec<_> = g
         .live_values()
-        .filter(|&v| g.value(v).init().is_none() && !inputs.contains(&v) && lead_is_fixed(g.ty(v)))
+        .filter(|&v| g.value(v).init().is_none() && !inputs.contains(&v) && g.ty(v).shape.is_some())
         .collect();
     for v in stale {
         let dtype = g.ty(v).dtype;
         g.set_ty(v, TensorType { container: None, dtype, shape: None });
     }
+    if let Some(n) = collapses_batch(&g, opset, opts) {
+        let no_data = g.node_ids().into_iter().map(|id| g.node(id)).find(|x| x.name == n).is_some_and(|x| {
+            x.inputs().iter().skip(1).flatten().any(|&v| g.value(v).init().is_some_and(|t| t.as_i64s().is_none()))
+        });
+        return Err(if no_data {
+            format!(
+                "node {n:?} indexes the samples with traced indices whose values are not in the model (its external \
+                 data file is missing), so they cannot be made batch-relative"
+            )
+        } else {
+            format!(
+                "node {n:?} indexes the samples with indices traced at batch {fixed}, so every sample would read the first"
+            )
+        });
+    }
     let r = infer_shapes(&mut g, opset, opts);
-    (r.errors.is_empty() && r.fixed_batch.is_none() && r.unknown.len() <= unknown_before).then_some((g, r, targets))
+    if let Some(e) = r.errors.first() {
+        return Err(format!("node {:?} ({}): {}", e.node, e.op, e.message));
+    }
+    if r.fixed_batch.is_some() || r.unknown.len() > unknown_before {
+        return Err("shapes do not re-infer at another batch".into());
+    }
+    Ok((g, r, targets))
+}
+
+/// The first node of `g` (rebatched: its inputs' leading dim is the symbol
+/// `batch`) that indexes along the batch with indices of a batch-free
+/// shape: a Gather, GatherElements, GatherND or Slice whose data carries
+/// the batch and whose outputs do not. Such indices were traced at the
+/// fixed batch (a `Range(0, 1)` over the samples, a slice `[:1]`): shapes
+/// still check at another batch, but every sample would read sample 0.
+/// The graph is inferred with the batch left symbolic to see it.
+fn collapses_batch(g: &qsync_ir::Graph, opset: i64, opts: &InferOptions) -> Option<String> {
+    use qsync_ir::Op;
+    let mut sym = g.clone();
+    let r = infer_shapes(&mut sym, opset, &InferOptions { batch: None, ..opts.clone() });
+    if !r.errors.is_empty() {
+        return None;
+    }
+    let has_batch = |v: qsync_ir::ValueId| {
+        sym.ty(v).shape.as_ref().is_some_and(|s| s.iter().any(|d| d.symbols().iter().any(|x| &**x == "batch")))
+    };
+    sym.schedule().into_iter().find_map(|n| {
+        let node = sym.node(n);
+        if !matches!(node.op, Op::Gather | Op::GatherElements | Op::GatherND | Op::Slice) {
+            return None;
+        }
+        let data = node.input(0)?;
+        (has_batch(data) && !node.outputs().iter().any(|&o| has_batch(o))).then(|| node.name.clone())
+    })
 }
 
 /// Initializers whose values are neither in the model nor in an external

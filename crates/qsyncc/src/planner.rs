@@ -311,8 +311,18 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         None => None,
     };
     let bytes = std::fs::read(&req.model).with_context(|| format!("cannot read {}", req.model.display()))?;
-    let crate::simulate::Prepared { loaded, work_scale, bindings, mut warnings } =
+    let crate::simulate::Prepared { loaded, batch, bindings, mut warnings } =
         crate::simulate::prepare(&req.model, req.batch, &req.dims)?;
+    // A graph that fixes its batch and cannot be rebatched is planned at
+    // that batch on every device: no batch split (the loader warns).
+    let fixed_batch = loaded.fixed_batch.map(|_| batch as u32);
+    let min_local_batch = min_training_batch(&loaded.model.graph);
+    if let Some(n) = min_local_batch.1.as_ref().filter(|_| batch < 2) {
+        warnings.push(format!(
+            "BatchNormalization {n:?} sees one value per sample and channel: training it (PyTorch's BatchNorm in \
+             train mode) needs a local batch of at least 2, and --batch is {batch}"
+        ));
+    }
     clock.say(&format!("loaded {} ({} nodes)", req.model.display(), loaded.model.graph.node_count()));
     clock.lap("load");
     let g = &loaded.model.graph;
@@ -322,7 +332,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             device: db.get(name)?.clone(),
             count: *count,
             per_node: *per_node,
-            local_batch: req.batch as u32,
+            local_batch: batch as u32,
             plan: Plan::new(),
             memory_fraction: fractions.get(name).copied(),
             calibration: profiles.get(name).cloned(),
@@ -334,11 +344,11 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     let weight_copies = req.pipeline.contains("egraph-casts") && !req.pipeline.contains("refresh=false");
     let mut popts = PredictOptions {
         bindings: bindings.clone(),
-        work_scale,
+        work_scale: 1.0,
         optimizer,
         config: SimConfig::default(),
         weight_copies,
-        reference_batch: Some(req.batch as u32),
+        reference_batch: Some(batch as u32),
     };
     // Every method is predicted with the synchronization the plan will run.
     let (sync_spec, sync_json) = resolve_sync(req, g, &targets, &popts)?;
@@ -365,6 +375,8 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         objective: req.objective,
         indicator_bound: req.indicator_bound,
         opset: Some(loaded.model.opset()),
+        fixed_local_batch: fixed_batch,
+        min_local_batch: min_local_batch.0,
         ..AllocOptions::default()
     };
     let mut prog = |m: &str| clock.say(m);
@@ -395,7 +407,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         // batch dimension is the manifest's `local_batch`. The same file
         // loads to the same nodes, so the plan's node ids carry over.
         let local = i64::from(te.local_batch);
-        let mut model = if local == req.batch {
+        let mut model = if local == batch {
             loaded.model.clone()
         } else {
             let l = crate::simulate::prepare(&req.model, local, &req.dims)?.loaded;
@@ -973,6 +985,24 @@ fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The smallest local batch the graph trains at, with the node that sets
+/// it: 2 when a BatchNormalization normalizes one value per sample and
+/// channel (its input is `[N, C]` or `[N, C, 1, …]`: batch statistics of a
+/// single sample do not exist, and PyTorch refuses to train it), else 1.
+fn min_training_batch(g: &qsync_ir::Graph) -> (u32, Option<String>) {
+    for n in g.schedule() {
+        let node = g.node(n);
+        if node.op != qsync_ir::Op::BatchNormalization {
+            continue;
+        }
+        let Some(shape) = node.input(0).and_then(|v| g.ty(v).shape.clone()) else { continue };
+        if shape.len() >= 2 && shape[2..].iter().all(|d| d.as_const() == Some(1)) {
+            return (2, Some(node.name.clone()));
+        }
+    }
+    (1, None)
 }
 
 #[cfg(test)]

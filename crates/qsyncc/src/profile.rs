@@ -80,7 +80,7 @@ pub fn run(cmd: &ProfileCmd) -> Result<String> {
             for m in models {
                 let (path, family) = split_model(m);
                 let prepared = prepare(&path, *batch, dims)?;
-                if prepared.work_scale != 1.0 {
+                if prepared.batch != *batch {
                     bail!(
                         "{}: the graph fixes its batch at {}, not {batch}: measured shapes would not be the \
                          ones predicted (give it a symbolic batch, e.g. scripts/gpu/rebatch.py)",

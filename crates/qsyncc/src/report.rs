@@ -14,9 +14,13 @@ pub fn table(out: &Outcome) -> String {
     let up = out.up.samples_per_s.max(1e-12);
     let dbs = out.dbs.eval.as_ref().map(|e| e.samples_per_s).filter(|&x| x > 0.0);
     for (key, e) in out.methods() {
+        let dbs_name;
         let name = match key {
             "up" => "UP (uniform precision)",
-            "dbs" => "DBS (FP32, batch split)",
+            "dbs" => {
+                dbs_name = format!("DBS ({}, batch split)", training_precisions(e));
+                dbs_name.as_str()
+            }
             "qsync-greedy" => "QSync greedy (paper)",
             "qsync" => "QSync allocator (fastest start)",
             "joint-fastest" => "joint, fastest within bound",
@@ -59,6 +63,24 @@ pub fn table(out: &Outcome) -> String {
 
 fn batches(e: &Eval) -> String {
     e.types.iter().map(|t| format!("{} {}", t.name, t.local_batch)).collect::<Vec<_>>().join(", ")
+}
+
+/// Each type's training precision in a DBS-like plan: the narrowest
+/// precision it computes in (its GEMMs under AMP), "t4 fp16, v100 fp16".
+fn training_precisions(e: &Eval) -> String {
+    e.types
+        .iter()
+        .map(|t| {
+            let p = t
+                .plan
+                .iter()
+                .map(|(_, p)| p)
+                .min_by_key(|p| (p.bits(), p.name()))
+                .map_or("fp32", |p| p.name());
+            format!("{} {p}", t.name)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn precisions(t: &TypeEval) -> String {

@@ -256,33 +256,30 @@ pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer> {
 /// A model loaded for prediction at a per-device batch.
 pub(crate) struct Prepared {
     pub loaded: load::Loaded,
-    /// `local batch / fixed batch` when the graph fixes its batch, else 1.
-    pub work_scale: f64,
+    /// The batch it is predicted at: the one asked for, or the batch a
+    /// graph fixes inside when it could not be rebatched.
+    pub batch: i64,
     /// Values for the symbols still free after binding (defaulted, with a warning).
     pub bindings: Bindings,
     pub warnings: Vec<String>,
 }
 
-/// Load `model` with its batch bound to `batch`, work out the work scale of
-/// fixed-batch graphs, and default the symbols left free.
+/// Load `model` with its batch bound to `batch` (or at the batch it fixes,
+/// when it cannot be rebatched) and default the symbols left free.
 pub(crate) fn prepare(model: &std::path::Path, batch: i64, dims: &[(String, i64)]) -> Result<Prepared> {
     let opts = InferOptions { batch: Some(batch), dims: dims.iter().cloned().collect() };
     let loaded = load::load_model(model, &opts, &[])?;
     let mut warnings = loaded.warnings.clone();
     // Graphs that fix their batch are rebatched on load where the graph
-    // allows. One that cannot be (some transformer exports bake the traced
-    // batch into reshape targets we do not rewrite) is costed by scaling
-    // its per-sample work, with the loader's warning saying so.
-    let work_scale = match loaded.fixed_batch {
-        Some(b) if b > 0 => batch as f64 / b as f64,
-        _ => 1.0,
-    };
+    // allows. One that cannot be is planned, predicted and written at the
+    // batch it has, in every command, the loader's warning saying so.
+    let batch = loaded.fixed_batch.filter(|&b| b > 0).unwrap_or(batch);
     let mut bindings = Bindings::new();
     for s in free_symbols(&loaded.model.graph) {
         warnings.push(format!("dimension `{s}` is not bound; using {DEFAULT_DIM} (bind it with --dim {s}=N)"));
         bindings.set(&s, DEFAULT_DIM);
     }
-    Ok(Prepared { loaded, work_scale, bindings, warnings })
+    Ok(Prepared { loaded, batch, bindings, warnings })
 }
 
 pub fn run(a: &SimulateArgs) -> Result<String> {
@@ -312,7 +309,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         bail!("--bucket-mb must be positive");
     }
 
-    let Prepared { mut loaded, work_scale, bindings, mut warnings } = prepare(&a.model, a.batch, &a.dims)?;
+    let Prepared { mut loaded, batch, bindings, mut warnings } = prepare(&a.model, a.batch, &a.dims)?;
     // QDQ pairs around an op are its INT8 / FP8 compute: cost them inside
     // the op, as the plan that wrote them did.
     qsync_passes::precision::materialize::unmaterialize_qdq(&mut loaded.model.graph);
@@ -343,7 +340,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             device,
             count: *count,
             per_node: *per_node,
-            local_batch: a.batch as u32,
+            local_batch: batch as u32,
             plan,
             memory_fraction: fractions.get(name).copied(),
             calibration: calibrations.get(name).cloned(),
@@ -351,7 +348,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
     }
     let popts = PredictOptions {
         bindings,
-        work_scale,
+        work_scale: 1.0,
         optimizer,
         config: SimConfig {
             bucket_cap_bytes: (a.bucket_mb * (1u64 << 20) as f64) as u64,
@@ -393,7 +390,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             d.name.clone(),
             DeviceJson {
                 count: d.count,
-                local_batch: a.batch as u32,
+                local_batch: batch as u32,
                 precision,
                 compute_ms: d.compute_us / 1e3,
                 comm_ms: d.comm_us / 1e3,

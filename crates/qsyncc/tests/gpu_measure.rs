@@ -400,10 +400,11 @@ fn profile_build_rejects_bad_input() {
     let o = qsyncc(&["profile", "build", bad.to_str().expect("utf8"), "--device", "h100-sxm", "-o", out_s]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("bad.json") && stderr(&o).contains("qsync-ops/1"), "{}", stderr(&o));
-    // A fixed-batch graph the loader cannot rebatch (BERT's traced batch is
-    // baked into more than its inputs) cannot be listed at another batch;
-    // one it can rebatch (VGG-16) is listed at the batch asked for.
-    let bert = common::models_dir().join("bert_tiny.onnx");
+    // A fixed-batch graph the loader cannot rebatch (the TorchScript BERT
+    // indexes its samples with a traced `Range(0, 1)`) cannot be listed at
+    // another batch; one it can rebatch (VGG-16) is listed at the batch
+    // asked for.
+    let bert = common::models_dir().join("bert_tiny.pt");
     let o = qsyncc(&["profile", "worklist", bert.to_str().expect("utf8"), "-o", out_s]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("fixes its batch at 1"), "{}", stderr(&o));

@@ -422,6 +422,71 @@ fn weights_without_data_are_counted_once_and_external_data_is_used() {
 }
 
 #[test]
+fn a_graph_that_cannot_be_rebatched_is_planned_at_its_own_batch_everywhere() {
+    // The TorchScript BERT keeps batch 1 (its mask indexing is traced):
+    // `--batch 8` plans, predicts and writes batch 1 on every device, the
+    // manifest, the written models, `simulate` and `opt` agreeing.
+    let m = common::models_dir().join("bert_tiny.pt");
+    let p = m.to_str().expect("utf8");
+    let dir = tmpdir("unrebatchable-plan");
+    let o = qsyncc(&[p, "--targets", "v100:2,t4:2", "--batch", "8", "-o", dir.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest = check_plan_dir(&dir);
+    assert_eq!(manifest["cluster"]["global_batch"].as_u64(), Some(4), "{manifest}");
+    for t in ["v100", "t4"] {
+        assert_eq!(manifest["devices"][t]["local_batch"].as_u64(), Some(1), "{t}: {manifest}");
+        let written = common::inspect_json(&dir.join(t).join("model.onnx"), &[]);
+        assert_eq!(written["inputs"][0]["type"], "i64[1,128]", "{written}");
+    }
+    assert!(manifest["warnings"].to_string().contains("written at batch 1"), "{}", manifest["warnings"]);
+    let sim = |b: &str| {
+        let o = qsyncc(&["simulate", p, "--targets", "t4", "--batch", b, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        v["devices"]["t4"]["compute_ms"].as_f64().expect("compute")
+    };
+    assert_eq!(sim("8"), sim("1"), "simulate predicts the batch the graph has");
+    let opt_ms = |b: &str| {
+        let o = qsyncc(&["opt", p, "--passes", "verify", "--target", "t4", "--batch", b, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        v["predicted_ms"]["total"].as_f64().expect("predicted")
+    };
+    assert_eq!(opt_ms("8"), opt_ms("1"), "opt predicts the batch the graph has");
+}
+
+#[test]
+fn a_batchnorm_over_single_values_gets_at_least_two_samples() {
+    // After global pooling a BatchNorm over [N, C] has one value per sample
+    // and channel: PyTorch cannot train it on one sample, so no device may
+    // be given a local batch of 1, however slow it is.
+    let dir = tmpdir("bn-min-batch");
+    let p = dir.join("bn.qir");
+    std::fs::write(
+        &p,
+        "opset \"\" 17\ngraph \"g\" {\n  init %w: f32[512,4096] = absent\n  init %s: f32[4096] = absent\n  init %b: f32[4096] = absent\n  \
+         init %m: f32[4096] = absent\n  init %v: f32[4096] = absent\n  input %x: f32[batch,512]\n  %h = MatMul \"fc\"(%x, %w)\n  \
+         %y = BatchNormalization \"bn\"(%h, %s, %b, %m, %v)\n  output %y\n}\n",
+    )
+    .expect("write");
+    let out = dir.join("plan");
+    let o = qsyncc(&[
+        p.to_str().expect("utf8"),
+        "--targets",
+        "h100-sxm:1,t4:1",
+        "--batch",
+        "4",
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest = check_plan_dir(&out);
+    for (t, d) in manifest["devices"].as_object().expect("devices") {
+        assert!(d["local_batch"].as_u64().is_some_and(|b| b >= 2), "{t}: {d}");
+    }
+}
+
+#[test]
 fn fixed_batch_models_are_rebatched_everywhere() {
     // The bundled SqueezeNet fixes batch 1 (input [1,3,224,224], reshape
     // target [1,1000]). It is rebatched: `opt --batch`, `simulate
