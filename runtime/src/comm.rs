@@ -133,7 +133,7 @@ pub trait Communicator: fmt::Debug {
 }
 
 /// Checks that byte counts match a buffer and the group size.
-pub(crate) fn check_counts(op: &'static str, counts: &[usize], size: usize, buf_len: usize) -> Result<(), CommError> {
+pub fn check_counts(op: &'static str, counts: &[usize], size: usize, buf_len: usize) -> Result<(), CommError> {
     if counts.len() != size {
         return Err(CommError::InvalidArgument { op, detail: format!("{} counts for {size} ranks", counts.len()) });
     }

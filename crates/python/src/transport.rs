@@ -19,6 +19,7 @@ use pyo3::exceptions::{PyConnectionError, PyTimeoutError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyFloat, PyList, PyTuple};
 use qsync_kernels::reference::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use qsync_runtime::comm::check_counts;
 use qsync_runtime::{CommError, Communicator, Deadline, ReduceBuf};
 
 const BACKEND: &str = "torch.distributed";
@@ -249,12 +250,3 @@ impl Communicator for PyTransport {
     }
 }
 
-fn check_counts(op: &'static str, counts: &[usize], size: usize, len: usize) -> Result<(), CommError> {
-    if counts.len() != size || counts.iter().sum::<usize>() != len {
-        return Err(CommError::InvalidArgument {
-            op,
-            detail: format!("{} counts summing to {} for {size} ranks and {len} bytes", counts.len(), counts.iter().sum::<usize>()),
-        });
-    }
-    Ok(())
-}
