@@ -831,10 +831,8 @@ mod scope_tests {
     fn node(name: &str, scopes: Option<&str>) -> proto::NodeProto {
         let mut n = proto::NodeProto { name: name.into(), ..Default::default() };
         if let Some(v) = scopes {
-            n.metadata_props.push(proto::StringStringEntryProto {
-                key: "pkg.torch.onnx.name_scopes".into(),
-                value: v.into(),
-            });
+            n.metadata_props
+                .push(proto::StringStringEntryProto { key: "pkg.torch.onnx.name_scopes".into(), value: v.into() });
         }
         n
     }

@@ -29,7 +29,12 @@ use qsync_runtime::{Communicator, Deadline, Gather, GradSync, Scheme, SyncConfig
 
 pub mod transport;
 
-pyo3::create_exception!(_native, SyncError, PyRuntimeError, "A gradient synchronization failed (timeout, dead peer, engine error).");
+pyo3::create_exception!(
+    _native,
+    SyncError,
+    PyRuntimeError,
+    "A gradient synchronization failed (timeout, dead peer, engine error)."
+);
 
 /// One bucket's synchronization state.
 struct Owned(GradSync<'static>);
@@ -62,8 +67,14 @@ fn sync_err(e: impl std::fmt::Display) -> PyErr {
     SyncError::new_err(e.to_string())
 }
 
-fn config(scheme: &str, nodes: usize, group: usize, seed: u64, timeout_s: f64, gather_f32: bool)
-    -> PyResult<SyncConfig> {
+fn config(
+    scheme: &str,
+    nodes: usize,
+    group: usize,
+    seed: u64,
+    timeout_s: f64,
+    gather_f32: bool,
+) -> PyResult<SyncConfig> {
     let scheme: Scheme = scheme.parse().map_err(|e| PyValueError::new_err(format!("{e}")))?;
     if !(timeout_s.is_finite() && timeout_s > 0.0) {
         return Err(PyValueError::new_err(format!("timeout_s must be a positive number of seconds, not {timeout_s}")));

@@ -40,9 +40,7 @@ impl PyTransport {
         let rank: usize = obj.getattr("rank")?.extract()?;
         let size: usize = obj.getattr("size")?.extract()?;
         if size == 0 || rank >= size {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "transport says rank {rank} of {size} ranks"
-            )));
+            return Err(pyo3::exceptions::PyValueError::new_err(format!("transport says rank {rank} of {size} ranks")));
         }
         Ok(PyTransport { obj: obj.clone().unbind(), rank, size, poisoned: Mutex::new(None) })
     }
@@ -120,8 +118,13 @@ impl PyTransport {
 
     /// Sums 16-bit values across ranks: all-gather, f32 sum in rank order,
     /// one rounding.
-    fn sum16(&self, buf: &mut [u16], up: fn(u16) -> f32, down: fn(f32) -> u16, deadline: Deadline)
-        -> Result<(), CommError> {
+    fn sum16(
+        &self,
+        buf: &mut [u16],
+        up: fn(u16) -> f32,
+        down: fn(f32) -> u16,
+        deadline: Deadline,
+    ) -> Result<(), CommError> {
         let send: Vec<u8> = buf.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut all = vec![0u8; send.len() * self.size];
         self.all_gather(&send, &mut all, deadline)?;
@@ -165,11 +168,9 @@ impl Communicator for PyTransport {
 
     fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError> {
         let obj = self.call("split", deadline, "split", |py| Ok(vec![int(py, color)?, int(py, key)?]))?;
-        Python::attach(|py| PyTransport::new(obj.bind(py)))
-            .map(|t| Box::new(t) as Box<dyn Communicator>)
-            .map_err(|e| {
-                self.poison(CommError::Backend { backend: BACKEND, op: "split", code: -1, message: e.to_string() })
-            })
+        Python::attach(|py| PyTransport::new(obj.bind(py))).map(|t| Box::new(t) as Box<dyn Communicator>).map_err(|e| {
+            self.poison(CommError::Backend { backend: BACKEND, op: "split", code: -1, message: e.to_string() })
+        })
     }
 
     fn all_gather(&self, send: &[u8], recv: &mut [u8], deadline: Deadline) -> Result<(), CommError> {
@@ -183,8 +184,13 @@ impl Communicator for PyTransport {
         self.take_bytes("all_gather", out, recv)
     }
 
-    fn all_gather_v(&self, send: &[u8], recv: &mut [u8], counts: &[usize], deadline: Deadline)
-        -> Result<(), CommError> {
+    fn all_gather_v(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<(), CommError> {
         check_counts("all_gather_v", counts, self.size, recv.len())?;
         if counts[self.rank] != send.len() {
             return Err(CommError::InvalidArgument {
@@ -192,7 +198,8 @@ impl Communicator for PyTransport {
                 detail: format!("rank {} sends {} bytes, counts say {}", self.rank, send.len(), counts[self.rank]),
             });
         }
-        let out = self.call("all_gather_v", deadline, "all_gather_v", |py| Ok(vec![bytes(py, send), ints(py, counts)?]))?;
+        let out =
+            self.call("all_gather_v", deadline, "all_gather_v", |py| Ok(vec![bytes(py, send), ints(py, counts)?]))?;
         self.take_bytes("all_gather_v", out, recv)
     }
 
@@ -249,4 +256,3 @@ impl Communicator for PyTransport {
         std::process::exit(if code == 0 { 1 } else { code })
     }
 }
-

@@ -71,12 +71,7 @@ fn training_precisions(e: &Eval) -> String {
     e.types
         .iter()
         .map(|t| {
-            let p = t
-                .plan
-                .iter()
-                .map(|(_, p)| p)
-                .min_by_key(|p| (p.bits(), p.name()))
-                .map_or("fp32", |p| p.name());
+            let p = t.plan.iter().map(|(_, p)| p).min_by_key(|p| (p.bits(), p.name())).map_or("fp32", |p| p.name());
             format!("{} {p}", t.name)
         })
         .collect::<Vec<_>>()

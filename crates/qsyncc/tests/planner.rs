@@ -421,6 +421,20 @@ fn weights_without_data_are_counted_once_and_external_data_is_used() {
     assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("{count} without values")));
 }
 
+/// One T4's predicted compute time (ms) for `model` at batch `b`, by
+/// `simulate` or by `opt --json`.
+fn t4_compute_ms(command: &str, model: &str, b: &str) -> f64 {
+    let o = if command == "simulate" {
+        qsyncc(&["simulate", model, "--targets", "t4", "--batch", b, "--json"])
+    } else {
+        qsyncc(&["opt", model, "--passes", "verify", "--target", "t4", "--batch", b, "--json"])
+    };
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let ms = if command == "simulate" { &v["devices"]["t4"]["compute_ms"] } else { &v["predicted_ms"]["total"] };
+    ms.as_f64().expect("predicted")
+}
+
 #[test]
 fn a_graph_that_cannot_be_rebatched_is_planned_at_its_own_batch_everywhere() {
     // The TorchScript BERT keeps batch 1 (its mask indexing is traced):
@@ -439,19 +453,9 @@ fn a_graph_that_cannot_be_rebatched_is_planned_at_its_own_batch_everywhere() {
         assert_eq!(written["inputs"][0]["type"], "i64[1,128]", "{written}");
     }
     assert!(manifest["warnings"].to_string().contains("written at batch 1"), "{}", manifest["warnings"]);
-    let sim = |b: &str| {
-        let o = qsyncc(&["simulate", p, "--targets", "t4", "--batch", b, "--json"]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-        v["devices"]["t4"]["compute_ms"].as_f64().expect("compute")
-    };
+    let sim = |b: &str| t4_compute_ms("simulate", p, b);
     assert_eq!(sim("8"), sim("1"), "simulate predicts the batch the graph has");
-    let opt_ms = |b: &str| {
-        let o = qsyncc(&["opt", p, "--passes", "verify", "--target", "t4", "--batch", b, "--json"]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-        v["predicted_ms"]["total"].as_f64().expect("predicted")
-    };
+    let opt_ms = |b: &str| t4_compute_ms("opt", p, b);
     assert_eq!(opt_ms("8"), opt_ms("1"), "opt predicts the batch the graph has");
 }
 
@@ -497,20 +501,10 @@ fn fixed_batch_models_are_rebatched_everywhere() {
     assert_eq!(j["inputs"][0]["type"], "f32[32,3,224,224]", "{j}");
     assert_eq!(j["outputs"][0]["type"], "f32[32,1000]", "{j}");
     assert!(j["fixed_batch"].is_null(), "{j}");
-    let opt_ms = |b: &str| {
-        let o = qsyncc(&["opt", p, "--passes", "verify", "--target", "t4", "--batch", b, "--json"]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-        v["predicted_ms"]["total"].as_f64().expect("predicted")
-    };
+    let opt_ms = |b: &str| t4_compute_ms("opt", p, b);
     let (one, many) = (opt_ms("1"), opt_ms("32"));
     assert!(many > 8.0 * one, "opt --batch 32 predicts the batch-32 time: {one} vs {many} ms");
-    let sim = |b: &str| {
-        let o = qsyncc(&["simulate", p, "--targets", "t4", "--batch", b, "--json"]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-        v["devices"]["t4"]["compute_ms"].as_f64().expect("compute")
-    };
+    let sim = |b: &str| t4_compute_ms("simulate", p, b);
     let ratio = sim("32") / opt_ms("32");
     assert!((0.5..2.0).contains(&ratio), "simulate and opt predict the same batch: ratio {ratio}");
     let dir = tmpdir("fixed-batch");

@@ -144,7 +144,7 @@ fn assert_identical(recs: &[Value]) {
 }
 
 fn last_of<'a>(recs: &'a [Value], scheme: &str) -> &'a Value {
-    recs.iter().filter(|r| r["scheme"] == scheme).last().unwrap_or_else(|| panic!("no records for {scheme}"))
+    recs.iter().rfind(|r| r["scheme"] == scheme).unwrap_or_else(|| panic!("no records for {scheme}"))
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -164,8 +164,12 @@ fn ddp_transformer_joint_plan_every_scheme() {
     plan("transformer", &dir, &[]);
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).expect("manifest")).expect("json");
-    let batches: Vec<u64> =
-        manifest["targets"].as_array().expect("targets").iter().map(|t| t["local_batch"].as_u64().unwrap_or(0)).collect();
+    let batches: Vec<u64> = manifest["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|t| t["local_batch"].as_u64().unwrap_or(0))
+        .collect();
     let global = manifest["cluster"]["global_batch"].as_u64().expect("global batch");
     assert_eq!(global, 32);
     let steps = "4";
@@ -240,8 +244,18 @@ fn a_rank_raising_mid_step_ends_the_job() {
     install();
     let (out, took) = run_limited(
         &mut torchrun(&[
-            "--model", "transformer", "--batch", "4", "--steps", "5", "--schemes", "qgz-int4", "--fail-rank", "2",
-            "--fail-step", "1",
+            "--model",
+            "transformer",
+            "--batch",
+            "4",
+            "--steps",
+            "5",
+            "--schemes",
+            "qgz-int4",
+            "--fail-rank",
+            "2",
+            "--fail-step",
+            "1",
         ]),
         Duration::from_secs(120),
     );
