@@ -11,6 +11,8 @@
 #   - DIR/expected-<R>r-<N>n.txt: every scheme's result digests on fixed
 #     inputs and seeds, recorded by `mpirun -n R qsync-sync-check --suite
 #     digests --write` for (R ranks, N emulated nodes) = (2,1) (4,1) (4,2).
+#   - DIR/ptx/sm_XX/kernels.ptx for sm_70 … sm_90: our kernels as PTX
+#     (`qsyncc codegen --all-kernels`), for the device-kernel run below.
 #   DIR is then all a GPU machine needs (a few MiB: carry it).
 # run (a GPU machine: NVIDIA driver, the `nvidia-nccl-cu13` wheel or another
 # NCCL ≥ 2.30; no network, no MPI). Without DIR/qsync-sync-check it builds
@@ -26,6 +28,9 @@
 #   3. the `digests` suite against the recorded MPI digests: every quantized
 #      scheme and FP16/BF16 (whose sums are ours, in f32) bit for bit; fp32
 #      (NCCL's own f32 sum) within its bound;
+#   3b. the same digests with `--kernels device`: every scheme quantizes,
+#      packs, casts and accumulates with our PTX kernels on the GPU
+#      (QSYNC_PTX_DIR=DIR/ptx), bit for bit against the MPI run on the CPU;
 #   4. the `bench` suite (16 MiB of f32, group 512, every scheme) vs NCCL's
 #      f32 all-reduce of the same buffer, in a table. All ranks share one
 #      GPU, so the times show the cost of quantizing (on the host, with
@@ -64,6 +69,13 @@ prepare() {
   cargo build $(cargo_profile_flag) -p qsync-runtime --no-default-features --features nccl --bin qsync-sync-check
   cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/qsync-sync-check" "$DIR/qsync-sync-check"
   if ldd "$DIR/qsync-sync-check" | grep -q libmpi; then echo "the NCCL build links MPI"; exit 1; fi
+  # Our kernels as PTX for every architecture, for `--kernels device`.
+  cargo build -p qsyncc
+  local model
+  model=$(ls ../shared/models/squeezenet1_1.onnx 2>/dev/null || ls examples/*.onnx | head -1)
+  for sm in sm_70 sm_75 sm_80 sm_86 sm_89 sm_90; do
+    target/debug/qsyncc codegen "$model" --target "$sm" --emit ptx --all-kernels -o "$DIR/ptx/$sm" > /dev/null
+  done
   set +e
   echo "prepared $DIR ($(du -sh "$DIR" | cut -f1)); run '$0 run' on the GPU machine with it"
 }
@@ -142,6 +154,18 @@ run() {
     else
       log "SKIP digests-${r}r-${n}n: $exp missing (recorded by '$0 prepare' under mpirun)"
       step "digests-${r}r-${n}n" 0 timeout 1800 "$bin" --backend nccl --ranks "$r" --nodes "$n" --suite digests --timeout 60
+    fi
+  done
+
+  # 3b. The same digests with our PTX kernels doing the quantization on the GPU.
+  export QSYNC_PTX_DIR="$DIR/ptx"
+  for shape in $SHAPES; do
+    local r=${shape%:*} n=${shape#*:} exp="$DIR/expected-${shape%:*}r-${shape#*:}n.txt"
+    if [ -f "$exp" ]; then
+      step "digests-device-${r}r-${n}n" 0 timeout 1800 "$bin" --backend nccl --kernels device \
+        --ranks "$r" --nodes "$n" --suite digests --expect "$exp" --timeout 60
+    else
+      log "SKIP digests-device-${r}r-${n}n: $exp missing"
     fi
   done
 

@@ -1,5 +1,5 @@
 //! CPU throughput of the synchronization kernels as the runtime calls them
-//! (the `qsync-kernels` reference implementations), in bytes of f32 input
+//! (the host engine: `qsync-kernels`' reference implementations), in bytes of f32 input
 //! per second: block quantization (int8/int4, group 512, round-to-nearest
 //! and stochastic), dequantize-and-accumulate of 8 blocks (one-shot qgZ's
 //! reduction on 8 ranks), n-bit packing and unpacking, the f16 cast.
@@ -12,6 +12,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use qsync_kernels::{reference, QBits, Rounding};
 use qsync_runtime::sync::block::Quantizer;
 use qsync_runtime::testdata::{gradient, GradKind};
+use qsync_runtime::HostEngine;
 
 const N: usize = 1 << 22; // 16 MiB of f32
 
@@ -29,8 +30,7 @@ fn quantize(c: &mut Criterion) {
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| {
                 let mut out = Vec::with_capacity(q.block_len(N));
-                q.encode(black_box(&x), 7, &mut out, None);
-                out
+                q.encode(&HostEngine, black_box(&x), 7, &mut out, None).map(|()| out)
             })
         });
     }
@@ -46,18 +46,20 @@ fn dequantize_accumulate(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(4 * (k * m) as u64));
     for (bits, name) in [(QBits::Int8, "int8x8"), (QBits::Int4, "int4x8")] {
         let q = Quantizer { bits, group: 512, rounding: Rounding::Nearest };
-        let blocks: Vec<Vec<u8>> = (0..k)
+        let Ok(blocks) = (0..k)
             .map(|r| {
                 let mut b = Vec::new();
-                q.encode(&gradient(GradKind::Normal, m, 2, r), 0, &mut b, None);
-                b
+                q.encode(&HostEngine, &gradient(GradKind::Normal, m, 2, r), 0, &mut b, None).map(|()| b)
             })
-            .collect();
+            .collect::<Result<Vec<Vec<u8>>, _>>()
+        else {
+            return;
+        };
         let refs: Vec<&[u8]> = blocks.iter().map(|b| b.as_slice()).collect();
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| {
                 let mut out = vec![0f32; m];
-                q.accumulate(black_box(&refs), &mut out).map(|()| out)
+                q.accumulate(&HostEngine, black_box(&refs), &mut out).map(|()| out)
             })
         });
     }

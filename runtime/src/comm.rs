@@ -79,6 +79,11 @@ pub trait Communicator: fmt::Debug {
     fn size(&self) -> usize;
     /// The engine's name, for messages (`"mpi"`, `"nccl"`).
     fn backend(&self) -> &'static str;
+    /// The CUDA device this communicator's buffers live on (NCCL), where
+    /// device kernels run; `None` for host engines.
+    fn cuda_device(&self) -> Option<usize> {
+        None
+    }
 
     /// A sub-group of the ranks that pass the same `color`, ordered by `key`
     /// (ties by rank). Collective: every rank of this group must call it.

@@ -102,6 +102,10 @@ impl Communicator for FaultyComm<'_> {
         self.comm().backend()
     }
 
+    fn cuda_device(&self) -> Option<usize> {
+        self.comm().cuda_device()
+    }
+
     fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError> {
         let inner = self.comm().split(color, key, deadline)?;
         Ok(Box::new(FaultyComm { inner: Inner::Owned(inner), state: self.state.clone() }))

@@ -14,14 +14,20 @@
 //! quantize / pack / dequantize-accumulate kernels) and knows nothing of the
 //! IR, passes, the planner or the simulator.
 //!
-//! Only the backends (`mpi.rs`, `nccl.rs`) contain `unsafe` (foreign calls);
-//! everything else is safe Rust.
+//! The schemes' element-wise kernels run on a [`KernelEngine`]: the CPU
+//! reference, or our PTX kernels on the GPU (`cuda.rs`).
+//!
+//! Only the backends (`mpi.rs`, `nccl.rs`) and the PTX launcher (`cuda.rs`)
+//! contain `unsafe` (foreign calls); everything else is safe Rust.
 
 #![deny(unsafe_code)]
 
 pub mod bench;
 pub mod bound;
 pub mod comm;
+#[cfg(feature = "nccl")]
+pub mod cuda;
+pub mod engine;
 pub mod error;
 pub mod fault;
 #[cfg(feature = "mpi")]
@@ -33,6 +39,7 @@ pub mod sync;
 pub mod testdata;
 
 pub use comm::{ClusterShape, Communicator, Deadline, NodeGroups, ReduceBuf};
+pub use engine::{HostEngine, KernelEngine, Kernels};
 pub use error::{CommError, SyncError};
 pub use scheme::{Gather, Kind, Scheme, SyncConfig};
 pub use sync::{GradSync, WireBytes};

@@ -790,6 +790,10 @@ impl Communicator for NcclComm {
         BACKEND
     }
 
+    fn cuda_device(&self) -> Option<usize> {
+        Some(self.dev.ordinal)
+    }
+
     fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError> {
         const OP: &str = "split";
         self.ensure_usable(OP)?;

@@ -197,6 +197,9 @@ pub struct SyncConfig {
     pub seed: u64,
     /// The deadline every communicator call gets.
     pub timeout: Duration,
+    /// Where the quantization kernels run: the CPU reference (default) or
+    /// our PTX on the communicator's GPU.
+    pub kernels: crate::engine::Kernels,
 }
 
 impl SyncConfig {
@@ -208,6 +211,7 @@ impl SyncConfig {
             nodes: 1,
             seed: 0,
             timeout: Duration::from_secs(60),
+            kernels: crate::engine::Kernels::Host,
         }
     }
 }

@@ -146,3 +146,14 @@ fn recorded_digests_are_reproduced_and_a_changed_one_fails() {
     assert!(log.contains("differs from the recorded"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn device_kernels_on_a_cpu_engine_are_a_clear_error() {
+    // `--kernels device` needs the GPU of an NCCL communicator: over MPI
+    // every rank must fail at once, saying so, not fall back silently.
+    let (out, took) = mpirun(2, &["--suite", "digests", "--kernels", "device"], Duration::from_secs(120));
+    let log = text(&out);
+    assert!(!out.status.success(), "device kernels over MPI must fail:\n{log}");
+    assert!(log.contains("unsupported by mpi") && log.contains("device kernels"), "{log}");
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+}

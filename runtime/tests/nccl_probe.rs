@@ -7,6 +7,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+use qsync_runtime::cuda::CudaEngine;
 use qsync_runtime::nccl::{probe, NcclComm, UniqueId};
 use qsync_runtime::CommError;
 
@@ -118,4 +119,29 @@ fn nccl_killed_rank_is_an_error() {
     assert_ne!(code, Some(124), "the NCCL job hung:\n{log}");
     assert!(log.contains("injected fault: exiting abruptly"), "{log}");
     assert!(log.contains("rank 0:"), "the survivor said nothing:\n{log}");
+}
+
+#[test]
+fn the_device_kernel_engine_reports_what_is_missing() {
+    // Without the CUDA driver: LibraryMissing naming libcuda. With one, an
+    // empty PTX lacks every kernel: an error naming the first, never a
+    // module with kernels missing.
+    match CudaEngine::new(0, "") {
+        Err(e @ CommError::LibraryMissing { .. }) => {
+            assert_missing(&e);
+            eprintln!("no CUDA driver here, as expected: {e}");
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains("lacks kernel") || msg.contains("cuda error"), "{msg}");
+            eprintln!("a CUDA driver is present: {msg}");
+        }
+        Ok(engine) => panic!("an empty PTX loaded as {engine:?}"),
+    }
+    let dir = std::env::temp_dir().join(format!("qsync-no-ptx-{}", std::process::id()));
+    match CudaEngine::from_dir(0, &dir) {
+        Err(CommError::LibraryMissing { .. }) => {}
+        Err(e) => assert!(e.to_string().contains("kernels.ptx") || e.to_string().contains("cuda error"), "{e}"),
+        Ok(engine) => panic!("no PTX directory, yet {engine:?}"),
+    }
 }

@@ -30,6 +30,12 @@
 //!   every scheme at `--bytes` (default 16M), one JSON object per scheme on
 //!   stdout from rank 0.
 //!
+//! `--kernels device` runs every scheme's quantization kernels as our PTX
+//! on the rank's GPU (NCCL only; the PTX from `$QSYNC_PTX_DIR`), instead of
+//! the CPU reference (`host`, the default): with `--suite digests --expect`
+//! that holds the GPU kernels inside real synchronizations to the MPI run's
+//! bytes.
+//!
 //! Exit status: 0 when every check passed, 1 when a check failed (rank 0
 //! prints each failure), 2 on bad arguments or a missing library, 3 when
 //! synchronization itself failed (the job is aborted). The NCCL launcher
@@ -48,7 +54,7 @@ use qsync_runtime::bound;
 use qsync_runtime::comm::{ClusterShape, Communicator, Deadline};
 use qsync_runtime::fault::{Fault, FaultyComm};
 use qsync_runtime::testdata::{digest, gradient, GradKind};
-use qsync_runtime::{GradSync, Scheme, SyncConfig};
+use qsync_runtime::{GradSync, Kernels, Scheme, SyncConfig};
 
 struct Args {
     suite: String,
@@ -62,6 +68,9 @@ struct Args {
     expect: Option<PathBuf>,
     bytes: usize,
 }
+
+/// `--kernels`: where every configuration's quantization kernels run.
+static KERNELS: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
 
 fn parse_args() -> Result<Args> {
     let mut a = Args {
@@ -91,6 +100,10 @@ fn parse_args() -> Result<Args> {
             "--write" => a.write = Some(val()?.into()),
             "--expect" => a.expect = Some(val()?.into()),
             "--bytes" => a.bytes = val()?.parse().context("--bytes (a number of bytes)")?,
+            "--kernels" => {
+                let k: Kernels = val()?.parse().map_err(anyhow::Error::msg)?;
+                let _ = KERNELS.set(k);
+            }
             "--nodes" => a.nodes = val()?.parse().context("--nodes")?,
             "--fault-rank" => a.fault_rank = val()?.parse().context("--fault-rank")?,
             "--timeout" => {
@@ -139,6 +152,7 @@ fn config(name: &str, nodes: usize, group: usize, seed: u64, timeout: Duration) 
     cfg.group = group;
     cfg.seed = seed;
     cfg.timeout = timeout;
+    cfg.kernels = KERNELS.get().copied().unwrap_or_default();
     Ok(cfg)
 }
 

@@ -8,9 +8,10 @@
 //!
 //! Block layout: `[scale f32 LE × ceil(m/group)][codes]`, codes being `m`
 //! int8 bytes or `ceil(m/2)` int4 bytes (low nibble first). The arithmetic is
-//! `qsync-kernels`' reference (symmetric scales `absmax/qmax`, quantize,
-//! dequantize-and-accumulate by `fma` in f32), which the PTX kernels match
-//! bit for bit.
+//! `qsync-kernels`' (symmetric scales `absmax/qmax`, quantize,
+//! dequantize-and-accumulate by `fma` in f32), run by a
+//! [`KernelEngine`]: the reference on the CPU or our PTX on a GPU, equal bit
+//! for bit.
 //!
 //! Non-finite values: a group holding a NaN or an infinity travels with a
 //! NaN scale, so every element of that group is NaN in every rank's sum — an
@@ -18,7 +19,26 @@
 
 use std::ops::Range;
 
-use qsync_kernels::{reference, QBits, Rounding};
+use qsync_kernels::{QBits, Rounding};
+
+use crate::engine::KernelEngine;
+use crate::error::CommError;
+
+/// Why blocks could not be decoded.
+#[derive(Debug)]
+pub enum BlockError {
+    /// A block's length does not match its element count (a peer ran
+    /// another scheme or gradient size).
+    Malformed(String),
+    /// The kernel engine failed.
+    Engine(CommError),
+}
+
+impl From<CommError> for BlockError {
+    fn from(e: CommError) -> Self {
+        BlockError::Engine(e)
+    }
+}
 
 /// The `p` shards of `n` elements: near-equal, the first `n mod p` longer.
 pub fn shards(n: usize, p: usize) -> Vec<Range<usize>> {
@@ -67,19 +87,21 @@ impl Quantizer {
 
     /// Appends the block of `x` to `out`. With `residual` (error feedback),
     /// writes `x − dequant(block)` there (0 where that is not finite).
-    pub fn encode(&self, x: &[f32], seed: u64, out: &mut Vec<u8>, residual: Option<&mut [f32]>) {
+    pub fn encode(
+        &self,
+        eng: &dyn KernelEngine,
+        x: &[f32],
+        seed: u64,
+        out: &mut Vec<u8>,
+        residual: Option<&mut [f32]>,
+    ) -> Result<(), CommError> {
         let g = self.group.max(1);
-        let (mins, maxs) = reference::row_min_max(x, g);
-        let (scales, _) = reference::quant_params_all(&mins, &maxs, self.bits, true);
-        let codes: Vec<u8> = match self.bits {
-            QBits::Int8 => reference::quantize_i8(x, &scales, &[], g, true, self.rounding, seed)
-                .into_iter()
-                .map(|c| c as u8)
-                .collect(),
-            QBits::Int4 => reference::quantize_i4(x, &scales, g, self.rounding, seed),
-        };
+        let (mins, maxs) = eng.row_min_max(x, g)?;
+        let scales = eng.sym_scales(&mins, &maxs, self.bits)?;
+        let codes = eng.quantize(x, &scales, g, self.bits, self.rounding, seed)?;
         if let Some(res) = residual {
-            let deq = self.dequantize(&codes, &scales, x.len());
+            let mut deq = vec![0f32; x.len()];
+            eng.dequant_accumulate(&codes, &scales, x.len(), g, 1, self.bits, &mut deq)?;
             for ((r, &v), d) in res.iter_mut().zip(x).zip(deq) {
                 let e = v - d;
                 *r = if e.is_finite() { e } else { 0.0 };
@@ -90,36 +112,35 @@ impl Quantizer {
             out.extend_from_slice(&s.to_le_bytes());
         }
         out.extend_from_slice(&codes);
+        Ok(())
     }
 
-    fn dequantize(&self, codes: &[u8], scales: &[f32], m: usize) -> Vec<f32> {
-        let mut out = vec![0f32; m];
-        reference::dequant_accumulate(codes, scales, m, self.group.max(1), 1, self.bits, &mut out);
-        out
-    }
-
-    /// `out[i] += Σ_j dequant(blocks[j])[i]` in block order (the reference
+    /// `out[i] += Σ_j dequant(blocks[j])[i]` in block order (the kernels'
     /// `dequant_accumulate`). Every block must hold `out.len()` elements.
-    pub fn accumulate(&self, blocks: &[&[u8]], out: &mut [f32]) -> Result<(), String> {
+    pub fn accumulate(&self, eng: &dyn KernelEngine, blocks: &[&[u8]], out: &mut [f32]) -> Result<(), BlockError> {
         let m = out.len();
         let (ng, nc) = (groups(m, self.group), code_bytes(m, self.bits));
         let mut scales = Vec::with_capacity(ng * blocks.len());
         let mut codes = Vec::with_capacity(nc * blocks.len());
         for (j, b) in blocks.iter().enumerate() {
             if b.len() != 4 * ng + nc {
-                return Err(format!("block {j} has {} bytes, {m} elements need {}", b.len(), 4 * ng + nc));
+                return Err(BlockError::Malformed(format!(
+                    "block {j} has {} bytes, {m} elements need {}",
+                    b.len(),
+                    4 * ng + nc
+                )));
             }
             scales.extend(b[..4 * ng].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
             codes.extend_from_slice(&b[4 * ng..]);
         }
-        reference::dequant_accumulate(&codes, &scales, m, self.group.max(1), blocks.len(), self.bits, out);
+        eng.dequant_accumulate(&codes, &scales, m, self.group.max(1), blocks.len(), self.bits, out)?;
         Ok(())
     }
 
     /// The values one block stands for.
-    pub fn decode(&self, block: &[u8], m: usize) -> Result<Vec<f32>, String> {
+    pub fn decode(&self, eng: &dyn KernelEngine, block: &[u8], m: usize) -> Result<Vec<f32>, BlockError> {
         let mut out = vec![0f32; m];
-        self.accumulate(&[block], &mut out)?;
+        self.accumulate(eng, &[block], &mut out)?;
         Ok(out)
     }
 }
@@ -127,6 +148,7 @@ impl Quantizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::HostEngine;
 
     #[test]
     fn shards_cover_every_size() {
@@ -149,9 +171,9 @@ mod tests {
             let q = Quantizer { bits, group: 64, rounding: Rounding::Nearest };
             let mut block = Vec::new();
             let mut res = vec![0f32; x.len()];
-            q.encode(&x, 1, &mut block, Some(&mut res));
+            q.encode(&HostEngine, &x, 1, &mut block, Some(&mut res)).expect("encode");
             assert_eq!(block.len(), q.block_len(x.len()));
-            let y = q.decode(&block, x.len()).expect("decode");
+            let y = q.decode(&HostEngine, &block, x.len()).expect("decode");
             for (g, (xs, ys)) in x.chunks(64).zip(y.chunks(64)).enumerate() {
                 let step = xs.iter().fold(0f32, |a, v| a.max(v.abs())) / bits_qmax(bits);
                 for (i, (a, b)) in xs.iter().zip(ys).enumerate() {
@@ -172,11 +194,11 @@ mod tests {
         x[7] = f32::INFINITY;
         let q = Quantizer { bits: QBits::Int8, group: 4, rounding: Rounding::Nearest };
         let mut block = Vec::new();
-        q.encode(&x, 0, &mut block, None);
-        let y = q.decode(&block, 10).expect("decode");
+        q.encode(&HostEngine, &x, 0, &mut block, None).expect("encode");
+        let y = q.decode(&HostEngine, &block, 10).expect("decode");
         assert!(y[..4].iter().all(|v| *v == 0.5));
         assert!(y[4..8].iter().all(|v| v.is_nan()));
         assert!(y[8..].iter().all(|v| *v == 0.5));
-        assert!(q.decode(&block[1..], 10).is_err());
+        assert!(matches!(q.decode(&HostEngine, &block[1..], 10), Err(BlockError::Malformed(_))));
     }
 }

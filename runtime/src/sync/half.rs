@@ -22,42 +22,33 @@
 //! 65504 — beyond it the result is ±inf, which is what a loss scaler's
 //! overflow check exists to catch).
 
-use qsync_kernels::{reference, Half};
+use qsync_kernels::Half;
 
 use super::block::shards;
 use super::{GradSync, Hop};
 use crate::error::SyncError;
 
-/// Narrowing and widening conversions of one 16-bit format.
-type Converters = (fn(f32) -> u16, fn(u16) -> f32);
-
-fn converters(h: Half) -> Converters {
-    match h {
-        Half::F16 => (reference::f32_to_f16, reference::f16_to_f32),
-        Half::BF16 => (reference::f32_to_bf16, reference::bf16_to_f32),
-    }
-}
-
 fn to_bytes(v: &[u16]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn read16(b: &[u8], i: usize) -> u16 {
-    u16::from_le_bytes([b[2 * i], b[2 * i + 1]])
+fn u16s(b: &[u8]) -> Vec<u16> {
+    b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
 }
 
 impl GradSync<'_> {
     pub(super) fn half_all_reduce(&mut self, grad: &mut [f32], h: Half) -> Result<(), SyncError> {
-        let (to, from) = converters(h);
+        let eng = self.engine.clone();
         let p = self.world().size();
         let me = self.world().rank();
         let pf = p as f32;
         let scaled: Vec<f32> = grad.iter().map(|v| v / pf).collect();
         let x = self.with_residual("half", &scaled);
-        let h16: Vec<u16> = x.iter().map(|&v| to(v)).collect();
+        let h16 = eng.cast_to(h, &x)?;
         if let Some(r) = self.residual_mut("half") {
-            for ((r, &v), &c) in r.iter_mut().zip(&x).zip(&h16) {
-                let e = v - from(c);
+            let back = eng.cast_from(h, &h16)?;
+            for ((r, &v), d) in r.iter_mut().zip(&x).zip(back) {
+                let e = v - d;
                 *r = if e.is_finite() { e } else { 0.0 };
             }
         }
@@ -68,30 +59,26 @@ impl GradSync<'_> {
         let mut recv = vec![0u8; 2 * mine * p];
         self.world().all_to_all_v(&to_bytes(&h16), &send_counts, &mut recv, &recv_counts, self.deadline())?;
         self.count(Hop::World, &recv_counts);
-        let sums: Vec<f32> = (0..mine)
-            .map(|i| {
-                let mut acc = 0f32;
-                for r in 0..p {
-                    acc += from(read16(&recv[2 * mine * r..], i));
-                }
-                acc
-            })
-            .collect();
+        // Widening is exact; the sum runs in rank order, in f32.
+        let wide = eng.cast_from(h, &u16s(&recv))?;
+        let mut sums = vec![0f32; mine];
+        for r in 0..p {
+            sums.iter_mut().zip(&wide[r * mine..(r + 1) * mine]).for_each(|(a, v)| *a += v);
+        }
         // The owner's rounding of the sum is a second quantization site.
         let sums = self.with_residual("half-owner", &sums);
-        let reduced: Vec<u16> = sums.iter().map(|&v| to(v)).collect();
+        let reduced = eng.cast_to(h, &sums)?;
         if let Some(r) = self.residual_mut("half-owner") {
-            for ((r, &v), &c) in r.iter_mut().zip(&sums).zip(&reduced) {
-                let e = v - from(c);
+            let back = eng.cast_from(h, &reduced)?;
+            for ((r, &v), d) in r.iter_mut().zip(&sums).zip(back) {
+                let e = v - d;
                 *r = if e.is_finite() { e } else { 0.0 };
             }
         }
         let mut all = vec![0u8; 2 * grad.len()];
         self.world().all_gather_v(&to_bytes(&reduced), &mut all, &send_counts, self.deadline())?;
         self.count(Hop::World, &send_counts);
-        for (i, v) in grad.iter_mut().enumerate() {
-            *v = from(read16(&all, i));
-        }
+        grad.copy_from_slice(&eng.cast_from(h, &u16s(&all))?);
         Ok(())
     }
 }

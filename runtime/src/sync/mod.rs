@@ -8,7 +8,9 @@
 //!
 //! Guarantees:
 //! - every quantized reduction is done here in f32 with the kernels'
-//!   reference arithmetic, in a fixed order (rank order), so all ranks end
+//!   arithmetic (on the [`KernelEngine`] `cfg.kernels` names: the CPU
+//!   reference, or our PTX on the GPU, bit for bit the same), in a fixed
+//!   order (rank order), so all ranks end
 //!   with bitwise-identical gradients, and a run is reproducible: the same
 //!   inputs, seed and step give the same bytes;
 //! - stochastic rounding draws from `hash(seed, step, stage, rank, shard)`,
@@ -31,11 +33,13 @@ pub mod nbit;
 pub mod qgz;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use qsync_kernels::rng;
 
 use crate::comm::{ClusterShape, Communicator, Deadline, NodeGroups, ReduceBuf};
-use crate::error::SyncError;
+use crate::engine::{HostEngine, KernelEngine, Kernels};
+use crate::error::{CommError, SyncError};
 use crate::scheme::{Kind, SyncConfig};
 
 /// Bytes this rank received from other ranks, by hop.
@@ -76,6 +80,35 @@ pub struct GradSync<'c> {
     step: u64,
     residuals: BTreeMap<&'static str, Vec<f32>>,
     wire: WireBytes,
+    /// Where the element-wise kernels run (`cfg.kernels`).
+    engine: Arc<dyn KernelEngine>,
+}
+
+/// The engine `kernels` asks for on `world`: the reference on the CPU, or
+/// our PTX on the GPU of an NCCL communicator (`$QSYNC_PTX_DIR`).
+fn engine_for(kernels: Kernels, world: &dyn Communicator) -> Result<Arc<dyn KernelEngine>, SyncError> {
+    match kernels {
+        Kernels::Host => Ok(Arc::new(HostEngine)),
+        Kernels::Device => {
+            let Some(ordinal) = world.cuda_device() else {
+                return Err(SyncError::Comm(CommError::Unsupported {
+                    backend: world.backend(),
+                    what: "device kernels (they run on the GPU of an NCCL communicator)".into(),
+                }));
+            };
+            #[cfg(feature = "nccl")]
+            {
+                Ok(Arc::new(crate::cuda::CudaEngine::from_env(ordinal)?))
+            }
+            #[cfg(not(feature = "nccl"))]
+            {
+                Err(SyncError::Comm(CommError::Unsupported {
+                    backend: world.backend(),
+                    what: format!("device kernels on GPU {ordinal}: built without the `nccl` feature"),
+                }))
+            }
+        }
+    }
 }
 
 impl<'c> GradSync<'c> {
@@ -91,6 +124,7 @@ impl<'c> GradSync<'c> {
         } else {
             None
         };
+        let engine = engine_for(cfg.kernels, world)?;
         Ok(GradSync {
             world: World::Borrowed(world),
             groups,
@@ -99,15 +133,29 @@ impl<'c> GradSync<'c> {
             step: 0,
             residuals: BTreeMap::new(),
             wire: WireBytes::default(),
+            engine,
         })
+    }
+
+    /// Runs the element-wise kernels on `engine` instead of the one
+    /// `cfg.kernels` chose (a caller's own engine: results must match the
+    /// reference bit for bit for the ranks to agree).
+    pub fn with_engine(mut self, engine: Arc<dyn KernelEngine>) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// The engine the kernels run on (`"host"`, `"cuda"`).
+    pub fn engine(&self) -> &dyn KernelEngine {
+        self.engine.as_ref()
     }
 
     /// [`GradSync::new`] owning its communicator, for callers that keep the
     /// synchronization state beyond any borrow (the Python bindings keep
     /// one per DDP bucket).
     pub fn owning(world: Box<dyn Communicator>, cfg: SyncConfig) -> Result<GradSync<'static>, SyncError> {
-        let GradSync { groups, shape, cfg, step, residuals, wire, .. } = GradSync::new(world.as_ref(), cfg)?;
-        Ok(GradSync { world: World::Owned(world), groups, shape, cfg, step, residuals, wire })
+        let GradSync { groups, shape, cfg, step, residuals, wire, engine, .. } = GradSync::new(world.as_ref(), cfg)?;
+        Ok(GradSync { world: World::Owned(world), groups, shape, cfg, step, residuals, wire, engine })
     }
 
     /// The communicator every rank of the job is in.

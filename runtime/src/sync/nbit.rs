@@ -29,8 +29,6 @@
 //! error — proportional to the tensor's full range, so outliers cost every
 //! element; that is the scheme, faithfully.
 
-use qsync_kernels::reference;
-
 use super::{GradSync, Hop};
 use crate::error::SyncError;
 
@@ -38,19 +36,20 @@ const STAGE_PACK: u64 = 4;
 
 impl GradSync<'_> {
     pub(super) fn nbit_all_reduce(&mut self, grad: &mut [f32], bits: u8) -> Result<(), SyncError> {
+        let eng = self.engine.clone();
         let p = self.world().size();
         let n = grad.len();
         let x = self.with_residual("nbit", grad);
-        let (mins, maxs) = reference::row_min_max(&x, n.max(1));
-        let [mut mn, mx, _] = reference::tensor_min_max(&mins, &maxs);
+        let (mins, maxs) = eng.row_min_max(&x, n.max(1))?;
+        let [mut mn, mx, _] = eng.tensor_min_max(&mins, &maxs)?;
         if x.iter().any(|v| !v.is_finite()) {
             mn = f32::NAN;
         }
         let seed = self.seed(STAGE_PACK, 0);
-        let packed = reference::pack(&x, mn, mx, bits, self.cfg.scheme.rounding, seed);
+        let packed = eng.pack(&x, mn, mx, bits, self.cfg.scheme.rounding, seed)?;
         let me = self.world().rank();
-        let unpack = |buf: &[u8], peer: usize| {
-            reference::unpack(buf, n, bits).map_err(|e| SyncError::BadPayload { rank: me, peer, detail: e.to_string() })
+        let unpack = |buf: &[u8], peer: usize| -> Result<Vec<f32>, SyncError> {
+            eng.unpack(buf, n, bits)?.map_err(|detail| SyncError::BadPayload { rank: me, peer, detail })
         };
         if let Some(r) = self.residual_mut("nbit") {
             let own = unpack(&packed, me)?;

@@ -46,7 +46,7 @@
 
 use qsync_kernels::QBits;
 
-use super::block::{shards, Quantizer};
+use super::block::{shards, BlockError, Quantizer};
 use super::{f32_bytes, f32_from_bytes, GradSync, Hop};
 use crate::error::SyncError;
 use crate::scheme::{Gather, Kind};
@@ -89,11 +89,15 @@ impl GradSync<'_> {
         Ok(sum)
     }
 
-    fn bad(&self, peer: usize, detail: String) -> SyncError {
-        SyncError::BadPayload { rank: self.world().rank(), peer, detail }
+    fn bad(&self, peer: usize, e: BlockError) -> SyncError {
+        match e {
+            BlockError::Malformed(detail) => SyncError::BadPayload { rank: self.world().rank(), peer, detail },
+            BlockError::Engine(e) => SyncError::Comm(e),
+        }
     }
 
     fn one_shot_sum(&mut self, grad: &[f32], bits: QBits) -> Result<Vec<f32>, SyncError> {
+        let eng = self.engine.clone();
         let p = self.world().size();
         let me = self.world().rank();
         let q = self.quantizer(bits);
@@ -105,7 +109,7 @@ impl GradSync<'_> {
             let before = send.len();
             let seed = self.seed(STAGE_FIRST, s);
             let res = self.residual_mut("first").map(|r| &mut r[range.clone()]);
-            q.encode(&x[range.clone()], seed, &mut send, res);
+            q.encode(&*eng, &x[range.clone()], seed, &mut send, res)?;
             send_counts.push(send.len() - before);
         }
         let m = sh[me].len();
@@ -116,12 +120,13 @@ impl GradSync<'_> {
         let blocks: Vec<&[u8]> = recv.chunks(q.block_len(m).max(1)).take(p).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
-            q.accumulate(&blocks, &mut sum).map_err(|e| self.bad(p, e))?;
+            q.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.bad(p, e))?;
         }
         Ok(sum)
     }
 
     fn hierarchical_sum(&mut self, grad: &[f32], intra_bits: QBits, inter_bits: QBits) -> Result<Vec<f32>, SyncError> {
+        let eng = self.engine.clone();
         let (nodes, per_node) = (self.shape.nodes, self.shape.ranks_per_node);
         let me = self.world().rank();
         let (node, local) = (self.shape.node_of(me), self.shape.local_of(me));
@@ -139,7 +144,7 @@ impl GradSync<'_> {
             for s in owned_by(j) {
                 let seed = self.seed(STAGE_FIRST, s);
                 let res = self.residual_mut("first").map(|r| &mut r[sh[s].clone()]);
-                q1.encode(&x[sh[s].clone()], seed, &mut send, res);
+                q1.encode(&*eng, &x[sh[s].clone()], seed, &mut send, res)?;
             }
             send_counts.push(send.len() - before);
         }
@@ -159,7 +164,7 @@ impl GradSync<'_> {
                 (0..per_node).map(|i| &recv[i * per_peer + offset..i * per_peer + offset + len]).collect();
             let mut acc = vec![0f32; m];
             if m > 0 {
-                q1.accumulate(&blocks, &mut acc).map_err(|e| self.bad(per_node, e))?;
+                q1.accumulate(&*eng, &blocks, &mut acc).map_err(|e| self.bad(per_node, e))?;
             }
             partial.extend_from_slice(&acc);
             offset += len;
@@ -176,7 +181,7 @@ impl GradSync<'_> {
             let before = send.len();
             let seed = self.seed(STAGE_INTER, s);
             let res = self.residual_mut("inter").map(|r| &mut r[at..at + m]);
-            q2.encode(&y[at..at + m], seed, &mut send, res);
+            q2.encode(&*eng, &y[at..at + m], seed, &mut send, res)?;
             send_counts.push(send.len() - before);
             at += m;
         }
@@ -189,13 +194,14 @@ impl GradSync<'_> {
         let blocks: Vec<&[u8]> = recv.chunks(q2.block_len(m).max(1)).take(nodes).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
-            q2.accumulate(&blocks, &mut sum).map_err(|e| self.bad(nodes, e))?;
+            q2.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.bad(nodes, e))?;
         }
         Ok(sum)
     }
 
     /// All-gathers every rank's mean shard into `out` (the full gradient).
     pub(super) fn gather_shards(&mut self, mean: &[f32], out: &mut [f32]) -> Result<(), SyncError> {
+        let eng = self.engine.clone();
         let p = self.world().size();
         let me = self.world().rank();
         let sh = shards(out.len(), p);
@@ -216,14 +222,14 @@ impl GradSync<'_> {
                 let seed = self.seed(STAGE_GATHER, me);
                 self.step += 1;
                 let res = self.residual_mut("gather").map(|r| r.as_mut_slice());
-                q.encode(&y, seed, &mut block, res);
+                q.encode(&*eng, &y, seed, &mut block, res)?;
                 let counts: Vec<usize> = sh.iter().map(|s| q.block_len(s.len())).collect();
                 let mut all = vec![0u8; counts.iter().sum()];
                 self.world().all_gather_v(&block, &mut all, &counts, self.deadline())?;
                 self.count(Hop::World, &counts);
                 let mut at = 0;
                 for (j, range) in sh.iter().enumerate() {
-                    let vals = q.decode(&all[at..at + counts[j]], range.len()).map_err(|e| self.bad(j, e))?;
+                    let vals = q.decode(&*eng, &all[at..at + counts[j]], range.len()).map_err(|e| self.bad(j, e))?;
                     out[range.clone()].copy_from_slice(&vals);
                     at += counts[j];
                 }

@@ -1,0 +1,298 @@
+//! [`CudaEngine`]: the schemes' kernels as our PTX on a GPU.
+//!
+//! The PTX is what `qsyncc codegen MODEL --target sm_XX --emit ptx
+//! --all-kernels -o DIR/sm_XX` writes (`kernels.ptx`, every kernel of
+//! `qsync_kernels::KernelSpec::all`), read for the device's compute
+//! capability from a directory ([`CudaEngine::from_dir`]; `$QSYNC_PTX_DIR`
+//! for [`CudaEngine::from_env`]). The driver JIT-compiles it for the device
+//! when the module loads.
+//!
+//! Each call stages its host inputs into device memory, launches the kernel
+//! on the engine's stream with a grid-stride-sized grid (256 threads a
+//! block, at most 32 blocks per SM), and copies the outputs back after the
+//! stream is idle. Errors are the runtime's [`CommError`]s (backend
+//! `cuda`): a missing driver is [`CommError::LibraryMissing`], a missing or
+//! incomplete PTX file names the file and how to make it.
+//!
+//! The driver is loaded at run time (cudarc's dynamic loading): this
+//! builds everywhere and fails with a clear error where there is no GPU.
+
+// Kernel launches and the driver's library probe are `unsafe` in cudarc.
+#![allow(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use qsync_kernels::reference::{packed_len, UnpackError};
+use qsync_kernels::{Half, KernelSpec, QBits, Rounding, PACK_HEADER_BYTES};
+
+use crate::engine::KernelEngine;
+use crate::error::CommError;
+
+/// The environment variable naming the PTX directory.
+pub const ENV_PTX_DIR: &str = "QSYNC_PTX_DIR";
+
+const BACKEND: &str = "cuda";
+const THREADS: u32 = 256;
+
+fn driver_err(op: &'static str) -> impl Fn(DriverError) -> CommError {
+    move |e| CommError::Backend { backend: BACKEND, op, code: e.0 as i32, message: e.to_string() }
+}
+
+/// `sm_75` for compute capability 7.5.
+pub fn sm_name(major: i32, minor: i32) -> String {
+    format!("sm_{major}{minor}")
+}
+
+/// Our kernels loaded on one GPU.
+pub struct CudaEngine {
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    sms: u32,
+    arch: String,
+}
+
+impl std::fmt::Debug for CudaEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaEngine").field("arch", &self.arch).field("sms", &self.sms).finish()
+    }
+}
+
+/// One kernel argument: a device buffer or a 64-bit integer.
+enum A<'a> {
+    P(&'a CudaSlice<u8>),
+    U(u64),
+}
+
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: plain-old-data slices (f32, u16, u8) viewed as their bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+impl CudaEngine {
+    /// Loads `ptx` on CUDA device `ordinal`. Every kernel of
+    /// `KernelSpec::all()` must be in it.
+    pub fn new(ordinal: usize, ptx: &str) -> Result<CudaEngine, CommError> {
+        // SAFETY: only probes whether the driver library can be opened.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CommError::LibraryMissing {
+                library: "the CUDA driver (libcuda)".into(),
+                searched: "the dynamic loader's path (LD_LIBRARY_PATH, ld.so.cache)".into(),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("init"))?;
+        let (maj, min) = ctx.compute_capability().map_err(driver_err("init"))?;
+        let arch = sm_name(maj, min);
+        if let Some(k) = KernelSpec::all().into_iter().find(|k| !ptx.contains(&format!(".entry {}(", k.name()))) {
+            return Err(CommError::Unsupported {
+                backend: BACKEND,
+                what: format!("the PTX for {arch} lacks kernel {k} (generate it with --all-kernels)"),
+            });
+        }
+        let module = ctx.load_module(ptx.to_string().into()).map_err(driver_err("module load"))?;
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("init"))? as u32;
+        Ok(CudaEngine { stream: ctx.default_stream(), module, sms, arch })
+    }
+
+    /// [`CudaEngine::new`] with `<dir>/sm_XX/kernels.ptx` for the device's
+    /// compute capability.
+    pub fn from_dir(ordinal: usize, dir: &Path) -> Result<CudaEngine, CommError> {
+        // SAFETY: only probes whether the driver library can be opened.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return CudaEngine::new(ordinal, "");
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("init"))?;
+        let (maj, min) = ctx.compute_capability().map_err(driver_err("init"))?;
+        let sm = sm_name(maj, min);
+        let path = dir.join(&sm).join("kernels.ptx");
+        let ptx = std::fs::read_to_string(&path).map_err(|e| CommError::Unsupported {
+            backend: BACKEND,
+            what: format!(
+                "{}: {e} (generate it with `qsyncc codegen MODEL --target {sm} --emit ptx --all-kernels -o {}`)",
+                path.display(),
+                dir.join(&sm).display()
+            ),
+        })?;
+        CudaEngine::new(ordinal, &ptx)
+    }
+
+    /// [`CudaEngine::from_dir`] with `$QSYNC_PTX_DIR` (default
+    /// `target/gpu-check`, where `scripts/gpu-check.sh prepare` writes it).
+    pub fn from_env(ordinal: usize) -> Result<CudaEngine, CommError> {
+        let dir = std::env::var_os(ENV_PTX_DIR).map_or_else(|| PathBuf::from("target/gpu-check"), PathBuf::from);
+        CudaEngine::from_dir(ordinal, &dir)
+    }
+
+    /// The device architecture the PTX was loaded for (`sm_90`).
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    fn up<T: Copy>(&self, v: &[T], op: &'static str) -> Result<CudaSlice<u8>, CommError> {
+        let b = as_bytes(v);
+        if b.is_empty() {
+            return self.zeros(0, op);
+        }
+        self.stream.clone_htod(b).map_err(driver_err(op))
+    }
+
+    fn zeros(&self, n: usize, op: &'static str) -> Result<CudaSlice<u8>, CommError> {
+        self.stream.alloc_zeros::<u8>(n.max(16)).map_err(driver_err(op))
+    }
+
+    fn down(&self, s: &CudaSlice<u8>, bytes: usize, op: &'static str) -> Result<Vec<u8>, CommError> {
+        let mut b: Vec<u8> = self.stream.clone_dtoh(s).map_err(driver_err(op))?;
+        b.truncate(bytes);
+        Ok(b)
+    }
+
+    /// Launches `spec` over its domain and waits for the stream.
+    fn run(&self, spec: KernelSpec, args: &[A], op: &'static str) -> Result<(), CommError> {
+        let raw: Vec<u64> = args.iter().map(|a| if let A::U(v) = a { *v } else { 0 }).collect();
+        let dom = spec.domain(&raw).max(1);
+        let blocks = dom.div_ceil(u64::from(THREADS)).min(u64::from(self.sms.max(1)) * 32).max(1) as u32;
+        let f = self.module.load_function(&spec.name()).map_err(driver_err(op))?;
+        let mut b = self.stream.launch_builder(&f);
+        for a in args {
+            match a {
+                A::P(s) => b.arg(*s),
+                A::U(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the arguments follow `spec.args()` in kind and order, and
+        // every buffer was sized above for the kernel's domain.
+        unsafe { b.launch(cfg) }.map_err(driver_err(op))?;
+        self.stream.synchronize().map_err(driver_err(op))
+    }
+}
+
+impl KernelEngine for CudaEngine {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn row_min_max(&self, x: &[f32], cols: usize) -> Result<(Vec<f32>, Vec<f32>), CommError> {
+        const OP: &str = "row min/max";
+        let cols = cols.max(1);
+        let rows = x.len().div_ceil(cols);
+        let dx = self.up(x, OP)?;
+        let (mn, mx) = (self.zeros(4 * rows, OP)?, self.zeros(4 * rows, OP)?);
+        let args = [A::P(&dx), A::U(x.len() as u64), A::U(cols as u64), A::P(&mn), A::P(&mx)];
+        self.run(KernelSpec::RowMinMax, &args, OP)?;
+        Ok((f32s(&self.down(&mn, 4 * rows, OP)?), f32s(&self.down(&mx, 4 * rows, OP)?)))
+    }
+
+    fn tensor_min_max(&self, mins: &[f32], maxs: &[f32]) -> Result<[f32; 3], CommError> {
+        const OP: &str = "tensor min/max";
+        let (a, b, out) = (self.up(mins, OP)?, self.up(maxs, OP)?, self.zeros(12, OP)?);
+        self.run(KernelSpec::TensorMinMax, &[A::P(&a), A::P(&b), A::U(mins.len() as u64), A::P(&out)], OP)?;
+        let v = f32s(&self.down(&out, 12, OP)?);
+        Ok([v[0], v[1], v[2]])
+    }
+
+    fn sym_scales(&self, mins: &[f32], maxs: &[f32], bits: QBits) -> Result<Vec<f32>, CommError> {
+        const OP: &str = "quantization scales";
+        let g = mins.len();
+        let (a, b) = (self.up(mins, OP)?, self.up(maxs, OP)?);
+        let (s, z) = (self.zeros(4 * g, OP)?, self.zeros(4 * g, OP)?);
+        let spec = KernelSpec::QuantParams { bits, symmetric: true };
+        self.run(spec, &[A::P(&a), A::P(&b), A::U(g as u64), A::P(&s), A::P(&z)], OP)?;
+        Ok(f32s(&self.down(&s, 4 * g, OP)?))
+    }
+
+    fn quantize(
+        &self,
+        x: &[f32],
+        scales: &[f32],
+        group: usize,
+        bits: QBits,
+        rounding: Rounding,
+        seed: u64,
+    ) -> Result<Vec<u8>, CommError> {
+        const OP: &str = "quantize";
+        let n = x.len() as u64;
+        let (dx, ds) = (self.up(x, OP)?, self.up(scales, OP)?);
+        match bits {
+            QBits::Int8 => {
+                let zp = self.zeros(4 * scales.len(), OP)?;
+                let q = self.zeros(x.len(), OP)?;
+                let spec = KernelSpec::QuantizeInt8 { symmetric: true, rounding };
+                let args = [A::P(&dx), A::P(&ds), A::P(&zp), A::U(n), A::U(group as u64), A::U(seed), A::P(&q)];
+                self.run(spec, &args, OP)?;
+                self.down(&q, x.len(), OP)
+            }
+            QBits::Int4 => {
+                let len = x.len().div_ceil(2);
+                let q = self.zeros(len, OP)?;
+                let args = [A::P(&dx), A::P(&ds), A::U(n), A::U(group as u64), A::U(seed), A::P(&q)];
+                self.run(KernelSpec::QuantizeInt4 { rounding }, &args, OP)?;
+                self.down(&q, len, OP)
+            }
+        }
+    }
+
+    fn dequant_accumulate(
+        &self,
+        codes: &[u8],
+        scales: &[f32],
+        n: usize,
+        group: usize,
+        k: usize,
+        bits: QBits,
+        out: &mut [f32],
+    ) -> Result<(), CommError> {
+        const OP: &str = "dequantize-accumulate";
+        let (dq, ds, acc) = (self.up(codes, OP)?, self.up(scales, OP)?, self.up(out, OP)?);
+        let args = [A::P(&dq), A::P(&ds), A::U(n as u64), A::U(group as u64), A::U(k as u64), A::P(&acc)];
+        self.run(KernelSpec::DequantAccumulate { bits }, &args, OP)?;
+        let v = f32s(&self.down(&acc, 4 * out.len(), OP)?);
+        out.copy_from_slice(&v);
+        Ok(())
+    }
+
+    fn cast_to(&self, h: Half, x: &[f32]) -> Result<Vec<u16>, CommError> {
+        const OP: &str = "cast";
+        let (dx, out) = (self.up(x, OP)?, self.zeros(2 * x.len(), OP)?);
+        self.run(KernelSpec::CastTo(h), &[A::P(&dx), A::P(&out), A::U(x.len() as u64)], OP)?;
+        Ok(self.down(&out, 2 * x.len(), OP)?.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect())
+    }
+
+    fn cast_from(&self, h: Half, x: &[u16]) -> Result<Vec<f32>, CommError> {
+        const OP: &str = "cast";
+        let (dx, out) = (self.up(x, OP)?, self.zeros(4 * x.len(), OP)?);
+        self.run(KernelSpec::CastFrom(h), &[A::P(&dx), A::P(&out), A::U(x.len() as u64)], OP)?;
+        Ok(f32s(&self.down(&out, 4 * x.len(), OP)?))
+    }
+
+    fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {
+        const OP: &str = "pack";
+        let len = packed_len(x.len(), bits);
+        let (dx, range, out) = (self.up(x, OP)?, self.up(&[mn, mx], OP)?, self.zeros(len, OP)?);
+        let args = [A::P(&dx), A::P(&range), A::U(x.len() as u64), A::U(seed), A::P(&out)];
+        self.run(KernelSpec::PackBits { bits, rounding }, &args, OP)?;
+        self.down(&out, len, OP)
+    }
+
+    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Result<Vec<f32>, String>, CommError> {
+        const OP: &str = "unpack";
+        // The kernel trusts its input: the header is checked here, as the
+        // reference unpacker checks it.
+        if buf.len() < packed_len(n, bits) || buf.len() < PACK_HEADER_BYTES {
+            return Ok(Err(UnpackError::TooShort { len: buf.len(), n, bits }.to_string()));
+        }
+        if buf[0] != bits {
+            return Ok(Err(UnpackError::BitWidth { found: buf[0], expected: bits }.to_string()));
+        }
+        let (db, out) = (self.up(buf, OP)?, self.zeros(4 * n, OP)?);
+        self.run(KernelSpec::UnpackBits { bits }, &[A::P(&db), A::U(n as u64), A::P(&out)], OP)?;
+        Ok(Ok(f32s(&self.down(&out, 4 * n, OP)?)))
+    }
+}

@@ -1,0 +1,167 @@
+//! Where the schemes' element-wise kernels run: [`KernelEngine`].
+//!
+//! Every scheme of [`crate::GradSync`] reduces, quantizes, packs and casts
+//! through one engine, so the arithmetic has one definition — the kernels
+//! of `qsync-kernels` — and two places to run:
+//! - [`HostEngine`] (the default): `qsync_kernels::reference` on the CPU;
+//! - `CudaEngine` (feature `nccl`, [`crate::cuda`]): the same kernels as
+//!   our PTX (`qsyncc codegen --all-kernels`), loaded and launched with the
+//!   CUDA driver through cudarc.
+//!
+//! The PTX kernels equal the reference bit for bit (the GPU check holds them
+//! to it, stochastic rounding included: its generator is counter-based), so
+//! a synchronization gives the same bytes on either engine, and an NCCL job
+//! quantizing on the GPU can be checked against an MPI job quantizing on the
+//! CPU digest for digest.
+//!
+//! Buffers are host slices on both engines: the device engine stages them
+//! through device memory around each launch.
+
+use qsync_kernels::{reference, Half, QBits, Rounding};
+
+use crate::error::CommError;
+
+/// Which engine a [`crate::SyncConfig`] asks for.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Kernels {
+    /// The reference kernels on the CPU.
+    #[default]
+    Host,
+    /// Our PTX kernels on the communicator's GPU (an NCCL communicator).
+    Device,
+}
+
+impl Kernels {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Host => "host",
+            Kernels::Device => "device",
+        }
+    }
+}
+
+impl std::str::FromStr for Kernels {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Kernels, String> {
+        match s {
+            "host" | "cpu" => Ok(Kernels::Host),
+            "device" | "gpu" | "ptx" => Ok(Kernels::Device),
+            _ => Err(format!("unknown kernels `{s}` (host, device)")),
+        }
+    }
+}
+
+/// The element-wise kernels the schemes use, with the meaning of
+/// `qsync_kernels::reference` (see each function there).
+pub trait KernelEngine: std::fmt::Debug {
+    /// `"host"` or `"cuda"`, for messages.
+    fn name(&self) -> &'static str;
+    /// Min and max of each row of `cols` (NaN ignored).
+    fn row_min_max(&self, x: &[f32], cols: usize) -> Result<(Vec<f32>, Vec<f32>), CommError>;
+    /// `[min, max, absmax]` of the row results.
+    fn tensor_min_max(&self, mins: &[f32], maxs: &[f32]) -> Result<[f32; 3], CommError>;
+    /// Symmetric scales per group from its min and max.
+    fn sym_scales(&self, mins: &[f32], maxs: &[f32], bits: QBits) -> Result<Vec<f32>, CommError>;
+    /// Symmetric codes of `x` per group of `group`: `x.len()` int8 bytes, or
+    /// `ceil(len/2)` int4 bytes (low nibble first).
+    fn quantize(
+        &self,
+        x: &[f32],
+        scales: &[f32],
+        group: usize,
+        bits: QBits,
+        rounding: Rounding,
+        seed: u64,
+    ) -> Result<Vec<u8>, CommError>;
+    /// `out[i] += Σ_j dequant(chunk_j)[i]` over `k` chunks of `n` elements.
+    #[allow(clippy::too_many_arguments)]
+    fn dequant_accumulate(
+        &self,
+        codes: &[u8],
+        scales: &[f32],
+        n: usize,
+        group: usize,
+        k: usize,
+        bits: QBits,
+        out: &mut [f32],
+    ) -> Result<(), CommError>;
+    /// `f32 → f16/bf16`, round to nearest even.
+    fn cast_to(&self, h: Half, x: &[f32]) -> Result<Vec<u16>, CommError>;
+    /// `f16/bf16 → f32` (exact).
+    fn cast_from(&self, h: Half, x: &[u16]) -> Result<Vec<f32>, CommError>;
+    /// Min/max n-bit packing, header included.
+    fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError>;
+    /// The values a packed buffer of `n` elements stands for. `Ok(Err(_))`:
+    /// the buffer is malformed (a payload error, not an engine failure).
+    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Result<Vec<f32>, String>, CommError>;
+}
+
+/// The reference kernels on the CPU. Never fails.
+#[derive(Copy, Clone, Debug, Default)]
+pub struct HostEngine;
+
+impl KernelEngine for HostEngine {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn row_min_max(&self, x: &[f32], cols: usize) -> Result<(Vec<f32>, Vec<f32>), CommError> {
+        Ok(reference::row_min_max(x, cols))
+    }
+
+    fn tensor_min_max(&self, mins: &[f32], maxs: &[f32]) -> Result<[f32; 3], CommError> {
+        Ok(reference::tensor_min_max(mins, maxs))
+    }
+
+    fn sym_scales(&self, mins: &[f32], maxs: &[f32], bits: QBits) -> Result<Vec<f32>, CommError> {
+        Ok(reference::quant_params_all(mins, maxs, bits, true).0)
+    }
+
+    fn quantize(
+        &self,
+        x: &[f32],
+        scales: &[f32],
+        group: usize,
+        bits: QBits,
+        rounding: Rounding,
+        seed: u64,
+    ) -> Result<Vec<u8>, CommError> {
+        Ok(match bits {
+            QBits::Int8 => reference::quantize_i8(x, scales, &[], group, true, rounding, seed)
+                .into_iter()
+                .map(|c| c as u8)
+                .collect(),
+            QBits::Int4 => reference::quantize_i4(x, scales, group, rounding, seed),
+        })
+    }
+
+    fn dequant_accumulate(
+        &self,
+        codes: &[u8],
+        scales: &[f32],
+        n: usize,
+        group: usize,
+        k: usize,
+        bits: QBits,
+        out: &mut [f32],
+    ) -> Result<(), CommError> {
+        reference::dequant_accumulate(codes, scales, n, group, k, bits, out);
+        Ok(())
+    }
+
+    fn cast_to(&self, h: Half, x: &[f32]) -> Result<Vec<u16>, CommError> {
+        Ok(reference::cast_to(h, x))
+    }
+
+    fn cast_from(&self, h: Half, x: &[u16]) -> Result<Vec<f32>, CommError> {
+        Ok(reference::cast_from(h, x))
+    }
+
+    fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {
+        Ok(reference::pack(x, mn, mx, bits, rounding, seed))
+    }
+
+    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Result<Vec<f32>, String>, CommError> {
+        Ok(reference::unpack(buf, n, bits).map_err(|e| e.to_string()))
+    }
+}
