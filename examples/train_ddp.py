@@ -184,9 +184,9 @@ def cmd_train(a):
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
         hook = None
         if plan:
-            hook = qsync.comm_hook(a.plan, scheme=scheme, seed=a.seed)
+            hook = qsync.comm_hook(a.plan, scheme=scheme, seed=a.seed, kernels=a.kernels)
         elif scheme != "ddp":
-            hook = qsync.comm_hook(scheme, seed=a.seed)
+            hook = qsync.comm_hook(scheme, seed=a.seed, kernels=a.kernels)
         if hook is not None:
             ddp.register_comm_hook(None, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
@@ -238,6 +238,9 @@ def main():
     t.add_argument("--plan", help="plan directory (omit for plain FP32 DDP)")
     t.add_argument("--scheme", help="synchronization scheme (overrides the plan's; `ddp`: DDP's own all-reduce)")
     t.add_argument("--schemes", help="comma-separated schemes, trained one after another from the same start")
+    t.add_argument("--kernels", choices=["host", "device"], default="host",
+                   help="where CUDA buckets quantize: the CPU (host) or qsync's PTX on the GPU "
+                        "(device; $QSYNC_PTX_DIR holds `qsyncc codegen --all-kernels` output)")
     t.add_argument("--no-apply", action="store_true", help="use the plan's batches and gradient weights only")
     t.add_argument("--batch", type=int, default=8, help="per-rank batch without a plan")
     t.add_argument("--steps", type=int, default=5)

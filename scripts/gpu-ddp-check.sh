@@ -9,7 +9,9 @@
 # example transformer with torchrun on the GPU: plain DDP (NCCL) against the
 # plan applied with the qsync hook over the runtime's NCCL communicator, for
 # fp16, qgz-int8 and qgz-int4, 2 ranks on the one GPU when NCCL allows it
-# (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30), else 1 rank. Step times and
+# (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30), else 1 rank, then the same
+# hooks quantizing with qsync's PTX kernels on the GPU (`--kernels device`;
+# the same kernels' bits as the host run, so the same losses). Step times and
 # losses land in $OUT (or target/gpu-ddp-check/out): summary.txt, *.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,11 @@ prepare)
   QSYNCC=target/release/qsyncc "$venv/bin/python" examples/train_ddp.py plan --model transformer \
     --targets h100-sxm:1,t4:1 --batch 16 -o "$dir/plan" -- --method qsync
   cp examples/train_ddp.py "$dir/"
+  # qsync's kernels as PTX per architecture, for the `--kernels device` run.
+  model=$(ls ../shared/models/squeezenet1_1.onnx 2>/dev/null || ls examples/*.onnx | head -1)
+  for sm in sm_70 sm_75 sm_80 sm_86 sm_89 sm_90; do
+    target/release/qsyncc codegen "$model" --target "$sm" --emit ptx --all-kernels -o "$dir/ptx/$sm" >/dev/null
+  done
   ls -la "$dir"
   ;;
 run)
@@ -56,9 +63,12 @@ run)
     if [ "$ranks" = 2 ]; then
       # rank 0 applies the h100-sxm plan, rank 1 the t4 plan
       run plan-hooks --plan "$dir/plan" --schemes fp16,qgz-int8,qgz-int4
+      # the same with the quantization on the GPU, by qsync's PTX kernels
+      run plan-hooks-device --plan "$dir/plan" --schemes fp16,qgz-int8,qgz-int4 --kernels device
     else
       # the plan is for two devices: one rank runs the hook alone
       run hooks --batch 16 --schemes fp16,qgz-int8,qgz-int4
+      run hooks-device --batch 16 --schemes fp16,qgz-int8,qgz-int4 --kernels device
     fi
   } | tee -a "$out/summary.txt"
   ;;

@@ -127,9 +127,11 @@ impl PyGradSync {
 
     /// Synchronization over the runtime's NCCL communicator: rank `rank` of
     /// `world` on CUDA device `device`, joined through `unique_id` (the hex
-    /// string [`nccl_unique_id`] made on rank 0).
+    /// string [`nccl_unique_id`] made on rank 0). `kernels="device"` runs
+    /// the quantization kernels as qsync's PTX on that GPU (the PTX from
+    /// `$QSYNC_PTX_DIR`); `"host"` (default) on the CPU.
     #[staticmethod]
-    #[pyo3(signature = (rank, world, unique_id, device, scheme, *, nodes=1, group=512, seed=0, timeout_s=60.0, gather_f32=false))]
+    #[pyo3(signature = (rank, world, unique_id, device, scheme, *, nodes=1, group=512, seed=0, timeout_s=60.0, gather_f32=false, kernels="host"))]
     #[allow(clippy::too_many_arguments)]
     fn nccl(
         py: Python<'_>,
@@ -143,9 +145,11 @@ impl PyGradSync {
         seed: u64,
         timeout_s: f64,
         gather_f32: bool,
+        kernels: &str,
     ) -> PyResult<Self> {
         use qsync_runtime::nccl::{probe, NcclComm, RankEnv, UniqueId};
-        let cfg = config(scheme, nodes, group, seed, timeout_s, gather_f32)?;
+        let mut cfg = config(scheme, nodes, group, seed, timeout_s, gather_f32)?;
+        cfg.kernels = kernels.parse().map_err(PyValueError::new_err)?;
         let id = UniqueId::from_hex(unique_id).map_err(sync_err)?;
         let env = RankEnv { id, rank, world, device: Some(device) };
         let deadline = Deadline::after(cfg.timeout);

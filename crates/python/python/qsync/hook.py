@@ -34,7 +34,7 @@ class QSyncHook:
     """The hook object: call it as `hook(state, bucket)` (DDP does)."""
 
     def __init__(self, scheme, *, weight=None, nodes=1, group=512, seed=0, timeout_s=60.0,
-                 gather_f32=False, process_group=None):
+                 gather_f32=False, process_group=None, kernels="host"):
         if not dist.is_initialized():
             raise RuntimeError("qsync.comm_hook needs torch.distributed to be initialized (init_process_group)")
         self.scheme = _native.parse_scheme(scheme)
@@ -44,6 +44,7 @@ class QSyncHook:
         self.scale = 1.0 if weight is None else float(weight) * self.world
         self._opts = dict(nodes=nodes, group=group, seed=seed, timeout_s=timeout_s, gather_f32=gather_f32)
         self._pg = process_group
+        self._kernels = kernels  # where CUDA buckets quantize: "host" or "device" (our PTX)
         self._cpu = None  # gloo transport, made on first use (collective)
         self._syncs = {}  # (device kind, bucket index) -> GradSync
         self._base = {}
@@ -68,7 +69,7 @@ class QSyncHook:
                 ids = [_native.nccl_unique_id() if self.rank == 0 else None]
                 dist.broadcast_object_list(ids, group_src=0, group=self._transport().group)
                 base = _native.GradSync.nccl(self.rank, self.world, ids[0], device.index or 0, self.scheme,
-                                             **self._opts)
+                                             kernels=self._kernels, **self._opts)
             self._base[kind] = base
             sync = base
         else:
@@ -108,7 +109,7 @@ class QSyncHook:
 
 
 def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=None, group=None, seed=0,
-              timeout_s=60.0, gather_f32=False, process_group=None):
+              timeout_s=60.0, gather_f32=False, process_group=None, kernels="host"):
     """A DDP communication hook for `ddp.register_comm_hook(None, hook)`;
     `hook.qsync` is its `QSyncHook` (scheme, weight scale, wire bytes).
 
@@ -119,8 +120,12 @@ def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=Non
     `nbit-1/2/4/8`, with `-sr` / `-ef` where they apply). `device_type` names
     this rank's type in the plan (default: by rank, in the manifest's target
     order); `nodes` the node count for hierarchical schemes (default: the
-    plan's, else `$QSYNC_NODES`, else 1).
+    plan's, else `$QSYNC_NODES`, else 1). `kernels="device"` quantizes CUDA
+    buckets with qsync's PTX kernels on the GPU (`$QSYNC_PTX_DIR` holds the
+    `qsyncc codegen --all-kernels` output); CPU buckets always use the host.
     """
+    if kernels not in ("host", "device"):
+        raise ValueError(f"kernels must be 'host' or 'device', not {kernels!r}")
     weight = None
     if isinstance(plan_or_scheme, (str, os.PathLike)) and os.path.isdir(plan_or_scheme):
         plan = Plan.load(plan_or_scheme)
@@ -143,7 +148,7 @@ def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=Non
     if scheme == "fp32" and weight is None:
         warnings.warn("qsync.comm_hook('fp32') does what DDP does by default", stacklevel=2)
     obj = QSyncHook(scheme, weight=weight, nodes=nodes, group=group or 512, seed=seed, timeout_s=timeout_s,
-                    gather_f32=gather_f32, process_group=process_group)
+                    gather_f32=gather_f32, process_group=process_group, kernels=kernels)
 
     # DDP wants a plain function (it logs its name); the state rides along.
     def hook(state, bucket):
