@@ -45,6 +45,7 @@ run)
   } | tee "$out/summary.txt"
   ranks=2
   export NCCL_MULTI_RANK_GPU_ENABLE=1
+  export QSYNC_PTX_DIR="$PWD/$dir/ptx"
   if ! "$py" -m torch.distributed.run --standalone --nproc-per-node 2 "$dir/train_ddp.py" train --device cuda \
       --model transformer --batch 16 --steps 3 --schemes ddp >"$out/probe.jsonl" 2>"$out/probe.err"; then
     echo "2 ranks on one GPU refused (see probe.err): 1 rank" | tee -a "$out/summary.txt"
