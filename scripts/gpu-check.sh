@@ -6,7 +6,7 @@
 # prepare (needs cargo, LLVM 22 / MLIR 22 and the crates; no GPU):
 #   - OUT_DIR/sm_XX/kernels.ptx for sm_70 … sm_90, every kernel
 #     (`qsyncc codegen --all-kernels`);
-#   - OUT_DIR/gpu-test: the release build of gpu-check/tests/gpu.rs, which
+#   - OUT_DIR/gpu-test: the release build of crates/gpu-check/tests/gpu.rs, which
 #     links no LLVM (cudarc with dynamic loading + the pure-Rust reference).
 #   OUT_DIR is then all a GPU machine needs (a few MiB: carry it).
 # run (needs an NVIDIA driver; ptxas from CUDA 13 and PyTorch optional):

@@ -297,10 +297,7 @@ fn remove_surplus(lines: &[Line], batches: &[u32], global: u64) -> Option<Vec<u3
         let n = lines[t].count as usize;
         let max_r = (batches[t] - lines[t].min_batch.max(1)) as usize;
         let before = reached.clone();
-        for x in 0..=s {
-            if !before[x] {
-                continue;
-            }
+        for (x, _) in before.iter().enumerate().filter(|(_, &ok)| ok) {
             for r in 1..=max_r {
                 let y = x + r * n;
                 if y > s {

@@ -77,11 +77,11 @@ impl PyTransport {
                 let tuple = PyTuple::new(py, a)?;
                 Ok(self.obj.bind(py).call_method1(method, tuple)?.unbind())
             };
-            run().map_err(|e| self.from_py(py, op, deadline, e))
+            run().map_err(|e| self.comm_error(py, op, deadline, e))
         })
     }
 
-    fn from_py(&self, py: Python<'_>, op: &'static str, deadline: Deadline, e: PyErr) -> CommError {
+    fn comm_error(&self, py: Python<'_>, op: &'static str, deadline: Deadline, e: PyErr) -> CommError {
         let err = if e.is_instance_of::<PyTimeoutError>(py) {
             CommError::Timeout { op, rank: self.rank, timeout: deadline.budget }
         } else if e.is_instance_of::<PyConnectionError>(py) {

@@ -414,6 +414,7 @@ fn profile_build_rejects_bad_input() {
 }
 
 #[test]
+#[allow(clippy::print_stdout)] // the skip reason and the step's output are this test's report
 fn the_gpu_step_skips_with_its_reason_without_a_gpu() {
     let probe = Command::new("python3").args(["-c", "import torch; assert torch.cuda.is_available()"]).output();
     if probe.is_ok_and(|o| o.status.success()) {

@@ -343,7 +343,7 @@ pub fn choose(
 ) -> SyncChoice {
     let cap = bucket_cap_bytes.max(1);
     let mut buckets = vec![cap; (gradient_bytes / cap) as usize];
-    if gradient_bytes % cap != 0 {
+    if !gradient_bytes.is_multiple_of(cap) {
         buckets.push(gradient_bytes % cap);
     }
     let cost = |spec: &SyncSpec| -> f64 {

@@ -410,6 +410,7 @@ fn import(
 }
 
 impl EgraphCasts {
+    #[allow(clippy::too_many_arguments)]
     fn rule_cx(
         &self,
         g: &Graph,

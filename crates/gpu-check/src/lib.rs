@@ -17,7 +17,7 @@ pub fn sm_name(major: i32, minor: i32) -> String {
 pub fn ptx_dir() -> PathBuf {
     std::env::var_os("QSYNC_PTX_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/gpu-check"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/gpu-check"))
 }
 
 /// Reads `<dir>/<sm>/kernels.ptx`, with an error that says how to make it.
