@@ -34,11 +34,7 @@ OUT=$(cd "$OUT" && pwd)
 
 prepare() {
   cargo build -p qsyncc
-  local model
-  model=$(ls ../shared/models/squeezenet1_1.onnx 2>/dev/null || ls ../shared/models/*.onnx | head -1)
-  for sm in $SMS; do
-    target/debug/qsyncc codegen "$model" --target "$sm" --emit ptx --all-kernels -o "$OUT/$sm"
-  done
+  SMS="$SMS" bash scripts/gpu/ptx.sh target/debug/qsyncc "$OUT"
   local bin
   bin=$(cargo test --release -p qsync-gpu-check --test gpu --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys

@@ -27,10 +27,7 @@ prepare)
     --targets h100-sxm:1,t4:1 --batch 16 -o "$dir/plan" -- --method qsync
   cp examples/train_ddp.py "$dir/"
   # qsync's kernels as PTX per architecture, for the `--kernels device` run.
-  model=$(ls ../shared/models/squeezenet1_1.onnx 2>/dev/null || ls examples/*.onnx | head -1)
-  for sm in sm_70 sm_75 sm_80 sm_86 sm_89 sm_90; do
-    target/release/qsyncc codegen "$model" --target "$sm" --emit ptx --all-kernels -o "$dir/ptx/$sm" >/dev/null
-  done
+  bash scripts/gpu/ptx.sh target/release/qsyncc "$dir/ptx"
   ls -la "$dir"
   ;;
 run)

@@ -71,11 +71,7 @@ prepare() {
   if ldd "$DIR/qsync-sync-check" | grep -q libmpi; then echo "the NCCL build links MPI"; exit 1; fi
   # Our kernels as PTX for every architecture, for `--kernels device`.
   cargo build -p qsyncc
-  local model
-  model=$(ls ../shared/models/squeezenet1_1.onnx 2>/dev/null || ls examples/*.onnx | head -1)
-  for sm in sm_70 sm_75 sm_80 sm_86 sm_89 sm_90; do
-    target/debug/qsyncc codegen "$model" --target "$sm" --emit ptx --all-kernels -o "$DIR/ptx/$sm" > /dev/null
-  done
+  bash scripts/gpu/ptx.sh target/debug/qsyncc "$DIR/ptx"
   set +e
   echo "prepared $DIR ($(du -sh "$DIR" | cut -f1)); run '$0 run' on the GPU machine with it"
 }

@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use qsync_kernels::reference::{packed_len, UnpackError};
-use qsync_kernels::{Half, KernelSpec, QBits, Rounding, PACK_HEADER_BYTES};
+use qsync_kernels::{Half, KernelSpec, QBits, Rounding};
 
-use crate::engine::KernelEngine;
+use crate::engine::{DecodeError, KernelEngine};
 use crate::error::CommError;
 
 /// The environment variable naming the PTX directory.
@@ -74,20 +74,53 @@ fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
+/// The primary context of CUDA device `ordinal`, with its architecture;
+/// `LibraryMissing` without a driver.
+fn open(ordinal: usize) -> Result<(Arc<CudaContext>, String), CommError> {
+    // SAFETY: only probes whether the driver library can be opened.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CommError::LibraryMissing {
+            library: "the CUDA driver (libcuda)".into(),
+            searched: "the dynamic loader's path (LD_LIBRARY_PATH, ld.so.cache)".into(),
+        });
+    }
+    let ctx = CudaContext::new(ordinal).map_err(driver_err("init"))?;
+    let (maj, min) = ctx.compute_capability().map_err(driver_err("init"))?;
+    Ok((ctx, sm_name(maj, min)))
+}
+
 impl CudaEngine {
     /// Loads `ptx` on CUDA device `ordinal`. Every kernel of
     /// `KernelSpec::all()` must be in it.
     pub fn new(ordinal: usize, ptx: &str) -> Result<CudaEngine, CommError> {
-        // SAFETY: only probes whether the driver library can be opened.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(CommError::LibraryMissing {
-                library: "the CUDA driver (libcuda)".into(),
-                searched: "the dynamic loader's path (LD_LIBRARY_PATH, ld.so.cache)".into(),
-            });
-        }
-        let ctx = CudaContext::new(ordinal).map_err(driver_err("init"))?;
-        let (maj, min) = ctx.compute_capability().map_err(driver_err("init"))?;
-        let arch = sm_name(maj, min);
+        let (ctx, arch) = open(ordinal)?;
+        CudaEngine::load(ctx, arch, ptx)
+    }
+
+    /// [`CudaEngine::new`] with `<dir>/sm_XX/kernels.ptx` for the device's
+    /// compute capability.
+    pub fn from_dir(ordinal: usize, dir: &Path) -> Result<CudaEngine, CommError> {
+        let (ctx, arch) = open(ordinal)?;
+        let path = dir.join(&arch).join("kernels.ptx");
+        let ptx = std::fs::read_to_string(&path).map_err(|e| CommError::Unsupported {
+            backend: BACKEND,
+            what: format!(
+                "{}: {e} (generate it with `qsyncc codegen MODEL --target {arch} --emit ptx --all-kernels -o {}`)",
+                path.display(),
+                dir.join(&arch).display()
+            ),
+        })?;
+        CudaEngine::load(ctx, arch, &ptx)
+    }
+
+    /// [`CudaEngine::from_dir`] with `$QSYNC_PTX_DIR` (default
+    /// `target/gpu-check`, where `scripts/gpu-check.sh prepare` writes it).
+    pub fn from_env(ordinal: usize) -> Result<CudaEngine, CommError> {
+        let dir = std::env::var_os(ENV_PTX_DIR).map_or_else(|| PathBuf::from("target/gpu-check"), PathBuf::from);
+        CudaEngine::from_dir(ordinal, &dir)
+    }
+
+    fn load(ctx: Arc<CudaContext>, arch: String, ptx: &str) -> Result<CudaEngine, CommError> {
         if let Some(k) = KernelSpec::all().into_iter().find(|k| !ptx.contains(&format!(".entry {}(", k.name()))) {
             return Err(CommError::Unsupported {
                 backend: BACKEND,
@@ -99,35 +132,6 @@ impl CudaEngine {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("init"))? as u32;
         Ok(CudaEngine { stream: ctx.default_stream(), module, sms, arch })
-    }
-
-    /// [`CudaEngine::new`] with `<dir>/sm_XX/kernels.ptx` for the device's
-    /// compute capability.
-    pub fn from_dir(ordinal: usize, dir: &Path) -> Result<CudaEngine, CommError> {
-        // SAFETY: only probes whether the driver library can be opened.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return CudaEngine::new(ordinal, "");
-        }
-        let ctx = CudaContext::new(ordinal).map_err(driver_err("init"))?;
-        let (maj, min) = ctx.compute_capability().map_err(driver_err("init"))?;
-        let sm = sm_name(maj, min);
-        let path = dir.join(&sm).join("kernels.ptx");
-        let ptx = std::fs::read_to_string(&path).map_err(|e| CommError::Unsupported {
-            backend: BACKEND,
-            what: format!(
-                "{}: {e} (generate it with `qsyncc codegen MODEL --target {sm} --emit ptx --all-kernels -o {}`)",
-                path.display(),
-                dir.join(&sm).display()
-            ),
-        })?;
-        CudaEngine::new(ordinal, &ptx)
-    }
-
-    /// [`CudaEngine::from_dir`] with `$QSYNC_PTX_DIR` (default
-    /// `target/gpu-check`, where `scripts/gpu-check.sh prepare` writes it).
-    pub fn from_env(ordinal: usize) -> Result<CudaEngine, CommError> {
-        let dir = std::env::var_os(ENV_PTX_DIR).map_or_else(|| PathBuf::from("target/gpu-check"), PathBuf::from);
-        CudaEngine::from_dir(ordinal, &dir)
     }
 
     /// The device architecture the PTX was loaded for (`sm_90`).
@@ -281,18 +285,18 @@ impl KernelEngine for CudaEngine {
         self.down(&out, len, OP)
     }
 
-    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Result<Vec<f32>, String>, CommError> {
+    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, DecodeError> {
         const OP: &str = "unpack";
         // The kernel trusts its input: the header is checked here, as the
         // reference unpacker checks it.
-        if buf.len() < packed_len(n, bits) || buf.len() < PACK_HEADER_BYTES {
-            return Ok(Err(UnpackError::TooShort { len: buf.len(), n, bits }.to_string()));
+        if buf.len() < packed_len(n, bits) {
+            return Err(DecodeError::Malformed(UnpackError::TooShort { len: buf.len(), n, bits }.to_string()));
         }
         if buf[0] != bits {
-            return Ok(Err(UnpackError::BitWidth { found: buf[0], expected: bits }.to_string()));
+            return Err(DecodeError::Malformed(UnpackError::BitWidth { found: buf[0], expected: bits }.to_string()));
         }
         let (db, out) = (self.up(buf, OP)?, self.zeros(4 * n, OP)?);
         self.run(KernelSpec::UnpackBits { bits }, &[A::P(&db), A::U(n as u64), A::P(&out)], OP)?;
-        Ok(Ok(f32s(&self.down(&out, 4 * n, OP)?)))
+        Ok(f32s(&self.down(&out, 4 * n, OP)?))
     }
 }

@@ -21,6 +21,22 @@ use qsync_kernels::{reference, Half, QBits, Rounding};
 
 use crate::error::CommError;
 
+/// Why received bytes could not be decoded.
+#[derive(Debug)]
+pub enum DecodeError {
+    /// The bytes do not fit what they should hold (a peer ran another
+    /// scheme or gradient size): a payload error.
+    Malformed(String),
+    /// The kernel engine failed.
+    Engine(CommError),
+}
+
+impl From<CommError> for DecodeError {
+    fn from(e: CommError) -> Self {
+        DecodeError::Engine(e)
+    }
+}
+
 /// Which engine a [`crate::SyncConfig`] asks for.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub enum Kernels {
@@ -31,21 +47,12 @@ pub enum Kernels {
     Device,
 }
 
-impl Kernels {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernels::Host => "host",
-            Kernels::Device => "device",
-        }
-    }
-}
-
 impl std::str::FromStr for Kernels {
     type Err = String;
     fn from_str(s: &str) -> Result<Kernels, String> {
         match s {
-            "host" | "cpu" => Ok(Kernels::Host),
-            "device" | "gpu" | "ptx" => Ok(Kernels::Device),
+            "host" => Ok(Kernels::Host),
+            "device" => Ok(Kernels::Device),
             _ => Err(format!("unknown kernels `{s}` (host, device)")),
         }
     }
@@ -91,9 +98,8 @@ pub trait KernelEngine: std::fmt::Debug {
     fn cast_from(&self, h: Half, x: &[u16]) -> Result<Vec<f32>, CommError>;
     /// Min/max n-bit packing, header included.
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError>;
-    /// The values a packed buffer of `n` elements stands for. `Ok(Err(_))`:
-    /// the buffer is malformed (a payload error, not an engine failure).
-    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Result<Vec<f32>, String>, CommError>;
+    /// The values a packed buffer of `n` elements stands for.
+    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, DecodeError>;
 }
 
 /// The reference kernels on the CPU. Never fails.
@@ -161,7 +167,7 @@ impl KernelEngine for HostEngine {
         Ok(reference::pack(x, mn, mx, bits, rounding, seed))
     }
 
-    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Result<Vec<f32>, String>, CommError> {
-        Ok(reference::unpack(buf, n, bits).map_err(|e| e.to_string()))
+    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, DecodeError> {
+        reference::unpack(buf, n, bits).map_err(|e| DecodeError::Malformed(e.to_string()))
     }
 }

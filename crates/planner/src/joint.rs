@@ -160,6 +160,11 @@ pub struct Line {
 }
 
 impl Line {
+    /// The smallest batch the type may get (`min_batch`, at least 1).
+    pub fn min(&self) -> u32 {
+        self.min_batch.max(1)
+    }
+
     /// Compute µs at `b` samples.
     pub fn time(&self, b: u32) -> f64 {
         self.fixed_us + self.per_sample_us * f64::from(b)
@@ -208,17 +213,17 @@ impl Line {
 /// Returns the batches and that compute time (µs), or `None` when no split
 /// fits.
 pub fn split(lines: &[Line], global: u64) -> Option<(Vec<u32>, f64)> {
-    if lines.is_empty() || lines.iter().any(|l| l.count == 0 || l.max_batch() < l.min_batch.max(1)) {
+    if lines.is_empty() || lines.iter().any(|l| l.count == 0 || l.max_batch() < l.min()) {
         return None;
     }
     let capacity = |t: f64| -> u64 { lines.iter().map(|l| u64::from(l.count) * u64::from(l.batch_by(t))).sum() };
     let mem_cap: u64 = lines.iter().map(|l| u64::from(l.count).saturating_mul(u64::from(l.max_batch()))).sum();
-    let min_needed: u64 = lines.iter().map(|l| u64::from(l.count) * u64::from(l.min_batch.max(1))).sum();
+    let min_needed: u64 = lines.iter().map(|l| u64::from(l.count) * u64::from(l.min())).sum();
     if mem_cap < global || global < min_needed {
         return None;
     }
     // Every type runs at least its smallest batch.
-    let mut lo = lines.iter().map(|l| l.time(l.min_batch.max(1))).fold(0.0f64, f64::max);
+    let mut lo = lines.iter().map(|l| l.time(l.min())).fold(0.0f64, f64::max);
     if capacity(lo) >= global {
         // Even the one-sample floor covers the batch.
     } else {
@@ -241,7 +246,7 @@ pub fn split(lines: &[Line], global: u64) -> Option<(Vec<u32>, f64)> {
     }
     let mut t = lo;
     for _ in 0..256 {
-        let batches: Vec<u32> = lines.iter().map(|l| l.batch_by(t).max(l.min_batch.max(1))).collect();
+        let batches: Vec<u32> = lines.iter().map(|l| l.batch_by(t).max(l.min())).collect();
         if let Some(exact) = remove_surplus(lines, &batches, global) {
             let time = exact.iter().zip(lines).map(|(&b, l)| l.time(b)).fold(0.0, f64::max);
             return Some((exact, time));
@@ -276,7 +281,7 @@ fn remove_surplus(lines: &[Line], batches: &[u32], global: u64) -> Option<Vec<u3
     let mut left = surplus;
     for &t in &order {
         let n = u64::from(lines[t].count);
-        let r = (left / n).min(u64::from(out[t] - lines[t].min_batch.max(1)));
+        let r = (left / n).min(u64::from(out[t] - lines[t].min()));
         out[t] -= r as u32;
         left -= r * n;
     }
@@ -295,7 +300,7 @@ fn remove_surplus(lines: &[Line], batches: &[u32], global: u64) -> Option<Vec<u3
     reached[0] = true;
     for &t in &order {
         let n = lines[t].count as usize;
-        let max_r = (batches[t] - lines[t].min_batch.max(1)) as usize;
+        let max_r = (batches[t] - lines[t].min()) as usize;
         let before = reached.clone();
         for (x, _) in before.iter().enumerate().filter(|(_, &ok)| ok) {
             for r in 1..=max_r {

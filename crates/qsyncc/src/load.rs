@@ -261,24 +261,20 @@ fn rebatch(
         out[0] = -1;
         Some(out)
     };
-    let i64_tensor = |dims: Vec<i64>, vals: &[i64]| {
-        let bytes: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
-        Tensor { dtype: DType::I64, dims, data: TensorData::Inline(bytes.into()) }
-    };
-    let read_only_as_reshape_target = |g: &qsync_ir::Graph, v| {
+    // A constant read only as reshape targets, made batch-relative.
+    let relative_target = |g: &qsync_ir::Graph, v: qsync_ir::ValueId, t: &Tensor| -> Option<Tensor> {
         let users = g.users(v);
-        (!users.is_empty() && users.iter().all(|&(n, i)| g.node(n).op == Op::Reshape && i == 1)).then_some(users)
+        if t.dtype != DType::I64
+            || users.is_empty()
+            || !users.iter().all(|&(n, i)| g.node(n).op == Op::Reshape && i == 1)
+        {
+            return None;
+        }
+        Tensor::from_i64s(DType::I64, t.dims.clone(), &relative(&t.as_i64s()?, &users)?)
     };
     let mut targets = 0;
     for &v in &g.inits().to_vec() {
-        let Some(t) = g.value(v).init() else { continue };
-        let Some(users) = read_only_as_reshape_target(&g, v) else { continue };
-        if t.dtype != DType::I64 {
-            continue;
-        }
-        let Some(vals) = t.as_i64s() else { continue };
-        let Some(out) = relative(&vals, &users) else { continue };
-        let nt = i64_tensor(t.dims.clone(), &out);
+        let Some(nt) = g.value(v).init().and_then(|t| relative_target(&g, v, t)) else { continue };
         g.set_init(v, nt);
         targets += 1;
     }
@@ -286,15 +282,10 @@ fn rebatch(
         let node = g.node(n);
         match node.op {
             Op::Constant => {
-                let Some(&out_v) = node.outputs().first() else { continue };
-                let Some(Attr::Tensor(t)) = node.attr("value") else { continue };
-                if t.dtype != DType::I64 {
+                let (Some(&out_v), Some(Attr::Tensor(t))) = (node.outputs().first(), node.attr("value")) else {
                     continue;
-                }
-                let Some(users) = read_only_as_reshape_target(&g, out_v) else { continue };
-                let Some(vals) = t.as_i64s() else { continue };
-                let Some(out) = relative(&vals, &users) else { continue };
-                let nt = i64_tensor(t.dims.clone(), &out);
+                };
+                let Some(nt) = relative_target(&g, out_v, t) else { continue };
                 g.node_mut(n).attrs.insert("value".into(), Attr::Tensor(nt));
                 targets += 1;
             }
@@ -317,7 +308,8 @@ fn rebatch(
                 let mut shape = lead.to_vec();
                 shape[0] = -1;
                 let name = g.fresh_value_name(&format!("{}_shape", node.name));
-                let sv = g.add_init(name, i64_tensor(vec![shape.len() as i64], &shape));
+                let Some(st) = Tensor::from_i64s(DType::I64, vec![shape.len() as i64], &shape) else { continue };
+                let sv = g.add_init(name, st);
                 let node = g.node_mut(n);
                 node.op = Op::Reshape;
                 node.attrs.clear();
@@ -338,17 +330,19 @@ fn rebatch(
         g.set_ty(v, TensorType { container: None, dtype, shape: None });
     }
     if let Some(n) = collapses_batch(&g, opset, opts) {
-        let no_data = g.node_ids().into_iter().map(|id| g.node(id)).find(|x| x.name == n).is_some_and(|x| {
-            x.inputs().iter().skip(1).flatten().any(|&v| g.value(v).init().is_some_and(|t| t.as_i64s().is_none()))
-        });
+        let node = g.node(n);
+        let no_data =
+            node.inputs().iter().skip(1).flatten().any(|&v| g.value(v).init().is_some_and(|t| t.as_i64s().is_none()));
         return Err(if no_data {
             format!(
-                "node {n:?} indexes the samples with traced indices whose values are not in the model (its external \
-                 data file is missing), so they cannot be made batch-relative"
+                "node {:?} indexes the samples with traced indices whose values are not in the model (its external \
+                 data file is missing), so they cannot be made batch-relative",
+                node.name
             )
         } else {
             format!(
-                "node {n:?} indexes the samples with indices traced at batch {fixed}, so every sample would read the first"
+                "node {:?} indexes the samples with indices traced at batch {fixed}, so every sample would read the first",
+                node.name
             )
         });
     }
@@ -369,7 +363,7 @@ fn rebatch(
 /// fixed batch (a `Range(0, 1)` over the samples, a slice `[:1]`): shapes
 /// still check at another batch, but every sample would read sample 0.
 /// The graph is inferred with the batch left symbolic to see it.
-fn collapses_batch(g: &qsync_ir::Graph, opset: i64, opts: &InferOptions) -> Option<String> {
+fn collapses_batch(g: &qsync_ir::Graph, opset: i64, opts: &InferOptions) -> Option<qsync_ir::NodeId> {
     use qsync_ir::Op;
     let mut sym = g.clone();
     let r = infer_shapes(&mut sym, opset, &InferOptions { batch: None, ..opts.clone() });
@@ -385,7 +379,7 @@ fn collapses_batch(g: &qsync_ir::Graph, opset: i64, opts: &InferOptions) -> Opti
             return None;
         }
         let data = node.input(0)?;
-        (has_batch(data) && !node.outputs().iter().any(|&o| has_batch(o))).then(|| node.name.clone())
+        (has_batch(data) && !node.outputs().iter().any(|&o| has_batch(o))).then_some(n)
     })
 }
 

@@ -316,8 +316,8 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     // A graph that fixes its batch and cannot be rebatched is planned at
     // that batch on every device: no batch split (the loader warns).
     let fixed_batch = loaded.fixed_batch.map(|_| batch as u32);
-    let min_local_batch = min_training_batch(&loaded.model.graph);
-    if let Some(n) = min_local_batch.1.as_ref().filter(|_| batch < 2) {
+    let single_value_bn = single_value_batchnorm(&loaded.model.graph);
+    if let Some(n) = single_value_bn.as_ref().filter(|_| batch < 2) {
         warnings.push(format!(
             "BatchNormalization {n:?} sees one value per sample and channel: training it (PyTorch's BatchNorm in \
              train mode) needs a local batch of at least 2, and --batch is {batch}"
@@ -376,7 +376,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         indicator_bound: req.indicator_bound,
         opset: Some(loaded.model.opset()),
         fixed_local_batch: fixed_batch,
-        min_local_batch: min_local_batch.0,
+        min_local_batch: if single_value_bn.is_some() { 2 } else { 1 },
         ..AllocOptions::default()
     };
     let mut prog = |m: &str| clock.say(m);
@@ -987,22 +987,17 @@ fn sha256_hex(bytes: &[u8]) -> String {
     sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The smallest local batch the graph trains at, with the node that sets
-/// it: 2 when a BatchNormalization normalizes one value per sample and
-/// channel (its input is `[N, C]` or `[N, C, 1, …]`: batch statistics of a
-/// single sample do not exist, and PyTorch refuses to train it), else 1.
-fn min_training_batch(g: &qsync_ir::Graph) -> (u32, Option<String>) {
-    for n in g.schedule() {
-        let node = g.node(n);
-        if node.op != qsync_ir::Op::BatchNormalization {
-            continue;
-        }
-        let Some(shape) = node.input(0).and_then(|v| g.ty(v).shape.clone()) else { continue };
-        if shape.len() >= 2 && shape[2..].iter().all(|d| d.as_const() == Some(1)) {
-            return (2, Some(node.name.clone()));
-        }
-    }
-    (1, None)
+/// The first BatchNormalization that normalizes one value per sample and
+/// channel (its input is `[N, C]` or `[N, C, 1, …]`): batch statistics of a
+/// single sample do not exist and PyTorch refuses to train it, so the graph
+/// needs a local batch of at least 2.
+fn single_value_batchnorm(g: &qsync_ir::Graph) -> Option<String> {
+    g.schedule().into_iter().map(|n| g.node(n)).filter(|node| node.op == qsync_ir::Op::BatchNormalization).find_map(
+        |node| {
+            let shape = g.ty(node.input(0)?).shape.as_ref()?;
+            (shape.len() >= 2 && shape[2..].iter().all(|d| d.as_const() == Some(1))).then(|| node.name.clone())
+        },
+    )
 }
 
 #[cfg(test)]

@@ -14,18 +14,14 @@ pub fn table(out: &Outcome) -> String {
     let up = out.up.samples_per_s.max(1e-12);
     let dbs = out.dbs.eval.as_ref().map(|e| e.samples_per_s).filter(|&x| x > 0.0);
     for (key, e) in out.methods() {
-        let dbs_name;
-        let name = match key {
-            "up" => "UP (uniform precision)",
-            "dbs" => {
-                dbs_name = format!("DBS ({}, batch split)", training_precisions(e));
-                dbs_name.as_str()
-            }
-            "qsync-greedy" => "QSync greedy (paper)",
-            "qsync" => "QSync allocator (fastest start)",
-            "joint-fastest" => "joint, fastest within bound",
-            "joint" => "joint, least indicator at floor",
-            other => other,
+        let name: std::borrow::Cow<str> = match key {
+            "up" => "UP (uniform precision)".into(),
+            "dbs" => format!("DBS ({}, batch split)", training_precisions(e)).into(),
+            "qsync-greedy" => "QSync greedy (paper)".into(),
+            "qsync" => "QSync allocator (fastest start)".into(),
+            "joint-fastest" => "joint, fastest within bound".into(),
+            "joint" => "joint, least indicator at floor".into(),
+            other => other.into(),
         };
         let mark = if key == out.chosen { " **(chosen)**" } else { "" };
         let vs_dbs = dbs.map_or("–".to_string(), |d| format!("{:+.1}%", (e.samples_per_s / d - 1.0) * 100.0));

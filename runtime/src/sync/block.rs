@@ -21,24 +21,8 @@ use std::ops::Range;
 
 use qsync_kernels::{QBits, Rounding};
 
-use crate::engine::KernelEngine;
+use crate::engine::{DecodeError, KernelEngine};
 use crate::error::CommError;
-
-/// Why blocks could not be decoded.
-#[derive(Debug)]
-pub enum BlockError {
-    /// A block's length does not match its element count (a peer ran
-    /// another scheme or gradient size).
-    Malformed(String),
-    /// The kernel engine failed.
-    Engine(CommError),
-}
-
-impl From<CommError> for BlockError {
-    fn from(e: CommError) -> Self {
-        BlockError::Engine(e)
-    }
-}
 
 /// The `p` shards of `n` elements: near-equal, the first `n mod p` longer.
 pub fn shards(n: usize, p: usize) -> Vec<Range<usize>> {
@@ -117,14 +101,14 @@ impl Quantizer {
 
     /// `out[i] += Σ_j dequant(blocks[j])[i]` in block order (the kernels'
     /// `dequant_accumulate`). Every block must hold `out.len()` elements.
-    pub fn accumulate(&self, eng: &dyn KernelEngine, blocks: &[&[u8]], out: &mut [f32]) -> Result<(), BlockError> {
+    pub fn accumulate(&self, eng: &dyn KernelEngine, blocks: &[&[u8]], out: &mut [f32]) -> Result<(), DecodeError> {
         let m = out.len();
         let (ng, nc) = (groups(m, self.group), code_bytes(m, self.bits));
         let mut scales = Vec::with_capacity(ng * blocks.len());
         let mut codes = Vec::with_capacity(nc * blocks.len());
         for (j, b) in blocks.iter().enumerate() {
             if b.len() != 4 * ng + nc {
-                return Err(BlockError::Malformed(format!(
+                return Err(DecodeError::Malformed(format!(
                     "block {j} has {} bytes, {m} elements need {}",
                     b.len(),
                     4 * ng + nc
@@ -138,7 +122,7 @@ impl Quantizer {
     }
 
     /// The values one block stands for.
-    pub fn decode(&self, eng: &dyn KernelEngine, block: &[u8], m: usize) -> Result<Vec<f32>, BlockError> {
+    pub fn decode(&self, eng: &dyn KernelEngine, block: &[u8], m: usize) -> Result<Vec<f32>, DecodeError> {
         let mut out = vec![0f32; m];
         self.accumulate(eng, &[block], &mut out)?;
         Ok(out)
@@ -199,6 +183,6 @@ mod tests {
         assert!(y[..4].iter().all(|v| *v == 0.5));
         assert!(y[4..8].iter().all(|v| v.is_nan()));
         assert!(y[8..].iter().all(|v| *v == 0.5));
-        assert!(matches!(q.decode(&HostEngine, &block[1..], 10), Err(BlockError::Malformed(_))));
+        assert!(matches!(q.decode(&HostEngine, &block[1..], 10), Err(DecodeError::Malformed(_))));
     }
 }

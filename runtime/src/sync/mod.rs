@@ -38,7 +38,7 @@ use std::sync::Arc;
 use qsync_kernels::rng;
 
 use crate::comm::{ClusterShape, Communicator, Deadline, NodeGroups, ReduceBuf};
-use crate::engine::{HostEngine, KernelEngine, Kernels};
+use crate::engine::{DecodeError, HostEngine, KernelEngine, Kernels};
 use crate::error::{CommError, SyncError};
 use crate::scheme::{Kind, SyncConfig};
 
@@ -203,6 +203,15 @@ impl<'c> GradSync<'c> {
         }
         self.step += 1;
         Ok(())
+    }
+
+    /// Bytes from `peer` that did not decode: a payload error naming both
+    /// ranks, or the engine's failure.
+    fn decode_error(&self, peer: usize, e: DecodeError) -> SyncError {
+        match e {
+            DecodeError::Malformed(detail) => SyncError::BadPayload { rank: self.world().rank(), peer, detail },
+            DecodeError::Engine(e) => SyncError::Comm(e),
+        }
     }
 
     fn deadline(&self) -> Deadline {

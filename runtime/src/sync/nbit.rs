@@ -48,11 +48,9 @@ impl GradSync<'_> {
         let seed = self.seed(STAGE_PACK, 0);
         let packed = eng.pack(&x, mn, mx, bits, self.cfg.scheme.rounding, seed)?;
         let me = self.world().rank();
-        let unpack = |buf: &[u8], peer: usize| -> Result<Vec<f32>, SyncError> {
-            eng.unpack(buf, n, bits)?.map_err(|detail| SyncError::BadPayload { rank: me, peer, detail })
-        };
-        if let Some(r) = self.residual_mut("nbit") {
-            let own = unpack(&packed, me)?;
+        let unpack = |s: &Self, buf: &[u8], peer: usize| eng.unpack(buf, n, bits).map_err(|e| s.decode_error(peer, e));
+        let own = if self.cfg.scheme.error_feedback { Some(unpack(self, &packed, me)?) } else { None };
+        if let (Some(own), Some(r)) = (own, self.residual_mut("nbit")) {
             for ((r, &v), d) in r.iter_mut().zip(&x).zip(own) {
                 let e = v - d;
                 *r = if e.is_finite() { e } else { 0.0 };
@@ -64,7 +62,7 @@ impl GradSync<'_> {
         self.count(Hop::World, &vec![len; p]);
         let mut acc = vec![0f32; n];
         for j in 0..p {
-            let vals = unpack(&all[j * len..(j + 1) * len], j)?;
+            let vals = unpack(self, &all[j * len..(j + 1) * len], j)?;
             acc.iter_mut().zip(vals).for_each(|(a, v)| *a += v);
         }
         let pf = p as f32;

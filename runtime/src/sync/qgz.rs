@@ -46,7 +46,7 @@
 
 use qsync_kernels::QBits;
 
-use super::block::{shards, BlockError, Quantizer};
+use super::block::{shards, Quantizer};
 use super::{f32_bytes, f32_from_bytes, GradSync, Hop};
 use crate::error::SyncError;
 use crate::scheme::{Gather, Kind};
@@ -89,13 +89,6 @@ impl GradSync<'_> {
         Ok(sum)
     }
 
-    fn bad(&self, peer: usize, e: BlockError) -> SyncError {
-        match e {
-            BlockError::Malformed(detail) => SyncError::BadPayload { rank: self.world().rank(), peer, detail },
-            BlockError::Engine(e) => SyncError::Comm(e),
-        }
-    }
-
     fn one_shot_sum(&mut self, grad: &[f32], bits: QBits) -> Result<Vec<f32>, SyncError> {
         let eng = self.engine.clone();
         let p = self.world().size();
@@ -120,7 +113,7 @@ impl GradSync<'_> {
         let blocks: Vec<&[u8]> = recv.chunks(q.block_len(m).max(1)).take(p).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
-            q.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.bad(p, e))?;
+            q.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(p, e))?;
         }
         Ok(sum)
     }
@@ -164,7 +157,7 @@ impl GradSync<'_> {
                 (0..per_node).map(|i| &recv[i * per_peer + offset..i * per_peer + offset + len]).collect();
             let mut acc = vec![0f32; m];
             if m > 0 {
-                q1.accumulate(&*eng, &blocks, &mut acc).map_err(|e| self.bad(per_node, e))?;
+                q1.accumulate(&*eng, &blocks, &mut acc).map_err(|e| self.decode_error(per_node, e))?;
             }
             partial.extend_from_slice(&acc);
             offset += len;
@@ -194,7 +187,7 @@ impl GradSync<'_> {
         let blocks: Vec<&[u8]> = recv.chunks(q2.block_len(m).max(1)).take(nodes).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
-            q2.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.bad(nodes, e))?;
+            q2.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(nodes, e))?;
         }
         Ok(sum)
     }
@@ -229,7 +222,8 @@ impl GradSync<'_> {
                 self.count(Hop::World, &counts);
                 let mut at = 0;
                 for (j, range) in sh.iter().enumerate() {
-                    let vals = q.decode(&*eng, &all[at..at + counts[j]], range.len()).map_err(|e| self.bad(j, e))?;
+                    let vals =
+                        q.decode(&*eng, &all[at..at + counts[j]], range.len()).map_err(|e| self.decode_error(j, e))?;
                     out[range.clone()].copy_from_slice(&vals);
                     at += counts[j];
                 }
