@@ -13,8 +13,11 @@
 //!   `qsync-codegen`).
 //!
 //! Tests hold the two equal bit for bit on edge cases and random inputs, and
-//! check stochastic rounding for bias statistically.
+//! check stochastic rounding for bias statistically. [`cpu`] is a third
+//! copy of the kernels the gradient synchronization runs most, laid out for
+//! speed on the CPU and held to [`reference`] bit for bit.
 
+pub mod cpu;
 #[cfg(feature = "llvm")]
 pub mod emit;
 #[cfg(feature = "llvm")]

@@ -64,6 +64,7 @@ pub fn f16_to_f32(h: u16) -> f32 {
 }
 
 /// f32 → bf16 bits, round to nearest even.
+#[inline]
 pub fn f32_to_bf16(x: f32) -> u16 {
     let b = x.to_bits();
     if b & 0x7fff_ffff > 0x7f80_0000 {
@@ -73,6 +74,7 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 }
 
 /// bf16 bits → f32, exact; NaN quieted.
+#[inline]
 pub fn bf16_to_f32(h: u16) -> f32 {
     let b = u32::from(h) << 16;
     f32::from_bits(if b & 0x7fff_ffff > 0x7f80_0000 { b | 0x0040_0000 } else { b })
@@ -150,6 +152,7 @@ pub fn quant_params_all(mins: &[f32], maxs: &[f32], bits: QBits, symmetric: bool
 }
 
 /// `t` rounded to an integer-valued float.
+#[inline(always)]
 fn round(t: f32, rounding: Rounding, seed: u64, index: u64) -> f32 {
     match rounding {
         Rounding::Nearest => t.round_ties_even(),
@@ -166,7 +169,8 @@ fn round(t: f32, rounding: Rounding, seed: u64, index: u64) -> f32 {
 
 /// One code from the scaled value `t = x · inv`: `clamp(round(t) + zp, lo,
 /// hi)`, NaN → `zp`.
-fn code(t: f32, zp: f32, lo: f32, hi: f32, rounding: Rounding, seed: u64, index: u64) -> f32 {
+#[inline(always)]
+pub(crate) fn code(t: f32, zp: f32, lo: f32, hi: f32, rounding: Rounding, seed: u64, index: u64) -> f32 {
     let t = round(t, rounding, seed, index) + zp;
     let t = if t.is_nan() { zp } else { t };
     if t < lo {

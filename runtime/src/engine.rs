@@ -3,7 +3,8 @@
 //! Every scheme of [`crate::GradSync`] reduces, quantizes, packs and casts
 //! through one engine, so the arithmetic has one definition — the kernels
 //! of `qsync-kernels` — and two places to run:
-//! - [`HostEngine`] (the default): `qsync_kernels::reference` on the CPU;
+//! - [`HostEngine`] (the default): the kernels on the CPU
+//!   (`qsync_kernels::cpu`, held bit for bit to `qsync_kernels::reference`);
 //! - `CudaEngine` (feature `nccl`, [`crate::cuda`]): the same kernels as
 //!   our PTX (`qsyncc codegen --all-kernels`), loaded and launched with the
 //!   CUDA driver through cudarc.
@@ -17,7 +18,7 @@
 //! Buffers are host slices on both engines: the device engine stages them
 //! through device memory around each launch.
 
-use qsync_kernels::{reference, Half, QBits, Rounding};
+use qsync_kernels::{cpu, reference, Half, QBits, Rounding};
 
 use crate::error::CommError;
 
@@ -102,7 +103,9 @@ pub trait KernelEngine: std::fmt::Debug {
     fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, DecodeError>;
 }
 
-/// The reference kernels on the CPU. Never fails.
+/// The kernels on the CPU: `qsync_kernels::cpu` where it has a fast copy
+/// (quantize, dequantize-accumulate, casts, n-bit packing), the reference
+/// elsewhere — bit for bit the reference either way. Never fails.
 #[derive(Copy, Clone, Debug, Default)]
 pub struct HostEngine;
 
@@ -112,7 +115,7 @@ impl KernelEngine for HostEngine {
     }
 
     fn row_min_max(&self, x: &[f32], cols: usize) -> Result<(Vec<f32>, Vec<f32>), CommError> {
-        Ok(reference::row_min_max(x, cols))
+        Ok(cpu::row_min_max(x, cols))
     }
 
     fn tensor_min_max(&self, mins: &[f32], maxs: &[f32]) -> Result<[f32; 3], CommError> {
@@ -132,13 +135,7 @@ impl KernelEngine for HostEngine {
         rounding: Rounding,
         seed: u64,
     ) -> Result<Vec<u8>, CommError> {
-        Ok(match bits {
-            QBits::Int8 => reference::quantize_i8(x, scales, &[], group, true, rounding, seed)
-                .into_iter()
-                .map(|c| c as u8)
-                .collect(),
-            QBits::Int4 => reference::quantize_i4(x, scales, group, rounding, seed),
-        })
+        Ok(cpu::quantize_sym(x, scales, group, bits, rounding, seed))
     }
 
     fn dequant_accumulate(
@@ -151,23 +148,23 @@ impl KernelEngine for HostEngine {
         bits: QBits,
         out: &mut [f32],
     ) -> Result<(), CommError> {
-        reference::dequant_accumulate(codes, scales, n, group, k, bits, out);
+        cpu::dequant_accumulate(codes, scales, n, group, k, bits, out);
         Ok(())
     }
 
     fn cast_to(&self, h: Half, x: &[f32]) -> Result<Vec<u16>, CommError> {
-        Ok(reference::cast_to(h, x))
+        Ok(cpu::cast_to(h, x))
     }
 
     fn cast_from(&self, h: Half, x: &[u16]) -> Result<Vec<f32>, CommError> {
-        Ok(reference::cast_from(h, x))
+        Ok(cpu::cast_from(h, x))
     }
 
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {
-        Ok(reference::pack(x, mn, mx, bits, rounding, seed))
+        Ok(cpu::pack(x, mn, mx, bits, rounding, seed))
     }
 
     fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, DecodeError> {
-        reference::unpack(buf, n, bits).map_err(|e| DecodeError::Malformed(e.to_string()))
+        cpu::unpack(buf, n, bits).map_err(|e| DecodeError::Malformed(e.to_string()))
     }
 }

@@ -1,0 +1,375 @@
+//! Fast CPU implementations of the kernels the gradient synchronization runs
+//! most (what the runtime's host engine calls), equal bit for bit to
+//! [`crate::reference`].
+//!
+//! They compute the reference's operations on each element, in the same
+//! order, and differ only in how the loops are laid out:
+//! - per-group values (`1 / scale`, the scale itself) are loaded once per
+//!   group instead of once per element, and loops run over contiguous
+//!   group-sized runs the compiler vectorizes;
+//! - dequantize-and-accumulate runs chunk by chunk (`j` outer): each
+//!   element still receives `fma(c_j, s_j, acc)` for `j = 0, 1, …` in that
+//!   order, so the sums are the reference's;
+//! - casts are branch-free selects over the reference's cases;
+//! - on x86-64 with AVX2 and FMA (detected at run time), each kernel runs
+//!   in a copy compiled for those features: `mul_add` becomes one fused
+//!   instruction and `round_ties_even` one rounding instruction, both
+//!   exactly rounded as IEEE 754 defines them, so the bits do not change —
+//!   only the speed (without them, `mul_add` is a library call).
+//!
+//! `tests/cpu_fast.rs` holds every function here to the reference on edge
+//! cases, random inputs and every group, length and bit width shape.
+
+// Calling a `#[target_feature]` copy is `unsafe`; each call is guarded by
+// run-time feature detection.
+#![allow(unsafe_code)]
+
+use crate::reference::{self, pack_gap, packed_len};
+use crate::spec::{Half, QBits, Rounding, PACK_HEADER_BYTES};
+
+/// Defines `pub fn $name` that runs `$body` in an AVX2+FMA copy where the
+/// processor has those features, else in the baseline copy.
+macro_rules! multiversion {
+    ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),* $(,)?) $(-> $r:ty)? => $body:ident) => {
+        $(#[$m])*
+        pub fn $name($($a: $t),*) $(-> $r)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                fn fast($($a: $t),*) $(-> $r)? {
+                    $body($($a),*)
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the features `fast` was compiled for are present.
+                    return unsafe { fast($($a),*) };
+                }
+            }
+            $body($($a),*)
+        }
+    };
+}
+
+/// The elements of group `g`: `[g·group, min((g+1)·group, n))`.
+#[inline(always)]
+fn group_range(g: usize, group: usize, n: usize) -> std::ops::Range<usize> {
+    g * group..((g + 1) * group).min(n)
+}
+
+/// Lanes of the vectorized range reduction.
+const LANES: usize = 8;
+
+#[inline(always)]
+fn row_min_max_body(x: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
+    if cols == 0 {
+        return (Vec::new(), Vec::new());
+    }
+    x.chunks(cols)
+        .map(|row| {
+            // Lane-wise `if v < m { v } else { m }`: the reference's
+            // comparison, so NaN is skipped the same way. Values that compare
+            // equal have equal bits except ±0, where the reference keeps the
+            // first in row order: a row whose extreme is a zero is redone in
+            // order.
+            let (mut mn, mut mx) = ([f32::INFINITY; LANES], [f32::NEG_INFINITY; LANES]);
+            let mut it = row.chunks_exact(LANES);
+            for c in &mut it {
+                for l in 0..LANES {
+                    mn[l] = if c[l] < mn[l] { c[l] } else { mn[l] };
+                    mx[l] = if c[l] > mx[l] { c[l] } else { mx[l] };
+                }
+            }
+            let (mut a, mut b) = (f32::INFINITY, f32::NEG_INFINITY);
+            for &v in mn.iter().chain(it.remainder()) {
+                a = if v < a { v } else { a };
+            }
+            for &v in mx.iter().chain(it.remainder()) {
+                b = if v > b { v } else { b };
+            }
+            if a == 0.0 || b == 0.0 {
+                let (r, s) = reference::row_min_max(row, row.len());
+                return (r[0], s[0]);
+            }
+            (a, b)
+        })
+        .unzip()
+}
+
+multiversion! {
+    /// [`reference::row_min_max`].
+    pub fn row_min_max(x: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) => row_min_max_body
+}
+
+/// The reference's `code(t, 0, lo, hi, …)` as an integer: `t` rounded,
+/// NaN to 0, clamped to `[lo, hi]`.
+#[inline(always)]
+fn code_int(t: f32, lo: f32, hi: f32, rounding: Rounding, seed: u64, index: u64) -> i32 {
+    let t = match rounding {
+        // The reference's `round_ties_even` and `+ zp` with zp = 0, written
+        // out so the loop vectorizes.
+        Rounding::Nearest => {
+            let t = t.round_ties_even() + 0.0;
+            let t = if t.is_nan() { 0.0 } else { t };
+            if t < lo {
+                lo
+            } else if t > hi {
+                hi
+            } else {
+                t
+            }
+        }
+        Rounding::Stochastic => reference::code(t, 0.0, lo, hi, rounding, seed, index),
+    };
+    // SAFETY: `t` is an integer in `[lo, hi]` ⊂ [-128, 255], never NaN.
+    unsafe { t.to_int_unchecked::<i32>() }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn quantize_codes(
+    x: &[f32],
+    scales: &[f32],
+    group: usize,
+    lo: f32,
+    hi: f32,
+    rounding: Rounding,
+    seed: u64,
+    out: &mut [i8],
+) {
+    let group = group.max(1);
+    for (g, &s) in scales.iter().enumerate().take(x.len().div_ceil(group)) {
+        let r = group_range(g, group, x.len());
+        let inv = 1.0 / s;
+        let (xs, os) = (&x[r.clone()], &mut out[r.clone()]);
+        for ((o, &v), i) in os.iter_mut().zip(xs).zip(r.start as u64..) {
+            *o = code_int(v * inv, lo, hi, rounding, seed, i) as i8;
+        }
+    }
+}
+
+#[inline(always)]
+fn quantize_sym_body(x: &[f32], scales: &[f32], group: usize, bits: QBits, rounding: Rounding, seed: u64) -> Vec<u8> {
+    match bits {
+        QBits::Int8 => {
+            let mut codes = vec![0i8; x.len()];
+            quantize_codes(x, scales, group, -127.0, 127.0, rounding, seed, &mut codes);
+            map_into(&codes, |c| c as u8)
+        }
+        QBits::Int4 => {
+            let mut codes = vec![0i8; x.len()];
+            quantize_codes(x, scales, group, -7.0, 7.0, rounding, seed, &mut codes);
+            codes.chunks(2).map(|p| (p[0] as u8 & 0xf) | (p.get(1).map_or(0, |&c| c as u8 & 0xf) << 4)).collect()
+        }
+    }
+}
+
+multiversion! {
+    /// Symmetric block quantization: [`reference::quantize_i8`] with
+    /// `symmetric = true` (codes as bytes), or [`reference::quantize_i4`].
+    pub fn quantize_sym(x: &[f32], scales: &[f32], group: usize, bits: QBits, rounding: Rounding, seed: u64) -> Vec<u8>
+        => quantize_sym_body
+}
+
+#[inline(always)]
+fn dequant_accumulate_body(q: &[u8], scale: &[f32], n: usize, group: usize, k: usize, bits: QBits, out: &mut [f32]) {
+    let group = group.max(1);
+    let groups = n.div_ceil(group);
+    let chunk = match bits {
+        QBits::Int8 => n,
+        QBits::Int4 => n.div_ceil(2),
+    };
+    let n = n.min(out.len());
+    for j in 0..k {
+        let codes = &q[j * chunk..j * chunk + chunk];
+        for (g, &s) in scale[j * groups..(j + 1) * groups].iter().enumerate() {
+            let r = group_range(g, group, n);
+            if r.is_empty() {
+                break;
+            }
+            match bits {
+                QBits::Int8 => {
+                    for (o, &c) in out[r.clone()].iter_mut().zip(&codes[r]) {
+                        *o = f32::from(c as i8).mul_add(s, *o);
+                    }
+                }
+                QBits::Int4 => {
+                    for i in r {
+                        let b = codes[i / 2];
+                        let nib = if i % 2 == 0 { b << 4 } else { b & 0xf0 };
+                        out[i] = f32::from((nib as i8) >> 4).mul_add(s, out[i]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// [`reference::dequant_accumulate`].
+    pub fn dequant_accumulate(q: &[u8], scale: &[f32], n: usize, group: usize, k: usize, bits: QBits, out: &mut [f32])
+        => dequant_accumulate_body
+}
+
+#[inline(always)]
+fn pack_codes<const B: usize>(x: &[f32], mn: f32, inv: f32, rounding: Rounding, seed: u64, out: &mut [u8]) {
+    let per = 8 / B;
+    let top = ((1u32 << B) - 1) as f32;
+    let mut codes = vec![0u8; x.len()];
+    for ((c, &v), i) in codes.iter_mut().zip(x).zip(0u64..) {
+        *c = code_int((v - mn) * inv, 0.0, top, rounding, seed, i) as u8;
+    }
+    for (o, cs) in out.iter_mut().zip(codes.chunks(per)) {
+        let mut acc = 0u8;
+        for (l, &c) in cs.iter().enumerate() {
+            acc |= c << (8 - B * (l + 1));
+        }
+        *o = acc;
+    }
+}
+
+#[inline(always)]
+fn pack_body(x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Vec<u8> {
+    let per = usize::from(8 / bits);
+    let (_, inv) = pack_gap(mn, mx, bits);
+    let mut out = vec![0u8; packed_len(x.len(), bits)];
+    out[0] = bits;
+    out[1] = ((per - x.len() % per) % per) as u8;
+    out[2..6].copy_from_slice(&mn.to_le_bytes());
+    out[6..10].copy_from_slice(&mx.to_le_bytes());
+    let body = &mut out[PACK_HEADER_BYTES..];
+    match bits {
+        1 => pack_codes::<1>(x, mn, inv, rounding, seed, body),
+        2 => pack_codes::<2>(x, mn, inv, rounding, seed, body),
+        4 => pack_codes::<4>(x, mn, inv, rounding, seed, body),
+        8 => pack_codes::<8>(x, mn, inv, rounding, seed, body),
+        _ => return reference::pack(x, mn, mx, bits, rounding, seed),
+    }
+    out
+}
+
+multiversion! {
+    /// [`reference::pack`] (`bits` ∈ {1, 2, 4, 8}).
+    pub fn pack(x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Vec<u8> => pack_body
+}
+
+#[inline(always)]
+fn unpack_codes<const B: usize>(codes: &[u8], gap: f32, mn: f32, out: &mut [f32]) {
+    let per = 8 / B;
+    let mask = (1u32 << B) - 1;
+    for (o, &b) in out.chunks_mut(per).zip(codes) {
+        for (l, v) in o.iter_mut().enumerate() {
+            let c = (u32::from(b) >> (8 - B * (l + 1))) & mask;
+            *v = (c as f32).mul_add(gap, mn);
+        }
+    }
+}
+
+#[inline(always)]
+fn unpack_body(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::UnpackError> {
+    if buf.len() < packed_len(n, bits) {
+        return Err(reference::UnpackError::TooShort { len: buf.len(), n, bits });
+    }
+    if buf[0] != bits {
+        return Err(reference::UnpackError::BitWidth { found: buf[0], expected: bits });
+    }
+    let rd = |o: usize| f32::from_le_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
+    let (mn, mx) = (rd(2), rd(6));
+    let (gap, _) = pack_gap(mn, mx, bits);
+    let mut out = vec![0f32; n];
+    let codes = &buf[PACK_HEADER_BYTES..];
+    match bits {
+        1 => unpack_codes::<1>(codes, gap, mn, &mut out),
+        2 => unpack_codes::<2>(codes, gap, mn, &mut out),
+        4 => unpack_codes::<4>(codes, gap, mn, &mut out),
+        8 => unpack_codes::<8>(codes, gap, mn, &mut out),
+        _ => return reference::unpack(buf, n, bits),
+    }
+    Ok(out)
+}
+
+multiversion! {
+    /// [`reference::unpack`], its errors included.
+    pub fn unpack(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::UnpackError> => unpack_body
+}
+
+/// `if c { a } else { b }` without a branch.
+#[inline(always)]
+fn sel(c: bool, a: u32, b: u32) -> u32 {
+    let m = 0u32.wrapping_sub(u32::from(c));
+    (a & m) | (b & !m)
+}
+
+/// [`reference::f32_to_f16`] as selects over its four cases.
+#[inline(always)]
+fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = (b >> 16) & 0x8000;
+    let a = b & 0x7fff_ffff;
+    // Normal results: round the mantissa to 10 bits, ties to even.
+    let m = a.wrapping_sub(0x3800_0000);
+    let normal = (m.wrapping_add(0x0fff).wrapping_add((m >> 13) & 1)) >> 13;
+    // Subnormal results: shift the full mantissa right by 126 − e (14..=24
+    // where used; clamped so the unused lanes stay defined).
+    let e = a >> 23;
+    let shift = 126u32.wrapping_sub(e).clamp(1, 31);
+    let mant = (a & 0x007f_ffff) | 0x0080_0000;
+    let r = mant >> shift;
+    let rem = mant & ((1 << shift) - 1);
+    let half = 1 << (shift - 1);
+    let up = u32::from((rem > half) | ((rem == half) & (r & 1 == 1)));
+    let sub = (r + up) & 0u32.wrapping_sub(u32::from(e >= 102));
+    let v = sel(a >= 0x3880_0000, normal, sub);
+    let v = sel(a >= 0x477f_f000, 0x7c00, v);
+    let v = sel(a > 0x7f80_0000, 0x7e00, v);
+    (sign | v) as u16
+}
+
+/// [`reference::f16_to_f32`] as selects over its three cases.
+#[inline(always)]
+fn f16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let e = (h >> 10) & 0x1f;
+    let m = h & 0x3ff;
+    let special = sel(m == 0, 0x7f80_0000, 0x7fc0_0000 | (m << 13));
+    let sub = (m as f32 * (1.0 / 16_777_216.0)).to_bits();
+    let normal = ((e + 112) << 23) | (m << 13);
+    let bits = sel(e == 31, special, sel(e == 0, sub, normal));
+    f32::from_bits(sign | bits)
+}
+
+/// `out[i] = f(src[i])` as a plain indexed loop (which vectorizes where an
+/// iterator `collect` of the same map does not).
+#[inline(always)]
+fn map_into<A: Copy, B: Copy + Default>(src: &[A], f: impl Fn(A) -> B) -> Vec<B> {
+    let mut out = vec![B::default(); src.len()];
+    for (o, &x) in out.iter_mut().zip(src) {
+        *o = f(x);
+    }
+    out
+}
+
+#[inline(always)]
+fn cast_to_body(fmt: Half, src: &[f32]) -> Vec<u16> {
+    match fmt {
+        Half::F16 => map_into(src, f32_to_f16),
+        Half::BF16 => map_into(src, reference::f32_to_bf16),
+    }
+}
+
+#[inline(always)]
+fn cast_from_body(fmt: Half, src: &[u16]) -> Vec<f32> {
+    match fmt {
+        Half::F16 => map_into(src, f16_to_f32),
+        Half::BF16 => map_into(src, reference::bf16_to_f32),
+    }
+}
+
+multiversion! {
+    /// [`reference::cast_to`].
+    pub fn cast_to(fmt: Half, src: &[f32]) -> Vec<u16> => cast_to_body
+}
+
+multiversion! {
+    /// [`reference::cast_from`].
+    pub fn cast_from(fmt: Half, src: &[u16]) -> Vec<f32> => cast_from_body
+}

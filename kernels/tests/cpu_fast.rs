@@ -1,0 +1,228 @@
+//! `qsync_kernels::cpu` against `qsync_kernels::reference`, bit for bit:
+//! casts over a sweep of every bit-pattern region (and all 65,536 16-bit
+//! inputs), quantization, dequantize-and-accumulate and n-bit packing on
+//! edge values and seeded random inputs, for every length, group and bit
+//! width shape the synchronization uses (short last groups, odd int4
+//! lengths, empty inputs), both roundings.
+
+use qsync_kernels::reference as r;
+use qsync_kernels::{cpu, rng, Half, QBits, Rounding};
+
+/// Seeded test data (the kernels' own counter-based hash).
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 += 1;
+        rng::hash(0xfa57, self.0)
+    }
+    fn value(&mut self, i: usize) -> f32 {
+        match i % 5 {
+            0 => f32::from_bits(self.next() as u32),
+            1 => ((self.next() >> 40) as f32 / 16_777_216.0 - 0.5) * 1e-3,
+            _ => ((self.next() >> 40) as f32 / 16_777_216.0 - 0.5) * 8.0,
+        }
+    }
+}
+
+fn edge() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        2.5,
+        -2.5,
+        127.5,
+        -127.5,
+        7.5,
+        -7.5,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MAX,
+        f32::MIN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        65504.0,
+        65520.0,
+        -65520.0,
+        5.9604645e-8,
+        2.9802322e-8,
+        1e-40,
+        -1e-40,
+        0.49999997,
+    ];
+    for b in [0x7f80_0001u32, 0xffc0_0001, 0x0000_0001, 0x8000_0001, 0x387f_ffff, 0x3880_0000, 0x477f_efff, 0x477f_f000]
+    {
+        v.push(f32::from_bits(b));
+    }
+    v
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Inputs of `n` elements: random, with the edge values sprinkled in.
+fn inputs(g: &mut Gen, n: usize, finite: bool) -> Vec<f32> {
+    let e = edge();
+    (0..n)
+        .map(|i| {
+            let v = if i % 7 == 3 { e[(i / 7) % e.len()] } else { g.value(i) };
+            if finite && !v.is_finite() {
+                1.25
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn casts_match_over_every_region_of_bit_patterns() {
+    // Every 16-bit input, and f32 bit patterns in steps that land in every
+    // exponent (including subnormal, rounding and overflow boundaries).
+    let all16: Vec<u16> = (0..=u16::MAX).collect();
+    let mut f: Vec<f32> = (0..=u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)).collect();
+    for base in [0x3380_0000u32, 0x3880_0000, 0x477f_f000, 0x7f80_0000] {
+        for d in 0..4096u32 {
+            f.push(f32::from_bits(base.wrapping_sub(2048).wrapping_add(d)));
+            f.push(f32::from_bits((base.wrapping_sub(2048).wrapping_add(d)) | 0x8000_0000));
+        }
+    }
+    f.extend(edge());
+    for h in [Half::F16, Half::BF16] {
+        assert_eq!(cpu::cast_to(h, &f), r::cast_to(h, &f), "{h:?} narrowing");
+        assert_eq!(bits(&cpu::cast_from(h, &all16)), bits(&r::cast_from(h, &all16)), "{h:?} widening");
+    }
+}
+
+#[test]
+fn range_reduction_matches_signed_zeros_and_nan_included() {
+    let mut g = Gen(4);
+    let mut rows: Vec<Vec<f32>> = vec![
+        vec![],
+        vec![f32::NAN; 19],
+        vec![0.0, -0.0, 1.0],
+        vec![-0.0, 0.0, 1.0],
+        [vec![3.0; 9], vec![0.0], vec![-0.0; 9]].concat(),
+        [vec![-0.0; 9], vec![0.0], vec![-3.0; 9]].concat(),
+        [vec![-0.0; 16], vec![0.0; 16]].concat(),
+        [vec![0.0; 16], vec![-0.0; 16]].concat(),
+    ];
+    // Two zeros of opposite sign at every pair of positions (so the first
+    // one may sit in any lane of any chunk), among positive and negative
+    // values.
+    for fill in [1.0f32, -1.0] {
+        for i in 0..24 {
+            for j in 0..24 {
+                if i != j {
+                    let mut x = vec![fill; 24];
+                    (x[i], x[j]) = (-0.0, 0.0);
+                    rows.push(x);
+                }
+            }
+        }
+    }
+    for n in [1usize, 7, 8, 9, 64, 100, 1000] {
+        rows.push(inputs(&mut g, n, false));
+        rows.push(inputs(&mut g, n, true).iter().map(|v| v.abs()).collect());
+    }
+    for x in &rows {
+        for cols in [1usize, 3, 8, 17, 64, x.len().max(1)] {
+            let (a, b) = cpu::row_min_max(x, cols);
+            let (c, d) = r::row_min_max(x, cols);
+            assert_eq!((bits(&a), bits(&b)), (bits(&c), bits(&d)), "{x:?} cols {cols}");
+        }
+    }
+}
+
+#[test]
+fn quantization_matches_for_every_shape() {
+    let mut g = Gen(1);
+    for n in [0usize, 1, 2, 3, 7, 64, 255, 512, 1000, 1537] {
+        for group in [1usize, 3, 64, 512] {
+            let x = inputs(&mut g, n, false);
+            let (mins, maxs) = r::row_min_max(&x, group);
+            for bits in [QBits::Int8, QBits::Int4] {
+                let (scales, _) = r::quant_params_all(&mins, &maxs, bits, true);
+                for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+                    let seed = g.next();
+                    let want: Vec<u8> = match bits {
+                        QBits::Int8 => r::quantize_i8(&x, &scales, &[], group, true, rounding, seed)
+                            .into_iter()
+                            .map(|c| c as u8)
+                            .collect(),
+                        QBits::Int4 => r::quantize_i4(&x, &scales, group, rounding, seed),
+                    };
+                    let got = cpu::quantize_sym(&x, &scales, group, bits, rounding, seed);
+                    assert_eq!(got, want, "n {n} group {group} {bits:?} {rounding:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantize_accumulate_matches_for_every_shape() {
+    let mut g = Gen(2);
+    for n in [0usize, 1, 3, 64, 511, 1000] {
+        for group in [1usize, 5, 64, 512] {
+            for k in [1usize, 2, 8] {
+                for width in [QBits::Int8, QBits::Int4] {
+                    let groups = n.div_ceil(group);
+                    let chunk = if width == QBits::Int8 { n } else { n.div_ceil(2) };
+                    let q: Vec<u8> = (0..k * chunk).map(|_| g.next() as u8).collect();
+                    // Scales: random, with NaN, infinite and zero ones.
+                    let scales: Vec<f32> = (0..k * groups)
+                        .map(|i| match i % 11 {
+                            4 => f32::NAN,
+                            7 => f32::INFINITY,
+                            9 => 0.0,
+                            _ => g.value(2).abs() + 1e-6,
+                        })
+                        .collect();
+                    let start = inputs(&mut g, n, false);
+                    let (mut want, mut got) = (start.clone(), start);
+                    r::dequant_accumulate(&q, &scales, n, group, k, width, &mut want);
+                    cpu::dequant_accumulate(&q, &scales, n, group, k, width, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "n {n} group {group} k {k} {width:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packing_matches_for_every_width() {
+    let mut g = Gen(3);
+    for n in [0usize, 1, 2, 3, 5, 8, 9, 100, 1001] {
+        for finite in [true, false] {
+            let x = inputs(&mut g, n, finite);
+            let (mins, maxs) = r::row_min_max(&x, n.max(1));
+            let [mn, mx, _] = r::tensor_min_max(&mins, &maxs);
+            for b in [1u8, 2, 4, 8] {
+                for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+                    let seed = g.next();
+                    let want = r::pack(&x, mn, mx, b, rounding, seed);
+                    let got = cpu::pack(&x, mn, mx, b, rounding, seed);
+                    assert_eq!(got, want, "pack n {n} bits {b} {rounding:?}");
+                    let (u, v) = (cpu::unpack(&got, n, b), r::unpack(&want, n, b));
+                    assert_eq!(u.map(|u| bits(&u)), v.map(|v| bits(&v)), "unpack n {n} bits {b}");
+                }
+                // Malformed buffers are the same errors.
+                let buf = r::pack(&x, mn, mx, b, Rounding::Nearest, 0);
+                assert_eq!(
+                    cpu::unpack(&buf[..buf.len() - 1], n, b).err(),
+                    r::unpack(&buf[..buf.len() - 1], n, b).err()
+                );
+                let other = if b == 8 { 4 } else { b * 2 };
+                assert_eq!(cpu::unpack(&buf, n, other).err(), r::unpack(&buf, n, other).err());
+            }
+        }
+    }
+}
