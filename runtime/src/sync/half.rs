@@ -25,16 +25,8 @@
 use qsync_kernels::Half;
 
 use super::block::shards;
-use super::{GradSync, Hop};
+use super::{u16_bytes, u16_from_bytes, GradSync, Hop};
 use crate::error::SyncError;
-
-fn to_bytes(v: &[u16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn u16s(b: &[u8]) -> Vec<u16> {
-    b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
-}
 
 impl GradSync<'_> {
     pub(super) fn half_all_reduce(&mut self, grad: &mut [f32], h: Half) -> Result<(), SyncError> {
@@ -47,7 +39,7 @@ impl GradSync<'_> {
         let h16 = eng.cast_to(h, &x)?;
         if let Some(r) = self.residual_mut("half") {
             let back = eng.cast_from(h, &h16)?;
-            for ((r, &v), d) in r.iter_mut().zip(&x).zip(back) {
+            for ((r, &v), d) in r.iter_mut().zip(x.iter()).zip(back) {
                 let e = v - d;
                 *r = if e.is_finite() { e } else { 0.0 };
             }
@@ -57,10 +49,10 @@ impl GradSync<'_> {
         let mine = sh[me].len();
         let recv_counts = vec![2 * mine; p];
         let mut recv = vec![0u8; 2 * mine * p];
-        self.world().all_to_all_v(&to_bytes(&h16), &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.world().all_to_all_v(&u16_bytes(&h16), &send_counts, &mut recv, &recv_counts, self.deadline())?;
         self.count(Hop::World, &recv_counts);
         // Widening is exact; the sum runs in rank order, in f32.
-        let wide = eng.cast_from(h, &u16s(&recv))?;
+        let wide = eng.cast_from(h, &u16_from_bytes(&recv))?;
         let mut sums = vec![0f32; mine];
         for r in 0..p {
             sums.iter_mut().zip(&wide[r * mine..(r + 1) * mine]).for_each(|(a, v)| *a += v);
@@ -70,15 +62,15 @@ impl GradSync<'_> {
         let reduced = eng.cast_to(h, &sums)?;
         if let Some(r) = self.residual_mut("half-owner") {
             let back = eng.cast_from(h, &reduced)?;
-            for ((r, &v), d) in r.iter_mut().zip(&sums).zip(back) {
+            for ((r, &v), d) in r.iter_mut().zip(sums.iter()).zip(back) {
                 let e = v - d;
                 *r = if e.is_finite() { e } else { 0.0 };
             }
         }
         let mut all = vec![0u8; 2 * grad.len()];
-        self.world().all_gather_v(&to_bytes(&reduced), &mut all, &send_counts, self.deadline())?;
+        self.world().all_gather_v(&u16_bytes(&reduced), &mut all, &send_counts, self.deadline())?;
         self.count(Hop::World, &send_counts);
-        grad.copy_from_slice(&eng.cast_from(h, &u16s(&all))?);
+        grad.copy_from_slice(&eng.cast_from(h, &u16_from_bytes(&all))?);
         Ok(())
     }
 }

@@ -32,6 +32,7 @@ pub mod half;
 pub mod nbit;
 pub mod qgz;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -266,17 +267,18 @@ impl<'c> GradSync<'c> {
     }
 
     /// `x + residual[stage]` when error feedback is on (the residual is
-    /// created, or reset, at `x`'s length).
-    fn with_residual(&mut self, stage: &'static str, x: &[f32]) -> Vec<f32> {
-        let mut v = x.to_vec();
-        if self.cfg.scheme.error_feedback {
-            let r = self.residuals.entry(stage).or_default();
-            if r.len() != x.len() {
-                *r = vec![0.0; x.len()];
-            }
-            v.iter_mut().zip(r.iter()).for_each(|(a, b)| *a += b);
+    /// created, or reset, at `x`'s length); `x` itself otherwise.
+    fn with_residual<'x>(&mut self, stage: &'static str, x: &'x [f32]) -> Cow<'x, [f32]> {
+        if !self.cfg.scheme.error_feedback {
+            return Cow::Borrowed(x);
         }
-        v
+        let r = self.residuals.entry(stage).or_default();
+        if r.len() != x.len() {
+            *r = vec![0.0; x.len()];
+        }
+        let mut v = x.to_vec();
+        v.iter_mut().zip(r.iter()).for_each(|(a, b)| *a += b);
+        Cow::Owned(v)
     }
 
     /// The residual buffer of `stage`, when error feedback is on.
@@ -291,9 +293,34 @@ impl<'c> GradSync<'c> {
 
 /// Raw little-endian bytes of f32 values.
 pub(crate) fn f32_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+    let mut out = vec![0u8; 4 * x.len()];
+    for (o, v) in out.chunks_exact_mut(4).zip(x) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+    out
 }
 
 pub(crate) fn f32_from_bytes(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    let mut out = vec![0f32; b.len() / 4];
+    for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    out
+}
+
+/// Raw little-endian bytes of 16-bit values.
+pub(crate) fn u16_bytes(x: &[u16]) -> Vec<u8> {
+    let mut out = vec![0u8; 2 * x.len()];
+    for (o, v) in out.chunks_exact_mut(2).zip(x) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+pub(crate) fn u16_from_bytes(b: &[u8]) -> Vec<u16> {
+    let mut out = vec![0u16; b.len() / 2];
+    for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+        *o = u16::from_le_bytes([c[0], c[1]]);
+    }
+    out
 }

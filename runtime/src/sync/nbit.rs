@@ -51,7 +51,7 @@ impl GradSync<'_> {
         let unpack = |s: &Self, buf: &[u8], peer: usize| eng.unpack(buf, n, bits).map_err(|e| s.decode_error(peer, e));
         let own = if self.cfg.scheme.error_feedback { Some(unpack(self, &packed, me)?) } else { None };
         if let (Some(own), Some(r)) = (own, self.residual_mut("nbit")) {
-            for ((r, &v), d) in r.iter_mut().zip(&x).zip(own) {
+            for ((r, &v), d) in r.iter_mut().zip(x.iter()).zip(own) {
                 let e = v - d;
                 *r = if e.is_finite() { e } else { 0.0 };
             }
