@@ -25,7 +25,7 @@ pub struct SyncBenchArgs {
     /// qgz-intA-intB-hier, nbit-1/2/4/8; suffixes -sr (stochastic rounding), -ef (error feedback).
     #[arg(long)]
     pub scheme: String,
-    /// Gradient size in bytes (f32 elements × 4); K, M, G suffixes (powers of 1024).
+    /// Gradient size in bytes (f32 elements × 4); K, M, G (or KiB, MiB, GiB) suffixes, powers of 1024.
     #[arg(long, value_parser = parse_size)]
     pub bytes: usize,
     /// Emulated nodes: the world's ranks split node-major into this many equal nodes.
@@ -70,13 +70,14 @@ pub struct SyncBenchArgs {
 /// `4096`, `64K`, `16M`, `1G` (binary multiples).
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).unwrap_or(t);
     let (num, mult) = match t.chars().last() {
         Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
         Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
         Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
         _ => (t, 1),
     };
-    let n: usize = num.parse().map_err(|_| format!("`{s}` is not a size (e.g. 4096, 64K, 16M)"))?;
+    let n: usize = num.parse().map_err(|_| format!("`{s}` is not a size (e.g. 4096, 64K, 16M, 16MiB)"))?;
     n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))
 }
 
@@ -199,4 +200,21 @@ fn run_nccl(args: &SyncBenchArgs, opts: &BenchOptions) -> Result<Option<String>>
     }
     // Rank 0 printed the report itself (the ranks share this stdout).
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("16M"), Ok(16 << 20));
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("iB").is_err());
+        assert!(parse_size("16MB").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
 }
