@@ -5,6 +5,8 @@
   python examples/train_ddp.py plan --model resnet18 --targets v100:2,t4:2 --batch 8 -o target/ddp-plan
   # 2. train: each rank applies its device type's plan and the qsync hook
   torchrun --nproc-per-node 4 examples/train_ddp.py train --plan target/ddp-plan --steps 5
+  # 3. time each hook's synchronization against DDP's own all-reduce, in one job
+  torchrun --nproc-per-node 4 examples/train_ddp.py bench --model resnet18
 
 `train` without `--plan` is plain FP32 DDP over the same global batches (the
 baseline); `--scheme S` overrides the plan's synchronization scheme (or,
@@ -27,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -222,6 +225,90 @@ def cmd_train(a):
     os._exit(0)
 
 
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def torch_hook(name):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    return {"torch-fp16": default_hooks.fp16_compress_hook, "torch-bf16": default_hooks.bf16_compress_hook}[name]
+
+
+def cmd_bench(a):
+    """Times the backward pass of one model under DDP with each hook, in the
+    same job and round-robin (so a slower or busier moment of the machine
+    hits every hook alike), next to the same backward with DDP's
+    synchronization switched off (`no_sync`). Rank 0 prints one JSON line per
+    hook: the median backward seconds (of the slowest rank), its ratio to
+    the backward with DDP's own all-reduce (`ddp`), and the exposed
+    synchronization (backward minus the no-sync backward: what the
+    synchronization adds once its overlap with the backward computation is
+    taken into account; near zero, or a little below from noise, when it is
+    hidden entirely)."""
+    import qsync
+
+    dist.init_process_group("gloo" if a.device == "cpu" else "nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(a.device if a.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    hooks = a.hooks.split(",")
+    if "ddp" not in hooks:
+        hooks.insert(0, "ddp")
+    ddps = {}
+    for name in hooks + ["no-sync"]:
+        model = make_model(a.model, a.seed).to(device)
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
+        if name.startswith("torch-"):
+            ddp.register_comm_hook(None, torch_hook(name))
+        elif name not in ("ddp", "no-sync"):
+            ddp.register_comm_hook(None, qsync.comm_hook(name, seed=a.seed, kernels=a.kernels))
+        ddps[name] = ddp
+    x, y = global_batch(a.model, a.batch * world, 0, a.seed)
+    x, y = x[rank * a.batch:(rank + 1) * a.batch].to(device), y[rank * a.batch:(rank + 1) * a.batch].to(device)
+    times = {name: [] for name in ddps}
+
+    def backward(name):
+        ddp = ddps[name]
+        ddp.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ddp(x), y)
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        if name == "no-sync":
+            with ddp.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    for name in ddps:  # warm-up: buckets are rebuilt after the first step
+        for _ in range(2):
+            backward(name)
+    for _ in range(a.reps):
+        for name in ddps:
+            times[name].append(backward(name))
+    # Each rank's time; the slowest rank's median is the job's.
+    meds = {name: median(v) for name, v in times.items()}
+    all_meds = [None] * world
+    dist.all_gather_object(all_meds, meds)
+    if rank == 0:
+        job = {name: max(m[name] for m in all_meds) for name in ddps}
+        grad_mb = sum(p.numel() for p in ddps["ddp"].parameters()) * 4 / 2**20
+        for name in hooks:
+            print(json.dumps({
+                "hook": name, "model": a.model, "ranks": world, "device": a.device, "gradient_mib": round(grad_mb, 2),
+                "reps": a.reps, "backward_s": job[name], "no_sync_backward_s": job["no-sync"],
+                "exposed_sync_s": job[name] - job["no-sync"], "backward_vs_ddp": job[name] / job["ddp"],
+            }), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -250,8 +337,19 @@ def main():
     t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     t.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at --fail-step (failure tests)")
     t.add_argument("--fail-step", type=int, default=1)
+    b = sub.add_parser("bench", help="time each hook's synchronization against DDP's all-reduce (under torchrun)")
+    b.add_argument("--model", default="resnet18", choices=["resnet18", "transformer"])
+    b.add_argument("--hooks", default="ddp,torch-fp16,fp16,qgz-int8,qgz-int4,nbit-2",
+                   help="comma-separated: ddp (DDP's all-reduce), torch-fp16, torch-bf16 (PyTorch's hooks), "
+                        "or any qsync scheme")
+    b.add_argument("--batch", type=int, default=2, help="per-rank batch (small: the synchronization is timed)")
+    b.add_argument("--reps", type=int, default=7, help="timed backward passes per hook")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--bucket-mb", type=float, default=25.0)
+    b.add_argument("--kernels", choices=["host", "device"], default="host")
+    b.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
-    (cmd_plan if a.cmd == "plan" else cmd_train)(a)
+    {"plan": cmd_plan, "train": cmd_train, "bench": cmd_bench}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -125,7 +125,10 @@ impl PyTransport {
         down: fn(f32) -> u16,
         deadline: Deadline,
     ) -> Result<(), CommError> {
-        let send: Vec<u8> = buf.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut send = vec![0u8; 2 * buf.len()];
+        for (o, v) in send.chunks_exact_mut(2).zip(buf.iter()) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
         let mut all = vec![0u8; send.len() * self.size];
         self.all_gather(&send, &mut all, deadline)?;
         let n = buf.len();
@@ -222,7 +225,10 @@ impl Communicator for PyTransport {
     fn all_reduce_sum(&self, buf: ReduceBuf<'_>, deadline: Deadline) -> Result<(), CommError> {
         match buf {
             ReduceBuf::F32(b) => {
-                let send: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let mut send = vec![0u8; 4 * b.len()];
+                for (o, v) in send.chunks_exact_mut(4).zip(b.iter()) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
                 let mut out = vec![0u8; send.len()];
                 let got = self.call("all_reduce", deadline, "all_reduce_f32", |py| Ok(vec![bytes(py, &send)]))?;
                 self.take_bytes("all_reduce", got, &mut out)?;

@@ -8,6 +8,8 @@
 //!   joint plan's uneven batches with the manifest's gradient weights give
 //!   the uniform-batch update;
 //! - a rank raising mid-step ends the job with an error, not a hang;
+//! - `train_ddp.py bench` times every hook against DDP's own all-reduce in
+//!   one job;
 //! - `apply_plan` maps every planned operator of every shared model onto its
 //!   PyTorch counterpart (both exporters and the TorchScript archives).
 
@@ -92,10 +94,14 @@ fn run_limited(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
 }
 
 fn torchrun(args: &[&str]) -> Command {
+    torchrun_sub("train", args)
+}
+
+fn torchrun_sub(sub: &str, args: &[&str]) -> Command {
     let mut c = Command::new(venv().join("bin/torchrun"));
     c.args(["--standalone", "--nproc-per-node", "4"])
         .arg(root().join("examples/train_ddp.py"))
-        .arg("train")
+        .arg(sub)
         .args(args)
         .env("OMP_NUM_THREADS", "1")
         .current_dir(root());
@@ -236,6 +242,32 @@ fn ddp_resnet18_qsync_plan_fp16_layers() {
         assert!(rel < tol, "{s}: loss {} vs FP32 DDP {reference} ({:.2}%)", loss(r), 100.0 * rel);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn hook_bench_times_each_hook_against_ddp_in_one_job() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    install();
+    let hooks = ["ddp", "torch-fp16", "qgz-int8", "nbit-2"];
+    let (out, _) = run_limited(
+        &mut torchrun_sub("bench", &["--model", "transformer", "--hooks", &hooks.join(","), "--reps", "2"]),
+        Duration::from_secs(240),
+    );
+    assert!(out.status.success(), "bench failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let recs = records(&out);
+    let names: Vec<&str> = recs.iter().map(|r| r["hook"].as_str().unwrap_or("")).collect();
+    assert_eq!(names, hooks, "one record per hook, in order");
+    let ddp = recs[0]["backward_s"].as_f64().expect("ddp time");
+    for r in &recs {
+        let (b, n) = (r["backward_s"].as_f64().unwrap_or(0.0), r["no_sync_backward_s"].as_f64().unwrap_or(0.0));
+        assert!(b > 0.0 && n > 0.0, "{r}");
+        let close =
+            |key: &str, want: f64| (r[key].as_f64().unwrap_or(f64::NAN) - want).abs() <= 1e-9 * want.abs().max(1.0);
+        assert!(close("backward_vs_ddp", b / ddp) && close("exposed_sync_s", b - n), "{r}");
+        assert_eq!((r["ranks"].as_u64(), r["model"].as_str()), (Some(4), Some("transformer")), "{r}");
+        assert!(r["gradient_mib"].as_f64().unwrap_or(0.0) > 0.1, "{r}");
+    }
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]

@@ -4,11 +4,13 @@
     ddp.register_comm_hook(None, qsync.comm_hook("qgz-int4"))   # any DDP job, no plan
 
 Each bucket is synchronized by the runtime's `GradSync` (the same code the
-MPI and NCCL jobs run): CPU buckets through torch.distributed (gloo) as the
-transport, CUDA buckets through the runtime's own NCCL communicator, whose
-unique id rank 0 makes and shares through a gloo group. The CUDA path stages
-each bucket through host memory, where the runtime's schemes quantize (the
-same reference arithmetic as on CPU, so every rank gets the same bits).
+MPI and NCCL jobs run). CPU buckets go through torch.distributed (gloo) as
+the transport, on the hook's worker thread, so a bucket synchronizes while
+autograd computes the next ones (as DDP's own all-reduce does). CUDA buckets
+go through the runtime's own NCCL communicator, whose unique id rank 0 makes
+and shares through a gloo group; that path stages each bucket through host
+memory, where the runtime's schemes quantize (the kernels' arithmetic, so
+every rank gets the same bits), in the hook call itself.
 
 With a plan, each rank's gradient is weighted by its device type's share of
 the global batch (`local_batch / global_batch` in the manifest), so a joint
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -47,6 +50,7 @@ class QSyncHook:
         self._kernels = kernels  # where CUDA buckets quantize: "host" or "device" (our PTX)
         self._cpu = None  # gloo transport, made on first use (collective)
         self._syncs = {}  # (device kind, bucket index) -> GradSync
+        self._worker = None  # one thread: CPU buckets synchronize in order, overlapping the backward pass
         self._base = {}
 
     def _transport(self):
@@ -83,21 +87,44 @@ class QSyncHook:
         if self.scale != 1.0:
             grad.mul_(self.scale)
         kind = "cpu" if grad.device.type == "cpu" else "cuda"
-        sync = self._sync_for(kind, bucket.index(), grad.device)
+        index = bucket.index()
+        fut = torch.futures.Future()
         if kind == "cpu":
-            host = grad if grad.is_contiguous() else grad.contiguous()
-            sync.all_reduce_mean(host.detach().numpy())
-            if host is not grad:
-                grad.copy_(host)
-        else:
-            host = grad.detach().to("cpu").contiguous()
-            sync.all_reduce_mean(host.numpy())
-            grad.copy_(host, non_blocking=False)
+            self._transport()  # a collective over the default group: made here, before any worker call
+            # On the hook's worker thread, in bucket order, while autograd
+            # computes the next buckets: the runtime releases the GIL while
+            # it quantizes and reduces. Everything that talks over the
+            # transport's group (a new bucket's group included) runs there,
+            # so its collectives keep one order on every rank. DDP waits on
+            # the future before it reads the bucket back.
+            def run():
+                try:
+                    sync = self._sync_for(kind, index, grad.device)
+                    host = grad if grad.is_contiguous() else grad.contiguous()
+                    sync.all_reduce_mean(host.detach().numpy())
+                    if host is not grad:
+                        grad.copy_(host)
+                    if grad is not buf:
+                        buf.copy_(grad)
+                    fut.set_result(buf)
+                except BaseException as e:  # handed to DDP, which raises it in the training thread
+                    fut.set_exception(e)
+
+            self._executor().submit(run)
+            return fut
+        sync = self._sync_for(kind, index, grad.device)
+        host = grad.detach().to("cpu").contiguous()
+        sync.all_reduce_mean(host.numpy())
+        grad.copy_(host, non_blocking=False)
         if grad is not buf:
             buf.copy_(grad)
-        fut = torch.futures.Future()
         fut.set_result(buf)
         return fut
+
+    def _executor(self):
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qsync-hook")
+        return self._worker
 
     def wire_bytes(self):
         """Bytes this rank received from others, summed over buckets: (intra, inter)."""
