@@ -5,6 +5,9 @@
 //! width shape the synchronization uses (short last groups, odd int4
 //! lengths, empty inputs), both roundings.
 
+mod common;
+
+use common::edge_f32;
 use qsync_kernels::reference as r;
 use qsync_kernels::{cpu, rng, Half, QBits, Rounding};
 
@@ -25,51 +28,13 @@ impl Gen {
     }
 }
 
-fn edge() -> Vec<f32> {
-    let mut v = vec![
-        0.0,
-        -0.0,
-        1.0,
-        -1.0,
-        0.5,
-        -0.5,
-        2.5,
-        -2.5,
-        127.5,
-        -127.5,
-        7.5,
-        -7.5,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        f32::MAX,
-        f32::MIN,
-        f32::MIN_POSITIVE,
-        -f32::MIN_POSITIVE,
-        65504.0,
-        65520.0,
-        -65520.0,
-        5.9604645e-8,
-        2.9802322e-8,
-        1e-40,
-        -1e-40,
-        0.49999997,
-    ];
-    for b in [0x7f80_0001u32, 0xffc0_0001, 0x0000_0001, 0x8000_0001, 0x387f_ffff, 0x3880_0000, 0x477f_efff, 0x477f_f000]
-    {
-        v.push(f32::from_bits(b));
-    }
-    v
-}
-
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// Inputs of `n` elements: random, with the edge values sprinkled in.
 fn inputs(g: &mut Gen, n: usize, finite: bool) -> Vec<f32> {
-    let e = edge();
+    let e = edge_f32();
     (0..n)
         .map(|i| {
             let v = if i % 7 == 3 { e[(i / 7) % e.len()] } else { g.value(i) };
@@ -94,7 +59,7 @@ fn casts_match_over_every_region_of_bit_patterns() {
             f.push(f32::from_bits((base.wrapping_sub(2048).wrapping_add(d)) | 0x8000_0000));
         }
     }
-    f.extend(edge());
+    f.extend(edge_f32());
     for h in [Half::F16, Half::BF16] {
         assert_eq!(cpu::cast_to(h, &f), r::cast_to(h, &f), "{h:?} narrowing");
         assert_eq!(bits(&cpu::cast_from(h, &all16)), bits(&r::cast_from(h, &all16)), "{h:?} widening");
