@@ -252,19 +252,22 @@ multiversion! {
 }
 
 #[inline(always)]
-fn unpack_codes<const B: usize>(codes: &[u8], gap: f32, mn: f32, out: &mut [f32]) {
+fn unpack_codes<const B: usize, const ADD: bool>(codes: &[u8], gap: f32, mn: f32, out: &mut [f32]) {
     let per = 8 / B;
     let mask = (1u32 << B) - 1;
     for (o, &b) in out.chunks_mut(per).zip(codes) {
         for (l, v) in o.iter_mut().enumerate() {
             let c = (u32::from(b) >> (8 - B * (l + 1))) & mask;
-            *v = (c as f32).mul_add(gap, mn);
+            let x = (c as f32).mul_add(gap, mn);
+            *v = if ADD { *v + x } else { x };
         }
     }
 }
 
+/// Checks a packed buffer's length and width as the reference does, then
+/// decodes its `n` values into `out` (`out[i] += value` with `ADD`).
 #[inline(always)]
-fn unpack_body(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::UnpackError> {
+fn unpack_into<const ADD: bool>(buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), reference::UnpackError> {
     if buf.len() < packed_len(n, bits) {
         return Err(reference::UnpackError::TooShort { len: buf.len(), n, bits });
     }
@@ -274,21 +277,45 @@ fn unpack_body(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::Un
     let rd = |o: usize| f32::from_le_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
     let (mn, mx) = (rd(2), rd(6));
     let (gap, _) = pack_gap(mn, mx, bits);
-    let mut out = vec![0f32; n];
     let codes = &buf[PACK_HEADER_BYTES..];
+    let out = &mut out[..n];
     match bits {
-        1 => unpack_codes::<1>(codes, gap, mn, &mut out),
-        2 => unpack_codes::<2>(codes, gap, mn, &mut out),
-        4 => unpack_codes::<4>(codes, gap, mn, &mut out),
-        8 => unpack_codes::<8>(codes, gap, mn, &mut out),
-        _ => return reference::unpack(buf, n, bits),
+        1 => unpack_codes::<1, ADD>(codes, gap, mn, out),
+        2 => unpack_codes::<2, ADD>(codes, gap, mn, out),
+        4 => unpack_codes::<4, ADD>(codes, gap, mn, out),
+        8 => unpack_codes::<8, ADD>(codes, gap, mn, out),
+        _ => {
+            for (o, v) in out.iter_mut().zip(reference::unpack(buf, n, bits)?) {
+                *o = if ADD { *o + v } else { v };
+            }
+        }
     }
+    Ok(())
+}
+
+#[inline(always)]
+fn unpack_body(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::UnpackError> {
+    let mut out = vec![0f32; n];
+    unpack_into::<false>(buf, n, bits, &mut out)?;
     Ok(out)
 }
 
 multiversion! {
     /// [`reference::unpack`], its errors included.
     pub fn unpack(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::UnpackError> => unpack_body
+}
+
+#[inline(always)]
+fn unpack_accumulate_body(buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), reference::UnpackError> {
+    unpack_into::<true>(buf, n, bits, out)
+}
+
+multiversion! {
+    /// `out[i] += reference::unpack(buf, n, bits)[i]` (one f32 addition per
+    /// element, as a separate unpack and sum would do) without the
+    /// intermediate vector; `out` holds at least `n` values.
+    pub fn unpack_accumulate(buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), reference::UnpackError>
+        => unpack_accumulate_body
 }
 
 /// `if c { a } else { b }` without a branch.

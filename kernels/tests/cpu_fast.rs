@@ -178,6 +178,20 @@ fn packing_matches_for_every_width() {
                     assert_eq!(got, want, "pack n {n} bits {b} {rounding:?}");
                     let (u, v) = (cpu::unpack(&got, n, b), r::unpack(&want, n, b));
                     assert_eq!(u.map(|u| bits(&u)), v.map(|v| bits(&v)), "unpack n {n} bits {b}");
+                    // Accumulated onto values of every kind: the separate sum's bits
+                    // (a NaN as a NaN: which input NaN an addition returns is not
+                    // specified, by IEEE 754 or by LLVM, which may swap its operands).
+                    let canon = |v: &[f32]| -> Vec<u32> {
+                        v.iter().map(|x| if x.is_nan() { f32::NAN.to_bits() } else { x.to_bits() }).collect()
+                    };
+                    let start = inputs(&mut g, n, false);
+                    let mut acc = start.clone();
+                    cpu::unpack_accumulate(&got, n, b, &mut acc).expect("unpack_accumulate");
+                    let sum: Vec<f32> = match r::unpack(&want, n, b) {
+                        Ok(v) => start.iter().zip(v).map(|(a, v)| a + v).collect(),
+                        Err(e) => panic!("{e}"),
+                    };
+                    assert_eq!(canon(&acc), canon(&sum), "unpack_accumulate n {n} bits {b}");
                 }
                 // Malformed buffers are the same errors.
                 let buf = r::pack(&x, mn, mx, b, Rounding::Nearest, 0);
@@ -187,6 +201,8 @@ fn packing_matches_for_every_width() {
                 );
                 let other = if b == 8 { 4 } else { b * 2 };
                 assert_eq!(cpu::unpack(&buf, n, other).err(), r::unpack(&buf, n, other).err());
+                let mut acc = vec![0f32; n];
+                assert_eq!(cpu::unpack_accumulate(&buf, n, other, &mut acc).err(), r::unpack(&buf, n, other).err());
             }
         }
     }

@@ -101,6 +101,12 @@ pub trait KernelEngine: std::fmt::Debug {
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError>;
     /// The values a packed buffer of `n` elements stands for.
     fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, DecodeError>;
+    /// `out[i] += unpack(buf, n, bits)[i]` (one f32 addition per element).
+    fn unpack_accumulate(&self, buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), DecodeError> {
+        let vals = self.unpack(buf, n, bits)?;
+        out.iter_mut().zip(vals).for_each(|(a, v)| *a += v);
+        Ok(())
+    }
 }
 
 /// The kernels on the CPU: `qsync_kernels::cpu` where it has a fast copy
@@ -166,5 +172,12 @@ impl KernelEngine for HostEngine {
 
     fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, DecodeError> {
         cpu::unpack(buf, n, bits).map_err(|e| DecodeError::Malformed(e.to_string()))
+    }
+
+    fn unpack_accumulate(&self, buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), DecodeError> {
+        if out.len() < n {
+            return Err(DecodeError::Malformed(format!("{n} values into {} accumulators", out.len())));
+        }
+        cpu::unpack_accumulate(buf, n, bits, out).map_err(|e| DecodeError::Malformed(e.to_string()))
     }
 }

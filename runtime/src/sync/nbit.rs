@@ -62,8 +62,8 @@ impl GradSync<'_> {
         self.count(Hop::World, &vec![len; p]);
         let mut acc = vec![0f32; n];
         for j in 0..p {
-            let vals = unpack(self, &all[j * len..(j + 1) * len], j)?;
-            acc.iter_mut().zip(vals).for_each(|(a, v)| *a += v);
+            eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, &mut acc)
+                .map_err(|e| self.decode_error(j, e))?;
         }
         let pf = p as f32;
         for (g, a) in grad.iter_mut().zip(acc) {
