@@ -29,6 +29,7 @@ use qsync_kernels::{Half, KernelSpec, QBits, Rounding};
 
 use crate::engine::{DecodeError, KernelEngine};
 use crate::error::CommError;
+use crate::sync::{f32_from_bytes, u16_from_bytes};
 
 /// The environment variable naming the PTX directory.
 pub const ENV_PTX_DIR: &str = "QSYNC_PTX_DIR";
@@ -68,10 +69,6 @@ enum A<'a> {
 fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
     // SAFETY: plain-old-data slices (f32, u16, u8) viewed as their bytes.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// The primary context of CUDA device `ordinal`, with its architecture;
@@ -191,14 +188,14 @@ impl KernelEngine for CudaEngine {
         let (mn, mx) = (self.zeros(4 * rows, OP)?, self.zeros(4 * rows, OP)?);
         let args = [A::P(&dx), A::U(x.len() as u64), A::U(cols as u64), A::P(&mn), A::P(&mx)];
         self.run(KernelSpec::RowMinMax, &args, OP)?;
-        Ok((f32s(&self.down(&mn, 4 * rows, OP)?), f32s(&self.down(&mx, 4 * rows, OP)?)))
+        Ok((f32_from_bytes(&self.down(&mn, 4 * rows, OP)?), f32_from_bytes(&self.down(&mx, 4 * rows, OP)?)))
     }
 
     fn tensor_min_max(&self, mins: &[f32], maxs: &[f32]) -> Result<[f32; 3], CommError> {
         const OP: &str = "tensor min/max";
         let (a, b, out) = (self.up(mins, OP)?, self.up(maxs, OP)?, self.zeros(12, OP)?);
         self.run(KernelSpec::TensorMinMax, &[A::P(&a), A::P(&b), A::U(mins.len() as u64), A::P(&out)], OP)?;
-        let v = f32s(&self.down(&out, 12, OP)?);
+        let v = f32_from_bytes(&self.down(&out, 12, OP)?);
         Ok([v[0], v[1], v[2]])
     }
 
@@ -209,7 +206,7 @@ impl KernelEngine for CudaEngine {
         let (s, z) = (self.zeros(4 * g, OP)?, self.zeros(4 * g, OP)?);
         let spec = KernelSpec::QuantParams { bits, symmetric: true };
         self.run(spec, &[A::P(&a), A::P(&b), A::U(g as u64), A::P(&s), A::P(&z)], OP)?;
-        Ok(f32s(&self.down(&s, 4 * g, OP)?))
+        Ok(f32_from_bytes(&self.down(&s, 4 * g, OP)?))
     }
 
     fn quantize(
@@ -257,7 +254,7 @@ impl KernelEngine for CudaEngine {
         let (dq, ds, acc) = (self.up(codes, OP)?, self.up(scales, OP)?, self.up(out, OP)?);
         let args = [A::P(&dq), A::P(&ds), A::U(n as u64), A::U(group as u64), A::U(k as u64), A::P(&acc)];
         self.run(KernelSpec::DequantAccumulate { bits }, &args, OP)?;
-        let v = f32s(&self.down(&acc, 4 * out.len(), OP)?);
+        let v = f32_from_bytes(&self.down(&acc, 4 * out.len(), OP)?);
         out.copy_from_slice(&v);
         Ok(())
     }
@@ -266,14 +263,14 @@ impl KernelEngine for CudaEngine {
         const OP: &str = "cast";
         let (dx, out) = (self.up(x, OP)?, self.zeros(2 * x.len(), OP)?);
         self.run(KernelSpec::CastTo(h), &[A::P(&dx), A::P(&out), A::U(x.len() as u64)], OP)?;
-        Ok(self.down(&out, 2 * x.len(), OP)?.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect())
+        Ok(u16_from_bytes(&self.down(&out, 2 * x.len(), OP)?))
     }
 
     fn cast_from(&self, h: Half, x: &[u16]) -> Result<Vec<f32>, CommError> {
         const OP: &str = "cast";
         let (dx, out) = (self.up(x, OP)?, self.zeros(4 * x.len(), OP)?);
         self.run(KernelSpec::CastFrom(h), &[A::P(&dx), A::P(&out), A::U(x.len() as u64)], OP)?;
-        Ok(f32s(&self.down(&out, 4 * x.len(), OP)?))
+        Ok(f32_from_bytes(&self.down(&out, 4 * x.len(), OP)?))
     }
 
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {
@@ -297,6 +294,6 @@ impl KernelEngine for CudaEngine {
         }
         let (db, out) = (self.up(buf, OP)?, self.zeros(4 * n, OP)?);
         self.run(KernelSpec::UnpackBits { bits }, &[A::P(&db), A::U(n as u64), A::P(&out)], OP)?;
-        Ok(f32s(&self.down(&out, 4 * n, OP)?))
+        Ok(f32_from_bytes(&self.down(&out, 4 * n, OP)?))
     }
 }

@@ -110,8 +110,9 @@ pub trait KernelEngine: std::fmt::Debug {
 }
 
 /// The kernels on the CPU: `qsync_kernels::cpu` where it has a fast copy
-/// (quantize, dequantize-accumulate, casts, n-bit packing), the reference
-/// elsewhere — bit for bit the reference either way. Never fails.
+/// (row min/max, quantize, dequantize-accumulate, casts, n-bit packing),
+/// the reference elsewhere — bit for bit the reference either way. Never
+/// fails.
 #[derive(Copy, Clone, Debug, Default)]
 pub struct HostEngine;
 

@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyFloat, PyList, PyTuple};
 use qsync_kernels::reference::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use qsync_runtime::comm::check_counts;
+use qsync_runtime::sync::{f32_bytes, f32_from_bytes, u16_bytes};
 use qsync_runtime::{CommError, Communicator, Deadline, ReduceBuf};
 
 const BACKEND: &str = "torch.distributed";
@@ -125,10 +126,7 @@ impl PyTransport {
         down: fn(f32) -> u16,
         deadline: Deadline,
     ) -> Result<(), CommError> {
-        let mut send = vec![0u8; 2 * buf.len()];
-        for (o, v) in send.chunks_exact_mut(2).zip(buf.iter()) {
-            o.copy_from_slice(&v.to_le_bytes());
-        }
+        let send = u16_bytes(buf);
         let mut all = vec![0u8; send.len() * self.size];
         self.all_gather(&send, &mut all, deadline)?;
         let n = buf.len();
@@ -225,16 +223,11 @@ impl Communicator for PyTransport {
     fn all_reduce_sum(&self, buf: ReduceBuf<'_>, deadline: Deadline) -> Result<(), CommError> {
         match buf {
             ReduceBuf::F32(b) => {
-                let mut send = vec![0u8; 4 * b.len()];
-                for (o, v) in send.chunks_exact_mut(4).zip(b.iter()) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
+                let send = f32_bytes(b);
                 let mut out = vec![0u8; send.len()];
                 let got = self.call("all_reduce", deadline, "all_reduce_f32", |py| Ok(vec![bytes(py, &send)]))?;
                 self.take_bytes("all_reduce", got, &mut out)?;
-                for (v, c) in b.iter_mut().zip(out.chunks_exact(4)) {
-                    *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
+                b.copy_from_slice(&f32_from_bytes(&out));
                 Ok(())
             }
             ReduceBuf::F16(b) => self.sum16(b, f16_to_f32, f32_to_f16, deadline),

@@ -291,8 +291,8 @@ impl<'c> GradSync<'c> {
     }
 }
 
-/// Raw little-endian bytes of f32 values.
-pub(crate) fn f32_bytes(x: &[f32]) -> Vec<u8> {
+/// Raw little-endian bytes of f32 values (what travels for an f32 buffer).
+pub fn f32_bytes(x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; 4 * x.len()];
     for (o, v) in out.chunks_exact_mut(4).zip(x) {
         o.copy_from_slice(&v.to_le_bytes());
@@ -300,7 +300,8 @@ pub(crate) fn f32_bytes(x: &[f32]) -> Vec<u8> {
     out
 }
 
-pub(crate) fn f32_from_bytes(b: &[u8]) -> Vec<f32> {
+/// f32 values from their little-endian bytes (a trailing partial value is ignored).
+pub fn f32_from_bytes(b: &[u8]) -> Vec<f32> {
     let mut out = vec![0f32; b.len() / 4];
     for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
         *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -309,7 +310,7 @@ pub(crate) fn f32_from_bytes(b: &[u8]) -> Vec<f32> {
 }
 
 /// Raw little-endian bytes of 16-bit values.
-pub(crate) fn u16_bytes(x: &[u16]) -> Vec<u8> {
+pub fn u16_bytes(x: &[u16]) -> Vec<u8> {
     let mut out = vec![0u8; 2 * x.len()];
     for (o, v) in out.chunks_exact_mut(2).zip(x) {
         o.copy_from_slice(&v.to_le_bytes());
@@ -317,7 +318,8 @@ pub(crate) fn u16_bytes(x: &[u16]) -> Vec<u8> {
     out
 }
 
-pub(crate) fn u16_from_bytes(b: &[u8]) -> Vec<u16> {
+/// 16-bit values from their little-endian bytes.
+pub fn u16_from_bytes(b: &[u8]) -> Vec<u16> {
     let mut out = vec![0u16; b.len() / 2];
     for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
         *o = u16::from_le_bytes([c[0], c[1]]);
