@@ -28,9 +28,11 @@ use crate::reference::{self, pack_gap, packed_len};
 use crate::spec::{Half, QBits, Rounding, PACK_HEADER_BYTES};
 
 /// Defines `pub fn $name` that runs `$body` in an AVX2+FMA copy where the
-/// processor has those features, else in the baseline copy.
+/// processor has those features, else in the baseline copy, and
+/// `pub fn $base`, always the baseline copy (what a processor without them
+/// runs; public so that tests hold it to the reference too).
 macro_rules! multiversion {
-    ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),* $(,)?) $(-> $r:ty)? => $body:ident) => {
+    ($(#[$m:meta])* pub fn $name:ident / $base:ident($($a:ident: $t:ty),* $(,)?) $(-> $r:ty)? => $body:ident) => {
         $(#[$m])*
         pub fn $name($($a: $t),*) $(-> $r)? {
             #[cfg(target_arch = "x86_64")]
@@ -44,6 +46,11 @@ macro_rules! multiversion {
                     return unsafe { fast($($a),*) };
                 }
             }
+            $body($($a),*)
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] compiled for the baseline target only.")]
+        pub fn $base($($a: $t),*) $(-> $r)? {
             $body($($a),*)
         }
     };
@@ -96,7 +103,7 @@ fn row_min_max_body(x: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
 
 multiversion! {
     /// [`reference::row_min_max`].
-    pub fn row_min_max(x: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) => row_min_max_body
+    pub fn row_min_max / row_min_max_baseline(x: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) => row_min_max_body
 }
 
 /// The reference's `code(t, 0, lo, hi, …)` as an integer: `t` rounded,
@@ -165,7 +172,7 @@ fn quantize_sym_body(x: &[f32], scales: &[f32], group: usize, bits: QBits, round
 multiversion! {
     /// Symmetric block quantization: [`reference::quantize_i8`] with
     /// `symmetric = true` (codes as bytes), or [`reference::quantize_i4`].
-    pub fn quantize_sym(x: &[f32], scales: &[f32], group: usize, bits: QBits, rounding: Rounding, seed: u64) -> Vec<u8>
+    pub fn quantize_sym / quantize_sym_baseline(x: &[f32], scales: &[f32], group: usize, bits: QBits, rounding: Rounding, seed: u64) -> Vec<u8>
         => quantize_sym_body
 }
 
@@ -205,7 +212,7 @@ fn dequant_accumulate_body(q: &[u8], scale: &[f32], n: usize, group: usize, k: u
 
 multiversion! {
     /// [`reference::dequant_accumulate`].
-    pub fn dequant_accumulate(q: &[u8], scale: &[f32], n: usize, group: usize, k: usize, bits: QBits, out: &mut [f32])
+    pub fn dequant_accumulate / dequant_accumulate_baseline(q: &[u8], scale: &[f32], n: usize, group: usize, k: usize, bits: QBits, out: &mut [f32])
         => dequant_accumulate_body
 }
 
@@ -248,7 +255,7 @@ fn pack_body(x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u6
 
 multiversion! {
     /// [`reference::pack`] (`bits` ∈ {1, 2, 4, 8}).
-    pub fn pack(x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Vec<u8> => pack_body
+    pub fn pack / pack_baseline(x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Vec<u8> => pack_body
 }
 
 #[inline(always)]
@@ -302,7 +309,7 @@ fn unpack_body(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::Un
 
 multiversion! {
     /// [`reference::unpack`], its errors included.
-    pub fn unpack(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::UnpackError> => unpack_body
+    pub fn unpack / unpack_baseline(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, reference::UnpackError> => unpack_body
 }
 
 #[inline(always)]
@@ -314,7 +321,7 @@ multiversion! {
     /// `out[i] += reference::unpack(buf, n, bits)[i]` (one f32 addition per
     /// element, as a separate unpack and sum would do) without the
     /// intermediate vector; `out` holds at least `n` values.
-    pub fn unpack_accumulate(buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), reference::UnpackError>
+    pub fn unpack_accumulate / unpack_accumulate_baseline(buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), reference::UnpackError>
         => unpack_accumulate_body
 }
 
@@ -393,10 +400,10 @@ fn cast_from_body(fmt: Half, src: &[u16]) -> Vec<f32> {
 
 multiversion! {
     /// [`reference::cast_to`].
-    pub fn cast_to(fmt: Half, src: &[f32]) -> Vec<u16> => cast_to_body
+    pub fn cast_to / cast_to_baseline(fmt: Half, src: &[f32]) -> Vec<u16> => cast_to_body
 }
 
 multiversion! {
     /// [`reference::cast_from`].
-    pub fn cast_from(fmt: Half, src: &[u16]) -> Vec<f32> => cast_from_body
+    pub fn cast_from / cast_from_baseline(fmt: Half, src: &[u16]) -> Vec<f32> => cast_from_body
 }

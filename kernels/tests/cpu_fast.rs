@@ -3,7 +3,10 @@
 //! inputs), quantization, dequantize-and-accumulate and n-bit packing on
 //! edge values and seeded random inputs, for every length, group and bit
 //! width shape the synchronization uses (short last groups, odd int4
-//! lengths, empty inputs), both roundings.
+//! lengths, empty inputs), both roundings — the run-time dispatched copy
+//! (AVX2+FMA on such a processor) and the baseline copy alike.
+
+#![allow(clippy::type_complexity)] // the table of kernel copies is one of function pointers
 
 mod common;
 
@@ -28,6 +31,45 @@ impl Gen {
     }
 }
 
+/// One copy of the fast kernels: the dispatching functions (AVX2+FMA here
+/// when the processor has them) or the baseline ones.
+struct Copy {
+    name: &'static str,
+    row_min_max: fn(&[f32], usize) -> (Vec<f32>, Vec<f32>),
+    quantize_sym: fn(&[f32], &[f32], usize, QBits, Rounding, u64) -> Vec<u8>,
+    dequant_accumulate: fn(&[u8], &[f32], usize, usize, usize, QBits, &mut [f32]),
+    pack: fn(&[f32], f32, f32, u8, Rounding, u64) -> Vec<u8>,
+    unpack: fn(&[u8], usize, u8) -> Result<Vec<f32>, r::UnpackError>,
+    unpack_accumulate: fn(&[u8], usize, u8, &mut [f32]) -> Result<(), r::UnpackError>,
+    cast_to: fn(Half, &[f32]) -> Vec<u16>,
+    cast_from: fn(Half, &[u16]) -> Vec<f32>,
+}
+
+const COPIES: [Copy; 2] = [
+    Copy {
+        name: "dispatched",
+        row_min_max: cpu::row_min_max,
+        quantize_sym: cpu::quantize_sym,
+        dequant_accumulate: cpu::dequant_accumulate,
+        pack: cpu::pack,
+        unpack: cpu::unpack,
+        unpack_accumulate: cpu::unpack_accumulate,
+        cast_to: cpu::cast_to,
+        cast_from: cpu::cast_from,
+    },
+    Copy {
+        name: "baseline",
+        row_min_max: cpu::row_min_max_baseline,
+        quantize_sym: cpu::quantize_sym_baseline,
+        dequant_accumulate: cpu::dequant_accumulate_baseline,
+        pack: cpu::pack_baseline,
+        unpack: cpu::unpack_baseline,
+        unpack_accumulate: cpu::unpack_accumulate_baseline,
+        cast_to: cpu::cast_to_baseline,
+        cast_from: cpu::cast_from_baseline,
+    },
+];
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -49,83 +91,94 @@ fn inputs(g: &mut Gen, n: usize, finite: bool) -> Vec<f32> {
 
 #[test]
 fn casts_match_over_every_region_of_bit_patterns() {
-    // Every 16-bit input, and f32 bit patterns in steps that land in every
-    // exponent (including subnormal, rounding and overflow boundaries).
-    let all16: Vec<u16> = (0..=u16::MAX).collect();
-    let mut f: Vec<f32> = (0..=u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)).collect();
-    for base in [0x3380_0000u32, 0x3880_0000, 0x477f_f000, 0x7f80_0000] {
-        for d in 0..4096u32 {
-            f.push(f32::from_bits(base.wrapping_sub(2048).wrapping_add(d)));
-            f.push(f32::from_bits((base.wrapping_sub(2048).wrapping_add(d)) | 0x8000_0000));
+    for imp in &COPIES {
+        // Every 16-bit input, and f32 bit patterns in steps that land in every
+        // exponent (including subnormal, rounding and overflow boundaries).
+        let all16: Vec<u16> = (0..=u16::MAX).collect();
+        let mut f: Vec<f32> = (0..=u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)).collect();
+        for base in [0x3380_0000u32, 0x3880_0000, 0x477f_f000, 0x7f80_0000] {
+            for d in 0..4096u32 {
+                f.push(f32::from_bits(base.wrapping_sub(2048).wrapping_add(d)));
+                f.push(f32::from_bits((base.wrapping_sub(2048).wrapping_add(d)) | 0x8000_0000));
+            }
         }
-    }
-    f.extend(edge_f32());
-    for h in [Half::F16, Half::BF16] {
-        assert_eq!(cpu::cast_to(h, &f), r::cast_to(h, &f), "{h:?} narrowing");
-        assert_eq!(bits(&cpu::cast_from(h, &all16)), bits(&r::cast_from(h, &all16)), "{h:?} widening");
+        f.extend(edge_f32());
+        for h in [Half::F16, Half::BF16] {
+            assert_eq!((imp.cast_to)(h, &f), r::cast_to(h, &f), "{} {h:?} narrowing", imp.name);
+            assert_eq!(
+                bits(&(imp.cast_from)(h, &all16)),
+                bits(&r::cast_from(h, &all16)),
+                "{} {h:?} widening",
+                imp.name
+            );
+        }
     }
 }
 
 #[test]
 fn range_reduction_matches_signed_zeros_and_nan_included() {
-    let mut g = Gen(4);
-    let mut rows: Vec<Vec<f32>> = vec![
-        vec![],
-        vec![f32::NAN; 19],
-        vec![0.0, -0.0, 1.0],
-        vec![-0.0, 0.0, 1.0],
-        [vec![3.0; 9], vec![0.0], vec![-0.0; 9]].concat(),
-        [vec![-0.0; 9], vec![0.0], vec![-3.0; 9]].concat(),
-        [vec![-0.0; 16], vec![0.0; 16]].concat(),
-        [vec![0.0; 16], vec![-0.0; 16]].concat(),
-    ];
-    // Two zeros of opposite sign at every pair of positions (so the first
-    // one may sit in any lane of any chunk), among positive and negative
-    // values.
-    for fill in [1.0f32, -1.0] {
-        for i in 0..24 {
-            for j in 0..24 {
-                if i != j {
-                    let mut x = vec![fill; 24];
-                    (x[i], x[j]) = (-0.0, 0.0);
-                    rows.push(x);
+    for imp in &COPIES {
+        let mut g = Gen(4);
+        let mut rows: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![f32::NAN; 19],
+            vec![0.0, -0.0, 1.0],
+            vec![-0.0, 0.0, 1.0],
+            [vec![3.0; 9], vec![0.0], vec![-0.0; 9]].concat(),
+            [vec![-0.0; 9], vec![0.0], vec![-3.0; 9]].concat(),
+            [vec![-0.0; 16], vec![0.0; 16]].concat(),
+            [vec![0.0; 16], vec![-0.0; 16]].concat(),
+        ];
+        // Two zeros of opposite sign at every pair of positions (so the first
+        // one may sit in any lane of any chunk), among positive and negative
+        // values.
+        for fill in [1.0f32, -1.0] {
+            for i in 0..24 {
+                for j in 0..24 {
+                    if i != j {
+                        let mut x = vec![fill; 24];
+                        (x[i], x[j]) = (-0.0, 0.0);
+                        rows.push(x);
+                    }
                 }
             }
         }
-    }
-    for n in [1usize, 7, 8, 9, 64, 100, 1000] {
-        rows.push(inputs(&mut g, n, false));
-        rows.push(inputs(&mut g, n, true).iter().map(|v| v.abs()).collect());
-    }
-    for x in &rows {
-        for cols in [1usize, 3, 8, 17, 64, x.len().max(1)] {
-            let (a, b) = cpu::row_min_max(x, cols);
-            let (c, d) = r::row_min_max(x, cols);
-            assert_eq!((bits(&a), bits(&b)), (bits(&c), bits(&d)), "{x:?} cols {cols}");
+        for n in [1usize, 7, 8, 9, 64, 100, 1000] {
+            rows.push(inputs(&mut g, n, false));
+            rows.push(inputs(&mut g, n, true).iter().map(|v| v.abs()).collect());
+        }
+        for x in &rows {
+            for cols in [1usize, 3, 8, 17, 64, x.len().max(1)] {
+                let (a, b) = (imp.row_min_max)(x, cols);
+                let (c, d) = r::row_min_max(x, cols);
+                assert_eq!((bits(&a), bits(&b)), (bits(&c), bits(&d)), "{} {x:?} cols {cols}", imp.name);
+            }
         }
     }
 }
 
 #[test]
 fn quantization_matches_for_every_shape() {
-    let mut g = Gen(1);
-    for n in [0usize, 1, 2, 3, 7, 64, 255, 512, 1000, 1537] {
-        for group in [1usize, 3, 64, 512] {
-            let x = inputs(&mut g, n, false);
-            let (mins, maxs) = r::row_min_max(&x, group);
-            for bits in [QBits::Int8, QBits::Int4] {
-                let (scales, _) = r::quant_params_all(&mins, &maxs, bits, true);
-                for rounding in [Rounding::Nearest, Rounding::Stochastic] {
-                    let seed = g.next();
-                    let want: Vec<u8> = match bits {
-                        QBits::Int8 => r::quantize_i8(&x, &scales, &[], group, true, rounding, seed)
-                            .into_iter()
-                            .map(|c| c as u8)
-                            .collect(),
-                        QBits::Int4 => r::quantize_i4(&x, &scales, group, rounding, seed),
-                    };
-                    let got = cpu::quantize_sym(&x, &scales, group, bits, rounding, seed);
-                    assert_eq!(got, want, "n {n} group {group} {bits:?} {rounding:?}");
+    for imp in &COPIES {
+        let mut g = Gen(1);
+        for n in [0usize, 1, 2, 3, 7, 64, 255, 512, 1000, 1537] {
+            for group in [1usize, 3, 64, 512] {
+                let x = inputs(&mut g, n, false);
+                let (mins, maxs) = r::row_min_max(&x, group);
+                for bits in [QBits::Int8, QBits::Int4] {
+                    let (scales, _) = r::quant_params_all(&mins, &maxs, bits, true);
+                    for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+                        let seed = g.next();
+                        let want: Vec<u8> = match bits {
+                            QBits::Int8 => r::quantize_i8(&x, &scales, &[], group, true, rounding, seed)
+                                .into_iter()
+                                .map(|c| c as u8)
+                                .collect(),
+                            QBits::Int4 => r::quantize_i4(&x, &scales, group, rounding, seed),
+                        };
+                        let got = (imp.quantize_sym)(&x, &scales, group, bits, rounding, seed);
+                        assert_eq!(got, want, "{} n {n} group {group} {bits:?} {rounding:?}", imp.name);
+                    }
                 }
             }
         }
@@ -134,28 +187,30 @@ fn quantization_matches_for_every_shape() {
 
 #[test]
 fn dequantize_accumulate_matches_for_every_shape() {
-    let mut g = Gen(2);
-    for n in [0usize, 1, 3, 64, 511, 1000] {
-        for group in [1usize, 5, 64, 512] {
-            for k in [1usize, 2, 8] {
-                for width in [QBits::Int8, QBits::Int4] {
-                    let groups = n.div_ceil(group);
-                    let chunk = if width == QBits::Int8 { n } else { n.div_ceil(2) };
-                    let q: Vec<u8> = (0..k * chunk).map(|_| g.next() as u8).collect();
-                    // Scales: random, with NaN, infinite and zero ones.
-                    let scales: Vec<f32> = (0..k * groups)
-                        .map(|i| match i % 11 {
-                            4 => f32::NAN,
-                            7 => f32::INFINITY,
-                            9 => 0.0,
-                            _ => g.value(2).abs() + 1e-6,
-                        })
-                        .collect();
-                    let start = inputs(&mut g, n, false);
-                    let (mut want, mut got) = (start.clone(), start);
-                    r::dequant_accumulate(&q, &scales, n, group, k, width, &mut want);
-                    cpu::dequant_accumulate(&q, &scales, n, group, k, width, &mut got);
-                    assert_eq!(bits(&got), bits(&want), "n {n} group {group} k {k} {width:?}");
+    for imp in &COPIES {
+        let mut g = Gen(2);
+        for n in [0usize, 1, 3, 64, 511, 1000] {
+            for group in [1usize, 5, 64, 512] {
+                for k in [1usize, 2, 8] {
+                    for width in [QBits::Int8, QBits::Int4] {
+                        let groups = n.div_ceil(group);
+                        let chunk = if width == QBits::Int8 { n } else { n.div_ceil(2) };
+                        let q: Vec<u8> = (0..k * chunk).map(|_| g.next() as u8).collect();
+                        // Scales: random, with NaN, infinite and zero ones.
+                        let scales: Vec<f32> = (0..k * groups)
+                            .map(|i| match i % 11 {
+                                4 => f32::NAN,
+                                7 => f32::INFINITY,
+                                9 => 0.0,
+                                _ => g.value(2).abs() + 1e-6,
+                            })
+                            .collect();
+                        let start = inputs(&mut g, n, false);
+                        let (mut want, mut got) = (start.clone(), start);
+                        r::dequant_accumulate(&q, &scales, n, group, k, width, &mut want);
+                        (imp.dequant_accumulate)(&q, &scales, n, group, k, width, &mut got);
+                        assert_eq!(bits(&got), bits(&want), "{} n {n} group {group} k {k} {width:?}", imp.name);
+                    }
                 }
             }
         }
@@ -164,45 +219,50 @@ fn dequantize_accumulate_matches_for_every_shape() {
 
 #[test]
 fn packing_matches_for_every_width() {
-    let mut g = Gen(3);
-    for n in [0usize, 1, 2, 3, 5, 8, 9, 100, 1001] {
-        for finite in [true, false] {
-            let x = inputs(&mut g, n, finite);
-            let (mins, maxs) = r::row_min_max(&x, n.max(1));
-            let [mn, mx, _] = r::tensor_min_max(&mins, &maxs);
-            for b in [1u8, 2, 4, 8] {
-                for rounding in [Rounding::Nearest, Rounding::Stochastic] {
-                    let seed = g.next();
-                    let want = r::pack(&x, mn, mx, b, rounding, seed);
-                    let got = cpu::pack(&x, mn, mx, b, rounding, seed);
-                    assert_eq!(got, want, "pack n {n} bits {b} {rounding:?}");
-                    let (u, v) = (cpu::unpack(&got, n, b), r::unpack(&want, n, b));
-                    assert_eq!(u.map(|u| bits(&u)), v.map(|v| bits(&v)), "unpack n {n} bits {b}");
-                    // Accumulated onto values of every kind: the separate sum's bits
-                    // (a NaN as a NaN: which input NaN an addition returns is not
-                    // specified, by IEEE 754 or by LLVM, which may swap its operands).
-                    let canon = |v: &[f32]| -> Vec<u32> {
-                        v.iter().map(|x| if x.is_nan() { f32::NAN.to_bits() } else { x.to_bits() }).collect()
-                    };
-                    let start = inputs(&mut g, n, false);
-                    let mut acc = start.clone();
-                    cpu::unpack_accumulate(&got, n, b, &mut acc).expect("unpack_accumulate");
-                    let sum: Vec<f32> = match r::unpack(&want, n, b) {
-                        Ok(v) => start.iter().zip(v).map(|(a, v)| a + v).collect(),
-                        Err(e) => panic!("{e}"),
-                    };
-                    assert_eq!(canon(&acc), canon(&sum), "unpack_accumulate n {n} bits {b}");
+    for imp in &COPIES {
+        let mut g = Gen(3);
+        for n in [0usize, 1, 2, 3, 5, 8, 9, 100, 1001] {
+            for finite in [true, false] {
+                let x = inputs(&mut g, n, finite);
+                let (mins, maxs) = r::row_min_max(&x, n.max(1));
+                let [mn, mx, _] = r::tensor_min_max(&mins, &maxs);
+                for b in [1u8, 2, 4, 8] {
+                    for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+                        let seed = g.next();
+                        let want = r::pack(&x, mn, mx, b, rounding, seed);
+                        let got = (imp.pack)(&x, mn, mx, b, rounding, seed);
+                        assert_eq!(got, want, "{} pack n {n} bits {b} {rounding:?}", imp.name);
+                        let (u, v) = ((imp.unpack)(&got, n, b), r::unpack(&want, n, b));
+                        assert_eq!(u.map(|u| bits(&u)), v.map(|v| bits(&v)), "{} unpack n {n} bits {b}", imp.name);
+                        // Accumulated onto values of every kind: the separate sum's bits
+                        // (a NaN as a NaN: which input NaN an addition returns is not
+                        // specified, by IEEE 754 or by LLVM, which may swap its operands).
+                        let canon = |v: &[f32]| -> Vec<u32> {
+                            v.iter().map(|x| if x.is_nan() { f32::NAN.to_bits() } else { x.to_bits() }).collect()
+                        };
+                        let start = inputs(&mut g, n, false);
+                        let mut acc = start.clone();
+                        (imp.unpack_accumulate)(&got, n, b, &mut acc).expect("unpack_accumulate");
+                        let sum: Vec<f32> = match r::unpack(&want, n, b) {
+                            Ok(v) => start.iter().zip(v).map(|(a, v)| a + v).collect(),
+                            Err(e) => panic!("{e}"),
+                        };
+                        assert_eq!(canon(&acc), canon(&sum), "{} unpack_accumulate n {n} bits {b}", imp.name);
+                    }
+                    // Malformed buffers are the same errors.
+                    let buf = r::pack(&x, mn, mx, b, Rounding::Nearest, 0);
+                    assert_eq!(
+                        (imp.unpack)(&buf[..buf.len() - 1], n, b).err(),
+                        r::unpack(&buf[..buf.len() - 1], n, b).err()
+                    );
+                    let other = if b == 8 { 4 } else { b * 2 };
+                    assert_eq!((imp.unpack)(&buf, n, other).err(), r::unpack(&buf, n, other).err());
+                    let mut acc = vec![0f32; n];
+                    assert_eq!(
+                        (imp.unpack_accumulate)(&buf, n, other, &mut acc).err(),
+                        r::unpack(&buf, n, other).err()
+                    );
                 }
-                // Malformed buffers are the same errors.
-                let buf = r::pack(&x, mn, mx, b, Rounding::Nearest, 0);
-                assert_eq!(
-                    cpu::unpack(&buf[..buf.len() - 1], n, b).err(),
-                    r::unpack(&buf[..buf.len() - 1], n, b).err()
-                );
-                let other = if b == 8 { 4 } else { b * 2 };
-                assert_eq!(cpu::unpack(&buf, n, other).err(), r::unpack(&buf, n, other).err());
-                let mut acc = vec![0f32; n];
-                assert_eq!(cpu::unpack_accumulate(&buf, n, other, &mut acc).err(), r::unpack(&buf, n, other).err());
             }
         }
     }
