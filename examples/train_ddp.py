@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -225,11 +226,6 @@ def cmd_train(a):
     os._exit(0)
 
 
-def median(v):
-    v = sorted(v)
-    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
-
-
 def torch_hook(name):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     return {"torch-fp16": default_hooks.fp16_compress_hook, "torch-bf16": default_hooks.bf16_compress_hook}[name]
@@ -291,7 +287,7 @@ def cmd_bench(a):
         for name in ddps:
             times[name].append(backward(name))
     # Each rank's time; the slowest rank's median is the job's.
-    meds = {name: median(v) for name, v in times.items()}
+    meds = {name: statistics.median(v) for name, v in times.items()}
     all_meds = [None] * world
     dist.all_gather_object(all_meds, meds)
     if rank == 0:

@@ -24,7 +24,7 @@
 // run-time feature detection.
 #![allow(unsafe_code)]
 
-use crate::reference::{self, pack_gap, packed_len};
+use crate::reference::{self, pack_gap};
 use crate::spec::{Half, QBits, Rounding, PACK_HEADER_BYTES};
 
 /// Defines `pub fn $name` that runs `$body` in an AVX2+FMA copy where the
@@ -130,6 +130,7 @@ fn code_int(t: f32, lo: f32, hi: f32, rounding: Rounding, seed: u64, index: u64)
     unsafe { t.to_int_unchecked::<i32>() }
 }
 
+/// Codes of `x` by groups, as bytes (two's complement).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn quantize_codes(
@@ -140,7 +141,7 @@ fn quantize_codes(
     hi: f32,
     rounding: Rounding,
     seed: u64,
-    out: &mut [i8],
+    out: &mut [u8],
 ) {
     let group = group.max(1);
     for (g, &s) in scales.iter().enumerate().take(x.len().div_ceil(group)) {
@@ -148,23 +149,22 @@ fn quantize_codes(
         let inv = 1.0 / s;
         let (xs, os) = (&x[r.clone()], &mut out[r.clone()]);
         for ((o, &v), i) in os.iter_mut().zip(xs).zip(r.start as u64..) {
-            *o = code_int(v * inv, lo, hi, rounding, seed, i) as i8;
+            *o = code_int(v * inv, lo, hi, rounding, seed, i) as i8 as u8;
         }
     }
 }
 
 #[inline(always)]
 fn quantize_sym_body(x: &[f32], scales: &[f32], group: usize, bits: QBits, rounding: Rounding, seed: u64) -> Vec<u8> {
+    let mut codes = vec![0u8; x.len()];
     match bits {
         QBits::Int8 => {
-            let mut codes = vec![0i8; x.len()];
             quantize_codes(x, scales, group, -127.0, 127.0, rounding, seed, &mut codes);
-            map_into(&codes, |c| c as u8)
+            codes
         }
         QBits::Int4 => {
-            let mut codes = vec![0i8; x.len()];
             quantize_codes(x, scales, group, -7.0, 7.0, rounding, seed, &mut codes);
-            codes.chunks(2).map(|p| (p[0] as u8 & 0xf) | (p.get(1).map_or(0, |&c| c as u8 & 0xf) << 4)).collect()
+            codes.chunks(2).map(|p| (p[0] & 0xf) | (p.get(1).map_or(0, |&c| c & 0xf) << 4)).collect()
         }
     }
 }
@@ -235,13 +235,8 @@ fn pack_codes<const B: usize>(x: &[f32], mn: f32, inv: f32, rounding: Rounding, 
 
 #[inline(always)]
 fn pack_body(x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Vec<u8> {
-    let per = usize::from(8 / bits);
     let (_, inv) = pack_gap(mn, mx, bits);
-    let mut out = vec![0u8; packed_len(x.len(), bits)];
-    out[0] = bits;
-    out[1] = ((per - x.len() % per) % per) as u8;
-    out[2..6].copy_from_slice(&mn.to_le_bytes());
-    out[6..10].copy_from_slice(&mx.to_le_bytes());
+    let mut out = reference::packed_buffer(x.len(), mn, mx, bits);
     let body = &mut out[PACK_HEADER_BYTES..];
     match bits {
         1 => pack_codes::<1>(x, mn, inv, rounding, seed, body),
@@ -275,15 +270,7 @@ fn unpack_codes<const B: usize, const ADD: bool>(codes: &[u8], gap: f32, mn: f32
 /// decodes its `n` values into `out` (`out[i] += value` with `ADD`).
 #[inline(always)]
 fn unpack_into<const ADD: bool>(buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), reference::UnpackError> {
-    if buf.len() < packed_len(n, bits) {
-        return Err(reference::UnpackError::TooShort { len: buf.len(), n, bits });
-    }
-    if buf[0] != bits {
-        return Err(reference::UnpackError::BitWidth { found: buf[0], expected: bits });
-    }
-    let rd = |o: usize| f32::from_le_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
-    let (mn, mx) = (rd(2), rd(6));
-    let (gap, _) = pack_gap(mn, mx, bits);
+    let (mn, gap) = reference::unpack_header(buf, n, bits)?;
     let codes = &buf[PACK_HEADER_BYTES..];
     let out = &mut out[..n];
     match bits {

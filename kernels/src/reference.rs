@@ -281,15 +281,22 @@ pub fn pack(x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64
     let per = usize::from(8 / bits);
     let (_, inv) = pack_gap(mn, mx, bits);
     let top = ((1u32 << bits) - 1) as f32;
-    let mut out = vec![0u8; packed_len(x.len(), bits)];
-    out[0] = bits;
-    out[1] = ((per - x.len() % per) % per) as u8;
-    out[2..6].copy_from_slice(&mn.to_le_bytes());
-    out[6..10].copy_from_slice(&mx.to_le_bytes());
+    let mut out = packed_buffer(x.len(), mn, mx, bits);
     for (i, &v) in x.iter().enumerate() {
         let c = code((v - mn) * inv, 0.0, 0.0, top, rounding, seed, i as u64) as u8;
         out[PACK_HEADER_BYTES + i / per] |= c << (8 - usize::from(bits) * (i % per + 1));
     }
+    out
+}
+
+/// A zeroed packed buffer for `n` values with its header written.
+pub fn packed_buffer(n: usize, mn: f32, mx: f32, bits: u8) -> Vec<u8> {
+    let per = usize::from(8 / bits);
+    let mut out = vec![0u8; packed_len(n, bits)];
+    out[0] = bits;
+    out[1] = ((per - n % per) % per) as u8;
+    out[2..6].copy_from_slice(&mn.to_le_bytes());
+    out[6..10].copy_from_slice(&mx.to_le_bytes());
     out
 }
 
@@ -304,15 +311,7 @@ pub enum UnpackError {
 
 /// Inverse of [`pack`]: `fma(code, gap, min)`.
 pub fn unpack(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, UnpackError> {
-    if buf.len() < packed_len(n, bits) {
-        return Err(UnpackError::TooShort { len: buf.len(), n, bits });
-    }
-    if buf[0] != bits {
-        return Err(UnpackError::BitWidth { found: buf[0], expected: bits });
-    }
-    let rd = |o: usize| f32::from_le_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
-    let (mn, mx) = (rd(2), rd(6));
-    let (gap, _) = pack_gap(mn, mx, bits);
+    let (mn, gap) = unpack_header(buf, n, bits)?;
     let per = usize::from(8 / bits);
     let mask = (1u32 << bits) - 1;
     Ok((0..n)
@@ -322,4 +321,18 @@ pub fn unpack(buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, UnpackError> {
             (c as f32).mul_add(gap, mn)
         })
         .collect())
+}
+
+/// Checks that `buf` holds `n` values of `bits` bits and returns its
+/// `(min, gap)`: what every unpacker checks before decoding.
+pub fn unpack_header(buf: &[u8], n: usize, bits: u8) -> Result<(f32, f32), UnpackError> {
+    if buf.len() < packed_len(n, bits) {
+        return Err(UnpackError::TooShort { len: buf.len(), n, bits });
+    }
+    if buf[0] != bits {
+        return Err(UnpackError::BitWidth { found: buf[0], expected: bits });
+    }
+    let rd = |o: usize| f32::from_le_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
+    let (mn, mx) = (rd(2), rd(6));
+    Ok((mn, pack_gap(mn, mx, bits).0))
 }

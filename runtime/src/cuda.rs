@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use qsync_kernels::reference::{packed_len, UnpackError};
+use qsync_kernels::reference::{packed_len, unpack_header};
 use qsync_kernels::{Half, KernelSpec, QBits, Rounding};
 
 use crate::engine::{DecodeError, KernelEngine};
@@ -286,12 +286,7 @@ impl KernelEngine for CudaEngine {
         const OP: &str = "unpack";
         // The kernel trusts its input: the header is checked here, as the
         // reference unpacker checks it.
-        if buf.len() < packed_len(n, bits) {
-            return Err(DecodeError::Malformed(UnpackError::TooShort { len: buf.len(), n, bits }.to_string()));
-        }
-        if buf[0] != bits {
-            return Err(DecodeError::Malformed(UnpackError::BitWidth { found: buf[0], expected: bits }.to_string()));
-        }
+        unpack_header(buf, n, bits).map_err(|e| DecodeError::Malformed(e.to_string()))?;
         let (db, out) = (self.up(buf, OP)?, self.zeros(4 * n, OP)?);
         self.run(KernelSpec::UnpackBits { bits }, &[A::P(&db), A::U(n as u64), A::P(&out)], OP)?;
         Ok(f32_from_bytes(&self.down(&out, 4 * n, OP)?))
