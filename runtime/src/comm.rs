@@ -152,6 +152,26 @@ pub fn check_counts(op: &'static str, counts: &[usize], size: usize, buf_len: us
     Ok(())
 }
 
+/// Checks an all-gather-v's counts: one per rank, summing to the receive
+/// buffer, and `rank`'s own equal to what it sends.
+pub fn check_gather_counts(
+    op: &'static str,
+    counts: &[usize],
+    size: usize,
+    rank: usize,
+    send_len: usize,
+    recv_len: usize,
+) -> Result<(), CommError> {
+    check_counts(op, counts, size, recv_len)?;
+    if counts[rank] != send_len {
+        return Err(CommError::InvalidArgument {
+            op,
+            detail: format!("rank {rank} sends {send_len} bytes, counts say {}", counts[rank]),
+        });
+    }
+    Ok(())
+}
+
 /// Byte offsets of slices of the given lengths laid end to end.
 pub(crate) fn displacements(counts: &[usize]) -> Vec<usize> {
     let mut d = Vec::with_capacity(counts.len());
@@ -225,5 +245,22 @@ impl NodeGroups {
             )));
         }
         Ok(NodeGroups { intra, inter })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gather_counts_must_fit_the_buffers_and_the_sender() {
+        assert!(check_gather_counts("g", &[3, 2, 2], 3, 1, 2, 7).is_ok());
+        let err = |r: Result<(), CommError>| match r {
+            Err(CommError::InvalidArgument { detail, .. }) => detail,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(err(check_gather_counts("g", &[3, 2, 2], 3, 0, 2, 7)), "rank 0 sends 2 bytes, counts say 3");
+        assert_eq!(err(check_gather_counts("g", &[3, 2], 3, 0, 3, 5)), "2 counts for 3 ranks");
+        assert_eq!(err(check_gather_counts("g", &[3, 2, 2], 3, 0, 3, 8)), "counts sum to 7, buffer holds 8");
     }
 }

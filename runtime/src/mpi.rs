@@ -41,7 +41,7 @@ use mpi::environment::Universe;
 use mpi::ffi;
 use mpi::Threading;
 
-use crate::comm::{check_counts, displacements, Communicator, Deadline, ReduceBuf};
+use crate::comm::{check_counts, check_gather_counts, displacements, Communicator, Deadline, ReduceBuf};
 use crate::error::CommError;
 
 const BACKEND: &str = "mpi";
@@ -406,13 +406,7 @@ impl Communicator for MpiComm {
     ) -> Result<(), CommError> {
         const OP: &str = "all_gather_v";
         self.ensure_usable()?;
-        check_counts(OP, counts, self.size, recv.len())?;
-        if counts[self.rank] != send.len() {
-            return Err(CommError::InvalidArgument {
-                op: OP,
-                detail: format!("rank {} sends {} bytes, counts say {}", self.rank, send.len(), counts[self.rank]),
-            });
-        }
+        check_gather_counts(OP, counts, self.size, self.rank, send.len(), recv.len())?;
         let keep =
             (owned_copy(send), owned::<u8>(recv.len()), to_ints(OP, counts)?, to_ints(OP, &displacements(counts))?);
         let dt = unsafe { ffi::RSMPI_UINT8_T };

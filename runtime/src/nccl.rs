@@ -79,7 +79,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys as cus;
 use cudarc::nccl::sys as nc;
 
-use crate::comm::{check_counts, displacements, Communicator, Deadline, ReduceBuf};
+use crate::comm::{check_counts, check_gather_counts, displacements, Communicator, Deadline, ReduceBuf};
 use crate::error::CommError;
 
 const BACKEND: &str = "nccl";
@@ -860,13 +860,7 @@ impl Communicator for NcclComm {
         deadline: Deadline,
     ) -> Result<(), CommError> {
         const OP: &str = "all_gather_v";
-        check_counts(OP, counts, self.size, recv.len())?;
-        if counts[self.rank] != send.len() {
-            return Err(CommError::InvalidArgument {
-                op: OP,
-                detail: format!("rank {} sends {} bytes, counts say {}", self.rank, send.len(), counts[self.rank]),
-            });
-        }
+        check_gather_counts(OP, counts, self.size, self.rank, send.len(), recv.len())?;
         let send_counts = vec![send.len(); self.size];
         self.exchange(OP, send, &send_counts, recv, counts, true, deadline)
     }

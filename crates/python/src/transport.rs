@@ -19,7 +19,7 @@ use pyo3::exceptions::{PyConnectionError, PyTimeoutError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyFloat, PyList, PyTuple};
 use qsync_kernels::reference::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
-use qsync_runtime::comm::check_counts;
+use qsync_runtime::comm::{check_counts, check_gather_counts};
 use qsync_runtime::sync::{f32_bytes, f32_from_bytes, u16_bytes};
 use qsync_runtime::{CommError, Communicator, Deadline, ReduceBuf};
 
@@ -192,13 +192,7 @@ impl Communicator for PyTransport {
         counts: &[usize],
         deadline: Deadline,
     ) -> Result<(), CommError> {
-        check_counts("all_gather_v", counts, self.size, recv.len())?;
-        if counts[self.rank] != send.len() {
-            return Err(CommError::InvalidArgument {
-                op: "all_gather_v",
-                detail: format!("rank {} sends {} bytes, counts say {}", self.rank, send.len(), counts[self.rank]),
-            });
-        }
+        check_gather_counts("all_gather_v", counts, self.size, self.rank, send.len(), recv.len())?;
         let out =
             self.call("all_gather_v", deadline, "all_gather_v", |py| Ok(vec![bytes(py, send), ints(py, counts)?]))?;
         self.take_bytes("all_gather_v", out, recv)
