@@ -1,9 +1,16 @@
 //! The cluster: device types, how their devices sit in nodes, their links,
 //! and the all-reduce cost model over that shape.
 //!
-//! Bandwidths are per device in GB/s (10⁹ bytes/s) — the bus bandwidth one
-//! GPU gets inside its node (NVLink or PCIe) and across nodes (its share of
-//! the NIC). Latencies are per ring step in µs.
+//! Bandwidths are in GB/s (10⁹ bytes/s). Inside a node it is the bus
+//! bandwidth one GPU gets (NVLink or PCIe). Across nodes it is the **node's**
+//! network: the sum of its NICs, which the node's GPUs share. A phase in
+//! which all `g` GPUs of a node send across nodes at once (the inter-node
+//! rings of the hierarchical all-reduce, every compressed scheme's
+//! exchanges) gives each GPU `1/g` of it ([`DeviceType::network_share`]); a
+//! flat ring crosses each node boundary once (on as many channels as the
+//! node has NICs) and gets the whole of it. When device types sit on
+//! different fabrics, [`Fabric`] bounds what crosses between them.
+//! Latencies are per ring step in µs.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,8 +27,13 @@ pub struct DeviceType {
     pub local_batch: u32,
     /// Per-device bus bandwidth inside a node, GB/s.
     pub intra_node_gb_per_s: f64,
-    /// Per-device bandwidth across nodes, GB/s.
+    /// The node's bandwidth to other nodes, GB/s: the sum of its NICs,
+    /// shared by the node's devices.
     pub network_gb_per_s: f64,
+    /// NICs per node (what `network_gb_per_s` sums; recorded, and a node
+    /// with as many NICs as GPUs gives each GPU one).
+    #[serde(default = "one")]
+    pub nics_per_node: u32,
     /// Latency of one intra-node ring step, µs.
     pub intra_node_latency_us: f64,
     /// Latency of one inter-node ring step, µs.
@@ -40,8 +52,8 @@ pub struct DeviceType {
 
 impl DeviceType {
     /// `count` devices, `per_node` to a node (the last node takes the rest),
-    /// with NVLink-class defaults: 100 GB/s and 5 µs inside a node, 10 GB/s
-    /// and 20 µs across nodes. Zero `count` or `per_node` is left for
+    /// with NVLink-class defaults: 100 GB/s and 5 µs inside a node, one NIC
+    /// of 10 GB/s per node and 20 µs across nodes. Zero `count` or `per_node` is left for
     /// [`Cluster::validate`] to reject.
     pub fn new(name: impl Into<String>, count: u32, per_node: u32, local_batch: u32) -> DeviceType {
         let mut nodes = Vec::new();
@@ -58,6 +70,7 @@ impl DeviceType {
             local_batch,
             intra_node_gb_per_s: 100.0,
             network_gb_per_s: 10.0,
+            nics_per_node: 1,
             intra_node_latency_us: 5.0,
             network_latency_us: 20.0,
             static_memory_bytes: 0,
@@ -72,7 +85,8 @@ impl DeviceType {
         self
     }
 
-    /// Set both bandwidths (GB/s).
+    /// Set both bandwidths (GB/s): per device inside a node, per node
+    /// across nodes.
     pub fn with_bandwidth(mut self, intra_node_gb_per_s: f64, network_gb_per_s: f64) -> DeviceType {
         self.intra_node_gb_per_s = intra_node_gb_per_s;
         self.network_gb_per_s = network_gb_per_s;
@@ -93,10 +107,42 @@ impl DeviceType {
         self
     }
 
+    /// Set the NICs per node (their sum stays `network_gb_per_s`).
+    pub fn with_nics(mut self, nics_per_node: u32) -> DeviceType {
+        self.nics_per_node = nics_per_node;
+        self
+    }
+
     /// Number of devices of this type.
     pub fn count(&self) -> u64 {
         self.nodes.iter().map(|&g| u64::from(g)).sum()
     }
+
+    /// Devices in this type's largest node.
+    pub fn per_node(&self) -> u64 {
+        u64::from(self.nodes.iter().copied().max().unwrap_or(1).max(1))
+    }
+
+    /// Bytes per µs across nodes that one device gets while all `g` devices
+    /// of its node send across nodes at once: the node's network over `g`.
+    pub fn network_share(&self, g: u64) -> f64 {
+        self.network_gb_per_s * 1e3 / g.max(1) as f64
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The link between device types that sit on different fabrics (two
+/// clusters joined by a gateway, a data-center interconnect): everything
+/// crossing from one type's nodes to another's shares it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Fabric {
+    /// Bandwidth in each direction, GB/s.
+    pub gb_per_s: f64,
+    /// Latency added to a step that crosses it, µs.
+    pub latency_us: f64,
 }
 
 /// How gradients are all-reduced.
@@ -116,11 +162,27 @@ pub enum AllReduceAlgo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cluster {
     pub types: Vec<DeviceType>,
+    /// The link between device types, when they sit on different fabrics
+    /// (`None`: one fabric, nodes limited only by their own NICs).
+    #[serde(default)]
+    pub fabric: Option<Fabric>,
 }
 
 impl Cluster {
     pub fn new(types: Vec<DeviceType>) -> Cluster {
-        Cluster { types }
+        Cluster { types, fabric: None }
+    }
+
+    /// Join the device types through `fabric`.
+    pub fn with_fabric(mut self, fabric: Option<Fabric>) -> Cluster {
+        self.fabric = fabric;
+        self
+    }
+
+    /// Bytes per µs and latency of the fabric between types, when the
+    /// cluster has one and more than one type uses it.
+    pub(crate) fn fabric_link(&self) -> Option<(f64, f64)> {
+        self.fabric.filter(|_| self.types.len() > 1).map(|f| (f.gb_per_s * 1e3, f.latency_us))
     }
 
     /// Reject an empty cluster, zero counts, zero batches, duplicate names and
@@ -140,6 +202,9 @@ impl Cluster {
             if t.local_batch == 0 {
                 return zero("local batch");
             }
+            if t.nics_per_node == 0 {
+                return zero("NICs per node");
+            }
             let checks = [
                 ("intra-node bandwidth", t.intra_node_gb_per_s, true),
                 ("network bandwidth", t.network_gb_per_s, true),
@@ -154,6 +219,14 @@ impl Cluster {
             }
             if self.types[..i].iter().any(|o| o.name == t.name) {
                 return Err(SimError::DuplicateDevice(t.name.clone()));
+            }
+        }
+        if let Some(f) = self.fabric {
+            for (what, value, strict) in [("fabric bandwidth", f.gb_per_s, true), ("fabric latency", f.latency_us, false)]
+            {
+                if !value.is_finite() || value < 0.0 || (strict && value == 0.0) {
+                    return Err(SimError::BadNumber { device: "fabric".into(), what, value });
+                }
             }
         }
         Ok(())
@@ -179,31 +252,44 @@ impl Cluster {
     /// as a whole lasts as long as the slowest type (QSync eq. 6).
     ///
     /// A ring of `p` members over bandwidth `B` costs `2(p−1)/p · S/B` plus
-    /// `2(p−1)` step latencies. Hierarchically, a node of `g` devices pays that
-    /// twice over half the steps inside the node (reduce-scatter, all-gather)
-    /// and each device all-reduces its `S/g` shard in a ring over the `M` nodes.
+    /// `2(p−1)` step latencies. A flat ring spanning nodes crosses each node
+    /// boundary once and runs at the node's whole network. Hierarchically, a
+    /// node of `g` devices pays a ring inside the node (reduce-scatter then
+    /// all-gather), and each of its `g` devices all-reduces its `S/g` shard in
+    /// a ring over the `M` nodes — all `g` at once, so each at `1/g` of the
+    /// node's network. A fabric between types bounds any ring crossing it: the
+    /// concurrent rings together move `2(k−1)/k · S` over it.
     pub fn allreduce_us(&self, t: usize, bytes: u64, algo: AllReduceAlgo) -> f64 {
         let ty = &self.types[t];
         let s = bytes as f64;
         let p = self.device_count();
         let m = self.node_count();
         let intra_bw = ty.intra_node_gb_per_s * 1e3; // bytes per µs
-        let net_bw = ty.network_gb_per_s * 1e3;
+        let fabric = self.fabric_link();
+        // A ring of `k` members moving `each` bytes per member over `bw`, or
+        // over the fabric if that is slower.
+        let across = |k: u64, each: f64, bw: f64, lat: f64| match fabric {
+            Some((fbw, flat)) => ring(k, each, bw, lat.max(flat)).max(ring(k, s, fbw, lat.max(flat))),
+            None => ring(k, each, bw, lat),
+        };
         match algo {
             AllReduceAlgo::Ring => {
                 if p <= 1 {
                     return 0.0;
                 }
-                let (bw, lat) =
-                    if m > 1 { (net_bw, ty.network_latency_us) } else { (intra_bw, ty.intra_node_latency_us) };
-                ring(p, s, bw, lat)
+                if m > 1 {
+                    across(p, s, ty.network_share(1), ty.network_latency_us)
+                } else {
+                    ring(p, s, intra_bw, ty.intra_node_latency_us)
+                }
             }
             AllReduceAlgo::Hierarchical => {
                 let mut worst = 0.0f64;
                 for &g in &ty.nodes {
                     let g = u64::from(g);
                     let inner = ring(g, s, intra_bw, ty.intra_node_latency_us);
-                    let outer = ring(m, s / g as f64, net_bw, ty.network_latency_us);
+                    let outer =
+                        if m > 1 { across(m, s / g as f64, ty.network_share(g), ty.network_latency_us) } else { 0.0 };
                     worst = worst.max(inner + outer);
                 }
                 worst
@@ -227,13 +313,49 @@ mod tests {
 
     #[test]
     fn hierarchical_by_hand() {
-        // 2 nodes × 4 GPUs, 100 GB/s = 1e5 B/µs inside, 10 GB/s = 1e4 B/µs across.
-        // S = 8e6 B. Inside: 2·3/4·8e6/1e5 = 120 µs + 6·5 = 150.
-        // Across: shard 2e6 B, M = 2: 2·1/2·2e6/1e4 = 200 µs + 2·20 = 240. Total 390.
+        // 2 nodes × 4 GPUs, 100 GB/s = 1e5 B/µs inside, one NIC of 10 GB/s =
+        // 1e4 B/µs per node, shared by its 4 GPUs. S = 8e6 B.
+        // Inside: 2·3/4·8e6/1e5 = 120 µs + 6·5 = 150.
+        // Across: 4 rings at once, each a 2e6 B shard at 1e4/4 = 2.5e3 B/µs,
+        // M = 2: 2·1/2·2e6/2.5e3 = 800 µs + 2·20 = 840. Total 990.
         let c = Cluster::new(vec![DeviceType::new("a", 8, 4, 1)]);
-        assert_eq!(c.allreduce_us(0, 8_000_000, AllReduceAlgo::Hierarchical), 390.0);
-        // Flat ring of 8 over the network: 2·7/8·8e6/1e4 = 1400 + 14·20 = 1680.
+        assert_eq!(c.allreduce_us(0, 8_000_000, AllReduceAlgo::Hierarchical), 990.0);
+        // Flat ring of 8, crossing each node's NIC once at its full rate:
+        // 2·7/8·8e6/1e4 = 1400 + 14·20 = 1680.
         assert_eq!(c.allreduce_us(0, 8_000_000, AllReduceAlgo::Ring), 1680.0);
+    }
+
+    #[test]
+    fn the_node_nic_is_shared_by_its_gpus() {
+        // 2 nodes × 8 GPUs, one 100 Gbit/s NIC (12.5 GB/s) per node, S = 64e6 B.
+        // Inter-node part: 8 shards of 8e6 B at 12.5e3/8 = 1562.5 B/µs each:
+        // 2·1/2·8e6/1562.5 = 5120 µs + 2·20 — the same 5120 µs as one device
+        // sending all 64e6 B through the whole NIC (2·1/2·64e6/12.5e3).
+        let one_nic = Cluster::new(vec![DeviceType::new("a", 16, 8, 1).with_bandwidth(600.0, 12.5)]);
+        let inner = 2.0 * 7.0 / 8.0 * 64e6 / 600e3 + 14.0 * 5.0;
+        let t = one_nic.allreduce_us(0, 64_000_000, AllReduceAlgo::Hierarchical);
+        assert!((t - (inner + 5120.0 + 40.0)).abs() < 1e-6, "{t}");
+        // DGX-style: 8 NICs of 400 Gbit/s = 400 GB/s per node, 50 GB/s a GPU:
+        // 2·1/2·8e6/50e3 = 160 µs + 40.
+        let dgx = Cluster::new(vec![DeviceType::new("a", 16, 8, 1).with_bandwidth(600.0, 400.0).with_nics(8)]);
+        let t = dgx.allreduce_us(0, 64_000_000, AllReduceAlgo::Hierarchical);
+        assert!((t - (inner + 160.0 + 40.0)).abs() < 1e-6, "{t}");
+    }
+
+    #[test]
+    fn a_fabric_between_types_bounds_the_rings_that_cross_it() {
+        // Two types of 1 node × 4 GPUs each, 10 GB/s NICs, joined by a
+        // 1 GB/s = 1e3 B/µs fabric with 100 µs latency. S = 4e6 B.
+        // Hierarchical, M = 2: NIC-bound 2·1/2·1e6/2.5e3 = 400 µs; the 4
+        // concurrent rings move 2·1/2·4e6 B over the fabric: 4000 µs. Steps
+        // take the larger latency: 2·100 = 200.
+        let types = vec![DeviceType::new("a", 4, 4, 1), DeviceType::new("b", 4, 4, 1)];
+        let c = Cluster::new(types.clone()).with_fabric(Some(Fabric { gb_per_s: 1.0, latency_us: 100.0 }));
+        let inner = 2.0 * 3.0 / 4.0 * 4e6 / 1e5 + 6.0 * 5.0;
+        assert_eq!(c.allreduce_us(0, 4_000_000, AllReduceAlgo::Hierarchical), inner + 4000.0 + 200.0);
+        // Without the fabric only the NICs count.
+        let c = Cluster::new(types);
+        assert_eq!(c.allreduce_us(0, 4_000_000, AllReduceAlgo::Hierarchical), inner + 400.0 + 40.0);
     }
 
     #[test]
@@ -252,5 +374,10 @@ mod tests {
         assert_eq!(d.validate(), Err(SimError::DuplicateDevice("a".into())));
         let b = Cluster::new(vec![DeviceType::new("a", 1, 8, 1).with_bandwidth(0.0, 1.0)]);
         assert!(matches!(b.validate(), Err(SimError::BadNumber { .. })));
+        let n = Cluster::new(vec![DeviceType::new("a", 1, 8, 1).with_nics(0)]);
+        assert!(matches!(n.validate(), Err(SimError::ZeroCount { .. })));
+        let f = Cluster::new(vec![DeviceType::new("a", 1, 8, 1)])
+            .with_fabric(Some(Fabric { gb_per_s: f64::NAN, latency_us: 1.0 }));
+        assert!(matches!(f.validate(), Err(SimError::BadNumber { .. })));
     }
 }

@@ -47,9 +47,10 @@ pub mod predict;
 mod program;
 mod sim;
 pub mod sync;
+pub mod topology;
 mod trace;
 
-pub use cluster::{AllReduceAlgo, Cluster, DeviceType};
+pub use cluster::{AllReduceAlgo, Cluster, DeviceType, Fabric};
 pub use error::SimError;
 pub use predict::{optimizer_seconds, refresh_seconds, GraphAnalysis, PredictError, PredictOptions, Predictor, Target};
 pub use program::{CostSource, LocalOp, LocalProgram, OpCost};

@@ -298,6 +298,12 @@ pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_
 impl Cluster {
     /// Microseconds that devices of type `t` spend in one all-reduce of
     /// `bytes` under `spec` (fp32: the engine's `algo`).
+    ///
+    /// Every device of a node exchanges at once, so each gets `1/L` of the
+    /// node's network ([`crate::DeviceType::network_share`]). With a fabric
+    /// between types, the bytes a phase sends to peers of other types —
+    /// `(P − P_t)/(P − L)` of its inter-node bytes, peers being spread evenly
+    /// — from all `P_t` devices of this type share the fabric.
     pub fn sync_us(&self, t: usize, bytes: u64, spec: &SyncSpec, algo: AllReduceAlgo) -> f64 {
         if spec.scheme == SyncScheme::Fp32 {
             return self.allreduce_us(t, bytes, algo);
@@ -305,13 +311,25 @@ impl Cluster {
         let ty = &self.types[t];
         let p = self.device_count();
         // Nodes as the type sees them: its largest node.
-        let per_node = u64::from(ty.nodes.iter().copied().max().unwrap_or(1));
-        let (intra_bw, net_bw) = (ty.intra_node_gb_per_s * 1e3, ty.network_gb_per_s * 1e3);
+        let per_node = ty.per_node();
+        let intra_bw = ty.intra_node_gb_per_s * 1e3;
+        let net_bw = ty.network_share(per_node);
+        let fabric = self.fabric_link();
+        let p_t = ty.count() as f64;
+        let off_node = p.saturating_sub(per_node) as f64;
         let comm: f64 = phases(spec, bytes as f64, p, per_node)
             .iter()
             .map(|ph| {
-                let lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
-                (ph.intra_node / intra_bw).max(ph.inter_node / net_bw) + lat
+                let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
+                let mut time = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
+                if let Some((fbw, flat)) = fabric {
+                    if ph.inter_node > 0.0 && off_node > 0.0 {
+                        let crossing = ph.inter_node * (p as f64 - p_t) / off_node * p_t;
+                        time = time.max(crossing / fbw);
+                        lat = lat.max(flat);
+                    }
+                }
+                time + lat
             })
             .sum();
         comm + kernel_seconds(spec, &ty.sync_kernels, bytes as f64, p, per_node) * 1e6
@@ -409,6 +427,37 @@ mod tests {
         // Reduce-scatter part: one-shot sends 8/16 of its blocks off-node,
         // hierarchical 1/16; both all-gather flat.
         assert!(inter(&hier) < inter(&one));
+    }
+
+    #[test]
+    fn compressed_exchanges_share_the_node_nic() {
+        // 2 nodes × 4 devices, 1e5 B/µs inside, one NIC of 1 GB/s = 1e3 B/µs
+        // per node; free kernels. fp16 of S = 8e6 B (E = 2e6): two flat
+        // phases, each receiving 2·E/P = 5e5 B from each of the P−1 = 7
+        // peers: 3 inside (1.5e6 B), 4 outside (2e6 B). The 4 devices of a
+        // node share the NIC: 2e6 B / (1e3/4) = 8000 µs per phase (the
+        // intra part, 15 µs, hides under it), plus 20 µs latency.
+        let free = SyncKernels {
+            quantize_r: 0.0,
+            quantize_c: 0.0,
+            dequantize_r: 0.0,
+            dequantize_c: 0.0,
+            cast16_r: 0.0,
+            cast16_c: 0.0,
+        };
+        let c = Cluster::new(vec![DeviceType::new("a", 8, 4, 1).with_bandwidth(100.0, 1.0).with_sync_kernels(free)]);
+        let spec = SyncSpec { scheme: SyncScheme::Fp16, group: 512 };
+        assert_eq!(c.sync_us(0, 8_000_000, &spec, AllReduceAlgo::Hierarchical), 2.0 * (8000.0 + 20.0));
+        // A fabric of 0.5 GB/s between two such types (4 + 4 devices, one node
+        // each): each device sends its 2e6 B of a phase to the other type's
+        // 4 devices, all of them inter-node; 4 devices × 2e6 B = 8e6 B over
+        // 5e2 B/µs = 16000 µs per phase, latency max(20, 50) = 50.
+        let two = Cluster::new(vec![
+            DeviceType::new("a", 4, 4, 1).with_bandwidth(100.0, 1.0).with_sync_kernels(free),
+            DeviceType::new("b", 4, 4, 1).with_bandwidth(100.0, 1.0).with_sync_kernels(free),
+        ])
+        .with_fabric(Some(crate::cluster::Fabric { gb_per_s: 0.5, latency_us: 50.0 }));
+        assert_eq!(two.sync_us(0, 8_000_000, &spec, AllReduceAlgo::Hierarchical), 2.0 * (16000.0 + 50.0));
     }
 
     #[test]
