@@ -37,6 +37,10 @@ pub struct PassContext {
     pub target: Option<String>,
     /// Plan inference graphs (weights stored low) whatever a pass's own `mode`.
     pub inference: bool,
+    /// Calibrated activation ranges (`--stats`): the scales of INT8 / FP8
+    /// activations. A node planned INT8 reading an activation without one
+    /// computes in f32 (see [`crate::precision::qscale`]).
+    pub activation_ranges: crate::precision::ActivationRanges,
 }
 
 /// A graph transformation.

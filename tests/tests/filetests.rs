@@ -7,6 +7,7 @@
 //! # expect: error                 (optional; the snapshot is then the error)
 //! # target: v100                  (optional; the device planning passes target)
 //! # mode: inference               (optional; training by default)
+//! # ranges: x=2.54 h=1.5          (optional; calibrated activation absmax by value name)
 //! ```
 //!
 //! The output (printed model, or the error) is checked against an insta
@@ -23,6 +24,7 @@ fn run_filetest(src: &str) -> String {
     let mut expect_error = false;
     let mut target = None;
     let mut inference = false;
+    let mut ranges = qsync_passes::precision::ActivationRanges::default();
     for line in src.lines().take_while(|l| l.starts_with('#')) {
         let body = line.trim_start_matches('#').trim();
         if let Some(p) = body.strip_prefix("passes:") {
@@ -41,6 +43,11 @@ fn run_filetest(src: &str) -> String {
             opts.dims = dims;
         } else if let Some(t) = body.strip_prefix("target:") {
             target = Some(t.trim().to_string());
+        } else if let Some(r) = body.strip_prefix("ranges:") {
+            for kv in r.split_whitespace() {
+                let (k, v) = kv.split_once('=').expect("ranges: NAME=ABSMAX");
+                assert!(ranges.insert(k, v.parse().expect("range value")), "unusable range {kv}");
+            }
         } else if body == "mode: inference" {
             inference = true;
         } else if body == "expect: error" {
@@ -55,7 +62,7 @@ fn run_filetest(src: &str) -> String {
     };
     let mut pm = pipeline_from_spec(&passes).unwrap_or_else(|e| panic!("{e}"));
     pm.verify_each(true);
-    let mut cx = PassContext { infer: opts, target, inference, ..PassContext::default() };
+    let mut cx = PassContext { infer: opts, target, inference, activation_ranges: ranges, ..PassContext::default() };
     match pm.run(&mut model, &mut cx) {
         Ok(_) if expect_error => panic!("expected an error, but the pipeline succeeded"),
         Ok(report) => {

@@ -42,7 +42,8 @@ use std::collections::{HashMap, HashSet};
 use qsync_ir::{DType, Graph, Model, NodeId, NodeSpec, Op, Tensor, TensorType, ValueId};
 
 use super::amp::plan_amp;
-use super::materialize::{lowerable, materialize, Mode};
+use super::materialize::{lowerable, materialize_with, Mode};
+use super::qscale::ActivationRanges;
 use super::plancost::{self, Assignment, WeightPricing};
 use super::policy::{Category, Policy, PolicyKind};
 use super::{float_preds, float_succs, CostOracle, PlanOptions, Prediction};
@@ -185,7 +186,9 @@ pub fn reconcile(
     moved
 }
 
-/// Materialize a copy of `model` under `a`: (casts added, prediction).
+/// Materialize a copy of `model` under `a` (INT8 activations scaled by
+/// `ranges`, nodes without one kept f32 as the final materialization keeps
+/// them): (casts added, prediction).
 /// With `refresh`, trained weights are then stored as `egraph-casts` would
 /// store them ([`crate::egraph::refresh_weight_casts`]): their casts become
 /// refreshed copies, neither counted as casts nor timed as casts.
@@ -195,10 +198,11 @@ pub fn evaluate(
     mode: Mode,
     oracle: &dyn CostOracle,
     refresh: bool,
+    ranges: &ActivationRanges,
 ) -> Result<(usize, Prediction), String> {
     let mut m = model.clone();
     plancost::write(&mut m.graph, a);
-    let stats = materialize(&mut m, mode)?;
+    let stats = materialize_with(&mut m, mode, ranges)?;
     let stored = if refresh { crate::egraph::refresh_weight_casts(&mut m.graph, oracle) } else { 0 };
     Ok((stats.casts - stored, oracle.predict(&m.graph)))
 }
@@ -424,6 +428,7 @@ impl Pass for Campo {
         super::require_support(oracle, low, self.name(), cx.target.as_deref())?;
         let mode = if cx.inference { Mode::Inference } else { self.options.mode };
         let fail = |message: String| PassError::FailedGraph { pass: "campo".into(), message };
+        let ranges = cx.activation_ranges.clone();
 
         // Trained weights are priced as `egraph-casts` stores them, unless
         // `refresh=off` (or inference, where weights are constants).
@@ -454,7 +459,7 @@ impl Pass for Campo {
                 plan = plancost::assignment_of(&h);
             }
             let reconciled = reconcile(&model.graph, &mut plan, &amp_plan, oracle, pricing);
-            let (casts, t) = evaluate(model, &plan, mode, oracle, refresh).map_err(fail)?;
+            let (casts, t) = evaluate(model, &plan, mode, oracle, refresh, &ranges).map_err(fail)?;
             let better = best.as_ref().is_none_or(|(_, _, _, bc, bt)| {
                 let (a, b) = (t.total(), bt.total());
                 if (a - b).abs() <= TIME_TIE * a.min(b) {
@@ -468,12 +473,12 @@ impl Pass for Campo {
             }
         }
         let (plan, report, reconciled, campo_casts, campo_t) = best.expect("at least one pricing");
-        let (amp_casts, amp_t) = evaluate(model, &amp_plan, mode, oracle, refresh).map_err(fail)?;
+        let (amp_casts, amp_t) = evaluate(model, &amp_plan, mode, oracle, refresh, &ranges).map_err(fail)?;
         let mut fp32_plan = plan.clone();
         for p in fp32_plan.values_mut() {
             *p = DType::F32;
         }
-        let (fp32_casts, fp32_t) = evaluate(model, &fp32_plan, mode, oracle, refresh).map_err(fail)?;
+        let (fp32_casts, fp32_t) = evaluate(model, &fp32_plan, mode, oracle, refresh, &ranges).map_err(fail)?;
         let campo_ok = campo_casts <= amp_casts && campo_t.total() <= amp_t.total();
         let fp32_wins = fp32_casts <= amp_casts
             && fp32_t.total() < amp_t.total().min(if campo_ok { campo_t.total() } else { f64::INFINITY });
@@ -510,7 +515,7 @@ impl Pass for Campo {
             if !padded.is_empty() {
                 // Padding must not break the guarantee either.
                 let a = plancost::assignment_of(&model.graph);
-                let (c, t) = evaluate(model, &a, mode, oracle, refresh).map_err(fail)?;
+                let (c, t) = evaluate(model, &a, mode, oracle, refresh, &ranges).map_err(fail)?;
                 if c > amp_casts || t.total() > amp_t.total() {
                     model.graph = before;
                 } else {

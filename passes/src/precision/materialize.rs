@@ -24,15 +24,22 @@
 //!   even via `half`), reusing the original name when no FP32 use remains;
 //! - INT8 / FP8 compute is a QuantizeLinear → DequantizeLinear pair on each
 //!   float input with the op itself in FP32 — runnable in onnxruntime, and the
-//!   op's output is FP32 as QSync's INT8 kernels' is. Weight scales are
-//!   `absmax / qmax` from the initializer when its data is present; otherwise
-//!   (activations, absent weights) the scale is a placeholder initializer
-//!   `{value}.qscale` = 1/qmax, which the calibration-driven planner will fill.
+//!   op's output is FP32 as QSync's INT8 kernels' is. Scales are symmetric
+//!   per tensor, `absmax / qmax` ([`super::qscale`]): a weight's from its
+//!   initializer's values, an activation's from the calibrated
+//!   [`ActivationRanges`] ([`materialize_with`]). A node planned INT8 that
+//!   reads an activation without a calibrated range computes in f32 instead
+//!   (counted in [`MaterializeStats::kept_uncalibrated`]): no scale is ever
+//!   guessed for an INT8 activation. FP8 activations without a range keep
+//!   scale 1 (the format's own range). An initializer whose data is absent
+//!   has no values to scale by: its scale is 1/qmax (INT8) or 1 (FP8), to be
+//!   recomputed by whoever supplies the weights.
 //!
 //! **Requires:** `infer-shapes` has run (dtypes known); the graph is acyclic.
 
 use std::collections::HashMap;
 
+use super::qscale::{self, ActivationRanges};
 use qsync_ir::{
     Attr, DType, Graph, Model, NodeId, NodeSpec, Op, OpClass, Tensor, TensorData, TensorType, ValueDef, ValueId,
     CAPTURE_SLOT,
@@ -59,6 +66,33 @@ pub struct MaterializeStats {
     /// Nodes planned at a float precision their ONNX schema refuses at the
     /// model's opset, computed in f32 instead (see [`respect_type_constraints`]).
     pub kept_by_schema: usize,
+    /// Nodes planned INT8 that read an activation without a calibrated
+    /// range, computed in f32 instead.
+    pub kept_uncalibrated: usize,
+    /// The first of them (schedule order) and the value it lacks a range
+    /// for, to name in a warning.
+    pub first_uncalibrated: Option<(String, String)>,
+}
+
+impl MaterializeStats {
+    /// The warning for [`Self::kept_uncalibrated`], said once; `None` when
+    /// every INT8 node was calibrated.
+    pub fn uncalibrated_warning(&self, calibrated_values: usize) -> Option<String> {
+        let (node, value) = self.first_uncalibrated.as_ref()?;
+        let n = self.kept_uncalibrated;
+        let what = if n == 1 { "1 node".to_string() } else { format!("{n} nodes") };
+        Some(if calibrated_values == 0 {
+            format!(
+                "no calibration statistics: activations kept out of INT8 ({what} planned i8 computed in f32, first \
+                 `{node}` reading `{value}`); pass --stats"
+            )
+        } else {
+            format!(
+                "{what} planned i8 read an activation the calibration statistics have no range for (first: `{node}` \
+                 reading `{value}`): computed in f32, not INT8"
+            )
+        })
+    }
 }
 
 /// Every plan is materialized here, so this is where it meets the ONNX
@@ -120,7 +154,7 @@ pub fn pinned_output(op: &Op, slot: usize) -> bool {
 }
 
 /// Ops that accept an input of any dtype in slot 0.
-fn any_dtype_input(op: &Op) -> bool {
+pub(crate) fn any_dtype_input(op: &Op) -> bool {
     matches!(op, Op::Shape | Op::Size | Op::Cast | Op::CastLike)
 }
 
@@ -135,12 +169,42 @@ struct Materializer<'a> {
     orig: Vec<Option<DType>>,
     cur: Vec<Option<DType>>,
     casts: HashMap<(ValueId, DType), ValueId>,
+    ranges: &'a ActivationRanges,
     stats: MaterializeStats,
 }
 
-/// Insert the casts (and QDQ pairs) a plan needs. Errors name the node.
+/// Insert the casts (and QDQ pairs) a plan needs, without calibrated
+/// activation ranges: [`materialize_with`] and no ranges, so no node
+/// reading an activation is INT8. Errors name the node.
 pub fn materialize(model: &mut Model, mode: Mode) -> Result<MaterializeStats, String> {
+    materialize_with(model, mode, &ActivationRanges::default())
+}
+
+/// Nodes planned INT8 that read an activation `ranges` has no range for
+/// compute in f32 instead; returns how many, and the first with the value
+/// it lacks a range for (schedule order).
+pub fn keep_uncalibrated_out(g: &mut Graph, ranges: &ActivationRanges) -> (usize, Option<(String, String)>) {
+    let mut kept = 0;
+    let mut first = None;
+    for n in g.schedule() {
+        if planned_precision(g, n) != Some(DType::I8) {
+            continue;
+        }
+        if let Some(v) = qscale::uncalibrated_input(g, n, ranges) {
+            first.get_or_insert_with(|| (g.node(n).name.clone(), g.value_name(v).to_string()));
+            g.node_mut(n).precision = Some(DType::F32);
+            kept += 1;
+        }
+    }
+    (kept, first)
+}
+
+/// Insert the casts (and QDQ pairs) a plan needs; INT8 and FP8 activations
+/// are scaled by their calibrated `ranges` (see the module doc). Errors
+/// name the node.
+pub fn materialize_with(model: &mut Model, mode: Mode, ranges: &ActivationRanges) -> Result<MaterializeStats, String> {
     let kept_by_schema = respect_type_constraints(model);
+    let (kept_uncalibrated, first_uncalibrated) = keep_uncalibrated_out(&mut model.graph, ranges);
     let base_dir = model.base_dir.clone();
     let g = &mut model.graph;
     let order =
@@ -152,7 +216,8 @@ pub fn materialize(model: &mut Model, mode: Mode) -> Result<MaterializeStats, St
         g,
         base_dir,
         casts: HashMap::new(),
-        stats: MaterializeStats { kept_by_schema, ..MaterializeStats::default() },
+        ranges,
+        stats: MaterializeStats { kept_by_schema, kept_uncalibrated, first_uncalibrated, ..MaterializeStats::default() },
     };
     for n in order {
         m.node(n)?;
@@ -176,7 +241,9 @@ impl Materializer<'_> {
                 continue;
             }
             let new = match prec {
-                Some(p) if is_quantized(p) && !pinned_input(&op, slot) => self.qdq(v, p)?,
+                Some(p) if is_quantized(p) && !pinned_input(&op, slot) => {
+                    self.qdq(v, p).map_err(|e| format!("node `{}`: {e}", self.g.node(n).name))?
+                }
                 Some(p) if !pinned_input(&op, slot) => self.cast_to(v, p),
                 _ => self.cast_to(v, orig),
             };
@@ -251,9 +318,20 @@ impl Materializer<'_> {
         }
         let src = self.cast_to(v, DType::F32);
         let base = self.g.value_name(v).to_string();
-        let qmax = if q == DType::I8 { 127.0 } else { 448.0 };
-        let absmax = self.init_values(v).map(|vals| vals.iter().fold(0.0f64, |a, x| a.max(x.abs())));
-        let scale = absmax.filter(|a| *a > 0.0 && a.is_finite()).map_or(1.0 / qmax, |a| a / qmax);
+        let scale = if qscale::needs_range(self.g, v) {
+            match self.ranges.get(&base).and_then(|a| qscale::scale_for(a, q)) {
+                Some(s) => s,
+                // FP8's own range; INT8 nodes without ranges were kept out.
+                None if q != DType::I8 => 1.0,
+                None => return Err(format!("no calibrated range for the INT8 activation `{base}`")),
+            }
+        } else {
+            // A weight: its own values (all zeros, or absent, give no
+            // range: any scale represents zeros exactly).
+            let absmax = self.init_values(v).map(|vals| qscale::absmax(&vals));
+            let fallback = if q == DType::I8 { 1.0 / qscale::qmax(q) } else { 1.0 };
+            absmax.and_then(|a| qscale::scale_for(a, q)).unwrap_or(fallback)
+        };
         let scale_name = self.g.fresh_value_name(&format!("{base}.qscale"));
         let scale_v = self.g.add_init(scale_name, Tensor::from_f32(vec![], &[scale as f32]));
         let zp_name = self.g.fresh_value_name(&format!("{base}.qzero"));

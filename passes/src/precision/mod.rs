@@ -20,13 +20,15 @@ pub mod materialize;
 pub mod oracle;
 pub mod plancost;
 pub mod policy;
+pub mod qscale;
 pub mod uniform;
 
 use qsync_ir::{DType, Graph, Model, NodeId};
 
 pub use cascade::Cascade;
 pub use costmodel::CostModelOracle;
-pub use materialize::{lowerable, materialize, MaterializeStats, Mode};
+pub use materialize::{lowerable, materialize, materialize_with, MaterializeStats, Mode};
+pub use qscale::ActivationRanges;
 pub use oracle::{AnalyticOracle, CostOracle, Prediction, KNOWN_TARGETS};
 pub use policy::{Category, Override, Policy, PolicyError, PolicyKind};
 
@@ -113,10 +115,11 @@ pub fn apply_overrides(
 }
 
 /// Materialize the plan and summarise it.
-pub fn finish(model: &mut Model, mode: Mode, cx: &PassContext, pass: &str) -> Result<PassOutcome, PassError> {
+pub fn finish(model: &mut Model, mode: Mode, cx: &mut PassContext, pass: &str) -> Result<PassOutcome, PassError> {
     let mode = if cx.inference { Mode::Inference } else { mode };
     let low = count_low(&model.graph);
-    let stats = materialize(model, mode).map_err(|message| PassError::FailedGraph { pass: pass.into(), message })?;
+    let stats = materialize_with(model, mode, &cx.activation_ranges)
+        .map_err(|message| PassError::FailedGraph { pass: pass.into(), message })?;
     let mut summary = format!("{low} nodes below f32, {} casts added ({} of weights)", stats.casts, stats.weight_casts);
     if stats.qdq_pairs > 0 {
         summary += &format!(", {} QDQ pairs", stats.qdq_pairs);
@@ -126,6 +129,10 @@ pub fn finish(model: &mut Model, mode: Mode, cx: &PassContext, pass: &str) -> Re
     }
     if stats.kept_by_schema > 0 {
         summary += &format!(", {} kept at f32 by their ONNX type constraints", stats.kept_by_schema);
+    }
+    if let Some(w) = stats.uncalibrated_warning(cx.activation_ranges.len()) {
+        summary += &format!(", {} kept at f32 without calibrated activation ranges", stats.kept_uncalibrated);
+        cx.warnings.push(format!("{pass}: {w}"));
     }
     Ok(PassOutcome { changed: low > 0 || stats.casts > 0, summary })
 }
