@@ -41,7 +41,7 @@ use serde_json::Value;
 
 use crate::facts::{Kind, Work};
 use crate::model::{roofline, tensor_core_eligible, Bound, Rates};
-use crate::profile::{CastSamples, OpSample, OptimizerSamples, ProfileEfficiency, MAX_PROFILE_EFFICIENCY};
+use crate::profile::{BatchPoint, CastSamples, OpSample, OptimizerSamples, ProfileEfficiency, MAX_PROFILE_EFFICIENCY};
 use crate::{Bindings, CostError, Device, GraphFacts, Precision, Profile, Result};
 
 /// Schema tag of worklists.
@@ -59,17 +59,20 @@ pub struct PhaseWork {
     pub elems: f64,
     pub fixed_bytes: f64,
     pub kernels: f64,
+    /// Elements a GEMM-like phase writes (the wave model's parallel work).
+    #[serde(default)]
+    pub outputs: f64,
 }
 
 impl From<Work> for PhaseWork {
     fn from(w: Work) -> PhaseWork {
-        PhaseWork { flops: w.flops, elems: w.elems, fixed_bytes: w.fixed_bytes, kernels: w.kernels }
+        PhaseWork { flops: w.flops, elems: w.elems, fixed_bytes: w.fixed_bytes, kernels: w.kernels, outputs: w.outputs }
     }
 }
 
 impl From<PhaseWork> for Work {
     fn from(w: PhaseWork) -> Work {
-        Work { flops: w.flops, elems: w.elems, fixed_bytes: w.fixed_bytes, kernels: w.kernels }
+        Work { flops: w.flops, elems: w.elems, fixed_bytes: w.fixed_bytes, kernels: w.kernels, outputs: w.outputs }
     }
 }
 
@@ -125,6 +128,21 @@ pub struct WorkItem {
     /// (the key does not name attributes; such nodes share its measurement).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attr_variants: u32,
+    /// The same operator at the worklist's other batches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub at_batches: Vec<AtBatch>,
+}
+
+/// A worklist entry's shapes and work at another batch.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct AtBatch {
+    pub batch: i64,
+    /// Input shapes in slot order (`None` where the entry's input is `None`).
+    pub inputs: Vec<Option<Vec<i64>>>,
+    pub outputs: Vec<Vec<i64>>,
+    pub fwd: PhaseWork,
+    pub bwd_input: PhaseWork,
+    pub bwd_weight: PhaseWork,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -147,6 +165,10 @@ pub struct ModelRef {
 pub struct Worklist {
     pub schema: String,
     pub batch: i64,
+    /// Further batches (of the symbol `batch`) every entry is also measured
+    /// at: the points of its batch curve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch_points: Vec<i64>,
     pub dims: BTreeMap<String, i64>,
     pub models: Vec<ModelRef>,
     pub entries: Vec<WorkItem>,
@@ -154,7 +176,24 @@ pub struct Worklist {
 
 impl Worklist {
     pub fn new(batch: i64, dims: BTreeMap<String, i64>) -> Worklist {
-        Worklist { schema: WORKLIST_SCHEMA.into(), batch, dims, models: Vec::new(), entries: Vec::new() }
+        Worklist {
+            schema: WORKLIST_SCHEMA.into(),
+            batch,
+            batch_points: Vec::new(),
+            dims,
+            models: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Also list every entry at these batches (sorted, the main batch and
+    /// repeats dropped). Set before adding graphs.
+    pub fn with_batch_points(mut self, batches: &[i64]) -> Worklist {
+        let mut b: Vec<i64> = batches.iter().copied().filter(|&b| b > 0 && b != self.batch).collect();
+        b.sort_unstable();
+        b.dedup();
+        self.batch_points = b;
+        self
     }
 
     /// Add the kernel-launching nodes of `graph` (shapes inferred, every
@@ -165,6 +204,12 @@ impl Worklist {
             return Err(CostError::Profile { file: name.into(), message: "model added to the worklist twice".into() });
         }
         let facts = GraphFacts::new(graph, bindings)?;
+        let mut others = Vec::with_capacity(self.batch_points.len());
+        for &b in &self.batch_points {
+            let at = bindings.clone().with("batch", b);
+            let f = GraphFacts::new(graph, &at)?;
+            others.push((b, at, f));
+        }
         let mut index: BTreeMap<String, usize> =
             self.entries.iter().enumerate().map(|(i, e)| (e.key.clone(), i)).collect();
         let mut nodes = 0;
@@ -233,6 +278,28 @@ impl Worklist {
                 inputs.push(Some(InputSpec { shape: shape(v)?, dtype, role, grad: facts.requires_grad(v), value }));
             }
             let outputs = node.outputs().iter().map(|&o| shape(o)).collect::<Result<Vec<_>>>()?;
+            let mut at_batches = Vec::with_capacity(others.len());
+            for (b, at, fb) in &others {
+                let concrete = |v: ValueId| -> Option<Vec<i64>> {
+                    graph.ty(v).shape.as_ref()?.iter().map(|d| at.eval(d).ok()).collect()
+                };
+                let ins = node
+                    .inputs()
+                    .iter()
+                    .zip(&inputs)
+                    .map(|(v, spec)| spec.as_ref().and(*v).and_then(concrete))
+                    .collect();
+                let outs = node.outputs().iter().map(|&o| concrete(o).unwrap_or_default()).collect();
+                let fbn = fb.node(n)?;
+                at_batches.push(AtBatch {
+                    batch: *b,
+                    inputs: ins,
+                    outputs: outs,
+                    fwd: fbn.fwd.into(),
+                    bwd_input: fbn.bwd_input.into(),
+                    bwd_weight: fbn.bwd_weight.into(),
+                });
+            }
             index.insert(f.profile_key.clone(), self.entries.len());
             self.entries.push(WorkItem {
                 key: f.profile_key.clone(),
@@ -248,6 +315,7 @@ impl Worklist {
                 bwd_weight: f.bwd_weight.into(),
                 uses: BTreeMap::from([(name.to_string(), 1)]),
                 attr_variants: 0,
+                at_batches,
             });
         }
         self.models.push(ModelRef { name: name.into(), family: family.into(), nodes });
@@ -324,12 +392,26 @@ pub struct MeasuredItem {
     /// Precisions not measured, with the reason.
     #[serde(default)]
     pub skipped: BTreeMap<String, String>,
+    /// Times at the entry's `at_batches`, per precision.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub at_batches: BTreeMap<Precision, Vec<BatchTimes>>,
+}
+
+/// Measured microseconds at one of the entry's other batches.
+#[derive(Copy, Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct BatchTimes {
+    pub batch: i64,
+    #[serde(flatten)]
+    pub times: Times,
 }
 
 /// What the measuring script writes (schema [`MEASUREMENTS_SCHEMA`]).
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 pub struct Measurements {
     pub schema: String,
+    /// The worklist's batch (the batch of every entry's shapes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<i64>,
     /// GPU, driver, framework versions, date.
     #[serde(default)]
     pub meta: BTreeMap<String, String>,
@@ -356,6 +438,25 @@ impl Measurements {
                 {
                     if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
                         return Err(bad(format!("{} at {p}: {what} must be a non-negative number", e.item.key)));
+                    }
+                }
+            }
+            for (p, pts) in &e.at_batches {
+                for bt in pts {
+                    if !e.item.at_batches.iter().any(|a| a.batch == bt.batch) {
+                        return Err(bad(format!(
+                            "{} at {p}: batch {} is not among its at_batches",
+                            e.item.key, bt.batch
+                        )));
+                    }
+                    let t = &bt.times;
+                    for v in [Some(t.fwd_us), t.bwd_input_us, t.bwd_weight_us].into_iter().flatten() {
+                        if !(v.is_finite() && v >= 0.0) {
+                            return Err(bad(format!(
+                                "{} at {p}, batch {}: times must be non-negative",
+                                e.item.key, bt.batch
+                            )));
+                        }
                     }
                 }
             }
@@ -455,12 +556,19 @@ pub fn fit_rates(
                 continue;
             }
             let tc = tensor_core_eligible(device, e.item.gemm_like, &e.item.align_dims, p);
-            for (w, v) in
-                [(e.item.fwd, Some(t.fwd_us)), (e.item.bwd_input, t.bwd_input_us), (e.item.bwd_weight, t.bwd_weight_us)]
-            {
-                let work = Work::from(w);
-                if let Some(us) = v.filter(|&us| us > 0.0 && !work.is_empty()) {
-                    samples.push(Sample { work, gemm_like: e.item.gemm_like, tc, p, seconds: us * 1e-6, weight });
+            // The entry at its main batch, then at its other batches.
+            let mut points = vec![(e.item.fwd, e.item.bwd_input, e.item.bwd_weight, *t)];
+            for bt in e.at_batches.get(&p).into_iter().flatten() {
+                if let Some(a) = e.item.at_batches.iter().find(|a| a.batch == bt.batch) {
+                    points.push((a.fwd, a.bwd_input, a.bwd_weight, bt.times));
+                }
+            }
+            for (fwd, bwd_input, bwd_weight, t) in points {
+                for (w, v) in [(fwd, Some(t.fwd_us)), (bwd_input, t.bwd_input_us), (bwd_weight, t.bwd_weight_us)] {
+                    let work = Work::from(w);
+                    if let Some(us) = v.filter(|&us| us > 0.0 && !work.is_empty()) {
+                        samples.push(Sample { work, gemm_like: e.item.gemm_like, tc, p, seconds: us * 1e-6, weight });
+                    }
                 }
             }
         }
@@ -580,6 +688,22 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
             continue;
         }
         for (&p, t) in &e.measured {
+            let batch_points: Vec<BatchPoint> = e
+                .at_batches
+                .get(&p)
+                .into_iter()
+                .flatten()
+                .filter_map(|bt| {
+                    let a = e.item.at_batches.iter().find(|a| a.batch == bt.batch)?;
+                    Some(BatchPoint {
+                        batch: bt.batch,
+                        inputs: Some(a.inputs.clone()),
+                        fwd_us: bt.times.fwd_us,
+                        bwd_input_us: bt.times.bwd_input_us,
+                        bwd_weight_us: bt.times.bwd_weight_us,
+                    })
+                })
+                .collect();
             ops.push(OpSample {
                 op: e.item.op.clone(),
                 inputs: e.item.inputs.iter().map(|i| i.as_ref().map(|i| i.shape.clone())).collect(),
@@ -587,6 +711,8 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
                 fwd_us: t.fwd_us,
                 bwd_input_us: t.bwd_input_us,
                 bwd_weight_us: t.bwd_weight_us,
+                batch: if batch_points.is_empty() { None } else { m.batch },
+                batch_points: if m.batch.is_some() { batch_points } else { Vec::new() },
             });
         }
     }

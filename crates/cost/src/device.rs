@@ -52,6 +52,26 @@ pub struct Efficiency {
     pub memory: f64,
 }
 
+/// How GEMM-like kernels fill the device: the wave model of small work
+/// (`model::wave_factor`). A GEMM's output is cut into tiles of
+/// `tile_outputs` elements; when its reduction dimension K is long, split-K
+/// cuts each tile's K into slices of at least `split_k_min`; the device runs
+/// `sm_count · tiles_per_sm` such blocks at once (one wave). A kernel takes
+/// whole waves: with fewer blocks than one wave its time is that of a full
+/// wave (flat below one wave), and it steps up by one wave at a time.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Occupancy {
+    /// Streaming multiprocessors (cores, for a CPU).
+    pub sm_count: u32,
+    /// GEMM tiles resident on one SM at once.
+    pub tiles_per_sm: u32,
+    /// Output elements of one GEMM tile (128 × 128 = 16384).
+    pub tile_outputs: u32,
+    /// The shortest slice of K one split-K block reduces.
+    pub split_k_min: u32,
+}
+
 /// One GPU model.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,6 +99,10 @@ pub struct Device {
     /// Fraction of memory available to training by default (1.0 if absent).
     #[serde(default)]
     pub available_memory_fraction: Option<f64>,
+    /// The wave model of small work (absent: GEMM-like kernels keep their
+    /// rate at any size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occupancy: Option<Occupancy>,
     /// Citation per figure: `memory_bytes`, `cuda_core_tflops.fp16`, …
     pub sources: BTreeMap<String, String>,
     #[serde(skip)]
@@ -165,6 +189,18 @@ impl Device {
                 return Err(bad("available_memory_fraction", format!("must be in (0, 1], got {f}")));
             }
         }
+        if let Some(o) = &self.occupancy {
+            for (f, v) in [
+                ("occupancy.sm_count", o.sm_count),
+                ("occupancy.tiles_per_sm", o.tiles_per_sm),
+                ("occupancy.tile_outputs", o.tile_outputs),
+                ("occupancy.split_k_min", o.split_k_min),
+            ] {
+                if v == 0 {
+                    return Err(bad(f, "must be positive".into()));
+                }
+            }
+        }
         let mut t = Tables::default();
         for &p in &self.supported_precisions {
             t.supported[p.index()] = true;
@@ -220,6 +256,10 @@ impl Device {
         needed.extend(self.tensor_core_tflops.keys().map(|p| format!("tensor_core_tflops.{p}")));
         if !self.tensor_core_tflops.is_empty() {
             needed.push("tensor_core_alignment".into());
+        }
+        if self.occupancy.is_some() {
+            needed.push("occupancy.sm_count".into());
+            needed.push("occupancy.tiles".into());
         }
         for k in needed {
             if self.sources.get(&k).is_none_or(|s| s.trim().is_empty()) {

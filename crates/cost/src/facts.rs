@@ -91,11 +91,36 @@ pub struct Work {
     pub fixed_bytes: f64,
     /// Kernels launched.
     pub kernels: f64,
+    /// Elements a GEMM-like phase writes: its parallel work for the wave
+    /// model (`model::wave_factor`). 0 for other phases.
+    pub outputs: f64,
 }
 
 impl Work {
     fn new(flops: f64, elems: f64) -> Work {
-        Work { flops, elems, fixed_bytes: 0.0, kernels: 1.0 }
+        Work { flops, elems, fixed_bytes: 0.0, kernels: 1.0, outputs: 0.0 }
+    }
+
+    /// A GEMM-like phase writing `outputs` elements.
+    fn gemm(flops: f64, elems: f64, outputs: f64) -> Work {
+        Work { outputs, ..Work::new(flops, elems) }
+    }
+
+    /// This phase with its per-sample work multiplied by `scale` (the same
+    /// node at `scale` times the batch): FLOPs, the fixed bytes (indices,
+    /// masks) and the elements other than the `weight` elements it reads or
+    /// writes once; the outputs too, unless `outputs_per_sample` is false
+    /// (a weight gradient writes the weights' size at any batch). Kernels
+    /// stay.
+    pub fn scaled(&self, scale: f64, weight: f64, outputs_per_sample: bool) -> Work {
+        let once = weight.min(self.elems);
+        Work {
+            flops: self.flops * scale,
+            elems: once + (self.elems - once) * scale,
+            fixed_bytes: self.fixed_bytes * scale,
+            kernels: self.kernels,
+            outputs: if outputs_per_sample { self.outputs * scale } else { self.outputs },
+        }
     }
 
     /// Nothing to do (no kernel).
@@ -448,7 +473,7 @@ fn node_facts(
             _ => Kind::Other,
         }
     };
-    let tiny = Work { flops: 0.0, elems: 0.0, fixed_bytes: 0.0, kernels: 0.0 };
+    let tiny = Work { flops: 0.0, elems: 0.0, fixed_bytes: 0.0, kernels: 0.0, outputs: 0.0 };
     let key_shapes: Vec<String> = node
         .inputs()
         .iter()
@@ -543,10 +568,13 @@ fn node_facts(
             };
             align_dims = vec![cin_g, cout_g];
             let bias = if node.input(2).is_some() { out } else { 0.0 };
-            fwd = Work::new(2.0 * macs + bias, act_in + weight + out);
-            bwd_input = if act_grad > 0.0 { Work::new(2.0 * macs, out + weight + act_grad) } else { tiny };
-            bwd_weight =
-                if n_weight > 0.0 && has_bwd { Work::new(2.0 * macs + bias, out + act_in + weight) } else { tiny };
+            fwd = Work::gemm(2.0 * macs + bias, act_in + weight + out, out);
+            bwd_input = if act_grad > 0.0 { Work::gemm(2.0 * macs, out + weight + act_grad, act_grad) } else { tiny };
+            bwd_weight = if n_weight > 0.0 && has_bwd {
+                Work::gemm(2.0 * macs + bias, out + act_in + weight, weight)
+            } else {
+                tiny
+            };
         }
         Kind::Gemm if *op == Op::Attention => {
             let (q, k, v) = match (shape(0), shape(1), shape(2)) {
@@ -570,10 +598,10 @@ fn node_facts(
             // QKᵀ and ·V, plus scale, mask and softmax over the scores.
             let macs = scores * (dk + dv) as f64;
             align_dims = vec![dk, dv, total];
-            fwd = Work::new(2.0 * macs + 8.0 * scores, act_in + weight + out + scores);
+            fwd = Work::gemm(2.0 * macs + 8.0 * scores, act_in + weight + out + scores, out);
             // dV, dP, then dQ and dK: twice the forward GEMMs.
             bwd_input = if act_grad > 0.0 {
-                Work::new(4.0 * macs + 8.0 * scores, out + act_in + act_grad + 2.0 * scores)
+                Work::gemm(4.0 * macs + 8.0 * scores, out + act_in + act_grad + 2.0 * scores, act_grad)
             } else {
                 tiny
             };
@@ -600,14 +628,17 @@ fn node_facts(
             let macs = batch * (m * nn * k) as f64;
             align_dims = vec![m, nn, k];
             let bias = if matches!(op, Op::Gemm) && node.input(2).is_some() { out } else { 0.0 };
-            fwd = Work::new(2.0 * macs + bias, act_in + weight + out);
+            fwd = Work::gemm(2.0 * macs + bias, act_in + weight + out, out);
             bwd_input = if act_grad > 0.0 {
-                Work::new(2.0 * macs * n_act_grad, out + act_in + weight + act_grad)
+                Work::gemm(2.0 * macs * n_act_grad, out + act_in + weight + act_grad, act_grad)
             } else {
                 tiny
             };
-            bwd_weight =
-                if n_weight > 0.0 && has_bwd { Work::new(2.0 * macs + bias, out + act_in + weight) } else { tiny };
+            bwd_weight = if n_weight > 0.0 && has_bwd {
+                Work::gemm(2.0 * macs + bias, out + act_in + weight, weight)
+            } else {
+                tiny
+            };
         }
         _ => {
             // Memory-bound kinds: (fwd flops/elem, fwd traffic, bwd flops/elem, bwd traffic).

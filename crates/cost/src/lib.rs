@@ -45,11 +45,13 @@ pub mod precision;
 pub mod profile;
 
 pub use cast::{fit_linear, CastModel, LinearFit, LinearModel};
-pub use device::{Device, DeviceDb, Efficiency, IntraNode, LinkKind};
+pub use device::{Device, DeviceDb, Efficiency, IntraNode, LinkKind, Occupancy};
 pub use error::{CostError, Result};
 pub use facts::{Bindings, GraphFacts, Kind, NodeFacts, Work};
 pub use memory::{estimate_memory, MemoryBreakdown, MemoryTracker, Optimizer, SharedBytes};
 pub use model::{CostModel, OpCost, HOST_OP_S};
 pub use plan::{is_precision_dependent, Plan, ResolvedPlan};
 pub use precision::Precision;
-pub use profile::{CastFit, CastSamples, Measured, OpSample, OptimizerSamples, Profile, ProfileEfficiency};
+pub use profile::{
+    BatchCurve, BatchPoint, CastFit, CastSamples, Measured, OpSample, OptimizerSamples, Profile, ProfileEfficiency,
+};

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::cast::{CastModel, LinearModel};
 use crate::facts::{GraphFacts, Kind, NodeFacts, Work};
-use crate::profile::{CastFit, Measured, Profile};
+use crate::profile::{BatchCurve, CastFit, Measured, Profile};
 use crate::{Bindings, Device, Precision, Result};
 
 /// Seconds charged to host-side shape arithmetic and views: they launch no
@@ -123,10 +123,42 @@ pub fn roofline(device: &Device, rates: &Rates, w: &Work, gemm_like: bool, p: Pr
         };
         (peak * rates.cuda_core[at.index()], Bound::CudaCore)
     };
-    let compute = if rate > 0.0 { w.flops / rate } else { 0.0 };
+    let waves = if gemm_like { wave_factor(device, w) } else { 1.0 };
+    let compute = if rate > 0.0 { w.flops / rate * waves } else { 0.0 };
     let memory = bytes(w, p) / (device.mem_bytes_per_s() * rates.memory);
     let (body, bound) = if compute >= memory { (compute, compute_bound) } else { (memory, Bound::Memory) };
     PhaseTime { body, launch: w.kernels * device.launch_s(), bound }
+}
+
+/// How much longer a GEMM-like phase computes than its FLOPs at the full
+/// rate take, because it fills whole waves (`device::Occupancy`):
+///
+/// ```text
+/// slots  = sm_count · tiles_per_sm                      (blocks in one wave)
+/// tiles  = ceil(outputs / tile_outputs)
+/// splits = clamp(floor(slots / tiles), 1, max(1, floor(K / split_k_min))),  K = flops / (2 · outputs)
+/// blocks = tiles · splits
+/// factor = ceil(blocks / slots) · slots / blocks        (≥ 1)
+/// ```
+///
+/// Split-K is used only to fill one wave (never to spill into a second),
+/// as far as K allows. Below
+/// one wave (`blocks < slots`) the factor is `slots / blocks`, so the compute
+/// time `flops / rate · factor` stays that of a full wave whatever the work;
+/// above, it steps by one wave. 1 when the device has no occupancy figures
+/// or the phase names no outputs.
+pub fn wave_factor(device: &Device, w: &Work) -> f64 {
+    let Some(o) = &device.occupancy else { return 1.0 };
+    if w.outputs <= 0.0 || w.flops <= 0.0 {
+        return 1.0;
+    }
+    let slots = f64::from(o.sm_count) * f64::from(o.tiles_per_sm);
+    let tiles = (w.outputs / f64::from(o.tile_outputs)).ceil();
+    let k = w.flops / (2.0 * w.outputs);
+    let max_splits = (k / f64::from(o.split_k_min)).floor().max(1.0);
+    let splits = (slots / tiles).floor().clamp(1.0, max_splits);
+    let blocks = tiles * splits;
+    (blocks / slots).ceil() * slots / blocks
 }
 
 /// Whether a GEMM-like node with `align_dims` runs on Tensor Cores at `p`.
@@ -142,6 +174,8 @@ pub struct CostModel {
     rates: Rates,
     casts: CastModel,
     measured: HashMap<String, [Option<Measured>; 7]>,
+    /// Measured batch curves, indexed by [`Measured::curve`].
+    curves: Vec<BatchCurve>,
     fits: Vec<CastFit>,
     optimizer_fits: BTreeMap<&'static str, LinearModel>,
 }
@@ -156,15 +190,16 @@ impl CostModel {
         calibrated.efficiency.memory = rates.memory;
         let mut casts = CastModel::analytic(&calibrated);
         let (mut measured, mut fits, mut optimizer_fits) = (HashMap::new(), Vec::new(), BTreeMap::new());
+        let mut curves = Vec::new();
         if let Some(p) = profile {
-            measured = p.op_table();
+            (measured, curves) = p.op_table_with_curves();
             fits = p.cast_fits()?;
             for f in &fits {
                 casts.set(f.from, f.to, f.fit.model);
             }
             optimizer_fits = p.optimizer_fits()?;
         }
-        Ok(CostModel { device: device.clone(), rates, casts, measured, fits, optimizer_fits })
+        Ok(CostModel { device: device.clone(), rates, casts, measured, curves, fits, optimizer_fits })
     }
 
     /// The fractions of peak this model costs with.
@@ -215,33 +250,78 @@ impl CostModel {
 
     /// The cost of a node given its facts.
     pub fn facts_cost(&self, f: &NodeFacts, p: Precision) -> Result<OpCost> {
+        self.facts_cost_at(f, p, 1.0)
+    }
+
+    /// The cost of node `n` at precision `p` with its per-sample work
+    /// multiplied by `scale` (the node at `scale` times the batch its facts
+    /// were built at). See [`CostModel::facts_cost_at`].
+    pub fn op_cost_at(&self, facts: &GraphFacts, n: NodeId, p: Precision, scale: f64) -> Result<OpCost> {
+        self.device.require(p)?;
+        self.facts_cost_at(facts.node(n)?, p, scale)
+    }
+
+    /// The cost of a node given its facts, at `scale` times their batch.
+    ///
+    /// - Analytic phases are priced on the scaled work ([`Work::scaled`]):
+    ///   the roofline then sees the weights read once at any batch and the
+    ///   wave model ([`wave_factor`]) the scaled outputs, so small batches
+    ///   lose efficiency instead of getting linearly cheaper.
+    /// - A measured op with a batch curve reads the curve at `batch · scale`
+    ///   ([`BatchCurve::at`]).
+    /// - A measured op without one scales linearly (all but one launch), never
+    ///   below one launch plus streaming its weights once at the compute
+    ///   precision when `scale < 1`.
+    ///
+    /// `scale == 1` is [`CostModel::facts_cost`].
+    pub fn facts_cost_at(&self, f: &NodeFacts, p: Precision, scale: f64) -> Result<OpCost> {
         self.device.require(p)?;
         if matches!(f.kind, Kind::Host | Kind::View) {
             return Ok(OpCost { fwd: HOST_OP_S, ..OpCost::default() });
         }
-        let mut c = if p == Precision::Int8 { self.int8_cost(f) } else { self.float_cost(f, p) };
+        let v = if scale == 1.0 { Scaled::of(f) } else { Scaled::at(f, scale) };
+        let mut c = if p == Precision::Int8 { self.int8_cost(f, &v) } else { self.float_cost(f, &v, p) };
         if let Some(m) = self.measured.get(&f.profile_key).and_then(|t| t[p.index()]) {
-            c.fwd = m.fwd;
-            c.quant = c.quant.min(m.fwd);
-            c.bwd_input = m.bwd_input.unwrap_or(c.bwd_input);
-            c.bwd_weight = m.bwd_weight.unwrap_or(c.bwd_weight);
+            let (fwd, bwd_input, bwd_weight) = match m.curve.and_then(|i| self.curves.get(i)) {
+                Some(curve) if scale != 1.0 => curve.at(m.batch * scale),
+                _ if scale != 1.0 => {
+                    let launch = self.device.launch_s();
+                    let weight_s = if scale < 1.0 {
+                        f.weight * p.bytes() / (self.device.mem_bytes_per_s() * self.rates.memory)
+                    } else {
+                        0.0
+                    };
+                    let lin = |t: f64| {
+                        if t <= launch {
+                            return t;
+                        }
+                        (launch + (t - launch) * scale).max((launch + weight_s).min(t))
+                    };
+                    (lin(m.fwd), m.bwd_input.map(lin), m.bwd_weight.map(lin))
+                }
+                _ => (m.fwd, m.bwd_input, m.bwd_weight),
+            };
+            c.fwd = fwd;
+            c.quant = c.quant.min(fwd);
+            c.bwd_input = bwd_input.unwrap_or(c.bwd_input);
+            c.bwd_weight = bwd_weight.unwrap_or(c.bwd_weight);
             c.measured = true;
         }
         Ok(c)
     }
 
-    fn float_cost(&self, f: &NodeFacts, p: Precision) -> OpCost {
+    fn float_cost(&self, f: &NodeFacts, v: &Scaled, p: Precision) -> OpCost {
         let tc = self.tensor_core_eligible(f, p);
         OpCost {
-            fwd: self.phase(&f.fwd, f.kind, p, tc),
-            bwd_input: self.phase(&f.bwd_input, f.kind, p, tc),
-            bwd_weight: self.phase(&f.bwd_weight, f.kind, p, tc),
+            fwd: self.phase(&v.fwd, f.kind, p, tc),
+            bwd_input: self.phase(&v.bwd_input, f.kind, p, tc),
+            bwd_weight: self.phase(&v.bwd_weight, f.kind, p, tc),
             quant: 0.0,
-            fwd_flops: f.fwd.flops,
-            bwd_input_flops: f.bwd_input.flops,
-            bwd_weight_flops: f.bwd_weight.flops,
-            fwd_bytes: bytes(&f.fwd, p),
-            bwd_bytes: bytes(&f.bwd_input, p) + bytes(&f.bwd_weight, p),
+            fwd_flops: v.fwd.flops,
+            bwd_input_flops: v.bwd_input.flops,
+            bwd_weight_flops: v.bwd_weight.flops,
+            fwd_bytes: bytes(&v.fwd, p),
+            bwd_bytes: bytes(&v.bwd_input, p) + bytes(&v.bwd_weight, p),
             tensor_core: tc,
             measured: false,
         }
@@ -249,35 +329,35 @@ impl CostModel {
 
     /// QSync INT8: quantized forward, FP16 backward (FP32 where the device
     /// has no FP16).
-    fn int8_cost(&self, f: &NodeFacts) -> OpCost {
+    fn int8_cost(&self, f: &NodeFacts, v: &Scaled) -> OpCost {
         let bwd_p = if self.device.supports(Precision::Fp16) { Precision::Fp16 } else { Precision::Fp32 };
-        let mut c = self.float_cost(f, bwd_p);
+        let mut c = self.float_cost(f, v, bwd_p);
         let tc = self.tensor_core_eligible(f, Precision::Int8);
         if !f.kind.is_gemm_like() {
             // Not a quantized kernel: the forward just moves 1-byte data.
-            c.fwd = self.phase(&f.fwd, f.kind, Precision::Int8, false);
-            c.fwd_bytes = bytes(&f.fwd, Precision::Int8);
+            c.fwd = self.phase(&v.fwd, f.kind, Precision::Int8, false);
+            c.fwd_bytes = bytes(&v.fwd, Precision::Int8);
             c.tensor_core = false;
             return c;
         }
         let cs = &self.casts;
         // Forward: quantize activation and weight, INT8 GEMM writing INT32,
         // dequantize (INT32 read, FP32 written) to the FP32 output.
-        let gemm = Work { elems: f.act_in + f.weight, fixed_bytes: f.fwd.fixed_bytes + 4.0 * f.out, ..f.fwd };
-        let dequant = 8.0 * f.out / (self.device.mem_bytes_per_s() * self.rates.memory) + self.device.launch_s();
-        let quant = cs.quantize(Precision::Fp32, f.act_in) + cs.quantize(Precision::Fp32, f.weight) + dequant;
+        let gemm = Work { elems: v.act_in + f.weight, fixed_bytes: v.fwd.fixed_bytes + 4.0 * v.out, ..v.fwd };
+        let dequant = 8.0 * v.out / (self.device.mem_bytes_per_s() * self.rates.memory) + self.device.launch_s();
+        let quant = cs.quantize(Precision::Fp32, v.act_in) + cs.quantize(Precision::Fp32, f.weight) + dequant;
         c.fwd = self.phase(&gemm, f.kind, Precision::Int8, tc) + quant;
         c.quant = quant;
-        c.fwd_bytes = bytes(&gemm, Precision::Int8) + 8.0 * f.out;
+        c.fwd_bytes = bytes(&gemm, Precision::Int8) + 8.0 * v.out;
         c.tensor_core = tc;
         // Backward in FP16: casts of the output gradient and weight (dgrad),
         // and of the saved INT8 input (wgrad).
         if !f.bwd_input.is_empty() {
-            c.bwd_input += cs.cast(Precision::Fp32, bwd_p, f.out) + cs.cast(Precision::Fp32, bwd_p, f.weight);
+            c.bwd_input += cs.cast(Precision::Fp32, bwd_p, v.out) + cs.cast(Precision::Fp32, bwd_p, f.weight);
         }
         if !f.bwd_weight.is_empty() {
-            c.bwd_weight += cs.dequantize(bwd_p, f.act_in)
-                + if f.bwd_input.is_empty() { cs.cast(Precision::Fp32, bwd_p, f.out) } else { 0.0 };
+            c.bwd_weight += cs.dequantize(bwd_p, v.act_in)
+                + if f.bwd_input.is_empty() { cs.cast(Precision::Fp32, bwd_p, v.out) } else { 0.0 };
         }
         c
     }
@@ -289,6 +369,31 @@ impl CostModel {
         }
         let t = roofline(&self.device, &self.rates, w, kind.is_gemm_like(), p, tc);
         t.body + t.launch
+    }
+}
+
+/// A node's batch-dependent quantities at some multiple of its batch.
+struct Scaled {
+    fwd: Work,
+    bwd_input: Work,
+    bwd_weight: Work,
+    act_in: f64,
+    out: f64,
+}
+
+impl Scaled {
+    fn of(f: &NodeFacts) -> Scaled {
+        Scaled { fwd: f.fwd, bwd_input: f.bwd_input, bwd_weight: f.bwd_weight, act_in: f.act_in, out: f.out }
+    }
+
+    fn at(f: &NodeFacts, scale: f64) -> Scaled {
+        Scaled {
+            fwd: f.fwd.scaled(scale, f.weight, true),
+            bwd_input: f.bwd_input.scaled(scale, f.weight, true),
+            bwd_weight: f.bwd_weight.scaled(scale, f.weight, false),
+            act_in: f.act_in * scale,
+            out: f.out * scale,
+        }
     }
 }
 

@@ -65,6 +65,66 @@ pub struct OpSample {
     pub bwd_input_us: Option<f64>,
     #[serde(default)]
     pub bwd_weight_us: Option<f64>,
+    /// The batch `inputs` are at (required with `batch_points`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<i64>,
+    /// The same operator measured at other batches: with the entry's own
+    /// time at `batch`, its batch curve ([`BatchCurve`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch_points: Vec<BatchPoint>,
+}
+
+/// An operator's times at another batch.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchPoint {
+    pub batch: i64,
+    /// The input shapes at this batch: when given, the point is also an
+    /// exact-key measurement of those shapes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Vec<Option<Vec<i64>>>>,
+    pub fwd_us: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_input_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_weight_us: Option<f64>,
+}
+
+/// An operator's measured time as a function of its batch, per phase, in
+/// seconds: piecewise linear between the measured batches, the first
+/// point's time below the first batch (the work no longer fills the device:
+/// flat, as below one wave), and beyond the last batch the line through the
+/// last two points (never below 0). A phase is read from the points that
+/// measured it; with fewer than two such points it is `None` (the caller
+/// keeps its own value).
+#[derive(Clone, PartialEq, Debug, Default)]
+pub struct BatchCurve {
+    /// `(batch, fwd, bwd_input, bwd_weight)`, sorted by batch, batches distinct.
+    pub points: Vec<(f64, f64, Option<f64>, Option<f64>)>,
+}
+
+impl BatchCurve {
+    /// Forward, input-gradient and weight-gradient seconds at `batch`.
+    pub fn at(&self, batch: f64) -> (f64, Option<f64>, Option<f64>) {
+        let fwd: Vec<(f64, f64)> = self.points.iter().map(|p| (p.0, p.1)).collect();
+        let bi: Vec<(f64, f64)> = self.points.iter().filter_map(|p| p.2.map(|t| (p.0, t))).collect();
+        let bw: Vec<(f64, f64)> = self.points.iter().filter_map(|p| p.3.map(|t| (p.0, t))).collect();
+        (piecewise(&fwd, batch).unwrap_or(0.0), piecewise(&bi, batch), piecewise(&bw, batch))
+    }
+}
+
+/// Piecewise-linear reading of `(x, y)` points sorted by `x` (see
+/// [`BatchCurve`]); `None` with fewer than two points.
+fn piecewise(pts: &[(f64, f64)], x: f64) -> Option<f64> {
+    if pts.len() < 2 {
+        return None;
+    }
+    if x <= pts[0].0 {
+        return Some(pts[0].1);
+    }
+    let i = pts.iter().position(|p| p.0 >= x).unwrap_or(pts.len() - 1).max(1);
+    let ((x0, y0), (x1, y1)) = (pts[i - 1], pts[i]);
+    Some((y0 + (y1 - y0) * (x - x0) / (x1 - x0)).max(0.0))
 }
 
 impl OpSample {
@@ -145,6 +205,11 @@ pub struct Measured {
     pub fwd: f64,
     pub bwd_input: Option<f64>,
     pub bwd_weight: Option<f64>,
+    /// The batch these times were measured at (1 when the profile does not say).
+    pub batch: f64,
+    /// Index of the op's batch curve in [`Profile::op_table_with_curves`]'s
+    /// curves, when it has one.
+    pub curve: Option<usize>,
 }
 
 /// A fitted cast model with its error.
@@ -174,6 +239,30 @@ impl Profile {
             }
             if o.inputs.iter().flatten().flatten().any(|&d| d < 0) {
                 return Err(bad(format!("ops[{i}] ({}): negative dimension", o.op)));
+            }
+            if o.batch.is_some_and(|b| b <= 0) {
+                return Err(bad(format!("ops[{i}] ({}): batch must be positive", o.op)));
+            }
+            if !o.batch_points.is_empty() && o.batch.is_none() {
+                return Err(bad(format!("ops[{i}] ({}): batch_points need the entry's `batch`", o.op)));
+            }
+            let mut seen = vec![o.batch.unwrap_or(0)];
+            for (j, b) in o.batch_points.iter().enumerate() {
+                let at = format!("ops[{i}] ({}): batch_points[{j}]", o.op);
+                if b.batch <= 0 || seen.contains(&b.batch) {
+                    return Err(bad(format!("{at}: batch {} is not positive or repeats one", b.batch)));
+                }
+                seen.push(b.batch);
+                for (what, v) in
+                    [("fwd_us", Some(b.fwd_us)), ("bwd_input_us", b.bwd_input_us), ("bwd_weight_us", b.bwd_weight_us)]
+                {
+                    if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
+                        return Err(bad(format!("{at}: {what} must be a non-negative number")));
+                    }
+                }
+                if b.inputs.as_ref().is_some_and(|ins| ins.len() != o.inputs.len()) {
+                    return Err(bad(format!("{at}: inputs must list as many slots as the entry's")));
+                }
             }
         }
         for (i, c) in p.casts.iter().enumerate() {
@@ -233,16 +322,52 @@ impl Profile {
 
     /// Measured op times by key and precision (later entries win).
     pub fn op_table(&self) -> HashMap<String, [Option<Measured>; 7]> {
+        self.op_table_with_curves().0
+    }
+
+    /// [`Profile::op_table`] plus the batch curves its entries point to.
+    /// A batch point that names its inputs is also an entry of its own key.
+    pub fn op_table_with_curves(&self) -> (HashMap<String, [Option<Measured>; 7]>, Vec<BatchCurve>) {
         let mut t: HashMap<String, [Option<Measured>; 7]> = HashMap::new();
+        let mut curves = Vec::new();
+        let s = |us: f64| us * 1e-6;
         for o in &self.ops {
+            let curve = match o.batch {
+                Some(b) if !o.batch_points.is_empty() => {
+                    let mut points = vec![(b as f64, s(o.fwd_us), o.bwd_input_us.map(s), o.bwd_weight_us.map(s))];
+                    points.extend(
+                        o.batch_points
+                            .iter()
+                            .map(|p| (p.batch as f64, s(p.fwd_us), p.bwd_input_us.map(s), p.bwd_weight_us.map(s))),
+                    );
+                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    curves.push(BatchCurve { points });
+                    Some(curves.len() - 1)
+                }
+                _ => None,
+            };
             let m = Measured {
-                fwd: o.fwd_us * 1e-6,
-                bwd_input: o.bwd_input_us.map(|v| v * 1e-6),
-                bwd_weight: o.bwd_weight_us.map(|v| v * 1e-6),
+                fwd: s(o.fwd_us),
+                bwd_input: o.bwd_input_us.map(s),
+                bwd_weight: o.bwd_weight_us.map(s),
+                batch: o.batch.unwrap_or(1) as f64,
+                curve,
             };
             t.entry(o.key()).or_default()[o.precision.index()] = Some(m);
+            for p in &o.batch_points {
+                let Some(inputs) = &p.inputs else { continue };
+                let key = OpSample { inputs: inputs.clone(), batch_points: Vec::new(), ..o.clone() }.key();
+                let m = Measured {
+                    fwd: s(p.fwd_us),
+                    bwd_input: p.bwd_input_us.map(s),
+                    bwd_weight: p.bwd_weight_us.map(s),
+                    batch: p.batch as f64,
+                    curve,
+                };
+                t.entry(key).or_default()[o.precision.index()] = Some(m);
+            }
         }
-        t
+        (t, curves)
     }
 
     /// Least-squares fits of every cast pair (samples of a pair listed

@@ -49,18 +49,29 @@ fn gemm_128x768x3072_fp16_on_v100_by_hand() {
     //       bytes = 5,707,776 → 7.461 µs;  time = max + 4 µs = 12.058 µs
     // dX:   flops = 603,979,776 → 8.053 µs; elems = y + x + W,b + dx = 2,952,192
     //       → 7.718 µs; time = 12.053 µs
-    // dW:   flops = 604,372,992 (with the bias reduction) → 12.058 µs as fwd.
+    // dW:   flops = 604,372,992 (with the bias reduction), elems as fwd.
+    // Waves (V100: 80 SMs, one 128×128 = 16,384-output tile each, split-K
+    // slices ≥ 256, split only to fill one wave):
+    // fwd:  outputs 393,216 → 24 tiles; K = 604,372,992 / (2·393,216) = 768.5
+    //       → ≤ 3 splits; floor(80/24) = 3 → 72 blocks, 1 wave → ×80/72:
+    //       8.058 · 10/9 = 8.954 µs > 7.461 → 12.954 µs
+    // dX:   outputs 98,304 (dx) → 6 tiles; K = 3072 → ≤ 12 splits;
+    //       floor(80/6) = 13 → 12 → 72 blocks → ×80/72 → 12.948 µs
+    // dW:   outputs 2,362,368 (W, b) → 145 tiles, no split → 2 waves →
+    //       ×160/145: 8.058 · 1.1034 = 8.892 µs → 12.892 µs.
     let (g, fc) = gemm_graph(128, 768, 3072);
     let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
     let c = model("v100").op_cost(&facts, fc, Precision::Fp16).unwrap();
     assert!(c.tensor_core);
     let (tc, bw, l): (f64, f64, f64) = (125e12 * 0.6, 900e9 * 0.85, 4e-6);
-    let fwd = (604_372_992.0 / tc).max(2.0 * 2_853_888.0 / bw) + l;
-    let dx = (603_979_776.0 / tc).max(2.0 * 2_952_192.0 / bw) + l;
+    let fwd = (604_372_992.0 / tc * 80.0 / 72.0).max(2.0 * 2_853_888.0 / bw) + l;
+    let dx = (603_979_776.0 / tc * 80.0 / 72.0).max(2.0 * 2_952_192.0 / bw) + l;
+    let dw = (604_372_992.0 / tc * 160.0 / 145.0).max(2.0 * 2_853_888.0 / bw) + l;
     assert!(close(c.fwd, fwd), "{} vs {fwd}", c.fwd);
     assert!(close(c.bwd_input, dx), "{} vs {dx}", c.bwd_input);
-    assert!(close(c.bwd_weight, fwd), "{} vs {fwd}", c.bwd_weight);
-    assert!((c.fwd * 1e6 - 12.058).abs() < 1e-3, "{}", c.fwd * 1e6);
+    assert!(close(c.bwd_weight, dw), "{} vs {dw}", c.bwd_weight);
+    assert!((c.fwd * 1e6 - 12.954).abs() < 1e-3, "{}", c.fwd * 1e6);
+    assert!((c.bwd_weight * 1e6 - 12.892).abs() < 1e-3, "{}", c.bwd_weight * 1e6);
     assert_eq!(c.fwd_flops, 604_372_992.0);
 }
 
@@ -70,6 +81,11 @@ fn conv3x3_fp32_on_v100_by_hand() {
     // MACs = 32·64·56·56 (outputs) · 64·9 = 3,699,376,128; flops = 2× = 7,398,752,256.
     // FP32 on CUDA cores: 15.7e12 × 0.9 = 14.13e12 → 523.6 µs (compute-bound;
     // bytes = 4·(6,422,528 + 36,864 + 6,422,528) = 51.5 MB → 67.4 µs), + 4 µs.
+    // Waves on 80 SMs (16,384-output tiles): fwd and dX write 6,422,528
+    // elements → 392 tiles → 5 waves → ×400/392 → 538.31 µs; dW writes the
+    // 36,864 weights → 3 tiles, K = 7,398,752,256 / (2·36,864) = 100,352
+    // allows split-K, floor(80/3) = 26 splits → 78 blocks, 1 wave → ×80/78
+    // → 541.05 µs.
     let mut g = Graph::new("conv");
     let x = g.add_input("x", t(&[32, 64, 56, 56]));
     let b = init(&mut g, "b", &[64, 1, 1]);
@@ -84,9 +100,11 @@ fn conv3x3_fp32_on_v100_by_hand() {
     let conv = g.add_node(spec);
     let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
     let c = model("v100").op_cost(&facts, conv, Precision::Fp32).unwrap();
-    let want = 7_398_752_256.0 / (15.7e12 * 0.9) + 4e-6;
+    let want = 7_398_752_256.0 / (15.7e12 * 0.9) * 400.0 / 392.0 + 4e-6;
+    let want_w = 7_398_752_256.0 / (15.7e12 * 0.9) * 80.0 / 78.0 + 4e-6;
     assert!(close(c.fwd, want), "{} vs {want}", c.fwd);
-    assert!(close(c.bwd_input, want) && close(c.bwd_weight, want));
+    assert!(close(c.bwd_input, want) && close(c.bwd_weight, want_w), "{c:?}");
+    assert!((c.fwd * 1e6 - 538.306).abs() < 1e-3 && (c.bwd_weight * 1e6 - 541.046).abs() < 1e-3);
     assert!(!c.tensor_core);
     // FP16: channels 64 are multiples of 8 → Tensor Cores.
     assert!(model("v100").op_cost(&facts, conv, Precision::Fp16).unwrap().tensor_core);
@@ -109,11 +127,13 @@ fn tensor_cores_need_aligned_dims() {
         assert!(unaligned.fwd > aligned.fwd, "{dev} {p}: CUDA cores are slower");
     }
     // FP16 CUDA-core rate for the unaligned case on V100: 31.4e12 × 0.9.
+    // Waves: 393,216 outputs → 24 tiles; K = flops / (2·393,216) = 767.5 →
+    // ≤ 2 splits → 48 blocks on 80 SMs → ×80/48.
     let (g, fc) = gemm_graph(128, 767, 3072);
     let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
     let c = model("v100").op_cost(&facts, fc, Precision::Fp16).unwrap();
     let flops = 2.0 * 128.0 * 767.0 * 3072.0 + 128.0 * 3072.0;
-    assert!(close(c.fwd, flops / (31.4e12 * 0.9) + 4e-6));
+    assert!(close(c.fwd, flops / (31.4e12 * 0.9) * 80.0 / 48.0 + 4e-6), "{}", c.fwd);
 }
 
 #[test]
@@ -295,6 +315,10 @@ fn attention_is_two_gemms_around_a_softmax() {
     let c = model("v100").op_cost(&facts, att, Precision::Fp16).unwrap();
     assert!(c.tensor_core, "head sizes and sequence are multiples of 8");
     let (tc, bw, l): (f64, f64, f64) = (125e12 * 0.6, 900e9 * 0.85, 4e-6);
-    let fwd = (69_206_016.0 / tc).max(2.0 * 786_432.0 / bw) + l;
+    // Waves: Y's 131,072 outputs → 8 tiles; K = 69,206,016 / (2·131,072) =
+    // 264 → no split-K (< 2·256) → 8 blocks on 80 SMs, one wave → ×10:
+    // 0.923 µs of Tensor Core work takes 9.228 µs (> 2.056 µs of memory).
+    let fwd = (69_206_016.0 / tc * 10.0).max(2.0 * 786_432.0 / bw) + l;
     assert!(close(c.fwd, fwd), "{} vs {fwd}", c.fwd);
+    assert!((c.fwd * 1e6 - 13.227).abs() < 1e-3, "{}", c.fwd * 1e6);
 }

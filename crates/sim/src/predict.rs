@@ -13,9 +13,13 @@
 //! that names a different device is refused.
 //!
 //! Work of graphs with a batch fixed inside them (dynamo exports bake batch 1
-//! into reshape targets) is scaled by `local batch / fixed batch`: op times
-//! and saved activations (and the per-node gradient buffers of the workspace)
-//! scale linearly; weights, their gradients and optimizer state do not.
+//! into reshape targets) is scaled by `local batch / fixed batch`: each op is
+//! priced by the cost model at the scaled batch (`CostModel::op_cost_at`:
+//! the roofline of the scaled work, with weights read once and the wave
+//! model's loss of efficiency when the work no longer fills the device, or a
+//! profile's measured batch curve); casts of activations, saved activations
+//! and the per-node gradient buffers of the workspace scale linearly;
+//! weights, their gradients and optimizer state do not.
 
 use qsync_cost::{
     Bindings, CostModel, Device, GraphFacts, MemoryBreakdown, MemoryTracker, Optimizer, Plan, Precision, Profile,
@@ -87,11 +91,11 @@ pub struct PredictOptions {
     /// `bindings`, times `work_scale`). When set, a target whose
     /// `local_batch` differs has its per-sample work, activations and
     /// per-node buffers scaled by `local_batch / reference_batch` — the
-    /// same linear rule as `work_scale` (kernel launches, weights, their
-    /// gradients and optimizer state do not scale). This is how a joint
-    /// plan gives each device type its own batch. `None`: every target is
-    /// costed at the bound batch whatever its `local_batch` (which then
-    /// only counts its samples).
+    /// same rule as `work_scale` (ops priced at the scaled batch; kernel
+    /// launches, weights, their gradients and optimizer state do not
+    /// scale). This is how a joint plan gives each device type its own
+    /// batch. `None`: every target is costed at the bound batch whatever
+    /// its `local_batch` (which then only counts its samples).
     pub reference_batch: Option<u32>,
 }
 
@@ -616,9 +620,19 @@ impl<'g> Predictor<'g> {
         scale: f64,
     ) -> Result<OpCost, PredictError> {
         let (graph, facts) = (cx.graph, cx.facts);
+        // An op on weights alone (`Transpose(W)`, a weight's cast) does the
+        // same work at any batch.
+        let outputs = graph.node(n).outputs();
+        let on_weights = !outputs.is_empty()
+            && outputs.iter().all(|o| matches!(cx.statics.get(o.index()), Some(Static::Param | Static::Constant)));
+        let op_scale = if on_weights { 1.0 } else { scale };
+        // The cost model prices the node at the scaled batch itself
+        // (`CostModel::op_cost_at`): analytic phases on the scaled work, with
+        // weights read once and the wave model's loss of efficiency at small
+        // work; measured ones from their batch curve, or linearly.
         let (c, w) = match cx.cast_node(model, n, scale) {
             Some(w) => (qsync_cost::OpCost::default(), w),
-            None => (model.op_cost(facts, n, resolved.compute(n))?, cx.work(model, resolved, n, scale)),
+            None => (model.op_cost_at(facts, n, resolved.compute(n), op_scale)?, cx.work(model, resolved, n, scale)),
         };
         let weight_elems: f64 = graph
             .node(n)
@@ -630,31 +644,10 @@ impl<'g> Predictor<'g> {
             .sum();
         // Weight gradients are all-reduced in FP32, whatever the compute precision.
         let grad_bytes = 4.0 * weight_elems;
-        // Per-sample work scales; the kernel launch does not, and neither
-        // does streaming the op's weights: below the reference batch a
-        // phase never gets faster than reading its weights (forward, input
-        // gradient) or writing their gradients (weight gradient) once at the
-        // compute precision — where GEMMs turn memory-bound at small batch.
-        // An op on weights alone (`Transpose(W)`, a weight's cast) does the
-        // same work at any batch.
-        let launch = model.device().launch_s();
-        let outputs = graph.node(n).outputs();
-        let on_weights = !outputs.is_empty()
-            && outputs.iter().all(|o| matches!(cx.statics.get(o.index()), Some(Static::Param | Static::Constant)));
-        let scale = if on_weights { 1.0 } else { scale };
-        let weight_s = if scale < 1.0 {
-            weight_elems * resolved.compute(n).bytes() / (model.device().mem_bytes_per_s() * model.rates().memory)
-        } else {
-            0.0
-        };
-        let scaled = |t: f64| {
-            let floor = if t > launch { (launch + weight_s).min(t) } else { t };
-            us(scaled_work(t, launch, scale).max(floor))
-        };
         Ok(OpCost {
-            fwd_us: scaled(c.fwd) + us(w.fwd + w.weight_fwd),
-            input_grad_us: scaled(c.bwd_input) + us(w.input_grad),
-            weight_grad_us: scaled(c.bwd_weight) + us(w.weight_grad),
+            fwd_us: us(c.fwd) + us(w.fwd + w.weight_fwd),
+            input_grad_us: us(c.bwd_input) + us(w.input_grad),
+            weight_grad_us: us(c.bwd_weight) + us(w.weight_grad),
             grad_bytes: grad_bytes as u64,
             saved_bytes: 0,
         })

@@ -295,15 +295,22 @@ fn each_target_is_costed_at_its_own_batch() {
     assert_eq!(s.devices[0].compute_us, u.devices[0].compute_us, "the V100 at the reference batch");
     assert_eq!(split.memory(0), both1.memory(0));
     assert_eq!(s.global_batch, 4 * 8 + 4 * 16);
-    // Affine in the batch (the joint planner's lines), and not simply
-    // proportional: launches do not scale.
+    // Not proportional to the batch: launches and weight reads do not scale,
+    // and small work fills the T4's 40 SMs in partial waves, so the time per
+    // sample falls as the batch grows (issue 27, defect 3: it used to be
+    // affine, which priced a T4 given 1 or 2 samples too cheaply).
     let at = |b: u32| {
         let o = PredictOptions { reference_batch: Some(8), ..opts(&g) };
         Predictor::new(&g, vec![v100(8), t4(b)], o).expect("predict").result().devices[1].compute_us
     };
-    let (c8, c16, c24) = (at(8), at(16), at(24));
+    let (c1, c2, c8, c16) = (at(1), at(2), at(8), at(16));
     assert!(c16 > c8 && c16 < 2.0 * c8, "{c8} {c16}");
-    assert!(((c24 - c16) - (c16 - c8)).abs() <= 1e-9 * c24, "{c8} {c16} {c24}");
+    assert!(c1 / 1.0 > c2 / 2.0 && c2 / 2.0 > c8 / 8.0 && c8 / 8.0 > c16 / 16.0, "{c1} {c2} {c8} {c16}");
+    // BERT-tiny's GEMMs (hidden 128) stay below one wave of the T4 from
+    // batch 1 to 16, so their compute is flat there: batch 1 still takes more
+    // than half of batch 8's compute (the linear rule gave about an eighth
+    // plus launches).
+    assert!(c1 > 0.5 * c8, "{c1} vs {c8}");
 }
 
 #[test]

@@ -1,0 +1,218 @@
+//! Small per-device work (issue 27, defect 3): the wave model of GEMM-like
+//! phases, costs at a fraction of the batch, and measured batch curves.
+//! Every expected value is worked out by hand in the comments.
+#![allow(clippy::unwrap_used)]
+
+use qsync_cost::model::wave_factor;
+use qsync_cost::{Bindings, CostModel, DeviceDb, GraphFacts, Precision, Profile, Work};
+use qsync_ir::{Attr, DType, Dim, Graph, NodeId, NodeSpec, Op, Tensor, TensorType};
+
+fn t(dims: &[i64]) -> TensorType {
+    TensorType::new(DType::F32, dims.iter().map(|&d| Dim::from(d)).collect())
+}
+
+fn init(g: &mut Graph, name: &str, dims: &[i64]) -> qsync_ir::ValueId {
+    let n: i64 = dims.iter().product();
+    g.add_init(name, Tensor::from_f32(dims.to_vec(), &vec![0.0; n as usize]))
+}
+
+/// x[m,k] → Add(s[k]) → Gemm(W[n,k]ᵀ, b[n]) → y[m,n] (all three phases).
+fn gemm_graph(m: i64, k: i64, n: i64) -> (Graph, NodeId) {
+    let mut g = Graph::new("gemm");
+    let x = g.add_input("x", t(&[m, k]));
+    let s = init(&mut g, "s", &[k]);
+    let r = g.add_node(NodeSpec::new("shift", Op::Add).input(x).input(s).output("r", t(&[m, k])));
+    let rv = g.node(r).outputs()[0];
+    let w = init(&mut g, "w", &[n, k]);
+    let b = init(&mut g, "b", &[n]);
+    let spec =
+        NodeSpec::new("fc", Op::Gemm).input(rv).input(w).input(b).attr("transB", Attr::Int(1)).output("y", t(&[m, n]));
+    let fc = g.add_node(spec);
+    let y = g.node(fc).outputs()[0];
+    g.set_outputs(vec![y]);
+    (g, fc)
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * b.abs().max(1e-12)
+}
+
+fn work(outputs: f64, k: f64) -> Work {
+    Work { flops: 2.0 * outputs * k, elems: 0.0, fixed_bytes: 0.0, kernels: 1.0, outputs }
+}
+
+#[test]
+fn waves_are_flat_below_one_wave_and_step_per_wave() {
+    // T4: 40 SMs × 1 tile of 16,384 outputs = 40 blocks a wave; split-K
+    // slices ≥ 256. K = 128 allows no split.
+    let db = DeviceDb::bundled().unwrap();
+    let t4 = db.get("t4").unwrap();
+    let tile = 16_384.0;
+    // 10 tiles → 10 blocks of 40 → factor 40/10 = 4; 5 tiles → 8.
+    assert_eq!(wave_factor(t4, &work(10.0 * tile, 128.0)), 4.0);
+    assert_eq!(wave_factor(t4, &work(5.0 * tile, 128.0)), 8.0);
+    // Flat below one wave: compute ∝ flops · factor = 2·outputs·K · 40/tiles,
+    // the same for 5 and 10 tiles.
+    let at = |tiles: f64| 2.0 * tiles * tile * 128.0 * wave_factor(t4, &work(tiles * tile, 128.0));
+    assert_eq!(at(5.0), at(10.0));
+    assert_eq!(at(1.0), at(40.0));
+    // 40 tiles: exactly one wave (1); 41: two waves → 80/41; 80: 1 again.
+    assert_eq!(wave_factor(t4, &work(40.0 * tile, 128.0)), 1.0);
+    assert!(close(wave_factor(t4, &work(41.0 * tile, 128.0)), 80.0 / 41.0));
+    assert_eq!(wave_factor(t4, &work(80.0 * tile, 128.0)), 1.0);
+    // A partial tile is a whole tile: 16,385 outputs = 2 tiles → 20.
+    assert_eq!(wave_factor(t4, &work(tile + 1.0, 128.0)), 20.0);
+    // Split-K: 2 tiles with K = 4096 allow floor(4096/256) = 16 splits;
+    // floor(40/2) = 20 would fill the wave, so 16 → 32 blocks → 40/32.
+    assert_eq!(wave_factor(t4, &work(2.0 * tile, 4096.0)), 1.25);
+    // K = 1024 allows 4: 2·4 = 8 blocks → 5.
+    assert_eq!(wave_factor(t4, &work(2.0 * tile, 1024.0)), 5.0);
+    // No outputs named (not a GEMM phase): 1.
+    assert_eq!(wave_factor(t4, &work(0.0, 128.0)), 1.0);
+    // A device without occupancy figures: 1.
+    let mut bare = t4.clone();
+    bare.occupancy = None;
+    assert_eq!(wave_factor(&bare, &work(tile, 128.0)), 1.0);
+}
+
+#[test]
+fn a_gemm_at_an_eighth_of_its_batch_costs_far_more_than_an_eighth() {
+    // T4 FP16 Tensor Cores: 65e12 × 0.3 = 19.5e12 FLOP/s; 320 GB/s × 0.6 =
+    // 192e9 B/s; 4 µs launch. x[256,768] · Wᵀ[768,768] + b.
+    // Batch as built (scale 1):
+    //   flops = 2·256·768·768 + 256·768 = 302,186,496 → 15.497 µs at peak·eff;
+    //   outputs 196,608 → 12 tiles, K = 302,186,496 / (2·196,608) = 768.5 →
+    //   ≤ 3 splits, floor(40/12) = 3 → 36 blocks → ×40/36 → 17.219 µs;
+    //   elems = 196,608 (x) + 589,824 (W) + 768 (b) + 196,608 (y) = 983,808,
+    //   2 bytes each → 10.248 µs. fwd = 17.219 + 4 = 21.219 µs.
+    // Scale 1/8 (32 rows):
+    //   flops = 37,773,312; outputs 24,576 → 2 tiles, K = 768.5 → ≤ 3 splits,
+    //   floor(40/2) = 20 → 3 → 6 blocks → ×40/6 → 12.914 µs;
+    //   elems = 590,592 (W, b: once) + (983,808 − 590,592)/8 = 639,744 →
+    //   6.664 µs. fwd = 12.914 + 4 = 16.914 µs — the linear rule gave
+    //   4 + 17.219/8 = 6.15 µs.
+    let (g, fc) = gemm_graph(256, 768, 768);
+    let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
+    let db = DeviceDb::bundled().unwrap();
+    let cm = CostModel::new(db.get("t4").unwrap(), None).unwrap();
+    let (tc, bw, l): (f64, f64, f64) = (65e12 * 0.3, 320e9 * 0.6, 4e-6);
+    let full = cm.op_cost_at(&facts, fc, Precision::Fp16, 1.0).unwrap();
+    let want_full = (302_186_496.0 / tc * 40.0 / 36.0).max(2.0 * 983_808.0 / bw) + l;
+    assert!(close(full.fwd, want_full), "{} vs {want_full}", full.fwd);
+    assert!((full.fwd * 1e6 - 21.219).abs() < 1e-3);
+    assert_eq!(full, cm.op_cost(&facts, fc, Precision::Fp16).unwrap(), "scale 1 is op_cost");
+    let eighth = cm.op_cost_at(&facts, fc, Precision::Fp16, 0.125).unwrap();
+    let want = (37_773_312.0 / tc * 40.0 / 6.0).max(2.0 * 639_744.0 / bw) + l;
+    assert!(close(eighth.fwd, want), "{} vs {want}", eighth.fwd);
+    assert!((eighth.fwd * 1e6 - 16.914).abs() < 1e-3, "{}", eighth.fwd * 1e6);
+    assert_eq!(eighth.fwd_flops, 37_773_312.0);
+    // The same node really at 32 rows costs the same as the scaled one.
+    let (g32, fc32) = gemm_graph(32, 768, 768);
+    let f32_facts = GraphFacts::new(&g32, &Bindings::new()).unwrap();
+    let direct = cm.op_cost(&f32_facts, fc32, Precision::Fp16).unwrap();
+    assert!(close(direct.fwd, eighth.fwd), "{} vs {}", direct.fwd, eighth.fwd);
+    assert!(close(direct.bwd_input, eighth.bwd_input) && close(direct.bwd_weight, eighth.bwd_weight));
+}
+
+/// A profile with the 256-row GEMM measured at batch 8 (its shapes' batch,
+/// for the test) and at batches 2 and 32; `extra` adds fields to the op.
+fn curve_profile(extra: &str) -> Profile {
+    let text = format!(
+        r#"{{ "device": "t4", "ops": [ {{ "op": "Gemm", "inputs": [[256, 768], [768, 768], [768]],
+            "precision": "fp16", "fwd_us": 40.0, "bwd_input_us": 50.0, "batch": 8 {extra} }} ] }}"#
+    );
+    Profile::from_json(&text, "test").unwrap()
+}
+
+#[test]
+fn a_batch_curve_is_piecewise_linear_flat_below_and_extrapolated_above() {
+    let p = curve_profile(
+        r#", "batch_points": [
+            { "batch": 2, "fwd_us": 25.0, "bwd_input_us": 30.0 },
+            { "batch": 32, "inputs": [[1024, 768], [768, 768], [768]], "fwd_us": 100.0 } ]"#,
+    );
+    let (table, curves) = p.op_table_with_curves();
+    assert_eq!(curves.len(), 1);
+    let c = &curves[0];
+    let us = |(f, bi, bw): (f64, Option<f64>, Option<f64>)| (f * 1e6, bi.map(|x| x * 1e6), bw.map(|x| x * 1e6));
+    let near = |a: (f64, Option<f64>, Option<f64>), b: (f64, Option<f64>, Option<f64>)| {
+        let o = |x: Option<f64>, y: Option<f64>| match (x, y) {
+            (Some(x), Some(y)) => (x - y).abs() < 1e-9,
+            (None, None) => true,
+            _ => false,
+        };
+        (a.0 - b.0).abs() < 1e-9 && o(a.1, b.1) && o(a.2, b.2)
+    };
+    // fwd points (2, 25), (8, 40), (32, 100); bwd_input (2, 30), (8, 50);
+    // bwd_weight never measured → None.
+    // Batch 1, below the first point: flat at the first point's time.
+    assert!(near(us(c.at(1.0)), (25.0, Some(30.0), None)), "{:?}", us(c.at(1.0)));
+    // Batch 4: fwd 25 + (40 − 25)·(4 − 2)/(8 − 2) = 30; bwd_input 30 + 20·2/6 = 36.667.
+    assert!(near(us(c.at(4.0)), (30.0, Some(30.0 + 20.0 / 3.0), None)), "{:?}", us(c.at(4.0)));
+    // Batch 16: fwd 40 + 60·8/24 = 60; bwd_input beyond its last point (8):
+    // the line through (2, 30) and (8, 50): 50 + 20·8/6 = 76.667.
+    assert!(near(us(c.at(16.0)), (60.0, Some(50.0 + 160.0 / 6.0), None)), "{:?}", us(c.at(16.0)));
+    // Batch 64, beyond the last fwd point: the line through (8, 40) and
+    // (32, 100): 100 + 60·32/24 = 180.
+    assert!((c.at(64.0).0 * 1e6 - 180.0).abs() < 1e-9);
+    // Exactly at a point: that point.
+    assert!((c.at(32.0).0 * 1e6 - 100.0).abs() < 1e-9);
+    // The point that names its inputs is also an entry of its own key.
+    let m = table["Gemm|1024x768,768x768,768"][Precision::Fp16.index()].unwrap();
+    assert!(close(m.fwd, 100e-6) && m.batch == 32.0 && m.curve == Some(0), "{m:?}");
+    let m = table["Gemm|256x768,768x768,768"][Precision::Fp16.index()].unwrap();
+    assert_eq!((m.batch, m.curve), (8.0, Some(0)));
+}
+
+#[test]
+fn the_cost_model_reads_a_measured_curve_at_the_scaled_batch() {
+    // The profile's GEMM is the graph's node (same key). At scale 1/4 the
+    // node runs at batch 8/4 = 2: fwd 25 µs, bwd_input 30 µs (the points);
+    // bwd_weight was never measured and stays analytic at the scaled work.
+    let p = curve_profile(r#", "batch_points": [ { "batch": 2, "fwd_us": 25.0, "bwd_input_us": 30.0 } ]"#);
+    let db = DeviceDb::bundled().unwrap();
+    let t4 = db.get("t4").unwrap();
+    let cm = CostModel::new(t4, Some(&p)).unwrap();
+    let bare = CostModel::new(t4, None).unwrap();
+    let (g, fc) = gemm_graph(256, 768, 768);
+    let facts = GraphFacts::new(&g, &Bindings::new()).unwrap();
+    let c = cm.op_cost_at(&facts, fc, Precision::Fp16, 0.25).unwrap();
+    assert!(c.measured);
+    assert!(close(c.fwd, 25e-6) && close(c.bwd_input, 30e-6), "{c:?}");
+    let analytic = bare.op_cost_at(&facts, fc, Precision::Fp16, 0.25).unwrap();
+    assert!(close(c.bwd_weight, analytic.bwd_weight));
+    // At scale 1: the entry's own times.
+    let one = cm.op_cost_at(&facts, fc, Precision::Fp16, 1.0).unwrap();
+    assert!(close(one.fwd, 40e-6) && close(one.bwd_input, 50e-6));
+    // Without batch points a measured op scales linearly (all but one 4 µs
+    // launch), floored at a launch plus its weights read once at FP16:
+    // 590,592 · 2 B / 192e9 B/s = 6.152 µs. fwd 4 + 36/4 = 13 µs;
+    // bwd_input 4 + 46/4 = 15.5 µs; at 1/64: 4 + 36/64 = 4.5625 < the floor
+    // 10.152 µs.
+    let flat = CostModel::new(t4, Some(&curve_profile(""))).unwrap();
+    let q = flat.op_cost_at(&facts, fc, Precision::Fp16, 0.25).unwrap();
+    assert!(close(q.fwd, 13e-6) && close(q.bwd_input, 15.5e-6), "{q:?}");
+    let tiny = flat.op_cost_at(&facts, fc, Precision::Fp16, 1.0 / 64.0).unwrap();
+    let floor = 4e-6 + 590_592.0 * 2.0 / (320e9 * 0.6);
+    assert!(close(tiny.fwd, floor), "{} vs {floor}", tiny.fwd);
+}
+
+#[test]
+fn batch_points_are_checked() {
+    let bad = |extra: &str| {
+        let text = format!(
+            r#"{{ "ops": [ {{ "op": "Gemm", "inputs": [[256, 768]], "precision": "fp16", "fwd_us": 40.0 {extra} }} ] }}"#
+        );
+        Profile::from_json(&text, "p.json").unwrap_err().to_string()
+    };
+    let e = bad(r#", "batch_points": [ { "batch": 2, "fwd_us": 1.0 } ]"#);
+    assert!(e.contains("batch_points need the entry's `batch`"), "{e}");
+    let e = bad(r#", "batch": 8, "batch_points": [ { "batch": 8, "fwd_us": 1.0 } ]"#);
+    assert!(e.contains("batch 8 is not positive or repeats one"), "{e}");
+    let e = bad(r#", "batch": 8, "batch_points": [ { "batch": 2, "fwd_us": -1.0 } ]"#);
+    assert!(e.contains("fwd_us must be a non-negative number"), "{e}");
+    let e = bad(r#", "batch": 8, "batch_points": [ { "batch": 2, "inputs": [], "fwd_us": 1.0 } ]"#);
+    assert!(e.contains("as many slots"), "{e}");
+    let e = bad(r#", "batch": 0"#);
+    assert!(e.contains("batch must be positive"), "{e}");
+}
