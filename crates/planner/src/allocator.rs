@@ -255,6 +255,10 @@ pub struct TypeEval {
     pub forward_end_ms: f64,
     pub backward_end_ms: f64,
     pub finish_ms: f64,
+    /// Forward and backward passes per optimizer step (gradient
+    /// accumulation; 1 for a plain step). Only "each type alone" accumulates,
+    /// to train the cluster's global batch where one step of it does not fit.
+    pub accumulation_steps: u32,
 }
 
 /// A whole-cluster plan and its predicted figures.
@@ -330,8 +334,9 @@ pub struct Outcome {
     /// Joint combinations split and estimated, and how many were verified.
     pub joint_combinations: usize,
     pub joint_verified: usize,
-    /// Each device type alone (its own devices, their local batch as given,
-    /// the training precision), in the targets' order: what the cluster
+    /// Each device type alone (its own devices at the training precision,
+    /// training the same global batch — with gradient accumulation where one
+    /// step of it does not fit), in the targets' order: what the cluster
     /// without the other types would do. Empty for a single type. `None`
     /// where the type alone does not fit.
     pub alone: Vec<(String, Option<Eval>)>,
@@ -424,6 +429,8 @@ impl<'g> Ctx<'g> {
             .iter()
             .copied()
             .filter(|p| gemm || (!p.is_fixed_point() && p.bits() >= 16))
+            // INT8 needs a calibrated scale for every activation it reads.
+            .filter(|p| !p.is_fixed_point() || self.ind.int8_allowed(n))
             .filter(|&p| self.schema_allows(n, p))
             .collect()
     }
@@ -566,6 +573,7 @@ impl<'g> Ctx<'g> {
                 forward_end_ms: d.forward_end_us / 1e3,
                 backward_end_ms: d.backward_end_us / 1e3,
                 finish_ms: d.finish_us / 1e3,
+                accumulation_steps: 1,
             });
         }
         Eval {
@@ -577,14 +585,77 @@ impl<'g> Ctx<'g> {
         }
     }
 
-    /// Device type `t` alone: its devices at their local batch, trained at
-    /// the training precision. `None` when it does not fit.
+    /// Device type `t` alone, trained at the training precision on the
+    /// cluster's global batch `B` — so that it is compared with the whole
+    /// cluster per sample, paying its synchronization once per `B` samples:
+    /// each of its `c` devices takes `⌈B/c⌉` samples a step. Where that does
+    /// not fit, gradient accumulation: `k` passes of `⌈⌈B/c⌉/k⌉` samples, the
+    /// smallest `k` whose micro-batch fits (the largest fitting micro-batch is
+    /// found by bisection: memory grows with the batch). An accumulated step
+    /// costs `k − 1` forward-backward passes without synchronization, then
+    /// one ordinary iteration. A graph that fixes its batch accumulates at
+    /// that batch. `None` when not even the smallest micro-batch fits.
     pub(crate) fn alone(&self, t: usize) -> Result<Option<Eval>, PlanError> {
         let mut target = self.targets[t].clone();
         target.plan = self.training_plan(t)?;
-        let mut pred = Predictor::with_analysis(self.g, self.analysis.clone(), vec![target], self.popts.clone())?;
-        let e = self.eval_types(&format!("alone:{}", self.targets[t].device.name), &mut pred, Some(t));
-        Ok(e.types.iter().all(|d| d.fits).then_some(e))
+        let global: u64 = self.targets.iter().map(|x| u64::from(x.count) * u64::from(x.local_batch)).sum();
+        let per_device = global.div_ceil(u64::from(target.count.max(1))).min(u64::from(u32::MAX)) as u32;
+        let name = format!("alone:{}", self.targets[t].device.name);
+        let try_micro = |micro: u32| -> Result<Eval, PlanError> {
+            let mut tg = target.clone();
+            tg.local_batch = micro;
+            let mut pred = Predictor::with_analysis(self.g, self.analysis.clone(), vec![tg], self.popts.clone())?;
+            Ok(self.eval_types(&name, &mut pred, Some(t)))
+        };
+        let fits = |e: &Eval| e.types.iter().all(|d| d.fits);
+        let (lo, hi) = self.batch_bounds;
+        let micro = if lo == hi {
+            // The graph fixes its batch: accumulate at it.
+            let e = try_micro(lo)?;
+            if !fits(&e) {
+                return Ok(None);
+            }
+            lo
+        } else {
+            let top = per_device.max(lo);
+            let e = try_micro(top)?;
+            if fits(&e) {
+                return Ok(Some(e));
+            }
+            // Largest micro-batch in [lo, top) that fits.
+            let (mut good, mut bad) = (None, top);
+            let mut low = lo;
+            while low < bad {
+                let mid = low + (bad - low) / 2;
+                if fits(&try_micro(mid)?) {
+                    good = Some(mid);
+                    low = mid + 1;
+                } else {
+                    bad = mid;
+                }
+            }
+            match good {
+                Some(g) => g,
+                None => return Ok(None),
+            }
+        };
+        let k = per_device.div_ceil(micro.max(1)).max(1);
+        let micro = per_device.div_ceil(k).max(lo);
+        let mut e = try_micro(micro)?;
+        if !fits(&e) {
+            return Ok(None);
+        }
+        if k > 1 {
+            let extra_ms: f64 = e.types.iter().map(|d| d.backward_end_ms).fold(0.0, f64::max) * f64::from(k - 1);
+            let samples = e.samples_per_s * e.iteration_ms / 1e3 * f64::from(k);
+            e.iteration_ms += extra_ms;
+            e.samples_per_s = samples / (e.iteration_ms / 1e3);
+            for d in &mut e.types {
+                d.accumulation_steps = k;
+                d.finish_ms += extra_ms;
+            }
+        }
+        Ok(Some(e))
     }
 
     /// Max-heap recovery (QSync Sec. V) on `pred`, in place. Returns (tried, kept).

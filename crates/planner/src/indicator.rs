@@ -37,6 +37,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use qsync_cost::{GraphFacts, Precision};
 use qsync_ir::{DType, Graph, NodeId, Op, ValueId};
+use qsync_passes::precision::qscale::uncalibrated_input;
+use qsync_passes::precision::ActivationRanges;
 use serde::{Deserialize, Serialize};
 
 /// Summary statistics of one tensor, averaged over calibration iterations.
@@ -52,7 +54,8 @@ pub struct TensorStats {
 }
 
 impl TensorStats {
-    fn absmax(&self) -> f64 {
+    /// The largest magnitude, max(|min|, |max|).
+    pub fn absmax(&self) -> f64 {
         self.min.abs().max(self.max.abs())
     }
 
@@ -138,6 +141,71 @@ impl Calibration {
         }
         Ok(c)
     }
+
+    /// The quantization ranges of the activations the statistics describe,
+    /// by value name, for materialization's INT8 / FP8 scales: per matched
+    /// node, its `input` statistics' largest magnitude (max(|min|, |max|))
+    /// is the range of its activation input — the first float input not
+    /// computed from initializers and constants alone — and, where the file
+    /// has `weight` statistics, theirs the range of a weight the graph
+    /// computes (a transposed initializer), when the node reads exactly one.
+    /// A value read by several matched nodes keeps the largest range.
+    pub fn activation_ranges(&self, g: &Graph) -> ActivationRanges {
+        let mut ranges = ActivationRanges::default();
+        let mut constant = HashMap::new();
+        for (n, s) in match_calibration(g, self) {
+            let float_ins: Vec<ValueId> = g
+                .node(n)
+                .inputs()
+                .iter()
+                .flatten()
+                .copied()
+                .filter(|&v| g.ty(v).dtype.is_none_or(DType::is_float))
+                .collect();
+            let derived: Vec<bool> = float_ins.iter().map(|&v| from_constants(g, v, &mut constant)).collect();
+            if let (Some(st), Some(i)) = (s.input, derived.iter().position(|d| !d)) {
+                ranges.insert(g.value_name(float_ins[i]), st.absmax());
+            }
+            let computed_weights: Vec<ValueId> = float_ins
+                .iter()
+                .zip(&derived)
+                .filter(|&(&v, &d)| d && g.value(v).init().is_none())
+                .map(|(&v, _)| v)
+                .collect();
+            if let (Some(st), [w]) = (s.weight, computed_weights.as_slice()) {
+                ranges.insert(g.value_name(*w), st.absmax());
+            }
+        }
+        ranges
+    }
+}
+
+/// Whether `v` is computed from initializers and constants alone (a
+/// weight, possibly transposed or cast), not from a graph input.
+fn from_constants(g: &Graph, v: ValueId, memo: &mut HashMap<ValueId, bool>) -> bool {
+    if let Some(&b) = memo.get(&v) {
+        return b;
+    }
+    // Iterative DFS: real exports chain thousands of nodes.
+    let mut stack = vec![(v, false)];
+    while let Some((u, expanded)) = stack.pop() {
+        if memo.contains_key(&u) {
+            continue;
+        }
+        let Some((p, _)) = g.producer(u) else {
+            memo.insert(u, g.value(u).init().is_some());
+            continue;
+        };
+        let ins: Vec<ValueId> = g.node(p).inputs().iter().flatten().copied().collect();
+        if expanded {
+            let all = ins.iter().all(|i| memo.get(i).copied().unwrap_or(false));
+            memo.insert(u, all);
+        } else {
+            stack.push((u, true));
+            stack.extend(ins.into_iter().filter(|i| !memo.contains_key(i)).map(|i| (i, false)));
+        }
+    }
+    memo.get(&v).copied().unwrap_or(false)
 }
 
 /// Where an operator's statistics came from.
@@ -177,6 +245,17 @@ pub struct Indicator {
     /// γ of eq. (3); 1 unless told otherwise.
     pub gamma: f64,
     pub sources: Sources,
+    /// The calibration's activation ranges (empty without one): the scales
+    /// materialization writes for INT8 / FP8 activations.
+    ranges: ActivationRanges,
+    /// Candidates reading an activation without a range, with the first
+    /// such value: never INT8 ([`Indicator::int8_allowed`]).
+    uncalibrated: BTreeMap<NodeId, ValueId>,
+    /// Of `uncalibrated`, the GEMM-like ones (the only ones INT8 is offered
+    /// to) and the first of them in schedule order, for the warning.
+    uncalibrated_gemm: usize,
+    first_uncalibrated_gemm: Option<(NodeId, ValueId)>,
+    gemm: usize,
 }
 
 /// ε = 2^-k of a floating-point format (k = mantissa bits − 1); 0 at FP32.
@@ -234,6 +313,20 @@ impl Indicator {
         let depth = depths(g);
         let model_depth = depth.values().copied().max().unwrap_or(1);
         let calib = calibration.map(|c| match_calibration(g, c)).unwrap_or_default();
+        let ranges = calibration.map(|c| c.activation_ranges(g)).unwrap_or_default();
+        let (mut uncalibrated, mut uncalibrated_gemm, mut gemm) = (BTreeMap::new(), 0, 0);
+        let mut first_uncalibrated_gemm = None;
+        for &n in candidates {
+            let is_gemm = facts.node(n).is_ok_and(|f| f.kind.is_gemm_like());
+            gemm += usize::from(is_gemm);
+            if let Some(v) = uncalibrated_input(g, n, &ranges) {
+                uncalibrated.insert(n, v);
+                if is_gemm {
+                    uncalibrated_gemm += 1;
+                    first_uncalibrated_gemm.get_or_insert((n, v));
+                }
+            }
+        }
         let mut sources = Sources::default();
         let mut terms = HashMap::new();
         for &n in candidates {
@@ -284,7 +377,49 @@ impl Indicator {
                 OpTerms { depth: depth.get(&n).copied().unwrap_or(1), v, x, grad, weight_source, activation_source },
             );
         }
-        Indicator { terms, model_depth, gamma: 1.0, sources }
+        Indicator {
+            terms,
+            model_depth,
+            gamma: 1.0,
+            sources,
+            ranges,
+            uncalibrated,
+            uncalibrated_gemm,
+            first_uncalibrated_gemm,
+            gemm,
+        }
+    }
+
+    /// The activation ranges materialization scales INT8 / FP8 activations
+    /// by (empty without a calibration).
+    pub fn activation_ranges(&self) -> &ActivationRanges {
+        &self.ranges
+    }
+
+    /// Whether `n` may be INT8: every activation it would read through a
+    /// QDQ pair has a calibrated range (weights scale by their own data).
+    pub fn int8_allowed(&self, n: NodeId) -> bool {
+        !self.uncalibrated.contains_key(&n)
+    }
+
+    /// What to tell the user, once, when GEMM-like operators are kept out
+    /// of INT8 for want of activation ranges; `None` when none is.
+    pub fn int8_warning(&self, g: &Graph) -> Option<String> {
+        let (n, v) = self.first_uncalibrated_gemm?;
+        let first = format!("first: `{}` reading `{}`", g.node(n).name, g.value_name(v));
+        Some(if self.ranges.is_empty() {
+            format!(
+                "no calibration statistics: activations kept out of INT8 ({} GEMM-like operators at FP16/FP32, \
+                 {first}); pass --stats",
+                self.uncalibrated_gemm
+            )
+        } else {
+            format!(
+                "{} of {} GEMM-like operators read an activation the calibration statistics have no range for \
+                 ({first}): kept out of INT8",
+                self.uncalibrated_gemm, self.gemm
+            )
+        })
     }
 
     /// d_L.
@@ -434,6 +569,57 @@ graph "two" {
         let bp = (0.5 * qv * qv * 2.0 + 2.0 * 0.25 * 2f64.powi(-18) * 2.0) / 6.0;
         close(ind.omega(fc1, Precision::Int8), fp + 2.0 * bp);
         assert!(ind.omega(fc1, Precision::Int8) > ind.omega(fc1, Precision::Fp16));
+    }
+
+    /// INT8 activation ranges by hand: fc1's input statistics (min -1,
+    /// max 1.55) give its activation %x the range max(1, 1.55) = 1.55, so
+    /// materialization scales it by 1.55 / 127; fc2 has no statistics, so
+    /// its activation %r has no range and fc2 is never offered INT8. Without
+    /// a calibration no candidate is.
+    #[test]
+    fn activation_ranges_gate_int8_by_hand() {
+        let mut ops = BTreeMap::new();
+        let input = Some(TensorStats { norm2: 2.0, min: -1.0, max: 1.55, numel: 0.0 });
+        ops.insert("fc1".to_string(), OpStats { input, weight: None, grad_output: None });
+        let cal = Calibration { version: 1, ops, ..Default::default() };
+        let (g, ind, fc1, fc2) = setup(Some(&cal));
+        let r = ind.activation_ranges();
+        assert_eq!((r.len(), r.get("x")), (1, Some(1.55)));
+        assert!(ind.int8_allowed(fc1));
+        assert!(!ind.int8_allowed(fc2));
+        let w = ind.int8_warning(&g).expect("fc2 is kept out");
+        assert!(w.contains("1 of 2 GEMM-like") && w.contains("`fc2` reading `r`"), "{w}");
+
+        let (g, ind, fc1, fc2) = setup(None);
+        assert!(ind.activation_ranges().is_empty());
+        assert!(!ind.int8_allowed(fc1) && !ind.int8_allowed(fc2));
+        let w = ind.int8_warning(&g).expect("no statistics");
+        assert!(w.starts_with("no calibration statistics: activations kept out of INT8 (2 GEMM-like"), "{w}");
+        assert!(w.ends_with("pass --stats"), "{w}");
+    }
+
+    /// A weight the graph computes (Transpose of an initializer) has no
+    /// values of its own at materialization: it takes the `weight`
+    /// statistics' range (max(|-3|, 2) = 3), the activation the `input`'s.
+    #[test]
+    fn computed_weights_take_the_weight_statistics() {
+        let g = qsync_ir::text::parse_graph(
+            r#"opset "" 17
+graph "t" {
+  init %w: f32[2,2] = [1.0, -3.0, 0.5, 2.0]
+  input %x: f32[1,2]
+  %wt: f32[2,2] = Transpose "fc.t"(%w)
+  %y: f32[1,2] = MatMul "fc"(%x, %wt)
+  output %y
+}
+"#,
+        )
+        .expect("parses");
+        let st = |lo: f64, hi: f64| Some(TensorStats { norm2: 1.0, min: lo, max: hi, numel: 0.0 });
+        let mut ops = BTreeMap::new();
+        ops.insert("fc".to_string(), OpStats { input: st(-0.25, 0.5), weight: st(-3.0, 2.0), grad_output: None });
+        let r = Calibration { version: 1, ops, ..Default::default() }.activation_ranges(&g);
+        assert_eq!((r.get("x"), r.get("wt"), r.get("w")), (Some(0.5), Some(3.0), None));
     }
 
     #[test]
