@@ -3,6 +3,7 @@
 
 pub mod codegen;
 pub mod devices;
+pub mod hostkernels;
 pub mod inspect;
 pub mod load;
 pub mod plan;

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use qsyncc::syncbench;
-use qsyncc::{codegen, inspect, load, parse_dim_binding, plan, planner, profile, simulate};
+use qsyncc::{codegen, hostkernels, inspect, load, parse_dim_binding, plan, planner, profile, simulate};
 
 const TOP_EXAMPLES: &str = "\
 Examples:
@@ -64,6 +64,11 @@ const CODEGEN_EXAMPLES: &str = "\
 Examples:
   qsyncc codegen examples/squeezenet1_1.onnx --target t4 -o out/
   qsyncc codegen plan/v100/model.onnx --target v100 --emit ptx -o out/";
+
+const HOST_KERNELS_EXAMPLES: &str = "\
+Examples:
+  qsyncc host-kernels -o host.json --threads 2
+  qsyncc simulate --cluster examples/clusters/aws-v100-t4.toml --host-kernels host.json --sync fp16 --gradient 64MiB";
 
 const SYNC_BENCH_EXAMPLES: &str = "\
 Examples:
@@ -157,6 +162,10 @@ enum Cmd {
         /// `training` keeps FP32 master weights cast per use; `inference` stores weights low.
         #[arg(long, default_value = "training", value_parser = ["training", "inference"])]
         mode: String,
+        /// Calibration statistics (what `scripts/calibrate.py` writes): the activations' ranges,
+        /// which scale INT8 / FP8 activations. Without a range an INT8-planned node computes in f32.
+        #[arg(long)]
+        stats: Option<PathBuf>,
         /// Print the summary as one JSON object on stdout (the model then goes only to `-o`).
         #[arg(long)]
         json: bool,
@@ -193,6 +202,9 @@ enum Cmd {
     /// Benchmark a gradient-synchronization scheme on a running job (launch under mpirun).
     #[command(after_help = SYNC_BENCH_EXAMPLES)]
     SyncBench(syncbench::SyncBenchArgs),
+    /// Measure the synchronization kernels on this host (what `--host-kernels` takes).
+    #[command(after_help = HOST_KERNELS_EXAMPLES)]
+    HostKernels(hostkernels::HostKernelsArgs),
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -244,7 +256,7 @@ fn run(cli: Cli) -> Result<()> {
             eprint!("{summary}");
             Ok(())
         }
-        Cmd::Opt { model, passes, output, print_ir, dims, no_verify, target, mode, json } => {
+        Cmd::Opt { model, passes, output, print_ir, dims, no_verify, target, mode, stats, json } => {
             let mut loaded = load::load_model(&model, &dims.options(), &dims.inputs)?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
@@ -252,11 +264,25 @@ fn run(cli: Cli) -> Result<()> {
             let mut pm = qsync_passes::pipeline_from_spec(&passes)?;
             pm.verify_each(!no_verify);
             let input = loaded.model.clone();
+            let activation_ranges = match &stats {
+                Some(p) => {
+                    let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+                    let cal = qsync_planner::Calibration::from_json(&text)
+                        .map_err(|e| anyhow::anyhow!("--stats {}: {e}", p.display()))?;
+                    let ranges = cal.activation_ranges(&loaded.model.graph);
+                    if ranges.is_empty() {
+                        eprintln!("warning: --stats {}: no activation of the model has a range there", p.display());
+                    }
+                    ranges
+                }
+                None => Default::default(),
+            };
             let mut cx = qsync_passes::PassContext {
                 infer: dims.options(),
                 warnings: Vec::new(),
                 target: target.clone(),
                 inference: mode == "inference",
+                activation_ranges,
             };
             let report = pm.run(&mut loaded.model, &mut cx).with_context(|| format!("{}", model.display()))?;
             for w in &cx.warnings {
@@ -286,6 +312,7 @@ fn run(cli: Cli) -> Result<()> {
             write_stdout(&plan::summary_text(&model, &figures))
         }
         Cmd::Simulate(args) => write_stdout(&simulate::run(&args)?),
+        Cmd::HostKernels(args) => write_stdout(&hostkernels::run(&args)?),
         Cmd::SyncBench(args) => match syncbench::run(&args)? {
             Some(out) => write_stdout(&out),
             None => Ok(()),

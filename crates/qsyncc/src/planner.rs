@@ -93,8 +93,13 @@ fn plan_err(e: anyhow::Error) -> PipelineError {
 pub struct PlanRequest {
     /// An ONNX model (.onnx), TorchScript archive (.pt) or text IR (.qir).
     pub model: PathBuf,
-    /// Device types and counts: `v100:16,t4:16` (`t4:16/4`: 4 per node).
+    /// Device types and counts: `v100:16,t4:16` (`t4:16/4`: 4 per node);
+    /// empty when `cluster` describes the cluster.
     pub targets: String,
+    /// A cluster file (TOML; `qsync_sim::topology`), instead of `targets`.
+    pub cluster: Option<PathBuf>,
+    /// Every node's NIC at this rate (`25gbit`).
+    pub network: Option<String>,
     /// Samples per device per iteration before any split (the global batch
     /// is this times the device count).
     pub batch: i64,
@@ -133,6 +138,12 @@ pub struct PlanRequest {
     pub sync: String,
     /// Relative error `auto` may accept.
     pub sync_error_budget: f64,
+    /// The path compressed schemes run on (`None`: the cluster's default,
+    /// or for `auto` every path its devices have).
+    pub sync_path: Option<qsync_sim::SyncPath>,
+    /// The hosts' synchronization kernels (`--host-kernels`, what `qsyncc
+    /// profile sync-kernels` writes; `None`: the build machine's).
+    pub host_kernels: Option<qsync_sim::SyncKernels>,
     /// Elements per quantization group of the quantized schemes.
     pub sync_group: u32,
     /// Progress lines with elapsed seconds on stderr.
@@ -144,6 +155,8 @@ impl PlanRequest {
         PlanRequest {
             model: model.into(),
             targets: targets.into(),
+            cluster: None,
+            network: None,
             batch: 32,
             dims: Vec::new(),
             memory: Vec::new(),
@@ -161,49 +174,115 @@ impl PlanRequest {
             emit: Vec::new(),
             sync: "fp32".into(),
             sync_error_budget: 0.01,
+            sync_path: None,
+            host_kernels: None,
             sync_group: 512,
             progress: false,
         }
     }
 }
 
-/// The synchronization the plan assumes: the scheme and, for `auto`, what
-/// [`qsync_sim::sync::choose`] compared.
+/// The synchronization paths that exist for every device of `targets`: a
+/// GPU (`sm_XX`) synchronizes CUDA buckets through the hook, staged, with
+/// host or device kernels; a CPU device synchronizes on the host.
+pub fn sync_paths(targets: &[Target]) -> Vec<qsync_sim::SyncPath> {
+    use qsync_sim::SyncPath;
+    let gpus = targets.iter().filter(|t| t.device.arch.starts_with("sm_")).count();
+    if gpus == 0 {
+        vec![SyncPath::Host]
+    } else if gpus == targets.len() {
+        vec![SyncPath::HostStaged, SyncPath::Device]
+    } else {
+        vec![SyncPath::HostStaged]
+    }
+}
+
+/// The synchronization the plan assumes: the scheme, the path it runs on,
+/// and, for `auto`, what was compared — every scheme within the error
+/// budget on every path that exists for the cluster's devices
+/// ([`sync_paths`]), each priced by its whole predicted iteration (a path
+/// that does not overlap the backward pass pays its full time). fp32 wins
+/// ties.
 fn resolve_sync(
     req: &PlanRequest,
     g: &qsync_ir::Graph,
     targets: &[Target],
     popts: &PredictOptions,
 ) -> Result<(qsync_sim::SyncSpec, serde_json::Value)> {
+    use qsync_sim::{SyncScheme, SyncSpec};
     let group = req.sync_group;
     if !(2..=1 << 20).contains(&group) {
         return Err(request_err(format!("--sync-group {group} is outside 2..=1048576")));
     }
+    let exist = sync_paths(targets);
+    let paths = match req.sync_path {
+        Some(p) if !exist.contains(&p) => {
+            return Err(request_err(format!(
+                "--sync-path {}: not a path these devices synchronize on (they have: {})",
+                p.name(),
+                exist.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+            )))
+        }
+        Some(p) => vec![p],
+        None => exist.clone(),
+    };
+    let describe = |spec: &SyncSpec| {
+        json!({
+            "name": spec.path.name(),
+            "overlaps_backward": spec.path.overlaps(spec.scheme),
+            "kernels": match (spec.scheme, spec.path) {
+                (SyncScheme::Fp32, _) => "none (the engine's own all-reduce)",
+                (_, qsync_sim::SyncPath::Device) => "device (qsync's PTX kernels)",
+                _ => "host",
+            },
+        })
+    };
     if req.sync != "auto" {
-        let scheme = qsync_sim::SyncScheme::parse(&req.sync).map_err(|e| request_err(format!("--sync: {e}")))?;
-        let spec = qsync_sim::SyncSpec { scheme, group };
+        let scheme = SyncScheme::parse(&req.sync).map_err(|e| request_err(format!("--sync: {e}")))?;
+        let spec = SyncSpec::new(scheme, group).with_path(paths[0]);
         return Ok((
             spec,
-            json!({ "mode": "given", "scheme": scheme.name(), "group": group, "relative_error": scheme.relative_error() }),
+            json!({ "mode": "given", "scheme": scheme.name(), "group": group, "relative_error": scheme.relative_error(),
+                    "path": describe(&spec) }),
         ));
     }
     let budget = req.sync_error_budget;
     if !(budget.is_finite() && budget >= 0.0) {
         return Err(request_err(format!("--sync-error-budget must be a finite number ≥ 0, got {budget}")));
     }
-    let mut pred = qsync_sim::Predictor::new(g, targets.to_vec(), popts.clone())?;
-    let bytes = pred.result().allreduce_bytes;
-    let c =
-        qsync_sim::sync::choose(pred.cluster(), bytes, popts.config.bucket_cap_bytes, budget, group, popts.config.algo);
-    let scheme = qsync_sim::SyncScheme::parse(&c.scheme).map_err(|e| anyhow::anyhow!("sync choice: {e}"))?;
-    let considered: Vec<serde_json::Value> =
-        c.considered.iter().map(|(n, us)| json!({ "scheme": n, "predicted_us": round(*us) })).collect();
+    let analysis = std::sync::Arc::new(qsync_sim::GraphAnalysis::new(g, popts)?);
+    let iteration_us = |spec: SyncSpec| -> Result<f64> {
+        let mut o = popts.clone();
+        o.config.sync = spec;
+        let mut pred = qsync_sim::Predictor::with_analysis(g, analysis.clone(), targets.to_vec(), o)?;
+        Ok(pred.result().iteration_us)
+    };
+    let fp32 = SyncSpec::new(SyncScheme::Fp32, group).with_path(paths[0]);
+    let fp32_us = iteration_us(fp32)?;
+    let mut considered = vec![(fp32, fp32_us)];
+    for &path in &paths {
+        for scheme in SyncScheme::candidates() {
+            if scheme != SyncScheme::Fp32 && scheme.relative_error() <= budget {
+                let spec = SyncSpec::new(scheme, group).with_path(path);
+                considered.push((spec, iteration_us(spec)?));
+            }
+        }
+    }
+    // Stable: fp32 is first among equals, so ties keep fp32.
+    considered.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let (best, best_us) = considered[0];
+    let rows: Vec<serde_json::Value> = considered
+        .iter()
+        .map(|(s, us)| json!({ "scheme": s.scheme.name(), "path": s.path.name(), "iteration_us": round(*us) }))
+        .collect();
     Ok((
-        qsync_sim::SyncSpec { scheme, group },
+        best,
         json!({
-            "mode": "auto", "scheme": c.scheme, "group": group, "error_budget": budget,
-            "relative_error": c.relative_error, "predicted_us": round(c.predicted_us), "fp32_us": round(c.fp32_us),
-            "considered": considered,
+            "mode": "auto", "scheme": best.scheme.name(), "group": group, "error_budget": budget,
+            "relative_error": best.scheme.relative_error(), "path": describe(&best),
+            "iteration_us": round(best_us), "fp32_iteration_us": round(fp32_us),
+            "paths_available": exist.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            "considered": rows,
         }),
     ))
 }
@@ -286,11 +365,19 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         return Err(request_err(format!("--batch {} is outside 1..={}", req.batch, crate::MAX_DIM)));
     }
     let mut clock = Clock::new(req.progress);
-    let cluster = crate::simulate::parse_cluster(&req.device_files, &req.targets, &req.memory)
-        .map_err(|e| request_err(format!("{e:#}")))?;
+    let src = crate::simulate::ClusterSource {
+        targets: &req.targets,
+        cluster: req.cluster.as_deref(),
+        network: req.network.as_deref(),
+    };
+    let cluster =
+        crate::simulate::parse_cluster(&req.device_files, src, &req.memory).map_err(|e| request_err(format!("{e:#}")))?;
+    let cluster_json = cluster.describe();
+    let networks = cluster.networks.clone();
+    let fabric = cluster.fabric;
     let profiles =
         crate::simulate::load_profiles(&req.profiles, &cluster).map_err(|e| request_err(format!("{e:#}")))?;
-    let crate::simulate::ClusterSpec { db, specs, fractions, notes } = cluster;
+    let crate::simulate::ClusterSpec { db, specs, fractions, notes, .. } = cluster;
     for &p in &req.precisions {
         if !specs.iter().any(|(n, _, _)| db.get(n).is_ok_and(|d| d.supports(p))) {
             return Err(request_err(format!("--precisions: no target supports {p}")));
@@ -336,6 +423,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             plan: Plan::new(),
             memory_fraction: fractions.get(name).copied(),
             calibration: profiles.get(name).cloned(),
+            network: networks.get(name).cloned(),
         });
     }
     // The per-device pipeline's egraph-casts stores the FP16/BF16 GEMM
@@ -349,6 +437,9 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         config: SimConfig::default(),
         weight_copies,
         reference_batch: Some(batch as u32),
+        fabric,
+        host_kernels: req.host_kernels.unwrap_or_else(qsync_sim::SyncKernels::host),
+        ..PredictOptions::default()
     };
     // Every method is predicted with the synchronization the plan will run.
     let (sync_spec, sync_json) = resolve_sync(req, g, &targets, &popts)?;
@@ -366,6 +457,10 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     drop(inlined);
     if calibration.is_none() {
         warnings.push("no --stats: activation and gradient statistics are estimated from shapes".into());
+    }
+    // INT8 needs a calibrated scale for every activation it reads.
+    if let Some(w) = ind.int8_warning(g).filter(|_| req.precisions.contains(&Precision::Int8)) {
+        warnings.push(w);
     }
     let aopts = AllocOptions {
         precisions: req.precisions.clone(),
@@ -433,13 +528,21 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
                 model.graph.node_mut(n).precision = Some(p.storage_dtype());
             }
         }
-        let stats = qsync_passes::precision::materialize(&mut model, qsync_passes::precision::Mode::Training)
-            .map_err(|e| anyhow::anyhow!("{label}: materializing the plan of {}: {e}", te.name))?;
+        // INT8 / FP8 activations are scaled by the calibrated ranges; the
+        // allocator offered INT8 only where every activation has one.
+        let ranges = ind.activation_ranges();
+        let stats =
+            qsync_passes::precision::materialize_with(&mut model, qsync_passes::precision::Mode::Training, ranges)
+                .map_err(|e| anyhow::anyhow!("{label}: materializing the plan of {}: {e}", te.name))?;
+        if let Some((n, v)) = &stats.first_uncalibrated {
+            bail!("{label}: the plan of {} has `{n}` at INT8 but no calibrated range for `{v}`", te.name);
+        }
         let mut cx = qsync_passes::PassContext {
             infer: InferOptions { batch: Some(local), dims: req.dims.iter().cloned().collect() },
             warnings: Vec::new(),
             target: Some(te.name.clone()).filter(|n| qsync_passes::precision::KNOWN_TARGETS.contains(&n.as_str())),
             inference: false,
+            activation_ranges: ranges.clone(),
         };
         pm.run(&mut model, &mut cx).with_context(|| format!("{label}: pipeline on {}", te.name))?;
         let casts = model.graph.node_ids().iter().filter(|&&n| model.graph.node(n).op == qsync_ir::Op::Cast).count();
@@ -604,6 +707,8 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             "global_batch": global_batch,
             "train_precision": req.train_precision,
             "precisions": req.precisions.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            "groups": cluster_json["groups"].clone(),
+            "fabric": cluster_json["fabric"].clone(),
         },
         "gradient_averaging": {
             "rule": "weighted by local batch: g = sum over devices of (local_batch / global_batch) * g_device",
@@ -807,8 +912,18 @@ pub struct PlanArgs {
     /// Names are those of the device table (`crates/cost/devices`) or a
     /// short form: `a100` is taken as `a100-40gb`, `h100` as `h100-sxm`
     /// (a note on stderr says so).
-    #[arg(long)]
+    #[arg(long, default_value = "", required_unless_present = "cluster")]
     pub targets: String,
+    /// The cluster as a file (TOML: node groups with their GPU, GPUs and
+    /// NICs per node, NIC rate and latency, the link inside the node, and
+    /// the fabric between groups; see `examples/clusters/`), instead of
+    /// `--targets`.
+    #[arg(long, conflicts_with = "targets")]
+    pub cluster: Option<PathBuf>,
+    /// Every node's NIC at this rate (`25gbit`, `800mbit`), overriding the
+    /// device files and the cluster file.
+    #[arg(long)]
+    pub network: Option<String>,
     /// Output directory, written atomically: the plan is built in a hidden
     /// sibling and renamed into place when complete. An existing plan
     /// directory is replaced whole; any other non-empty directory is
@@ -897,6 +1012,16 @@ pub struct PlanArgs {
     /// Elements per quantization group of the quantized schemes.
     #[arg(long, default_value_t = 512)]
     pub sync_group: u32,
+    /// Where compressed schemes run: `host-staged` (CUDA buckets copied to
+    /// the host, host kernels — the Python hook's default), `device` (the
+    /// hook's `kernels="device"`), `host` (CPU devices). Default: the
+    /// cluster's own; `--sync auto` then compares every path it has.
+    #[arg(long, value_parser = qsync_sim::SyncPath::parse)]
+    pub sync_path: Option<qsync_sim::SyncPath>,
+    /// The hosts' synchronization kernels, as `qsyncc host-kernels` measures
+    /// them (default: the build machine's measurement).
+    #[arg(long)]
+    pub host_kernels: Option<PathBuf>,
 }
 
 impl PlanArgs {
@@ -918,6 +1043,8 @@ impl PlanArgs {
         Ok(PlanRequest {
             model: self.model.clone(),
             targets: self.targets.clone(),
+            cluster: self.cluster.clone(),
+            network: self.network.clone(),
             batch: self.batch,
             dims: self.dims.clone(),
             memory: self.memory.clone(),
@@ -938,6 +1065,8 @@ impl PlanArgs {
             emit: self.emit.clone(),
             sync: self.sync.clone(),
             sync_error_budget: self.sync_error_budget,
+            sync_path: self.sync_path,
+            host_kernels: self.host_kernels.as_deref().map(crate::hostkernels::load).transpose()?,
             sync_group: self.sync_group,
             progress: true,
         })

@@ -30,6 +30,11 @@ pub enum ProfileCmd {
         /// Bind a named symbolic dimension: `--dim seq=128` (repeatable).
         #[arg(long = "dim", value_parser = crate::parse_dim_binding)]
         dims: Vec<(String, i64)>,
+        /// Further batches every op is also measured at (its batch curve):
+        /// `--batch-points 1,2,32`. The models' batch symbol must be `batch`.
+        #[arg(long = "batch-points", value_delimiter = ',',
+              value_parser = clap::value_parser!(i64).range(1..=crate::MAX_DIM))]
+        batch_points: Vec<i64>,
         /// Output file (JSON).
         #[arg(short, long)]
         output: PathBuf,
@@ -56,6 +61,11 @@ pub enum ProfileCmd {
     },
 }
 
+/// A worklist entry's input shapes at its main batch.
+fn first_shapes(e: &qsync_cost::calibrate::WorkItem) -> Vec<Option<Vec<i64>>> {
+    e.inputs.iter().map(|i| i.as_ref().map(|i| i.shape.clone())).collect()
+}
+
 fn split_model(s: &str) -> (PathBuf, Option<String>) {
     match s.rsplit_once('=') {
         Some((p, f)) if !f.is_empty() && !f.contains('/') => (PathBuf::from(p), Some(f.to_string())),
@@ -74,8 +84,9 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
 
 pub fn run(cmd: &ProfileCmd) -> Result<String> {
     match cmd {
-        ProfileCmd::Worklist { models, batch, dims, output } => {
-            let mut list = Worklist::new(*batch, dims.iter().cloned().collect::<BTreeMap<_, _>>());
+        ProfileCmd::Worklist { models, batch, dims, batch_points, output } => {
+            let mut list = Worklist::new(*batch, dims.iter().cloned().collect::<BTreeMap<_, _>>())
+                .with_batch_points(batch_points);
             let mut out = String::new();
             for m in models {
                 let (path, family) = split_model(m);
@@ -96,6 +107,13 @@ pub fn run(cmd: &ProfileCmd) -> Result<String> {
                 let before = list.entries.len();
                 list.add_graph(&name, &family, &prepared.loaded.model.graph, &prepared.bindings)
                     .with_context(|| path.display().to_string())?;
+                let added = &list.entries[before..];
+                if !list.batch_points.is_empty()
+                    && !added.is_empty()
+                    && added.iter().all(|e| e.at_batches.iter().all(|a| a.inputs == first_shapes(e)))
+                {
+                    bail!("{}: no shape changes with `batch`: its batch symbol has another name", path.display());
+                }
                 let nodes = list.models.last().map_or(0, |m| m.nodes);
                 let _ = writeln!(
                     out,
@@ -108,7 +126,8 @@ pub fn run(cmd: &ProfileCmd) -> Result<String> {
             Ok(out)
         }
         ProfileCmd::Build { measurements, device, exclude, device_files, output, json } => {
-            let cluster = parse_cluster(device_files, device, &[])?;
+            let src = crate::simulate::ClusterSource { targets: device, ..Default::default() };
+            let cluster = parse_cluster(device_files, src, &[])?;
             let dev = cluster.db.get(device)?.clone();
             let text = std::fs::read_to_string(measurements)
                 .with_context(|| format!("cannot read {}", measurements.display()))?;

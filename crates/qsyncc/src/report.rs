@@ -58,7 +58,29 @@ pub fn table(out: &Outcome) -> String {
 }
 
 fn batches(e: &Eval) -> String {
-    e.types.iter().map(|t| format!("{} {}", t.name, t.local_batch)).collect::<Vec<_>>().join(", ")
+    e.types
+        .iter()
+        .map(|t| match t.accumulation_steps {
+            0 | 1 => format!("{} {}", t.name, t.local_batch),
+            k => format!("{} {k}×{}", t.name, t.local_batch),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What one device of a type-alone evaluation trains per step: "64 per
+/// device" or "4 passes of 16 per device (gradient accumulation)".
+fn alone_step(e: &Eval) -> String {
+    match e.types.first() {
+        Some(t) if t.accumulation_steps > 1 => format!(
+            "{} passes of {} per device, gradient accumulation: one step of {} does not fit",
+            t.accumulation_steps,
+            t.local_batch,
+            t.accumulation_steps * t.local_batch
+        ),
+        Some(t) => format!("{} per device", t.local_batch),
+        None => String::new(),
+    }
 }
 
 /// Each type's training precision in a DBS-like plan: the narrowest
@@ -95,16 +117,18 @@ pub fn verdict(out: &Outcome) -> String {
     let label = |e: &Eval| e.types.iter().map(|t| format!("{} x{}", t.name, t.count)).collect::<Vec<_>>().join(" + ");
     if let Some(a) = out.faster_alone() {
         return format!(
-            "**Leave the other devices out**: {} alone ({}, {} per device) predicts {:.1} samples/s, {:.2}x the \
-             plan chosen for every device ({:.1} samples/s, `{}`). Adding the others slows training down; the plan \
-             written here is that all-device plan, for when you must use them.",
+            "**Leave the other devices out**: {} alone ({}, {}) predicts {:.1} samples/s, {:.2}x the \
+             plan chosen for every device ({:.1} samples/s, `{}`), both training the same global batch of {} \
+             samples per step. Adding the others slows training down; the plan written here is that all-device \
+             plan, for when you must use them.",
             label(a),
             a.types.first().map_or(String::new(), precisions),
-            a.types.first().map_or(0, |t| t.local_batch),
+            alone_step(a),
             a.samples_per_s,
             a.samples_per_s / c.samples_per_s.max(1e-12),
             c.samples_per_s,
-            out.chosen
+            out.chosen,
+            out.global_batch()
         );
     }
     if c.types.len() == 1 {
@@ -132,10 +156,13 @@ pub fn verdict(out: &Outcome) -> String {
         out.alone.iter().filter_map(|(_, e)| e.as_ref()).max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
     if let Some(a) = best_alone {
         s += &format!(
-            " Adding the other devices pays: {:.2}x the fastest type alone ({}: {:.1} samples/s).",
+            " Adding the other devices pays: {:.2}x the fastest type alone ({}: {:.1} samples/s, {}; both train the \
+             same global batch of {} samples per step).",
             c.samples_per_s / a.samples_per_s.max(1e-12),
             label(a),
-            a.samples_per_s
+            a.samples_per_s,
+            alone_step(a),
+            out.global_batch()
         );
     } else if !out.alone.is_empty() {
         s += " No device type fits the model alone.";

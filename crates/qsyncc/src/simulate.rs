@@ -17,12 +17,34 @@ use crate::load;
 /// Arguments of `qsyncc simulate`.
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
-    /// An ONNX model (.onnx) or qsync text IR (.qir).
-    pub model: PathBuf,
+    /// An ONNX model (.onnx) or qsync text IR (.qir); absent with `--gradient`.
+    #[arg(required_unless_present = "gradient")]
+    pub model: Option<PathBuf>,
+    /// Predict one synchronization of a gradient of this size (`64MiB`,
+    /// bytes of f32) on the cluster instead of a model's iteration: what
+    /// `qsyncc sync-bench` measures.
+    #[arg(long, value_parser = crate::syncbench::parse_size, conflicts_with = "model")]
+    pub gradient: Option<usize>,
+    /// Where compressed schemes run (`host`, `host-staged`, `device`;
+    /// default: `host` on CPU devices, `host-staged` on GPUs).
+    #[arg(long, value_parser = qsync_sim::SyncPath::parse)]
+    pub sync_path: Option<qsync_sim::SyncPath>,
+    /// The hosts' synchronization kernels, as `qsyncc host-kernels` measures
+    /// them (default: the build machine's measurement).
+    #[arg(long)]
+    pub host_kernels: Option<PathBuf>,
     /// Device types and counts: `v100:16,t4:16` (a name alone is one device;
     /// `t4:16/4` puts 4 devices in each node; the default is up to 8 a node).
-    #[arg(long)]
+    #[arg(long, default_value = "", required_unless_present = "cluster")]
     pub targets: String,
+    /// The cluster as a file (TOML: node groups with their GPUs, NICs and
+    /// links; see `examples/clusters/`), instead of `--targets`.
+    #[arg(long, conflicts_with = "targets")]
+    pub cluster: Option<PathBuf>,
+    /// Every node's NIC at this rate (`25gbit`, `800mbit`), overriding the
+    /// device files and the cluster file.
+    #[arg(long)]
+    pub network: Option<String>,
     /// Samples per device per iteration (the global batch is this times the device count).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i64).range(1..=crate::MAX_DIM))]
     pub batch: i64,
@@ -159,6 +181,49 @@ struct SimJson {
     /// The synchronization scheme, when not fp32.
     #[serde(skip_serializing_if = "Option::is_none")]
     sync: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sync_path: Option<&'static str>,
+    /// The cluster as simulated: per type its nodes and their network.
+    cluster: serde_json::Value,
+}
+
+/// `simulate --gradient`: one synchronization of `bytes` of f32 gradient
+/// under `spec` on the cluster — the time of its slowest device type, as
+/// `sync-bench` measures it (one buffer, no buckets).
+fn sync_only(
+    targets: &[Target],
+    opts: &PredictOptions,
+    spec: qsync_sim::SyncSpec,
+    bytes: u64,
+    cluster: serde_json::Value,
+    json: bool,
+) -> Result<String> {
+    let c = qsync_sim::cluster_of(targets, opts)?;
+    let per_type: Vec<(String, f64)> = (0..c.types.len())
+        .map(|t| (c.types[t].name.clone(), c.sync_us(t, bytes, &spec, qsync_sim::AllReduceAlgo::Hierarchical)))
+        .collect();
+    let ring = c.sync_us(0, bytes, &spec, qsync_sim::AllReduceAlgo::Ring);
+    let us = per_type.iter().fold(0.0f64, |a, (_, t)| a.max(*t));
+    if json {
+        let v = serde_json::json!({
+            "scheme": spec.scheme.name(), "group": spec.group, "path": spec.path.name(), "bytes": bytes,
+            "devices": c.device_count(), "nodes": c.node_count(),
+            "seconds": us / 1e6,
+            "fp32_ring_seconds": if spec.scheme == qsync_sim::SyncScheme::Fp32 { Some(ring / 1e6) } else { None },
+            "per_type_seconds": per_type.iter().map(|(n, t)| (n.clone(), serde_json::json!(t / 1e6))).collect::<serde_json::Map<_, _>>(),
+            "cluster": cluster,
+        });
+        return Ok(serde_json::to_string_pretty(&v)? + "\n");
+    }
+    Ok(format!(
+        "{} of {:.1} MiB on {} devices in {} nodes ({} path): {:.3} ms\n",
+        spec.scheme.name(),
+        bytes as f64 / (1u64 << 20) as f64,
+        c.device_count(),
+        c.node_count(),
+        spec.path.name(),
+        us / 1e3
+    ))
 }
 
 /// The cluster a command runs on: the device database (bundled plus
@@ -170,6 +235,59 @@ pub(crate) struct ClusterSpec {
     pub fractions: BTreeMap<String, f64>,
     /// Which device each alias (`a100`) was taken as, for stderr.
     pub notes: Vec<String>,
+    /// Per device type, its nodes' network (from `--cluster`/`--network`;
+    /// absent: the device file's one NIC).
+    pub networks: BTreeMap<String, qsync_sim::topology::NodeNetwork>,
+    /// The link between groups (`[fabric]` of a cluster file).
+    pub fabric: Option<qsync_sim::Fabric>,
+}
+
+/// Where the cluster comes from: the `--targets` shorthand or a cluster
+/// file, and the `--network` override of every node's NIC.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ClusterSource<'a> {
+    pub targets: &'a str,
+    pub cluster: Option<&'a std::path::Path>,
+    pub network: Option<&'a str>,
+}
+
+impl ClusterSpec {
+    /// Each device type's node network, resolved against its device file.
+    pub fn network_of(&self, name: &str) -> Option<qsync_sim::topology::NodeNetwork> {
+        self.networks.get(name).cloned()
+    }
+
+    /// The cluster as planned, for manifests and `--json`: per type its
+    /// nodes, GPUs and NICs per node, NIC rate and latency, the link
+    /// inside the node; and the fabric.
+    pub fn describe(&self) -> serde_json::Value {
+        let groups: Vec<serde_json::Value> = self
+            .specs
+            .iter()
+            .map(|(name, count, per_node)| {
+                let d = self.db.get(name).ok();
+                let net = self.network_of(name).unwrap_or_else(|| {
+                    qsync_sim::topology::NodeNetwork::single_nic(d.map_or(0.0, |d| d.network_gbit_s))
+                });
+                let intra = net.intra_node_gb_s.or(d.map(|d| d.intra_node_bytes_per_s() / 1e9));
+                serde_json::json!({
+                    "device": name,
+                    "count": count,
+                    "gpus_per_node": per_node,
+                    "nodes": count.div_ceil((*per_node).max(1)),
+                    "nics_per_node": net.nics_per_node,
+                    "nic_gbit_s": net.nic_gbit_s,
+                    "nic_latency_us": net.nic_latency_us,
+                    "intra_node_gb_s": intra,
+                    "intra_node_latency_us": net.intra_node_latency_us,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "groups": groups,
+            "fabric": self.fabric.map(|f| serde_json::json!({ "gb_s": f.gb_per_s, "latency_us": f.latency_us })),
+        })
+    }
 }
 
 impl ClusterSpec {
@@ -184,14 +302,54 @@ impl ClusterSpec {
     }
 }
 
-/// Parse and check `--device-file`, `--targets` and `--memory`: every target
-/// is a known device named once, every fraction names a target.
-pub(crate) fn parse_cluster(device_files: &[PathBuf], targets: &str, memory: &[String]) -> Result<ClusterSpec> {
+/// Parse and check `--device-file`, `--targets` (or `--cluster`),
+/// `--network` and `--memory`: every target is a known device named once,
+/// every fraction names a target.
+pub(crate) fn parse_cluster(device_files: &[PathBuf], src: ClusterSource<'_>, memory: &[String]) -> Result<ClusterSpec> {
     let mut db = DeviceDb::bundled()?;
     for f in device_files {
         db.load_file(f)?;
     }
-    let mut specs: Vec<(String, u32, u32)> = targets.split(',').map(parse_target).collect::<Result<_>>()?;
+    let network = src
+        .network
+        .map(|n| qsync_sim::topology::parse_rate_gbit(n).map_err(|e| anyhow::anyhow!("--network {e}")))
+        .transpose()?;
+    let mut networks = BTreeMap::new();
+    let mut fabric = None;
+    let mut specs: Vec<(String, u32, u32)> = match src.cluster {
+        Some(path) => {
+            if !src.targets.trim().is_empty() {
+                bail!("--targets and --cluster both describe the cluster: give one");
+            }
+            let mut file = qsync_sim::topology::ClusterFile::load(path).map_err(|e| anyhow::anyhow!("--cluster {e}"))?;
+            if let Some(gbit) = network {
+                file = file.with_network(gbit);
+            }
+            fabric = file.fabric.as_ref().map(|f| f.fabric());
+            let mut specs = Vec::new();
+            for (i, g) in file.groups.iter().enumerate() {
+                let (name, note) = crate::devices::resolve(&g.gpu, |n| db.get(n).is_ok());
+                let device = db
+                    .get(&name)
+                    .with_context(|| format!("--cluster {}: group {} names GPU `{}`", path.display(), i + 1, g.gpu))?;
+                let count = g.nodes.checked_mul(g.gpus_per_node).with_context(|| {
+                    format!("--cluster {}: group {} has more GPUs than can be counted", path.display(), i + 1)
+                })?;
+                networks.insert(name.clone(), g.network(device.network_gbit_s));
+                if let Some(n) = note {
+                    eprintln!("note: {n}");
+                }
+                specs.push((name, count, g.gpus_per_node));
+            }
+            specs
+        }
+        None => {
+            if src.targets.trim().is_empty() {
+                bail!("no cluster: give --targets (v100:16,t4:16) or --cluster FILE");
+            }
+            src.targets.split(',').map(parse_target).collect::<Result<_>>()?
+        }
+    };
     let mut seen = BTreeSet::new();
     let mut notes = Vec::new();
     for (name, _, _) in &mut specs {
@@ -200,10 +358,13 @@ pub(crate) fn parse_cluster(device_files: &[PathBuf], targets: &str, memory: &[S
         notes.extend(note);
         *name = resolved;
         if !seen.insert(name.clone()) {
-            bail!("--targets names `{name}` twice");
+            bail!("the cluster names `{name}` twice");
+        }
+        if let (Some(gbit), None) = (network, src.cluster) {
+            networks.insert(name.clone(), qsync_sim::topology::NodeNetwork::single_nic(gbit));
         }
     }
-    let mut cluster = ClusterSpec { db, specs, fractions: BTreeMap::new(), notes };
+    let mut cluster = ClusterSpec { db, specs, fractions: BTreeMap::new(), notes, networks, fabric };
     for s in memory {
         let (k, v) = parse_kv("memory", s)?;
         let k = cluster.target_key("memory", &k)?;
@@ -286,7 +447,8 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
     if let Some(p) = &a.calibration {
         return Err(calibration_moved(p));
     }
-    let cluster = parse_cluster(&a.device_files, &a.targets, &a.memory)?;
+    let src = ClusterSource { targets: &a.targets, cluster: a.cluster.as_deref(), network: a.network.as_deref() };
+    let cluster = parse_cluster(&a.device_files, src, &a.memory)?;
     for n in &cluster.notes {
         eprintln!("note: {n}");
     }
@@ -303,13 +465,49 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         precisions.insert(k, p);
     }
     let calibrations = load_profiles(&a.profiles, &cluster)?;
+    let networks = cluster.networks.clone();
+    let fabric = cluster.fabric;
+    let described = cluster.describe();
     let ClusterSpec { db, specs, fractions, .. } = cluster;
     let optimizer = parse_optimizer(&a.optimizer)?;
     if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0) {
         bail!("--bucket-mb must be positive");
     }
 
-    let Prepared { mut loaded, batch, bindings, mut warnings } = prepare(&a.model, a.batch, &a.dims)?;
+    let host_kernels = match &a.host_kernels {
+        Some(p) => crate::hostkernels::load(p)?,
+        None => qsync_sim::SyncKernels::host(),
+    };
+    let base_opts = PredictOptions { fabric, host_kernels, ..PredictOptions::default() };
+    let mut plain_targets = Vec::new();
+    for (name, count, per_node) in &specs {
+        plain_targets.push(Target {
+            device: db.get(name)?.clone(),
+            count: *count,
+            per_node: *per_node,
+            local_batch: a.batch as u32,
+            plan: Plan::new(),
+            memory_fraction: fractions.get(name).copied(),
+            calibration: calibrations.get(name).cloned(),
+            network: networks.get(name).cloned(),
+        });
+    }
+    let paths = crate::planner::sync_paths(&plain_targets);
+    let path = match a.sync_path {
+        Some(p) if !paths.contains(&p) => bail!(
+            "--sync-path {}: not a path these devices synchronize on (they have: {})",
+            p.name(),
+            paths.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+        ),
+        Some(p) => p,
+        None => paths[0],
+    };
+    let spec = qsync_sim::SyncSpec::new(a.sync, a.sync_group).with_path(path);
+    if let Some(bytes) = a.gradient {
+        return sync_only(&plain_targets, &base_opts, spec, bytes as u64, described, a.json);
+    }
+    let Some(model) = a.model.as_deref() else { bail!("simulate needs a model, or --gradient SIZE") };
+    let Prepared { mut loaded, batch, bindings, mut warnings } = prepare(model, a.batch, &a.dims)?;
     // QDQ pairs around an op are its INT8 / FP8 compute: cost them inside
     // the op, as the plan that wrote them did.
     qsync_passes::precision::materialize::unmaterialize_qdq(&mut loaded.model.graph);
@@ -344,6 +542,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             plan,
             memory_fraction: fractions.get(name).copied(),
             calibration: calibrations.get(name).cloned(),
+            network: networks.get(name).cloned(),
         });
     }
     let popts = PredictOptions {
@@ -352,15 +551,16 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         optimizer,
         config: SimConfig {
             bucket_cap_bytes: (a.bucket_mb * (1u64 << 20) as f64) as u64,
-            sync: qsync_sim::SyncSpec { scheme: a.sync, group: a.sync_group },
+            sync: spec,
             ..SimConfig::default()
         },
         // `simulate` costs the plan's nodes as given; refreshed copies the
         // graph already holds are counted, no others assumed.
         weight_copies: false,
         reference_batch: None,
+        ..base_opts
     };
-    let label = a.model.display().to_string();
+    let label = model.display().to_string();
     let mut pred = Predictor::new(g, targets, popts).with_context(|| label.clone())?;
     if let Some(path) = &a.trace {
         std::fs::write(path, pred.chrome_trace_json()).with_context(|| format!("writing {}", path.display()))?;
@@ -411,6 +611,8 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         devices,
         warnings,
         sync: (a.sync != qsync_sim::SyncScheme::Fp32).then(|| a.sync.name()),
+        sync_path: (a.sync != qsync_sim::SyncScheme::Fp32).then(|| path.name()),
+        cluster: described,
     };
     if a.json {
         return Ok(serde_json::to_string_pretty(&out)? + "\n");

@@ -68,7 +68,7 @@ fn wire_fractions_errors_and_agreement_at_eight_ranks() {
         assert!(f(&r, "max_abs_error") <= f(&r, "error_bound"));
         assert_eq!(r["bitwise_identical"], true, "{scheme}: {r}");
         // The simulator's formula for the same scheme and shape.
-        let spec = qsync_sim::SyncSpec { scheme: qsync_sim::SyncScheme::parse(scheme).expect("scheme"), group: 512 };
+        let spec = qsync_sim::SyncSpec::new(qsync_sim::SyncScheme::parse(scheme).expect("scheme"), 512);
         let model: f64 =
             qsync_sim::sync::phases(&spec, bytes as f64, 8, 4).iter().map(|p| p.intra_node + p.inter_node).sum();
         let measured = f(&r, "wire_bytes_per_rank");

@@ -48,6 +48,17 @@ pub struct DeviceType {
     /// dequantize-accumulate, 16-bit casts) on one device.
     #[serde(default)]
     pub sync_kernels: crate::sync::SyncKernels,
+    /// The same kernels on the host CPU that serves one device (what the
+    /// host paths run; [`crate::sync::SyncPath`]).
+    #[serde(default = "crate::sync::SyncKernels::host")]
+    pub host_kernels: crate::sync::SyncKernels,
+    /// Pageable copies between one device and its host, GB/s each way.
+    #[serde(default = "host_link")]
+    pub host_link_gb_per_s: f64,
+}
+
+fn host_link() -> f64 {
+    crate::sync::HOST_LINK_GB_PER_S
 }
 
 impl DeviceType {
@@ -76,7 +87,16 @@ impl DeviceType {
             static_memory_bytes: 0,
             memory_capacity_bytes: None,
             sync_kernels: crate::sync::SyncKernels::default(),
+            host_kernels: crate::sync::SyncKernels::host(),
+            host_link_gb_per_s: crate::sync::HOST_LINK_GB_PER_S,
         }
+    }
+
+    /// Set the host's synchronization kernels and the host link (GB/s).
+    pub fn with_host(mut self, k: crate::sync::SyncKernels, host_link_gb_per_s: f64) -> DeviceType {
+        self.host_kernels = k;
+        self.host_link_gb_per_s = host_link_gb_per_s;
+        self
     }
 
     /// Set the synchronization kernels' costs.
@@ -210,6 +230,7 @@ impl Cluster {
                 ("network bandwidth", t.network_gb_per_s, true),
                 ("intra-node latency", t.intra_node_latency_us, false),
                 ("network latency", t.network_latency_us, false),
+                ("host link bandwidth", t.host_link_gb_per_s, true),
             ];
             for (what, value, strict) in checks {
                 let bad = !value.is_finite() || value < 0.0 || (strict && value == 0.0);

@@ -55,6 +55,9 @@ pub struct Target {
     pub memory_fraction: Option<f64>,
     /// Measured costs of this device (its `device`, when named, must match).
     pub calibration: Option<Profile>,
+    /// The network of this type's nodes (`None`: one NIC of the device
+    /// file's `network_gbit_s`, its `intra_node` link, default latencies).
+    pub network: Option<crate::topology::NodeNetwork>,
 }
 
 impl Target {
@@ -68,7 +71,13 @@ impl Target {
             plan,
             memory_fraction: None,
             calibration: None,
+            network: None,
         }
+    }
+
+    /// The node network this target is priced with.
+    pub fn node_network(&self) -> crate::topology::NodeNetwork {
+        self.network.clone().unwrap_or_else(|| crate::topology::NodeNetwork::single_nic(self.device.network_gbit_s))
     }
 }
 
@@ -97,6 +106,12 @@ pub struct PredictOptions {
     /// batch. `None`: every target is costed at the bound batch whatever
     /// its `local_batch` (which then only counts its samples).
     pub reference_batch: Option<u32>,
+    /// The link between device types on different networks.
+    pub fabric: Option<crate::Fabric>,
+    /// The synchronization kernels on the hosts (the host paths' rates).
+    pub host_kernels: crate::SyncKernels,
+    /// Pageable GPU↔host copies, GB/s each way (the staged paths).
+    pub host_link_gb_per_s: f64,
 }
 
 impl Default for PredictOptions {
@@ -108,6 +123,9 @@ impl Default for PredictOptions {
             config: SimConfig::default(),
             weight_copies: false,
             reference_batch: None,
+            fabric: None,
+            host_kernels: crate::SyncKernels::host(),
+            host_link_gb_per_s: crate::sync::HOST_LINK_GB_PER_S,
         }
     }
 }
@@ -208,6 +226,33 @@ impl GraphAnalysis {
 /// The synchronization kernels' costs from the device's cast model:
 /// quantizing is QSync's f32 → int8 cast (range reduction, scale, codes),
 /// dequantize-accumulate its int8 → f32 cast, 16-bit casts f32 → f16.
+/// The simulator's view of one target: its nodes and their network, its
+/// synchronization kernels (the device's, and its host's), no memory.
+fn device_type(t: &Target, model: &CostModel, opts: &PredictOptions) -> DeviceType {
+    let net = t.node_network();
+    let intra = net.intra_node_gb_s.unwrap_or(t.device.intra_node_bytes_per_s() / 1e9);
+    DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
+        .with_bandwidth(intra, net.node_gb_per_s())
+        .with_nics(net.nics_per_node)
+        .with_latency(net.intra_node_latency_us, net.nic_latency_us)
+        .with_sync_kernels(sync_kernels(model))
+        .with_host(opts.host_kernels, opts.host_link_gb_per_s)
+}
+
+/// The cluster of `targets` without a model — devices, nodes, networks,
+/// synchronization kernels, the fabric — for predicting a synchronization
+/// alone ([`Cluster::sync_us`]), as `qsyncc simulate --gradient` does.
+pub fn cluster_of(targets: &[Target], opts: &PredictOptions) -> Result<Cluster, PredictError> {
+    let mut types = Vec::with_capacity(targets.len());
+    for t in targets {
+        let model = CostModel::new(&t.device, t.calibration.as_ref())?;
+        types.push(device_type(t, &model, opts));
+    }
+    let c = Cluster::new(types).with_fabric(opts.fabric);
+    c.validate()?;
+    Ok(c)
+}
+
 fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
     use qsync_cost::Precision as P;
     let c = model.casts();
@@ -601,14 +646,12 @@ impl<'g> Predictor<'g> {
             let copy_bytes = shared.stored_copies + copies.total();
             let step = step_seconds(&model, shared.params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
-            let dt = DeviceType::new(t.device.name.clone(), t.count, t.per_node.max(1), t.local_batch)
-                .with_bandwidth(t.device.intra_node_bytes_per_s() / 1e9, t.device.network_bytes_per_s() / 1e9)
-                .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64))
-                .with_sync_kernels(sync_kernels(&model));
+            let dt = device_type(t, &model, &opts)
+                .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64));
             cluster_types.push(dt);
             types.push(TypeState { model, plan: t.plan.clone(), resolved, memory, tracker, copies, copy_claims });
         }
-        let sim = Simulator::new(Cluster::new(cluster_types), programs, opts.config)?;
+        let sim = Simulator::new(Cluster::new(cluster_types).with_fabric(opts.fabric), programs, opts.config)?;
         Ok(Predictor { graph, shared, opts, types, targets, sim })
     }
 

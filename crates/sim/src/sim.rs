@@ -354,23 +354,35 @@ impl Simulator {
     fn merge(&mut self) -> SimResult {
         let mut collectives = Vec::with_capacity(self.buckets.len());
         let mut prev_end = 0.0f64;
+        // A synchronization that does not overlap the backward pass (a hook
+        // that blocks until its bucket is reduced) holds each type's compute
+        // stream from its bucket being ready to the collective's end: every
+        // later step starts that much later.
+        let blocking = !self.config.sync.path.overlaps(self.config.sync.scheme);
+        let mut held = vec![0.0f64; self.timelines.len()];
         for b in &self.buckets {
-            let ready_us: Vec<f64> = self.timelines.iter().map(|tl| tl.end(tl.grad_steps[b.last_grad])).collect();
+            let ready_us: Vec<f64> =
+                self.timelines.iter().zip(&held).map(|(tl, h)| tl.end(tl.grad_steps[b.last_grad]) + h).collect();
             let start_us = ready_us.iter().fold(prev_end, |a, &r| a.max(r));
             let end_us = start_us + b.dur_us;
             prev_end = end_us;
+            if blocking {
+                for (h, r) in held.iter_mut().zip(&ready_us) {
+                    *h += end_us - r;
+                }
+            }
             collectives.push(CollectiveResult { bytes: b.bytes, ready_us, start_us, end_us });
         }
         let comm_us: f64 = self.buckets.iter().map(|b| b.dur_us).sum();
         let mut devices = Vec::with_capacity(self.timelines.len());
-        for (tl, ty) in self.timelines.iter().zip(&self.cluster.types) {
-            let backward_end_us = tl.backward_end();
+        for ((tl, ty), h) in self.timelines.iter().zip(&self.cluster.types).zip(&held) {
+            let backward_end_us = tl.backward_end() + h;
             let finish_us = backward_end_us.max(prev_end) + tl.program.optimizer_us;
             let peak_memory_bytes = ty.static_memory_bytes + tl.saved_bytes;
             devices.push(DeviceResult {
                 name: ty.name.clone(),
                 count: ty.count(),
-                compute_us: backward_end_us + tl.program.optimizer_us,
+                compute_us: tl.backward_end() + tl.program.optimizer_us,
                 comm_us,
                 idle_us: 0.0,
                 forward_end_us: tl.forward_end(),
@@ -490,6 +502,34 @@ mod tests {
             (x >> 11) as f64 / (1u64 << 53) as f64 * 1e3 + 1e-3
         };
         (0..n).map(|_| (next(), next(), next())).collect()
+    }
+
+    #[test]
+    fn a_blocking_hook_holds_the_backward_pass() {
+        // Two ops, 10 µs per step, 1 MB of gradient each, one bucket per
+        // gradient: bucket 0 (op1's) is ready at 40 µs, bucket 1 (op0's) at
+        // 60 µs; each takes d µs. Overlapped: bucket 0 runs 40..40+d, bucket 1
+        // max(60, 40+d)..+d. Blocking: op0's backward waits for bucket 0, so
+        // bucket 1 is ready at 60+d and ends at 60+2d.
+        let op = |n: &str| LocalOp { name: n.into(), node: None, cost: OpCost::weighted(10.0, 10.0, 10.0, 1_000_000) };
+        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0 };
+        let cluster = Cluster::new(vec![crate::DeviceType::new("a", 4, 2, 1).with_bandwidth(10.0, 1.0)]);
+        let at = |path| {
+            let spec = crate::SyncSpec::new(crate::SyncScheme::Fp16, 512).with_path(path);
+            let config = SimConfig { bucket_cap_bytes: 1, sync: spec, ..SimConfig::default() };
+            let d = cluster.sync_us(0, 1_000_000, &spec, config.algo);
+            let mut sim = Simulator::new(cluster.clone(), vec![program.clone()], config).expect("sim");
+            (d, sim.result().clone())
+        };
+        let (d, r) = at(crate::SyncPath::Host);
+        assert!(d > 20.0, "{d} {:?}", r.collectives);
+        assert_eq!(r.collectives[1].end_us, 40.0 + 2.0 * d, "{d} {:?}", r.collectives);
+        assert_eq!(r.iteration_us, 40.0 + 2.0 * d + 5.0);
+        let (d, r) = at(crate::SyncPath::HostStaged);
+        assert_eq!(r.collectives[1].ready_us, vec![60.0 + d]);
+        // The autograd thread returns from the last hook at its end.
+        assert_eq!(r.devices[0].backward_end_us, 60.0 + 2.0 * d);
+        assert_eq!(r.iteration_us, 60.0 + 2.0 * d + 5.0);
     }
 
     #[test]

@@ -8,9 +8,25 @@
 //! which peers it talks to — and costs `max(intra / B_intra, inter / B_net)`
 //! plus one step latency (the network's if any byte leaves the node), then
 //! the scheme's kernels (quantize, dequantize-and-accumulate, 16-bit casts)
-//! at the device's [`SyncKernels`] rates (`seconds = r·elements + c`, filled
-//! from the cost model's cast model by the predictor). Kernels and
+//! at the rates of where they run ([`SyncKernels`], `seconds = r·elements +
+//! c`), plus the copies between GPU and host the path makes. Kernels and
 //! communication do not overlap inside one bucket.
+//!
+//! **Paths** ([`SyncPath`]): a compressed scheme is priced as the runtime
+//! executes it. fp32 is always the engine's own all-reduce (DDP's, on its
+//! communication stream), overlapping the backward pass. Otherwise:
+//! - [`SyncPath::Host`] — CPU tensors (gloo or MPI): kernels on the host at
+//!   the host's measured rates, on the hook's worker thread, overlapping the
+//!   backward pass;
+//! - [`SyncPath::HostStaged`] — CUDA tensors through qsync's hook with
+//!   `kernels="host"` (the default): the hook copies the f32 bucket to
+//!   pageable host memory and back (`2·S` over the host link), the kernels run
+//!   on the host, and the NCCL communicator stages each call's send and
+//!   receive buffers through the device (`2·` the bytes each phase moves,
+//!   own share included); all inside the hook call, so the backward pass
+//!   waits (no overlap);
+//! - [`SyncPath::Device`] — `kernels="device"`: the same copies, the
+//!   kernels at the GPU's rates (the device's cast model); no overlap.
 //!
 //! Bytes per device, as the runtime moves them (block of `m` elements at
 //! `b` bits, group `G`: `m·b/8 + 4·⌈m/G⌉`):
@@ -69,7 +85,28 @@ impl Default for SyncKernels {
     }
 }
 
+/// Pageable copies between a GPU and its host, GB/s each way: an
+/// assumption (pinned PCIe 3.0/4.0 x16 copies reach 12–25 GB/s; pageable
+/// ones, through a bounce buffer, about half), until measured on the GPU
+/// machine.
+pub const HOST_LINK_GB_PER_S: f64 = 8.0;
+
 impl SyncKernels {
+    /// The runtime's CPU kernels on one core of a host, as measured by
+    /// `qsyncc profile sync-kernels` on this project's build machine (see
+    /// `docs/validation.md`); replace with your hosts' own measurement
+    /// (`--host-kernels FILE`).
+    pub fn host() -> SyncKernels {
+        SyncKernels {
+            quantize_r: HOST_MEASURED[0],
+            quantize_c: HOST_MEASURED[1],
+            dequantize_r: HOST_MEASURED[2],
+            dequantize_c: HOST_MEASURED[3],
+            cast16_r: HOST_MEASURED[4],
+            cast16_c: HOST_MEASURED[5],
+        }
+    }
+
     fn quantize(&self, e: f64) -> f64 {
         if e > 0.0 {
             self.quantize_r * e + self.quantize_c
@@ -93,6 +130,11 @@ impl SyncKernels {
     }
 }
 
+/// `qsyncc profile sync-kernels` on the build machine (2 cores, AVX2+FMA
+/// copies of the kernels), seconds per element and per call: quantize,
+/// dequantize-accumulate, 16-bit cast.
+const HOST_MEASURED: [f64; 6] = [1.0e-9, 2.0e-6, 1.0e-9, 2.0e-6, 0.5e-9, 1.0e-6];
+
 /// A scheme, as far as its cost and error go (names as in `qsync-runtime`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SyncScheme {
@@ -111,16 +153,68 @@ pub enum SyncScheme {
     },
 }
 
-/// A scheme with its quantization group size.
+/// Where a compressed scheme's kernels run and whether it overlaps the
+/// backward pass (see the module doc). fp32 ignores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncPath {
+    /// CPU tensors: host kernels on the hook's worker thread, overlapped.
+    Host,
+    /// CUDA tensors, host kernels, staged through pageable host memory, in
+    /// the hook call (not overlapped). What the Python hook does by default.
+    #[default]
+    HostStaged,
+    /// CUDA tensors, qsync's PTX kernels, staged, not overlapped.
+    Device,
+}
+
+impl SyncPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncPath::Host => "host",
+            SyncPath::HostStaged => "host-staged",
+            SyncPath::Device => "device",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<SyncPath, String> {
+        match s {
+            "host" => Ok(SyncPath::Host),
+            "host-staged" => Ok(SyncPath::HostStaged),
+            "device" => Ok(SyncPath::Device),
+            _ => Err(format!("unknown synchronization path `{s}` (host, host-staged, device)")),
+        }
+    }
+
+    /// Whether `scheme` on this path runs beside the backward pass.
+    pub fn overlaps(self, scheme: SyncScheme) -> bool {
+        scheme == SyncScheme::Fp32 || self == SyncPath::Host
+    }
+}
+
+/// A scheme with its quantization group size and execution path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncSpec {
     pub scheme: SyncScheme,
     pub group: u32,
+    #[serde(default)]
+    pub path: SyncPath,
+}
+
+impl SyncSpec {
+    pub fn new(scheme: SyncScheme, group: u32) -> SyncSpec {
+        SyncSpec { scheme, group, path: SyncPath::default() }
+    }
+
+    pub fn with_path(mut self, path: SyncPath) -> SyncSpec {
+        self.path = path;
+        self
+    }
 }
 
 impl Default for SyncSpec {
     fn default() -> Self {
-        SyncSpec { scheme: SyncScheme::Fp32, group: 512 }
+        SyncSpec::new(SyncScheme::Fp32, 512)
     }
 }
 
@@ -332,7 +426,21 @@ impl Cluster {
                 time + lat
             })
             .sum();
-        comm + kernel_seconds(spec, &ty.sync_kernels, bytes as f64, p, per_node) * 1e6
+        let kernels = match spec.path {
+            SyncPath::Host | SyncPath::HostStaged => &ty.host_kernels,
+            SyncPath::Device => &ty.sync_kernels,
+        };
+        let staging = match spec.path {
+            SyncPath::Host => 0.0,
+            SyncPath::HostStaged | SyncPath::Device => {
+                let moved: f64 = phases(spec, bytes as f64, p, per_node)
+                    .iter()
+                    .map(|ph| (ph.intra_node + ph.inter_node) * p as f64 / (p as f64 - 1.0).max(1.0))
+                    .sum();
+                (2.0 * bytes as f64 + 2.0 * moved) / (ty.host_link_gb_per_s * 1e3)
+            }
+        };
+        comm + staging + kernel_seconds(spec, kernels, bytes as f64, p, per_node) * 1e6
     }
 }
 
@@ -349,8 +457,10 @@ pub struct SyncChoice {
 
 /// The fastest scheme whose relative error is within `error_budget` for
 /// synchronizing `gradient_bytes` in DDP buckets of `bucket_cap_bytes` on
-/// `cluster` (the slowest device type decides each bucket). fp32 when no
-/// compressed scheme is strictly faster.
+/// `cluster`, compressed schemes run on `path` (the slowest device type
+/// decides each bucket). fp32 when no compressed scheme is strictly faster.
+/// This compares synchronization time alone; the planner compares whole
+/// iterations, where a path that does not overlap pays its full time.
 pub fn choose(
     cluster: &Cluster,
     gradient_bytes: u64,
@@ -358,6 +468,7 @@ pub fn choose(
     error_budget: f64,
     group: u32,
     algo: AllReduceAlgo,
+    path: SyncPath,
 ) -> SyncChoice {
     let cap = bucket_cap_bytes.max(1);
     let mut buckets = vec![cap; (gradient_bytes / cap) as usize];
@@ -370,11 +481,11 @@ pub fn choose(
             .map(|&b| (0..cluster.types.len()).map(|t| cluster.sync_us(t, b, spec, algo)).fold(0.0, f64::max))
             .sum()
     };
-    let fp32_us = cost(&SyncSpec { scheme: SyncScheme::Fp32, group });
+    let fp32_us = cost(&SyncSpec::new(SyncScheme::Fp32, group).with_path(path));
     let mut considered: Vec<(SyncScheme, f64)> = SyncScheme::candidates()
         .into_iter()
         .filter(|s| s.relative_error() <= error_budget)
-        .map(|s| (s, cost(&SyncSpec { scheme: s, group })))
+        .map(|s| (s, cost(&SyncSpec::new(s, group).with_path(path))))
         .collect();
     // Stable: fp32 is first among equals, so ties keep fp32.
     considered.sort_by(|a, b| a.1.total_cmp(&b.1));
@@ -409,11 +520,11 @@ mod tests {
         // 131072 elements = 256 groups. int8 block: 131072 + 1024 bytes.
         let bytes = 4.0 * (1u64 << 20) as f64;
         let ring = 2.0 * bytes * 7.0 / 8.0;
-        let spec = SyncSpec { scheme: SyncScheme::Qgz { intra: 8, inter: None, stochastic: false }, group: 512 };
+        let spec = SyncSpec::new(SyncScheme::Qgz { intra: 8, inter: None, stochastic: false }, 512);
         let total: f64 = phases(&spec, bytes, 8, 8).iter().map(|p| p.intra_node + p.inter_node).sum();
         assert_eq!(total, 2.0 * 7.0 * (131072.0 + 1024.0));
         assert!((total / ring - (1.0 + 4.0 / 512.0) / 4.0).abs() < 1e-12);
-        let spec4 = SyncSpec { scheme: SyncScheme::Qgz { intra: 4, inter: None, stochastic: false }, group: 512 };
+        let spec4 = SyncSpec::new(SyncScheme::Qgz { intra: 4, inter: None, stochastic: false }, 512);
         let total4: f64 = phases(&spec4, bytes, 8, 8).iter().map(|p| p.intra_node + p.inter_node).sum();
         assert_eq!(total4, 2.0 * 7.0 * (65536.0 + 1024.0));
     }
@@ -421,8 +532,8 @@ mod tests {
     #[test]
     fn hierarchical_keeps_most_bytes_inside_the_node() {
         let bytes = 64e6;
-        let one = SyncSpec { scheme: SyncScheme::Qgz { intra: 4, inter: None, stochastic: false }, group: 512 };
-        let hier = SyncSpec { scheme: SyncScheme::Qgz { intra: 4, inter: Some(4), stochastic: false }, group: 512 };
+        let one = SyncSpec::new(SyncScheme::Qgz { intra: 4, inter: None, stochastic: false }, 512);
+        let hier = SyncSpec::new(SyncScheme::Qgz { intra: 4, inter: Some(4), stochastic: false }, 512);
         let inter = |s: &SyncSpec| phases(s, bytes, 16, 8).iter().map(|p| p.inter_node).sum::<f64>();
         // Reduce-scatter part: one-shot sends 8/16 of its blocks off-node,
         // hierarchical 1/16; both all-gather flat.
@@ -445,34 +556,68 @@ mod tests {
             cast16_r: 0.0,
             cast16_c: 0.0,
         };
-        let c = Cluster::new(vec![DeviceType::new("a", 8, 4, 1).with_bandwidth(100.0, 1.0).with_sync_kernels(free)]);
-        let spec = SyncSpec { scheme: SyncScheme::Fp16, group: 512 };
+        let c = Cluster::new(vec![DeviceType::new("a", 8, 4, 1).with_bandwidth(100.0, 1.0).with_host(free, 1.0)]);
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Host);
         assert_eq!(c.sync_us(0, 8_000_000, &spec, AllReduceAlgo::Hierarchical), 2.0 * (8000.0 + 20.0));
         // A fabric of 0.5 GB/s between two such types (4 + 4 devices, one node
         // each): each device sends its 2e6 B of a phase to the other type's
         // 4 devices, all of them inter-node; 4 devices × 2e6 B = 8e6 B over
         // 5e2 B/µs = 16000 µs per phase, latency max(20, 50) = 50.
         let two = Cluster::new(vec![
-            DeviceType::new("a", 4, 4, 1).with_bandwidth(100.0, 1.0).with_sync_kernels(free),
-            DeviceType::new("b", 4, 4, 1).with_bandwidth(100.0, 1.0).with_sync_kernels(free),
+            DeviceType::new("a", 4, 4, 1).with_bandwidth(100.0, 1.0).with_host(free, 1.0),
+            DeviceType::new("b", 4, 4, 1).with_bandwidth(100.0, 1.0).with_host(free, 1.0),
         ])
         .with_fabric(Some(crate::cluster::Fabric { gb_per_s: 0.5, latency_us: 50.0 }));
         assert_eq!(two.sync_us(0, 8_000_000, &spec, AllReduceAlgo::Hierarchical), 2.0 * (16000.0 + 50.0));
     }
 
     #[test]
+    fn staged_paths_pay_the_host_link() {
+        // 1 node × 4 devices, 1e5 B/µs inside, free kernels; host link
+        // 10 GB/s = 1e4 B/µs. fp16 of S = 4e6 B (E = 1e6): two flat phases,
+        // each receiving 2·E/P = 5e5 B from each of 3 peers = 1.5e6 B: 15 µs
+        // + 5 µs latency each. Staging: the hook's 2·S = 8e6 B, and each
+        // phase's buffers up and down, own share included: 2·(1.5e6·4/3) =
+        // 4e6 B per phase, 8e6 B for both. 16e6 B / 1e4 = 1600 µs.
+        let free = SyncKernels {
+            quantize_r: 0.0,
+            quantize_c: 0.0,
+            dequantize_r: 0.0,
+            dequantize_c: 0.0,
+            cast16_r: 0.0,
+            cast16_c: 0.0,
+        };
+        let c = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(free, 10.0).with_sync_kernels(free)]);
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512);
+        let host = c.sync_us(0, 4_000_000, &spec.with_path(SyncPath::Host), AllReduceAlgo::Ring);
+        assert_eq!(host, 2.0 * (15.0 + 5.0));
+        let staged = c.sync_us(0, 4_000_000, &spec.with_path(SyncPath::HostStaged), AllReduceAlgo::Ring);
+        assert!((staged - (host + 1600.0)).abs() < 1e-9, "{staged}");
+        // Host kernels are the host's rates, device kernels the GPU's.
+        let slow = SyncKernels { cast16_r: 1e-9, ..free };
+        let c = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(slow, 10.0).with_sync_kernels(free)]);
+        let dev = c.sync_us(0, 4_000_000, &spec.with_path(SyncPath::Device), AllReduceAlgo::Ring);
+        let hs = c.sync_us(0, 4_000_000, &spec.with_path(SyncPath::HostStaged), AllReduceAlgo::Ring);
+        // fp16 casts 3·E + E/P elements: (3e6 + 2.5e5)·1e-9 s = 3250 µs.
+        assert!((hs - dev - 3250.0).abs() < 1e-6, "{hs} {dev}");
+        assert!(!SyncPath::HostStaged.overlaps(SyncScheme::Fp16));
+        assert!(SyncPath::HostStaged.overlaps(SyncScheme::Fp32));
+        assert!(SyncPath::Host.overlaps(SyncScheme::Fp16));
+    }
+
+    #[test]
     fn auto_is_never_slower_than_fp32() {
         // A fast network: compression's kernels cost more than they save.
         let fast = Cluster::new(vec![DeviceType::new("a", 8, 8, 32).with_bandwidth(600.0, 600.0)]);
-        let c = choose(&fast, 4 << 20, 25 << 20, 1.0, 512, AllReduceAlgo::Hierarchical);
+        let c = choose(&fast, 4 << 20, 25 << 20, 1.0, 512, AllReduceAlgo::Hierarchical, SyncPath::Device);
         assert!(c.predicted_us <= c.fp32_us);
         // A slow network and a loose budget: a quantized scheme wins.
         let slow = Cluster::new(vec![DeviceType::new("a", 16, 4, 32).with_bandwidth(50.0, 1.0)]);
-        let c = choose(&slow, 400 << 20, 25 << 20, 0.5, 512, AllReduceAlgo::Hierarchical);
+        let c = choose(&slow, 400 << 20, 25 << 20, 0.5, 512, AllReduceAlgo::Hierarchical, SyncPath::Device);
         assert!(c.predicted_us < c.fp32_us, "{c:?}");
         assert_ne!(c.scheme, "fp32");
         // A zero budget admits only fp32.
-        let c = choose(&slow, 400 << 20, 25 << 20, 0.0, 512, AllReduceAlgo::Hierarchical);
+        let c = choose(&slow, 400 << 20, 25 << 20, 0.0, 512, AllReduceAlgo::Hierarchical, SyncPath::Device);
         assert_eq!(c.scheme, "fp32");
         assert_eq!(c.predicted_us, c.fp32_us);
     }

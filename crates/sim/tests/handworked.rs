@@ -73,16 +73,18 @@ fn two_buckets_overlap_backward() {
 
 /// A 2×(2 nodes × 2) hybrid cluster, hierarchical: the collective lasts as
 /// long as the slower type. S = 100 kB, M = 4 nodes, g = 2.
-/// a (intra 100 GB/s = 1e5 B/µs, net 1e3 B/µs): inside 2·1/2·1e5/1e5 = 1,
-/// across 2·3/4·5e4/1e3 = 75 → 76. b (net 0.5 GB/s): 1 + 150 = 151.
+/// a (intra 100 GB/s = 1e5 B/µs, a node NIC of 1e3 B/µs shared by its 2
+/// devices: 500 B/µs each): inside 2·1/2·1e5/1e5 = 1, across
+/// 2·3/4·5e4/500 = 150 → 151. b (node NIC 0.5 GB/s, 250 B/µs each):
+/// 1 + 300 = 301.
 #[test]
 fn slowest_participant_sets_collective_time() {
     let a = qsync_sim::DeviceType::new("a", 4, 2, 8).with_bandwidth(100.0, 1.0).with_latency(0.0, 0.0);
     let b = qsync_sim::DeviceType::new("b", 4, 2, 8).with_bandwidth(100.0, 0.5).with_latency(0.0, 0.0);
     let mut s = sim(vec![a, b], vec![tiny(1.0), tiny(1.0)], 1 << 20);
     let r = s.result();
-    assert_eq!((r.collectives[0].start_us, r.collectives[0].end_us), (94.0, 245.0));
-    assert_eq!(r.iteration_us, 255.0);
+    assert_eq!((r.collectives[0].start_us, r.collectives[0].end_us), (94.0, 395.0));
+    assert_eq!(r.iteration_us, 405.0);
     assert_eq!(r.global_batch, 64);
 }
 

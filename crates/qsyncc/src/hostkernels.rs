@@ -1,0 +1,194 @@
+//! `qsyncc host-kernels`: the synchronization kernels' throughput on this
+//! host, measured on the runtime's own CPU engine (`qsync_runtime::HostEngine`,
+//! the code every host path runs), written as the `seconds = r·elements + c`
+//! fits the predictor prices the host paths with (`qsync_sim::SyncKernels`).
+//!
+//! Each kernel runs at two sizes on `--threads` threads at once (as many as
+//! ranks share the host, so memory bandwidth and cores are shared as in a
+//! job); the fit goes through the two medians. The file (schema
+//! `qsync-host-kernels/1`) records the CPU, the threads and the sizes, and
+//! `simulate` / `plan` take it as `--host-kernels FILE`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use qsync_kernels::{Half, QBits, Rounding};
+use qsync_runtime::{HostEngine, KernelEngine};
+use qsync_sim::SyncKernels;
+use serde::{Deserialize, Serialize};
+
+/// Schema name of the file.
+pub const SCHEMA: &str = "qsync-host-kernels/1";
+
+/// Arguments of `qsyncc host-kernels`.
+#[derive(clap::Args, Debug)]
+pub struct HostKernelsArgs {
+    /// Where to write the measurement (JSON).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Threads measuring at once: the ranks that share one host.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: u32,
+    /// Elements of the larger size (the smaller is 1/16 of it).
+    #[arg(long, default_value_t = 1 << 22, value_parser = clap::value_parser!(u64).range(4096..=1 << 28))]
+    pub elements: u64,
+    /// Timed repetitions per size (the median is kept).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeats: u32,
+}
+
+/// The file `host-kernels` writes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostKernelsFile {
+    pub schema: String,
+    /// `/proc/cpuinfo`'s model name, or `unknown`.
+    pub cpu: String,
+    pub threads: u32,
+    pub elements: [u64; 2],
+    pub kernels: SyncKernels,
+    /// Seconds measured per kernel and size (medians), for the record.
+    pub measured_s: std::collections::BTreeMap<String, [f64; 2]>,
+}
+
+/// Read a `--host-kernels` file.
+pub fn load(path: &Path) -> Result<SyncKernels> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--host-kernels {}", path.display()))?;
+    let f: HostKernelsFile = serde_json::from_str(&text)
+        .with_context(|| format!("--host-kernels {}: not a {SCHEMA} file (what `qsyncc host-kernels` writes)", path.display()))?;
+    if f.schema != SCHEMA {
+        bail!("--host-kernels {}: schema `{}`, expected `{SCHEMA}`", path.display(), f.schema);
+    }
+    let k = f.kernels;
+    for (what, v) in [
+        ("quantize_r", k.quantize_r),
+        ("quantize_c", k.quantize_c),
+        ("dequantize_r", k.dequantize_r),
+        ("dequantize_c", k.dequantize_c),
+        ("cast16_r", k.cast16_r),
+        ("cast16_c", k.cast16_c),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            bail!("--host-kernels {}: {what} = {v} is not a non-negative number", path.display());
+        }
+    }
+    Ok(k)
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// A gradient-like buffer (deterministic, mixed signs and magnitudes).
+fn buffer(n: usize) -> Vec<f32> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 1e-2
+        })
+        .collect()
+}
+
+const GROUP: usize = 512;
+
+/// One kernel as the schemes call it, on `n` elements; returns seconds.
+fn run_once(kernel: &str, x: &[f32], scratch: &mut Vec<f32>) -> Result<f64> {
+    let e = HostEngine;
+    let n = x.len();
+    let t = Instant::now();
+    match kernel {
+        // Range per group, scales, codes: what a qgZ stage does to its input.
+        "quantize" => {
+            let (mn, mx) = e.row_min_max(x, GROUP)?;
+            let scales = e.sym_scales(&mn, &mx, QBits::Int8)?;
+            let q = e.quantize(x, &scales, GROUP, QBits::Int8, Rounding::Nearest, 0)?;
+            std::hint::black_box(q);
+        }
+        "dequantize" => {
+            let (mn, mx) = e.row_min_max(x, GROUP)?;
+            let scales = e.sym_scales(&mn, &mx, QBits::Int8)?;
+            let q = e.quantize(x, &scales, GROUP, QBits::Int8, Rounding::Nearest, 0)?;
+            scratch.clear();
+            scratch.resize(n, 0.0);
+            let t = Instant::now();
+            e.dequant_accumulate(&q, &scales, n, GROUP, 1, QBits::Int8, scratch)?;
+            return Ok(t.elapsed().as_secs_f64());
+        }
+        "cast16" => {
+            let h = e.cast_to(Half::F16, x)?;
+            std::hint::black_box(h);
+        }
+        _ => unreachable!("kernel names are fixed"),
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median seconds of `kernel` on `n` elements with `threads` running it at once.
+fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result<f64> {
+    let per_thread: Vec<Result<Vec<f64>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(move || -> Result<Vec<f64>> {
+                    let x = buffer(n);
+                    let mut scratch = Vec::new();
+                    run_once(kernel, &x, &mut scratch)?; // warm-up
+                    (0..repeats).map(|_| run_once(kernel, &x, &mut scratch)).collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a measuring thread panicked")))).collect()
+    });
+    let mut all = Vec::new();
+    for r in per_thread {
+        all.extend(r?);
+    }
+    Ok(median(all))
+}
+
+/// Measure and write; returns the text for stdout.
+pub fn run(a: &HostKernelsArgs) -> Result<String> {
+    let big = a.elements as usize;
+    let small = (big / 16).max(1024);
+    let mut measured = std::collections::BTreeMap::new();
+    let mut fit = |k: &'static str| -> Result<(f64, f64)> {
+        let (ts, tb) = (measure(k, small, a.threads, a.repeats)?, measure(k, big, a.threads, a.repeats)?);
+        measured.insert(k.to_string(), [ts, tb]);
+        let r = ((tb - ts) / (big - small) as f64).max(0.0);
+        let c = (ts - r * small as f64).max(0.0);
+        Ok((r, c))
+    };
+    let (quantize_r, quantize_c) = fit("quantize")?;
+    let (dequantize_r, dequantize_c) = fit("dequantize")?;
+    let (cast16_r, cast16_c) = fit("cast16")?;
+    let file = HostKernelsFile {
+        schema: SCHEMA.into(),
+        cpu: cpu_name(),
+        threads: a.threads,
+        elements: [small as u64, big as u64],
+        kernels: SyncKernels { quantize_r, quantize_c, dequantize_r, dequantize_c, cast16_r, cast16_c },
+        measured_s: measured,
+    };
+    let text = serde_json::to_string_pretty(&file)? + "\n";
+    std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
+    Ok(format!(
+        "{} ({} thread(s)): quantize {:.2} ns/elem, dequantize-accumulate {:.2} ns/elem, 16-bit cast {:.2} ns/elem -> {}\n",
+        file.cpu,
+        a.threads,
+        quantize_r * 1e9,
+        dequantize_r * 1e9,
+        cast16_r * 1e9,
+        a.output.display()
+    ))
+}
