@@ -10,7 +10,11 @@
 //!   ([`crate::bound`]), checked element by element on rank 0;
 //! - whether every rank ended with the same bits (digests all-gathered);
 //! - the median time of the scheme's all-reduce and of the engine's own f32
-//!   all-reduce of the same buffer, each bracketed by barriers.
+//!   all-reduce of the same buffer, each bracketed by barriers;
+//! - where the scheme's time went ([`Phases`]): the mean over the timed
+//!   iterations on rank 0 (`phases`) and the largest of every rank's mean
+//!   (`phases_max`), each with `other_s`, the rest of the mean iteration
+//!   (copies, allocation, the closing barrier's wait for the slowest rank).
 //!
 //! With a fault (`--kill-rank`, `--stall-rank`) the chosen rank fails at its
 //! second communicator call of the timed loop; the job must end with an
@@ -25,7 +29,7 @@ use crate::comm::{ClusterShape, Communicator, Deadline, ReduceBuf};
 use crate::error::SyncError;
 use crate::fault::{Fault, FaultyComm};
 use crate::scheme::{Gather, SyncConfig};
-use crate::sync::GradSync;
+use crate::sync::{GradSync, Phases};
 use crate::testdata::{digest, gradient, GradKind};
 
 /// What to run.
@@ -39,6 +43,15 @@ pub struct BenchOptions {
     pub warmup: usize,
     /// `(world rank, fault)` to inject in the timed loop.
     pub fault: Option<(usize, Fault)>,
+    /// Also time the engine's own f32 all-reduce (off: the job moves only
+    /// the scheme's bytes, what a test counting link bytes wants).
+    pub compare_f32: bool,
+}
+
+/// Synchronizations a benchmark runs: the fresh one, the warm-up and the
+/// timed iterations (what multiplies the per-sync wire bytes).
+pub fn syncs(opts: &BenchOptions) -> usize {
+    1 + opts.warmup + opts.iterations
 }
 
 /// The measurements (rank 0's view; identical fields on every rank except
@@ -69,6 +82,51 @@ pub struct BenchReport {
     pub iterations: usize,
     pub seconds: f64,
     pub f32_allreduce_seconds: f64,
+    /// Rank 0's mean time per phase over the timed iterations.
+    pub phases: PhaseReport,
+    /// Per phase, the largest of every rank's mean.
+    pub phases_max: PhaseReport,
+}
+
+/// [`Phases`] of one mean iteration, with the unaccounted rest.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PhaseReport {
+    pub quantize_s: f64,
+    pub exchange_s: f64,
+    pub wait_s: f64,
+    pub dequantize_s: f64,
+    /// The mean iteration's time outside the four phases.
+    pub other_s: f64,
+    /// The mean iteration (barrier to barrier).
+    pub total_s: f64,
+}
+
+impl PhaseReport {
+    fn new(p: Phases, total: f64) -> PhaseReport {
+        PhaseReport {
+            quantize_s: p.quantize_s,
+            exchange_s: p.exchange_s,
+            wait_s: p.wait_s,
+            dequantize_s: p.dequantize_s,
+            other_s: (total - p.sum()).max(0.0),
+            total_s: total,
+        }
+    }
+
+    fn to_array(self) -> [f64; 6] {
+        [self.quantize_s, self.exchange_s, self.wait_s, self.dequantize_s, self.other_s, self.total_s]
+    }
+
+    fn from_array(a: [f64; 6]) -> PhaseReport {
+        PhaseReport {
+            quantize_s: a[0],
+            exchange_s: a[1],
+            wait_s: a[2],
+            dequantize_s: a[3],
+            other_s: a[4],
+            total_s: a[5],
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -84,6 +142,20 @@ fn gather_u64(comm: &dyn Communicator, v: u64, deadline: Deadline) -> Result<Vec
     let mut all = vec![0u8; 8 * comm.size()];
     comm.all_gather(&v.to_le_bytes(), &mut all, deadline)?;
     Ok(all.chunks_exact(8).map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect())
+}
+
+/// Every rank's phase report, the largest per field.
+fn max_over_ranks(comm: &dyn Communicator, mine: PhaseReport, deadline: Deadline) -> Result<PhaseReport, SyncError> {
+    let send: Vec<u8> = mine.to_array().iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut all = vec![0u8; send.len() * comm.size()];
+    comm.all_gather(&send, &mut all, deadline)?;
+    let mut max = [0f64; 6];
+    for rank in all.chunks_exact(send.len()) {
+        for (m, c) in max.iter_mut().zip(rank.chunks_exact(8)) {
+            *m = m.max(f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+        }
+    }
+    Ok(PhaseReport::from_array(max))
 }
 
 /// Runs the benchmark on `world` (collective: every rank calls it).
@@ -135,6 +207,9 @@ pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport,
     for it in 0..opts.warmup + opts.iterations {
         buf.copy_from_slice(&grad);
         comm.barrier(deadline())?;
+        if it == opts.warmup {
+            sync.reset_phases();
+        }
         let t0 = Instant::now();
         sync.all_reduce_mean(&mut buf)?;
         comm.barrier(deadline())?;
@@ -142,8 +217,14 @@ pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport,
             times.push(t0.elapsed().as_secs_f64());
         }
     }
+    let iters = opts.iterations as f64;
+    let mean_time = times.iter().sum::<f64>() / iters;
+    let phases = PhaseReport::new(sync.phases().scaled(1.0 / iters), mean_time);
+    drop(sync);
+    let phases_max = max_over_ranks(comm, phases, deadline())?;
     let mut f32_times = Vec::with_capacity(opts.iterations);
-    for it in 0..opts.warmup + opts.iterations {
+    let f32_runs = if opts.compare_f32 { opts.warmup + opts.iterations } else { 0 };
+    for it in 0..f32_runs {
         buf.copy_from_slice(&grad);
         comm.barrier(deadline())?;
         let t0 = Instant::now();
@@ -182,6 +263,8 @@ pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport,
         iterations: opts.iterations,
         seconds: median(times),
         f32_allreduce_seconds: median(f32_times),
+        phases,
+        phases_max,
     })
 }
 

@@ -66,6 +66,34 @@ impl ReduceBuf<'_> {
     }
 }
 
+/// An exchange started by [`Communicator::start_all_to_all_v`] or
+/// [`Communicator::start_all_gather_v`], in flight until [`Pending::wait`]
+/// returns. Dropping one unfinished abandons it: its buffers are leaked
+/// (the engine may still write them) and the communicator is poisoned.
+pub trait Pending: fmt::Debug {
+    /// Drives the transfers without blocking; `true` once all completed.
+    fn test(&mut self) -> Result<bool, CommError>;
+    /// Blocks until every transfer completed and returns the receive
+    /// buffer, or fails with [`CommError::Timeout`] naming the operation
+    /// once `deadline` passes.
+    fn wait(self: Box<Self>, deadline: Deadline) -> Result<Vec<u8>, CommError>;
+}
+
+/// An exchange that completed when it was started (what a backend without
+/// non-blocking exchanges returns).
+#[derive(Debug)]
+pub struct Done(pub Vec<u8>);
+
+impl Pending for Done {
+    fn test(&mut self) -> Result<bool, CommError> {
+        Ok(true)
+    }
+
+    fn wait(self: Box<Self>, _: Deadline) -> Result<Vec<u8>, CommError> {
+        Ok(self.0)
+    }
+}
+
 /// A group of ranks that can exchange data.
 ///
 /// Buffer conventions: `all_gather` receives `size × send.len()` bytes in rank
@@ -118,6 +146,36 @@ pub trait Communicator: fmt::Debug {
         }
         let counts = vec![send.len() / p; p];
         self.all_to_all_v(send, &counts, recv, &counts, deadline)
+    }
+
+    /// [`Communicator::all_to_all_v`] started without waiting for it: the
+    /// transfers proceed (driven by [`Pending::test`] on engines that need
+    /// it) while the caller computes, and several may be in flight at once.
+    /// Every rank of the group must start the same sequence of exchanges.
+    /// The default runs the blocking call and returns it completed.
+    fn start_all_to_all_v(
+        &self,
+        send: Vec<u8>,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        let mut recv = vec![0u8; recv_counts.iter().sum()];
+        self.all_to_all_v(&send, send_counts, &mut recv, recv_counts, deadline)?;
+        Ok(Box::new(Done(recv)))
+    }
+
+    /// [`Communicator::all_gather_v`] started without waiting for it (see
+    /// [`Communicator::start_all_to_all_v`]).
+    fn start_all_gather_v(
+        &self,
+        send: Vec<u8>,
+        counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        let mut recv = vec![0u8; counts.iter().sum()];
+        self.all_gather_v(&send, &mut recv, counts, deadline)?;
+        Ok(Box::new(Done(recv)))
     }
 
     /// Element-wise sum across ranks, in place. 16-bit sums are the engine's

@@ -10,7 +10,7 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::comm::{Communicator, Deadline, ReduceBuf};
+use crate::comm::{Communicator, Deadline, Pending, ReduceBuf};
 use crate::error::CommError;
 
 /// What the failing rank does.
@@ -137,6 +137,27 @@ impl Communicator for FaultyComm<'_> {
     ) -> Result<(), CommError> {
         self.tick("all_to_all_v");
         self.comm().all_to_all_v(send, send_counts, recv, recv_counts, deadline)
+    }
+
+    fn start_all_to_all_v(
+        &self,
+        send: Vec<u8>,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        self.tick("all_to_all_v");
+        self.comm().start_all_to_all_v(send, send_counts, recv_counts, deadline)
+    }
+
+    fn start_all_gather_v(
+        &self,
+        send: Vec<u8>,
+        counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        self.tick("all_gather_v");
+        self.comm().start_all_gather_v(send, counts, deadline)
     }
 
     fn all_reduce_sum(&self, buf: ReduceBuf<'_>, deadline: Deadline) -> Result<(), CommError> {

@@ -38,8 +38,8 @@ pub mod scheme;
 pub mod sync;
 pub mod testdata;
 
-pub use comm::{ClusterShape, Communicator, Deadline, NodeGroups, ReduceBuf};
+pub use comm::{ClusterShape, Communicator, Deadline, Done, NodeGroups, Pending, ReduceBuf};
 pub use engine::{HostEngine, KernelEngine, Kernels};
 pub use error::{CommError, SyncError};
 pub use scheme::{Gather, Kind, Scheme, SyncConfig};
-pub use sync::{GradSync, WireBytes};
+pub use sync::{GradSync, Phases, WireBytes};

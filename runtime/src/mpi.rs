@@ -30,7 +30,7 @@
 
 #![allow(unsafe_code)]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::os::raw::c_int;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -41,7 +41,7 @@ use mpi::environment::Universe;
 use mpi::ffi;
 use mpi::Threading;
 
-use crate::comm::{check_counts, check_gather_counts, displacements, Communicator, Deadline, ReduceBuf};
+use crate::comm::{check_counts, check_gather_counts, displacements, Communicator, Deadline, Pending, ReduceBuf};
 use crate::error::CommError;
 
 const BACKEND: &str = "mpi";
@@ -170,6 +170,9 @@ pub struct MpiComm {
     /// Split communicators are freed on drop; the world is not.
     owned: bool,
     shared: Rc<Shared>,
+    /// Started exchanges, for their point-to-point tags (every rank starts
+    /// the same sequence, so the counters agree).
+    exchanges: Cell<u32>,
 }
 
 impl MpiComm {
@@ -200,6 +203,7 @@ impl MpiComm {
             world_rank: rank,
             owned: false,
             shared: Rc::new(Shared { universe: RefCell::new(Some(universe)), poisoned: RefCell::new(None), watch }),
+            exchanges: Cell::new(0),
         })
     }
 
@@ -238,14 +242,7 @@ impl MpiComm {
             if deadline.expired() {
                 break Err(CommError::Timeout { op, rank: self.world_rank, timeout: deadline.budget });
             }
-            // Oversubscribed ranks must yield the core to the peers they
-            // wait for; past the first polls, sleep briefly.
-            polls += 1;
-            if polls < 200 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(100));
-            }
+            backoff(&mut polls);
         };
         self.shared.watch.disarm();
         match result {
@@ -384,6 +381,7 @@ impl Communicator for MpiComm {
             world_rank: self.world_rank,
             owned: true,
             shared: self.shared.clone(),
+            exchanges: Cell::new(0),
         }))
     }
 
@@ -469,6 +467,37 @@ impl Communicator for MpiComm {
         Ok(())
     }
 
+    fn start_all_to_all_v(
+        &self,
+        send: Vec<u8>,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        const OP: &str = "all_to_all_v";
+        self.ensure_usable()?;
+        check_counts(OP, send_counts, self.size, send.len())?;
+        check_counts(OP, recv_counts, self.size, recv_counts.iter().sum())?;
+        let send_at = displacements(send_counts);
+        self.start_pairwise(OP, send, &send_at, send_counts, recv_counts, deadline)
+    }
+
+    fn start_all_gather_v(
+        &self,
+        send: Vec<u8>,
+        counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        const OP: &str = "all_gather_v";
+        self.ensure_usable()?;
+        let total = counts.iter().sum();
+        check_gather_counts(OP, counts, self.size, self.rank, send.len(), total)?;
+        // The same bytes to every peer.
+        let send_counts = vec![send.len(); self.size];
+        let send_at = vec![0; self.size];
+        self.start_pairwise(OP, send, &send_at, &send_counts, counts, deadline)
+    }
+
     fn all_reduce_sum(&self, buf: ReduceBuf<'_>, deadline: Deadline) -> Result<(), CommError> {
         const OP: &str = "all_reduce";
         self.ensure_usable()?;
@@ -532,7 +561,185 @@ impl Communicator for MpiComm {
     }
 }
 
+/// An exchange in flight: one `MPI_Isend` / `MPI_Irecv` per peer (pairwise
+/// point-to-point messages, which Open MPI's PML streams straight to each
+/// peer's socket, rather than a non-blocking collective's schedule of
+/// rounds). Owns its buffers until every request completed.
+pub struct MpiPending {
+    op: &'static str,
+    reqs: Vec<ffi::MPI_Request>,
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    shared: Rc<Shared>,
+    world_rank: usize,
+    finished: bool,
+}
+
+impl std::fmt::Debug for MpiPending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiPending")
+            .field("op", &self.op)
+            .field("requests", &self.reqs.len())
+            .field("send", &self.send.len())
+            .field("recv", &self.recv.len())
+            .field("finished", &self.finished)
+            .finish()
+    }
+}
+
+impl MpiPending {
+    fn poll(&mut self) -> Result<bool, CommError> {
+        if self.finished || self.reqs.is_empty() {
+            return Ok(true);
+        }
+        let mut flag: c_int = 0;
+        let n = self.reqs.len() as c_int;
+        let rc = unsafe { ffi::MPI_Testall(n, self.reqs.as_mut_ptr(), &mut flag, ffi::RSMPI_STATUSES_IGNORE) };
+        if rc != 0 {
+            return Err(backend_error(rc, self.op));
+        }
+        Ok(flag != 0)
+    }
+
+    fn fail(&mut self, e: CommError) -> CommError {
+        self.shared.poisoned.borrow_mut().get_or_insert_with(|| e.to_string());
+        e
+    }
+}
+
+impl Pending for MpiPending {
+    fn test(&mut self) -> Result<bool, CommError> {
+        self.poll().map_err(|e| self.fail(e))
+    }
+
+    fn wait(mut self: Box<Self>, deadline: Deadline) -> Result<Vec<u8>, CommError> {
+        self.shared.watch.arm(deadline);
+        let _in_op = InOp::enter(self.op);
+        let mut polls = 0u32;
+        let result = loop {
+            match self.poll() {
+                Err(e) => break Err(e),
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+            }
+            if deadline.expired() {
+                break Err(CommError::Timeout { op: self.op, rank: self.world_rank, timeout: deadline.budget });
+            }
+            backoff(&mut polls);
+        };
+        self.shared.watch.disarm();
+        match result {
+            Ok(()) => {
+                self.finished = true;
+                Ok(std::mem::take(&mut self.recv))
+            }
+            // Unfinished: the drop leaks the buffers MPI may still touch.
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+}
+
+impl Drop for MpiPending {
+    fn drop(&mut self) {
+        if !self.finished && !self.reqs.is_empty() && self.poll().ok() != Some(true) {
+            std::mem::forget(std::mem::take(&mut self.send));
+            std::mem::forget(std::mem::take(&mut self.recv));
+            let why = format!("rank {}: an {} exchange was abandoned in flight", self.world_rank, self.op);
+            self.shared.poisoned.borrow_mut().get_or_insert(why);
+        }
+    }
+}
+
+/// Between polls of a request: yield first, then sleep briefly, so
+/// oversubscribed ranks leave the core to the peers they wait for.
+fn backoff(polls: &mut u32) {
+    *polls += 1;
+    if *polls < 200 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
 impl MpiComm {
+    /// The next exchange's tag (MPI guarantees tags up to 32767).
+    fn next_tag(&self) -> c_int {
+        let n = self.exchanges.get();
+        self.exchanges.set(n.wrapping_add(1));
+        (n % 32_000) as c_int
+    }
+
+    /// Posts one receive per peer with bytes for this rank, then one send
+    /// per peer it has bytes for (peers in a rotated order, so the ranks
+    /// do not all start with rank 0); copies its own slice locally.
+    #[allow(clippy::too_many_arguments)]
+    fn start_pairwise(
+        &self,
+        op: &'static str,
+        send: Vec<u8>,
+        send_at: &[usize],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        let (p, me) = (self.size, self.rank);
+        if send_counts[me] != recv_counts[me] {
+            return Err(CommError::InvalidArgument {
+                op,
+                detail: format!("rank {me} sends itself {} bytes but expects {}", send_counts[me], recv_counts[me]),
+            });
+        }
+        let recv_at = displacements(recv_counts);
+        let tag = self.next_tag();
+        let mut x = MpiPending {
+            op,
+            reqs: Vec::with_capacity(2 * p),
+            send: if send.is_empty() { owned(0) } else { send },
+            recv: owned(recv_counts.iter().sum()),
+            shared: self.shared.clone(),
+            world_rank: self.world_rank,
+            finished: false,
+        };
+        x.recv[recv_at[me]..recv_at[me] + recv_counts[me]]
+            .copy_from_slice(&x.send[send_at[me]..send_at[me] + send_counts[me]]);
+        let dt = unsafe { ffi::RSMPI_UINT8_T };
+        let posted = (|| {
+            for k in 1..p {
+                let j = (me + p - k) % p;
+                if recv_counts[j] == 0 {
+                    continue;
+                }
+                let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+                let buf = unsafe { x.recv.as_mut_ptr().add(recv_at[j]) };
+                let n = to_int(op, recv_counts[j])?;
+                check(unsafe { ffi::MPI_Irecv(buf.cast(), n, dt, j as c_int, tag, self.comm, &mut req) }, op)?;
+                x.reqs.push(req);
+            }
+            for k in 1..p {
+                let j = (me + k) % p;
+                if send_counts[j] == 0 {
+                    continue;
+                }
+                let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+                let buf = unsafe { x.send.as_ptr().add(send_at[j]) };
+                let n = to_int(op, send_counts[j])?;
+                check(unsafe { ffi::MPI_Isend(buf.cast(), n, dt, j as c_int, tag, self.comm, &mut req) }, op)?;
+                x.reqs.push(req);
+            }
+            Ok(())
+        })();
+        // A deadline only bounds the wait; starting never blocks.
+        let _ = deadline;
+        match posted {
+            Ok(()) => Ok(Box::new(x)),
+            Err(e) => {
+                self.poison(&e);
+                // Dropping `x` unfinished leaks what was posted.
+                Err(e)
+            }
+        }
+    }
+
     /// 16-bit sum: all-gather, then f32 accumulation in rank order and one
     /// rounding, so every rank computes the same bits.
     fn sum16(&self, b: &mut [u16], fmt: qsync_kernels::Half, deadline: Deadline) -> Result<(), CommError> {

@@ -200,7 +200,17 @@ pub struct SyncConfig {
     /// Where the quantization kernels run: the CPU reference (default) or
     /// our PTX on the communicator's GPU.
     pub kernels: crate::engine::Kernels,
+    /// Elements per piece of a shard in the pipelined schemes (16-bit and
+    /// one-shot qgZ, [`crate::sync`]'s `pipeline` module): each piece's
+    /// kernels overlap the previous pieces' transfers. 0: one piece per
+    /// shard. The result is the same bits whatever the value.
+    pub pipeline_chunk: usize,
 }
+
+/// Default [`SyncConfig::pipeline_chunk`]: 256 Ki elements (1 MiB of f32),
+/// small enough that a 64 MiB gradient on 4 ranks travels in 16 pieces, large
+/// enough that each piece's messages stream at the link's rate.
+pub const DEFAULT_PIPELINE_CHUNK: usize = 1 << 18;
 
 impl SyncConfig {
     pub fn new(scheme: Scheme) -> Self {
@@ -212,6 +222,7 @@ impl SyncConfig {
             seed: 0,
             timeout: Duration::from_secs(60),
             kernels: crate::engine::Kernels::Host,
+            pipeline_chunk: DEFAULT_PIPELINE_CHUNK,
         }
     }
 }

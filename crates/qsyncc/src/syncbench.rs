@@ -65,6 +65,10 @@ pub struct SyncBenchArgs {
     /// Print one JSON object (rank 0).
     #[arg(long)]
     pub json: bool,
+    /// Skip timing the engine's own f32 all-reduce (the job then moves only
+    /// the scheme's bytes: for counting what crosses the links).
+    #[arg(long)]
+    pub skip_f32: bool,
 }
 
 /// `4096`, `64K`, `16M`, `1G` (binary multiples).
@@ -108,6 +112,7 @@ fn options(args: &SyncBenchArgs) -> Result<BenchOptions> {
         iterations: args.iterations,
         warmup: args.warmup,
         fault,
+        compare_f32: !args.skip_f32,
     })
 }
 
@@ -115,12 +120,27 @@ fn render(r: &BenchReport, json: bool) -> Result<String> {
     if json {
         return Ok(serde_json::to_string(r)? + "\n");
     }
+    let (a, m) = (&r.phases, &r.phases_max);
+    let phases = format!(
+        "phases per iteration, rank 0 (max over ranks): quantize {:.4} ({:.4}) s, exchange {:.4} ({:.4}) s, \
+         wait {:.4} ({:.4}) s, dequantize {:.4} ({:.4}) s, other {:.4} ({:.4}) s\n",
+        a.quantize_s,
+        m.quantize_s,
+        a.exchange_s,
+        m.exchange_s,
+        a.wait_s,
+        m.wait_s,
+        a.dequantize_s,
+        m.dequantize_s,
+        a.other_s,
+        m.other_s,
+    );
     Ok(format!(
         "scheme {} on {} ranks ({} nodes, {}), {} bytes ({} f32), group {}, gather {}\n\
          wire bytes per rank: {:.0} ({:.0} intra-node, {:.0} inter-node) = {:.4} of f32 ring all-reduce's {:.0}\n\
          error vs exact f64 mean: max {:.3e}, bound {:.3e} (largest error/bound {:.3}), {}\n\
          ranks bitwise identical: {}\n\
-         time: {:.6} s median of {} vs the engine's f32 all-reduce {:.6} s ({:.2}x)\n",
+         time: {:.6} s median of {} vs the engine's f32 all-reduce {:.6} s ({:.2}x){}\n{}",
         r.scheme,
         r.ranks,
         r.nodes,
@@ -147,6 +167,8 @@ fn render(r: &BenchReport, json: bool) -> Result<String> {
         r.iterations,
         r.f32_allreduce_seconds,
         if r.seconds > 0.0 { r.f32_allreduce_seconds / r.seconds } else { 0.0 },
+        if r.f32_allreduce_seconds == 0.0 { " (not timed: --skip-f32)" } else { "" },
+        phases,
     ))
 }
 

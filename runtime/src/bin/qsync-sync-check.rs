@@ -27,7 +27,8 @@
 //! - `probe` (`--backend nccl` only): prints NCCL's version, or the
 //!   missing library, and starts no rank;
 //! - `bench`: `qsync_runtime::bench` (what `qsyncc sync-bench` runs) for
-//!   every scheme at `--bytes` (default 16M), one JSON object per scheme on
+//!   every scheme (or those of `--schemes a,b,…`) at `--bytes` (default
+//!   16M) for `--iterations` (default 10), one JSON object per scheme on
 //!   stdout from rank 0.
 //!
 //! `--kernels device` runs every scheme's quantization kernels as our PTX
@@ -67,10 +68,16 @@ struct Args {
     write: Option<PathBuf>,
     expect: Option<PathBuf>,
     bytes: usize,
+    /// `--suite bench`: the schemes (all base names when empty) and iterations.
+    schemes: Vec<String>,
+    iterations: usize,
 }
 
 /// `--kernels`: where every configuration's quantization kernels run.
 static KERNELS: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+/// `--pipeline-chunk`: every configuration's piece size (results must not
+/// depend on it: `--suite digests --expect` with a tiny one checks that).
+static PIPELINE_CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn parse_args() -> Result<Args> {
     let mut a = Args {
@@ -84,6 +91,8 @@ fn parse_args() -> Result<Args> {
         write: None,
         expect: None,
         bytes: 16 << 20,
+        schemes: Vec::new(),
+        iterations: 10,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -105,6 +114,11 @@ fn parse_args() -> Result<Args> {
                 let _ = KERNELS.set(k);
             }
             "--nodes" => a.nodes = val()?.parse().context("--nodes")?,
+            "--pipeline-chunk" => {
+                let _ = PIPELINE_CHUNK.set(val()?.parse().context("--pipeline-chunk (elements)")?);
+            }
+            "--schemes" => a.schemes = val()?.split(',').map(str::to_string).collect(),
+            "--iterations" => a.iterations = val()?.parse().context("--iterations")?,
             "--fault-rank" => a.fault_rank = val()?.parse().context("--fault-rank")?,
             "--timeout" => {
                 let secs: f64 = val()?.parse().context("--timeout")?;
@@ -153,6 +167,9 @@ fn config(name: &str, nodes: usize, group: usize, seed: u64, timeout: Duration) 
     cfg.seed = seed;
     cfg.timeout = timeout;
     cfg.kernels = KERNELS.get().copied().unwrap_or_default();
+    if let Some(&c) = PIPELINE_CHUNK.get() {
+        cfg.pipeline_chunk = c;
+    }
     Ok(cfg)
 }
 
@@ -409,6 +426,36 @@ fn digests_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result
             }
         }
     }
+    // Error feedback carries residuals between steps: three steps of one
+    // synchronization state, the last step's result recorded.
+    for name in ["fp16-ef", "bf16-ef", "qgz-int8-ef", "qgz-int4-ef"] {
+        for (n, group) in DIGEST_SIZES {
+            case += 1;
+            let cfg = config(name, a.nodes, group, case, a.timeout)?;
+            let grad = gradient(GradKind::Normal, n, case, me);
+            let mut sync = GradSync::new(world, cfg)?;
+            let mut out = grad.clone();
+            for _ in 0..3 {
+                out.copy_from_slice(&grad);
+                sync.all_reduce_mean(&mut out)?;
+            }
+            let d = digests(world, &out, a.timeout)?;
+            let key = format!("{name} n={n} group={group} steps=3 seed={case} ranks={p} nodes={}", a.nodes);
+            rep.check(d.iter().all(|&x| x == d[0]), || format!("{key}: ranks disagree: {d:x?}"));
+            if me != 0 {
+                continue;
+            }
+            let mine = format!("{:016x}", digest(&out));
+            if let Some(exp) = &expected {
+                compared += 1;
+                match exp.get(&key) {
+                    None => rep.check(false, || format!("{key}: no expected digest (record it with the same ranks and nodes)")),
+                    Some(e) => rep.check(*e == mine, || format!("{key}: digest {mine} differs from the recorded {e}")),
+                }
+            }
+            lines.push(format!("{key}\t{mine}"));
+        }
+    }
     if me == 0 {
         if let Some(path) = &a.write {
             std::fs::write(path, lines.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
@@ -425,14 +472,17 @@ fn digests_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result
 }
 
 fn bench_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
-    for name in Scheme::BASE_NAMES {
+    let names: Vec<&str> =
+        if a.schemes.is_empty() { Scheme::BASE_NAMES.to_vec() } else { a.schemes.iter().map(String::as_str).collect() };
+    for name in names {
         let opts = BenchOptions {
             config: config(name, a.nodes, 512, 1, a.timeout)?,
             bytes: a.bytes,
             kind: GradKind::Normal,
-            iterations: 10,
+            iterations: a.iterations.max(1),
             warmup: 2,
             fault: None,
+            compare_f32: true,
         };
         let r = bench::run(world, &opts)?;
         if world.rank() == 0 {

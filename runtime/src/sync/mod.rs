@@ -30,11 +30,15 @@
 pub mod block;
 pub mod half;
 pub mod nbit;
+mod pipeline;
 pub mod qgz;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
 
 use qsync_kernels::rng;
 
@@ -53,6 +57,72 @@ pub struct WireBytes {
 impl WireBytes {
     pub fn total(&self) -> u64 {
         self.intra_node + self.inter_node
+    }
+}
+
+/// Where one rank's synchronization time went, in seconds accumulated
+/// since [`GradSync::reset_phases`] (or creation).
+///
+/// - `quantize_s`: scaling, casting to 16 bits, block quantization, n-bit
+///   packing, error-feedback residuals — everything that makes the payload;
+/// - `exchange_s`: inside communicator calls that move data (a blocking
+///   collective counts whole, waiting for slow peers included; for a
+///   non-blocking exchange, starting it and driving it between kernels);
+/// - `wait_s`: blocked on a started exchange with no kernel left to run;
+/// - `dequantize_s`: widening, dequantize-accumulate, unpacking, the sums
+///   and the division by the world size — everything that reads payloads.
+///
+/// What the four leave out (allocation, copies between them) is the
+/// caller's total minus their sum.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Phases {
+    pub quantize_s: f64,
+    pub exchange_s: f64,
+    pub wait_s: f64,
+    pub dequantize_s: f64,
+}
+
+/// One of [`Phases`]' buckets.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Quantize,
+    Exchange,
+    Wait,
+    Dequantize,
+}
+
+impl Phases {
+    pub fn sum(&self) -> f64 {
+        self.quantize_s + self.exchange_s + self.wait_s + self.dequantize_s
+    }
+
+    /// Every field multiplied by `k` (e.g. `1/iterations` for a mean).
+    pub fn scaled(&self, k: f64) -> Phases {
+        Phases {
+            quantize_s: self.quantize_s * k,
+            exchange_s: self.exchange_s * k,
+            wait_s: self.wait_s * k,
+            dequantize_s: self.dequantize_s * k,
+        }
+    }
+
+    /// The fields in order, for gathering across ranks.
+    pub fn to_array(&self) -> [f64; 4] {
+        [self.quantize_s, self.exchange_s, self.wait_s, self.dequantize_s]
+    }
+
+    pub fn from_array(a: [f64; 4]) -> Phases {
+        Phases { quantize_s: a[0], exchange_s: a[1], wait_s: a[2], dequantize_s: a[3] }
+    }
+
+    pub(crate) fn add(&mut self, phase: Phase, since: Instant) {
+        let dt = since.elapsed().as_secs_f64();
+        match phase {
+            Phase::Quantize => self.quantize_s += dt,
+            Phase::Exchange => self.exchange_s += dt,
+            Phase::Wait => self.wait_s += dt,
+            Phase::Dequantize => self.dequantize_s += dt,
+        }
     }
 }
 
@@ -83,6 +153,7 @@ pub struct GradSync<'c> {
     wire: WireBytes,
     /// Where the element-wise kernels run (`cfg.kernels`).
     engine: Arc<dyn KernelEngine>,
+    phases: Phases,
 }
 
 /// The engine `kernels` asks for on `world`: the reference on the CPU, or
@@ -135,6 +206,7 @@ impl<'c> GradSync<'c> {
             residuals: BTreeMap::new(),
             wire: WireBytes::default(),
             engine,
+            phases: Phases::default(),
         })
     }
 
@@ -155,8 +227,9 @@ impl<'c> GradSync<'c> {
     /// synchronization state beyond any borrow (the Python bindings keep
     /// one per DDP bucket).
     pub fn owning(world: Box<dyn Communicator>, cfg: SyncConfig) -> Result<GradSync<'static>, SyncError> {
-        let GradSync { groups, shape, cfg, step, residuals, wire, engine, .. } = GradSync::new(world.as_ref(), cfg)?;
-        Ok(GradSync { world: World::Owned(world), groups, shape, cfg, step, residuals, wire, engine })
+        let GradSync { groups, shape, cfg, step, residuals, wire, engine, phases, .. } =
+            GradSync::new(world.as_ref(), cfg)?;
+        Ok(GradSync { world: World::Owned(world), groups, shape, cfg, step, residuals, wire, engine, phases })
     }
 
     /// The communicator every rank of the job is in.
@@ -180,20 +253,43 @@ impl<'c> GradSync<'c> {
         self.wire
     }
 
+    /// Time per phase since creation or the last [`GradSync::reset_phases`].
+    pub fn phases(&self) -> Phases {
+        self.phases
+    }
+
+    pub fn reset_phases(&mut self) {
+        self.phases = Phases::default();
+    }
+
+    /// Adds the time since `since` to `phase`.
+    pub(crate) fn charge(&mut self, phase: Phase, since: Instant) {
+        self.phases.add(phase, since);
+    }
+
     /// Replaces `grad` by the mean over all ranks. Every rank must call it
     /// with the same length.
     pub fn all_reduce_mean(&mut self, grad: &mut [f32]) -> Result<(), SyncError> {
         let p = self.world().size();
         match self.cfg.scheme.kind {
             Kind::Fp32 => {
+                let t = Instant::now();
                 self.world().all_reduce_sum(ReduceBuf::F32(grad), self.deadline())?;
+                self.charge(Phase::Exchange, t);
                 // The engine's ring moves 2·(P−1)/P of the buffer per rank.
                 let moved = 2 * 4 * grad.len() as u64 * (p as u64 - 1) / p as u64;
                 self.count_model(moved);
+                let t = Instant::now();
                 let pf = p as f32;
                 grad.iter_mut().for_each(|v| *v /= pf);
+                self.charge(Phase::Dequantize, t);
             }
-            Kind::Half(h) => self.half_all_reduce(grad, h)?,
+            // The pipeline advances the step itself.
+            Kind::Half(h) => return self.pipelined_all_reduce(grad, pipeline::Codec::Half(h)),
+            Kind::Qgz { intra, inter: None } => {
+                let codec = self.one_shot_codec(intra);
+                return self.pipelined_all_reduce(grad, codec);
+            }
             Kind::Qgz { .. } => {
                 let mean = self.reduce_scatter_mean(grad)?;
                 self.gather_shards(&mean, grad)?;

@@ -29,7 +29,9 @@
 //! error — proportional to the tensor's full range, so outliers cost every
 //! element; that is the scheme, faithfully.
 
-use super::{GradSync, Hop};
+use std::time::Instant;
+
+use super::{GradSync, Hop, Phase};
 use crate::error::SyncError;
 
 const STAGE_PACK: u64 = 4;
@@ -39,6 +41,7 @@ impl GradSync<'_> {
         let eng = self.engine.clone();
         let p = self.world().size();
         let n = grad.len();
+        let t = Instant::now();
         let x = self.with_residual("nbit", grad);
         let (mins, maxs) = eng.row_min_max(&x, n.max(1))?;
         let [mut mn, mx, _] = eng.tensor_min_max(&mins, &maxs)?;
@@ -58,8 +61,12 @@ impl GradSync<'_> {
         }
         let len = packed.len();
         let mut all = vec![0u8; len * p];
+        self.charge(Phase::Quantize, t);
+        let t = Instant::now();
         self.world().all_gather(&packed, &mut all, self.deadline())?;
+        self.charge(Phase::Exchange, t);
         self.count(Hop::World, &vec![len; p]);
+        let t = Instant::now();
         let mut acc = vec![0f32; n];
         for j in 0..p {
             eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, &mut acc)
@@ -69,6 +76,7 @@ impl GradSync<'_> {
         for (g, a) in grad.iter_mut().zip(acc) {
             *g = a / pf;
         }
+        self.charge(Phase::Dequantize, t);
         Ok(())
     }
 }

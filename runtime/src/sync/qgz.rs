@@ -44,10 +44,12 @@
 //! (f32 gather: `E_rs`). The bound is `(1/P)·Σ scale/2` per quantization
 //! stage up to rounding terms — the form DeepSpeed's analysis uses.
 
+use std::time::Instant;
+
 use qsync_kernels::QBits;
 
 use super::block::{shards, Quantizer};
-use super::{f32_bytes, f32_from_bytes, GradSync, Hop};
+use super::{f32_bytes, f32_from_bytes, GradSync, Hop, Phase};
 use crate::error::SyncError;
 use crate::scheme::{Gather, Kind};
 
@@ -56,7 +58,7 @@ const STAGE_INTER: u64 = 2;
 const STAGE_GATHER: u64 = 3;
 
 impl GradSync<'_> {
-    fn quantizer(&self, bits: QBits) -> Quantizer {
+    pub(super) fn quantizer(&self, bits: QBits) -> Quantizer {
         Quantizer { bits, group: self.cfg.group, rounding: self.cfg.scheme.rounding }
     }
 
@@ -83,8 +85,10 @@ impl GradSync<'_> {
             None => self.one_shot_sum(grad, intra)?,
             Some(inter) => self.hierarchical_sum(grad, intra, inter)?,
         };
+        let t = Instant::now();
         let pf = self.world().size() as f32;
         sum.iter_mut().for_each(|v| *v /= pf);
+        self.charge(Phase::Dequantize, t);
         self.step += 1;
         Ok(sum)
     }
@@ -95,6 +99,7 @@ impl GradSync<'_> {
         let me = self.world().rank();
         let q = self.quantizer(bits);
         let sh = shards(grad.len(), p);
+        let t = Instant::now();
         let x = self.with_residual("first", grad);
         let mut send = Vec::with_capacity(q.block_len(grad.len()) + 4 * p);
         let mut send_counts = Vec::with_capacity(p);
@@ -108,13 +113,18 @@ impl GradSync<'_> {
         let m = sh[me].len();
         let recv_counts = vec![q.block_len(m); p];
         let mut recv = vec![0u8; recv_counts.iter().sum()];
+        self.charge(Phase::Quantize, t);
+        let t = Instant::now();
         self.world().all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.charge(Phase::Exchange, t);
         self.count(Hop::World, &recv_counts);
+        let t = Instant::now();
         let blocks: Vec<&[u8]> = recv.chunks(q.block_len(m).max(1)).take(p).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
             q.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(p, e))?;
         }
+        self.charge(Phase::Dequantize, t);
         Ok(sum)
     }
 
@@ -129,6 +139,7 @@ impl GradSync<'_> {
 
         // Intra-node all-to-all, slices reordered so peer j gets its shards.
         let q1 = self.quantizer(intra_bits);
+        let t = Instant::now();
         let x = self.with_residual("first", grad);
         let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * self.world().size());
         let mut send_counts = Vec::with_capacity(per_node);
@@ -145,8 +156,12 @@ impl GradSync<'_> {
         let per_peer: usize = mine.iter().map(|&s| q1.block_len(sh[s].len())).sum();
         let recv_counts = vec![per_peer; per_node];
         let mut recv = vec![0u8; per_peer * per_node];
+        self.charge(Phase::Quantize, t);
+        let t = Instant::now();
         self.comm(Hop::Intra).all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.charge(Phase::Exchange, t);
         self.count(Hop::Intra, &recv_counts);
+        let t = Instant::now();
 
         // Node partials of my N shards, concatenated.
         let mut partial = Vec::with_capacity(mine.iter().map(|&s| sh[s].len()).sum());
@@ -163,7 +178,9 @@ impl GradSync<'_> {
             offset += len;
         }
 
+        self.charge(Phase::Dequantize, t);
         // Inter-node all-to-all: node n gets the partial of shard n·L + l.
+        let t = Instant::now();
         let q2 = self.quantizer(inter_bits);
         let y = self.with_residual("inter", &partial);
         let mut send = Vec::with_capacity(q2.block_len(y.len()) + 4 * nodes);
@@ -181,14 +198,19 @@ impl GradSync<'_> {
         let m = sh[me].len();
         let recv_counts = vec![q2.block_len(m); nodes];
         let mut recv = vec![0u8; recv_counts.iter().sum()];
+        self.charge(Phase::Quantize, t);
+        let t = Instant::now();
         self.comm(Hop::Inter).all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        self.charge(Phase::Exchange, t);
         self.count(Hop::Inter, &recv_counts);
         debug_assert_eq!(node * per_node + local, me);
+        let t = Instant::now();
         let blocks: Vec<&[u8]> = recv.chunks(q2.block_len(m).max(1)).take(nodes).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
             q2.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(nodes, e))?;
         }
+        self.charge(Phase::Dequantize, t);
         Ok(sum)
     }
 
@@ -202,11 +224,14 @@ impl GradSync<'_> {
             None => {
                 let counts: Vec<usize> = sh.iter().map(|s| 4 * s.len()).collect();
                 let mut all = vec![0u8; 4 * out.len()];
+                let t = Instant::now();
                 self.world().all_gather_v(&f32_bytes(mean), &mut all, &counts, self.deadline())?;
+                self.charge(Phase::Exchange, t);
                 self.count(Hop::World, &counts);
                 out.copy_from_slice(&f32_from_bytes(&all));
             }
             Some(bits) => {
+                let t = Instant::now();
                 let q = self.quantizer(bits);
                 let y = self.with_residual("gather", mean);
                 let mut block = Vec::with_capacity(q.block_len(y.len()));
@@ -218,8 +243,12 @@ impl GradSync<'_> {
                 q.encode(&*eng, &y, seed, &mut block, res)?;
                 let counts: Vec<usize> = sh.iter().map(|s| q.block_len(s.len())).collect();
                 let mut all = vec![0u8; counts.iter().sum()];
+                self.charge(Phase::Quantize, t);
+                let t = Instant::now();
                 self.world().all_gather_v(&block, &mut all, &counts, self.deadline())?;
+                self.charge(Phase::Exchange, t);
                 self.count(Hop::World, &counts);
+                let t = Instant::now();
                 let mut at = 0;
                 for (j, range) in sh.iter().enumerate() {
                     let vals =
@@ -227,6 +256,7 @@ impl GradSync<'_> {
                     out[range.clone()].copy_from_slice(&vals);
                     at += counts[j];
                 }
+                self.charge(Phase::Dequantize, t);
             }
         }
         Ok(())
