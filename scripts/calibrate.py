@@ -13,8 +13,8 @@ or for an ONNX model, run in onnxruntime (no PyTorch needed):
     calibrate.py model.onnx calib.json [--inputs a.npz b.npz ...] [--random N --seed S]
 
 For every Conv / Linear / norm / softmax module it registers a forward hook
-(recording the input activation v and the weight x) and a full backward
-hook (recording the gradient arriving at the output, grad v). Each
+(recording the input activation v and the weight x, and hooking the output
+tensor to record the gradient arriving at it, grad v). Each
 statistic -- squared L2 norm, min, max, numel -- is averaged over the first
 `iterations` training steps (QSync averages the first 50; it also halves
 the batch for profiling, which the caller controls). The optimizer steps
@@ -85,8 +85,8 @@ def calibrate(model, batches, loss_fn, out_path, iterations=50, name="model", lr
     stats = {}
     active = {"on": True}
     hooks = []
-    # Full backward hooks wrap module outputs in a view; an in-place op on it
-    # (torchvision's ReLU(inplace=True)) is forbidden, so turn in-place off.
+    # In-place modules (torchvision's ReLU(inplace=True)) would overwrite a
+    # module's output before its gradient hook fires: turn in-place off.
     for mod in model.modules():
         if getattr(mod, "inplace", False) is True:
             mod.inplace = False
@@ -95,19 +95,23 @@ def calibrate(model, batches, loss_fn, out_path, iterations=50, name="model", lr
             continue
         entry = stats.setdefault(mname, {"input": _Running(), "weight": _Running(), "grad_output": _Running()})
 
-        def fwd(m, inp, out, entry=entry):
+        def grad(g, entry=entry):
+            if active["on"]:
+                entry["grad_output"].add(_stats(g))
+
+        # The gradient at the output is taken with a hook on the output
+        # tensor, not a full backward hook: those wrap the output in a view
+        # that torchvision's residual `out += identity` may not modify.
+        def fwd(m, inp, out, entry=entry, grad=grad):
             if active["on"] and inp and torch.is_tensor(inp[0]):
                 entry["input"].add(_stats(inp[0]))
                 w = getattr(m, "weight", None)
                 if w is not None:
                     entry["weight"].add(_stats(w))
-
-        def bwd(m, grad_in, grad_out, entry=entry):
-            if active["on"] and grad_out and grad_out[0] is not None:
-                entry["grad_output"].add(_stats(grad_out[0]))
+                if torch.is_tensor(out) and out.requires_grad:
+                    out.register_hook(grad)
 
         hooks.append(mod.register_forward_hook(fwd))
-        hooks.append(mod.register_full_backward_hook(bwd))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model.train()
     batch = None

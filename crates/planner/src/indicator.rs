@@ -409,8 +409,8 @@ impl Indicator {
         let first = format!("first: `{}` reading `{}`", g.node(n).name, g.value_name(v));
         Some(if self.ranges.is_empty() {
             format!(
-                "no calibration statistics: activations kept out of INT8 ({} GEMM-like operators at FP16/FP32, \
-                 {first}); pass --stats",
+                "no calibration statistics: activations kept out of INT8 ({} GEMM-like operators kept at a float \
+                 precision, {first}); pass --stats",
                 self.uncalibrated_gemm
             )
         } else {

@@ -141,15 +141,26 @@ fn every_shared_model_plans_on_cluster_a() {
     }
 }
 
+/// Calibration statistics of torchvision's ResNet-50 (random weights and
+/// data, as `scripts/calibrate.py resnet50 FILE --batch 2 --iterations 2`
+/// writes them), which match `resnet50_train.onnx` by parameter names: the
+/// activation ranges without which the planner offers no INT8.
+fn resnet50_stats() -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/resnet50_calibration.json");
+    p.to_str().expect("utf8").to_string()
+}
+
 #[test]
 fn int8_plans_simulate_as_predicted() {
     // Without FP16, ResNet-50's T4s at 30% memory need INT8 on some
-    // operators. The written graph holds them as QDQ pairs around FP32 ops;
+    // operators (given the activation ranges INT8 needs: `--stats`). The
+    // written graph holds them as QDQ pairs around FP32 ops;
     // `simulate` reads those as the INT8 ops they are and agrees with the
     // manifest (without that reading it said FP32, 26% slower).
+    let stats = resnet50_stats();
     let (out, summary) = plan(
         "resnet50_train.onnx",
-        &["--batch", "32", "--precisions", "fp32,int8", "--memory", "t4=30%", "--method", "qsync"],
+        &["--batch", "32", "--precisions", "fp32,int8", "--memory", "t4=30%", "--method", "qsync", "--stats", &stats],
     );
     let manifest = read_json(&out.join("manifest.json"));
     let t4 = &manifest["devices"]["t4"];
@@ -171,11 +182,12 @@ fn paper_t_min_trades_throughput_for_precision() {
     // (INT8 on the T4s), below UP; recovery gives precision back down to
     // it, so the plan's Ω is below the default plan's and its throughput
     // between the floor and UP.
+    let stats = resnet50_stats();
     let run = |rule: &str| {
         let (out, summary) = run_planner(
             "resnet50_train.onnx",
             "v100:16,t4:16",
-            &["--batch", "32", "--t-min", rule, "--method", "qsync"],
+            &["--batch", "32", "--t-min", rule, "--method", "qsync", "--stats", &stats],
         );
         (summary, read_json(&out.join("manifest.json")))
     };
