@@ -20,8 +20,8 @@
 //! # Ok::<(), qsyncc::planner::PipelineError>(())
 //! ```
 //!
-//! The directory (schema `qsync-plan/2`; `manifest.json` is described by
-//! the JSON Schema `crates/qsyncc/schema/qsync-plan-2.schema.json`, which
+//! The directory (schema `qsync-plan/3`; `manifest.json` is described by
+//! the JSON Schema `crates/qsyncc/schema/qsync-plan-3.schema.json`, which
 //! the tests validate every written manifest against — change both
 //! together):
 //!
@@ -66,7 +66,7 @@ use serde_json::json;
 use crate::load;
 
 /// Manifest schema version.
-pub const SCHEMA: &str = "qsync-plan/2";
+pub const SCHEMA: &str = "qsync-plan/3";
 
 /// Why the plan pipeline failed.
 #[derive(Debug, thiserror::Error)]
@@ -669,7 +669,18 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     let alone: serde_json::Map<String, serde_json::Value> = out
         .alone
         .iter()
-        .map(|(name, e)| (name.clone(), e.as_ref().map_or_else(|| json!({ "fits": false }), method)))
+        .map(|(name, e)| {
+            let v = e.as_ref().map_or_else(
+                || json!({ "fits": false }),
+                |e| {
+                    let mut v = method(e);
+                    v["accumulation_steps"] =
+                        e.types.iter().map(|t| (t.name.clone(), json!(t.accumulation_steps))).collect();
+                    v
+                },
+            );
+            (name.clone(), v)
+        })
         .collect();
     let verdict = crate::report::verdict(&out);
     let model_name = req.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();

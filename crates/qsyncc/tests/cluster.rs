@@ -1,0 +1,185 @@
+//! The cluster as users describe it (`--cluster FILE`, `--network`), the
+//! synchronization paths, and "each type alone" at the same global batch,
+//! through the CLI.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{check_plan_dir, models_dir, qsyncc, stderr, tmpdir};
+
+fn example(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/clusters")
+        .join(name)
+        .to_str()
+        .expect("utf8")
+        .to_string()
+}
+
+fn json(o: &std::process::Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).expect("JSON")
+}
+
+#[test]
+fn every_example_cluster_file_loads_with_every_figure_sourced() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/clusters");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("examples/clusters") {
+        let p = e.expect("entry").path();
+        let c = qsync_sim::topology::ClusterFile::load(&p).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.unsourced().is_empty(), "{}: figures without a source: {:?}", p.display(), c.unsourced());
+        let o = qsyncc(&["simulate", "--cluster", p.to_str().expect("utf8"), "--gradient", "64MiB", "--sync", "fp16"]);
+        assert!(o.status.success(), "{}: {}", p.display(), stderr(&o));
+        n += 1;
+    }
+    assert!(n >= 3, "the README's clusters have example files");
+}
+
+#[test]
+fn simulate_records_the_cluster_and_the_nic_is_shared() {
+    // The README cluster from its file: 2 p3.16xlarge (8 V100 on one 25 Gbit/s
+    // NIC) and 4 g4dn.12xlarge (4 T4 on one 50 Gbit/s NIC).
+    let m = models_dir().join("resnet50_train.onnx");
+    let m = m.to_str().expect("utf8");
+    let file = example("aws-v100-t4.toml");
+    let j = json(&qsyncc(&["simulate", m, "--cluster", &file, "--batch", "32", "--json"]));
+    let groups = j["cluster"]["groups"].as_array().expect("groups");
+    assert_eq!(groups.len(), 2);
+    assert_eq!((groups[0]["device"].as_str(), groups[0]["nodes"].as_u64()), (Some("v100"), Some(2)));
+    assert_eq!(groups[0]["nic_gbit_s"], 25.0);
+    assert_eq!(groups[1]["gpus_per_node"], 4);
+    // The same GPUs as `--targets` (one device-file NIC per node, 8 a node):
+    // the cluster file's slower, shared NICs make communication longer.
+    let t = json(&qsyncc(&["simulate", m, "--targets", "v100:16,t4:16/4", "--batch", "32", "--json"]));
+    let comm = |v: &serde_json::Value| v["devices"]["v100"]["comm_ms"].as_f64().expect("comm");
+    assert!(comm(&j) > comm(&t), "cluster file {} ms vs --targets {} ms", comm(&j), comm(&t));
+    // --network overrides every NIC: 8x the rate, a fraction of the time.
+    let fast = json(&qsyncc(&["simulate", m, "--cluster", &file, "--network", "200gbit", "--batch", "32", "--json"]));
+    assert!(fast["cluster"]["groups"].as_array().expect("groups").iter().all(|g| g["nic_gbit_s"] == 200.0));
+    assert!(comm(&fast) < comm(&j) / 2.0, "{} vs {}", comm(&fast), comm(&j));
+}
+
+#[test]
+fn sync_predictions_by_hand() {
+    // One fp16 synchronization of 64 MiB (E = 2^24 elements) on the DGX file:
+    // 2 nodes x 8 H100, 8 NICs of 400 Gbit/s = 400 GB/s a node, 50 GB/s per
+    // GPU when all 8 send; 450 GB/s inside; latencies 5 us across, 3 inside.
+    // Two flat phases, each receiving 2E/P = 2^21 B from each of 15 peers:
+    // 7 inside (7·2^21 B at 450e3 B/us = 32.62 us), 8 outside (8·2^21 B at
+    // 50e3 B/us = 335.54 us) -> 335.54 + 5 us a phase.
+    // Host-staged (default on GPUs) adds the copies: the hook's 2·S, and each
+    // phase's buffers both ways, own share included: 2·(15·2^21·16/15) B a
+    // phase, over 8 GB/s: (2^27 + 2·2^26) / 8e3 us = 33554.4 us; plus the
+    // host's casts, given here as a file.
+    let host = tmpdir("hostk").join("host.json");
+    std::fs::write(
+        &host,
+        r#"{"schema":"qsync-host-kernels/1","cpu":"hand","threads":1,"elements":[1,2],
+            "kernels":{"quantize_r":0,"quantize_c":0,"dequantize_r":0,"dequantize_c":0,"cast16_r":1e-9,"cast16_c":0},
+            "measured_s":{}}"#,
+    )
+    .expect("write");
+    let base = ["simulate", "--gradient", "64MiB", "--sync", "fp16", "--json", "--host-kernels"];
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.push(host.to_str().expect("utf8"));
+        let f = example("dgx-h100.toml");
+        a.extend_from_slice(&["--cluster", &f]);
+        a.extend_from_slice(extra);
+        json(&qsyncc(&a))["seconds"].as_f64().expect("seconds") * 1e6
+    };
+    let e = (1u64 << 24) as f64;
+    let comm = 2.0 * (8.0 * 2f64.powi(21) / 50e3 + 5.0);
+    let staging = (2.0 * 4.0 * e + 2.0 * 2.0 * 16.0 * 2f64.powi(21)) / 8e3;
+    // fp16 casts 3E + E/P elements at 1 ns.
+    let casts = (3.0 * e + e / 16.0) * 1e-3;
+    let got = run(&[]);
+    assert!((got - (comm + staging + casts)).abs() < 1e-6 * got, "{got} vs {}", comm + staging + casts);
+    // Device kernels: the device's cast model instead of the host's.
+    let dev = run(&["--sync-path", "device"]);
+    assert!(dev < got, "{dev} vs {got}");
+    // A CPU path does not exist for GPUs.
+    let mut a: Vec<&str> = base.to_vec();
+    a.push(host.to_str().expect("utf8"));
+    let f = example("dgx-h100.toml");
+    a.extend_from_slice(&["--cluster", &f, "--sync-path", "host"]);
+    let o = qsyncc(&a);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a path these devices synchronize on"), "{}", stderr(&o));
+}
+
+#[test]
+fn the_plan_records_its_cluster_and_sync_path() {
+    let m = models_dir().join("squeezenet1_1.onnx");
+    let out = tmpdir("cluster-plan");
+    let file = example("cloud-a100-l4.toml");
+    let o = qsyncc(&[
+        m.to_str().expect("utf8"),
+        "--cluster",
+        &file,
+        "--sync",
+        "auto",
+        "--sync-error-budget",
+        "0.05",
+        "-o",
+        out.to_str().expect("utf8"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest = check_plan_dir(&out);
+    assert_eq!(manifest["cluster"]["groups"][0]["device"], "a100-40gb");
+    assert_eq!(manifest["cluster"]["groups"][1]["nic_gbit_s"], 40.0);
+    let sync = &manifest["sync"];
+    assert_eq!(sync["paths_available"], serde_json::json!(["host-staged", "device"]));
+    // Every candidate on both paths was compared, by whole iterations, and
+    // the choice is the fastest of them.
+    let considered = sync["considered"].as_array().expect("considered");
+    assert!(considered.iter().any(|c| c["path"] == "device") && considered.iter().any(|c| c["path"] == "host-staged"));
+    let best = considered.iter().filter_map(|c| c["iteration_us"].as_f64()).fold(f64::INFINITY, f64::min);
+    assert_eq!(sync["iteration_us"].as_f64(), Some(best));
+    assert!(sync["path"]["name"].is_string() && sync["path"]["overlaps_backward"].is_boolean());
+    // --targets and --cluster together are refused, as is a bad file.
+    let o = qsyncc(&[m.to_str().expect("utf8"), "--cluster", &file, "--targets", "t4:2", "-o", "/tmp/never"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let bad = tmpdir("badcluster").join("c.toml");
+    std::fs::write(&bad, "[[group]]\ngpu = \"t4\"\nnodes = 1\ngpus_per_node = 0\n").expect("write");
+    let o = qsyncc(&[m.to_str().expect("utf8"), "--cluster", bad.to_str().expect("utf8"), "-o", "/tmp/never"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("c.toml") && stderr(&o).contains("gpus_per_node"), "{}", stderr(&o));
+    let o = qsyncc(&[m.to_str().expect("utf8"), "--targets", "t4:2", "--network", "fast", "-o", "/tmp/never"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--network"), "{}", stderr(&o));
+}
+
+#[test]
+fn each_type_alone_trains_the_same_global_batch() {
+    // 16 V100 + 16 T4 at 32 a device: 1024 samples a step. The V100s alone
+    // take 64 each; the T4s alone, limited to 30% of their memory, cannot
+    // hold 64 ResNet-50 samples and accumulate gradients over several passes.
+    let m = models_dir().join("resnet50_train.onnx");
+    let out = tmpdir("alone-accum");
+    let o = qsyncc(&[
+        m.to_str().expect("utf8"),
+        "--targets",
+        "v100:16,t4:16",
+        "--batch",
+        "32",
+        "--memory",
+        "t4=30%",
+        "-o",
+        out.to_str().expect("utf8"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let manifest = check_plan_dir(&out);
+    let v = &manifest["alone"]["v100"];
+    assert_eq!((v["local_batches"]["v100"].as_u64(), v["accumulation_steps"]["v100"].as_u64()), (Some(64), Some(1)));
+    let t = &manifest["alone"]["t4"];
+    let (b, k) = (t["local_batches"]["t4"].as_u64().expect("b"), t["accumulation_steps"]["t4"].as_u64().expect("k"));
+    assert!(k > 1 && b * k >= 64 && b * (k - 1) < 64, "t4 alone: {k} passes of {b}: {s}");
+    let report = std::fs::read_to_string(out.join("report.md")).expect("report");
+    assert!(report.contains(&format!("t4 {k}×{b}")), "{report}");
+}

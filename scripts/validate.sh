@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Predictions checked against real runs on this machine (docs/validation.md).
+#
+#   scripts/validate.sh [sync] [compute]     (default: every table)
+#
+# sync:    a 2-node cluster of network namespaces joined by tc-shaped links
+#          (scripts/netcluster.sh, root), `qsyncc sync-bench` under mpirun for
+#          every scheme at two link rates and two sizes, next to
+#          `qsyncc simulate --gradient` on a cluster file of the same links.
+# compute: this CPU as a device: per-op profiles measured with PyTorch, then
+#          training iterations predicted leave-one-out (scripts/validate-compute.sh).
+# Each table is written into docs/validation.md between its markers, with
+# the date, the machine and the command that regenerates it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sync compute)
+out=target/validate
+mkdir -p "$out"
+cargo build --release --locked -p qsyncc
+qsyncc=target/release/qsyncc
+
+replace_section() { # replace_section NAME FILE: docs/validation.md's <!-- NAME --> ... <!-- /NAME --> := FILE
+  python3 - "$1" "$2" <<'PY'
+import re, sys
+name, body = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
+path = "docs/validation.md"
+text = open(path).read()
+pat = re.compile(rf"(<!-- {name} -->\n).*?(<!-- /{name} -->)", re.S)
+if not pat.search(text):
+    sys.exit(f"validate: {path} has no <!-- {name} --> section")
+open(path, "w").write(pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text))
+PY
+}
+
+for part in "${parts[@]}"; do
+  case "$part" in
+    sync)
+      python3 scripts/validate/sync.py --qsyncc "$qsyncc" --out "$out" ${VALIDATE_SYNC_ARGS:-}
+      {
+        echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), 2 nodes × 2 ranks:"
+        echo
+        python3 scripts/validate/render_sync.py "$out/sync.jsonl"
+      } > "$out/sync.md"
+      replace_section sync "$out/sync.md"
+      ;;
+    compute)
+      if [ -x scripts/validate-compute.sh ] || [ -f scripts/validate-compute.sh ]; then
+        bash scripts/validate-compute.sh
+      else
+        echo "validate: scripts/validate-compute.sh is missing" >&2; exit 1
+      fi
+      ;;
+    *) echo "validate: unknown part '$part' (sync, compute)" >&2; exit 2 ;;
+  esac
+done
+echo "validate: tables written to docs/validation.md"

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Synchronization on real links against the model (docs/validation.md, table 1).
+
+    python3 scripts/validate/sync.py --qsyncc target/release/qsyncc --out target/validate \
+        [--rates 1gbit,10gbit] [--sizes 8M,64M] [--ranks-per-node 2] [--iterations 5]
+
+For each link rate: build a 2-node emulated cluster (scripts/netcluster.sh),
+measure what the model needs and does not assume —
+  - the hosts' synchronization kernels, on as many threads at once as the job
+    runs ranks on this machine (`qsyncc host-kernels --threads`);
+  - the bandwidth between two ranks of one node (TCP over the namespace's
+    loopback: what Open MPI's TCP transport uses inside a node) and the
+    one-way latency of a small message across the link and inside a node;
+then write a cluster file of that cluster (the NIC at the shaped rate times
+the TCP payload share of an Ethernet frame), run `qsyncc sync-bench` under
+mpirun for each scheme and size, and `qsyncc simulate --gradient` for the
+same scheme, size and cluster file. One JSON line per cell goes to
+OUT/sync.jsonl; the caller renders the table.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
+
+SCHEMES = ["fp32", "fp16", "bf16", "qgz-int8", "qgz-int4", "qgz-int8-hier", "qgz-int4-hier", "nbit-2", "nbit-4"]
+# Bytes of TCP payload per Ethernet frame of a 1500-byte MTU with TCP
+# timestamps: 1448 of 1514 bytes that tbf counts (14 Ethernet + 20 IP + 32 TCP).
+TCP_PAYLOAD_SHARE = 1448 / 1514
+
+
+def sh(args, **kw):
+    r = subprocess.run(args, text=True, capture_output=True, **kw)
+    if r.returncode != 0:
+        raise SystemExit(f"validate: {' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+    return r
+
+
+def parse_rate(r):
+    r = r.lower()
+    if r.endswith("gbit"):
+        return float(r[:-4])
+    if r.endswith("mbit"):
+        return float(r[:-4]) / 1000
+    raise SystemExit(f"validate: rate `{r}` must end in gbit or mbit")
+
+
+def parse_size(s):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * mult[s[-1]] if s[-1] in mult else int(s)
+
+
+PROBE = r"""
+import socket, sys, time
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "serve":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, port)); s.listen(1)
+    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        hdr = c.recv(1)
+        if not hdr or hdr == b"q": break
+        if hdr == b"p": c.sendall(b"p"); continue
+        n = int.from_bytes(c.recv(8, socket.MSG_WAITALL), "little"); got = 0
+        while got < n: got += len(c.recv(min(1 << 20, n - got)))
+        c.sendall(b"k")
+else:
+    for i in range(100):
+        try:
+            c = socket.create_connection((host, port)); break
+        except OSError:
+            time.sleep(0.05)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(200):
+        t = time.perf_counter(); c.sendall(b"p"); c.recv(1); rtts.append(time.perf_counter() - t)
+    rtts.sort()
+    n = int(sys.argv[4]); buf = b"\0" * (1 << 20); rates = []
+    for _ in range(3):
+        t = time.perf_counter(); c.sendall(b"b" + n.to_bytes(8, "little")); left = n
+        while left > 0: k = min(left, len(buf)); c.sendall(buf[:k]); left -= k
+        c.recv(1); rates.append(n / (time.perf_counter() - t))
+    c.sendall(b"q")
+    print(rtts[len(rtts) // 2] / 2 * 1e6, max(rates) / 1e9)
+"""
+
+
+def probe(server_ns, client_ns, host, nbytes):
+    """(one-way latency µs, bandwidth GB/s) from client_ns to host in server_ns."""
+    port = 47000 + os.getpid() % 1000
+    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, sys.executable, "-c", PROBE, "serve", host, str(port)])
+    try:
+        out = sh(["ip", "netns", "exec", client_ns, sys.executable, "-c", PROBE, "client", host, str(port), str(nbytes)],
+                 timeout=300).stdout.split()
+        return float(out[0]), float(out[1])
+    finally:
+        try:
+            srv.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qsyncc", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rates", default="1gbit,10gbit")
+    ap.add_argument("--sizes", default="8M,64M")
+    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--ranks-per-node", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--delay-ms", default="0")
+    ap.add_argument("--prefix", default="qsv")
+    ap.add_argument("--subnet", default="10.88.7")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    nodes, k = 2, a.ranks_per_node
+    out = open(os.path.join(a.out, "sync.jsonl"), "w")
+    host_file = os.path.join(a.out, f"host-kernels-{nodes * k}.json")
+    # Every rank of the job shares this machine's cores: measure the kernels
+    # with as many threads at once.
+    sh([a.qsyncc, "host-kernels", "--threads", str(nodes * k), "-o", host_file])
+    device_file = os.path.join(a.out, "cpu-device.json")
+    # The emulated nodes' device: this CPU, described as a qsync device
+    # (only its network and kernels matter to a synchronization).
+    dev = {
+        "name": "cpu-host", "full_name": "this machine's CPU (emulated nodes)", "arch": "cpu",
+        "memory_bytes": 1 << 34, "memory_bandwidth_gb_s": 10, "cuda_core_tflops": {"fp32": 0.1},
+        "supported_precisions": ["fp32"], "intra_node": {"kind": "pcie", "bandwidth_gb_s": 10},
+        "network_gbit_s": 1, "launch_overhead_us": 5, "workspace_bytes": 0,
+        "efficiency": {"tensor_core": 1, "cuda_core": 1, "memory": 1},
+    }
+    why = "not used: a synchronization is priced from the cluster file's links and --host-kernels alone"
+    dev["sources"] = {k: why for k in ["arch", "memory_bytes", "memory_bandwidth_gb_s", "cuda_core_tflops.fp32",
+                                       "intra_node", "network_gbit_s", "launch_overhead_us", "workspace_bytes",
+                                       "efficiency"]}
+    json.dump(dev, open(device_file, "w"), indent=1)
+    for rate in a.rates.split(","):
+        gbit = parse_rate(rate)
+        sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+        sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", a.delay_ms,
+            "--prefix", a.prefix, "--subnet", a.subnet])
+        try:
+            ns0, ns1 = f"{a.prefix}0", f"{a.prefix}1"
+            addr0 = f"{a.subnet}.2"  # node 0 (netcluster.sh: node i is SUBNET.(i+2))
+            intra_lat, intra_gb = probe(ns0, ns0, addr0, 512 << 20)
+            inter_lat, inter_gb = probe(ns0, ns1, addr0, min(256 << 20, int(gbit * 1e9 / 8 * 2)))
+            cluster = os.path.join(a.out, f"cluster-{rate}.toml")
+            with open(cluster, "w") as f:
+                f.write(f"""# The emulated cluster of scripts/netcluster.sh at {rate}, as measured by scripts/validate/sync.py.
+name = "netcluster-{rate}"
+[[group]]
+gpu = "cpu-host"
+nodes = {nodes}
+gpus_per_node = {k}
+nics_per_node = 1
+nic_gbit_s = {gbit * TCP_PAYLOAD_SHARE:.6f}
+nic_latency_us = {inter_lat:.1f}
+intra_node = "loopback"
+intra_node_gb_s = {intra_gb:.4f}
+intra_node_latency_us = {intra_lat:.1f}
+[group.sources]
+nic_gbit_s = "tc tbf rate {rate} on both ends of the node's veth, times the TCP payload share of a 1514-byte frame (1448/1514)"
+nic_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong between the nodes ({inter_gb:.3f} GB/s bulk measured)"
+intra_node_gb_s = "measured: best of 3 bulk TCP transfers of 512 MiB between two processes of one node (loopback)"
+intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong inside one node"
+""")
+            for size in a.sizes.split(","):
+                nbytes = parse_size(size)
+                for scheme in a.schemes.split(","):
+                    bench_scheme = "fp16" if scheme == "fp32" else scheme
+                    t0 = time.time()
+                    r = subprocess.run(["bash", NETCLUSTER, "run", "--prefix", a.prefix, "--ranks-per-node", str(k),
+                                        "--timeout", "900", "--", a.qsyncc, "sync-bench", "--scheme", bench_scheme,
+                                        "--bytes", size, "--nodes", str(nodes), "--iterations", str(a.iterations),
+                                        "--warmup", "1", "--json"], capture_output=True, text=True)
+                    line = next((l for l in r.stdout.splitlines() if l.startswith("{")), None)
+                    if r.returncode != 0 or line is None:
+                        raise SystemExit(f"validate: sync-bench {scheme} {size} at {rate} failed:\n{r.stdout}\n{r.stderr}")
+                    m = json.loads(line)
+                    measured = m["f32_allreduce_seconds"] if scheme == "fp32" else m["seconds"]
+                    p = json.loads(sh([a.qsyncc, "simulate", "--cluster", cluster, "--device-file", device_file,
+                                       "--host-kernels", host_file, "--gradient", str(nbytes), "--sync", scheme,
+                                       "--json"]).stdout)
+                    predicted = p["fp32_ring_seconds"] if scheme == "fp32" else p["seconds"]
+                    row = {"rate": rate, "size": size, "bytes": nbytes, "scheme": scheme, "ranks": nodes * k,
+                           "measured_s": measured, "predicted_s": predicted,
+                           "error": predicted / measured - 1.0,
+                           "phases": m.get("phases"), "wire_fraction": m.get("wire_fraction"),
+                           "bench_wall_s": round(time.time() - t0, 1)}
+                    print(json.dumps(row), file=out, flush=True)
+                    print(f"{rate:>7} {size:>4} {scheme:<14} measured {measured:8.4f} s  predicted {predicted:8.4f} s "
+                          f"({row['error']:+.1%})", file=sys.stderr, flush=True)
+        finally:
+            subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+    out.close()
+
+
+if __name__ == "__main__":
+    main()
