@@ -26,22 +26,37 @@ per tensor, `torch._int_mm`, dequantize to FP32). An operator PyTorch has no
 path for at a precision is listed under `skipped` with the reason, never
 timed as something else.
 
+Batch points: when the worklist lists `batch_points` (`qsyncc profile
+worklist --batch-points 1,2,32`), every entry is also timed at its shapes at
+those batches (`at_batches`); `qsyncc profile build` turns them into the
+op's batch curve.
+
 Needs only PyTorch (no network); exits 2 with a message when there is no GPU.
-`--device cpu` runs every operator mapping on the CPU instead (wall-clock
-timing): a check of the script on a machine without a GPU, never a profile.
+`--device cpu` measures on this machine's CPU instead, as a device of its
+own (issue 27's compute check): wall-clock time of N back-to-back calls (N
+chosen so one repeat takes about --target-ms), the *minimum* over --reps
+repeats divided by N (the CPU is shared: other processes only ever add
+time), on PyTorch's default threads; optimizer steps are measured too, casts
+only when a reduced precision is asked for. `meta.gpu` then names the CPU.
 """
 import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+# This file is named like the standard library's `profile`, which PyTorch
+# imports (torch._dynamo → cProfile): keep its own directory off the path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 FLOAT = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPES = {
@@ -62,13 +77,32 @@ def set_tf32(on):
     torch.backends.cudnn.allow_tf32 = on
 
 
+def cpu_name():
+    """The CPU as `meta.gpu` names it (scripts/cpu/train.py writes the same)."""
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"CPU {model} ({torch.get_num_threads()} threads)"
+
+
 def bench_us(fn, reps, target_ms):
-    """Median microseconds per call of `fn` (see the module doc)."""
+    """Microseconds per call of `fn` (see the module doc)."""
     if DEVICE == "cpu":
         fn()
         t0 = time.perf_counter()
         fn()
-        return (time.perf_counter() - t0) * 1e6
+        once = max(time.perf_counter() - t0, 1e-7)
+        n = max(1, min(1000, int(target_ms * 1e-3 / once)))
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times.append((time.perf_counter() - t0) / n)
+        return min(times) * 1e6
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -270,6 +304,13 @@ def forward_fn(e):
     raise Unsupported(f"no PyTorch mapping for {op}")
 
 
+def at_entry(e, at):
+    """Entry `e` at one of its other batches: the same op with those shapes."""
+    inputs = [None if spec is None else dict(spec, shape=shape) for spec, shape in zip(e["inputs"], at["inputs"])]
+    return dict(e, inputs=inputs, outputs=at["outputs"], fwd=at["fwd"], bwd_input=at["bwd_input"],
+                bwd_weight=at["bwd_weight"])
+
+
 def first_float(out):
     outs = out if isinstance(out, (tuple, list)) else (out,)
     for o in outs:
@@ -414,9 +455,10 @@ def optimizer_samples(reps, target_ms):
         "momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
         "adam": lambda ps: torch.optim.AdamW(ps, lr=1e-4),
     }
+    sizes = (1 << 20, 1 << 22, 1 << 24, 1 << 26) if DEVICE == "cuda" else (1 << 18, 1 << 20, 1 << 22, 1 << 24)
     for name, make in makers.items():
         samples = []
-        for total in (1 << 20, 1 << 22, 1 << 24, 1 << 26):
+        for total in sizes:
             ps = [torch.nn.Parameter(torch.rand(total // 64, device=DEVICE)) for _ in range(64)]
             for p in ps:
                 p.grad = torch.rand_like(p)
@@ -429,13 +471,14 @@ def optimizer_samples(reps, target_ms):
 
 def meta():
     m = {
-        "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "none: CPU mapping check, not a profile",
+        "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else cpu_name(),
         "torch": torch.__version__,
         "cuda": str(torch.version.cuda),
         "cudnn": str(torch.backends.cudnn.version()),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "method": "CUDA events, back-to-back calls, median of repeats; cudnn.benchmark on",
+        "method": "CUDA events, back-to-back calls, median of repeats; cudnn.benchmark on" if DEVICE == "cuda"
+        else "wall clock, back-to-back calls, minimum of repeats, PyTorch's default threads",
     }
     try:
         m["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -454,7 +497,7 @@ def main():
     ap.add_argument("--target-ms", type=float, default=2.0)
     ap.add_argument("--limit", type=int, default=0, help="measure only the first N entries (smoke runs)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                    help="cpu: check the operator mappings without a GPU (not a profile)")
+                    help="cpu: measure this machine's CPU as the device")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -472,16 +515,24 @@ def main():
     entries = work["entries"][: args.limit or None]
     out_entries = []
     for i, e in enumerate(entries):
-        measured, skipped = {}, {}
+        measured, skipped, at_batches = {}, {}, {}
         for p in precisions:
             try:
                 if p in FLOAT:
                     if p == "tf32" and e["op"] not in ("Conv", "Gemm", "MatMul", "ConvTranspose"):
                         if "fp32" in measured:
                             measured["tf32"] = dict(measured["fp32"])
+                            if "fp32" in at_batches:
+                                at_batches["tf32"] = [dict(t) for t in at_batches["fp32"]]
                         continue
                     set_tf32(p == "tf32")
                     measured[p] = time_float(e, p, args.reps, args.target_ms)
+                    points = []
+                    for at in e.get("at_batches", []):
+                        eb = at_entry(e, at)
+                        points.append(dict(time_float(eb, p, args.reps, args.target_ms), batch=at["batch"]))
+                    if points:
+                        at_batches[p] = points
                 elif p == "fp8e4m3":
                     measured[p] = time_fp8(e, args.reps, args.target_ms)
                 elif p == "int8":
@@ -494,21 +545,27 @@ def main():
                 skipped[p] = f"PyTorch failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
             finally:
                 set_tf32(False)
-        for t in measured.values():
+        for t in list(measured.values()) + [t for pts in at_batches.values() for t in pts]:
             for k in list(t):
-                t[k] = round(t[k], 3)
-        out_entries.append(dict(e, measured=measured, skipped=skipped))
+                if k != "batch":
+                    t[k] = round(t[k], 3)
+        out = dict(e, measured=measured, skipped=skipped)
+        if at_batches:
+            out["at_batches_measured"] = at_batches
+        out_entries.append(out)
         print(f"[{i + 1}/{len(entries)}] {e['key'][:90]}: {sorted(measured)}"
               + (f" skipped {sorted(skipped)}" if skipped else ""), flush=True)
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
+    reduced = any(p not in ("fp32", "tf32") for p in precisions)
     result = {
         "schema": "qsync-ops/1",
+        "batch": work["batch"],
         "meta": meta(),
         "models": work["models"],
         "entries": out_entries,
-        "casts": cast_samples(args.reps, args.target_ms) if DEVICE == "cuda" else [],
-        "optimizers": optimizer_samples(args.reps, args.target_ms) if DEVICE == "cuda" else [],
+        "casts": cast_samples(args.reps, args.target_ms) if DEVICE == "cuda" or reduced else [],
+        "optimizers": optimizer_samples(args.reps, args.target_ms),
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)

@@ -199,16 +199,38 @@ impl Worklist {
     /// Add the kernel-launching nodes of `graph` (shapes inferred, every
     /// symbol bound by `bindings`) under model `name` of `family`. Casts are
     /// left out: the cast samples measure them by size.
+    ///
+    /// With batch points, each entry is also listed at every point with the
+    /// graph's symbol `batch` bound to it (see [`Worklist::add_graph_at`]
+    /// for graphs whose batch was bound on load).
     pub fn add_graph(&mut self, name: &str, family: &str, graph: &Graph, bindings: &Bindings) -> Result<()> {
+        let at: Vec<Bindings> = self.batch_points.iter().map(|&b| bindings.clone().with("batch", b)).collect();
+        let at: Vec<(&Graph, &Bindings)> = at.iter().map(|b| (graph, b)).collect();
+        self.add_graph_at(name, family, graph, bindings, &at)
+    }
+
+    /// [`Worklist::add_graph`] with the same model given at each of the
+    /// worklist's batch points (`at[i]` at `batch_points[i]`: the same file
+    /// loaded at that batch, so the same nodes by id and name).
+    pub fn add_graph_at(
+        &mut self,
+        name: &str,
+        family: &str,
+        graph: &Graph,
+        bindings: &Bindings,
+        at: &[(&Graph, &Bindings)],
+    ) -> Result<()> {
+        let bad = |message: String| CostError::Profile { file: name.into(), message };
         if self.models.iter().any(|m| m.name == name) {
-            return Err(CostError::Profile { file: name.into(), message: "model added to the worklist twice".into() });
+            return Err(bad("model added to the worklist twice".into()));
+        }
+        if at.len() != self.batch_points.len() {
+            return Err(bad(format!("{} graphs for {} batch points", at.len(), self.batch_points.len())));
         }
         let facts = GraphFacts::new(graph, bindings)?;
-        let mut others = Vec::with_capacity(self.batch_points.len());
-        for &b in &self.batch_points {
-            let at = bindings.clone().with("batch", b);
-            let f = GraphFacts::new(graph, &at)?;
-            others.push((b, at, f));
+        let mut others = Vec::with_capacity(at.len());
+        for (&b, &(g, bind)) in self.batch_points.iter().zip(at) {
+            others.push((b, g, bind, GraphFacts::new(g, bind)?));
         }
         let mut index: BTreeMap<String, usize> =
             self.entries.iter().enumerate().map(|(i, e)| (e.key.clone(), i)).collect();
@@ -279,17 +301,18 @@ impl Worklist {
             }
             let outputs = node.outputs().iter().map(|&o| shape(o)).collect::<Result<Vec<_>>>()?;
             let mut at_batches = Vec::with_capacity(others.len());
-            for (b, at, fb) in &others {
+            for (b, gb, at, fb) in &others {
+                let same = gb.contains_node(n) && gb.node(n).name == node.name;
+                if !same {
+                    return Err(bad(format!("at batch {b}, node {} is not the same node", node.name)));
+                }
+                let nb = gb.node(n);
                 let concrete = |v: ValueId| -> Option<Vec<i64>> {
-                    graph.ty(v).shape.as_ref()?.iter().map(|d| at.eval(d).ok()).collect()
+                    gb.ty(v).shape.as_ref()?.iter().map(|d| at.eval(d).ok()).collect()
                 };
-                let ins = node
-                    .inputs()
-                    .iter()
-                    .zip(&inputs)
-                    .map(|(v, spec)| spec.as_ref().and(*v).and_then(concrete))
-                    .collect();
-                let outs = node.outputs().iter().map(|&o| concrete(o).unwrap_or_default()).collect();
+                let ins =
+                    nb.inputs().iter().zip(&inputs).map(|(v, spec)| spec.as_ref().and(*v).and_then(concrete)).collect();
+                let outs = nb.outputs().iter().map(|&o| concrete(o).unwrap_or_default()).collect();
                 let fbn = fb.node(n)?;
                 at_batches.push(AtBatch {
                     batch: *b,
@@ -394,7 +417,7 @@ pub struct MeasuredItem {
     pub skipped: BTreeMap<String, String>,
     /// Times at the entry's `at_batches`, per precision.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub at_batches: BTreeMap<Precision, Vec<BatchTimes>>,
+    pub at_batches_measured: BTreeMap<Precision, Vec<BatchTimes>>,
 }
 
 /// Measured microseconds at one of the entry's other batches.
@@ -441,7 +464,7 @@ impl Measurements {
                     }
                 }
             }
-            for (p, pts) in &e.at_batches {
+            for (p, pts) in &e.at_batches_measured {
                 for bt in pts {
                     if !e.item.at_batches.iter().any(|a| a.batch == bt.batch) {
                         return Err(bad(format!(
@@ -558,7 +581,7 @@ pub fn fit_rates(
             let tc = tensor_core_eligible(device, e.item.gemm_like, &e.item.align_dims, p);
             // The entry at its main batch, then at its other batches.
             let mut points = vec![(e.item.fwd, e.item.bwd_input, e.item.bwd_weight, *t)];
-            for bt in e.at_batches.get(&p).into_iter().flatten() {
+            for bt in e.at_batches_measured.get(&p).into_iter().flatten() {
                 if let Some(a) = e.item.at_batches.iter().find(|a| a.batch == bt.batch) {
                     points.push((a.fwd, a.bwd_input, a.bwd_weight, bt.times));
                 }
@@ -689,7 +712,7 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
         }
         for (&p, t) in &e.measured {
             let batch_points: Vec<BatchPoint> = e
-                .at_batches
+                .at_batches_measured
                 .get(&p)
                 .into_iter()
                 .flatten()

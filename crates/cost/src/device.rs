@@ -79,7 +79,8 @@ pub struct Device {
     /// Short name used on the command line (`v100`, `t4`).
     pub name: String,
     pub full_name: String,
-    /// Compute capability as `sm_XX`.
+    /// Compute capability as `sm_XX` (`cpu` for a host processor described
+    /// as a device).
     pub arch: String,
     pub memory_bytes: u64,
     pub memory_bandwidth_gb_s: f64,
@@ -155,10 +156,13 @@ impl Device {
                 format!("`{}` must be non-empty lowercase ASCII letters, digits, `-` or `_`", self.name),
             ));
         }
-        let arch_ok =
-            self.arch.strip_prefix("sm_").is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        // `cpu`: a host processor described as a device, to check the cost
+        // model against measurements without a GPU (simulated only: no code
+        // is generated for it).
+        let arch_ok = self.arch == "cpu"
+            || self.arch.strip_prefix("sm_").is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
         if !arch_ok {
-            return Err(bad("arch", format!("`{}` is not of the form sm_XX", self.arch)));
+            return Err(bad("arch", format!("`{}` is not of the form sm_XX (or `cpu`)", self.arch)));
         }
         let positive = |field: &str, v: f64| {
             if v.is_finite() && v > 0.0 {

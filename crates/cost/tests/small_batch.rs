@@ -216,3 +216,73 @@ fn batch_points_are_checked() {
     let e = bad(r#", "batch": 0"#);
     assert!(e.contains("batch must be positive"), "{e}");
 }
+
+/// x[batch,768] → Add(s) → Gemm(W[768,768]ᵀ, b): the GEMM at any batch.
+fn symbolic_gemm() -> (Graph, NodeId) {
+    let mut g = Graph::new("gemm");
+    let ty = |d: i64| TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::from(d)]);
+    let x = g.add_input("x", ty(768));
+    let s = init(&mut g, "s", &[768]);
+    let r = g.add_node(NodeSpec::new("shift", Op::Add).input(x).input(s).output("r", ty(768)));
+    let rv = g.node(r).outputs()[0];
+    let w = init(&mut g, "w", &[768, 768]);
+    let b = init(&mut g, "b", &[768]);
+    let spec =
+        NodeSpec::new("fc", Op::Gemm).input(rv).input(w).input(b).attr("transB", Attr::Int(1)).output("y", ty(768));
+    let fc = g.add_node(spec);
+    let y = g.node(fc).outputs()[0];
+    g.set_outputs(vec![y]);
+    (g, fc)
+}
+
+#[test]
+fn worklist_batch_points_become_the_profiles_batch_curve() {
+    use qsync_cost::calibrate::{build_profile, Measurements, Worklist};
+    let (g, fc) = symbolic_gemm();
+    // Points sorted, the main batch and repeats dropped.
+    let mut w = Worklist::new(8, Default::default()).with_batch_points(&[32, 1, 8, 2, 2]);
+    assert_eq!(w.batch_points, vec![1, 2, 32]);
+    w.add_graph("m", "m", &g, &Bindings::new().with("batch", 8)).unwrap();
+    let e = w.entries.iter().find(|e| e.op == "Gemm").unwrap();
+    assert_eq!(e.key, "Gemm|8x768,768x768,768");
+    let batches: Vec<i64> = e.at_batches.iter().map(|a| a.batch).collect();
+    assert_eq!(batches, vec![1, 2, 32]);
+    assert_eq!(e.at_batches[1].inputs, vec![Some(vec![2, 768]), Some(vec![768, 768]), Some(vec![768])]);
+    assert_eq!(e.at_batches[1].outputs, vec![vec![2, 768]]);
+    // The work at batch 2: 2·2·768·768 + 2·768 (bias) FLOPs, 2·768 outputs.
+    assert_eq!(e.at_batches[1].fwd.flops, 2.0 * 2.0 * 768.0 * 768.0 + 2.0 * 768.0);
+    assert_eq!(e.at_batches[1].fwd.outputs, 2.0 * 768.0);
+    // Measurements: fwd 40 µs at 8, 25 µs at 2, 20 µs at 1, 100 µs at 32.
+    let mut m = serde_json::json!({
+        "schema": "qsync-ops/1", "batch": 8, "models": w.models, "entries": w.entries,
+    });
+    for e in m["entries"].as_array_mut().unwrap() {
+        let gemm = e["op"] == "Gemm";
+        let us = |x: f64| if gemm { x } else { 1.0 };
+        e["measured"] = serde_json::json!({ "fp32": { "fwd_us": us(40.0) } });
+        e["at_batches_measured"] = serde_json::json!({ "fp32": [
+            { "batch": 1, "fwd_us": us(20.0) }, { "batch": 2, "fwd_us": us(25.0) }, { "batch": 32, "fwd_us": us(100.0) } ] });
+    }
+    let m = Measurements::from_json(&m.to_string(), "ops.json").unwrap();
+    let db = DeviceDb::bundled().unwrap();
+    let v100 = db.get("v100").unwrap();
+    let (profile, report) = build_profile(&m, v100, &[]).unwrap();
+    // Every point was a sample of the fit: 2 ops × 4 batches × fwd only.
+    assert_eq!(report.phases, 8);
+    let op = profile.ops.iter().find(|o| o.op == "Gemm").unwrap();
+    assert_eq!(op.batch, Some(8));
+    assert_eq!(op.batch_points.iter().map(|p| p.batch).collect::<Vec<_>>(), vec![1, 2, 32]);
+    // The graph at batch 2: the point is an exact key (25 µs).
+    let cm = CostModel::new(v100, Some(&profile)).unwrap();
+    let at2 = GraphFacts::new(&g, &Bindings::new().with("batch", 2)).unwrap();
+    assert!(close(cm.op_cost(&at2, fc, Precision::Fp32).unwrap().fwd, 25e-6));
+    // The graph at batch 8 scaled to 4 (×0.5): between the points at 2 and
+    // 8: 25 + 15·(4 − 2)/6 = 30 µs. At 64 (×8): beyond 32, the line through
+    // (8, 40) and (32, 100): 100 + 60·32/24 = 180 µs.
+    let at8 = GraphFacts::new(&g, &Bindings::new().with("batch", 8)).unwrap();
+    assert!(close(cm.op_cost_at(&at8, fc, Precision::Fp32, 0.5).unwrap().fwd, 30e-6));
+    assert!(close(cm.op_cost_at(&at8, fc, Precision::Fp32, 8.0).unwrap().fwd, 180e-6));
+    // The graph at batch 3, a key nobody measured: analytic.
+    let at3 = GraphFacts::new(&g, &Bindings::new().with("batch", 3)).unwrap();
+    assert!(!cm.op_cost(&at3, fc, Precision::Fp32).unwrap().measured);
+}

@@ -105,7 +105,18 @@ pub fn run(cmd: &ProfileCmd) -> Result<String> {
                 let name = stem(&path);
                 let family = family.unwrap_or_else(|| name.clone());
                 let before = list.entries.len();
-                list.add_graph(&name, &family, &prepared.loaded.model.graph, &prepared.bindings)
+                // The loader binds the batch into the graph: load it again at
+                // every batch point.
+                let mut at = Vec::with_capacity(list.batch_points.len());
+                for &b in &list.batch_points {
+                    let p = prepare(&path, b, dims)?;
+                    if p.batch != b {
+                        bail!("{}: the graph fixes its batch: it cannot be measured at batch {b}", path.display());
+                    }
+                    at.push(p);
+                }
+                let at_graphs: Vec<_> = at.iter().map(|p| (&p.loaded.model.graph, &p.bindings)).collect();
+                list.add_graph_at(&name, &family, &prepared.loaded.model.graph, &prepared.bindings, &at_graphs)
                     .with_context(|| path.display().to_string())?;
                 let added = &list.entries[before..];
                 if !list.batch_points.is_empty()

@@ -163,7 +163,24 @@ impl Truth {
             cuda.expect("fp32 rate") * 1e12 * TRUE_CUDA
         };
         let bytes = f(&w["elems"]) * Truth::bytes(p) + f(&w["fixed_bytes"]);
-        Some((f(&w["flops"]) / rate).max(bytes / (self.bw * TRUE_MEM)) + f(&w["kernels"]) * self.launch)
+        let waves = if e["gemm_like"] == true { self.waves(w) } else { 1.0 };
+        Some((f(&w["flops"]) / rate * waves).max(bytes / (self.bw * TRUE_MEM)) + f(&w["kernels"]) * self.launch)
+    }
+
+    /// The device file's wave model of a GEMM-like phase, written out:
+    /// output tiles, split-K only to fill one wave, whole waves.
+    fn waves(&self, w: &Value) -> f64 {
+        let o = &self.dev["occupancy"];
+        let (outputs, flops) = (f(&w["outputs"]), f(&w["flops"]));
+        if o.is_null() || outputs <= 0.0 || flops <= 0.0 {
+            return 1.0;
+        }
+        let slots = f(&o["sm_count"]) * f(&o["tiles_per_sm"]);
+        let tiles = (outputs / f(&o["tile_outputs"])).ceil();
+        let max_splits = (flops / (2.0 * outputs) / f(&o["split_k_min"])).floor().max(1.0);
+        let splits = (slots / tiles).floor().max(1.0).min(max_splits);
+        let blocks = tiles * splits;
+        (blocks / slots).ceil() * slots / blocks
     }
 
     /// The hidden device as a device file (replaces the bundled `h100-sxm`).
