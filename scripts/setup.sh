@@ -39,7 +39,9 @@ fi
 # --- qsync-runtime (issue 17): Open MPI, the CPU engine of the runtime's
 # multi-process tests (`mpirun`), and its headers for the `mpi` crate
 # (mpi-sys finds libclang through llvm-config-22, installed above).
-mpi_pkgs=(libopenmpi-dev openmpi-bin)
+# iproute2 (`ip netns`, veth, `tc`) builds the emulated multi-node cluster
+# of scripts/netcluster.sh, which the validation and its CI tests use.
+mpi_pkgs=(libopenmpi-dev openmpi-bin iproute2)
 missing=()
 for p in "${mpi_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

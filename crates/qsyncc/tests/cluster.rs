@@ -183,3 +183,20 @@ fn each_type_alone_trains_the_same_global_batch() {
     let report = std::fs::read_to_string(out.join("report.md")).expect("report");
     assert!(report.contains(&format!("t4 {k}×{b}")), "{report}");
 }
+
+#[test]
+fn the_readme_cluster_commands_run_as_written() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let cmds: Vec<&str> = readme
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("qsyncc ") && l.contains("examples/clusters/"))
+        .collect();
+    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    for c in cmds {
+        let args: Vec<&str> = c.split_whitespace().skip(1).collect();
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(&args).current_dir(&root).output().expect("runs");
+        assert!(o.status.success(), "{c}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
