@@ -185,7 +185,7 @@ intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP pi
                     m = json.loads(line)
                     measured = m["f32_allreduce_seconds"] if scheme == "fp32" else m["seconds"]
                     p = json.loads(sh([a.qsyncc, "simulate", "--cluster", cluster, "--device-file", device_file,
-                                       "--host-kernels", host_file, "--gradient", str(nbytes), "--sync", scheme,
+                                       "--host-kernels", host_file, "--gradient", str(nbytes), "--sync", scheme, "--sync-path", "mpi",
                                        "--json"]).stdout)
                     predicted = p["fp32_ring_seconds"] if scheme == "fp32" else p["seconds"]
                     row = {"rate": rate, "size": size, "bytes": nbytes, "scheme": scheme, "ranks": nodes * k,

@@ -197,6 +197,14 @@ pub fn sync_paths(targets: &[Target]) -> Vec<qsync_sim::SyncPath> {
     }
 }
 
+/// Whether `path` exists for every device of `targets`: the paths of
+/// [`sync_paths`], and on CPUs also the runtime over Open MPI (not a DDP
+/// hook, so `auto` does not offer it; `sync-bench` and MPI jobs run it).
+pub fn path_exists(targets: &[Target], path: qsync_sim::SyncPath) -> bool {
+    sync_paths(targets).contains(&path)
+        || (path == qsync_sim::SyncPath::Mpi && targets.iter().all(|t| !t.device.arch.starts_with("sm_")))
+}
+
 /// The synchronization the plan assumes: the scheme, the path it runs on,
 /// and, for `auto`, what was compared — every scheme within the error
 /// budget on every path that exists for the cluster's devices
@@ -216,7 +224,7 @@ fn resolve_sync(
     }
     let exist = sync_paths(targets);
     let paths = match req.sync_path {
-        Some(p) if !exist.contains(&p) => {
+        Some(p) if !path_exists(targets, p) => {
             return Err(request_err(format!(
                 "--sync-path {}: not a path these devices synchronize on (they have: {})",
                 p.name(),

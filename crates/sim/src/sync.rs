@@ -160,6 +160,10 @@ pub enum SyncScheme {
 pub enum SyncPath {
     /// CPU tensors: host kernels on the hook's worker thread, overlapped.
     Host,
+    /// The runtime over Open MPI (`sync-bench`, MPI jobs): host kernels;
+    /// the flat schemes (16-bit, one-shot qgZ, round-to-nearest) run as a
+    /// pipeline of pieces whose kernels overlap the non-blocking exchanges.
+    Mpi,
     /// CUDA tensors, host kernels, staged through pageable host memory, in
     /// the hook call (not overlapped). What the Python hook does by default.
     #[default]
@@ -172,6 +176,7 @@ impl SyncPath {
     pub fn name(self) -> &'static str {
         match self {
             SyncPath::Host => "host",
+            SyncPath::Mpi => "mpi",
             SyncPath::HostStaged => "host-staged",
             SyncPath::Device => "device",
         }
@@ -180,15 +185,16 @@ impl SyncPath {
     pub fn parse(s: &str) -> Result<SyncPath, String> {
         match s {
             "host" => Ok(SyncPath::Host),
+            "mpi" => Ok(SyncPath::Mpi),
             "host-staged" => Ok(SyncPath::HostStaged),
             "device" => Ok(SyncPath::Device),
-            _ => Err(format!("unknown synchronization path `{s}` (host, host-staged, device)")),
+            _ => Err(format!("unknown synchronization path `{s}` (host, mpi, host-staged, device)")),
         }
     }
 
     /// Whether `scheme` on this path runs beside the backward pass.
     pub fn overlaps(self, scheme: SyncScheme) -> bool {
-        scheme == SyncScheme::Fp32 || self == SyncPath::Host
+        scheme == SyncScheme::Fp32 || matches!(self, SyncPath::Host | SyncPath::Mpi)
     }
 }
 
@@ -368,6 +374,25 @@ pub fn phases(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64) -> Vec<PhaseBy
     }
 }
 
+/// Elements of a shard's piece in the runtime's pipelined schemes (its
+/// `DEFAULT_PIPELINE_CHUNK`, 256 Ki).
+pub const PIPELINE_CHUNK: f64 = 262_144.0;
+
+/// Pieces a pipelined scheme cuts each shard into on the MPI path (1 for
+/// the schemes that do not pipeline: hierarchical qgZ, n-bit, stochastic
+/// rounding, which draws by index within a whole shard).
+pub fn pipeline_pieces(spec: &SyncSpec, bytes: f64, p: u64) -> f64 {
+    let pipelined = match spec.scheme {
+        SyncScheme::Fp16 | SyncScheme::Bf16 => true,
+        SyncScheme::Qgz { inter: None, stochastic, .. } => !stochastic,
+        _ => false,
+    };
+    if !pipelined || p <= 1 {
+        return 1.0;
+    }
+    (bytes / 4.0 / p as f64 / PIPELINE_CHUNK).ceil().max(1.0)
+}
+
 /// Seconds of the kernels `spec` runs on one device for `bytes` of gradient.
 pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_node: u64) -> f64 {
     let e = bytes / 4.0;
@@ -411,6 +436,7 @@ impl Cluster {
         let fabric = self.fabric_link();
         let p_t = ty.count() as f64;
         let off_node = p.saturating_sub(per_node) as f64;
+        let pieces = if spec.path == SyncPath::Mpi { pipeline_pieces(spec, bytes as f64, p) } else { 1.0 };
         let comm: f64 = phases(spec, bytes as f64, p, per_node)
             .iter()
             .map(|ph| {
@@ -423,15 +449,15 @@ impl Cluster {
                         lat = lat.max(flat);
                     }
                 }
-                time + lat
+                time + pieces * lat
             })
             .sum();
         let kernels = match spec.path {
-            SyncPath::Host | SyncPath::HostStaged => &ty.host_kernels,
+            SyncPath::Host | SyncPath::Mpi | SyncPath::HostStaged => &ty.host_kernels,
             SyncPath::Device => &ty.sync_kernels,
         };
         let staging = match spec.path {
-            SyncPath::Host => 0.0,
+            SyncPath::Host | SyncPath::Mpi => 0.0,
             SyncPath::HostStaged | SyncPath::Device => {
                 let moved: f64 = phases(spec, bytes as f64, p, per_node)
                     .iter()
@@ -440,7 +466,13 @@ impl Cluster {
                 (2.0 * bytes as f64 + 2.0 * moved) / (ty.host_link_gb_per_s * 1e3)
             }
         };
-        comm + staging + kernel_seconds(spec, kernels, bytes as f64, p, per_node) * 1e6
+        let k = kernel_seconds(spec, kernels, bytes as f64, p, per_node) * 1e6;
+        if pieces > 1.0 {
+            // Kernels of one piece run while others are on the wire: the
+            // longer side, plus one piece of the shorter to fill and drain.
+            return comm.max(k) + comm.min(k) / pieces + staging;
+        }
+        comm + staging + k
     }
 }
 
@@ -569,6 +601,39 @@ mod tests {
         ])
         .with_fabric(Some(crate::cluster::Fabric { gb_per_s: 0.5, latency_us: 50.0 }));
         assert_eq!(two.sync_us(0, 8_000_000, &spec, AllReduceAlgo::Hierarchical), 2.0 * (16000.0 + 50.0));
+    }
+
+    #[test]
+    fn the_mpi_path_pipelines_the_flat_schemes() {
+        // 1 node × 4 devices, 1e5 B/µs, 5 µs latency; casts at 1 ns per
+        // element. fp16 of S = 16 MiB (E = 2^22): shard 2^20 elements, four
+        // pieces of 2^18. Communication: two phases of 3 peers × 2·E/P =
+        // 3·2^21 B at 1e5 B/µs = 62.91 µs each, plus 4 pieces × 5 µs latency.
+        // Kernels: (3E + E/P)·1 ns = 13107.2 µs. Pipelined: the longer
+        // side plus a piece of the shorter: 13107.2 + comm/4.
+        let k = SyncKernels {
+            quantize_r: 0.0,
+            quantize_c: 0.0,
+            dequantize_r: 0.0,
+            dequantize_c: 0.0,
+            cast16_r: 1e-9,
+            cast16_c: 0.0,
+        };
+        let c = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(k, 10.0)]);
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512);
+        let bytes = 16u64 << 20;
+        let e = (1u64 << 22) as f64;
+        let comm = 2.0 * (3.0 * 2f64.powi(21) / 1e5 + 4.0 * 5.0);
+        let kern = (3.0 * e + e / 4.0) * 1e-3;
+        assert_eq!(pipeline_pieces(&spec, bytes as f64, 4), 4.0);
+        let mpi = c.sync_us(0, bytes, &spec.with_path(SyncPath::Mpi), AllReduceAlgo::Ring);
+        assert!((mpi - (kern + comm / 4.0)).abs() < 1e-6, "{mpi}");
+        // On the hook's path (gloo: blocking exchanges) the two add up.
+        let host = c.sync_us(0, bytes, &spec.with_path(SyncPath::Host), AllReduceAlgo::Ring);
+        assert!((host - (kern + 2.0 * (3.0 * 2f64.powi(21) / 1e5 + 5.0))).abs() < 1e-6, "{host}");
+        // Hierarchical qgZ and n-bit do not pipeline.
+        let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512);
+        assert_eq!(pipeline_pieces(&nbit, bytes as f64, 4), 1.0);
     }
 
     #[test]
