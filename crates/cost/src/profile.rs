@@ -18,7 +18,20 @@
 //! ```
 //!
 //! `bwd_input_us` / `bwd_weight_us` may be left out (the analytic value is
-//! used). Cast samples are `[elements, microseconds]`; a `to` of `int8` is
+//! used). An op may carry its batch curve: `batch` (the batch its `inputs`
+//! are at) and `batch_points`, the same op timed at other batches (each
+//! point's `inputs`, when given, make it an exact-key entry of its own):
+//!
+//! ```json
+//! { "op": "Gemm", "inputs": [[1024, 768], [768, 768], [768]], "precision": "fp32", "fwd_us": 900.0,
+//!   "batch": 8, "batch_points": [
+//!     { "batch": 1, "inputs": [[128, 768], [768, 768], [768]], "fwd_us": 140.0 },
+//!     { "batch": 32, "fwd_us": 3400.0, "bwd_input_us": 3500.0 } ] }
+//! ```
+//!
+//! A node costed at another batch than its graph's (a device type given its
+//! own local batch, a graph that fixes its batch) reads the curve at that
+//! batch ([`BatchCurve`]) instead of scaling the measurement linearly. Cast samples are `[elements, microseconds]`; a `to` of `int8` is
 //! QSync's whole quantization (min/max, scale, quantize), a `from` of `int8`
 //! its dequantization. Each (from, to) needs at least two distinct sizes.
 //!
