@@ -43,9 +43,9 @@ use qsync_ir::{DType, Graph, Model, NodeId, NodeSpec, Op, Tensor, TensorType, Va
 
 use super::amp::plan_amp;
 use super::materialize::{lowerable, materialize_with, Mode};
-use super::qscale::ActivationRanges;
 use super::plancost::{self, Assignment, WeightPricing};
 use super::policy::{Category, Policy, PolicyKind};
+use super::qscale::ActivationRanges;
 use super::{float_preds, float_succs, CostOracle, PlanOptions, Prediction};
 use crate::manager::{Pass, PassContext, PassError, PassOutcome};
 

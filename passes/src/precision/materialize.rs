@@ -217,7 +217,12 @@ pub fn materialize_with(model: &mut Model, mode: Mode, ranges: &ActivationRanges
         base_dir,
         casts: HashMap::new(),
         ranges,
-        stats: MaterializeStats { kept_by_schema, kept_uncalibrated, first_uncalibrated, ..MaterializeStats::default() },
+        stats: MaterializeStats {
+            kept_by_schema,
+            kept_uncalibrated,
+            first_uncalibrated,
+            ..MaterializeStats::default()
+        },
     };
     for n in order {
         m.node(n)?;

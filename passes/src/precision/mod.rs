@@ -28,9 +28,9 @@ use qsync_ir::{DType, Graph, Model, NodeId};
 pub use cascade::Cascade;
 pub use costmodel::CostModelOracle;
 pub use materialize::{lowerable, materialize, materialize_with, MaterializeStats, Mode};
-pub use qscale::ActivationRanges;
 pub use oracle::{AnalyticOracle, CostOracle, Prediction, KNOWN_TARGETS};
 pub use policy::{Category, Override, Policy, PolicyError, PolicyKind};
+pub use qscale::ActivationRanges;
 
 use crate::manager::{PassContext, PassError, PassOutcome};
 
