@@ -57,6 +57,10 @@ static PANIC_HOOK: Once = Once::new();
 const OPS: [&str; 8] =
     ["no operation", "all_gather_v", "all_to_all_v", "all_reduce", "broadcast", "barrier", "split", "an MPI operation"];
 static CURRENT_OP: AtomicUsize = AtomicUsize::new(0);
+/// The last operation entered or started (a pipelined scheme runs kernels
+/// while its exchanges are in flight, inside no call): what the handler
+/// names when [`CURRENT_OP`] is 0.
+static LAST_OP: AtomicUsize = AtomicUsize::new(0);
 /// One message per entry of [`OPS`], formatted before the handler exists.
 static TERM_MESSAGES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
 
@@ -65,10 +69,15 @@ struct InOp;
 
 impl InOp {
     fn enter(op: &str) -> InOp {
-        let i = OPS.iter().position(|o| *o == op).unwrap_or(OPS.len() - 1);
+        let i = op_index(op);
         CURRENT_OP.store(i, Ordering::SeqCst);
+        LAST_OP.store(i, Ordering::SeqCst);
         InOp
     }
+}
+
+fn op_index(op: &str) -> usize {
+    OPS.iter().position(|o| *o == op).unwrap_or(OPS.len() - 1)
 }
 
 impl Drop for InOp {
@@ -80,8 +89,10 @@ impl Drop for InOp {
 extern "C" fn on_termination(sig: c_int) {
     // Async-signal-safe only: atomic loads, write(2), _exit.
     if let Some(msgs) = TERM_MESSAGES.get() {
-        let i = CURRENT_OP.load(Ordering::SeqCst).min(OPS.len() - 1);
-        let m = &msgs[i];
+        let (during, last) = (CURRENT_OP.load(Ordering::SeqCst), LAST_OP.load(Ordering::SeqCst));
+        // Entries past OPS.len(): OP started, the rank between calls.
+        let i = if during == 0 && last != 0 { OPS.len() + last.min(OPS.len() - 1) } else { during.min(OPS.len() - 1) };
+        let m = &msgs[i.min(msgs.len() - 1)];
         let sig_name: &[u8] = if sig == libc::SIGINT { b" (SIGINT)\n" } else { b" (SIGTERM)\n" };
         unsafe {
             libc::write(2, m.as_ptr().cast(), m.len());
@@ -92,14 +103,14 @@ extern "C" fn on_termination(sig: c_int) {
 }
 
 fn install_termination_handler(rank: usize) {
+    let ended = "another rank failed (exited, aborted or timed out) and the job is being ended";
     let msgs = OPS
         .iter()
-        .map(|op| {
-            format!(
-                "qsync-runtime: rank {rank}: terminated by the launcher during {op}: another rank failed (exited, aborted or timed out) and the job is being ended"
-            )
-            .into_bytes()
-        })
+        .map(|op| format!("qsync-runtime: rank {rank}: terminated by the launcher during {op}: {ended}"))
+        .chain(OPS.iter().map(|op| {
+            format!("qsync-runtime: rank {rank}: terminated by the launcher during {op} (started and in flight while the rank ran kernels): {ended}")
+        }))
+        .map(String::into_bytes)
         .collect();
     if TERM_MESSAGES.set(msgs).is_err() {
         return;
@@ -691,6 +702,7 @@ impl MpiComm {
         }
         let recv_at = displacements(recv_counts);
         let tag = self.next_tag();
+        LAST_OP.store(op_index(op), Ordering::SeqCst);
         let mut x = MpiPending {
             op,
             reqs: Vec::with_capacity(2 * p),

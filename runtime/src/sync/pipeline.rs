@@ -207,6 +207,12 @@ impl GradSync<'_> {
                 let before = send.len();
                 self.encode_piece(codec, grad, s, lay.piece(s, c), &mut send)?;
                 counts.push(send.len() - before);
+                // Between kernels, let the transfers in flight advance (a
+                // receiver's progress is what answers a large message's
+                // rendezvous).
+                for (_, x) in rs.iter_mut().chain(ag.iter_mut()) {
+                    x.test()?;
+                }
             }
             self.charge(Phase::Quantize, t);
             let t = Instant::now();
