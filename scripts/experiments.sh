@@ -40,14 +40,16 @@ header() {
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 }
 
-run() { # model label targets extra...
+run() { # model label targets-or-cluster-file extra...
   local m=$1 label=$2 targets=$3; shift 3
   local out=target/experiments/$m-${label//[\/:, ]/-}
-  if j=$($Q "$M/$m.onnx" --targets "$targets" "$@" -o "$out" --json 2>/dev/null); then
+  local where=(--targets "$targets")
+  case "$targets" in *.toml) where=(--cluster "$targets") ;; esac
+  if j=$($Q "$M/$m.onnx" "${where[@]}" "$@" -o "$out" --json 2>/dev/null); then
     printf "%s" "$j" > "$out.summary.json"
     row "$m" "$label" "$targets" "$out.summary.json" "$out/manifest.json"
   else
-    err=$($Q "$M/$m.onnx" --targets "$targets" "$@" -o "$out" 2>&1 | grep '^error' | head -1)
+    err=$($Q "$M/$m.onnx" "${where[@]}" "$@" -o "$out" 2>&1 | grep '^error' | head -1)
     echo "| $m | $label | – | – | – | – | – | – | – | – | – | – | ${err:0:120} |"
   fi
 }
@@ -70,4 +72,14 @@ for m in resnet50_train bert_base_train; do
     run $m "$c" "$c" --batch 16 --dim seq=128
     run $m "$c throughput" "$c" --batch 16 --dim seq=128 --objective throughput
   done
+done
+echo
+echo "### The clusters as described by their files (examples/clusters; batch 16 per device before the split, seq 128, AMP, --sync auto)"
+echo
+header
+for m in resnet50_train bert_base_train; do
+  for f in aws-v100-t4 cloud-a100-l4 dgx-h100; do
+    run $m "$f" "examples/clusters/$f.toml" --batch 16 --dim seq=128 --sync auto --sync-error-budget 0.05
+  done
+  run $m "aws-v100-t4 --network 100gbit" examples/clusters/aws-v100-t4.toml --batch 16 --dim seq=128 --network 100gbit --sync auto --sync-error-budget 0.05
 done

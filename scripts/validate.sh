@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Predictions checked against real runs on this machine (docs/validation.md).
 #
-#   scripts/validate.sh [sync] [compute]     (default: every table)
+#   scripts/validate.sh [sync] [compute] [iterations]     (default: every table)
 #
 # sync:    a 2-node cluster of network namespaces joined by tc-shaped links
 #          (scripts/netcluster.sh, root), `qsyncc sync-bench` under mpirun for
@@ -9,12 +9,15 @@
 #          `qsyncc simulate --gradient` on a cluster file of the same links.
 # compute: this CPU as a device: per-op profiles measured with PyTorch, then
 #          training iterations predicted leave-one-out (scripts/validate-compute.sh).
+# iterations: torchrun DDP across the emulated nodes (DDP's all-reduce and the
+#          qsync hooks) against the predicted exposed synchronization, and
+#          `--sync auto`'s choice against the fastest measured.
 # Each table is written into docs/validation.md between its markers, with
 # the date, the machine and the command that regenerates it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sync compute)
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sync compute iterations)
 out=target/validate
 mkdir -p "$out"
 cargo build --release --locked -p qsyncc
@@ -51,7 +54,19 @@ for part in "${parts[@]}"; do
         echo "validate: scripts/validate-compute.sh is missing" >&2; exit 1
       fi
       ;;
-    *) echo "validate: unknown part '$part' (sync, compute)" >&2; exit 2 ;;
+    iterations)
+      venv=${QSYNC_TORCH_VENV:-$HOME/.cache/qsync/torch-venv}
+      (cd crates/python && "$venv/bin/maturin" build --release -q -o ../../target/wheels-validate)
+      "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall target/wheels-validate/qsync-*.whl
+      python3 scripts/validate/iterations.py --qsyncc "$qsyncc" --out "$out" --python "$venv/bin/python" ${VALIDATE_ITER_ARGS:-}
+      {
+        echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, 2 nodes × 2 ranks (gloo), batch 2 per rank:"
+        echo
+        python3 scripts/validate/render_iterations.py "$out/iterations.jsonl"
+      } > "$out/iterations.md"
+      replace_section iterations "$out/iterations.md"
+      ;;
+    *) echo "validate: unknown part '$part' (sync, compute, iterations)" >&2; exit 2 ;;
   esac
 done
 echo "validate: tables written to docs/validation.md"

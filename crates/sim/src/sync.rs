@@ -93,9 +93,8 @@ pub const HOST_LINK_GB_PER_S: f64 = 8.0;
 
 impl SyncKernels {
     /// The runtime's CPU kernels on one core of a host, as measured by
-    /// `qsyncc profile sync-kernels` on this project's build machine (see
-    /// `docs/validation.md`); replace with your hosts' own measurement
-    /// (`--host-kernels FILE`).
+    /// `qsyncc host-kernels` on this project's build machine; replace with
+    /// your hosts' own measurement (`--host-kernels FILE`).
     pub fn host() -> SyncKernels {
         SyncKernels {
             quantize_r: HOST_MEASURED[0],
@@ -130,10 +129,12 @@ impl SyncKernels {
     }
 }
 
-/// `qsyncc profile sync-kernels` on the build machine (2 cores, AVX2+FMA
-/// copies of the kernels), seconds per element and per call: quantize,
-/// dequantize-accumulate, 16-bit cast.
-const HOST_MEASURED: [f64; 6] = [1.0e-9, 2.0e-6, 1.0e-9, 2.0e-6, 0.5e-9, 1.0e-6];
+/// `qsyncc host-kernels --threads 1` (release build) on the build machine
+/// (AMD EPYC, 2 cores, the AVX2+FMA copies of the kernels; 2026-11-26, the
+/// machine otherwise busy): seconds per element and per call of quantize
+/// (ranges, scales, int8 codes), dequantize-accumulate and the f32 → f16
+/// cast; the per-call terms fitted to zero.
+const HOST_MEASURED: [f64; 6] = [2.14e-9, 0.0, 5.2e-10, 0.0, 2.06e-9, 0.0];
 
 /// A scheme, as far as its cost and error go (names as in `qsync-runtime`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
