@@ -60,10 +60,9 @@ impl GradSync<'_> {
             }
         }
         let len = packed.len();
-        let mut all = vec![0u8; len * p];
         self.charge(Phase::Quantize, t);
         let t = Instant::now();
-        self.world().all_gather(&packed, &mut all, self.deadline())?;
+        let all = self.world().start_all_gather_v(packed, &vec![len; p], self.deadline())?.wait(self.deadline())?;
         self.charge(Phase::Exchange, t);
         self.count(Hop::World, &vec![len; p]);
         let t = Instant::now();

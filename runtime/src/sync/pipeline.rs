@@ -24,6 +24,7 @@
 //! (still pipelined across the all-gather). Wire bytes are the same too:
 //! per piece the scales of its groups and its codes.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Instant;
@@ -141,10 +142,10 @@ impl Layout {
 }
 
 /// `x` plus the residual slice (error feedback), or `x`.
-fn plus(x: &[f32], r: Option<&[f32]>) -> Vec<f32> {
+fn plus<'x>(x: &'x [f32], r: Option<&[f32]>) -> Cow<'x, [f32]> {
     match r {
-        Some(r) => x.iter().zip(r).map(|(a, b)| a + b).collect(),
-        None => x.to_vec(),
+        Some(r) => Cow::Owned(x.iter().zip(r).map(|(a, b)| a + b).collect()),
+        None => Cow::Borrowed(x),
     }
 }
 

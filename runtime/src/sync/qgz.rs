@@ -112,10 +112,10 @@ impl GradSync<'_> {
         }
         let m = sh[me].len();
         let recv_counts = vec![q.block_len(m); p];
-        let mut recv = vec![0u8; recv_counts.iter().sum()];
         self.charge(Phase::Quantize, t);
         let t = Instant::now();
-        self.world().all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        let recv =
+            self.world().start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?.wait(self.deadline())?;
         self.charge(Phase::Exchange, t);
         self.count(Hop::World, &recv_counts);
         let t = Instant::now();
@@ -155,10 +155,12 @@ impl GradSync<'_> {
         let mine: Vec<usize> = owned_by(local).collect();
         let per_peer: usize = mine.iter().map(|&s| q1.block_len(sh[s].len())).sum();
         let recv_counts = vec![per_peer; per_node];
-        let mut recv = vec![0u8; per_peer * per_node];
         self.charge(Phase::Quantize, t);
         let t = Instant::now();
-        self.comm(Hop::Intra).all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        let recv = self
+            .comm(Hop::Intra)
+            .start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?
+            .wait(self.deadline())?;
         self.charge(Phase::Exchange, t);
         self.count(Hop::Intra, &recv_counts);
         let t = Instant::now();
@@ -197,10 +199,12 @@ impl GradSync<'_> {
         }
         let m = sh[me].len();
         let recv_counts = vec![q2.block_len(m); nodes];
-        let mut recv = vec![0u8; recv_counts.iter().sum()];
         self.charge(Phase::Quantize, t);
         let t = Instant::now();
-        self.comm(Hop::Inter).all_to_all_v(&send, &send_counts, &mut recv, &recv_counts, self.deadline())?;
+        let recv = self
+            .comm(Hop::Inter)
+            .start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?
+            .wait(self.deadline())?;
         self.charge(Phase::Exchange, t);
         self.count(Hop::Inter, &recv_counts);
         debug_assert_eq!(node * per_node + local, me);
@@ -223,9 +227,9 @@ impl GradSync<'_> {
         match self.gather_bits() {
             None => {
                 let counts: Vec<usize> = sh.iter().map(|s| 4 * s.len()).collect();
-                let mut all = vec![0u8; 4 * out.len()];
                 let t = Instant::now();
-                self.world().all_gather_v(&f32_bytes(mean), &mut all, &counts, self.deadline())?;
+                let all =
+                    self.world().start_all_gather_v(f32_bytes(mean), &counts, self.deadline())?.wait(self.deadline())?;
                 self.charge(Phase::Exchange, t);
                 self.count(Hop::World, &counts);
                 out.copy_from_slice(&f32_from_bytes(&all));
@@ -242,10 +246,9 @@ impl GradSync<'_> {
                 let res = self.residual_mut("gather").map(|r| r.as_mut_slice());
                 q.encode(&*eng, &y, seed, &mut block, res)?;
                 let counts: Vec<usize> = sh.iter().map(|s| q.block_len(s.len())).collect();
-                let mut all = vec![0u8; counts.iter().sum()];
                 self.charge(Phase::Quantize, t);
                 let t = Instant::now();
-                self.world().all_gather_v(&block, &mut all, &counts, self.deadline())?;
+                let all = self.world().start_all_gather_v(block, &counts, self.deadline())?.wait(self.deadline())?;
                 self.charge(Phase::Exchange, t);
                 self.count(Hop::World, &counts);
                 let t = Instant::now();
