@@ -11,7 +11,7 @@
 #   1. scripts/cpu/device.py     this CPU as a device file (lscpu figures, measured rates): DIR/cpu.json
 #   2. scripts/cpu/export.py     ResNet-18 and BERT-tiny as training-mode ONNX with a symbolic batch;
 #                                the shared resnet50_train, bert_base_train and squeezenet1_1 (rebatched)
-#   3. qsyncc profile worklist   every distinct op of the five models at batch 8, plus batch points 1, 2, 32
+#   3. qsyncc profile worklist   every distinct op of the five models at batch 8, plus batch points 1 and 2
 #   4. scripts/gpu/profile.py --device cpu     per-op times (fwd, input and weight gradients) -> DIR/ops.json
 #   5. scripts/cpu/train.py      training iterations of ResNet-18 and BERT-tiny at batches 1, 2, 8, 32
 #   6. scripts/gpu/analyze.py    per measured model, `qsyncc profile build --exclude FAMILY` (the profile
@@ -20,7 +20,7 @@
 # Environment: PYTHON (default ~/.cache/qsync/torch-venv/bin/python, with torch, torchvision,
 # transformers and onnx), QSYNCC (default: build target/debug/qsyncc), QSYNC_MODELS (the shared
 # models, default ../shared/models), QSYNC_TRAIN_MODELS (default resnet18,bert_tiny),
-# QSYNC_TRAIN_BATCHES (default 1,2,8,32).
+# QSYNC_TRAIN_BATCHES (default 1,2,8,32), QSYNC_THREADS (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-target/validate-compute}
@@ -31,6 +31,11 @@ TRAIN_BATCHES=${QSYNC_TRAIN_BATCHES:-1,2,8,32}
 DOC=docs/validation-compute.md
 CMD="scripts/validate-compute.sh${1:+ $1}"
 
+# One thread: on a machine shared with other work, two OpenMP threads that
+# wait on each other at every barrier are slowed many times over whenever
+# either is descheduled; one thread is timed steadily. The device file
+# describes that one core. QSYNC_THREADS overrides.
+export OMP_NUM_THREADS=${QSYNC_THREADS:-1} MKL_NUM_THREADS=${QSYNC_THREADS:-1}
 [ -x "$PY" ] || { echo "error: $PY not found (set PYTHON to a python with torch, torchvision, transformers, onnx)" >&2; exit 2; }
 if [ -n "${QSYNCC:-}" ]; then Q=$QSYNCC; else cargo build -q -p qsyncc; Q=target/debug/qsyncc; fi
 mkdir -p "$DIR/models"
@@ -45,7 +50,7 @@ for m in resnet50_train bert_base_train; do
   cp "$MODELS/$m.onnx" "$DIR/models/$m.onnx"
 done
 "$PY" scripts/gpu/rebatch.py "$MODELS/squeezenet1_1.onnx" "$DIR/models/squeezenet1_1.onnx"
-"$Q" profile worklist --batch 8 --batch-points 1,2,32 --dim seq=128 -o "$DIR/worklist.json" \
+"$Q" profile worklist --batch 8 --batch-points 1,2 --dim seq=128 -o "$DIR/worklist.json" \
   "$DIR/models/resnet18_train.onnx=resnet18" "$DIR/models/resnet50_train.onnx=resnet50" \
   "$DIR/models/squeezenet1_1.onnx=squeezenet" "$DIR/models/bert_tiny_train.onnx=bert_tiny" \
   "$DIR/models/bert_base_train.onnx=bert_base"
@@ -56,7 +61,7 @@ PYTHONUNBUFFERED=1 "$PY" scripts/cpu/train.py "$DIR/iterations.json" --models "$
   | tee "$DIR/train.log"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 "$PY" scripts/gpu/analyze.py --qsyncc "$Q" --ops "$DIR/ops.json" --iterations "$DIR/iterations.json" \
-  --models-dir "$DIR/models" --device cpu --device-file "$DIR/cpu.json" --statistic min \
+  --models-dir "$DIR/models" --device cpu --device-file "$DIR/cpu.json" --statistic cpu_median \
   --out-dir "$DIR/analysis" --markdown "$DIR/table.md" --json "$DIR/results.json" > /dev/null
 
 # The generated section of the doc: the command, the conditions, the device, the table.
@@ -83,10 +88,11 @@ print(f"Device file (`{d}/cpu.json`, written by `scripts/cpu/device.py`): {dev['
       f"{dev['launch_overhead_us']:.2f} us per operator (measured). "
       f"PyTorch {its['meta'].get('torch')}, {its['meta'].get('threads')} threads, measured {its['meta'].get('date')}; "
       f"load average (1, 5, 15 min) {before} before the op profile, {after} after the iterations "
-      "(the CPU is shared: measured times are minimums over repeats).\n")
-print("| model | batch | measured ms (min) | median ms | device file ms | error | leave-one-out profile ms | error | profile |")
+      "(the CPU is shared with other work: every time here is CPU time of the measuring process, "
+      "user + system, on one thread: what the run takes alone; the wall clock is shown beside it).\n")
+print("| model | batch | measured ms (CPU time, median) | wall ms (min) | device file ms | error | leave-one-out profile ms | error | profile |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
-med = {(r["model"], r["batch"]): r["median_ms"] for r in its["runs"]}
+med = {(r["model"], r["batch"]): r["min_ms"] for r in its["runs"]}
 for r in res["rows"]:
     shape = f"{r['batch']}" + (f" x {r['seq']}" if r.get("seq") else "")
     print(f"| {r['model']} | {shape} | {r['measured_ms']:.1f} | {med[(r['model'], r['batch'])]:.1f} | "

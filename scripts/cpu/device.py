@@ -5,9 +5,14 @@ model against measurements without a GPU (issue 27, "Compute").
     python3 scripts/cpu/device.py OUT.json [--name cpu]
 
 Every figure is either read from the machine (lscpu, /proc/meminfo) or
-measured here with PyTorch, and its `sources` entry says which and how:
+measured here with PyTorch (in CPU time of the process, the time a call
+takes alone on a shared machine), and its `sources` entry says which and
+how:
 
-- peak FP32 rate: cores (lscpu) x 32 FP32 FLOP per cycle (two 256-bit FMA
+The device is the cores PyTorch computes on (`torch.get_num_threads()`,
+set with OMP_NUM_THREADS), at most lscpu's CPU(s).
+
+- peak FP32 rate: those cores x 32 FP32 FLOP per cycle (two 256-bit FMA
   pipes when lscpu lists avx2 and fma; 16 otherwise) x the clock lscpu
   reports (its max MHz, else BogoMIPS / 2);
 - its fraction reached (`efficiency.cuda_core`): the best of 5 timed
@@ -47,12 +52,14 @@ def lscpu():
 
 
 def best_s(fn, reps=5):
+    """The least CPU time of the process (user + system) over `reps` calls:
+    what a call takes alone on a machine shared with other work."""
     fn()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return min(times)
 
 
@@ -63,7 +70,10 @@ def main():
     a = ap.parse_args()
     info = lscpu()
     flags = set(info.get("Flags", "").split())
-    cores = int(info.get("CPU(s)", os.cpu_count() or 1))
+    # The device is the cores PyTorch computes on (OMP_NUM_THREADS): on a
+    # shared machine one thread is timed far more steadily than two.
+    cpus = int(info.get("CPU(s)", os.cpu_count() or 1))
+    cores = min(cpus, torch.get_num_threads())
     if "CPU max MHz" in info:
         ghz, clock_src = float(info["CPU max MHz"]) / 1e3, "lscpu 'CPU max MHz'"
     else:
@@ -94,10 +104,10 @@ def main():
         mem_kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
     bf16 = bool({"avx512_bf16", "amx_bf16"} & flags)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    measured = f"measured {date} with PyTorch {torch.__version__} on {threads} threads"
+    measured = f"measured {date} with PyTorch {torch.__version__} on {threads} thread(s), process CPU time"
     dev = {
         "name": a.name,
-        "full_name": f"{model} ({cores} cores, host CPU as a device)",
+        "full_name": f"{model} ({cores} of {cpus} cores, host CPU as a device)",
         "arch": "cpu",
         "memory_bytes": mem_kib * 1024,
         "memory_bandwidth_gb_s": round(bw_gb_s, 2),
@@ -120,10 +130,11 @@ def main():
             "workspace_bytes": "assumption: allocator and library workspaces",
             "efficiency": f"cuda_core: {measured}, best of 5 torch.mm {n}x{n}x{n} FP32 = {mm_tflops * 1e3:.1f} "
                           f"GFLOP/s over the peak; memory 1 (bandwidth measured); tensor_core unused",
-            "cuda_core_tflops.fp32": f"lscpu: {cores} cores ({model}), {per_cycle} FP32 FLOP/cycle/core "
+            "cuda_core_tflops.fp32": f"lscpu: {model}; {cores} core(s) used of {cpus} (PyTorch threads), "
+                                     f"{per_cycle} FP32 FLOP/cycle/core "
                                      f"({'AVX2 + FMA: two 256-bit FMA pipes' if per_cycle == 32 else 'no FMA'}), "
                                      f"{ghz:.3f} GHz from {clock_src}",
-            "occupancy.sm_count": f"lscpu: {cores} CPU(s); one block per core",
+            "occupancy.sm_count": f"the {cores} core(s) PyTorch computes on (lscpu: {cpus} CPU(s)); one block per core",
             "occupancy.tiles": "assumption: blocks of 1024 outputs, split-K slices of 256 (oneDNN's own "
                                "partitioning is not modelled)",
         },

@@ -79,8 +79,8 @@ def main():
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     ap.add_argument("--full-profile")
-    ap.add_argument("--statistic", choices=["median", "min"], default="median",
-                    help="which measured iteration time to compare with (min: shared CPUs, see scripts/cpu/train.py)")
+    ap.add_argument("--statistic", choices=["median", "min", "cpu_median", "cpu_min"], default="median",
+                    help="which measured iteration time to compare with (cpu_*: scripts/cpu/train.py's CPU time)")
     a = ap.parse_args()
     try:
         return analyze(a)

@@ -33,11 +33,14 @@ op's batch curve.
 
 Needs only PyTorch (no network); exits 2 with a message when there is no GPU.
 `--device cpu` measures on this machine's CPU instead, as a device of its
-own (issue 27's compute check): wall-clock time of N back-to-back calls (N
-chosen so one repeat takes about --target-ms), the *minimum* over --reps
-repeats divided by N (the CPU is shared: other processes only ever add
-time), on PyTorch's default threads; optimizer steps are measured too, casts
-only when a reduced precision is asked for. `meta.gpu` then names the CPU.
+own (issue 27's compute check): the CPU time of the process (user + system,
+`time.process_time`) over N back-to-back calls (N chosen so one repeat
+takes about --target-ms), the minimum over --reps repeats divided by N. On a
+machine shared with other work the wall clock counts the time other
+processes hold the cores; the CPU time of a single-threaded run
+(OMP_NUM_THREADS=1) is what it would take alone. Optimizer steps are
+measured too, casts only when a reduced precision is asked for. `meta.gpu`
+then names the CPU.
 """
 import argparse
 import datetime
@@ -91,17 +94,18 @@ def cpu_name():
 def bench_us(fn, reps, target_ms):
     """Microseconds per call of `fn` (see the module doc)."""
     if DEVICE == "cpu":
+        clock = time.process_time
         fn()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        once = max(time.perf_counter() - t0, 1e-7)
+        once = max(clock() - t0, 1e-7)
         n = max(1, min(1000, int(target_ms * 1e-3 / once)))
         times = []
         for _ in range(reps):
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(n):
                 fn()
-            times.append((time.perf_counter() - t0) / n)
+            times.append((clock() - t0) / n)
         return min(times) * 1e6
     for _ in range(3):
         fn()
@@ -478,7 +482,7 @@ def meta():
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "method": "CUDA events, back-to-back calls, median of repeats; cudnn.benchmark on" if DEVICE == "cuda"
-        else "wall clock, back-to-back calls, minimum of repeats, PyTorch's default threads",
+        else f"process CPU time, back-to-back calls, minimum of repeats, {torch.get_num_threads()} thread(s)",
     }
     try:
         m["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
