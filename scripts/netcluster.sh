@@ -157,7 +157,7 @@ cmd_up() {
   [ -n "$RATE" ] || die 2 "--rate is required (e.g. 1gbit)"
   rate_bps "$RATE" >/dev/null
   [[ "$DELAY_MS" =~ ^[0-9]+$ ]] || die 2 "--delay-ms: a whole number of milliseconds"
-  if [ -e "$(state_file)" ] || ip link show "$(bridge)" >/dev/null 2>&1 || ip netns list | grep -qE "^${PREFIX}0( |\$)"; then
+  if [ -e "$(state_file)" ] || ip link show "$(bridge)" >/dev/null 2>&1 || ip netns list | grep -qE "^${PREFIX}[0-9]+( |\$)"; then
     die 1 "a cluster with prefix '$PREFIX' exists: \`$0 down --prefix $PREFIX\` first"
   fi
   if ip -4 -o addr show | awk '{print $4}' | grep -q "^${SUBNET//./\\.}\."; then
