@@ -243,7 +243,7 @@ fn without_stats_no_activation_is_int8() {
         warnings.iter().filter(|w| w.starts_with("no calibration statistics: activations kept out of INT8")).collect();
     assert_eq!(said.len(), 1, "said once: {warnings:?}");
     assert!(said[0].ends_with("pass --stats"), "{}", said[0]);
-    let written = qsync_onnx::import_file(&dir.join("plan/t4/model.onnx")).unwrap_or_else(|e| panic!("{e}"));
+    let written = qsync_onnx::import_file(dir.join("plan/t4/model.onnx")).unwrap_or_else(|e| panic!("{e}"));
     let g = &written.graph;
     assert!(!g.node_ids().into_iter().any(|n| g.node(n).op == qsync_ir::Op::QuantizeLinear));
 
