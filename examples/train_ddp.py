@@ -164,9 +164,15 @@ def digest(model):
 
 
 def cmd_train(a):
+    import datetime
+
     import qsync
 
-    dist.init_process_group("gloo" if a.device == "cpu" else "nccl")
+    # A deadline on every collective (gloo's own and the qsync hook's), so a
+    # dead peer or a cut link ends the job with an error instead of a hang.
+    timeout = {"timeout": datetime.timedelta(seconds=a.timeout_s)} if a.timeout_s else {}
+    dist.init_process_group("gloo" if a.device == "cpu" else "nccl", **timeout)
+    hook_opts = {"timeout_s": a.timeout_s} if a.timeout_s else {}
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(a.device if a.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
     plan = qsync.Plan.load(a.plan) if a.plan else None
@@ -188,9 +194,9 @@ def cmd_train(a):
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
         hook = None
         if plan:
-            hook = qsync.comm_hook(a.plan, scheme=scheme, seed=a.seed, kernels=a.kernels)
+            hook = qsync.comm_hook(a.plan, scheme=scheme, seed=a.seed, kernels=a.kernels, **hook_opts)
         elif scheme != "ddp":
-            hook = qsync.comm_hook(scheme, seed=a.seed, kernels=a.kernels)
+            hook = qsync.comm_hook(scheme, seed=a.seed, kernels=a.kernels, **hook_opts)
         if hook is not None:
             ddp.register_comm_hook(None, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
@@ -333,6 +339,8 @@ def main():
     t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     t.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at --fail-step (failure tests)")
     t.add_argument("--fail-step", type=int, default=1)
+    t.add_argument("--timeout-s", type=float, default=None,
+                   help="deadline of every collective, seconds (gloo's and the qsync hook's)")
     b = sub.add_parser("bench", help="time each hook's synchronization against DDP's all-reduce (under torchrun)")
     b.add_argument("--model", default="resnet18", choices=["resnet18", "transformer"])
     b.add_argument("--hooks", default="ddp,torch-fp16,fp16,qgz-int8,qgz-int4,nbit-2",

@@ -327,3 +327,192 @@ fn apply_plan_maps_every_shared_model() {
     assert!(recs.iter().all(|r| r["unmapped"] == 0 && r["mapped"].as_u64().unwrap_or(0) > 0));
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// DDP across an emulated two-node cluster (`scripts/netcluster.sh`: network
+/// namespaces joined by tc-shaped links), one `torchrun` per node namespace,
+/// 2 ranks a node, gloo bound to each node's interface: the ranks of
+/// different nodes exchange real bytes over the shaped links.
+mod across_nodes {
+    use super::*;
+
+    /// A cluster that `down`s itself however the test ends.
+    struct Cluster {
+        prefix: &'static str,
+    }
+
+    impl Drop for Cluster {
+        fn drop(&mut self) {
+            let _ = net(&["down", "--prefix", self.prefix]);
+        }
+    }
+
+    fn net(args: &[&str]) -> Output {
+        Command::new("bash").arg(root().join("scripts/netcluster.sh")).args(args).output().expect("netcluster.sh")
+    }
+
+    /// Why no cluster can be built here, if none can.
+    fn unavailable() -> Option<String> {
+        let uid = Command::new("id").arg("-u").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        if uid.as_deref() != Some("0") {
+            return Some("not root (network namespaces need CAP_NET_ADMIN)".into());
+        }
+        let probe = format!("qspy{}", std::process::id() % 100_000);
+        match Command::new("ip").args(["netns", "add", &probe]).output() {
+            Ok(o) if o.status.success() => {
+                let _ = Command::new("ip").args(["netns", "del", &probe]).output();
+                None
+            }
+            Ok(o) => Some(format!("`ip netns add` fails: {}", String::from_utf8_lossy(&o.stderr).trim())),
+            Err(e) => Some(format!("`ip` cannot run: {e}")),
+        }
+    }
+
+    fn up(prefix: &'static str, subnet: &str, rate: &str) -> Cluster {
+        let _ = net(&["down", "--prefix", prefix]);
+        let o = net(&["up", "--nodes", "2", "--rate", rate, "--prefix", prefix, "--subnet", subnet]);
+        assert!(o.status.success(), "netcluster up: {}", String::from_utf8_lossy(&o.stderr));
+        Cluster { prefix }
+    }
+
+    /// Bytes sent by node `i`'s interface so far (its tx counter).
+    fn tx(prefix: &str, i: usize) -> u64 {
+        let dev = format!("{prefix}n{i}");
+        let o = Command::new("ip")
+            .args(["netns", "exec", &format!("{prefix}{i}"), "cat", &format!("/sys/class/net/{dev}/statistics/tx_bytes")])
+            .output()
+            .expect("ip netns exec");
+        String::from_utf8_lossy(&o.stdout).trim().parse().expect("tx_bytes")
+    }
+
+    /// One torchrun per node, `train_ddp.py train ARGS`.
+    fn spawn(prefix: &str, subnet: &str, port: &str, args: &[&str]) -> Vec<std::process::Child> {
+        (0..2)
+            .map(|i| {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &format!("{prefix}{i}"), "env"])
+                    .arg(format!("GLOO_SOCKET_IFNAME={prefix}n{i}"))
+                    .args(["OMP_NUM_THREADS=1", "QSYNC_NODES=2"])
+                    .arg(venv().join("bin/torchrun"))
+                    .args(["--nnodes", "2", "--node-rank", &i.to_string(), "--nproc-per-node", "2"])
+                    .args(["--master-addr", &format!("{subnet}.2"), "--master-port", port])
+                    .arg(root().join("examples/train_ddp.py"))
+                    .arg("train")
+                    .args(args)
+                    .current_dir(root())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                c.spawn().expect("spawn torchrun")
+            })
+            .collect()
+    }
+
+    /// Waits for every child up to `limit`; kills them all past it.
+    fn wait_all(children: Vec<std::process::Child>, limit: Duration) -> (Vec<Output>, Duration, bool) {
+        let start = Instant::now();
+        let mut children: Vec<Option<std::process::Child>> = children.into_iter().map(Some).collect();
+        let mut outs: Vec<Option<Output>> = (0..children.len()).map(|_| None).collect();
+        let mut hung = false;
+        while outs.iter().any(Option::is_none) {
+            for (c, o) in children.iter_mut().zip(outs.iter_mut()) {
+                if o.is_none() && c.as_mut().is_some_and(|c| c.try_wait().expect("wait").is_some()) {
+                    *o = Some(c.take().expect("child").wait_with_output().expect("output"));
+                }
+            }
+            if start.elapsed() > limit && outs.iter().any(Option::is_none) {
+                hung = true;
+                for (c, o) in children.iter_mut().zip(outs.iter_mut()) {
+                    if let Some(mut ch) = c.take() {
+                        let _ = ch.kill();
+                        *o = Some(ch.wait_with_output().expect("output"));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (outs.into_iter().map(|o| o.expect("output")).collect(), start.elapsed(), hung)
+    }
+
+    fn text(o: &Output) -> String {
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    }
+
+    #[test]
+    fn ddp_bytes_on_each_link_are_the_models() {
+        if let Some(why) = unavailable() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        install();
+        let (prefix, subnet) = ("qspa", "10.88.21");
+        let _c = up(prefix, subnet, "1gbit");
+        let steps = 3;
+        let before = [tx(prefix, 0), tx(prefix, 1)];
+        let children = spawn(
+            prefix,
+            subnet,
+            "29531",
+            &["--model", "resnet18", "--batch", "2", "--steps", &steps.to_string(), "--scheme", "fp16", "--timeout-s", "60"],
+        );
+        let (outs, took, hung) = wait_all(children, Duration::from_secs(400));
+        assert!(!hung, "the job hung:\n{}", outs.iter().map(text).collect::<String>());
+        for o in &outs {
+            assert!(o.status.success(), "{}", text(o));
+        }
+        let recs = records(&outs[0]);
+        assert_eq!(recs.len(), steps, "{}", text(&outs[0]));
+        assert_identical(&recs);
+        // What the model says crosses one node's link per step: the fp16
+        // scheme's inter-node bytes per rank (qsync_sim::sync::phases; flat
+        // exchanges, linear in the bucket sizes, so the whole gradient at
+        // once) times the node's 2 ranks.
+        let grad_bytes = 4.0 * 11_181_642.0; // ResNet-18 with 10 classes: sum(p.numel())
+        let spec = qsync_sim::SyncSpec::new(qsync_sim::SyncScheme::Fp16, 512);
+        let per_rank: f64 = qsync_sim::sync::phases(&spec, grad_bytes, 4, 2).iter().map(|p| p.inter_node).sum();
+        let model = per_rank * 2.0 * steps as f64;
+        // Node 1's transmissions: the hook's exchanges, the per-step loss
+        // all-reduce and digest gather (bytes), and TCP/IP headers
+        // (66 of every 1514 bytes a frame: 4.5%); node 0 also sends the
+        // initial parameter broadcast, so node 1 is the one compared.
+        let sent = (tx(prefix, 1) - before[1]) as f64;
+        assert!(sent >= model && sent <= model * 1.08 + 2e6, "node 1 sent {sent} bytes, the model {model} (+8% headers)");
+        eprintln!("resnet18 fp16 over 1 Gbit/s: node 1 sent {sent:.0} B, model {model:.0} B ({:+.2}%), {took:.1?}",
+            (sent / model - 1.0) * 100.0);
+        let _ = before[0];
+    }
+
+    #[test]
+    fn a_cut_link_ends_every_rank_of_a_ddp_job() {
+        if let Some(why) = unavailable() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        install();
+        let (prefix, subnet) = ("qspb", "10.88.22");
+        let _c = up(prefix, subnet, "1gbit");
+        let children = spawn(
+            prefix,
+            subnet,
+            "29532",
+            &["--model", "transformer", "--batch", "2", "--steps", "100000", "--scheme", "qgz-int8", "--timeout-s", "15"],
+        );
+        // Let it train, then drop every packet of node 1 (no reset: only
+        // deadlines notice).
+        std::thread::sleep(Duration::from_secs(20));
+        let o = net(&["cut", "1", "loss", "--prefix", prefix]);
+        assert!(o.status.success(), "cut: {}", String::from_utf8_lossy(&o.stderr));
+        let (outs, took, hung) = wait_all(children, Duration::from_secs(180));
+        let all = outs.iter().map(text).collect::<String>();
+        assert!(!hung, "a node's ranks hung after the link was cut ({took:?}):\n{all}");
+        for (i, o) in outs.iter().enumerate() {
+            assert!(!o.status.success(), "node {i} succeeded although its link was cut:\n{}", text(o));
+        }
+        let lower = all.to_lowercase();
+        assert!(
+            lower.contains("timed out") || lower.contains("timeout") || lower.contains("deadline"),
+            "no rank says which operation timed out:\n{all}"
+        );
+        eprintln!("cut link: both nodes ended in {took:?}");
+    }
+}
