@@ -201,21 +201,23 @@ impl GradSync<'_> {
         let mut rs: VecDeque<(usize, Box<dyn Pending>)> = VecDeque::new();
         let mut ag: VecDeque<(usize, Box<dyn Pending>)> = VecDeque::new();
         for c in 0..lay.pieces {
-            let t = Instant::now();
             let mut send = Vec::with_capacity((0..p).map(|s| codec.rs_len(lay.piece(s, c).len())).sum());
             let mut counts = Vec::with_capacity(p);
             for s in 0..p {
+                let t = Instant::now();
                 let before = send.len();
                 self.encode_piece(codec, grad, s, lay.piece(s, c), &mut send)?;
                 counts.push(send.len() - before);
+                self.charge(Phase::Quantize, t);
                 // Between kernels, let the transfers in flight advance (a
                 // receiver's progress is what answers a large message's
                 // rendezvous).
+                let t = Instant::now();
                 for (_, x) in rs.iter_mut().chain(ag.iter_mut()) {
                     x.test()?;
                 }
+                self.charge(Phase::Exchange, t);
             }
-            self.charge(Phase::Quantize, t);
             let t = Instant::now();
             let recv_counts = vec![codec.rs_len(lay.piece(me, c).len()); p];
             let x = self.world().start_all_to_all_v(send, &counts, &recv_counts, self.deadline())?;
