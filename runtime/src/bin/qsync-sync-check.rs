@@ -449,7 +449,9 @@ fn digests_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result
             if let Some(exp) = &expected {
                 compared += 1;
                 match exp.get(&key) {
-                    None => rep.check(false, || format!("{key}: no expected digest (record it with the same ranks and nodes)")),
+                    None => rep.check(false, || {
+                        format!("{key}: no expected digest (record it with the same ranks and nodes)")
+                    }),
                     Some(e) => rep.check(*e == mine, || format!("{key}: digest {mine} differs from the recorded {e}")),
                 }
             }

@@ -116,11 +116,7 @@ impl Layout {
         let shards = shards(n, p);
         let longest = shards.iter().map(|s| s.len()).max().unwrap_or(0);
         let align = align.max(1);
-        let piece = if target == 0 || target >= longest {
-            longest.max(1)
-        } else {
-            target.div_ceil(align) * align
-        };
+        let piece = if target == 0 || target >= longest { longest.max(1) } else { target.div_ceil(align) * align };
         let pieces = longest.div_ceil(piece).max(1);
         Layout { shards, piece, pieces }
     }
@@ -417,7 +413,9 @@ mod tests {
 
     #[test]
     fn pieces_cover_each_shard_in_aligned_steps() {
-        for (n, p, target, align) in [(1000, 4, 64, 16), (1001, 3, 100, 7), (5, 8, 1, 2), (0, 2, 10, 4), (4096, 2, 0, 8)] {
+        for (n, p, target, align) in
+            [(1000, 4, 64, 16), (1001, 3, 100, 7), (5, 8, 1, 2), (0, 2, 10, 4), (4096, 2, 0, 8)]
+        {
             let lay = Layout::new(n, p, target, align);
             for s in 0..p {
                 let sh = shards(n, p)[s].clone();

@@ -114,8 +114,10 @@ impl GradSync<'_> {
         let recv_counts = vec![q.block_len(m); p];
         self.charge(Phase::Quantize, t);
         let t = Instant::now();
-        let recv =
-            self.world().start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?.wait(self.deadline())?;
+        let recv = self
+            .world()
+            .start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?
+            .wait(self.deadline())?;
         self.charge(Phase::Exchange, t);
         self.count(Hop::World, &recv_counts);
         let t = Instant::now();
@@ -228,8 +230,10 @@ impl GradSync<'_> {
             None => {
                 let counts: Vec<usize> = sh.iter().map(|s| 4 * s.len()).collect();
                 let t = Instant::now();
-                let all =
-                    self.world().start_all_gather_v(f32_bytes(mean), &counts, self.deadline())?.wait(self.deadline())?;
+                let all = self
+                    .world()
+                    .start_all_gather_v(f32_bytes(mean), &counts, self.deadline())?
+                    .wait(self.deadline())?;
                 self.charge(Phase::Exchange, t);
                 self.count(Hop::World, &counts);
                 out.copy_from_slice(&f32_from_bytes(&all));
