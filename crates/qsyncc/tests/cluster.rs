@@ -66,9 +66,11 @@ fn sync_predictions_by_hand() {
     // One fp16 synchronization of 64 MiB (E = 2^24 elements) on the DGX file:
     // 2 nodes x 8 H100, 8 NICs of 400 Gbit/s = 400 GB/s a node, 50 GB/s per
     // GPU when all 8 send; 450 GB/s inside; latencies 5 us across, 3 inside.
-    // Two flat phases, each receiving 2E/P = 2^21 B from each of 15 peers:
-    // 7 inside (7·2^21 B at 450e3 B/us = 32.62 us), 8 outside (8·2^21 B at
-    // 50e3 B/us = 335.54 us) -> 335.54 + 5 us a phase.
+    // The all-to-all receives 2E/P = 2^21 B from each of 15 peers: 7 inside
+    // (7·2^21 B at 450e3 B/us = 32.62 us), 8 outside (8·2^21 B at 50e3 B/us
+    // = 335.54 us) -> 335.54 + 5 us. The hook's all-gather is NCCL's ring:
+    // 15 pieces cross each node's NICs once, 15·2^21/8 B per GPU at 50e3 B/us
+    // = 78.64 us (inside: 15·2^21·7/8 B at 450e3 = 61.17 us) -> 78.64 + 5.
     // Host-staged (default on GPUs) adds the copies: the hook's 2·S, and each
     // phase's buffers both ways, own share included: 2·(15·2^21·16/15) B a
     // phase, over 8 GB/s: (2^27 + 2·2^26) / 8e3 us = 33554.4 us; plus the
@@ -91,7 +93,7 @@ fn sync_predictions_by_hand() {
         json(&qsyncc(&a))["seconds"].as_f64().expect("seconds") * 1e6
     };
     let e = (1u64 << 24) as f64;
-    let comm = 2.0 * (8.0 * 2f64.powi(21) / 50e3 + 5.0);
+    let comm = (8.0 * 2f64.powi(21) / 50e3 + 5.0) + (15.0 * 2f64.powi(21) / 8.0 / 50e3 + 5.0);
     let staging = (2.0 * 4.0 * e + 2.0 * 2.0 * 16.0 * 2f64.powi(21)) / 8e3;
     // fp16 casts 3E + E/P elements at 1 ns.
     let casts = (3.0 * e + e / 16.0) * 1e-3;

@@ -463,12 +463,18 @@ mod across_nodes {
         assert_eq!(recs.len(), steps, "{}", text(&outs[0]));
         assert_identical(&recs);
         // What the model says crosses one node's link per step: the fp16
-        // scheme's inter-node bytes per rank (qsync_sim::sync::phases; flat
-        // exchanges, linear in the bucket sizes, so the whole gradient at
-        // once) times the node's 2 ranks.
+        // scheme's inter-node bytes per rank on the hook's path
+        // (qsync_sim::sync::phases_on: a flat all-to-all, then gloo's ring
+        // all-gather, which crosses each node once — linear in the bucket
+        // sizes, so the whole gradient at once) times the node's 2 ranks.
+        // (Priced as a flat all-gather, as Open MPI runs it, the model said
+        // 134.2 MB where 117.9 MB crossed: the ring was found here.)
         let grad_bytes = 4.0 * 11_181_642.0; // ResNet-18 with 10 classes: sum(p.numel())
         let spec = qsync_sim::SyncSpec::new(qsync_sim::SyncScheme::Fp16, 512);
-        let per_rank: f64 = qsync_sim::sync::phases(&spec, grad_bytes, 4, 2).iter().map(|p| p.inter_node).sum();
+        let per_rank: f64 = qsync_sim::sync::phases_on(&spec, grad_bytes, 4, 2, qsync_sim::SyncPath::Host)
+            .iter()
+            .map(|p| p.inter_node)
+            .sum();
         let model = per_rank * 2.0 * steps as f64;
         // Node 1's transmissions: the hook's exchanges, the per-step loss
         // all-reduce and digest gather (bytes), and TCP/IP headers

@@ -375,6 +375,30 @@ pub fn phases(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64) -> Vec<PhaseBy
     }
 }
 
+/// The phases of `spec` as they cross the links on `path`. Over Open MPI
+/// ([`SyncPath::Mpi`]) every exchange is pairwise: [`phases`]. Through the
+/// DDP hook the transport is gloo (CPU) or NCCL (GPU), whose all-gather is
+/// a ring: the last phase of every compressed scheme (the all-gather of
+/// reduced shards, or n-bit's of whole packed gradients) then moves `P−1`
+/// pieces along each ring edge, and a node-major ring crosses each node's
+/// NIC once each way — `(P−1)·piece` per node instead of the flat
+/// exchange's `L·(P−L)·piece`. Bytes are per device, averaged over the
+/// node's devices (`(P−1)·piece/L` across, the rest inside).
+pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncPath) -> Vec<PhaseBytes> {
+    let mut v = phases(spec, bytes, p, per_node);
+    if path == SyncPath::Mpi || p <= 1 || spec.scheme == SyncScheme::Fp32 {
+        return v;
+    }
+    let l = per_node.clamp(1, p) as f64;
+    let pf = p as f64;
+    if let Some(last) = v.last_mut() {
+        let piece = (last.intra_node + last.inter_node) / (pf - 1.0);
+        let across = if l < pf { (pf - 1.0) * piece / l } else { 0.0 };
+        *last = PhaseBytes { intra_node: (pf - 1.0) * piece - across, inter_node: across };
+    }
+    v
+}
+
 /// Elements of a shard's piece in the runtime's pipelined schemes (its
 /// `DEFAULT_PIPELINE_CHUNK`, 256 Ki).
 pub const PIPELINE_CHUNK: f64 = 262_144.0;
@@ -438,7 +462,7 @@ impl Cluster {
         let p_t = ty.count() as f64;
         let off_node = p.saturating_sub(per_node) as f64;
         let pieces = if spec.path == SyncPath::Mpi { pipeline_pieces(spec, bytes as f64, p) } else { 1.0 };
-        let comm: f64 = phases(spec, bytes as f64, p, per_node)
+        let comm: f64 = phases_on(spec, bytes as f64, p, per_node, spec.path)
             .iter()
             .map(|ph| {
                 let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
@@ -460,7 +484,7 @@ impl Cluster {
         let staging = match spec.path {
             SyncPath::Host | SyncPath::Mpi => 0.0,
             SyncPath::HostStaged | SyncPath::Device => {
-                let moved: f64 = phases(spec, bytes as f64, p, per_node)
+                let moved: f64 = phases_on(spec, bytes as f64, p, per_node, spec.path)
                     .iter()
                     .map(|ph| (ph.intra_node + ph.inter_node) * p as f64 / (p as f64 - 1.0).max(1.0))
                     .sum();
@@ -590,7 +614,9 @@ mod tests {
             cast16_c: 0.0,
         };
         let c = Cluster::new(vec![DeviceType::new("a", 8, 4, 1).with_bandwidth(100.0, 1.0).with_host(free, 1.0)]);
-        let spec = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Host);
+        // The MPI path: every exchange pairwise (the hook's ring all-gather is
+        // the next test's), one piece (E/P < 2^18: nothing to pipeline).
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Mpi);
         assert_eq!(c.sync_us(0, 8_000_000, &spec, AllReduceAlgo::Hierarchical), 2.0 * (8000.0 + 20.0));
         // A fabric of 0.5 GB/s between two such types (4 + 4 devices, one node
         // each): each device sends its 2e6 B of a phase to the other type's
@@ -602,6 +628,22 @@ mod tests {
         ])
         .with_fabric(Some(crate::cluster::Fabric { gb_per_s: 0.5, latency_us: 50.0 }));
         assert_eq!(two.sync_us(0, 8_000_000, &spec, AllReduceAlgo::Hierarchical), 2.0 * (16000.0 + 50.0));
+    }
+
+    #[test]
+    fn the_hooks_all_gather_is_a_ring() {
+        // fp16, 2 nodes × 2 devices, E = 2^20: pieces of 2E/P = 2^19 B. The
+        // reduce-scatter is a flat exchange on every path: 1 peer inside,
+        // 2 outside. The all-gather: MPI's is flat too (2 pieces across per
+        // device, 4 per node); the hook's ring crosses each node once with
+        // P−1 = 3 pieces, 1.5 per device.
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512);
+        let piece = 2f64.powi(19);
+        let mpi = phases_on(&spec, 4.0 * 2f64.powi(20), 4, 2, SyncPath::Mpi);
+        assert_eq!(mpi[1], PhaseBytes { intra_node: piece, inter_node: 2.0 * piece });
+        let hook = phases_on(&spec, 4.0 * 2f64.powi(20), 4, 2, SyncPath::Host);
+        assert_eq!(hook[0], mpi[0]);
+        assert_eq!(hook[1], PhaseBytes { intra_node: 1.5 * piece, inter_node: 1.5 * piece });
     }
 
     #[test]
