@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::Output;
 
 use common::{inspect_json, models_dir, onnx_models, qsyncc, stderr, tmpdir};
@@ -220,7 +221,17 @@ fn quantized_plans_cost_their_qdq_inside_the_op() {
     let m = models_dir().join("squeezenet1_1.onnx");
     let out = dir.join("i8.onnx");
     let (m, out_s) = (m.to_str().expect("utf8"), out.to_str().expect("utf8"));
-    let o = qsyncc(&["opt", m, "--passes", "uniform=i8", "--target", "t4", "--json", "-o", out_s]);
+    // INT8 activations need their ranges: measured by calibrate.py in
+    // onnxruntime (without them the convolutions would stay FP32).
+    let stats = dir.join("stats.json");
+    let c = std::process::Command::new("python3")
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/calibrate.py"))
+        .args([m, stats.to_str().expect("utf8"), "--random", "2", "--seed", "0"])
+        .output()
+        .expect("python3");
+    assert!(c.status.success(), "calibrate.py: {}", String::from_utf8_lossy(&c.stderr));
+    let stats_s = stats.to_str().expect("utf8");
+    let o = qsyncc(&["opt", m, "--passes", "uniform=i8", "--target", "t4", "--stats", stats_s, "--json", "-o", out_s]);
     assert!(o.status.success(), "{}", stderr(&o));
     let planned: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     let o = qsyncc(&["inspect", out_s, "--target", "t4", "--json"]);
