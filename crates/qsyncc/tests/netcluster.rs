@@ -53,7 +53,10 @@ fn unavailable() -> Option<String> {
             return Some(format!("`{tool}` is not installed (scripts/setup.sh installs iproute2 and Open MPI)"));
         }
     }
-    let probe = format!("qsprobe{}", std::process::id() % 100_000);
+    // One name per probe: the tests of this file probe concurrently.
+    static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let probe = format!("qsprobe{}x{n}", std::process::id() % 100_000);
     let made = Command::new("ip").args(["netns", "add", &probe]).output();
     match made {
         Ok(o) if o.status.success() => {
