@@ -187,7 +187,7 @@ intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP pi
                     p = json.loads(sh([a.qsyncc, "simulate", "--cluster", cluster, "--device-file", device_file,
                                        "--host-kernels", host_file, "--gradient", str(nbytes), "--sync", scheme, "--sync-path", "mpi",
                                        "--json"]).stdout)
-                    predicted = p["fp32_ring_seconds"] if scheme == "fp32" else p["seconds"]
+                    predicted = p["seconds"]
                     row = {"rate": rate, "size": size, "bytes": nbytes, "scheme": scheme, "ranks": nodes * k,
                            "measured_s": measured, "predicted_s": predicted,
                            "error": predicted / measured - 1.0,

@@ -199,14 +199,21 @@ fn sync_only(
     json: bool,
 ) -> Result<String> {
     let c = qsync_sim::cluster_of(targets, opts)?;
-    let per_type: Vec<(String, f64)> = (0..c.types.len())
-        .map(|t| (c.types[t].name.clone(), c.sync_us(t, bytes, &spec, qsync_sim::AllReduceAlgo::Hierarchical)))
-        .collect();
+    // fp32 is the engine's own all-reduce: over Open MPI, recursive halving
+    // and doubling (what it runs for large messages); NCCL and gloo, rings.
+    let algo = if spec.path == qsync_sim::SyncPath::Mpi {
+        qsync_sim::AllReduceAlgo::HalvingDoubling
+    } else {
+        qsync_sim::AllReduceAlgo::Hierarchical
+    };
+    let per_type: Vec<(String, f64)> =
+        (0..c.types.len()).map(|t| (c.types[t].name.clone(), c.sync_us(t, bytes, &spec, algo))).collect();
     let ring = c.sync_us(0, bytes, &spec, qsync_sim::AllReduceAlgo::Ring);
     let us = per_type.iter().fold(0.0f64, |a, (_, t)| a.max(*t));
     if json {
         let v = serde_json::json!({
             "scheme": spec.scheme.name(), "group": spec.group, "path": spec.path.name(), "bytes": bytes,
+            "fp32_algorithm": format!("{algo:?}"),
             "devices": c.device_count(), "nodes": c.node_count(),
             "seconds": us / 1e6,
             "fp32_ring_seconds": if spec.scheme == qsync_sim::SyncScheme::Fp32 { Some(ring / 1e6) } else { None },

@@ -175,6 +175,13 @@ pub enum AllReduceAlgo {
     /// shard across nodes, ring all-gather inside each node.
     #[default]
     Hierarchical,
+    /// Reduce-scatter by recursive vector halving and distance doubling,
+    /// then all-gather by the reverse (Rabenseifner; what Open MPI runs for
+    /// large messages on a power-of-two world, measured on the emulated
+    /// nodes' counters). Step `k` exchanges `S/2^(k+1)` with the rank at
+    /// distance `2^k`: inside the node while `2^k < L`, else across — all
+    /// `L` devices of a node at once. Other world sizes: the flat ring.
+    HalvingDoubling,
 }
 
 /// Device types and their shape. Devices of one type share a plan and hence
@@ -304,6 +311,37 @@ impl Cluster {
                     ring(p, s, intra_bw, ty.intra_node_latency_us)
                 }
             }
+            AllReduceAlgo::HalvingDoubling => {
+                if p <= 1 {
+                    return 0.0;
+                }
+                if !p.is_power_of_two() {
+                    return self.allreduce_us(t, bytes, AllReduceAlgo::Ring);
+                }
+                let l = ty.per_node();
+                let mut total = 0.0;
+                let (mut d, mut part) = (1u64, s / 2.0);
+                while d < p {
+                    let step = if d < l {
+                        part / intra_bw + ty.intra_node_latency_us
+                    } else {
+                        let lat = match fabric {
+                            Some((_, flat)) => ty.network_latency_us.max(flat),
+                            None => ty.network_latency_us,
+                        };
+                        let mut t = part / ty.network_share(l);
+                        if let Some((fbw, _)) = fabric {
+                            t = t.max(part * ty.count() as f64 / fbw);
+                        }
+                        t + lat
+                    };
+                    // The reduce-scatter's step and the all-gather's mirror.
+                    total += 2.0 * step;
+                    d *= 2;
+                    part /= 2.0;
+                }
+                total
+            }
             AllReduceAlgo::Hierarchical => {
                 let mut worst = 0.0f64;
                 for &g in &ty.nodes {
@@ -377,6 +415,23 @@ mod tests {
         // Without the fabric only the NICs count.
         let c = Cluster::new(types);
         assert_eq!(c.allreduce_us(0, 4_000_000, AllReduceAlgo::Hierarchical), inner + 400.0 + 40.0);
+    }
+
+    #[test]
+    fn halving_doubling_by_hand() {
+        // 2 nodes × 2, 1e5 B/µs inside, a 1e3 B/µs NIC per node (500 each
+        // when both devices cross), latencies 5 / 20 µs. S = 4e6 B.
+        // Distance 1 (inside): 2e6 B / 1e5 = 20 + 5; distance 2 (across):
+        // 1e6 B / 500 = 2000 + 20. Each twice (reduce-scatter, all-gather):
+        // 2·(25 + 2020) = 4090 µs — half the ring's bytes across nodes.
+        let c = Cluster::new(vec![DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0)]);
+        assert_eq!(c.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling), 4090.0);
+        // Three devices: the ring.
+        let c3 = Cluster::new(vec![DeviceType::new("a", 3, 2, 1)]);
+        assert_eq!(
+            c3.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling),
+            c3.allreduce_us(0, 4_000_000, AllReduceAlgo::Ring)
+        );
     }
 
     #[test]
