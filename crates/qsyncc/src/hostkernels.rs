@@ -98,36 +98,30 @@ fn buffer(n: usize) -> Vec<f32> {
 
 const GROUP: usize = 512;
 
-/// One kernel as the schemes call it, on `n` elements; returns seconds.
-fn run_once(kernel: &str, x: &[f32], scratch: &mut Vec<f32>) -> Result<f64> {
+/// Int8 codes and scales of `x`: what dequantize-accumulate reads.
+fn codes(x: &[f32]) -> Result<(Vec<u8>, Vec<f32>)> {
     let e = HostEngine;
-    let n = x.len();
-    let t = Instant::now();
+    let (mn, mx) = e.row_min_max(x, GROUP)?;
+    let scales = e.sym_scales(&mn, &mx, QBits::Int8)?;
+    Ok((e.quantize(x, &scales, GROUP, QBits::Int8, Rounding::Nearest, 0)?, scales))
+}
+
+/// One kernel as the schemes call it, on `x` (`coded`: its codes, for
+/// dequantize-accumulate into `out`).
+fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32]) -> Result<()> {
+    let e = HostEngine;
     match kernel {
         // Range per group, scales, codes: what a qgZ stage does to its input.
         "quantize" => {
-            let (mn, mx) = e.row_min_max(x, GROUP)?;
-            let scales = e.sym_scales(&mn, &mx, QBits::Int8)?;
-            let q = e.quantize(x, &scales, GROUP, QBits::Int8, Rounding::Nearest, 0)?;
-            std::hint::black_box(q);
+            std::hint::black_box(codes(x)?);
         }
-        "dequantize" => {
-            let (mn, mx) = e.row_min_max(x, GROUP)?;
-            let scales = e.sym_scales(&mn, &mx, QBits::Int8)?;
-            let q = e.quantize(x, &scales, GROUP, QBits::Int8, Rounding::Nearest, 0)?;
-            scratch.clear();
-            scratch.resize(n, 0.0);
-            let t = Instant::now();
-            e.dequant_accumulate(&q, &scales, n, GROUP, 1, QBits::Int8, scratch)?;
-            return Ok(t.elapsed().as_secs_f64());
-        }
+        "dequantize" => e.dequant_accumulate(&coded.0, &coded.1, x.len(), GROUP, 1, QBits::Int8, out)?,
         "cast16" => {
-            let h = e.cast_to(Half::F16, x)?;
-            std::hint::black_box(h);
+            std::hint::black_box(e.cast_to(Half::F16, x)?);
         }
         _ => unreachable!("kernel names are fixed"),
     }
-    Ok(t.elapsed().as_secs_f64())
+    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -135,16 +129,31 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median seconds of `kernel` on `n` elements with `threads` running it at once.
+/// Median seconds of `kernel` on `n` elements with `threads` running it at
+/// once: every repetition starts on all threads together (a barrier) and
+/// lasts until the last of them is done, so threads that share cores are
+/// timed sharing them (a run shorter than a scheduler slice would otherwise
+/// be timed alone).
 fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result<f64> {
+    let barrier = std::sync::Barrier::new(threads as usize);
     let per_thread: Vec<Result<Vec<f64>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
+                let barrier = &barrier;
                 s.spawn(move || -> Result<Vec<f64>> {
                     let x = buffer(n);
-                    let mut scratch = Vec::new();
-                    run_once(kernel, &x, &mut scratch)?; // warm-up
-                    (0..repeats).map(|_| run_once(kernel, &x, &mut scratch)).collect()
+                    let coded = codes(&x)?;
+                    let mut out = vec![0.0f32; n];
+                    run_once(kernel, &x, &coded, &mut out)?; // warm-up
+                    let mut times = Vec::new();
+                    for _ in 0..repeats {
+                        barrier.wait();
+                        let t = Instant::now();
+                        run_once(kernel, &x, &coded, &mut out)?;
+                        barrier.wait();
+                        times.push(t.elapsed().as_secs_f64());
+                    }
+                    Ok(times)
                 })
             })
             .collect();
