@@ -98,12 +98,26 @@ fn buffer(n: usize) -> Vec<f32> {
 
 const GROUP: usize = 512;
 
-/// Int8 codes and scales of `x`: what dequantize-accumulate reads.
-fn codes(x: &[f32]) -> Result<(Vec<u8>, Vec<f32>)> {
+fn bits_of(kernel: &str) -> QBits {
+    if kernel.ends_with('4') {
+        QBits::Int4
+    } else {
+        QBits::Int8
+    }
+}
+
+/// Codes and scales of `x` at `bits`: what dequantize-accumulate reads.
+fn codes(x: &[f32], bits: QBits) -> Result<(Vec<u8>, Vec<f32>)> {
     let e = HostEngine;
     let (mn, mx) = e.row_min_max(x, GROUP)?;
-    let scales = e.sym_scales(&mn, &mx, QBits::Int8)?;
-    Ok((e.quantize(x, &scales, GROUP, QBits::Int8, Rounding::Nearest, 0)?, scales))
+    let scales = e.sym_scales(&mn, &mx, bits)?;
+    Ok((e.quantize(x, &scales, GROUP, bits, Rounding::Nearest, 0)?, scales))
+}
+
+/// n-bit's 2-bit packing of `x` over its range.
+fn packed(x: &[f32]) -> Result<Vec<u8>> {
+    let (mn, mx) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+    Ok(HostEngine.pack(x, mn, mx, 2, Rounding::Nearest, 0)?)
 }
 
 /// One kernel as the schemes call it, on `x` (`coded`: its codes, for
@@ -112,10 +126,18 @@ fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32
     let e = HostEngine;
     match kernel {
         // Range per group, scales, codes: what a qgZ stage does to its input.
-        "quantize" => {
-            std::hint::black_box(codes(x)?);
+        "quantize" | "quantize4" => {
+            std::hint::black_box(codes(x, bits_of(kernel))?);
         }
-        "dequantize" => e.dequant_accumulate(&coded.0, &coded.1, x.len(), GROUP, 1, QBits::Int8, out)?,
+        "dequantize" | "dequantize4" => {
+            e.dequant_accumulate(&coded.0, &coded.1, x.len(), GROUP, 1, bits_of(kernel), out)?
+        }
+        // What n-bit does per element: range, then pack; and per peer,
+        // unpack-accumulate (coded.0 holds the packed buffer here).
+        "pack" => {
+            std::hint::black_box(packed(x)?);
+        }
+        "unpack" => e.unpack_accumulate(&coded.0, x.len(), 2, out).map_err(|e| anyhow::anyhow!("{e:?}"))?,
         "cast16" => {
             std::hint::black_box(e.cast_to(Half::F16, x)?);
         }
@@ -142,7 +164,7 @@ fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result
                 let barrier = &barrier;
                 s.spawn(move || -> Result<Vec<f64>> {
                     let x = buffer(n);
-                    let coded = codes(&x)?;
+                    let coded = if kernel == "unpack" { (packed(&x)?, Vec::new()) } else { codes(&x, bits_of(kernel))? };
                     let mut out = vec![0.0f32; n];
                     run_once(kernel, &x, &coded, &mut out)?; // warm-up
                     let mut times = Vec::new();
@@ -181,23 +203,43 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let (quantize_r, quantize_c) = fit("quantize")?;
     let (dequantize_r, dequantize_c) = fit("dequantize")?;
     let (cast16_r, cast16_c) = fit("cast16")?;
+    let (quantize4_r, _) = fit("quantize4")?;
+    let (dequantize4_r, _) = fit("dequantize4")?;
+    let (pack_r, _) = fit("pack")?;
+    let (unpack_r, _) = fit("unpack")?;
     let file = HostKernelsFile {
         schema: SCHEMA.into(),
         cpu: cpu_name(),
         threads: a.threads,
         elements: [small as u64, big as u64],
-        kernels: SyncKernels { quantize_r, quantize_c, dequantize_r, dequantize_c, cast16_r, cast16_c },
+        kernels: SyncKernels {
+            quantize_r,
+            quantize_c,
+            dequantize_r,
+            dequantize_c,
+            cast16_r,
+            cast16_c,
+            quantize4_r: Some(quantize4_r),
+            dequantize4_r: Some(dequantize4_r),
+            pack_r: Some(pack_r),
+            unpack_r: Some(unpack_r),
+        },
         measured_s: measured,
     };
     let text = serde_json::to_string_pretty(&file)? + "\n";
     std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
     Ok(format!(
-        "{} ({} thread(s)): quantize {:.2} ns/elem, dequantize-accumulate {:.2} ns/elem, 16-bit cast {:.2} ns/elem -> {}\n",
+        "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
+         16-bit cast {:.2}, n-bit pack {:.2}, unpack-accumulate {:.2} -> {}\n",
         file.cpu,
         a.threads,
         quantize_r * 1e9,
+        quantize4_r * 1e9,
         dequantize_r * 1e9,
+        dequantize4_r * 1e9,
         cast16_r * 1e9,
+        pack_r * 1e9,
+        unpack_r * 1e9,
         a.output.display()
     ))
 }

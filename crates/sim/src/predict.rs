@@ -264,6 +264,11 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         dequantize_c: d.c,
         cast16_r: h.r,
         cast16_c: h.c,
+        // The cast model has one quantize and one dequantize rate.
+        quantize4_r: None,
+        dequantize4_r: None,
+        pack_r: None,
+        unpack_r: None,
     }
 }
 

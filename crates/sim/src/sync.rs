@@ -67,6 +67,17 @@ pub struct SyncKernels {
     /// f32 ↔ f16/bf16.
     pub cast16_r: f64,
     pub cast16_c: f64,
+    /// Per element at int4, where it differs from int8 (`None`: int8's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize4_r: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dequantize4_r: Option<f64>,
+    /// n-bit min/max packing and unpack-accumulate, per element (`None`:
+    /// int8 quantize's and dequantize's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack_r: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpack_r: Option<f64>,
 }
 
 impl Default for SyncKernels {
@@ -81,6 +92,10 @@ impl Default for SyncKernels {
             dequantize_c: 5e-6,
             cast16_r: (4.0 + 2.0) * per_byte,
             cast16_c: 5e-6,
+            quantize4_r: None,
+            dequantize4_r: None,
+            pack_r: None,
+            unpack_r: None,
         }
     }
 }
@@ -103,19 +118,39 @@ impl SyncKernels {
             dequantize_c: HOST_MEASURED[3],
             cast16_r: HOST_MEASURED[4],
             cast16_c: HOST_MEASURED[5],
+            quantize4_r: Some(HOST_MEASURED[6]),
+            dequantize4_r: Some(HOST_MEASURED[7]),
+            pack_r: Some(HOST_MEASURED[8]),
+            unpack_r: Some(HOST_MEASURED[9]),
         }
     }
 
-    fn quantize(&self, e: f64) -> f64 {
+    fn quantize(&self, e: f64, bits: u8) -> f64 {
+        let r = if bits == 4 { self.quantize4_r.unwrap_or(self.quantize_r) } else { self.quantize_r };
         if e > 0.0 {
-            self.quantize_r * e + self.quantize_c
+            r * e + self.quantize_c
         } else {
             0.0
         }
     }
-    fn dequantize(&self, e: f64) -> f64 {
+    fn dequantize(&self, e: f64, bits: u8) -> f64 {
+        let r = if bits == 4 { self.dequantize4_r.unwrap_or(self.dequantize_r) } else { self.dequantize_r };
         if e > 0.0 {
-            self.dequantize_r * e + self.dequantize_c
+            r * e + self.dequantize_c
+        } else {
+            0.0
+        }
+    }
+    fn pack(&self, e: f64) -> f64 {
+        if e > 0.0 {
+            self.pack_r.unwrap_or(self.quantize_r) * e + self.quantize_c
+        } else {
+            0.0
+        }
+    }
+    fn unpack(&self, e: f64) -> f64 {
+        if e > 0.0 {
+            self.unpack_r.unwrap_or(self.dequantize_r) * e + self.dequantize_c
         } else {
             0.0
         }
@@ -134,7 +169,9 @@ impl SyncKernels {
 /// machine otherwise idle): seconds per element and per call of quantize
 /// (ranges, scales, int8 codes), dequantize-accumulate and the f32 → f16
 /// cast; the per-call terms fitted to zero.
-const HOST_MEASURED: [f64; 6] = [1.28e-9, 0.0, 4.2e-10, 0.0, 9.5e-10, 0.0];
+/// Then per element: int4 quantize and dequantize-accumulate, n-bit (2-bit)
+/// pack and unpack-accumulate.
+const HOST_MEASURED: [f64; 10] = [8.5e-10, 0.0, 3.7e-10, 0.0, 9.4e-10, 0.0, 1.79e-9, 1.72e-9, 1.98e-9, 1.52e-9];
 
 /// A scheme, as far as its cost and error go (names as in `qsync-runtime`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -426,16 +463,18 @@ pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_
     match spec.scheme {
         SyncScheme::Fp32 => 0.0,
         SyncScheme::Fp16 | SyncScheme::Bf16 => k.cast16(e) + k.cast16(e) + k.cast16(e / pf) + k.cast16(e),
-        SyncScheme::Qgz { inter: None, .. } => k.quantize(e) + k.dequantize(e) + k.quantize(e / pf) + k.dequantize(e),
-        SyncScheme::Qgz { inter: Some(_), .. } => {
-            k.quantize(e)
-                + k.dequantize(e)
-                + k.quantize(e / l)
-                + k.dequantize(e / l)
-                + k.quantize(e / pf)
-                + k.dequantize(e)
+        SyncScheme::Qgz { intra: b, inter: None, .. } => {
+            k.quantize(e, b) + k.dequantize(e, b) + k.quantize(e / pf, b) + k.dequantize(e, b)
         }
-        SyncScheme::NBit { .. } => k.quantize(e) + k.dequantize(e * pf),
+        SyncScheme::Qgz { intra: a, inter: Some(b), .. } => {
+            k.quantize(e, a)
+                + k.dequantize(e, a)
+                + k.quantize(e / l, b)
+                + k.dequantize(e / l, b)
+                + k.quantize(e / pf, b)
+                + k.dequantize(e, b)
+        }
+        SyncScheme::NBit { .. } => k.pack(e) + k.unpack(e * pf),
     }
 }
 
@@ -612,6 +651,7 @@ mod tests {
             dequantize_c: 0.0,
             cast16_r: 0.0,
             cast16_c: 0.0,
+            ..SyncKernels::default()
         };
         let c = Cluster::new(vec![DeviceType::new("a", 8, 4, 1).with_bandwidth(100.0, 1.0).with_host(free, 1.0)]);
         // The MPI path: every exchange pairwise (the hook's ring all-gather is
@@ -661,6 +701,7 @@ mod tests {
             dequantize_c: 0.0,
             cast16_r: 1e-9,
             cast16_c: 0.0,
+            ..SyncKernels::default()
         };
         let c = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(k, 10.0)]);
         let spec = SyncSpec::new(SyncScheme::Fp16, 512);
@@ -694,6 +735,7 @@ mod tests {
             dequantize_c: 0.0,
             cast16_r: 0.0,
             cast16_c: 0.0,
+            ..SyncKernels::default()
         };
         let c = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(free, 10.0).with_sync_kernels(free)]);
         let spec = SyncSpec::new(SyncScheme::Fp16, 512);
