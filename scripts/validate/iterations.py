@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
 sys.path.insert(0, HERE)
-from sync import parse_rate, probe, sh, TCP_PAYLOAD_SHARE  # noqa: E402
+from sync import cluster_toml, measure_links, sh  # noqa: E402
 
 HOOKS = ["ddp", "fp16", "qgz-int8", "qgz-int4", "nbit-2"]
 
@@ -71,32 +71,14 @@ def main():
         sh([a.python, "-c", export, os.path.join(ROOT, "examples"), m, str(a.batch), onnx[m]])
     out = open(os.path.join(a.out, "iterations.jsonl"), "w")
     for rate in a.rates.split(","):
-        gbit = parse_rate(rate)
         sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
         sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--prefix", a.prefix, "--subnet", a.subnet])
         try:
             ns = [f"{a.prefix}{i}" for i in range(nodes)]
             addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
-            intra_lat, intra_gb = probe(ns[0], ns[0], addr[0], 256 << 20)
-            inter_lat, _ = probe(ns[0], ns[1], addr[0], min(64 << 20, int(gbit * 1e9 / 8)))
             cluster = os.path.join(a.out, f"iter-cluster-{rate}.toml")
             with open(cluster, "w") as f:
-                f.write(f"""name = "netcluster-{rate}"
-[[group]]
-gpu = "cpu"
-nodes = {nodes}
-gpus_per_node = {k}
-nics_per_node = 1
-nic_gbit_s = {gbit * TCP_PAYLOAD_SHARE:.6f}
-nic_latency_us = {inter_lat:.1f}
-intra_node_gb_s = {intra_gb:.4f}
-intra_node_latency_us = {intra_lat:.1f}
-[group.sources]
-nic_gbit_s = "tc tbf rate {rate}, times the TCP payload share of a 1514-byte frame"
-nic_latency_us = "measured: half a 1-byte TCP round trip between the nodes"
-intra_node_gb_s = "measured: bulk TCP between two processes of one node"
-intra_node_latency_us = "measured: half a 1-byte TCP round trip inside one node"
-""")
+                f.write(cluster_toml(f"netcluster-{rate}", "cpu", nodes, k, rate, measure_links(ns, addr, rate, k)))
             for m in a.models.split(","):
                 procs = []
                 for i in range(nodes):

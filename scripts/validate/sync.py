@@ -154,6 +154,42 @@ def bulk_both_ways(ns, addr, flows, nbytes, port0):
     return min(flows * nbytes / t for t in worst.values()) / 1e9
 
 
+def measure_links(ns, addr, rate, k):
+    """The emulated links as the model needs them: latencies and bandwidth
+    inside a node and between nodes, measured with sockets."""
+    gbit = parse_rate(rate)
+    intra_lat, intra_gb = probe(ns[0], ns[0], addr[0], 512 << 20)
+    inter_lat, inter_gb = probe(ns[0], ns[1], addr[0], min(256 << 20, int(gbit * 1e9 / 8 * 2)))
+    # What the links carry with every rank sending at once, both ways: on
+    # this machine the kernel's TCP work, not the shaped rate, can be the
+    # limit (its two cores also run the ranks).
+    both = bulk_both_ways(ns, addr, k, min(128 << 20, int(gbit * 1e9 / 8)), 48000 + os.getpid() % 1000)
+    return {"gbit": gbit, "nic_gbit": min(gbit * TCP_PAYLOAD_SHARE, both * 8), "both": both,
+            "intra_lat": intra_lat, "intra_gb": intra_gb, "inter_lat": inter_lat, "inter_gb": inter_gb}
+
+
+def cluster_toml(name, gpu, nodes, k, rate, m):
+    """A cluster file of the emulated cluster, every figure with its source."""
+    return f"""# The emulated cluster of scripts/netcluster.sh at {rate}, as measured by scripts/validate/sync.py.
+name = "{name}"
+[[group]]
+gpu = "{gpu}"
+nodes = {nodes}
+gpus_per_node = {k}
+nics_per_node = 1
+nic_gbit_s = {m['nic_gbit']:.6f}
+nic_latency_us = {m['inter_lat']:.1f}
+intra_node = "loopback"
+intra_node_gb_s = {m['intra_gb']:.4f}
+intra_node_latency_us = {m['intra_lat']:.1f}
+[group.sources]
+nic_gbit_s = "the lower of: tc tbf rate {rate} times the TCP payload share of a 1514-byte frame (1448/1514) = {m['gbit'] * TCP_PAYLOAD_SHARE:.3f}; and measured, {k} TCP streams each way at once between the nodes = {m['both'] * 8:.3f} Gbit/s a direction"
+nic_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong between the nodes ({m['inter_gb']:.3f} GB/s bulk measured)"
+intra_node_gb_s = "measured: best of 3 bulk TCP transfers of 512 MiB between two processes of one node (loopback)"
+intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong inside one node"
+"""
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qsyncc", required=True)
@@ -197,34 +233,10 @@ def main():
         try:
             ns0, ns1 = f"{a.prefix}0", f"{a.prefix}1"
             addr0 = f"{a.subnet}.2"  # node 0 (netcluster.sh: node i is SUBNET.(i+2))
-            intra_lat, intra_gb = probe(ns0, ns0, addr0, 512 << 20)
-            inter_lat, inter_gb = probe(ns0, ns1, addr0, min(256 << 20, int(gbit * 1e9 / 8 * 2)))
-            # What the links carry with every rank sending at once, both
-            # ways: on this machine the kernel's TCP work, not the shaped
-            # rate, can be the limit (its two cores also run the ranks).
-            both = bulk_both_ways([ns0, ns1], [addr0, f"{a.subnet}.3"], k, min(128 << 20, int(gbit * 1e9 / 8)),
-                                  48000 + os.getpid() % 1000)
-            nic_gbit = min(gbit * TCP_PAYLOAD_SHARE, both * 8)
             cluster = os.path.join(a.out, f"cluster-{rate}.toml")
+            links = measure_links([ns0, ns1], [addr0, f"{a.subnet}.3"], rate, k)
             with open(cluster, "w") as f:
-                f.write(f"""# The emulated cluster of scripts/netcluster.sh at {rate}, as measured by scripts/validate/sync.py.
-name = "netcluster-{rate}"
-[[group]]
-gpu = "cpu-host"
-nodes = {nodes}
-gpus_per_node = {k}
-nics_per_node = 1
-nic_gbit_s = {nic_gbit:.6f}
-nic_latency_us = {inter_lat:.1f}
-intra_node = "loopback"
-intra_node_gb_s = {intra_gb:.4f}
-intra_node_latency_us = {intra_lat:.1f}
-[group.sources]
-nic_gbit_s = "the lower of: tc tbf rate {rate} times the TCP payload share of a 1514-byte frame (1448/1514) = {gbit * TCP_PAYLOAD_SHARE:.3f}; and measured, {k} TCP streams each way at once between the nodes = {both * 8:.3f} Gbit/s a direction"
-nic_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong between the nodes ({inter_gb:.3f} GB/s bulk measured)"
-intra_node_gb_s = "measured: best of 3 bulk TCP transfers of 512 MiB between two processes of one node (loopback)"
-intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong inside one node"
-""")
+                f.write(cluster_toml(f"netcluster-{rate}", "cpu-host", nodes, k, rate, links))
             for size in a.sizes.split(","):
                 nbytes = parse_size(size)
                 for scheme in a.schemes.split(","):
