@@ -600,6 +600,19 @@ mod tests {
     use super::*;
     use crate::DeviceType;
 
+    /// Kernels that cost nothing, so a test prices communication alone.
+    fn free_kernels() -> SyncKernels {
+        SyncKernels {
+            quantize_r: 0.0,
+            quantize_c: 0.0,
+            dequantize_r: 0.0,
+            dequantize_c: 0.0,
+            cast16_r: 0.0,
+            cast16_c: 0.0,
+            ..SyncKernels::default()
+        }
+    }
+
     #[test]
     fn names_round_trip() {
         for s in SyncScheme::candidates() {
@@ -644,15 +657,7 @@ mod tests {
         // peers: 3 inside (1.5e6 B), 4 outside (2e6 B). The 4 devices of a
         // node share the NIC: 2e6 B / (1e3/4) = 8000 µs per phase (the
         // intra part, 15 µs, hides under it), plus 20 µs latency.
-        let free = SyncKernels {
-            quantize_r: 0.0,
-            quantize_c: 0.0,
-            dequantize_r: 0.0,
-            dequantize_c: 0.0,
-            cast16_r: 0.0,
-            cast16_c: 0.0,
-            ..SyncKernels::default()
-        };
+        let free = free_kernels();
         let c = Cluster::new(vec![DeviceType::new("a", 8, 4, 1).with_bandwidth(100.0, 1.0).with_host(free, 1.0)]);
         // The MPI path: every exchange pairwise (the hook's ring all-gather is
         // the next test's), one piece (E/P < 2^18: nothing to pipeline).
@@ -694,15 +699,7 @@ mod tests {
         // 3·2^21 B at 1e5 B/µs = 62.91 µs each, plus 4 pieces × 5 µs latency.
         // Kernels: (3E + E/P)·1 ns = 13107.2 µs. Pipelined: the longer
         // side plus a piece of the shorter: 13107.2 + comm/4.
-        let k = SyncKernels {
-            quantize_r: 0.0,
-            quantize_c: 0.0,
-            dequantize_r: 0.0,
-            dequantize_c: 0.0,
-            cast16_r: 1e-9,
-            cast16_c: 0.0,
-            ..SyncKernels::default()
-        };
+        let k = SyncKernels { cast16_r: 1e-9, ..free_kernels() };
         let c = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(k, 10.0)]);
         let spec = SyncSpec::new(SyncScheme::Fp16, 512);
         let bytes = 16u64 << 20;
@@ -728,15 +725,7 @@ mod tests {
         // + 5 µs latency each. Staging: the hook's 2·S = 8e6 B, and each
         // phase's buffers up and down, own share included: 2·(1.5e6·4/3) =
         // 4e6 B per phase, 8e6 B for both. 16e6 B / 1e4 = 1600 µs.
-        let free = SyncKernels {
-            quantize_r: 0.0,
-            quantize_c: 0.0,
-            dequantize_r: 0.0,
-            dequantize_c: 0.0,
-            cast16_r: 0.0,
-            cast16_c: 0.0,
-            ..SyncKernels::default()
-        };
+        let free = free_kernels();
         let c = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(free, 10.0).with_sync_kernels(free)]);
         let spec = SyncSpec::new(SyncScheme::Fp16, 512);
         let host = c.sync_us(0, 4_000_000, &spec.with_path(SyncPath::Host), AllReduceAlgo::Ring);
