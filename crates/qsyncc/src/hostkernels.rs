@@ -55,8 +55,9 @@ pub struct HostKernelsFile {
 /// Read a `--host-kernels` file.
 pub fn load(path: &Path) -> Result<SyncKernels> {
     let text = std::fs::read_to_string(path).with_context(|| format!("--host-kernels {}", path.display()))?;
-    let f: HostKernelsFile = serde_json::from_str(&text)
-        .with_context(|| format!("--host-kernels {}: not a {SCHEMA} file (what `qsyncc host-kernels` writes)", path.display()))?;
+    let f: HostKernelsFile = serde_json::from_str(&text).with_context(|| {
+        format!("--host-kernels {}: not a {SCHEMA} file (what `qsyncc host-kernels` writes)", path.display())
+    })?;
     if f.schema != SCHEMA {
         bail!("--host-kernels {}: schema `{}`, expected `{SCHEMA}`", path.display(), f.schema);
     }
@@ -79,7 +80,12 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 
@@ -164,7 +170,8 @@ fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result
                 let barrier = &barrier;
                 s.spawn(move || -> Result<Vec<f64>> {
                     let x = buffer(n);
-                    let coded = if kernel == "unpack" { (packed(&x)?, Vec::new()) } else { codes(&x, bits_of(kernel))? };
+                    let coded =
+                        if kernel == "unpack" { (packed(&x)?, Vec::new()) } else { codes(&x, bits_of(kernel))? };
                     let mut out = vec![0.0f32; n];
                     run_once(kernel, &x, &coded, &mut out)?; // warm-up
                     let mut times = Vec::new();
@@ -179,7 +186,10 @@ fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a measuring thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a measuring thread panicked"))))
+            .collect()
     });
     let mut all = Vec::new();
     for r in per_thread {

@@ -378,8 +378,8 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         cluster: req.cluster.as_deref(),
         network: req.network.as_deref(),
     };
-    let cluster =
-        crate::simulate::parse_cluster(&req.device_files, src, &req.memory).map_err(|e| request_err(format!("{e:#}")))?;
+    let cluster = crate::simulate::parse_cluster(&req.device_files, src, &req.memory)
+        .map_err(|e| request_err(format!("{e:#}")))?;
     let cluster_json = cluster.describe();
     let networks = cluster.networks.clone();
     let fabric = cluster.fabric;

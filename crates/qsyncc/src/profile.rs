@@ -85,8 +85,8 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
 pub fn run(cmd: &ProfileCmd) -> Result<String> {
     match cmd {
         ProfileCmd::Worklist { models, batch, dims, batch_points, output } => {
-            let mut list = Worklist::new(*batch, dims.iter().cloned().collect::<BTreeMap<_, _>>())
-                .with_batch_points(batch_points);
+            let mut list =
+                Worklist::new(*batch, dims.iter().cloned().collect::<BTreeMap<_, _>>()).with_batch_points(batch_points);
             let mut out = String::new();
             for m in models {
                 let (path, family) = split_model(m);

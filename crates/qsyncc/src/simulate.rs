@@ -312,7 +312,11 @@ impl ClusterSpec {
 /// Parse and check `--device-file`, `--targets` (or `--cluster`),
 /// `--network` and `--memory`: every target is a known device named once,
 /// every fraction names a target.
-pub(crate) fn parse_cluster(device_files: &[PathBuf], src: ClusterSource<'_>, memory: &[String]) -> Result<ClusterSpec> {
+pub(crate) fn parse_cluster(
+    device_files: &[PathBuf],
+    src: ClusterSource<'_>,
+    memory: &[String],
+) -> Result<ClusterSpec> {
     let mut db = DeviceDb::bundled()?;
     for f in device_files {
         db.load_file(f)?;
@@ -328,7 +332,8 @@ pub(crate) fn parse_cluster(device_files: &[PathBuf], src: ClusterSource<'_>, me
             if !src.targets.trim().is_empty() {
                 bail!("--targets and --cluster both describe the cluster: give one");
             }
-            let mut file = qsync_sim::topology::ClusterFile::load(path).map_err(|e| anyhow::anyhow!("--cluster {e}"))?;
+            let mut file =
+                qsync_sim::topology::ClusterFile::load(path).map_err(|e| anyhow::anyhow!("--cluster {e}"))?;
             if let Some(gbit) = network {
                 file = file.with_network(gbit);
             }

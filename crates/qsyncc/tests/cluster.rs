@@ -198,7 +198,11 @@ fn the_readme_cluster_commands_run_as_written() {
     assert_eq!(cmds.len(), 2, "{cmds:?}");
     for c in cmds {
         let args: Vec<&str> = c.split_whitespace().skip(1).collect();
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(&args).current_dir(&root).output().expect("runs");
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_qsyncc"))
+            .args(&args)
+            .current_dir(&root)
+            .output()
+            .expect("runs");
         assert!(o.status.success(), "{c}: {}", String::from_utf8_lossy(&o.stderr));
     }
 }

@@ -352,7 +352,8 @@ mod across_nodes {
 
     /// Why no cluster can be built here, if none can.
     fn unavailable() -> Option<String> {
-        let uid = Command::new("id").arg("-u").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        let uid =
+            Command::new("id").arg("-u").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
         if uid.as_deref() != Some("0") {
             return Some("not root (network namespaces need CAP_NET_ADMIN)".into());
         }
@@ -378,7 +379,13 @@ mod across_nodes {
     fn tx(prefix: &str, i: usize) -> u64 {
         let dev = format!("{prefix}n{i}");
         let o = Command::new("ip")
-            .args(["netns", "exec", &format!("{prefix}{i}"), "cat", &format!("/sys/class/net/{dev}/statistics/tx_bytes")])
+            .args([
+                "netns",
+                "exec",
+                &format!("{prefix}{i}"),
+                "cat",
+                &format!("/sys/class/net/{dev}/statistics/tx_bytes"),
+            ])
             .output()
             .expect("ip netns exec");
         String::from_utf8_lossy(&o.stdout).trim().parse().expect("tx_bytes")
@@ -452,7 +459,18 @@ mod across_nodes {
             prefix,
             subnet,
             "29531",
-            &["--model", "resnet18", "--batch", "2", "--steps", &steps.to_string(), "--scheme", "fp16", "--timeout-s", "60"],
+            &[
+                "--model",
+                "resnet18",
+                "--batch",
+                "2",
+                "--steps",
+                &steps.to_string(),
+                "--scheme",
+                "fp16",
+                "--timeout-s",
+                "60",
+            ],
         );
         let (outs, took, hung) = wait_all(children, Duration::from_secs(400));
         assert!(!hung, "the job hung:\n{}", outs.iter().map(text).collect::<String>());
@@ -481,9 +499,14 @@ mod across_nodes {
         // (66 of every 1514 bytes a frame: 4.5%); node 0 also sends the
         // initial parameter broadcast, so node 1 is the one compared.
         let sent = (tx(prefix, 1) - before[1]) as f64;
-        assert!(sent >= model && sent <= model * 1.08 + 2e6, "node 1 sent {sent} bytes, the model {model} (+8% headers)");
-        eprintln!("resnet18 fp16 over 1 Gbit/s: node 1 sent {sent:.0} B, model {model:.0} B ({:+.2}%), {took:.1?}",
-            (sent / model - 1.0) * 100.0);
+        assert!(
+            sent >= model && sent <= model * 1.08 + 2e6,
+            "node 1 sent {sent} bytes, the model {model} (+8% headers)"
+        );
+        eprintln!(
+            "resnet18 fp16 over 1 Gbit/s: node 1 sent {sent:.0} B, model {model:.0} B ({:+.2}%), {took:.1?}",
+            (sent / model - 1.0) * 100.0
+        );
         let _ = before[0];
     }
 
@@ -501,7 +524,18 @@ mod across_nodes {
             prefix,
             subnet,
             "29532",
-            &["--model", "transformer", "--batch", "2", "--steps", "100000", "--scheme", "qgz-int8", "--timeout-s", "15"],
+            &[
+                "--model",
+                "transformer",
+                "--batch",
+                "2",
+                "--steps",
+                "100000",
+                "--scheme",
+                "qgz-int8",
+                "--timeout-s",
+                "15",
+            ],
         );
         // Let it train, then drop every packet of node 1 (no reset: only
         // deadlines notice).

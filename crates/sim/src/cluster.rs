@@ -250,7 +250,8 @@ impl Cluster {
             }
         }
         if let Some(f) = self.fabric {
-            for (what, value, strict) in [("fabric bandwidth", f.gb_per_s, true), ("fabric latency", f.latency_us, false)]
+            for (what, value, strict) in
+                [("fabric bandwidth", f.gb_per_s, true), ("fabric latency", f.latency_us, false)]
             {
                 if !value.is_finite() || value < 0.0 || (strict && value == 0.0) {
                     return Err(SimError::BadNumber { device: "fabric".into(), what, value });

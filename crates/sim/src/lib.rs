@@ -52,7 +52,9 @@ mod trace;
 
 pub use cluster::{AllReduceAlgo, Cluster, DeviceType, Fabric};
 pub use error::SimError;
-pub use predict::{cluster_of, optimizer_seconds, refresh_seconds, GraphAnalysis, PredictError, PredictOptions, Predictor, Target};
+pub use predict::{
+    cluster_of, optimizer_seconds, refresh_seconds, GraphAnalysis, PredictError, PredictOptions, Predictor, Target,
+};
 pub use program::{CostSource, LocalOp, LocalProgram, OpCost};
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
 pub use sync::{SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec};

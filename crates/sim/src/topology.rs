@@ -214,7 +214,10 @@ impl ClusterFile {
             for (k, v) in g.figures() {
                 let positive = !k.ends_with("latency_us");
                 if !v.is_finite() || v < 0.0 || (positive && v == 0.0) || v > 1e9 {
-                    return Err(format!("{at}: {k} = {v} is not a {} number", if positive { "positive" } else { "non-negative" }));
+                    return Err(format!(
+                        "{at}: {k} = {v} is not a {} number",
+                        if positive { "positive" } else { "non-negative" }
+                    ));
                 }
             }
         }
@@ -267,7 +270,8 @@ impl ClusterFile {
 pub fn parse_rate_gbit(s: &str) -> Result<f64, String> {
     let t = s.trim().to_ascii_lowercase();
     let t = t.strip_suffix("/s").or_else(|| t.strip_suffix("ps")).unwrap_or(&t);
-    let (num, scale) = if let Some(n) = t.strip_suffix("gbit").or_else(|| t.strip_suffix("gb")).or_else(|| t.strip_suffix('g'))
+    let (num, scale) = if let Some(n) =
+        t.strip_suffix("gbit").or_else(|| t.strip_suffix("gb")).or_else(|| t.strip_suffix('g'))
     {
         (n, 1.0)
     } else if let Some(n) = t.strip_suffix("mbit").or_else(|| t.strip_suffix("mb")).or_else(|| t.strip_suffix('m')) {
