@@ -537,9 +537,15 @@ mod across_nodes {
                 "15",
             ],
         );
-        // Let it train, then drop every packet of node 1 (no reset: only
-        // deadlines notice).
-        std::thread::sleep(Duration::from_secs(20));
+        // Let it train — until node 1 has sent a few hundred kB of
+        // gradients (the transformer's are ~0.9 MB a step), at most 120 s —
+        // then drop every packet of node 1 (no reset: only deadlines notice).
+        let start_tx = tx(prefix, 1);
+        let waited = Instant::now();
+        while tx(prefix, 1) < start_tx + 400_000 && waited.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        std::thread::sleep(Duration::from_secs(2));
         let o = net(&["cut", "1", "loss", "--prefix", prefix]);
         assert!(o.status.success(), "cut: {}", String::from_utf8_lossy(&o.stderr));
         let (outs, took, hung) = wait_all(children, Duration::from_secs(180));
