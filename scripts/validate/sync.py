@@ -226,7 +226,6 @@ def main():
                                        "efficiency"]}
     json.dump(dev, open(device_file, "w"), indent=1)
     for rate in a.rates.split(","):
-        gbit = parse_rate(rate)
         sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
         sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", a.delay_ms,
             "--prefix", a.prefix, "--subnet", a.subnet])
