@@ -182,29 +182,6 @@ impl PlanRequest {
     }
 }
 
-/// The synchronization paths that exist for every device of `targets`: a
-/// GPU (`sm_XX`) synchronizes CUDA buckets through the hook, staged, with
-/// host or device kernels; a CPU device synchronizes on the host.
-pub fn sync_paths(targets: &[Target]) -> Vec<qsync_sim::SyncPath> {
-    use qsync_sim::SyncPath;
-    let gpus = targets.iter().filter(|t| t.device.arch.starts_with("sm_")).count();
-    if gpus == 0 {
-        vec![SyncPath::Host]
-    } else if gpus == targets.len() {
-        vec![SyncPath::HostStaged, SyncPath::Device]
-    } else {
-        vec![SyncPath::HostStaged]
-    }
-}
-
-/// Whether `path` exists for every device of `targets`: the paths of
-/// [`sync_paths`], and on CPUs also the runtime over Open MPI (not a DDP
-/// hook, so `auto` does not offer it; `sync-bench` and MPI jobs run it).
-pub fn path_exists(targets: &[Target], path: qsync_sim::SyncPath) -> bool {
-    sync_paths(targets).contains(&path)
-        || (path == qsync_sim::SyncPath::Mpi && targets.iter().all(|t| !t.device.arch.starts_with("sm_")))
-}
-
 /// The synchronization the plan assumes: the scheme, the path it runs on,
 /// and, for `auto`, what was compared — every scheme within the error
 /// budget on every path that exists for the cluster's devices
@@ -222,9 +199,9 @@ fn resolve_sync(
     if !(2..=1 << 20).contains(&group) {
         return Err(request_err(format!("--sync-group {group} is outside 2..=1048576")));
     }
-    let exist = sync_paths(targets);
+    let exist = qsync_sim::sync_paths(targets);
     let paths = match req.sync_path {
-        Some(p) if !path_exists(targets, p) => {
+        Some(p) if !qsync_sim::path_exists(targets, p) => {
             return Err(request_err(format!(
                 "--sync-path {}: not a path these devices synchronize on (they have: {})",
                 p.name(),

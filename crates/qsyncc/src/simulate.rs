@@ -504,9 +504,9 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
             network: networks.get(name).cloned(),
         });
     }
-    let paths = crate::planner::sync_paths(&plain_targets);
+    let paths = qsync_sim::sync_paths(&plain_targets);
     let path = match a.sync_path {
-        Some(p) if !crate::planner::path_exists(&plain_targets, p) => bail!(
+        Some(p) if !qsync_sim::path_exists(&plain_targets, p) => bail!(
             "--sync-path {}: not a path these devices synchronize on (they have: {})",
             p.name(),
             paths.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")

@@ -53,7 +53,8 @@ mod trace;
 pub use cluster::{AllReduceAlgo, Cluster, DeviceType, Fabric};
 pub use error::SimError;
 pub use predict::{
-    cluster_of, optimizer_seconds, refresh_seconds, GraphAnalysis, PredictError, PredictOptions, Predictor, Target,
+    cluster_of, optimizer_seconds, path_exists, refresh_seconds, sync_paths, GraphAnalysis, PredictError,
+    PredictOptions, Predictor, Target,
 };
 pub use program::{CostSource, LocalOp, LocalProgram, OpCost};
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};

@@ -226,6 +226,29 @@ impl GraphAnalysis {
 /// The synchronization kernels' costs from the device's cast model:
 /// quantizing is QSync's f32 → int8 cast (range reduction, scale, codes),
 /// dequantize-accumulate its int8 → f32 cast, 16-bit casts f32 → f16.
+/// The synchronization paths that exist for every device of `targets`: a
+/// GPU (`sm_XX`) synchronizes CUDA buckets through the hook, staged, with
+/// host or device kernels; a CPU device synchronizes on the host.
+pub fn sync_paths(targets: &[Target]) -> Vec<crate::SyncPath> {
+    use crate::SyncPath;
+    let gpus = targets.iter().filter(|t| t.device.arch.starts_with("sm_")).count();
+    if gpus == 0 {
+        vec![SyncPath::Host]
+    } else if gpus == targets.len() {
+        vec![SyncPath::HostStaged, SyncPath::Device]
+    } else {
+        vec![SyncPath::HostStaged]
+    }
+}
+
+/// Whether `path` exists for every device of `targets`: the paths of
+/// [`sync_paths`], and on CPUs also the runtime over Open MPI (not a DDP
+/// hook, so `auto` does not offer it; `sync-bench` and MPI jobs run it).
+pub fn path_exists(targets: &[Target], path: crate::SyncPath) -> bool {
+    sync_paths(targets).contains(&path)
+        || (path == crate::SyncPath::Mpi && targets.iter().all(|t| !t.device.arch.starts_with("sm_")))
+}
+
 /// The simulator's view of one target: its nodes and their network, its
 /// synchronization kernels (the device's, and its host's), no memory.
 fn device_type(t: &Target, model: &CostModel, opts: &PredictOptions) -> DeviceType {
