@@ -60,6 +60,62 @@ impl std::fmt::Debug for CudaEngine {
     }
 }
 
+/// The quantize kernel reads `scales[i / group]` for every element `i` of
+/// `n`: the group must be positive and every group must have its scale.
+/// Checked before anything reaches the GPU (the kernel trusts its input).
+pub fn check_quantize(n: usize, scales: usize, group: usize) -> Result<(), CommError> {
+    const OP: &str = "quantize";
+    if group == 0 {
+        return Err(CommError::InvalidArgument { op: OP, detail: "quantization group size 0".into() });
+    }
+    let groups = n.div_ceil(group);
+    if scales < groups {
+        return Err(CommError::InvalidArgument {
+            op: OP,
+            detail: format!("{scales} scales for {n} values in {groups} groups of {group}"),
+        });
+    }
+    Ok(())
+}
+
+/// The dequantize-accumulate kernel reads `k` chunks of codes (`n` int8
+/// bytes or `ceil(n/2)` int4 bytes each) and of scales (`ceil(n/group)`
+/// each) and adds into `n` accumulators: every buffer must hold that much.
+/// Checked before anything reaches the GPU (the kernel trusts its input).
+pub fn check_dequant_accumulate(
+    codes: usize,
+    scales: usize,
+    n: usize,
+    group: usize,
+    k: usize,
+    bits: QBits,
+    out: usize,
+) -> Result<(), CommError> {
+    const OP: &str = "dequantize-accumulate";
+    let bad = |detail: String| Err(CommError::InvalidArgument { op: OP, detail });
+    if group == 0 {
+        return bad("quantization group size 0".into());
+    }
+    let chunk = match bits {
+        QBits::Int8 => n,
+        QBits::Int4 => n.div_ceil(2),
+    };
+    let groups = n.div_ceil(group);
+    let (Some(need_codes), Some(need_scales)) = (chunk.checked_mul(k), groups.checked_mul(k)) else {
+        return bad(format!("{k} chunks of {n} values overflow"));
+    };
+    if codes < need_codes {
+        return bad(format!("{codes} code bytes for {k} chunks of {chunk}"));
+    }
+    if scales < need_scales {
+        return bad(format!("{scales} scales for {k} chunks of {groups} groups"));
+    }
+    if out < n {
+        return bad(format!("{n} values into {out} accumulators"));
+    }
+    Ok(())
+}
+
 /// One kernel argument: a device buffer or a 64-bit integer.
 enum A<'a> {
     P(&'a CudaSlice<u8>),
@@ -219,6 +275,7 @@ impl KernelEngine for CudaEngine {
         seed: u64,
     ) -> Result<Vec<u8>, CommError> {
         const OP: &str = "quantize";
+        check_quantize(x.len(), scales.len(), group)?;
         let n = x.len() as u64;
         let (dx, ds) = (self.up(x, OP)?, self.up(scales, OP)?);
         match bits {
@@ -251,6 +308,7 @@ impl KernelEngine for CudaEngine {
         out: &mut [f32],
     ) -> Result<(), CommError> {
         const OP: &str = "dequantize-accumulate";
+        check_dequant_accumulate(codes.len(), scales.len(), n, group, k, bits, out.len())?;
         let (dq, ds, acc) = (self.up(codes, OP)?, self.up(scales, OP)?, self.up(out, OP)?);
         let args = [A::P(&dq), A::P(&ds), A::U(n as u64), A::U(group as u64), A::U(k as u64), A::P(&acc)];
         self.run(KernelSpec::DequantAccumulate { bits }, &args, OP)?;
@@ -290,5 +348,42 @@ impl KernelEngine for CudaEngine {
         let (db, out) = (self.up(buf, OP)?, self.zeros(4 * n, OP)?);
         self.run(KernelSpec::UnpackBits { bits }, &[A::P(&db), A::U(n as u64), A::P(&out)], OP)?;
         Ok(f32_from_bytes(&self.down(&out, 4 * n, OP)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detail(r: Result<(), CommError>) -> String {
+        match r {
+            Err(CommError::InvalidArgument { detail, .. }) => detail,
+            other => panic!("expected an invalid-argument error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn quantize_lengths_are_checked_before_the_launch() {
+        assert!(check_quantize(1000, 2, 512).is_ok());
+        assert!(check_quantize(0, 0, 512).is_ok());
+        assert_eq!(detail(check_quantize(1025, 2, 512)), "2 scales for 1025 values in 3 groups of 512");
+        assert_eq!(detail(check_quantize(10, 1, 0)), "quantization group size 0");
+    }
+
+    #[test]
+    fn dequant_accumulate_lengths_are_checked_before_the_launch() {
+        // Three int4 chunks of 5 values: 3 bytes and 1 scale each.
+        assert!(check_dequant_accumulate(9, 3, 5, 8, 3, QBits::Int4, 5).is_ok());
+        assert_eq!(
+            detail(check_dequant_accumulate(8, 3, 5, 8, 3, QBits::Int4, 5)),
+            "8 code bytes for 3 chunks of 3"
+        );
+        assert_eq!(
+            detail(check_dequant_accumulate(15, 2, 5, 8, 3, QBits::Int8, 5)),
+            "2 scales for 3 chunks of 1 groups"
+        );
+        assert_eq!(detail(check_dequant_accumulate(15, 3, 5, 8, 3, QBits::Int8, 4)), "5 values into 4 accumulators");
+        assert_eq!(detail(check_dequant_accumulate(15, 3, 5, 0, 3, QBits::Int8, 5)), "quantization group size 0");
+        assert!(check_dequant_accumulate(0, 0, usize::MAX, 1, 3, QBits::Int8, 0).is_err());
     }
 }
