@@ -1,6 +1,6 @@
 //! Constant tensors: initializers, `Constant` payloads and tensor attributes.
 
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use crate::DType;
@@ -18,6 +18,42 @@ pub enum TensorData {
     External { location: String, offset: u64, length: Option<u64> },
     /// Dims and dtype known, values not (e.g. an elided dump).
     Absent,
+}
+
+/// Whether `location` is one ONNX allows for external data: a non-empty
+/// relative path of plain names (no root, drive, `.` or `..`).
+pub fn check_external_location(location: &str) -> Result<(), String> {
+    let p = Path::new(location);
+    if location.is_empty() {
+        return Err("external data location is empty".into());
+    }
+    if location.contains('\0') || p.is_absolute() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(format!(
+            "external data location `{location}` is not a relative path inside the model's folder (ONNX requires one)"
+        ));
+    }
+    Ok(())
+}
+
+/// Where the external data at `location` is, relative to the model's folder
+/// `base` (the current directory when `None`): the path of an existing
+/// regular file, or `None` when there is none (absent values, not an error).
+/// Refused (an error saying why): a location [`check_external_location`]
+/// refuses, and one that resolves — through symbolic links anywhere on the
+/// way — outside the folder (both are canonicalized and compared by prefix).
+pub fn resolve_external(base: Option<&Path>, location: &str) -> Result<Option<PathBuf>, String> {
+    check_external_location(location)?;
+    let base = base.filter(|b| !b.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Ok(root) = base.canonicalize() else { return Ok(None) };
+    let Ok(real) = base.join(location).canonicalize() else { return Ok(None) };
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "external data location `{location}` resolves outside the model's folder `{}` (to `{}`)",
+            root.display(),
+            real.display()
+        ));
+    }
+    Ok(real.is_file().then_some(real))
 }
 
 /// A constant tensor.
@@ -59,33 +95,63 @@ impl Tensor {
     }
 
     /// The bytes, reading external data relative to `base_dir`. `Ok(None)`
-    /// when the values are absent (including a missing external file).
+    /// when the values are absent (including a missing external file). A
+    /// reference that [`Tensor::check_external`] refuses is an error
+    /// (`InvalidData`), and nothing is read.
     pub fn load(&self, base_dir: Option<&Path>) -> std::io::Result<Option<Arc<[u8]>>> {
         match &self.data {
             TensorData::Inline(b) => Ok(Some(b.clone())),
             TensorData::Absent => Ok(None),
-            TensorData::External { location, offset, length } => {
-                let path = match base_dir {
-                    Some(d) => d.join(location),
-                    None => Path::new(location).to_path_buf(),
-                };
+            TensorData::External { offset, .. } => {
+                let refused = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidData, msg);
+                let Some((path, len)) = self.check_external(base_dir).map_err(refused)? else { return Ok(None) };
                 let Ok(file) = std::fs::File::open(&path) else { return Ok(None) };
                 use std::io::{Read, Seek, SeekFrom};
                 let mut file = file;
                 file.seek(SeekFrom::Start(*offset))?;
-                let len = length.unwrap_or(self.byte_len());
-                // Read what is there (up to `len`) rather than allocating a
-                // declared length up front; a short file is an error.
-                let mut buf = Vec::new();
+                // `len` was checked against the file's size; the reader is
+                // bounded by it all the same (the file may shrink meanwhile).
+                let mut buf = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
                 file.take(len).read_to_end(&mut buf)?;
                 if (buf.len() as u64) < len {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
-                        format!("{location}: {} bytes at offset {offset}, {len} expected", buf.len()),
+                        format!("{}: {} bytes at offset {offset}, {len} expected", path.display(), buf.len()),
                     ));
                 }
                 Ok(Some(buf.into()))
             }
+        }
+    }
+
+    /// Check an external-data reference without reading it: its location
+    /// (see [`resolve_external`]) and its sizes — a declared `length` must
+    /// equal what the dims and dtype take, and `offset + length` must lie
+    /// inside the file (overflow-checked). `Ok(None)` when the tensor is not
+    /// external or its file is missing; otherwise the file's path and the
+    /// number of bytes to read. The error says what is wrong with the
+    /// reference (callers name the tensor).
+    pub fn check_external(&self, base_dir: Option<&Path>) -> Result<Option<(PathBuf, u64)>, String> {
+        let TensorData::External { location, offset, length } = &self.data else { return Ok(None) };
+        let Some(path) = resolve_external(base_dir, location)? else { return Ok(None) };
+        let need = self.byte_len();
+        let len = match *length {
+            // String tensors have no fixed byte size.
+            Some(l) if self.dtype != DType::Str && l != need => {
+                return Err(format!(
+                    "external data `{location}` declares length {l} but the dims {:?} of {} need {need} bytes",
+                    self.dims, self.dtype
+                ))
+            }
+            Some(l) => l,
+            None => need,
+        };
+        let size = std::fs::metadata(&path).map_err(|e| format!("external data `{location}`: {e}"))?.len();
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(Some((path, len))),
+            _ => Err(format!(
+                "external data `{location}` declares {len} bytes at offset {offset} but the file holds {size} bytes"
+            )),
         }
     }
 
@@ -210,4 +276,34 @@ impl Tensor {
         }
         Some(Tensor { dtype, dims, data: TensorData::Inline(bytes.into()) })
     }
+}
+
+/// Check every external-data reference of `model` (initializers and tensor
+/// attributes) with [`Tensor::check_external`] against its `base_dir`; the
+/// first refused one is an error naming the initializer (or node and
+/// attribute) and the location.
+pub fn check_model_external_data(model: &crate::Model) -> Result<(), String> {
+    let g = &model.graph;
+    let base = model.base_dir.as_deref();
+    let check = |t: &Tensor, what: &dyn Fn() -> String| match t.check_external(base) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("{}: {e}", what())),
+    };
+    for &v in g.inits() {
+        if let Some(t) = g.value(v).init() {
+            check(t, &|| format!("initializer `{}`", g.value_name(v)))?;
+        }
+    }
+    for n in g.node_ids() {
+        let node = g.node(n);
+        for (name, a) in &node.attrs {
+            let what = || format!("node `{}` attribute `{name}`", node.name);
+            match a {
+                crate::Attr::Tensor(t) => check(t, &what)?,
+                crate::Attr::Tensors(ts) => ts.iter().try_for_each(|t| check(t, &what))?,
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }

@@ -81,8 +81,19 @@ fn external_locations(model: &Model) -> BTreeSet<String> {
 /// Copy every external-data file `model` references (and that exists under
 /// `base`) into `out_dir` under the same relative location, so references
 /// resolve from a model written there. Nothing happens when the directories
-/// are the same; absolute or escaping locations are left alone.
+/// are the same. A location ONNX does not allow (absolute, with `..`, or
+/// resolving outside `base` through a symbolic link) is an error naming it:
+/// nothing outside the model's folder is ever read.
 pub fn copy_external_data(model: &Model, base: &Path, out_dir: &Path, label: &str) -> Result<(), OnnxError> {
+    let locations = external_locations(model);
+    let mut sources = Vec::with_capacity(locations.len());
+    for loc in locations {
+        let src = qsync_ir::tensor::resolve_external(Some(base), &loc)
+            .map_err(|msg| OnnxError::Invalid { file: label.to_string(), place: "external data".into(), msg })?;
+        if let Some(src) = src {
+            sources.push((loc, src));
+        }
+    }
     let same_dir = match (base.canonicalize(), out_dir.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => base == out_dir,
@@ -90,17 +101,8 @@ pub fn copy_external_data(model: &Model, base: &Path, out_dir: &Path, label: &st
     if same_dir {
         return Ok(());
     }
-    for loc in external_locations(model) {
-        let rel = Path::new(&loc);
-        // Only plain relative locations are copied; others are left as written.
-        if rel.is_absolute() || rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
-            continue;
-        }
-        let src = base.join(rel);
-        if !src.is_file() {
-            continue;
-        }
-        let dst = out_dir.join(rel);
+    for (loc, src) in sources {
+        let dst = out_dir.join(&loc);
         if let Some(parent) = dst.parent() {
             std::fs::create_dir_all(parent).map_err(|e| OnnxError::io(parent, e))?;
         }

@@ -106,6 +106,12 @@ pub fn import_bytes_with_report(
     let mut imp = Importer { file, warnings: Vec::new(), used_params: HashSet::new(), unk: 0, opset: 0 };
     let mut model = imp.model(mp)?;
     model.base_dir = base_dir.map(Path::to_path_buf);
+    if base_dir.is_some() {
+        // Locations are plain relative names (checked above); here, links
+        // that lead out of the folder and sizes beyond the files.
+        qsync_ir::tensor::check_model_external_data(&model)
+            .map_err(|msg| OnnxError::Invalid { file: imp.file.clone(), place: "external data".into(), msg })?;
+    }
     let opset = model.opset();
     let rep = infer_shapes(&mut model.graph, opset, &InferOptions::default());
     for i in rep.errors {
@@ -615,6 +621,7 @@ impl Importer {
                 }
             }
             let location = location.ok_or_else(|| self.invalid(place, "external tensor without a location"))?;
+            qsync_ir::tensor::check_external_location(&location).map_err(|e| self.invalid(place, e))?;
             return Ok(Tensor { dtype, dims, data: TensorData::External { location, offset, length } });
         }
         let n = numel as usize;

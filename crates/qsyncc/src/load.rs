@@ -75,6 +75,9 @@ pub fn load_model(path: &Path, opts: &InferOptions, inputs: &[InputSpec]) -> Res
             model
         }
     };
+    // External data is read only from inside the model's folder and only
+    // within the sizes the file has: refused here, before any command reads.
+    qsync_ir::tensor::check_model_external_data(&model).map_err(|e| anyhow::anyhow!("{label}: {e}"))?;
     if format != Format::TorchScript {
         for s in inputs {
             let Some(v) = model.graph.inputs().iter().copied().find(|&v| model.graph.value_name(v) == s.name) else {
@@ -404,7 +407,7 @@ pub fn initializers_without_data(model: &Model) -> MissingData {
             TensorData::Inline(_) => true,
             TensorData::Absent => false,
             TensorData::External { location, .. } => {
-                let ok = base.join(location).is_file();
+                let ok = matches!(qsync_ir::tensor::resolve_external(Some(base), location), Ok(Some(_)));
                 if !ok {
                     files.insert(location.clone());
                 }
@@ -421,25 +424,19 @@ pub fn initializers_without_data(model: &Model) -> MissingData {
 /// `None` when no initializer has external data that can be read. Files
 /// that are missing leave their tensors external.
 pub fn with_external_data_inline(model: &Model) -> Result<Option<qsync_ir::Graph>> {
-    use std::io::{Read, Seek, SeekFrom};
     let g = &model.graph;
     let base = model.base_dir.as_deref().unwrap_or(Path::new("."));
     let mut out: Option<qsync_ir::Graph> = None;
     for &v in g.inits() {
         let ValueDef::Init(t) = &g.value(v).def else { continue };
-        let TensorData::External { location, offset, length } = &t.data else { continue };
-        let path = base.join(location);
-        if !path.is_file() {
-            continue;
-        }
-        let len = length.unwrap_or_else(|| t.byte_len());
-        let mut f = std::fs::File::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        f.seek(SeekFrom::Start(*offset)).with_context(|| format!("{}: seeking to {offset}", path.display()))?;
-        let mut bytes = vec![0u8; usize::try_from(len).context("external tensor too large")?];
-        f.read_exact(&mut bytes).with_context(|| {
-            format!("{}: reading {len} bytes at {offset} for `{}`", path.display(), g.value_name(v))
-        })?;
-        let nt = Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes.into()) };
+        let TensorData::External { location, .. } = &t.data else { continue };
+        // One bounded reader: the location and the declared sizes are
+        // checked against the folder and the file before anything is read.
+        let bytes = t
+            .load(Some(base))
+            .map_err(|e| anyhow::anyhow!("initializer `{}`: external data `{location}`: {e}", g.value_name(v)))?;
+        let Some(bytes) = bytes else { continue };
+        let nt = Tensor { dtype: t.dtype, dims: t.dims.clone(), data: TensorData::Inline(bytes) };
         out.get_or_insert_with(|| g.clone()).set_init(v, nt);
     }
     Ok(out)

@@ -344,6 +344,9 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     if let Some(bad) = req.emit.iter().map(|e| e.trim()).find(|e| !matches!(*e, "onnx" | "mlir" | "ptx")) {
         return Err(request_err(format!("unknown --emit kind `{bad}` (expected onnx, mlir, ptx)")));
     }
+    if let Some(code) = req.emit.iter().map(|e| e.trim()).find(|e| matches!(*e, "mlir" | "ptx")) {
+        crate::codegen::require(&format!("--emit {code}")).map_err(|e| request_err(format!("{e:#}")))?;
+    }
     // Flags are checked before any work: a bad pipeline fails at once.
     qsync_passes::pipeline_from_spec(&req.pipeline).map_err(|e| request_err(format!("--pipeline: {e:#}")))?;
     if !(1..=crate::MAX_DIM).contains(&req.batch) {
@@ -872,8 +875,7 @@ fn external_data_copied(model: &qsync_ir::Model) -> Vec<String> {
     for &v in g.inits() {
         if let Some(qsync_ir::Tensor { data: qsync_ir::TensorData::External { location, .. }, .. }) = g.value(v).init()
         {
-            let rel = Path::new(location);
-            if rel.components().all(|c| matches!(c, std::path::Component::Normal(_))) && base.join(rel).is_file() {
+            if matches!(qsync_ir::tensor::resolve_external(Some(base), location), Ok(Some(_))) {
                 out.insert(location.clone());
             }
         }

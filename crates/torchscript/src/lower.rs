@@ -247,11 +247,11 @@ impl<'a> Lowerer<'a> {
     /// module order, so that unused parameters still count.
     pub fn declare_parameters(&mut self, m: &Rc<ModRef>) -> Result<u64> {
         let (_, class) = self.class_of(m)?;
-        let mut count = 0;
+        let mut count = 0u64;
         for p in &class.parameters {
             if let Some(PyVal::Tensor(t)) = m.attr(p) {
                 if !self.tensors.contains_key(&Rc::as_ptr(&t)) {
-                    count += t.sizes.iter().map(|&d| d.max(0) as u64).product::<u64>();
+                    count = count.saturating_add(t.sizes.iter().fold(1u64, |n, &d| n.saturating_mul(d.max(0) as u64)));
                 }
                 let name = if m.path.is_empty() { p.clone() } else { format!("{}.{p}", m.path) };
                 self.tensor_value(&t, &name)?;
