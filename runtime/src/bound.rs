@@ -10,7 +10,7 @@
 
 use qsync_kernels::{Half, QBits, Rounding};
 
-use crate::comm::ClusterShape;
+use crate::comm::{ClusterShape, NodeMap};
 use crate::scheme::{Gather, Kind, SyncConfig};
 use crate::sync::block::shards;
 
@@ -61,7 +61,12 @@ fn maxof(c: &[f64]) -> f64 {
 /// The exact mean of `grad(r)` over the world and the bound of `cfg`'s
 /// scheme for it. `grad(r)` must return rank `r`'s gradient of `n` elements.
 pub fn reference(cfg: &SyncConfig, shape: ClusterShape, n: usize, grad: &dyn Fn(usize) -> Vec<f32>) -> Reference {
-    let p = shape.world();
+    reference_on(cfg, &NodeMap::from(shape), n, grad)
+}
+
+/// [`reference`] for nodes of any size: `map` gives every rank's node.
+pub fn reference_on(cfg: &SyncConfig, map: &NodeMap, n: usize, grad: &dyn Fn(usize) -> Vec<f32>) -> Reference {
+    let p = map.world();
     let pf = p as f64;
     let rounding = cfg.scheme.rounding;
     let g = cfg.group.max(1);
@@ -152,14 +157,16 @@ pub fn reference(cfg: &SyncConfig, shape: ClusterShape, n: usize, grad: &dyn Fn(
             }
         }
         Kind::Qgz { intra, inter: Some(inter) } => {
-            let (l, nodes) = (shape.ranks_per_node, shape.nodes);
+            let nodes = map.nodes();
             let (qm1, qm2) = (qmax(intra), qmax(inter));
             let mut slop2 = vec![0.0; n];
             for node in 0..nodes {
                 let mut partial = vec![0.0f64; n];
                 let mut e1 = vec![0.0f64; n];
                 let mut slop1 = vec![0.0f64; n];
-                for r in node * l..(node + 1) * l {
+                let members = map.members(node);
+                let l = members.len();
+                for &r in members {
                     let x = as64(r);
                     let a = per_group(&x, p, g, absmax);
                     for i in 0..n {

@@ -270,17 +270,110 @@ impl ClusterShape {
     }
 }
 
-/// The two sub-groups of a hierarchical scheme: this rank's node (ranked by
-/// local index) and the ranks with its local index on every node (ranked by
-/// node).
+/// Which node every world rank runs on: an explicit rank → node map, so
+/// nodes may hold different numbers of ranks (4 A100s on one machine, 8 T4s
+/// on another) and ranks need not be node-major. A rank's local index is its
+/// position among its node's ranks in world-rank order. Node ids are
+/// `0..nodes`, each with at least one rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeMap {
+    node: Vec<usize>,
+    local: Vec<usize>,
+    members: Vec<Vec<usize>>,
+}
+
+impl NodeMap {
+    /// `node_of[r]` is world rank `r`'s node.
+    pub fn new(node_of: Vec<usize>) -> Result<Self, SyncError> {
+        if node_of.is_empty() {
+            return Err(SyncError::BadShape("a node map of no ranks".into()));
+        }
+        let nodes = node_of.iter().max().map_or(0, |m| m + 1);
+        let mut members = vec![Vec::new(); nodes];
+        let mut local = Vec::with_capacity(node_of.len());
+        for (r, &n) in node_of.iter().enumerate() {
+            local.push(members[n].len());
+            members[n].push(r);
+        }
+        if let Some(empty) = members.iter().position(Vec::is_empty) {
+            return Err(SyncError::BadShape(format!(
+                "node map {node_of:?}: node {empty} has no rank (nodes are numbered 0..{nodes})"
+            )));
+        }
+        Ok(NodeMap { node: node_of, local, members })
+    }
+
+    /// `nodes` equal nodes over `world` ranks, node-major (rank `r` on node
+    /// `r / (world / nodes)`): the layout `mpirun` and `torchrun` give when
+    /// every node runs the same number of ranks.
+    pub fn even(world: usize, nodes: usize) -> Result<Self, SyncError> {
+        let shape = ClusterShape::new(world, nodes)?;
+        Ok(NodeMap::from(shape))
+    }
+
+    pub fn world(&self) -> usize {
+        self.node.len()
+    }
+
+    pub fn nodes(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn node_of(&self, rank: usize) -> usize {
+        self.node[rank]
+    }
+
+    pub fn local_of(&self, rank: usize) -> usize {
+        self.local[rank]
+    }
+
+    /// The world ranks on `node`, in rank order.
+    pub fn members(&self, node: usize) -> &[usize] {
+        &self.members[node]
+    }
+
+    /// The node of every rank, in rank order.
+    pub fn node_ids(&self) -> &[usize] {
+        &self.node
+    }
+
+    /// Whether every node runs the same number of ranks.
+    pub fn is_uniform(&self) -> bool {
+        self.members.iter().all(|m| m.len() == self.members[0].len())
+    }
+
+    /// The rank on `node` that handles final shard `shard` in a
+    /// hierarchical reduction: the one whose local index is the shard
+    /// owner's, modulo the node's size.
+    pub fn handler(&self, node: usize, shard: usize) -> usize {
+        let m = &self.members[node];
+        m[self.local[shard] % m.len()]
+    }
+}
+
+impl From<ClusterShape> for NodeMap {
+    fn from(shape: ClusterShape) -> Self {
+        let node = (0..shape.world()).map(|r| shape.node_of(r)).collect();
+        let local = (0..shape.world()).map(|r| shape.local_of(r)).collect();
+        let members =
+            (0..shape.nodes).map(|n| (n * shape.ranks_per_node..(n + 1) * shape.ranks_per_node).collect()).collect();
+        NodeMap { node, local, members }
+    }
+}
+
+/// The sub-groups of a hierarchical scheme: this rank's node (ranked by
+/// local index) and, when every node has the same number of ranks, the
+/// ranks with its local index on every node (ranked by node). With nodes of
+/// different sizes no such group covers every node: `inter` is `None` and
+/// the inter-node stage runs over the world.
 #[derive(Debug)]
 pub struct NodeGroups {
     pub intra: Box<dyn Communicator>,
-    pub inter: Box<dyn Communicator>,
+    pub inter: Option<Box<dyn Communicator>>,
 }
 
 impl NodeGroups {
-    /// Splits `world` by `shape`. Collective over `world`.
+    /// Splits `world` by `shape` (equal nodes, node-major). Collective over `world`.
     pub fn split(world: &dyn Communicator, shape: ClusterShape, deadline: Deadline) -> Result<Self, SyncError> {
         if shape.world() != world.size() {
             return Err(SyncError::BadShape(format!(
@@ -290,16 +383,29 @@ impl NodeGroups {
                 world.size()
             )));
         }
-        let r = world.rank();
-        let intra = world.split(shape.node_of(r), shape.local_of(r), deadline)?;
-        let inter = world.split(shape.local_of(r), shape.node_of(r), deadline)?;
-        if intra.size() != shape.ranks_per_node || inter.size() != shape.nodes {
+        Self::split_map(world, &NodeMap::from(shape), deadline)
+    }
+
+    /// Splits `world` by the node of every rank. Collective over `world`.
+    pub fn split_map(world: &dyn Communicator, map: &NodeMap, deadline: Deadline) -> Result<Self, SyncError> {
+        if map.world() != world.size() {
             return Err(SyncError::BadShape(format!(
-                "split gave groups of {} and {} ranks, expected {} and {}",
+                "a node map of {} ranks for a group of {}",
+                map.world(),
+                world.size()
+            )));
+        }
+        let r = world.rank();
+        let (node, local) = (map.node_of(r), map.local_of(r));
+        let intra = world.split(node, local, deadline)?;
+        let here = map.members(node).len();
+        let inter = if map.is_uniform() { Some(world.split(local, node, deadline)?) } else { None };
+        let inter_size = inter.as_ref().map_or(map.nodes(), |c| c.size());
+        if intra.size() != here || inter_size != map.nodes() {
+            return Err(SyncError::BadShape(format!(
+                "split gave groups of {} and {inter_size} ranks, expected {here} and {}",
                 intra.size(),
-                inter.size(),
-                shape.ranks_per_node,
-                shape.nodes
+                map.nodes()
             )));
         }
         Ok(NodeGroups { intra, inter })
@@ -320,5 +426,22 @@ mod tests {
         assert_eq!(err(check_gather_counts("g", &[3, 2, 2], 3, 0, 2, 7)), "rank 0 sends 2 bytes, counts say 3");
         assert_eq!(err(check_gather_counts("g", &[3, 2], 3, 0, 3, 5)), "2 counts for 3 ranks");
         assert_eq!(err(check_gather_counts("g", &[3, 2, 2], 3, 0, 3, 8)), "counts sum to 7, buffer holds 8");
+    }
+
+    #[test]
+    fn node_maps_take_nodes_of_any_size_and_the_even_case_is_node_major() {
+        // 4 A100s and 8 T4s: two nodes, not two halves of six.
+        let m = NodeMap::new([vec![0; 4], vec![1; 8]].concat()).expect("map");
+        assert_eq!((m.nodes(), m.members(0).len(), m.members(1).len()), (2, 4, 8));
+        assert_eq!((m.node_of(5), m.local_of(5)), (1, 1));
+        assert!(!m.is_uniform());
+        // Shard 11 (T4 local 7) is handled on the A100 node by local 7 % 4 = 3.
+        assert_eq!(m.handler(0, 11), 3);
+        assert_eq!(m.handler(1, 11), 11);
+        let e = NodeMap::even(8, 2).expect("even");
+        assert_eq!(e, NodeMap::new(vec![0, 0, 0, 0, 1, 1, 1, 1]).expect("map"));
+        assert!(e.is_uniform());
+        assert!(NodeMap::new(vec![0, 2]).is_err());
+        assert!(NodeMap::even(12, 5).is_err());
     }
 }

@@ -61,7 +61,7 @@ impl std::str::FromStr for Kernels {
 
 /// The element-wise kernels the schemes use, with the meaning of
 /// `qsync_kernels::reference` (see each function there).
-pub trait KernelEngine: std::fmt::Debug {
+pub trait KernelEngine: std::fmt::Debug + Send + Sync {
     /// `"host"` or `"cuda"`, for messages.
     fn name(&self) -> &'static str;
     /// Min and max of each row of `cols` (NaN ignored).

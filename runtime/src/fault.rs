@@ -30,6 +30,9 @@ struct State {
     /// 1-based call index at which the fault fires; 0 on healthy ranks.
     at_call: usize,
     calls: Cell<usize>,
+    /// Fires at this rank's next `split` instead (splits are not counted
+    /// as calls otherwise).
+    at_split: Cell<bool>,
     world_rank: usize,
 }
 
@@ -57,8 +60,23 @@ impl<'a> FaultyComm<'a> {
         let at_call = if world.rank() == rank { at_call.max(1) } else { 0 };
         FaultyComm {
             inner: Inner::Borrowed(world),
-            state: Rc::new(State { fault, at_call, calls: Cell::new(0), world_rank: world.rank() }),
+            state: Rc::new(State {
+                fault,
+                at_call,
+                calls: Cell::new(0),
+                at_split: Cell::new(false),
+                world_rank: world.rank(),
+            }),
         }
+    }
+
+    /// Wraps `world`; world rank `rank` suffers `fault` at its first
+    /// `split` (before entering it), as a rank lost while a hierarchical
+    /// scheme makes its node groups.
+    pub fn at_split(world: &'a dyn Communicator, rank: usize, fault: Fault) -> Self {
+        let c = FaultyComm::new(world, rank, fault, usize::MAX);
+        c.state.at_split.set(world.rank() == rank);
+        c
     }
 
     fn comm(&self) -> &dyn Communicator {
@@ -74,8 +92,12 @@ impl<'a> FaultyComm<'a> {
         if s.at_call == 0 || s.calls.get() != s.at_call {
             return;
         }
-        let r = s.world_rank;
-        match s.fault {
+        self.fire(op);
+    }
+
+    fn fire(&self, op: &str) {
+        let r = self.state.world_rank;
+        match self.state.fault {
             Fault::Exit => {
                 eprintln!("qsync-runtime: rank {r}: injected fault: exiting abruptly inside {op}");
                 std::process::abort();
@@ -107,6 +129,10 @@ impl Communicator for FaultyComm<'_> {
     }
 
     fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError> {
+        if self.state.at_split.get() {
+            self.state.at_split.set(false);
+            self.fire("split");
+        }
         let inner = self.comm().split(color, key, deadline)?;
         Ok(Box::new(FaultyComm { inner: Inner::Owned(inner), state: self.state.clone() }))
     }

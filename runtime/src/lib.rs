@@ -38,7 +38,7 @@ pub mod scheme;
 pub mod sync;
 pub mod testdata;
 
-pub use comm::{ClusterShape, Communicator, Deadline, Done, NodeGroups, Pending, ReduceBuf};
+pub use comm::{ClusterShape, Communicator, Deadline, Done, NodeGroups, NodeMap, Pending, ReduceBuf};
 pub use engine::{HostEngine, KernelEngine, Kernels};
 pub use error::{CommError, SyncError};
 pub use scheme::{Gather, Kind, Scheme, SyncConfig};

@@ -354,7 +354,8 @@ fn spawn_watchdog(watch: Arc<Watch>, rank: usize) {
         std::thread::sleep(Duration::from_millis(100));
         let at = watch.abort_after_ms.load(Ordering::SeqCst);
         if at != 0 && watch.epoch.elapsed().as_millis() as u64 > at {
-            eprintln!("qsync-runtime: rank {rank}: an MPI operation outlived its deadline by {WATCHDOG_GRACE:?}; aborting the job");
+            let op = OPS[CURRENT_OP.load(Ordering::SeqCst).min(OPS.len() - 1)];
+            eprintln!("qsync-runtime: rank {rank}: {op} (inside MPI) outlived its deadline by {WATCHDOG_GRACE:?}; aborting the job");
             abort_world(124);
         }
     });
@@ -376,14 +377,27 @@ impl Communicator for MpiComm {
     }
 
     fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError> {
-        // MPI_Comm_split blocks; once every rank has passed a barrier it
-        // cannot wait on an absent peer.
-        self.barrier(deadline)?;
-        let (color, key) = (to_int("split", color)?, to_int("split", key)?);
+        const OP: &str = "split";
+        self.ensure_usable()?;
+        let (color, key) = (to_int(OP, color)?, to_int(OP, key)?);
+        // MPI has no non-blocking split. A rendezvous polled against the
+        // deadline comes first (a rank that is gone or stalled before the
+        // split is a timeout naming `split`), then the blocking call runs
+        // with the watchdog armed: a rank lost between the two ends the job
+        // with a message naming `split` once the deadline has passed,
+        // instead of leaving every other rank blocked in MPI forever.
+        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        self.start(OP, unsafe { ffi::MPI_Ibarrier(self.comm, &mut req) })?;
+        self.wait(OP, req, (), deadline)?;
         let mut comm: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
-        let _in_op = InOp::enter("split");
-        self.start("split", unsafe { ffi::MPI_Comm_split(self.comm, color, key, &mut comm) })?;
-        check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) }, "split")?;
+        self.shared.watch.arm(deadline);
+        let rc = {
+            let _in_op = InOp::enter(OP);
+            unsafe { ffi::MPI_Comm_split(self.comm, color, key, &mut comm) }
+        };
+        self.shared.watch.disarm();
+        self.start(OP, rc)?;
+        check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) }, OP)?;
         let (rank, size) = rank_size(comm)?;
         Ok(Box::new(MpiComm {
             comm,

@@ -66,13 +66,11 @@
 
 #![allow(unsafe_code)]
 
-use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
-use std::rc::Rc;
-use std::sync::{Mutex, Once};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::result as cu;
@@ -330,21 +328,50 @@ struct DevBuf {
     cap: usize,
 }
 
+/// The staging buffers of a device (see [`Device::staging`]).
+#[derive(Debug, Default)]
+struct Staging {
+    send: DevBuf,
+    recv: DevBuf,
+}
+
 /// What a world communicator and its splits share: the device context, one
-/// stream, the staging buffers and the poisoned flag.
+/// stream, the staging buffers and the poisoned flag. Communicators split
+/// from one another may be used from different threads (the Python module
+/// gives each DDP bucket its own split), so everything that changes is
+/// behind a lock: `staging` is held for the whole of each operation — the
+/// stream and the staging buffers serve one operation at a time, whichever
+/// communicator of the device runs it.
 struct Device {
     ordinal: usize,
     ctx: cus::CUcontext,
     stream: cus::CUstream,
-    send: RefCell<DevBuf>,
-    recv: RefCell<DevBuf>,
-    poisoned: RefCell<Option<String>>,
+    staging: Mutex<Staging>,
+    poisoned: Mutex<Option<String>>,
     world_rank: usize,
+}
+
+// SAFETY: `ctx` (a primary context), `stream` and the staging buffers'
+// device pointers are CUDA driver handles, which the driver lets any thread
+// use; every operation first makes `ctx` current on the calling thread
+// (`NcclComm::ensure_usable`). After creation the handles themselves never
+// change; what changes — the staging buffers and the work on the stream —
+// is only touched while holding `staging` (one operation at a time, on any
+// thread), and the poisoned flag is behind its own `Mutex`. So moving a
+// `Device` to another thread, or using `&Device` from several, cannot race.
+unsafe impl Send for Device {}
+// SAFETY: as for `Send` above: every mutation goes through a `Mutex`.
+unsafe impl Sync for Device {}
+
+/// A mutex's contents even after a panic while it was held (the state is
+/// plain data; a panic poisons the communicators through `poisoned`).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("ordinal", &self.ordinal).field("poisoned", &self.poisoned.borrow()).finish()
+        f.debug_struct("Device").field("ordinal", &self.ordinal).field("poisoned", &*lock(&self.poisoned)).finish()
     }
 }
 
@@ -376,9 +403,8 @@ impl Device {
             ordinal,
             ctx,
             stream,
-            send: RefCell::default(),
-            recv: RefCell::default(),
-            poisoned: RefCell::new(None),
+            staging: Mutex::default(),
+            poisoned: Mutex::new(None),
             world_rank: rank,
         })
     }
@@ -387,11 +413,15 @@ impl Device {
         self.stream.cast()
     }
 
+    /// The staging buffers and the stream, for one whole operation.
+    fn stage(&self) -> MutexGuard<'_, Staging> {
+        lock(&self.staging)
+    }
+
     /// Device pointers to staging buffers of at least `send` and `recv`
-    /// bytes. Only called while the stream is idle.
-    fn buffers(&self, op: &'static str, send: usize, recv: usize) -> Result<(u64, u64), CommError> {
-        let grow = |b: &RefCell<DevBuf>, len: usize| -> Result<u64, CommError> {
-            let mut b = b.borrow_mut();
+    /// bytes. Only called while the stream is idle, with `stage` held.
+    fn buffers(stage: &mut Staging, op: &'static str, send: usize, recv: usize) -> Result<(u64, u64), CommError> {
+        let grow = |b: &mut DevBuf, len: usize| -> Result<u64, CommError> {
             if b.cap < len.max(1) {
                 if b.ptr != 0 {
                     unsafe { cu::free_sync(b.ptr) }.map_err(|e| cuda_error(e, op))?;
@@ -403,19 +433,19 @@ impl Device {
             }
             Ok(b.ptr)
         };
-        Ok((grow(&self.send, send)?, grow(&self.recv, recv)?))
+        Ok((grow(&mut stage.send, send)?, grow(&mut stage.recv, recv)?))
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
-        if self.poisoned.borrow().is_some() {
+        if lock(&self.poisoned).is_some() {
             // Aborted work may still name these buffers: leave them to the
             // process's exit.
             return;
         }
-        for b in [&self.send, &self.recv] {
-            let b = b.borrow();
+        let stage = lock(&self.staging);
+        for b in [&stage.send, &stage.recv] {
             if b.ptr != 0 {
                 let _ = unsafe { cu::free_sync(b.ptr) };
             }
@@ -430,8 +460,16 @@ pub struct NcclComm {
     comm: nc::ncclComm_t,
     rank: usize,
     size: usize,
-    dev: Rc<Device>,
+    dev: Arc<Device>,
 }
+
+// SAFETY: an NCCL communicator handle may be used from any thread as long
+// as calls on it do not overlap. `NcclComm` is not `Sync`, so only one
+// thread at a time can reach it; its device state is an `Arc<Device>`
+// (`Send + Sync` above), and every operation holds the device's `staging`
+// lock, so siblings split from it run one at a time on the shared stream
+// and buffers. Its `Drop` (finalize/destroy or abort) is valid on any thread.
+unsafe impl Send for NcclComm {}
 
 /// The environment a launched rank reads ([`spawn_local`] sets it).
 #[derive(Debug)]
@@ -503,7 +541,7 @@ impl NcclComm {
         let (rank, world) = (env.rank, env.world);
         let nranks = c_int::try_from(world)
             .map_err(|_| CommError::InvalidArgument { op: OP, detail: format!("{world} ranks") })?;
-        let dev = Rc::new(Device::open(env.device, rank)?);
+        let dev = Arc::new(Device::open(env.device, rank)?);
         install_panic_hook(rank);
         let mut cfg = config();
         let mut comm: nc::ncclComm_t = std::ptr::null_mut();
@@ -535,7 +573,7 @@ impl NcclComm {
     }
 
     fn ensure_usable(&self, op: &'static str) -> Result<(), CommError> {
-        if let Some(why) = &*self.dev.poisoned.borrow() {
+        if let Some(why) = &*lock(&self.dev.poisoned) {
             return Err(CommError::Poisoned(why.clone()));
         }
         unsafe { cu::ctx::set_current(self.dev.ctx) }.map_err(|e| cuda_error(e, op))
@@ -543,7 +581,7 @@ impl NcclComm {
 
     /// Poisons the process's communicators, aborts them and returns `e`.
     fn fail(&self, e: CommError) -> CommError {
-        self.dev.poisoned.borrow_mut().get_or_insert_with(|| e.to_string());
+        lock(&self.dev.poisoned).get_or_insert_with(|| e.to_string());
         abort_all();
         e
     }
@@ -662,10 +700,11 @@ impl NcclComm {
         send_all: bool,
         deadline: Deadline,
     ) -> Result<(), CommError> {
+        let mut stage = self.dev.stage();
         self.ensure_usable(op)?;
         let (sd, rd) = (displacements(send_counts), displacements(recv_counts));
         let me = self.rank;
-        let (s, r) = self.dev.buffers(op, send.len(), recv.len())?;
+        let (s, r) = Device::buffers(&mut stage, op, send.len(), recv.len())?;
         self.h2d(op, s, send)?;
         self.grouped(op, deadline, |comm, stream| {
             for j in (0..self.size).filter(|&j| j != me) {
@@ -716,11 +755,12 @@ impl NcclComm {
 
     fn reduce<T>(&self, buf: &mut [T], dtype: nc::ncclDataType_t, deadline: Deadline) -> Result<(), CommError> {
         const OP: &str = "all_reduce";
+        let mut stage = self.dev.stage();
         self.ensure_usable(OP)?;
         if buf.is_empty() {
             return Ok(());
         }
-        let (s, _) = self.dev.buffers(OP, std::mem::size_of_val(buf), 0)?;
+        let (s, _) = Device::buffers(&mut stage, OP, std::mem::size_of_val(buf), 0)?;
         self.h2d(OP, s, buf)?;
         let n = buf.len();
         self.grouped(OP, deadline, |comm, stream| unsafe {
@@ -743,7 +783,7 @@ impl Drop for NcclComm {
                 None => return,
             }
         }
-        if self.dev.poisoned.borrow().is_some() {
+        if lock(&self.dev.poisoned).is_some() {
             unsafe { nc::ncclCommAbort(self.comm) };
             return;
         }
@@ -796,6 +836,7 @@ impl Communicator for NcclComm {
 
     fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError> {
         const OP: &str = "split";
+        let _stage = self.dev.stage();
         self.ensure_usable(OP)?;
         let to_int = |v: usize| {
             c_int::try_from(v).map_err(|_| CommError::InvalidArgument { op: OP, detail: format!("{v} exceeds int") })
@@ -839,11 +880,12 @@ impl Communicator for NcclComm {
                 detail: format!("{} recv bytes for {} ranks × {} bytes", recv.len(), self.size, send.len()),
             });
         }
+        let mut stage = self.dev.stage();
         self.ensure_usable(OP)?;
         if send.is_empty() {
             return Ok(());
         }
-        let (s, r) = self.dev.buffers(OP, send.len(), recv.len())?;
+        let (s, r) = Device::buffers(&mut stage, OP, send.len(), recv.len())?;
         self.h2d(OP, s, send)?;
         let n = send.len();
         self.grouped(OP, deadline, |comm, stream| unsafe {
@@ -901,11 +943,12 @@ impl Communicator for NcclComm {
         if root >= self.size {
             return Err(CommError::InvalidArgument { op: OP, detail: format!("root {root} of {} ranks", self.size) });
         }
+        let mut stage = self.dev.stage();
         self.ensure_usable(OP)?;
         if buf.is_empty() {
             return Ok(());
         }
-        let (s, _) = self.dev.buffers(OP, buf.len(), 0)?;
+        let (s, _) = Device::buffers(&mut stage, OP, buf.len(), 0)?;
         self.h2d(OP, s, buf)?;
         let n = buf.len();
         self.grouped(OP, deadline, |comm, stream| unsafe {
@@ -932,7 +975,7 @@ impl Communicator for NcclComm {
 
     fn abort(&self, code: i32) -> ! {
         eprintln!("qsync-runtime: rank {}: aborting its NCCL communicators and exiting ({code})", self.dev.world_rank);
-        self.dev.poisoned.borrow_mut().get_or_insert_with(|| "aborted".into());
+        lock(&self.dev.poisoned).get_or_insert_with(|| "aborted".into());
         abort_all();
         std::process::exit(code)
     }
@@ -1035,4 +1078,22 @@ pub fn spawn_local(
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(outcomes.into_iter().map(|o| o.unwrap_or(RankOutcome::Killed)).collect())
+}
+
+#[cfg(test)]
+mod thread_tests {
+    use super::*;
+
+    // Communicators split from one another may serve different threads:
+    // the shared device state must be `Send + Sync` and a communicator
+    // `Send`, by their types.
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn communicators_may_move_between_threads() {
+        send_sync::<Device>();
+        send_sync::<Arc<Device>>();
+        send::<NcclComm>();
+    }
 }

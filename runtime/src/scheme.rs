@@ -191,8 +191,13 @@ pub struct SyncConfig {
     /// Elements per quantization group (one f32 scale each).
     pub group: usize,
     pub gather: Gather,
-    /// Nodes the world is split into (hierarchical qgZ; wire accounting).
+    /// Nodes the world is split into, equal and node-major (hierarchical
+    /// qgZ; wire accounting): the convenience for clusters of equal nodes.
     pub nodes: usize,
+    /// The node of every world rank (`node_of[r]`, ids `0..N`), for nodes
+    /// of any size and any rank order; when set it defines the nodes and
+    /// `nodes` must be 1 or its node count.
+    pub node_of: Option<Vec<usize>>,
     /// Seeds stochastic rounding (with the step, stage, rank and shard).
     pub seed: u64,
     /// The deadline every communicator call gets.
@@ -219,6 +224,7 @@ impl SyncConfig {
             group: 512,
             gather: Gather::Quantized,
             nodes: 1,
+            node_of: None,
             seed: 0,
             timeout: Duration::from_secs(60),
             kernels: crate::engine::Kernels::Host,

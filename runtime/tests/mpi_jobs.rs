@@ -52,6 +52,21 @@ fn four_ranks_two_nodes() {
     expect_pass(4, 2, "all");
 }
 
+/// Nodes of different sizes (a node of two ranks and a node of one), given
+/// as an explicit rank → node map: every scheme, hierarchical ones
+/// included, is bitwise identical across ranks and within its bound of the
+/// exact mean.
+#[test]
+fn three_ranks_on_uneven_nodes() {
+    for map in ["0,0,1", "1,0,0"] {
+        let (out, took) = mpirun(3, &["--suite", "bounds", "--node-map", map], Duration::from_secs(300));
+        let log = text(&out);
+        assert!(out.status.success(), "3 ranks, node map {map}: failed ({:?}):\n{log}", out.status);
+        assert!(log.contains(" 0 failures over all ranks"), "no summary line:\n{log}");
+        eprintln!("3 ranks / node map {map}: {took:.1?}");
+    }
+}
+
 #[test]
 fn eight_ranks_one_node() {
     expect_pass(8, 1, "bounds");
@@ -65,8 +80,12 @@ fn eight_ranks_two_nodes() {
 /// A failing rank ends the job within seconds, with a non-zero status and a
 /// message naming the failure.
 fn expect_failure(fault: &str, needles: &[&str]) {
+    expect_failure_with(fault, &[], needles)
+}
+
+fn expect_failure_with(fault: &str, extra: &[&str], needles: &[&str]) {
     let args = ["--suite", "fault", "--fault", fault, "--fault-rank", "1", "--nodes", "2", "--timeout", "3"];
-    let (out, took) = mpirun(4, &args, Duration::from_secs(60));
+    let (out, took) = mpirun(4, &[&args[..], extra].concat(), Duration::from_secs(60));
     let log = text(&out);
     let code = out.status.code();
     assert_ne!(code, Some(0), "job with a failed rank ({fault}) succeeded:\n{log}");
@@ -101,6 +120,17 @@ fn stalled_rank_gives_the_deadline_error() {
     // ("ORTE_ERROR_LOG: Data unpack would read past end of buffer" in
     // show_help.c), while the job still ends, non-zero, within seconds.
     expect_failure("stall", &["stalling", "did not complete within 3.0s"]);
+}
+
+#[test]
+fn rank_stalled_while_splitting_gives_an_error_naming_split() {
+    // Every other rank is inside the split when rank 1 stalls: a deadline
+    // error naming the split, within seconds, not a job blocked in MPI.
+    expect_failure_with(
+        "stall",
+        &["--fault-at", "split"],
+        &["stalling", "inside split", "split did not complete within 3.0s"],
+    );
 }
 
 /// The `digests` suite (what the GPU check compares NCCL against): digests

@@ -16,7 +16,8 @@
 //!   on inputs round-to-nearest is biased on — which the same test rejects);
 //! - `feedback`: with error feedback the summed outputs of `T` steps stay
 //!   within a few single-step bounds of `T ×` the mean, without it they drift;
-//! - `fault`: one rank fails (`--fault exit|panic|stall`, `--fault-rank R`)
+//! - `fault`: one rank fails (`--fault exit|panic|stall`, `--fault-rank R`;
+//!   `--fault-at split`: while the node groups are split, not at its second call)
 //!   inside a hierarchical synchronization; the job must end with an error;
 //! - `digests`: every scheme on fixed inputs and seeds; `--write FILE`
 //!   records each result's digest (rank 0), `--expect FILE` compares with a
@@ -52,7 +53,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use qsync_runtime::bench::{self, BenchOptions};
 use qsync_runtime::bound;
-use qsync_runtime::comm::{ClusterShape, Communicator, Deadline};
+use qsync_runtime::comm::{Communicator, Deadline, NodeMap};
 use qsync_runtime::fault::{Fault, FaultyComm};
 use qsync_runtime::testdata::{digest, gradient, GradKind};
 use qsync_runtime::{GradSync, Kernels, Scheme, SyncConfig};
@@ -64,6 +65,9 @@ struct Args {
     nodes: usize,
     fault: Option<Fault>,
     fault_rank: usize,
+    /// `--fault-at split`: the fault fires when the rank makes its node
+    /// groups, not at its second call.
+    fault_at_split: bool,
     timeout: Duration,
     write: Option<PathBuf>,
     expect: Option<PathBuf>,
@@ -78,6 +82,16 @@ static KERNELS: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
 /// `--pipeline-chunk`: every configuration's piece size (results must not
 /// depend on it: `--suite digests --expect` with a tiny one checks that).
 static PIPELINE_CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+/// `--node-map 0,0,1`: the node of every rank (nodes of any size).
+static NODE_MAP: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+
+/// The nodes of this job: `--node-map`, else `--nodes` equal nodes.
+fn nodes_of(a: &Args, p: usize) -> Result<NodeMap> {
+    let mut cfg = SyncConfig::new("fp32".parse::<Scheme>()?);
+    cfg.nodes = a.nodes;
+    cfg.node_of = NODE_MAP.get().cloned();
+    Ok(qsync_runtime::sync::node_map(&cfg, p)?)
+}
 
 fn parse_args() -> Result<Args> {
     let mut a = Args {
@@ -87,6 +101,7 @@ fn parse_args() -> Result<Args> {
         nodes: 1,
         fault: None,
         fault_rank: 1,
+        fault_at_split: false,
         timeout: Duration::from_secs(60),
         write: None,
         expect: None,
@@ -114,12 +129,27 @@ fn parse_args() -> Result<Args> {
                 let _ = KERNELS.set(k);
             }
             "--nodes" => a.nodes = val()?.parse().context("--nodes")?,
+            "--node-map" => {
+                let map = val()?
+                    .split(',')
+                    .map(|v| v.trim().parse::<usize>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .context("--node-map (node ids, one per rank: 0,0,1)")?;
+                let _ = NODE_MAP.set(map);
+            }
             "--pipeline-chunk" => {
                 let _ = PIPELINE_CHUNK.set(val()?.parse().context("--pipeline-chunk (elements)")?);
             }
             "--schemes" => a.schemes = val()?.split(',').map(str::to_string).collect(),
             "--iterations" => a.iterations = val()?.parse().context("--iterations")?,
             "--fault-rank" => a.fault_rank = val()?.parse().context("--fault-rank")?,
+            "--fault-at" => {
+                a.fault_at_split = match val()?.as_str() {
+                    "split" => true,
+                    "call" => false,
+                    other => bail!("unknown --fault-at `{other}` (call, split)"),
+                }
+            }
             "--timeout" => {
                 let secs: f64 = val()?.parse().context("--timeout")?;
                 if !(secs > 0.0 && secs < 1e9) {
@@ -167,6 +197,7 @@ fn config(name: &str, nodes: usize, group: usize, seed: u64, timeout: Duration) 
     cfg.seed = seed;
     cfg.timeout = timeout;
     cfg.kernels = KERNELS.get().copied().unwrap_or_default();
+    cfg.node_of = NODE_MAP.get().cloned();
     if let Some(&c) = PIPELINE_CHUNK.get() {
         cfg.pipeline_chunk = c;
     }
@@ -206,7 +237,7 @@ const SCHEMES: [&str; 16] = [
 
 fn bounds_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
     let (p, me) = (world.size(), world.rank());
-    let shape = ClusterShape::new(p, a.nodes)?;
+    let shape = nodes_of(a, p)?;
     let mut case = 0u64;
     for name in SCHEMES {
         let mut worst = 0.0f64;
@@ -222,7 +253,7 @@ fn bounds_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<
                 rep.check(d.iter().all(|&x| x == d[0]), || format!("{what}: ranks disagree: {d:x?}"));
                 rep.check(digest(&again) == digest(&out), || format!("{what}: a repeated run differs"));
                 if me == 0 {
-                    let reference = bound::reference(&cfg, shape, n, &|r| gradient(kind, n, case, r));
+                    let reference = bound::reference_on(&cfg, &shape, n, &|r| gradient(kind, n, case, r));
                     let (violations, err, b, ratio) = bound::compare(&out, &reference);
                     worst = worst.max(ratio);
                     rep.check(violations == 0, || {
@@ -319,7 +350,7 @@ fn stochastic_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Res
 
 fn feedback_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
     let (p, me) = (world.size(), world.rank());
-    let shape = ClusterShape::new(p, a.nodes)?;
+    let shape = nodes_of(a, p)?;
     let (n, steps) = (3001usize, 16usize);
     for name in ["qgz-int4-ef", "qgz-int8-ef", "qgz-int4-hier-ef", "nbit-4-ef", "fp16-ef", "bf16-ef"] {
         let grad = gradient(GradKind::Normal, n, 7, me);
@@ -337,7 +368,7 @@ fn feedback_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Resul
         let with = drift(name)?;
         let without = drift(name.trim_end_matches("-ef"))?;
         let cfg = config(name, a.nodes, 64, 11, a.timeout)?;
-        let reference = bound::reference(&cfg, shape, n, &|r| gradient(GradKind::Normal, n, 7, r));
+        let reference = bound::reference_on(&cfg, &shape, n, &|r| gradient(GradKind::Normal, n, 7, r));
         let dev =
             |t: &[f64]| t.iter().zip(&reference.mean).map(|(s, m)| (s - steps as f64 * m).abs()).fold(0.0, f64::max);
         let single = reference.bound.iter().copied().fold(0.0, f64::max);
@@ -356,7 +387,11 @@ fn feedback_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Resul
 }
 
 fn fault_suite(world: &dyn Communicator, a: &Args, fault: Fault) -> Result<()> {
-    let faulty = FaultyComm::new(world, a.fault_rank, fault, 2);
+    let faulty = if a.fault_at_split {
+        FaultyComm::at_split(world, a.fault_rank, fault)
+    } else {
+        FaultyComm::new(world, a.fault_rank, fault, 2)
+    };
     let cfg = config("qgz-int4-hier", a.nodes, 512, 1, a.timeout)?;
     let mut sync = GradSync::new(&faulty, cfg)?;
     let grad = gradient(GradKind::Normal, 100_000, 1, world.rank());
@@ -386,7 +421,7 @@ fn read_expected(path: &PathBuf) -> Result<HashMap<String, String>> {
 
 fn digests_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
     let (p, me) = (world.size(), world.rank());
-    let shape = ClusterShape::new(p, a.nodes)?;
+    let shape = nodes_of(a, p)?;
     let expected = match (&a.expect, me) {
         (Some(path), 0) => Some(read_expected(path)?),
         _ => None,
@@ -407,7 +442,7 @@ fn digests_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result
                     continue;
                 }
                 let mine = format!("{:016x}", digest(&out));
-                let reference = bound::reference(&cfg, shape, n, &|r| gradient(kind, n, case, r));
+                let reference = bound::reference_on(&cfg, &shape, n, &|r| gradient(kind, n, case, r));
                 let (violations, err, b, _) = bound::compare(&out, &reference);
                 rep.check(violations == 0, || format!("{key}: {violations} elements over the bound ({err:e} > {b:e})"));
                 // fp32 is the engine's own sum, in the engine's order.

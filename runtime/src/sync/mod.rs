@@ -42,7 +42,7 @@ use serde::Serialize;
 
 use qsync_kernels::rng;
 
-use crate::comm::{ClusterShape, Communicator, Deadline, NodeGroups, ReduceBuf};
+use crate::comm::{Communicator, Deadline, NodeGroups, NodeMap, ReduceBuf};
 use crate::engine::{DecodeError, HostEngine, KernelEngine, Kernels};
 use crate::error::{CommError, SyncError};
 use crate::scheme::{Kind, SyncConfig};
@@ -146,7 +146,7 @@ enum World<'c> {
 pub struct GradSync<'c> {
     world: World<'c>,
     groups: Option<NodeGroups>,
-    shape: ClusterShape,
+    nodes: NodeMap,
     cfg: SyncConfig,
     step: u64,
     residuals: BTreeMap<&'static str, Vec<f32>>,
@@ -154,6 +154,28 @@ pub struct GradSync<'c> {
     /// Where the element-wise kernels run (`cfg.kernels`).
     engine: Arc<dyn KernelEngine>,
     phases: Phases,
+}
+
+/// The nodes `cfg` describes for a world of `world` ranks: its explicit
+/// map, else `cfg.nodes` equal node-major nodes.
+pub fn node_map(cfg: &SyncConfig, world: usize) -> Result<NodeMap, SyncError> {
+    match &cfg.node_of {
+        None => NodeMap::even(world, cfg.nodes),
+        Some(map) => {
+            let m = NodeMap::new(map.clone())?;
+            if m.world() != world {
+                return Err(SyncError::BadShape(format!("a node map of {} ranks for {world} ranks", m.world())));
+            }
+            if cfg.nodes != 1 && cfg.nodes != m.nodes() {
+                return Err(SyncError::BadShape(format!(
+                    "{} nodes requested, the node map has {}",
+                    cfg.nodes,
+                    m.nodes()
+                )));
+            }
+            Ok(m)
+        }
+    }
 }
 
 /// The engine `kernels` asks for on `world`: the reference on the CPU, or
@@ -187,12 +209,12 @@ impl<'c> GradSync<'c> {
     /// Prepares `cfg` on `world`: checks the shape and, for hierarchical
     /// schemes, splits the node groups (collective over `world`).
     pub fn new(world: &'c dyn Communicator, cfg: SyncConfig) -> Result<Self, SyncError> {
-        let shape = ClusterShape::new(world.size(), cfg.nodes)?;
+        let nodes = node_map(&cfg, world.size())?;
         if cfg.group == 0 {
             return Err(SyncError::BadScheme("quantization group size must be positive".into()));
         }
         let groups = if cfg.scheme.is_hierarchical() {
-            Some(NodeGroups::split(world, shape, Deadline::after(cfg.timeout))?)
+            Some(NodeGroups::split_map(world, &nodes, Deadline::after(cfg.timeout))?)
         } else {
             None
         };
@@ -200,7 +222,7 @@ impl<'c> GradSync<'c> {
         Ok(GradSync {
             world: World::Borrowed(world),
             groups,
-            shape,
+            nodes,
             cfg,
             step: 0,
             residuals: BTreeMap::new(),
@@ -227,9 +249,9 @@ impl<'c> GradSync<'c> {
     /// synchronization state beyond any borrow (the Python bindings keep
     /// one per DDP bucket).
     pub fn owning(world: Box<dyn Communicator>, cfg: SyncConfig) -> Result<GradSync<'static>, SyncError> {
-        let GradSync { groups, shape, cfg, step, residuals, wire, engine, phases, .. } =
+        let GradSync { groups, nodes, cfg, step, residuals, wire, engine, phases, .. } =
             GradSync::new(world.as_ref(), cfg)?;
-        Ok(GradSync { world: World::Owned(world), groups, shape, cfg, step, residuals, wire, engine, phases })
+        Ok(GradSync { world: World::Owned(world), groups, nodes, cfg, step, residuals, wire, engine, phases })
     }
 
     /// The communicator every rank of the job is in.
@@ -244,8 +266,9 @@ impl<'c> GradSync<'c> {
         &self.cfg
     }
 
-    pub fn shape(&self) -> ClusterShape {
-        self.shape
+    /// The node of every rank.
+    pub fn node_map(&self) -> &NodeMap {
+        &self.nodes
     }
 
     /// Bytes received from other ranks since creation.
@@ -318,7 +341,7 @@ impl<'c> GradSync<'c> {
     fn comm(&self, hop: Hop) -> &dyn Communicator {
         match (&self.groups, hop) {
             (Some(g), Hop::Intra) => g.intra.as_ref(),
-            (Some(g), Hop::Inter) => g.inter.as_ref(),
+            (Some(NodeGroups { inter: Some(inter), .. }), Hop::Inter) => inter.as_ref(),
             _ => self.world(),
         }
     }
@@ -336,7 +359,7 @@ impl<'c> GradSync<'c> {
             let same_node = match hop {
                 Hop::Intra => true,
                 Hop::Inter => false,
-                Hop::World => self.shape.node_of(j) == self.shape.node_of(world_rank),
+                Hop::World => self.nodes.node_of(j) == self.nodes.node_of(world_rank),
             };
             if same_node {
                 self.wire.intra_node += c;
@@ -349,8 +372,9 @@ impl<'c> GradSync<'c> {
     /// Counts an engine-internal collective by its traffic model (split by
     /// the share of peers on other nodes).
     fn count_model(&mut self, bytes: u64) {
-        let p = self.shape.world() as u64;
-        let remote = p - self.shape.ranks_per_node as u64;
+        let p = self.nodes.world() as u64;
+        let here = self.nodes.node_of(self.world().rank());
+        let remote = p - self.nodes.members(here).len() as u64;
         let inter = if p > 1 { bytes * remote / (p - 1) } else { 0 };
         self.wire.inter_node += inter;
         self.wire.intra_node += bytes - inter;

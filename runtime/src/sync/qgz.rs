@@ -18,6 +18,16 @@
 //! so rank `n·L + l` ends with exactly its own shard. Inter-node traffic is
 //! `1/L` of the one-shot scheme's.
 //!
+//! **Nodes of any size.** The nodes come from the rank → node map
+//! ([`crate::NodeMap`]: `SyncConfig::node_of`, or `nodes` equal node-major
+//! nodes), never from `rank / (P / N)`. On node `m` of `L_m` ranks, shard
+//! `s` is handled by the rank whose local index is `local(s) mod L_m` (with
+//! equal nodes, the description above). When the nodes differ in size no
+//! group of one local index spans every node, so the inter-node all-to-all
+//! runs over the world, every pair without a partial to exchange sending
+//! zero bytes; the owner still sums the `N` node partials in node order.
+//! The bound below holds with `L` the size of node `m`.
+//!
 //! **All-gather.** `Gather::Quantized` requantizes each mean shard (at the
 //! scheme's width; the inter-node width when hierarchical) and all-gathers
 //! the blocks; every rank, the owner included, decodes the same bytes, so
@@ -132,29 +142,35 @@ impl GradSync<'_> {
 
     fn hierarchical_sum(&mut self, grad: &[f32], intra_bits: QBits, inter_bits: QBits) -> Result<Vec<f32>, SyncError> {
         let eng = self.engine.clone();
-        let (nodes, per_node) = (self.shape.nodes, self.shape.ranks_per_node);
+        let owned_map = self.nodes.clone();
+        let map = &owned_map;
+        let nodes = map.nodes();
+        let p = self.world().size();
         let me = self.world().rank();
-        let (node, local) = (self.shape.node_of(me), self.shape.local_of(me));
-        let sh = shards(grad.len(), self.world().size());
-        // Final shards handled by local rank `j`: n·L + j for every node n.
-        let owned_by = |j: usize| (0..nodes).map(move |n| n * per_node + j);
+        let (node, local) = (map.node_of(me), map.local_of(me));
+        let per_node = map.members(node).len();
+        let sh = shards(grad.len(), p);
+        // Final shards handled by local rank `j` of this node: those whose
+        // owner's local index is `j` modulo the node's size (with equal
+        // nodes, n·L + j for every node n).
+        let handled_by = |j: usize| (0..p).filter(move |&s| map.local_of(s) % per_node == j);
 
         // Intra-node all-to-all, slices reordered so peer j gets its shards.
         let q1 = self.quantizer(intra_bits);
         let t = Instant::now();
         let x = self.with_residual("first", grad);
-        let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * self.world().size());
+        let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * p);
         let mut send_counts = Vec::with_capacity(per_node);
         for j in 0..per_node {
             let before = send.len();
-            for s in owned_by(j) {
+            for s in handled_by(j) {
                 let seed = self.seed(STAGE_FIRST, s);
                 let res = self.residual_mut("first").map(|r| &mut r[sh[s].clone()]);
                 q1.encode(&*eng, &x[sh[s].clone()], seed, &mut send, res)?;
             }
             send_counts.push(send.len() - before);
         }
-        let mine: Vec<usize> = owned_by(local).collect();
+        let mine: Vec<usize> = handled_by(local).collect();
         let per_peer: usize = mine.iter().map(|&s| q1.block_len(sh[s].len())).sum();
         let recv_counts = vec![per_peer; per_node];
         self.charge(Phase::Quantize, t);
@@ -167,7 +183,7 @@ impl GradSync<'_> {
         self.count(Hop::Intra, &recv_counts);
         let t = Instant::now();
 
-        // Node partials of my N shards, concatenated.
+        // Node partials of the shards this rank handles, concatenated.
         let mut partial = Vec::with_capacity(mine.iter().map(|&s| sh[s].len()).sum());
         let mut offset = 0;
         for &s in &mine {
@@ -183,35 +199,55 @@ impl GradSync<'_> {
         }
 
         self.charge(Phase::Dequantize, t);
-        // Inter-node all-to-all: node n gets the partial of shard n·L + l.
+        // Inter-node all-to-all: each partial goes to its shard's owner. With
+        // equal nodes over the group of this local index (owner of shard s at
+        // group rank node_of(s)); otherwise over the world (owner s itself),
+        // every pair that has nothing to exchange sending zero bytes.
+        let equal = self.groups.as_ref().is_some_and(|g| g.inter.is_some());
+        let (hop, size) = if equal { (Hop::Inter, nodes) } else { (Hop::World, p) };
+        let index = |world_rank: usize| if equal { map.node_of(world_rank) } else { world_rank };
         let t = Instant::now();
         let q2 = self.quantizer(inter_bits);
         let y = self.with_residual("inter", &partial);
-        let mut send = Vec::with_capacity(q2.block_len(y.len()) + 4 * nodes);
-        let mut send_counts = Vec::with_capacity(nodes);
+        let mut starts = Vec::with_capacity(mine.len());
         let mut at = 0;
         for &s in &mine {
+            starts.push(at);
+            at += sh[s].len();
+        }
+        let mut order: Vec<usize> = (0..mine.len()).collect();
+        order.sort_by_key(|&i| index(mine[i]));
+        let mut send = Vec::with_capacity(q2.block_len(y.len()) + 4 * nodes);
+        let mut send_counts = vec![0; size];
+        for i in order {
+            let (s, at) = (mine[i], starts[i]);
             let m = sh[s].len();
             let before = send.len();
             let seed = self.seed(STAGE_INTER, s);
             let res = self.residual_mut("inter").map(|r| &mut r[at..at + m]);
             q2.encode(&*eng, &y[at..at + m], seed, &mut send, res)?;
-            send_counts.push(send.len() - before);
-            at += m;
+            send_counts[index(s)] = send.len() - before;
         }
         let m = sh[me].len();
-        let recv_counts = vec![q2.block_len(m); nodes];
+        let block = q2.block_len(m);
+        // Node n's partial of my shard comes from its handler there.
+        let from: Vec<usize> = (0..nodes).map(|n| index(map.handler(n, me))).collect();
+        let mut recv_counts = vec![0; size];
+        for &f in &from {
+            recv_counts[f] = block;
+        }
         self.charge(Phase::Quantize, t);
         let t = Instant::now();
         let recv = self
-            .comm(Hop::Inter)
+            .comm(hop)
             .start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?
             .wait(self.deadline())?;
         self.charge(Phase::Exchange, t);
-        self.count(Hop::Inter, &recv_counts);
-        debug_assert_eq!(node * per_node + local, me);
+        self.count(hop, &recv_counts);
         let t = Instant::now();
-        let blocks: Vec<&[u8]> = recv.chunks(q2.block_len(m).max(1)).take(nodes).collect();
+        // Summed in node order (every rank's shard alike).
+        let starts = crate::comm::displacements(&recv_counts);
+        let blocks: Vec<&[u8]> = from.iter().map(|&f| &recv[starts[f]..starts[f] + block]).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
             q2.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(nodes, e))?;
