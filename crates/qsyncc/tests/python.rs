@@ -11,7 +11,9 @@
 //! - `train_ddp.py bench` times every hook against DDP's own all-reduce in
 //!   one job;
 //! - `apply_plan` maps every planned operator of every shared model onto its
-//!   PyTorch counterpart (both exporters and the TorchScript archives).
+//!   PyTorch counterpart (both exporters and the TorchScript archives), and
+//!   the dtypes each operator reads during a forward pass are the plan's,
+//!   operator by operator, refreshed copies included.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -322,9 +324,13 @@ fn apply_plan_maps_every_shared_model() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    // Ten models (8 ONNX, 2 TorchScript) × two device types.
-    assert_eq!(recs.len(), 20, "{recs:?}");
+    // Ten shared models (8 ONNX, 2 TorchScript) and the example's two, ×
+    // two device types; in each, every checked operator read its inputs in
+    // the dtype its planned precision computes in, and every refreshed copy
+    // was held, read and rewritten after the optimizer step.
+    assert_eq!(recs.len(), 24, "{recs:?}");
     assert!(recs.iter().all(|r| r["unmapped"] == 0 && r["mapped"].as_u64().unwrap_or(0) > 0));
+    assert!(recs.iter().all(|r| r["dtype_mismatches"] == 0 && r["checked"].as_u64().unwrap_or(0) > 0), "{recs:?}");
     let _ = std::fs::remove_dir_all(&work);
 }
 
