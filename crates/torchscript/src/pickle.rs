@@ -543,8 +543,20 @@ impl<'a> Vm<'a> {
                 ) else {
                     return self.err("_rebuild_tensor_v2 with unexpected arguments");
                 };
-                if sizes.len() != strides.len() || sizes.iter().chain(&strides).any(|&x| x < 0) || off < 0 {
-                    return self.err("tensor sizes/strides are inconsistent");
+                // PyTorch makes no view with a negative size, stride or
+                // storage offset; one here is refused, naming the storage.
+                let view = || format!("tensor view of storage `data/{}`", s.key);
+                if sizes.len() != strides.len() {
+                    return self.err(format!("{}: {} sizes but {} strides", view(), sizes.len(), strides.len()));
+                }
+                if let Some(d) = sizes.iter().find(|&&d| d < 0) {
+                    return self.err(format!("{}: negative size {d} in {sizes:?}", view()));
+                }
+                if let Some(st) = strides.iter().find(|&&st| st < 0) {
+                    return self.err(format!("{}: negative stride {st} in {strides:?}", view()));
+                }
+                if off < 0 {
+                    return self.err(format!("{}: negative storage offset {off}", view()));
                 }
                 let requires_grad = matches!(a.get(4), Some(PyVal::Bool(true)));
                 Ok(PyVal::Tensor(Rc::new(TensorRef { storage: s.clone(), offset: off, sizes, strides, requires_grad })))
