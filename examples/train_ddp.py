@@ -3,13 +3,17 @@
 
   # 1. export the PyTorch model to ONNX and plan it for a hybrid cluster
   python examples/train_ddp.py plan --model resnet18 --targets v100:2,t4:2 --batch 8 -o target/ddp-plan
-  # 2. train: each rank applies its device type's plan and the qsync hook
+  # 2. train the model the plan was made for: each rank applies its device
+  #    type's plan and the qsync hook
   torchrun --nproc-per-node 4 examples/train_ddp.py train --plan target/ddp-plan --steps 5
   # 3. time each hook's synchronization against DDP's own all-reduce, in one job
   torchrun --nproc-per-node 4 examples/train_ddp.py bench --model resnet18
 
-`train` without `--plan` is plain FP32 DDP over the same global batches (the
-baseline); `--scheme S` overrides the plan's synchronization scheme (or,
+`train --plan` builds the model the plan names (the manifest's `model`:
+`plan` exports the model as `<name>.onnx`); `--model` with a plan must name
+the same model, and a plan that does not fit the model is refused
+(`qsync.apply_plan` raises). `train` without `--plan` is plain FP32 DDP over
+the same global batches (the baseline, `--model` or resnet18); `--scheme S` overrides the plan's synchronization scheme (or,
 without a plan, tries scheme S alone). Every rank draws the same synthetic
 global batch each step and trains on its own slice of it, sized by its device
 type's local batch, so a plan's uneven split and the uniform baseline see the
@@ -91,6 +95,24 @@ class Transformer(nn.Module):
         return self.head(self.norm(x).mean(dim=1))
 
 
+MODELS = ("resnet18", "transformer")
+
+
+def model_for(plan, requested):
+    """The model `train` builds: the one the plan was made for (its
+    manifest's `model` name), else `requested`, else resnet18."""
+    if plan is None:
+        return requested or "resnet18"
+    planned = plan.model_name
+    if planned not in MODELS:
+        raise SystemExit(f"{plan.path}: the plan was made for model {planned!r}, which this example cannot build "
+                         f"({', '.join(MODELS)}); plan one of them with `train_ddp.py plan --model NAME`")
+    if requested and requested != planned:
+        raise SystemExit(f"{plan.path}: the plan was made for model {planned!r}, not --model {requested!r}: "
+                         f"plan {requested} (`train_ddp.py plan --model {requested}`) or drop --model")
+    return planned
+
+
 def make_model(name, seed):
     torch.manual_seed(seed)
     if name == "resnet18":
@@ -168,6 +190,9 @@ def cmd_train(a):
 
     import qsync
 
+    # The model the plan was made for, settled before any rank joins.
+    plan = qsync.Plan.load(a.plan) if a.plan else None
+    a.model = model_for(plan, a.model)
     # A deadline on every collective (gloo's own and the qsync hook's), so a
     # dead peer or a cut link ends the job with an error instead of a hang.
     timeout = {"timeout": datetime.timedelta(seconds=a.timeout_s)} if a.timeout_s else {}
@@ -175,7 +200,6 @@ def cmd_train(a):
     hook_opts = {"timeout_s": a.timeout_s} if a.timeout_s else {}
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(a.device if a.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
-    plan = qsync.Plan.load(a.plan) if a.plan else None
     if plan:
         batches = [plan.local_batch(plan.device_for_rank(r)) for r in range(world)]
     else:
@@ -200,6 +224,9 @@ def cmd_train(a):
         if hook is not None:
             ddp.register_comm_hook(None, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+        if report is not None:
+            # The plan's refreshed copies are rewritten after every step.
+            report.attach(opt)
         for step in range(a.steps):
             x, y = global_batch(a.model, gbatch, step, a.seed)
             x, y = x[start:start + batches[rank]].to(device), y[start:start + batches[rank]].to(device)
@@ -215,7 +242,8 @@ def cmd_train(a):
             digests = [None] * world
             dist.all_gather_object(digests, digest(model))
             if rank == 0:
-                rec = {"scheme": scheme, "step": step, "loss": t.item(), "digests": digests, "batches": batches}
+                rec = {"scheme": scheme, "step": step, "loss": t.item(), "digests": digests, "batches": batches,
+                       "model": a.model}
                 if report is not None and step == 0:
                     rec["mapped"] = len(report.mapped)
                     rec["unmapped"] = len(report.unmapped)
@@ -323,7 +351,8 @@ def main():
     p.add_argument("-o", "--output", required=True)
     p.add_argument("qsyncc_args", nargs="*", help="more qsyncc options, after `--`")
     t = sub.add_parser("train", help="train under torchrun")
-    t.add_argument("--model", default="resnet18", choices=["resnet18", "transformer"])
+    t.add_argument("--model", default=None, choices=list(MODELS),
+                   help="with --plan: the plan's model (the default); without: resnet18 by default")
     t.add_argument("--plan", help="plan directory (omit for plain FP32 DDP)")
     t.add_argument("--scheme", help="synchronization scheme (overrides the plan's; `ddp`: DDP's own all-reduce)")
     t.add_argument("--schemes", help="comma-separated schemes, trained one after another from the same start")

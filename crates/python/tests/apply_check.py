@@ -185,6 +185,18 @@ class Recorder(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def call_kind(n):
+    """The kind of torch call that runs plan node `n`: from the call the
+    exporter recorded where it names one (a Conv the dynamo exporter fused
+    into a batch norm is run by the batch norm), else from the op."""
+    import re
+
+    call = n.get("call") or ""
+    if "batch_norm" in call:
+        return "norm"
+    return CALL_KIND.get(re.sub(r"_[0-9]+$", "", call)) or OP_KIND.get(n["op"])
+
+
 def dtype_mismatches(dplan, report, rec, model, prefix):
     """Operator by operator: the plan's precision against the recorded
     dtypes. Returns a list of descriptions (empty when everything agrees)."""
@@ -195,7 +207,7 @@ def dtype_mismatches(dplan, report, rec, model, prefix):
     bad = []
     want = defaultdict(list)  # (path, kind, fused call) -> [(node, precision)]
     for n in dplan["nodes"]:
-        kind = OP_KIND.get(n["op"])
+        kind = call_kind(n)
         fused = None
         if (n.get("call") or "").startswith("scaled_dot_product_attention"):
             # One fused call computes these nodes (its matmuls and softmax): it

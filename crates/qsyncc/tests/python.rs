@@ -196,11 +196,13 @@ fn ddp_transformer_joint_plan_every_scheme() {
         assert!(rel < 1e-5, "weighted uneven batches {:?} diverge from uniform DDP: {a} vs {b}", batches);
     }
 
-    // (b) the plan applied + the qsync hook, every scheme.
-    let recs = train(&["--model", "transformer", "--plan", d, "--steps", steps, "--schemes", SCHEMES]);
+    // (b) the plan applied + the qsync hook, every scheme; no --model: the
+    // example trains the model the plan was made for (the README's flow).
+    let recs = train(&["--plan", d, "--steps", steps, "--schemes", SCHEMES]);
     assert_identical(&recs);
     let first = &recs[0];
     assert_eq!(first["unmapped"], 0, "{first}");
+    assert_eq!(first["model"], "transformer", "{first}");
     let reference = loss(base.last().expect("base"));
     for s in SCHEMES.split(',') {
         let r = last_of(&recs, s);
@@ -244,6 +246,44 @@ fn ddp_resnet18_qsync_plan_fp16_layers() {
         assert!(rel < tol, "{s}: loss {} vs FP32 DDP {reference} ({:.2}%)", loss(r), 100.0 * rel);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A plan is refused by a model it was not made for (`apply_plan` names the
+/// first missing module and the count unless `partial=True`), the example
+/// trains the plan's model and refuses another `--model`, and refreshed
+/// copies follow their masters (`crates/python/tests/plan_match_check.py`).
+#[test]
+fn a_plan_for_another_model_is_refused() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    install();
+    let work = tmp("match");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let mut c = Command::new(python());
+    c.arg(root().join("crates/python/tests/plan_match_check.py"))
+        .arg(env!("CARGO_BIN_EXE_qsyncc"))
+        .arg(&work)
+        .env("OMP_NUM_THREADS", "2")
+        .env("PYTHONWARNINGS", "ignore");
+    let (out, _) = run_limited(&mut c, Duration::from_secs(300));
+    let recs = records(&out);
+    assert!(
+        out.status.success() && recs.len() == 7 && recs.iter().all(|r| r["ok"] == true),
+        "plan_match_check failed\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The example's train job with a plan for another --model ends with the
+    // reason, before any rank trains.
+    let d = work.join("transformer-plan");
+    let d = d.to_str().expect("utf-8 path");
+    let (out, _) = run_limited(
+        &mut torchrun(&["--model", "resnet18", "--plan", d, "--steps", "1"]),
+        Duration::from_secs(120),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "training resnet18 with the transformer's plan succeeded");
+    assert!(err.contains("made for model 'transformer'"), "the refusal does not name the plan's model:\n{err}");
+    let _ = std::fs::remove_dir_all(&work);
 }
 
 #[test]

@@ -28,7 +28,10 @@ compute at its precision, with the dtypes the plan executes:
   reads its inputs at its planned precision, inserting the cast the plan
   inserts where a neighbour runs wider or narrower; one called inside a
   module's own forward (a residual add, a GELU call) follows PyTorch's type
-  promotion, the widest of its inputs — the rule QSync plans it by;
+  promotion, the widest of its inputs — the rule QSync plans it by; a leaf
+  with weights that no node names (the exporter fused it into a
+  neighbour's node, a Conv folded into its BatchNorm) reads its weights at
+  its input's dtype;
 - an operator called inside a module's own forward (attention's matmuls and
   softmax, a functional conv) is intercepted with a TorchFunctionMode active
   only in that module's forward, matched by kind and order of call, and
@@ -103,6 +106,17 @@ class Plan:
         if not str(schema).startswith("qsync-plan/"):
             raise PlanError(f"{mpath}: schema {schema!r} is not a qsync plan")
         return cls(path, manifest)
+
+    @property
+    def model_name(self):
+        """The name of the model the plan was made for (the manifest's
+        `model.name`: the planned file's stem), None if not recorded."""
+        return (self.manifest.get("model") or {}).get("name")
+
+    @property
+    def model_sha256(self):
+        """The SHA-256 of the model file the plan was made from."""
+        return (self.manifest.get("model") or {}).get("sha256")
 
     @property
     def device_count(self):
@@ -340,6 +354,8 @@ class ApplyReport:
     # Precision-dependent operators set through their leaf module
     # (node, module path, precision).
     dependent: list = field(default_factory=list)
+    # Leaves with weights no plan node names, run at their input's dtype.
+    followed: list = field(default_factory=list)
     # The plan's refreshed copies held for this model's parameters.
     copies: list = field(default_factory=list)  # RefreshedCopy
     # Refreshed copies of the plan with no parameter here (cast per forward).
@@ -501,6 +517,22 @@ def _wrap_dependent(module, p):
 
     def forward(*args, **kwargs):
         return orig(*_as(dt, args), **{k: _as(dt, v) for k, v in kwargs.items()})
+
+    module.forward = forward
+
+
+def _wrap_follow(module):
+    """A leaf with weights that no plan node names (the exporter fused it
+    into a neighbour's node: a Conv folded into the BatchNorm after it):
+    its weights are read at its input's dtype, as its fused node does."""
+    orig = module.forward
+    params = dict(module.named_parameters(recurse=False))
+
+    def forward(*args, **kwargs):
+        x = next((t for t in args if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+        if x is None or all(v.dtype == x.dtype for v in params.values()):
+            return orig(*args, **kwargs)
+        return _call_with(module, orig, {k: _as(x.dtype, v) for k, v in params.items()}, args, kwargs)
 
     module.forward = forward
 
@@ -772,6 +804,14 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None, partial=False, opt
         p = _widest([n["precision"] for n in nodes])
         _wrap_dependent(all_mods[path], p)
         report.dependent.extend((n["name"], path, p) for n in nodes)
+
+    for path, m in all_mods.items():
+        if path in by_module or path in dep or list(m.children()):
+            continue
+        if any(v.is_floating_point() for v in m.parameters(recurse=False)) and not any(
+                b.is_floating_point() for b in m.buffers(recurse=False)):
+            _wrap_follow(m)
+            report.followed.append(path)
 
     for full, (copy_name, _dt) in copies_by_param.items():
         report.unmapped_copies.append((copy_name, f"`{full}` is not read by a 16-bit leaf module here; "
