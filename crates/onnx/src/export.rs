@@ -88,8 +88,11 @@ pub fn copy_external_data(model: &Model, base: &Path, out_dir: &Path, label: &st
     let locations = external_locations(model);
     let mut sources = Vec::with_capacity(locations.len());
     for loc in locations {
-        let src = qsync_ir::tensor::resolve_external(Some(base), &loc)
-            .map_err(|msg| OnnxError::Invalid { file: label.to_string(), place: "external data".into(), msg })?;
+        let src = qsync_ir::tensor::resolve_external(Some(base), &loc).map_err(|msg| OnnxError::Invalid {
+            file: label.to_string(),
+            place: "external data".into(),
+            msg,
+        })?;
         if let Some(src) = src {
             sources.push((loc, src));
         }

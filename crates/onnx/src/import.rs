@@ -109,8 +109,11 @@ pub fn import_bytes_with_report(
     if base_dir.is_some() {
         // Locations are plain relative names (checked above); here, links
         // that lead out of the folder and sizes beyond the files.
-        qsync_ir::tensor::check_model_external_data(&model)
-            .map_err(|msg| OnnxError::Invalid { file: imp.file.clone(), place: "external data".into(), msg })?;
+        qsync_ir::tensor::check_model_external_data(&model).map_err(|msg| OnnxError::Invalid {
+            file: imp.file.clone(),
+            place: "external data".into(),
+            msg,
+        })?;
     }
     let opset = model.opset();
     let rep = infer_shapes(&mut model.graph, opset, &InferOptions::default());

@@ -35,7 +35,8 @@ pub fn load_tensor(ar: &Archive, t: &TensorRef) -> Result<Tensor> {
     if t.offset < 0 {
         return Err(bad(format!("tensor view has a negative storage offset {}", t.offset)));
     }
-    let numel = t.sizes.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64)).ok_or_else(|| bad("size overflows".into()))?;
+    let numel =
+        t.sizes.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64)).ok_or_else(|| bad("size overflows".into()))?;
     let Some(bytes) = ar.get(&member) else { return Ok(Tensor { dtype, dims, data: TensorData::Absent }) };
     let es = dtype.storage_bytes(1).max(1);
     if numel == 0 {
