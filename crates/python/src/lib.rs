@@ -12,8 +12,9 @@
 //!   ([`GradSync::nccl`](PyGradSync::nccl)): its unique id comes from
 //!   [`nccl_unique_id`] on rank 0 and is shared through torch's store.
 //!
-//! Python sees `GradSync(transport, scheme, *, nodes, group, seed,
-//! timeout_s, gather_f32)` with `all_reduce_mean(buffer)` (a writable,
+//! Python sees `GradSync(transport, scheme, *, nodes, node_of, group, seed,
+//! timeout_s, gather_f32)` (`node_of`: the node of every rank, for nodes of
+//! any size; `nodes`: that many equal nodes) with `all_reduce_mean(buffer)` (a writable,
 //! C-contiguous float32 buffer: a NumPy view of a DDP bucket), `fork()` (an
 //! independent state for another bucket, over a duplicate of the same
 //! group) and `wire_bytes`; `schemes()`; `nccl_unique_id()`; and the
@@ -39,13 +40,29 @@ pyo3::create_exception!(
 /// One bucket's synchronization state.
 struct Owned(GradSync<'static>);
 
+// What `Owned`'s `Send` below rests on, checked by the compiler: the only
+// communicators this module makes are `PyTransport`s and `NcclComm`s, and
+// their `split`s (which `GradSync` makes for hierarchical schemes and
+// `fork` for another bucket) return the same types again; the kernel
+// engines are `Send + Sync` by their trait.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<transport::PyTransport>();
+    send::<qsync_runtime::nccl::NcclComm>();
+    send::<std::sync::Arc<dyn qsync_runtime::KernelEngine>>();
+};
+
 // SAFETY: `GradSync` is `!Send` only because it holds its communicators as
-// `Box<dyn Communicator>` without a `Send` bound. The communicators in an
-// `Owned` are made in this module alone: a `PyTransport` (a `Py<PyAny>`
-// handle and a `Mutex`, both `Send`), its splits (again `PyTransport`s),
-// or an NCCL communicator whose state (a raw NCCL handle and an `Rc` to its
-// device) is only touched through the `Mutex` in `PyGradSync`, so at most
-// one thread uses it at a time and the `Rc` is never cloned outside it.
+// `Box<dyn Communicator>`, a trait object without a `Send` bound. Every
+// communicator in an `Owned` is one of the `Send` types checked above: the
+// world is a `PyTransport` (`new`) or an `NcclComm` (`nccl`), and every
+// other communicator is a split of one, of the same type — `PyTransport`
+// splits are new `PyTransport`s over new torch process groups; `NcclComm`
+// splits are `NcclComm`s that share their device state through an `Arc`
+// whose contents are `Send + Sync` (behind mutexes, one operation at a
+// time per device). So moving an `Owned` to another thread — or dropping
+// it there — moves only `Send` values, whatever sibling states other
+// threads hold.
 #[allow(unsafe_code)]
 unsafe impl Send for Owned {}
 
@@ -67,9 +84,11 @@ fn sync_err(e: impl std::fmt::Display) -> PyErr {
     SyncError::new_err(e.to_string())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn config(
     scheme: &str,
     nodes: usize,
+    node_of: Option<Vec<usize>>,
     group: usize,
     seed: u64,
     timeout_s: f64,
@@ -81,6 +100,7 @@ fn config(
     }
     let mut cfg = SyncConfig::new(scheme);
     cfg.nodes = nodes;
+    cfg.node_of = node_of;
     cfg.group = group;
     cfg.seed = seed;
     cfg.timeout = Duration::from_secs_f64(timeout_s);
@@ -99,8 +119,20 @@ impl PyGradSync {
         Ok(PyGradSync { state: Mutex::new(sync), name, timeout })
     }
 
-    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, Owned>> {
-        self.state.lock().map_err(|_| SyncError::new_err("an earlier synchronization panicked"))
+    /// The state, waited for without holding the GIL: the thread that holds
+    /// it may need the GIL to finish (a Python transport's calls).
+    fn lock(&self, py: Python<'_>) -> PyResult<std::sync::MutexGuard<'_, Owned>> {
+        loop {
+            match self.state.try_lock() {
+                Ok(g) => return Ok(g),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    py.detach(|| std::thread::sleep(Duration::from_micros(100)));
+                }
+                Err(std::sync::TryLockError::Poisoned(_)) => {
+                    return Err(SyncError::new_err("an earlier synchronization panicked"));
+                }
+            }
+        }
     }
 }
 
@@ -108,19 +140,20 @@ impl PyGradSync {
 impl PyGradSync {
     /// Synchronization over a Python transport (`qsync.TorchTransport`).
     #[new]
-    #[pyo3(signature = (transport, scheme, *, nodes=1, group=512, seed=0, timeout_s=60.0, gather_f32=false))]
+    #[pyo3(signature = (transport, scheme, *, nodes=1, node_of=None, group=512, seed=0, timeout_s=60.0, gather_f32=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         transport: &Bound<'_, PyAny>,
         scheme: &str,
         nodes: usize,
+        node_of: Option<Vec<usize>>,
         group: usize,
         seed: u64,
         timeout_s: f64,
         gather_f32: bool,
     ) -> PyResult<Self> {
-        let cfg = config(scheme, nodes, group, seed, timeout_s, gather_f32)?;
+        let cfg = config(scheme, nodes, node_of, group, seed, timeout_s, gather_f32)?;
         let world = transport::PyTransport::new(transport)?;
         Self::make(py, Box::new(world), cfg)
     }
@@ -131,7 +164,7 @@ impl PyGradSync {
     /// the quantization kernels as qsync's PTX on that GPU (the PTX from
     /// `$QSYNC_PTX_DIR`); `"host"` (default) on the CPU.
     #[staticmethod]
-    #[pyo3(signature = (rank, world, unique_id, device, scheme, *, nodes=1, group=512, seed=0, timeout_s=60.0, gather_f32=false, kernels="host"))]
+    #[pyo3(signature = (rank, world, unique_id, device, scheme, *, nodes=1, node_of=None, group=512, seed=0, timeout_s=60.0, gather_f32=false, kernels="host"))]
     #[allow(clippy::too_many_arguments)]
     fn nccl(
         py: Python<'_>,
@@ -141,6 +174,7 @@ impl PyGradSync {
         device: usize,
         scheme: &str,
         nodes: usize,
+        node_of: Option<Vec<usize>>,
         group: usize,
         seed: u64,
         timeout_s: f64,
@@ -148,21 +182,19 @@ impl PyGradSync {
         kernels: &str,
     ) -> PyResult<Self> {
         use qsync_runtime::nccl::{probe, NcclComm, RankEnv, UniqueId};
-        let mut cfg = config(scheme, nodes, group, seed, timeout_s, gather_f32)?;
+        let mut cfg = config(scheme, nodes, node_of, group, seed, timeout_s, gather_f32)?;
         cfg.kernels = kernels.parse().map_err(PyValueError::new_err)?;
         let id = UniqueId::from_hex(unique_id).map_err(sync_err)?;
         let env = RankEnv { id, rank, world, device: Some(device) };
         let deadline = Deadline::after(cfg.timeout);
-        let comm = py
-            .detach(|| probe().and_then(|info| NcclComm::init(info, &env, deadline)).map(Owned2))
-            .map_err(sync_err)?;
-        Self::make(py, Box::new(comm.0), cfg)
+        let comm = py.detach(|| probe().and_then(|info| NcclComm::init(info, &env, deadline))).map_err(sync_err)?;
+        Self::make(py, Box::new(comm), cfg)
     }
 
     /// An independent state for another bucket: the same scheme over a
     /// duplicate of this group (a collective: every rank calls it).
     fn fork(&self, py: Python<'_>) -> PyResult<Self> {
-        let guard = self.lock()?;
+        let guard = self.lock(py)?;
         let deadline = Deadline::after(self.timeout);
         let cfg = guard.0.config().clone();
         let world = guard.0.world();
@@ -179,7 +211,7 @@ impl PyGradSync {
             return Err(PyValueError::new_err("all_reduce_mean needs a writable, C-contiguous float32 buffer"));
         }
         let mut values = buf.to_vec(py)?;
-        let mut guard = self.lock()?;
+        let mut guard = self.lock(py)?;
         let state = &mut *guard;
         py.detach(|| state.mean(&mut values)).map_err(sync_err)?;
         drop(guard);
@@ -194,26 +226,17 @@ impl PyGradSync {
 
     /// Bytes this rank received from others so far: `(intra_node, inter_node)`.
     #[getter]
-    fn wire_bytes(&self) -> PyResult<(u64, u64)> {
-        let w = self.lock()?.0.wire_bytes();
+    fn wire_bytes(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        let w = self.lock(py)?.0.wire_bytes();
         Ok((w.intra_node, w.inter_node))
     }
 
-    fn __repr__(&self) -> PyResult<String> {
-        let g = self.lock()?;
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let g = self.lock(py)?;
         let w = g.0.world();
         Ok(format!("GradSync({}, rank {} of {} over {})", self.name, w.rank(), w.size(), w.backend()))
     }
 }
-
-/// The NCCL communicator on its way out of a GIL-free section.
-struct Owned2(qsync_runtime::nccl::NcclComm);
-
-// SAFETY: the communicator is created in the closure and handed to the
-// caller, which moves it straight into a `PyGradSync` (see `Owned`); no
-// other reference to it exists while it crosses threads.
-#[allow(unsafe_code)]
-unsafe impl Send for Owned2 {}
 
 /// The synchronization schemes (base names; add `-sr` for stochastic
 /// rounding and `-ef` for error feedback where they apply).

@@ -107,10 +107,13 @@ class TorchTransport:
         self._wait(dist.all_reduce(x, group=self.group, async_op=True), "barrier", timeout_s)
 
     def split(self, color: int, key: int, timeout_s: float) -> "TorchTransport":
-        """The ranks with the same `color`, ordered by `key` (collective).
+        """The ranks with the same `color`, ordered by `key` (collective): a
+        new process group, never this one, even when every rank passes the
+        same color (then a duplicate of this group).
 
         torch creates groups collectively over the whole job, so a group of
-        every rank may split into any partition, a sub-group only trivially."""
+        every rank may split into any partition, a sub-group only into a
+        duplicate of itself."""
         mine = torch.tensor([color, key], dtype=torch.int64)
         both = torch.empty(2 * self.size, dtype=torch.int64)
         self._wait(dist.all_gather_into_tensor(both, mine, group=self.group, async_op=True), "split", timeout_s)
@@ -124,7 +127,16 @@ class TorchTransport:
                 raise ValueError("torch.distributed orders a group by rank: split keys must follow rank order")
             parts[c] = tuple(self.members[r] for r in order)
         if len(colors) == 1:
-            return self  # the same members: the same group serves.
+            # A duplicate: a new process group over the same ranks, so its
+            # traffic never interleaves with this group's (another bucket's
+            # synchronization may run on another thread at the same time).
+            members = parts[colors[0]]
+            if self.size == dist.get_world_size():
+                group = dist.new_group(ranks=list(members), backend="gloo")
+            else:
+                # Only this group's ranks call split: they alone synchronize.
+                group = dist.new_group(ranks=list(members), backend="gloo", use_local_synchronization=True)
+            return TorchTransport(group, _members=members)
         if self.size != dist.get_world_size():
             raise ValueError("only the group of every rank can be split into several groups")
         key_all = tuple(parts[c] for c in colors)

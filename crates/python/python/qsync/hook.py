@@ -22,6 +22,7 @@ still fires.
 from __future__ import annotations
 
 import os
+import socket
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,7 +37,7 @@ from .plan import Plan
 class QSyncHook:
     """The hook object: call it as `hook(state, bucket)` (DDP does)."""
 
-    def __init__(self, scheme, *, weight=None, nodes=1, group=512, seed=0, timeout_s=60.0,
+    def __init__(self, scheme, *, weight=None, nodes=1, node_of=None, group=512, seed=0, timeout_s=60.0,
                  gather_f32=False, process_group=None, kernels="host"):
         if not dist.is_initialized():
             raise RuntimeError("qsync.comm_hook needs torch.distributed to be initialized (init_process_group)")
@@ -45,7 +46,14 @@ class QSyncHook:
         self.rank = dist.get_rank(process_group)
         # Scale so that the mean over ranks is the batch-weighted sum.
         self.scale = 1.0 if weight is None else float(weight) * self.world
-        self._opts = dict(nodes=nodes, group=group, seed=seed, timeout_s=timeout_s, gather_f32=gather_f32)
+        if node_of is not None:
+            node_of = [int(n) for n in node_of]
+            if len(node_of) != self.world:
+                raise ValueError(f"node_of names the node of {len(node_of)} ranks, this job has {self.world}")
+            nodes = 1
+        self.node_of = node_of  # the node of every rank (None: `nodes` equal nodes)
+        self._opts = dict(nodes=nodes, node_of=node_of, group=group, seed=seed, timeout_s=timeout_s,
+                          gather_f32=gather_f32)
         self._pg = process_group
         self._kernels = kernels  # where CUDA buckets quantize: "host" or "device" (our PTX)
         self._cpu = None  # gloo transport, made on first use (collective)
@@ -135,7 +143,40 @@ class QSyncHook:
         return intra, inter
 
 
-def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=None, group=None, seed=0,
+def plan_node_map(plan):
+    """The node of every rank of `plan`'s cluster: rank order follows the
+    manifest's targets, each type on its own nodes of `per_node` ranks (the
+    last one possibly smaller), so `a100:4,t4:8` is a node of 4 and a node
+    of 8, never two nodes of 6."""
+    out, node = [], 0
+    for t in plan.targets:
+        count = int(t["count"])
+        per = max(int(t.get("per_node") or count), 1)
+        out.extend(node + i // per for i in range(count))
+        node += -(-count // per)
+    return out
+
+
+def launcher_node_map(process_group=None):
+    """The node of every rank as the launcher placed them (collective): the
+    node index torchrun gives (`GROUP_RANK`), else the host name (mpirun,
+    any launcher); nodes numbered in order of their first rank."""
+    key = os.environ.get("GROUP_RANK")
+    key = f"group {key}" if key is not None else f"host {socket.gethostname()}"
+    world = dist.get_world_size(process_group)
+    # Over gloo, whatever the job's backend (no CUDA device involved).
+    if process_group is None:
+        group = dist.new_group(backend="gloo")
+    else:
+        members = [dist.get_global_rank(process_group, r) for r in range(world)]
+        group = dist.new_group(ranks=members, backend="gloo", use_local_synchronization=True)
+    keys = [None] * world
+    dist.all_gather_object(keys, key, group=group)
+    ids = {}
+    return [ids.setdefault(k, len(ids)) for k in keys]
+
+
+def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=None, node_of=None, group=None, seed=0,
               timeout_s=60.0, gather_f32=False, process_group=None, kernels="host"):
     """A DDP communication hook for `ddp.register_comm_hook(None, hook)`;
     `hook.qsync` is its `QSyncHook` (scheme, weight scale, wire bytes).
@@ -146,8 +187,13 @@ def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=Non
     `bf16`, `qgz-int8`, `qgz-int4`, `qgz-int8-hier`, `qgz-int4-hier`,
     `nbit-1/2/4/8`, with `-sr` / `-ef` where they apply). `device_type` names
     this rank's type in the plan (default: by rank, in the manifest's target
-    order); `nodes` the node count for hierarchical schemes (default: the
-    plan's, else `$QSYNC_NODES`, else 1). `kernels="device"` quantizes CUDA
+    order). Hierarchical schemes need the node of every rank, taken from, in
+    order: `node_of` (a list, one node id per rank); `nodes` (that many equal
+    nodes, node-major); the plan (its types' node counts and `per_node`, so
+    nodes may differ in size); `$QSYNC_NODES` (equal nodes); for a
+    hierarchical scheme, the launcher (torchrun's `GROUP_RANK`, else the host
+    name, gathered from every rank: creating such a hook is a collective);
+    else one node. `kernels="device"` quantizes CUDA
     buckets with qsync's PTX kernels on the GPU (`$QSYNC_PTX_DIR` holds the
     `qsyncc codegen --all-kernels` output); CPU buckets always use the host.
     """
@@ -166,15 +212,20 @@ def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=Non
         weight = plan.gradient_weight(dev)
         scheme = scheme or plan.sync_scheme
         group = group or plan.sync_group
-        if nodes is None:
-            nodes = plan.nodes
+        if nodes is None and node_of is None:
+            node_of = plan_node_map(plan)
     else:
         scheme = scheme or str(plan_or_scheme)
+    if nodes is None and node_of is None:
+        if "QSYNC_NODES" in os.environ:
+            nodes = int(os.environ["QSYNC_NODES"])
+        elif "hier" in _native.parse_scheme(scheme):
+            node_of = launcher_node_map(process_group)  # a collective: every rank makes its hook
     if nodes is None:
-        nodes = int(os.environ.get("QSYNC_NODES", "1"))
+        nodes = 1
     if scheme == "fp32" and weight is None:
         warnings.warn("qsync.comm_hook('fp32') does what DDP does by default", stacklevel=2)
-    obj = QSyncHook(scheme, weight=weight, nodes=nodes, group=group or 512, seed=seed, timeout_s=timeout_s,
+    obj = QSyncHook(scheme, weight=weight, nodes=nodes, node_of=node_of, group=group or 512, seed=seed, timeout_s=timeout_s,
                     gather_f32=gather_f32, process_group=process_group, kernels=kernels)
 
     # DDP wants a plain function (it logs its name); the state rides along.
