@@ -2,9 +2,11 @@
 """Write a qsync calibration file (indicator statistics and INT8 activation
 ranges) for a PyTorch model or an ONNX model.
 
-Usage (as a library):
-    from calibrate import calibrate
-    calibrate(model, batches, loss_fn, "calib.json", iterations=50)
+Usage (as a library): the package's own implementation,
+    import qsync
+    qsync.calibrate(model, batches, "calib.json", iterations=50)
+(`calibrate(model, batches, loss_fn, out_path, ...)` below is the same
+function with this script's older argument order).
 
 or from the command line for a torchvision model with random data:
     calibrate.py resnet50 calib.json [--batch 16] [--iterations 50]
@@ -12,13 +14,10 @@ or from the command line for a torchvision model with random data:
 or for an ONNX model, run in onnxruntime (no PyTorch needed):
     calibrate.py model.onnx calib.json [--inputs a.npz b.npz ...] [--random N --seed S]
 
-For every Conv / Linear / norm / softmax module it registers a forward hook
-(recording the input activation v and the weight x, and hooking the output
-tensor to record the gradient arriving at it, grad v). Each
-statistic -- squared L2 norm, min, max, numel -- is averaged over the first
-`iterations` training steps (QSync averages the first 50; it also halves
-the batch for profiling, which the caller controls). The optimizer steps
-with a small SGD learning rate so the statistics follow early training.
+A PyTorch model is trained for a few steps by `qsync.calibrate` (see its
+doc: per Conv / Linear / norm / softmax module, the statistics of the input
+activation, the weight and the gradient at the output, averaged over the
+first `iterations` steps).
 
 An ONNX model is run forward only: for every node of a tracked op type
 (Conv, ConvTranspose, MatMul, Gemm, norms, Softmax) the statistics of its
@@ -37,7 +36,7 @@ The format (version 1) is documented in crates/planner/src/indicator.rs:
      "grad_output": {...}}}}
 Module names (layer1.0.conv1) match graph nodes by their parameter names
 (layer1.0.conv1.weight) or the exporter's scoped node names; node names
-match themselves.
+match themselves. `qsyncc MODEL --stats calib.json` reads it.
 """
 import argparse
 import json
@@ -47,22 +46,9 @@ ONNX_TRACKED = ("Conv", "ConvTranspose", "MatMul", "Gemm", "BatchNormalization",
                 "InstanceNormalization", "GroupNormalization", "Softmax", "LogSoftmax")
 
 
-def _tracked():
-    import torch
-
-    return (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear, torch.nn.BatchNorm2d,
-            torch.nn.LayerNorm, torch.nn.Softmax)
-
-
-def _stats(t):
-    import torch  # noqa: F401  (a torch tensor's methods)
-
-    t = t.detach().float()
-    return {"norm2": float((t * t).sum()), "min": float(t.min()), "max": float(t.max()), "numel": float(t.numel())}
-
-
 class _Running:
-    """Running means of the statistics of one (module, tensor) pair."""
+    """Running means of one (node, tensor) pair's statistics (the ONNX path,
+    which runs without PyTorch)."""
 
     def __init__(self):
         self.sum = {}
@@ -78,64 +64,14 @@ class _Running:
 
 
 def calibrate(model, batches, loss_fn, out_path, iterations=50, name="model", lr=1e-3):
-    """Train `iterations` steps on `batches` (an iterable of (inputs, targets)),
-    averaging per-module statistics, and write the calibration JSON."""
-    import torch
+    """`qsync.calibrate` with this script's argument order; returns the
+    document written."""
+    import qsync
 
-    stats = {}
-    active = {"on": True}
-    hooks = []
-    # In-place modules (torchvision's ReLU(inplace=True)) would overwrite a
-    # module's output before its gradient hook fires: turn in-place off.
-    for mod in model.modules():
-        if getattr(mod, "inplace", False) is True:
-            mod.inplace = False
-    for mname, mod in model.named_modules():
-        if not isinstance(mod, _tracked()) or not mname:
-            continue
-        entry = stats.setdefault(mname, {"input": _Running(), "weight": _Running(), "grad_output": _Running()})
-
-        def grad(g, entry=entry):
-            if active["on"]:
-                entry["grad_output"].add(_stats(g))
-
-        # The gradient at the output is taken with a hook on the output
-        # tensor, not a full backward hook: those wrap the output in a view
-        # that torchvision's residual `out += identity` may not modify.
-        def fwd(m, inp, out, entry=entry, grad=grad):
-            if active["on"] and inp and torch.is_tensor(inp[0]):
-                entry["input"].add(_stats(inp[0]))
-                w = getattr(m, "weight", None)
-                if w is not None:
-                    entry["weight"].add(_stats(w))
-                if torch.is_tensor(out) and out.requires_grad:
-                    out.register_hook(grad)
-
-        hooks.append(mod.register_forward_hook(fwd))
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    model.train()
-    batch = None
-    done = 0
-    for x, y in batches:
-        if done >= iterations:
-            break
-        batch = x.shape[0]
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        done += 1
-    for h in hooks:
-        h.remove()
-    ops = {}
-    for mname, e in stats.items():
-        rec = {k: r.mean() for k, r in e.items() if r.mean() is not None}
-        if rec:
-            ops[mname] = rec
-    doc = {"format": "qsync-calibration", "version": 1, "model": name, "iterations": done, "batch": batch, "ops": ops}
-    with open(out_path, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    return doc
+    path = qsync.calibrate(model, batches, out_path, loss_fn=lambda out, y: loss_fn(out, y),
+                           iterations=iterations, name=name, lr=lr)
+    with open(path) as f:
+        return json.load(f)
 
 
 def _np_stats(a):

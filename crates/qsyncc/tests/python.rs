@@ -286,6 +286,32 @@ fn a_plan_for_another_model_is_refused() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
+/// `qsync.calibrate` (and `scripts/calibrate.py`, through it) writes a
+/// statistics file that `qsyncc MODEL --stats` accepts and plans with
+/// (`crates/python/tests/calibrate_check.py`).
+#[test]
+fn calibrate_writes_the_stats_qsyncc_plans_with() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    install();
+    let work = tmp("calibrate");
+    let mut c = Command::new(python());
+    c.arg(root().join("crates/python/tests/calibrate_check.py"))
+        .arg(env!("CARGO_BIN_EXE_qsyncc"))
+        .arg(root().join("../shared/models"))
+        .arg(&work)
+        .env("OMP_NUM_THREADS", "2")
+        .env("PYTHONWARNINGS", "ignore");
+    let (out, _) = run_limited(&mut c, Duration::from_secs(300));
+    let recs = records(&out);
+    assert!(
+        out.status.success() && recs.len() == 4 && recs.iter().all(|r| r["ok"] == true),
+        "calibrate_check failed\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}
+
 #[test]
 fn hook_bench_times_each_hook_against_ddp_in_one_job() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -9,9 +9,12 @@ gradients with qsync's quantized collectives inside DistributedDataParallel.
 
 The plan comes from `qsyncc MODEL --targets v100:4,t4:4 -o plan/`; each rank
 trains with its device type's `plan.local_batch(device)` samples per step.
+`qsync.calibrate(model, batches, "calib.json")` writes the statistics file
+`qsyncc MODEL --stats calib.json` plans with.
 """
 
 from ._native import SyncError, __version__, schemes
+from ._calibrate import calibrate
 from .hook import QSyncHook, comm_hook
 from .plan import ApplyReport, Plan, PlanError, apply_plan
 from ._transport import TorchTransport
@@ -24,6 +27,7 @@ __all__ = [
     "SyncError",
     "TorchTransport",
     "apply_plan",
+    "calibrate",
     "comm_hook",
     "schemes",
     "__version__",

@@ -746,7 +746,9 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None, partial=False, opt
             cands = [master] + ([master[len(prefix) + 1:]] if prefix and master.startswith(prefix + ".") else [])
             targets = [x for x in cands if x in params_by_name][:1]
         if not targets:
-            report.unmapped_copies.append((copy_name, f"master `{master}` is not a parameter of this model"))
+            report.unmapped_copies.append((copy_name, f"master `{master}` is not a parameter of this model (a value "
+                                                      f"the exporter derived, e.g. a weight with a BatchNorm "
+                                                      f"folded in): its reader casts per forward"))
             continue
         for t in targets:
             copies_by_param.setdefault(t, (copy_name, dt))
