@@ -19,6 +19,16 @@ pub mod syncbench;
 /// are about 2^59).
 pub const MAX_DIM: i64 = 1 << 24;
 
+/// The error of a command this build left out: `what` needs `feature`
+/// (which needs `needs` on the build machine), and how to build it in.
+/// Like every error it exits with status 2.
+pub fn feature_off(what: &str, feature: &str, needs: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{what} needs qsyncc's `{feature}` feature ({needs}), which this build lacks; \
+         rebuild with `cargo install --path crates/qsyncc --features {feature}`"
+    )
+}
+
 /// `NAME=N` for `--dim`.
 pub fn parse_dim_binding(s: &str) -> Result<(String, i64), String> {
     let (name, val) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=N"))?;

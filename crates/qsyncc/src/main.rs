@@ -236,6 +236,7 @@ fn run(cli: Cli) -> Result<()> {
             write_stdout(&out)
         }
         Cmd::Codegen { model, target, passes, emit, output, all_kernels, dims } => {
+            codegen::require("`qsyncc codegen`")?;
             let (target, note) =
                 qsyncc::devices::resolve(&target, |n| qsync_passes::precision::KNOWN_TARGETS.contains(&n));
             if let Some(n) = note {

@@ -7,16 +7,20 @@
 //! (`abort`) with the error printed by the rank that saw it, so no rank
 //! waits forever on a dead peer. Without CUDA or NCCL, `--backend nccl` is
 //! a "not found (searched: …)" error, exit status 2.
+//!
+//! Each backend is a feature of qsyncc (`mpi`: Open MPI at build time;
+//! `nccl`), off in a bare build; a backend left out is an error naming its
+//! feature, exit status 2.
 
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
 
-use qsync_runtime::bench::{self, BenchOptions, BenchReport};
+use qsync_runtime::bench::BenchOptions;
 use qsync_runtime::fault::Fault;
 use qsync_runtime::testdata::GradKind;
-use qsync_runtime::{Communicator, Gather, Scheme, SyncConfig};
+use qsync_runtime::{Gather, Scheme, SyncConfig};
 
 /// `qsyncc sync-bench` arguments.
 #[derive(Args, Debug, Clone)]
@@ -116,7 +120,8 @@ fn options(args: &SyncBenchArgs) -> Result<BenchOptions> {
     })
 }
 
-fn render(r: &BenchReport, json: bool) -> Result<String> {
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+fn render(r: &qsync_runtime::bench::BenchReport, json: bool) -> Result<String> {
     if json {
         return Ok(serde_json::to_string(r)? + "\n");
     }
@@ -178,13 +183,29 @@ pub fn run(args: &SyncBenchArgs) -> Result<Option<String>> {
     if args.backend == "nccl" {
         return run_nccl(args, &opts);
     }
+    run_mpi(args, &opts)
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(args: &SyncBenchArgs, opts: &BenchOptions) -> Result<Option<String>> {
     let world = qsync_runtime::mpi::MpiComm::init()?;
-    on_rank(&world, &opts, args.json)
+    on_rank(&world, opts, args.json)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &SyncBenchArgs, _: &BenchOptions) -> Result<Option<String>> {
+    Err(crate::feature_off("`sync-bench --backend mpi`", "mpi", "Open MPI"))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn run_nccl(_: &SyncBenchArgs, _: &BenchOptions) -> Result<Option<String>> {
+    Err(crate::feature_off("`sync-bench --backend nccl`", "nccl", "NCCL and CUDA, loaded at run time"))
 }
 
 /// The benchmark on one rank of a started job; the world is aborted on error.
-fn on_rank(world: &dyn Communicator, opts: &BenchOptions, json: bool) -> Result<Option<String>> {
-    let report = match bench::run(world, opts) {
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+fn on_rank(world: &dyn qsync_runtime::Communicator, opts: &BenchOptions, json: bool) -> Result<Option<String>> {
+    let report = match qsync_runtime::bench::run(world, opts) {
         Ok(r) => r,
         Err(e) => {
             // The error names the rank (world rank) itself.
@@ -200,6 +221,7 @@ fn on_rank(world: &dyn Communicator, opts: &BenchOptions, json: bool) -> Result<
 }
 
 /// `--backend nccl`: a rank (started by the launcher) or the launcher.
+#[cfg(feature = "nccl")]
 fn run_nccl(args: &SyncBenchArgs, opts: &BenchOptions) -> Result<Option<String>> {
     use qsync_runtime::nccl::{probe, spawn_local, NcclComm, RankEnv};
     if RankEnv::present() {
