@@ -276,10 +276,8 @@ fn a_plan_for_another_model_is_refused() {
     // reason, before any rank trains.
     let d = work.join("transformer-plan");
     let d = d.to_str().expect("utf-8 path");
-    let (out, _) = run_limited(
-        &mut torchrun(&["--model", "resnet18", "--plan", d, "--steps", "1"]),
-        Duration::from_secs(120),
-    );
+    let (out, _) =
+        run_limited(&mut torchrun(&["--model", "resnet18", "--plan", d, "--steps", "1"]), Duration::from_secs(120));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "training resnet18 with the transformer's plan succeeded");
     assert!(err.contains("made for model 'transformer'"), "the refusal does not name the plan's model:\n{err}");
