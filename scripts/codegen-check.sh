@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build -q --release -p qsyncc
+cargo build -q --release -p qsyncc --features full
 Q=target/release/qsyncc
 ptxas=$(command -v ptxas || python3 -c "import nvidia.cuda_nvcc as m; print(list(m.__path__)[0] + '/bin/ptxas')" 2>/dev/null || true)
 models=("$@"); [ ${#models[@]} -gt 0 ] || models=(../shared/models/*.onnx ../shared/models/*.pt)

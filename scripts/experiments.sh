@@ -14,7 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 M=${MODELS:-../shared/models}
-if [ -z "${QSYNCC:-}" ]; then cargo build --quiet --release -p qsyncc; fi
+if [ -z "${QSYNCC:-}" ]; then cargo build --quiet --release -p qsyncc --features full; fi
 Q=${QSYNCC:-target/release/qsyncc}
 
 row() { # model cluster-label targets summary.json manifest.json

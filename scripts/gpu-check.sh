@@ -33,7 +33,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
 prepare() {
-  cargo build -p qsyncc
+  cargo build -p qsyncc --features full
   SMS="$SMS" bash scripts/gpu/ptx.sh target/debug/qsyncc "$OUT"
   local bin
   bin=$(cargo test --release -p qsync-gpu-check --test gpu --no-run --message-format=json 2>/dev/null \

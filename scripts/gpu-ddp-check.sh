@@ -22,7 +22,7 @@ prepare)
   venv=${QSYNC_TORCH_VENV:-$HOME/.cache/qsync/torch-venv}
   rm -rf "$dir" && mkdir -p "$dir"
   (cd crates/python && "$venv/bin/maturin" build --release -q -o "../../$dir")
-  cargo build --release -q -p qsyncc
+  cargo build --release -q -p qsyncc --features full
   QSYNCC=target/release/qsyncc "$venv/bin/python" examples/train_ddp.py plan --model transformer \
     --targets h100-sxm:1,t4:1 --batch 16 -o "$dir/plan" -- --method qsync
   cp examples/train_ddp.py "$dir/"

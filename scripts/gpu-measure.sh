@@ -39,7 +39,7 @@ usage() { echo "usage: $0 prepare|run|run-ops|run-train|analyze [DIR]" >&2; exit
 
 qsyncc_bin() {
   if [ -n "${QSYNCC:-}" ]; then echo "$QSYNCC"; return; fi
-  cargo build -q -p qsyncc >&2
+  cargo build -q -p qsyncc --features full >&2
   echo target/debug/qsyncc
 }
 

@@ -70,7 +70,7 @@ prepare() {
   cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/qsync-sync-check" "$DIR/qsync-sync-check"
   if ldd "$DIR/qsync-sync-check" | grep -q libmpi; then echo "the NCCL build links MPI"; exit 1; fi
   # Our kernels as PTX for every architecture, for `--kernels device`.
-  cargo build -p qsyncc
+  cargo build -p qsyncc --features full
   bash scripts/gpu/ptx.sh target/debug/qsyncc "$DIR/ptx"
   set +e
   echo "prepared $DIR ($(du -sh "$DIR" | cut -f1)); run '$0 run' on the GPU machine with it"

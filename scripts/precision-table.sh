@@ -13,7 +13,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 models="${1:-$root/../shared/models}"
 [ -d "$models" ] || models="$root/../../shared/models"
-cargo build -q --release -p qsyncc --manifest-path "$root/Cargo.toml"
+cargo build -q --release -p qsyncc --features full --manifest-path "$root/Cargo.toml"
 q="$root/target/release/qsyncc"
 echo "| model | plan | casts added | low-prec FLOPs | V100 ms | T4 ms |"
 echo "| --- | --- | ---: | ---: | ---: | ---: |"

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS=../shared/models
 if [ -z "${QSYNCC:-}" ]; then
-  cargo build -q -p qsyncc
+  cargo build -q -p qsyncc --features full
   QSYNCC=target/debug/qsyncc
 fi
 

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bytes=${1:-16M}
 qsyncc=${2:-target/debug/qsyncc}
-[ -x "$qsyncc" ] || cargo build -p qsyncc
+[ -x "$qsyncc" ] || cargo build -p qsyncc --features full
 # Root in containers; more ranks than cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 out=target/sync-bench.jsonl

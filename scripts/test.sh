@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Every test: unit tests, filetests, real-model tests, CLI tests and the
-# ONNX checker / onnxruntime interop checks (see README).
+# ONNX checker / onnxruntime interop checks (see README). qsyncc's tests
+# build it with every feature (its dev-dependency on itself turns on
+# `full`); scripts/bare-check.sh then checks the featureless build users
+# install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -9,3 +12,4 @@ if [ ! -d ../shared/models ]; then
   exit 1
 fi
 cargo test --workspace --locked "$@"
+bash scripts/bare-check.sh ../shared/models

@@ -37,7 +37,7 @@ CMD="scripts/validate-compute.sh${1:+ $1}"
 # describes that one core. QSYNC_THREADS overrides.
 export OMP_NUM_THREADS=${QSYNC_THREADS:-1} MKL_NUM_THREADS=${QSYNC_THREADS:-1}
 [ -x "$PY" ] || { echo "error: $PY not found (set PYTHON to a python with torch, torchvision, transformers, onnx)" >&2; exit 2; }
-if [ -n "${QSYNCC:-}" ]; then Q=$QSYNCC; else cargo build -q -p qsyncc; Q=target/debug/qsyncc; fi
+if [ -n "${QSYNCC:-}" ]; then Q=$QSYNCC; else cargo build -q -p qsyncc --features full; Q=target/debug/qsyncc; fi
 mkdir -p "$DIR/models"
 # A private copy: the shared target directory may be rebuilt while this runs.
 cp "$Q" "$DIR/qsyncc"

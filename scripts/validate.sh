@@ -20,7 +20,7 @@ bash scripts/setup.sh
 parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sync compute iterations)
 out=target/validate
 mkdir -p "$out"
-cargo build --release --locked -p qsyncc
+cargo build --release --locked -p qsyncc --features full
 qsyncc=target/release/qsyncc
 
 replace_section() { # replace_section NAME FILE: docs/validation.md's <!-- NAME --> ... <!-- /NAME --> := FILE

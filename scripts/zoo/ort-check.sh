@@ -6,7 +6,7 @@
 # One line per model and check; the last line counts what passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -q --release -p qsyncc
+cargo build -q --release -p qsyncc --features full
 Q=target/release/qsyncc; S=passes/tests/numerics.py
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 ok=0; bad=0

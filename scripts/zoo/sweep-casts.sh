@@ -13,7 +13,7 @@
 # casts are not below onnxconverter-common's.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -q --release -p qsyncc
+cargo build -q --release -p qsyncc --features full
 Q=target/release/qsyncc
 dirs=("$@"); [ ${#dirs[@]} -gt 0 ] || dirs=(/tmp/zoo/models /tmp/zoo/models_hf)
 tmp=$(mktemp -d)

@@ -9,7 +9,7 @@
 # device) and, last, the failures and the largest disagreement.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -q --release -p qsyncc
+cargo build -q --release -p qsyncc --features full
 Q=target/release/qsyncc
 dirs=("$@"); [ ${#dirs[@]} -gt 0 ] || dirs=(/tmp/zoo/models /tmp/zoo/models_hf)
 tmp=$(mktemp -d)

@@ -345,7 +345,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         return Err(request_err(format!("unknown --emit kind `{bad}` (expected onnx, mlir, ptx)")));
     }
     if let Some(code) = req.emit.iter().map(|e| e.trim()).find(|e| matches!(*e, "mlir" | "ptx")) {
-        crate::codegen::require(&format!("--emit {code}")).map_err(|e| request_err(format!("{e:#}")))?;
+        crate::codegen::require(&format!("`plan --emit {code}`")).map_err(|e| request_err(format!("{e:#}")))?;
     }
     // Flags are checked before any work: a bad pipeline fails at once.
     qsync_passes::pipeline_from_spec(&req.pipeline).map_err(|e| request_err(format!("--pipeline: {e:#}")))?;
