@@ -26,6 +26,7 @@ them with the runtime's NCCL path.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -300,19 +301,19 @@ def cmd_bench(a):
     def backward(name):
         ddp = ddps[name]
         ddp.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(ddp(x), y)
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        if name == "no-sync":
-            with ddp.no_sync():
-                loss.backward()
-        else:
+        # DDP decides in the forward pass whether the backward reduces, so
+        # `no_sync` must cover the forward too, or the "unsynchronized"
+        # backward all-reduces like DDP's own.
+        with ddp.no_sync() if name == "no-sync" else contextlib.nullcontext():
+            loss = F.cross_entropy(ddp(x), y)
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
             loss.backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - t0
 
     for name in ddps:  # warm-up: buckets are rebuilt after the first step
         for _ in range(2):

@@ -6,7 +6,7 @@
 #
 #   up    --nodes N --rate RATE [--delay-ms D] [--prefix P] [--subnet 10.88.K]
 #   down  [--prefix P]
-#   run   [--prefix P] --ranks-per-node K [--timeout S] -- PROG ARGS...
+#   run   [--prefix P] --ranks-per-node K [--cpus-per-node C] [--timeout S] -- PROG ARGS...
 #   stats [--prefix P] [--json]
 #   cut   NODE [down|loss] [--prefix P]
 #   heal  NODE [--prefix P]
@@ -20,7 +20,10 @@
 # namespace, the bridge-side veth's egress towards the node), so a node's
 # upload and download are each limited to RATE, with D ms added each way.
 # Ranks of one node talk over the namespace's loopback (never the link);
-# ranks of different nodes only over the shaped links.
+# ranks of different nodes only over the shaped links. `run --cpus-per-node
+# C` pins node i's ranks to CPUs [i·C, (i+1)·C) (taskset), so each emulated
+# node computes on cores of its own, as a real node does; without it every
+# rank may run on every core.
 #
 # State lives in /run/qsync-netcluster/P.env; `down` also finds leftovers by
 # name, so it is idempotent and safe after a crash. `up` tears down what it
@@ -212,10 +215,11 @@ EOF
 }
 
 cmd_run() {
-  local k='' limit=''
+  local k='' limit='' cpus=''
   while [ $# -gt 0 ]; do
     case $1 in
       --ranks-per-node) k=${2:?}; shift 2 ;;
+      --cpus-per-node) cpus=${2:?}; shift 2 ;;
       --prefix) PREFIX=${2:?}; shift 2 ;;
       --timeout) limit=${2:?}; shift 2 ;;
       --) shift; break ;;
@@ -228,10 +232,19 @@ cmd_run() {
   check_prefix
   load_state
   command -v mpirun >/dev/null || die 2 "mpirun is not installed (scripts/setup.sh installs Open MPI)"
-  local net="$SUBNET.0/24" apps=() i
+  local net="$SUBNET.0/24" apps=() i pin=()
+  if [ -n "$cpus" ]; then
+    [[ "$cpus" =~ ^[0-9]+$ ]] && ((cpus >= 1)) || die 2 "--cpus-per-node: a positive number"
+    command -v taskset >/dev/null || die 2 "--cpus-per-node needs taskset (util-linux)"
+    local have
+    have=$(nproc)
+    ((NODES * cpus <= have)) || die 2 "--cpus-per-node $cpus: $NODES nodes need $((NODES * cpus)) CPUs, this machine has $have"
+  fi
   for ((i = 0; i < NODES; i++)); do
     ((i > 0)) && apps+=(:)
-    apps+=(-n "$k" ip netns exec "$(ns "$i")" "$@")
+    pin=()
+    [ -n "$cpus" ] && pin=(taskset -c "$((i * cpus))-$((i * cpus + cpus - 1))")
+    apps+=(-n "$k" ip netns exec "$(ns "$i")" "${pin[@]}" "$@")
   done
   local pre=()
   [ -n "$limit" ] && pre=(timeout -k 5 "$limit")

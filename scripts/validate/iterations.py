@@ -5,11 +5,13 @@
         [--rates 200mbit,10gbit] [--models transformer,resnet18]
 
 For each link rate, a 2-node emulated cluster (scripts/netcluster.sh), 2
-ranks a node, gloo bound to each node's shaped interface. For each model,
-`examples/train_ddp.py bench` under torchrun (one torchrun per node
-namespace) times the backward pass under DDP's own all-reduce and each
-qsync hook, round-robin in one job, next to the backward with
-synchronization switched off (`no_sync`). What the synchronization adds —
+ranks a node pinned to the node's own cores, gloo bound to each node's
+shaped interface. For each model, `qsyncc plan --sync auto` on a cluster
+file of the same links names a scheme and lists every scheme it weighed;
+then `examples/train_ddp.py bench` under torchrun (one torchrun per node
+namespace) times the backward pass under DDP's own all-reduce and the
+qsync hook of each of those schemes, round-robin in one job, next to the
+backward with synchronization switched off (`no_sync`, forward included). What the synchronization adds —
 the backward with it minus the backward without — is the claim under test:
 `qsyncc simulate` of the same model (exported to ONNX by train_ddp.py) on
 a cluster file of the same links predicts the iteration with the scheme
@@ -17,7 +19,7 @@ and without any synchronization (fp32 with the network taken as free is
 not expressible, so: iteration minus the compute stream), and the predicted
 exposed synchronization is compared with the measured one. Then `qsyncc
 plan --sync auto` on the same cluster file names a scheme; the table says
-whether it is the one that measured fastest.
+whether it is the one that measured fastest among all it weighed.
 
 The compute itself is not the claim here (table 2 checks it): the cpu
 device file is this CPU as `scripts/cpu/device.py` measures it.
@@ -35,7 +37,6 @@ NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
 sys.path.insert(0, HERE)
 from sync import cluster_toml, measure_links, sh  # noqa: E402
 
-HOOKS = ["ddp", "fp16", "qgz-int8", "qgz-int4", "nbit-2"]
 
 
 def main():
@@ -54,9 +55,10 @@ def main():
     nodes, k = 2, 2
     venv_bin = os.path.dirname(a.python)
     torchrun = os.path.join(venv_bin, "torchrun")
-    host_file = os.path.join(a.out, f"host-kernels-{nodes * k}.json")
+    cores = max(1, (os.cpu_count() or 1) // nodes)
+    host_file = os.path.join(a.out, "host-kernels-1core.json")
     if not os.path.exists(host_file):
-        sh([a.qsyncc, "host-kernels", "--threads", str(nodes * k), "-o", host_file])
+        sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "-o", host_file])
     cpu = os.path.join(a.out, "cpu.json")
     if not os.path.exists(cpu):
         sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"])
@@ -78,19 +80,29 @@ def main():
             addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
             cluster = os.path.join(a.out, f"iter-cluster-{rate}.toml")
             with open(cluster, "w") as f:
-                f.write(cluster_toml(f"netcluster-{rate}", "cpu", nodes, k, rate, measure_links(ns, addr, rate, k)))
+                f.write(cluster_toml(f"netcluster-{rate}", "cpu", nodes, k, rate, measure_links(ns, addr, rate, k),
+                                     cores))
             for m in a.models.split(","):
+                plan_dir = os.path.join(a.out, f"auto-{m}-{rate}")
+                auto = json.loads(sh([a.qsyncc, onnx[m], "--cluster", cluster, "--device-file", cpu,
+                                      "--host-kernels", host_file, "--batch", str(a.batch), "--sync", "auto",
+                                      "--sync-error-budget", "1", "--precisions", "fp32", "--json",
+                                      "-o", plan_dir]).stdout)
+                manifest = json.load(open(os.path.join(plan_dir, "manifest.json")))
+                weighed = [c["scheme"] for c in manifest["sync"]["considered"]]
+                hooks = ["ddp"] + [h for h in weighed if h != "fp32"]
                 procs = []
                 for i in range(nodes):
                     env = {**os.environ, "GLOO_SOCKET_IFNAME": f"{a.prefix}n{i}", "OMP_NUM_THREADS": "1",
                            "PYTHONUNBUFFERED": "1"}
-                    cmd = ["ip", "netns", "exec", ns[i], "env", *[f"{k_}={v}" for k_, v in env.items()
+                    pin = ["taskset", "-c", f"{i * cores}-{i * cores + cores - 1}"]
+                    cmd = ["ip", "netns", "exec", ns[i], *pin, "env", *[f"{k_}={v}" for k_, v in env.items()
                                                                    if k_ in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS",
                                                                              "PYTHONUNBUFFERED", "PATH", "HOME")],
                            torchrun, "--nnodes", str(nodes), "--node-rank", str(i), "--nproc-per-node", str(k),
                            "--master-addr", addr[0], "--master-port", "29517",
                            os.path.join(ROOT, "examples", "train_ddp.py"), "bench", "--model", m,
-                           "--hooks", ",".join(HOOKS), "--batch", str(a.batch), "--reps", str(a.reps)]
+                           "--hooks", ",".join(hooks), "--batch", str(a.batch), "--reps", str(a.reps)]
                     procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
                 outs = [p.communicate(timeout=1800) for p in procs]
                 if any(p.returncode != 0 for p in procs):
@@ -98,7 +110,7 @@ def main():
                 rows = [json.loads(l) for l in outs[0][0].splitlines() if l.startswith("{")]
                 measured = {r["hook"]: r for r in rows}
                 predicted = {}
-                for h in HOOKS:
+                for h in hooks:
                     scheme = "fp32" if h == "ddp" else h
                     p = json.loads(sh([a.qsyncc, "simulate", onnx[m], "--cluster", cluster, "--device-file", cpu,
                                        "--host-kernels", host_file, "--batch", str(a.batch), "--sync", scheme,
@@ -106,13 +118,8 @@ def main():
                     d = p["devices"]["cpu"]
                     predicted[h] = {"exposed_s": (p["iteration_ms"] - d["compute_ms"]) / 1e3,
                                     "compute_s": d["compute_ms"] / 1e3}
-                plan_dir = os.path.join(a.out, f"auto-{m}-{rate}")
-                auto = json.loads(sh([a.qsyncc, onnx[m], "--cluster", cluster, "--device-file", cpu,
-                                      "--host-kernels", host_file, "--batch", str(a.batch), "--sync", "auto",
-                                      "--sync-error-budget", "1", "--precisions", "fp32", "--json",
-                                      "-o", plan_dir]).stdout)
-                fastest = min(HOOKS, key=lambda h: measured[h]["backward_s"])
-                for h in HOOKS:
+                fastest = min(hooks, key=lambda h: measured[h]["backward_s"])
+                for h in hooks:
                     r = measured[h]
                     row = {"rate": rate, "model": m, "hook": h, "backward_s": r["backward_s"],
                            "no_sync_backward_s": r["no_sync_backward_s"], "exposed_s": r["exposed_sync_s"],

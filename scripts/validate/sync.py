@@ -5,9 +5,12 @@
         [--rates 1gbit,10gbit] [--sizes 8M,64M] [--ranks-per-node 2] [--iterations 5]
 
 For each link rate: build a 2-node emulated cluster (scripts/netcluster.sh),
-measure what the model needs and does not assume —
-  - the hosts' synchronization kernels, on as many threads at once as the job
-    runs ranks on this machine (`qsyncc host-kernels --threads`);
+each node's ranks pinned to cores of its own (`run --cpus-per-node`, this
+machine's cores split evenly), and measure what the model needs and does
+not assume —
+  - the hosts' synchronization kernels and the CPU cost of a byte through
+    the TCP stack, on one core (`taskset -c 0 qsyncc host-kernels`): the
+    model shares a node's cores among its ranks (`host_cores_per_node`);
   - the bandwidth between two ranks of one node (TCP over the namespace's
     loopback: what Open MPI's TCP transport uses inside a node) and the
     one-way latency of a small message across the link and inside a node;
@@ -164,11 +167,13 @@ def measure_links(ns, addr, rate, k):
     # this machine the kernel's TCP work, not the shaped rate, can be the
     # limit (its two cores also run the ranks).
     both = bulk_both_ways(ns, addr, k, min(128 << 20, int(gbit * 1e9 / 8)), 48000 + os.getpid() % 1000)
-    return {"gbit": gbit, "nic_gbit": min(gbit * TCP_PAYLOAD_SHARE, both * 8), "both": both,
+    # The NIC is the shaped rate: what the stack's CPU work adds is the
+    # model's to price (the host's TCP cost and cores), not the link's.
+    return {"gbit": gbit, "nic_gbit": gbit * TCP_PAYLOAD_SHARE, "both": both,
             "intra_lat": intra_lat, "intra_gb": intra_gb, "inter_lat": inter_lat, "inter_gb": inter_gb}
 
 
-def cluster_toml(name, gpu, nodes, k, rate, m):
+def cluster_toml(name, gpu, nodes, k, rate, m, cores):
     """A cluster file of the emulated cluster, every figure with its source."""
     return f"""# The emulated cluster of scripts/netcluster.sh at {rate}, as measured by scripts/validate/sync.py.
 name = "{name}"
@@ -182,8 +187,10 @@ nic_latency_us = {m['inter_lat']:.1f}
 intra_node = "loopback"
 intra_node_gb_s = {m['intra_gb']:.4f}
 intra_node_latency_us = {m['intra_lat']:.1f}
+host_cores_per_node = {cores}
 [group.sources]
-nic_gbit_s = "the lower of: tc tbf rate {rate} times the TCP payload share of a 1514-byte frame (1448/1514) = {m['gbit'] * TCP_PAYLOAD_SHARE:.3f}; and measured, {k} TCP streams each way at once between the nodes = {m['both'] * 8:.3f} Gbit/s a direction"
+nic_gbit_s = "tc tbf rate {rate} times the TCP payload share of a 1514-byte frame (1448/1514); for the record, {k} TCP streams each way at once between the unpinned nodes carried {m['both'] * 8:.3f} Gbit/s a direction"
+host_cores_per_node = "netcluster.sh run --cpus-per-node {cores}: the node's ranks are pinned to {cores} core(s) of their own"
 nic_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong between the nodes ({m['inter_gb']:.3f} GB/s bulk measured)"
 intra_node_gb_s = "measured: best of 3 bulk TCP transfers of 512 MiB between two processes of one node (loopback)"
 intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong inside one node"
@@ -206,10 +213,11 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     nodes, k = 2, a.ranks_per_node
     out = open(os.path.join(a.out, "sync.jsonl"), "w")
-    host_file = os.path.join(a.out, f"host-kernels-{nodes * k}.json")
-    # Every rank of the job shares this machine's cores: measure the kernels
-    # with as many threads at once.
-    sh([a.qsyncc, "host-kernels", "--threads", str(nodes * k), "-o", host_file])
+    cores = max(1, (os.cpu_count() or 1) // nodes)
+    host_file = os.path.join(a.out, "host-kernels-1core.json")
+    # One thread on one core: the model shares a node's cores among its
+    # ranks, whose work is pinned to them.
+    sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "-o", host_file])
     device_file = os.path.join(a.out, "cpu-device.json")
     # The emulated nodes' device: this CPU, described as a qsync device
     # (only its network and kernels matter to a synchronization).
@@ -235,13 +243,14 @@ def main():
             cluster = os.path.join(a.out, f"cluster-{rate}.toml")
             links = measure_links([ns0, ns1], [addr0, f"{a.subnet}.3"], rate, k)
             with open(cluster, "w") as f:
-                f.write(cluster_toml(f"netcluster-{rate}", "cpu-host", nodes, k, rate, links))
+                f.write(cluster_toml(f"netcluster-{rate}", "cpu-host", nodes, k, rate, links, cores))
             for size in a.sizes.split(","):
                 nbytes = parse_size(size)
                 for scheme in a.schemes.split(","):
                     bench_scheme = "fp16" if scheme == "fp32" else scheme
                     t0 = time.time()
                     r = subprocess.run(["bash", NETCLUSTER, "run", "--prefix", a.prefix, "--ranks-per-node", str(k),
+                                        "--cpus-per-node", str(cores),
                                         "--timeout", "900", "--", a.qsyncc, "sync-bench", "--scheme", bench_scheme,
                                         "--bytes", size, "--nodes", str(nodes), "--iterations", str(a.iterations),
                                         "--warmup", "1", "--json"], capture_output=True, text=True)

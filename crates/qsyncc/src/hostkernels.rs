@@ -5,7 +5,13 @@
 //!
 //! Each kernel runs at two sizes on `--threads` threads at once (as many as
 //! ranks share the host, so memory bandwidth and cores are shared as in a
-//! job); the fit goes through the two medians. The file (schema
+//! job); the fit goes through the two medians. Beside the schemes'
+//! kernels: `sum` (f32 `a += b`, what a host engine's all-reduce computes)
+//! and `tcp`, the CPU time to move a byte between two processes through the
+//! kernel's TCP stack over loopback (sender and receiver together: wall
+//! time when the process has one core, e.g. under `taskset -c 0`; else the
+//! two threads' on-CPU time from `/proc/thread-self/schedstat`, which may
+//! leave out softirq time the kernel accounts apart). The file (schema
 //! `qsync-host-kernels/1`) records the CPU, the threads and the sizes, and
 //! `simulate` / `plan` take it as `--host-kernels FILE`.
 
@@ -69,6 +75,8 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("dequantize_c", k.dequantize_c),
         ("cast16_r", k.cast16_r),
         ("cast16_c", k.cast16_c),
+        ("sum_r", k.sum_r.unwrap_or(0.0)),
+        ("tcp_r", k.tcp_r.unwrap_or(0.0)),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             bail!("--host-kernels {}: {what} = {v} is not a non-negative number", path.display());
@@ -147,6 +155,12 @@ fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32
         "cast16" => {
             std::hint::black_box(e.cast_to(Half::F16, x)?);
         }
+        "sum" => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o += v;
+            }
+            std::hint::black_box(&*out);
+        }
         _ => unreachable!("kernel names are fixed"),
     }
     Ok(())
@@ -198,6 +212,64 @@ fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result
     Ok(median(all))
 }
 
+/// This thread's time on a CPU so far, ns (`None` where the kernel does
+/// not say).
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// CPU seconds per byte moved through the TCP stack between two threads
+/// over loopback: the median of `repeats` transfers of `bytes`.
+fn tcp_cost(bytes: usize, repeats: u32) -> Result<f64> {
+    use std::io::{Read, Write};
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut costs = Vec::new();
+    for _ in 0..repeats.max(1) {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).context("tcp: binding a loopback socket")?;
+        let addr = listener.local_addr()?;
+        let (wall, cpu) = std::thread::scope(|s| -> Result<(f64, Option<u64>)> {
+            let rx = s.spawn(move || -> Result<Option<u64>> {
+                let (mut c, _) = listener.accept()?;
+                let start = thread_cpu_ns();
+                let mut buf = vec![0u8; 1 << 20];
+                let mut got = 0;
+                while got < bytes {
+                    let n = c.read(&mut buf)?;
+                    if n == 0 {
+                        bail!("tcp: the sender closed after {got} of {bytes} bytes");
+                    }
+                    got += n;
+                }
+                c.write_all(b"k")?;
+                Ok(start.zip(thread_cpu_ns()).map(|(a, b)| b.saturating_sub(a)))
+            });
+            let mut c = std::net::TcpStream::connect(addr).context("tcp: connecting over loopback")?;
+            let buf = vec![1u8; 1 << 20];
+            let start = thread_cpu_ns();
+            let t = Instant::now();
+            let mut left = bytes;
+            while left > 0 {
+                let k = left.min(buf.len());
+                c.write_all(&buf[..k])?;
+                left -= k;
+            }
+            let mut ack = [0u8; 1];
+            c.read_exact(&mut ack)?;
+            let wall = t.elapsed().as_secs_f64();
+            let mine = start.zip(thread_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
+            let theirs = rx.join().unwrap_or_else(|_| Err(anyhow::anyhow!("tcp: the receiving thread panicked")))?;
+            Ok((wall, mine.zip(theirs).map(|(a, b)| a + b)))
+        })?;
+        let seconds = match cpu {
+            _ if cores == 1 => wall,
+            Some(ns) => ns as f64 * 1e-9,
+            None => wall * 2.0,
+        };
+        costs.push(seconds / bytes as f64);
+    }
+    Ok(median(costs))
+}
+
 /// Measure and write; returns the text for stdout.
 pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let big = a.elements as usize;
@@ -217,6 +289,9 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let (dequantize4_r, _) = fit("dequantize4")?;
     let (pack_r, _) = fit("pack")?;
     let (unpack_r, _) = fit("unpack")?;
+    let (sum_r, _) = fit("sum")?;
+    let tcp_bytes = (big * 16).clamp(1 << 24, 1 << 30);
+    let tcp_r = tcp_cost(tcp_bytes, a.repeats.min(5))?;
     let file = HostKernelsFile {
         schema: SCHEMA.into(),
         cpu: cpu_name(),
@@ -233,6 +308,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             dequantize4_r: Some(dequantize4_r),
             pack_r: Some(pack_r),
             unpack_r: Some(unpack_r),
+            sum_r: Some(sum_r),
+            tcp_r: Some(tcp_r),
         },
         measured_s: measured,
     };
@@ -240,7 +317,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
     Ok(format!(
         "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
-         16-bit cast {:.2}, n-bit pack {:.2}, unpack-accumulate {:.2} -> {}\n",
+         16-bit cast {:.2}, n-bit pack {:.2}, unpack-accumulate {:.2}, f32 sum {:.2}; TCP {:.3} ns of CPU \
+         per byte -> {}\n",
         file.cpu,
         a.threads,
         quantize_r * 1e9,
@@ -250,6 +328,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         cast16_r * 1e9,
         pack_r * 1e9,
         unpack_r * 1e9,
+        sum_r * 1e9,
+        tcp_r * 1e9,
         a.output.display()
     ))
 }

@@ -55,6 +55,10 @@ pub struct DeviceType {
     /// Pageable copies between one device and its host, GB/s each way.
     #[serde(default = "host_link")]
     pub host_link_gb_per_s: f64,
+    /// CPU cores a node's ranks share for host-side synchronization work
+    /// (`None`: at least a core per rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cores: Option<u32>,
 }
 
 fn host_link() -> f64 {
@@ -89,6 +93,23 @@ impl DeviceType {
             sync_kernels: crate::sync::SyncKernels::default(),
             host_kernels: crate::sync::SyncKernels::host(),
             host_link_gb_per_s: crate::sync::HOST_LINK_GB_PER_S,
+            host_cores: None,
+        }
+    }
+
+    /// Set the CPU cores a node's ranks share (`None`: a core per rank).
+    pub fn with_host_cores(mut self, cores: Option<u32>) -> DeviceType {
+        self.host_cores = cores;
+        self
+    }
+
+    /// How many of a node's ranks share one of its cores when all of them
+    /// work on the host at once: `per_node / cores`, at least 1. Host-side
+    /// work (kernels measured on one core, TCP) takes this much longer.
+    pub fn host_share(&self) -> f64 {
+        match self.host_cores {
+            Some(c) if c > 0 => (self.per_node() as f64 / f64::from(c)).max(1.0),
+            _ => 1.0,
         }
     }
 
@@ -181,6 +202,8 @@ pub enum AllReduceAlgo {
     /// nodes' counters). Step `k` exchanges `S/2^(k+1)` with the rank at
     /// distance `2^k`: inside the node while `2^k < L`, else across — all
     /// `L` devices of a node at once. Other world sizes: the flat ring.
+    /// A host engine's: each step also costs the host's TCP stack its bytes
+    /// and each reduce-scatter step its f32 sum, on the node's shared cores.
     HalvingDoubling,
 }
 
@@ -320,11 +343,16 @@ impl Cluster {
                     return self.allreduce_us(t, bytes, AllReduceAlgo::Ring);
                 }
                 let l = ty.per_node();
+                // The engine runs on the host: every step's bytes cost the
+                // TCP stack CPU, and each reduce-scatter step sums what it
+                // received, on cores the node's ranks share.
+                let (k, share) = (&ty.host_kernels, ty.host_share());
                 let mut total = 0.0;
                 let (mut d, mut part) = (1u64, s / 2.0);
                 while d < p {
+                    let cpu = k.tcp(part) * share * 1e6;
                     let step = if d < l {
-                        part / intra_bw + ty.intra_node_latency_us
+                        (part / intra_bw).max(cpu) + ty.intra_node_latency_us
                     } else {
                         let lat = match fabric {
                             Some((_, flat)) => ty.network_latency_us.max(flat),
@@ -334,10 +362,10 @@ impl Cluster {
                         if let Some((fbw, _)) = fabric {
                             t = t.max(part * ty.count() as f64 / fbw);
                         }
-                        t + lat
+                        t.max(cpu) + lat
                     };
                     // The reduce-scatter's step and the all-gather's mirror.
-                    total += 2.0 * step;
+                    total += 2.0 * step + k.sum(part / 4.0) * share * 1e6;
                     d *= 2;
                     part /= 2.0;
                 }
@@ -424,8 +452,11 @@ mod tests {
         // when both devices cross), latencies 5 / 20 µs. S = 4e6 B.
         // Distance 1 (inside): 2e6 B / 1e5 = 20 + 5; distance 2 (across):
         // 1e6 B / 500 = 2000 + 20. Each twice (reduce-scatter, all-gather):
-        // 2·(25 + 2020) = 4090 µs — half the ring's bytes across nodes.
-        let c = Cluster::new(vec![DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0)]);
+        // 2·(25 + 2020) = 4090 µs — half the ring's bytes across nodes
+        // (with a host whose TCP stack and sums cost nothing: the bytes
+        // alone; `host_work_shares_the_node_cores` prices the CPU side).
+        let free = crate::sync::SyncKernels { sum_r: None, tcp_r: None, ..crate::sync::SyncKernels::host() };
+        let c = Cluster::new(vec![DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0).with_host(free, 10.0)]);
         assert_eq!(c.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling), 4090.0);
         // Three devices: the ring.
         let c3 = Cluster::new(vec![DeviceType::new("a", 3, 2, 1)]);

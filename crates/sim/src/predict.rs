@@ -260,6 +260,7 @@ fn device_type(t: &Target, model: &CostModel, opts: &PredictOptions) -> DeviceTy
         .with_latency(net.intra_node_latency_us, net.nic_latency_us)
         .with_sync_kernels(sync_kernels(model))
         .with_host(opts.host_kernels, opts.host_link_gb_per_s)
+        .with_host_cores(net.host_cores)
 }
 
 /// The cluster of `targets` without a model — devices, nodes, networks,
@@ -292,6 +293,9 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         dequantize4_r: None,
         pack_r: None,
         unpack_r: None,
+        // A GPU's own transport (NCCL) spends no host CPU on its bytes.
+        sum_r: None,
+        tcp_r: None,
     }
 }
 

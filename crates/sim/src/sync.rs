@@ -78,6 +78,15 @@ pub struct SyncKernels {
     pub pack_r: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unpack_r: Option<f64>,
+    /// f32 accumulate (`a += b`), per element: what a host engine's own
+    /// all-reduce computes in each reduce-scatter step (`None`: free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sum_r: Option<f64>,
+    /// Host CPU seconds to move one byte between two processes through the
+    /// kernel's TCP stack, sender and receiver together (`None`: free, as a
+    /// GPU transport's bytes are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_r: Option<f64>,
 }
 
 impl Default for SyncKernels {
@@ -96,6 +105,8 @@ impl Default for SyncKernels {
             dequantize4_r: None,
             pack_r: None,
             unpack_r: None,
+            sum_r: None,
+            tcp_r: None,
         }
     }
 }
@@ -122,7 +133,19 @@ impl SyncKernels {
             dequantize4_r: Some(HOST_MEASURED[7]),
             pack_r: Some(HOST_MEASURED[8]),
             unpack_r: Some(HOST_MEASURED[9]),
+            sum_r: None,
+            tcp_r: None,
         }
+    }
+
+    /// Seconds of `elements` f32 additions.
+    pub fn sum(&self, elements: f64) -> f64 {
+        self.sum_r.unwrap_or(0.0) * elements.max(0.0)
+    }
+
+    /// CPU seconds to move `bytes` through the host's TCP stack.
+    pub fn tcp(&self, bytes: f64) -> f64 {
+        self.tcp_r.unwrap_or(0.0) * bytes.max(0.0)
     }
 
     fn quantize(&self, e: f64, bits: u8) -> f64 {
@@ -501,25 +524,32 @@ impl Cluster {
         let p_t = ty.count() as f64;
         let off_node = p.saturating_sub(per_node) as f64;
         let pieces = if spec.path == SyncPath::Mpi { pipeline_pieces(spec, bytes as f64, p) } else { 1.0 };
-        let comm: f64 = phases_on(spec, bytes as f64, p, per_node, spec.path)
-            .iter()
-            .map(|ph| {
-                let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
-                let mut time = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
-                if let Some((fbw, flat)) = fabric {
-                    if ph.inter_node > 0.0 && off_node > 0.0 {
-                        let crossing = ph.inter_node * (p as f64 - p_t) / off_node * p_t;
-                        time = time.max(crossing / fbw);
-                        lat = lat.max(flat);
-                    }
-                }
-                time + pieces * lat
-            })
-            .sum();
         let kernels = match spec.path {
             SyncPath::Host | SyncPath::Mpi | SyncPath::HostStaged => &ty.host_kernels,
             SyncPath::Device => &ty.sync_kernels,
         };
+        // Host-side work shares the node's cores among its ranks; the host
+        // transports (gloo, Open MPI over TCP) also spend CPU on every byte.
+        let share = if spec.path == SyncPath::Device { 1.0 } else { ty.host_share() };
+        let tcp = matches!(spec.path, SyncPath::Host | SyncPath::Mpi);
+        let (mut link_sum, mut tcp_sum, mut lat_sum, mut serial) = (0.0, 0.0, 0.0, 0.0);
+        for ph in phases_on(spec, bytes as f64, p, per_node, spec.path) {
+            let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
+            let mut link = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
+            if let Some((fbw, flat)) = fabric {
+                if ph.inter_node > 0.0 && off_node > 0.0 {
+                    let crossing = ph.inter_node * (p as f64 - p_t) / off_node * p_t;
+                    link = link.max(crossing / fbw);
+                    lat = lat.max(flat);
+                }
+            }
+            let cpu = if tcp { kernels.tcp(ph.intra_node + ph.inter_node) * share * 1e6 } else { 0.0 };
+            link_sum += link;
+            tcp_sum += cpu;
+            lat_sum += pieces * lat;
+            // A phase streams its bytes while the stack works on them.
+            serial += link.max(cpu) + pieces * lat;
+        }
         let staging = match spec.path {
             SyncPath::Host | SyncPath::Mpi => 0.0,
             SyncPath::HostStaged | SyncPath::Device => {
@@ -530,13 +560,16 @@ impl Cluster {
                 (2.0 * bytes as f64 + 2.0 * moved) / (ty.host_link_gb_per_s * 1e3)
             }
         };
-        let k = kernel_seconds(spec, kernels, bytes as f64, p, per_node) * 1e6;
+        let k = kernel_seconds(spec, kernels, bytes as f64, p, per_node) * share * 1e6;
         if pieces > 1.0 {
-            // Kernels of one piece run while others are on the wire: the
-            // longer side, plus one piece of the shorter to fill and drain.
-            return comm.max(k) + comm.min(k) / pieces + staging;
+            // Pieces on the wire while others are in the kernels: the link
+            // against the CPU (kernels and the stack's work on the bytes,
+            // one pool of cores), the longer side plus one piece of the
+            // shorter to fill and drain.
+            let (wire, cpu) = (link_sum + lat_sum, k + tcp_sum);
+            return wire.max(cpu) + wire.min(cpu) / pieces + staging;
         }
-        comm + staging + k
+        serial + staging + k
     }
 }
 
@@ -715,6 +748,42 @@ mod tests {
         // Hierarchical qgZ and n-bit do not pipeline.
         let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512);
         assert_eq!(pipeline_pieces(&nbit, bytes as f64, 4), 1.0);
+    }
+
+    #[test]
+    fn host_work_shares_the_node_cores() {
+        // 2 nodes × 2 devices; 1e5 B/µs inside, a 1 GB/s NIC per node (500
+        // B/µs to each of its 2 devices), 5/20 µs latencies. Host casts at
+        // 1 ns per element, the TCP stack at 1 ns of CPU per byte; one core
+        // per node, so its 2 ranks share it: host work takes twice as long.
+        // fp16 of S = 4e6 B (E = 1e6, shards of 2.5e5 < 2^18: one piece) on
+        // the MPI path: two flat phases receiving 2·E/P = 5e5 B from each
+        // peer, 1 inside (5e5 B, 5 µs) and 2 outside (1e6 B, 2000 µs). The
+        // stack's work on the 1.5e6 B: 1.5e6 ns × 2 = 3000 µs, longer than
+        // the link: 3000 + 20 per phase. Casts: (3E + E/P) ns × 2 = 6500 µs.
+        let k = SyncKernels { cast16_r: 1e-9, tcp_r: Some(1e-9), ..free_kernels() };
+        let ty = DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0).with_host(k, 10.0);
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Mpi);
+        let shared = Cluster::new(vec![ty.clone().with_host_cores(Some(1))]);
+        let t = shared.sync_us(0, 4_000_000, &spec, AllReduceAlgo::Ring);
+        assert!((t - (2.0 * (3000.0 + 20.0) + 6500.0)).abs() < 1e-6, "{t}");
+        // A core per rank: the stack's 1500 µs hides under the link's 2000.
+        let own = Cluster::new(vec![ty.clone().with_host_cores(Some(2))]);
+        let t = own.sync_us(0, 4_000_000, &spec, AllReduceAlgo::Ring);
+        assert!((t - (2.0 * (2000.0 + 20.0) + 3250.0)).abs() < 1e-6, "{t}");
+        // The same bytes through a GPU's own kernels pay no TCP work.
+        let dev = shared.sync_us(0, 4_000_000, &spec.with_path(SyncPath::Device), AllReduceAlgo::Ring);
+        assert!(dev < t, "{dev}");
+        // Open MPI's f32 all-reduce (halving and doubling), f32 sums at 1 ns
+        // per element. Step 1 (distance 1, inside): 2e6 B, link 20 µs, the
+        // stack 2e6 ns × 2 = 4000 µs, + 5; step 2 (across): 1e6 B, link
+        // 2000, stack 2000, + 20. Each twice (reduce-scatter, all-gather),
+        // plus the reduce-scatter's sums of 5e5 and 2.5e5 elements × 2.
+        let k = SyncKernels { sum_r: Some(1e-9), tcp_r: Some(1e-9), ..free_kernels() };
+        let c = Cluster::new(vec![ty.with_host(k, 10.0).with_host_cores(Some(1))]);
+        let t = c.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling);
+        let want = 2.0 * (4000.0 + 5.0) + 1000.0 + 2.0 * (2000.0 + 20.0) + 500.0;
+        assert!((t - want).abs() < 1e-6, "{t} vs {want}");
     }
 
     #[test]

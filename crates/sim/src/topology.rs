@@ -13,6 +13,7 @@
 //! nic_latency_us = 15    # one step across nodes
 //! intra_node_gb_s = 300  # per GPU and direction (default: the device file's)
 //! intra_node_latency_us = 3
+//! host_cores_per_node = 64  # CPU cores the node's ranks share (host paths)
 //! [group.sources]        # where each figure comes from, or the assumption
 //! nic_gbit_s = "..."
 //!
@@ -59,6 +60,10 @@ pub struct NodeNetwork {
     /// Per GPU and direction, GB/s (`None`: the device file's).
     pub intra_node_gb_s: Option<f64>,
     pub intra_node_latency_us: f64,
+    /// CPU cores the node's ranks share for host-side synchronization work
+    /// (kernels, the TCP stack); `None`: a core per rank at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cores: Option<u32>,
 }
 
 impl NodeNetwork {
@@ -71,6 +76,7 @@ impl NodeNetwork {
             nic_latency_us: NIC_LATENCY_US,
             intra_node_gb_s: None,
             intra_node_latency_us: INTRA_NODE_LATENCY_US,
+            host_cores: None,
         }
     }
 
@@ -100,6 +106,9 @@ pub struct Group {
     pub intra_node_gb_s: Option<f64>,
     #[serde(default)]
     pub intra_node_latency_us: Option<f64>,
+    /// CPU cores of a node shared by its ranks' host-side work.
+    #[serde(default)]
+    pub host_cores_per_node: Option<u32>,
     /// Field name → where the figure comes from.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
@@ -115,6 +124,7 @@ impl Group {
             nic_latency_us: self.nic_latency_us.unwrap_or(NIC_LATENCY_US),
             intra_node_gb_s: self.intra_node_gb_s,
             intra_node_latency_us: self.intra_node_latency_us.unwrap_or(INTRA_NODE_LATENCY_US),
+            host_cores: self.host_cores_per_node,
         }
     }
 
@@ -135,6 +145,7 @@ impl Group {
         put("nic_latency_us", self.nic_latency_us);
         put("intra_node_gb_s", self.intra_node_gb_s);
         put("intra_node_latency_us", self.intra_node_latency_us);
+        put("host_cores_per_node", self.host_cores_per_node.map(f64::from));
         v
     }
 }
@@ -308,6 +319,9 @@ mod tests {
             nodes = 4
             gpus_per_node = 4
             nics_per_node = 2
+            host_cores_per_node = 16
+            [group.sources]
+            host_cores_per_node = "assumption"
             [fabric]
             gbit_s = 10
             "#,
@@ -319,6 +333,11 @@ mod tests {
         // Two NICs of the device file's 50 Gbit/s: 100 Gbit/s = 12.5 GB/s.
         assert_eq!(n.node_gb_per_s(), 12.5);
         assert_eq!(n.nic_latency_us, NIC_LATENCY_US);
+        assert_eq!((c.groups[0].network(50.0).host_cores, n.host_cores), (None, Some(16)));
+        assert!(ClusterFile::parse(&format!(
+            "[[group]]\ngpu = \"t4\"\nnodes = 1\ngpus_per_node = 4\nhost_cores_per_node = 0\n"
+        ))
+        .is_err_and(|e| e.contains("host_cores_per_node")));
         assert_eq!(c.fabric.as_ref().map(|f| f.fabric().gb_per_s), Some(1.25));
         assert_eq!(c.unsourced(), vec!["fabric".to_string()]);
         let o = c.with_network(25.0);
