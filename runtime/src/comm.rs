@@ -15,10 +15,13 @@
 //! - buffer sizes are checked before anything is sent, so a caller's
 //!   mistake is [`CommError::InvalidArgument`], not a corrupted peer.
 //!
-//! Rank layout of a cluster ([`ClusterShape`]): world rank `r` is local rank
-//! `r % L` on node `r / L` for `L` ranks per node — the order `mpirun` and
-//! `torchrun` give by default. `L` is a setting, so one machine can emulate
-//! several nodes.
+//! Rank layout of a cluster ([`NodeMap`]): the node of every world rank,
+//! given explicitly, so nodes may hold different numbers of ranks; a rank's
+//! local index is its position on its node. [`ClusterShape`] /
+//! [`NodeMap::even`] are the equal-node convenience: world rank `r` is local
+//! rank `r % L` on node `r / L` for `L` ranks per node — the order `mpirun`
+//! and `torchrun` give when every node runs `L` ranks. The map is a
+//! setting, so one machine can emulate several nodes.
 
 use std::fmt;
 use std::time::{Duration, Instant};

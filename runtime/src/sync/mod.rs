@@ -25,7 +25,8 @@
 //!   step's error, instead of `T ×` a step's error. Residuals reset when
 //!   the gradient length changes;
 //! - wire bytes are counted as bytes this rank receives from others, split
-//!   into intra- and inter-node by the cluster shape.
+//!   into intra- and inter-node by the node map (`SyncConfig::node_of`, or
+//!   `nodes` equal nodes).
 
 pub mod block;
 pub mod half;
