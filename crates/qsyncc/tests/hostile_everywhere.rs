@@ -67,17 +67,14 @@ fn commands(model: &Path, scratch: &Path) -> Vec<Vec<String>> {
     let m = model.display().to_string();
     let out = |name: &str| scratch.join(name).display().to_string();
     let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let mut cmds = vec![
+    vec![
         v(&["inspect", &m]),
         v(&["plan", &m, "--targets", "v100:1,t4:1", "--batch", "4", "-o", &out("plan")]),
+        v(&["simulate", &m, "--targets", "v100:1,t4:1", "--batch", "4"]),
         v(&["opt", &m, "-o", &out("opt.onnx")]),
         v(&["opt", &m, "-o", &out("opt.qir")]),
         v(&["codegen", &m, "--target", "t4", "-o", &out("codegen")]),
-    ];
-    if !m.ends_with(".pt") {
-        cmds.push(v(&["simulate", &m, "--targets", "v100:1,t4:1", "--batch", "4"]));
-    }
-    cmds
+    ]
 }
 
 const TRAP: [u8; 64] = [0x3f; 64];
