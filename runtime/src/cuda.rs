@@ -374,10 +374,7 @@ mod tests {
     fn dequant_accumulate_lengths_are_checked_before_the_launch() {
         // Three int4 chunks of 5 values: 3 bytes and 1 scale each.
         assert!(check_dequant_accumulate(9, 3, 5, 8, 3, QBits::Int4, 5).is_ok());
-        assert_eq!(
-            detail(check_dequant_accumulate(8, 3, 5, 8, 3, QBits::Int4, 5)),
-            "8 code bytes for 3 chunks of 3"
-        );
+        assert_eq!(detail(check_dequant_accumulate(8, 3, 5, 8, 3, QBits::Int4, 5)), "8 code bytes for 3 chunks of 3");
         assert_eq!(
             detail(check_dequant_accumulate(15, 2, 5, 8, 3, QBits::Int8, 5)),
             "2 scales for 3 chunks of 1 groups"

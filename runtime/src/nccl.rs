@@ -399,14 +399,7 @@ impl Device {
         let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| cuda_error(e, OP))?;
         unsafe { cu::ctx::set_current(ctx) }.map_err(|e| cuda_error(e, OP))?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| cuda_error(e, OP))?;
-        Ok(Device {
-            ordinal,
-            ctx,
-            stream,
-            staging: Mutex::default(),
-            poisoned: Mutex::new(None),
-            world_rank: rank,
-        })
+        Ok(Device { ordinal, ctx, stream, staging: Mutex::default(), poisoned: Mutex::new(None), world_rank: rank })
     }
 
     fn nccl_stream(&self) -> nc::cudaStream_t {
