@@ -35,6 +35,7 @@ pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod scheme;
+pub mod shard;
 pub mod sync;
 pub mod testdata;
 
