@@ -36,6 +36,7 @@ pub mod mpi;
 pub mod nccl;
 pub mod scheme;
 pub mod shard;
+pub mod shard_bench;
 pub mod sync;
 pub mod testdata;
 
