@@ -22,6 +22,10 @@ set with OMP_NUM_THREADS), at most lscpu's CPU(s).
 - launch overhead: PyTorch's time per operator on tiny tensors, forward and
   backward of a chain of 200 multiplications on 16 elements (what the CPU
   pays per kernel the cost model counts);
+- view overhead (`view_op_us`): the same chain of 200 views (`.view`), per
+  view and pass, less the sum at its end (what PyTorch pays for an ONNX
+  Reshape / Squeeze / Unsqueeze / Expand of a tensor, which the cost model
+  otherwise prices as free);
 - occupancy: the cores as "SMs" (one block each), with blocks of 1024
   outputs (an assumption: oneDNN cuts work per thread in its own way).
 
@@ -100,6 +104,16 @@ def main():
             h = h * 1.0001
         h.sum().backward()
     per_op_us = statistics.median(best_s(ops, 3) for _ in range(3)) / (2 * chain + 2) * 1e6
+
+    def views():
+        # What eager PyTorch runs for an ONNX Reshape / Squeeze / Unsqueeze /
+        # Expand of a tensor: one view per pass, and its backward's view.
+        h = leaf
+        for i in range(chain):
+            h = h.view(4, 4) if i % 2 == 0 else h.view(16)
+        h.sum().backward()
+    per_view_us = max(0.0, (statistics.median(best_s(views, 3) for _ in range(3)) - 2 * per_op_us * 1e-6)
+                      / (2 * chain) * 1e6)
     with open("/proc/meminfo") as f:
         mem_kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
     bf16 = bool({"avx512_bf16", "amx_bf16"} & flags)
@@ -116,6 +130,7 @@ def main():
         "intra_node": {"kind": "pcie", "bandwidth_gb_s": 32},
         "network_gbit_s": 10,
         "launch_overhead_us": round(per_op_us, 2),
+        "view_op_us": round(per_view_us, 2),
         "workspace_bytes": 268435456,
         "efficiency": {"tensor_core": 1.0, "cuda_core": round(min(1.0, mm_tflops / peak_tflops), 4), "memory": 1.0},
         "occupancy": {"sm_count": cores, "tiles_per_sm": 1, "tile_outputs": 1024, "split_k_min": 256},
@@ -127,6 +142,9 @@ def main():
             "network_gbit_s": "assumption: unused (single-process measurements)",
             "launch_overhead_us": f"{measured}: forward + backward of a chain of {chain} multiplications on 16 "
                                   "elements, time per operator (PyTorch dispatch and autograd per op)",
+            "view_op_us": f"{measured}: forward + backward of a chain of {chain} views (.view) of 16 elements, "
+                          "time per view and pass (PyTorch dispatch and autograd; shape arithmetic exported from "
+                          "Python ints is not run by PyTorch and is not charged)",
             "workspace_bytes": "assumption: allocator and library workspaces",
             "efficiency": f"cuda_core: {measured}, best of 5 torch.mm {n}x{n}x{n} FP32 = {mm_tflops * 1e3:.1f} "
                           f"GFLOP/s over the peak; memory 1 (bandwidth measured); tensor_core unused",

@@ -94,6 +94,14 @@ pub struct Device {
     pub intra_node: IntraNode,
     pub network_gbit_s: f64,
     pub launch_overhead_us: f64,
+    /// The framework's host time per view operator that computes nothing
+    /// (Reshape, Flatten, Squeeze, Unsqueeze, Expand of a tensor; not shape
+    /// arithmetic), per pass: charged once to its forward and once to its
+    /// backward. 0 when absent: on a GPU this host time overlaps the
+    /// kernels of the ops before it (a device file that measured it on a
+    /// starved GPU may carry it); on a CPU it is the dispatch itself.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub view_op_us: f64,
     /// Memory the framework reserves outside the model (context, workspaces).
     pub workspace_bytes: u64,
     pub efficiency: Efficiency,
@@ -178,6 +186,9 @@ impl Device {
         positive("intra_node.bandwidth_gb_s", self.intra_node.bandwidth_gb_s)?;
         positive("network_gbit_s", self.network_gbit_s)?;
         positive("launch_overhead_us", self.launch_overhead_us)?;
+        if !(self.view_op_us.is_finite() && self.view_op_us >= 0.0) {
+            return Err(bad("view_op_us", format!("must be a non-negative finite number, got {}", self.view_op_us)));
+        }
         let e = &self.efficiency;
         for (f, v) in [
             ("efficiency.tensor_core", e.tensor_core),
@@ -261,6 +272,9 @@ impl Device {
         if !self.tensor_core_tflops.is_empty() {
             needed.push("tensor_core_alignment".into());
         }
+        if self.view_op_us > 0.0 {
+            needed.push("view_op_us".into());
+        }
         if self.occupancy.is_some() {
             needed.push("occupancy.sm_count".into());
             needed.push("occupancy.tiles".into());
@@ -323,6 +337,11 @@ impl Device {
         self.launch_overhead_us * 1e-6
     }
 
+    /// Host seconds of one view operator per pass (`view_op_us`).
+    pub fn view_op_s(&self) -> f64 {
+        self.view_op_us * 1e-6
+    }
+
     /// Default available-memory fraction.
     pub fn default_memory_fraction(&self) -> f64 {
         self.available_memory_fraction.unwrap_or(1.0)
@@ -381,4 +400,8 @@ impl DeviceDb {
     pub fn iter(&self) -> impl Iterator<Item = &Device> {
         self.devices.values()
     }
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }

@@ -54,4 +54,5 @@ pub use plan::{is_precision_dependent, Plan, ResolvedPlan};
 pub use precision::Precision;
 pub use profile::{
     BatchCurve, BatchPoint, CastFit, CastSamples, Measured, OpSample, OptimizerSamples, Profile, ProfileEfficiency,
+    SizeCurve,
 };

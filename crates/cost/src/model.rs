@@ -17,10 +17,11 @@ use serde::Serialize;
 
 use crate::cast::{CastModel, LinearModel};
 use crate::facts::{GraphFacts, Kind, NodeFacts, Work};
-use crate::profile::{BatchCurve, CastFit, Measured, Profile};
+use crate::profile::{BatchCurve, CastFit, Measured, Profile, SizeCurve};
 use crate::{Bindings, Device, Precision, Result};
 
-/// Seconds charged to host-side shape arithmetic and views: they launch no
+/// Seconds charged to host-side shape arithmetic, and to views on a device
+/// that does not price their dispatch (`view_op_us`): they launch no
 /// kernel, but every node gets a positive cost.
 pub const HOST_OP_S: f64 = 1e-7;
 
@@ -178,6 +179,7 @@ pub struct CostModel {
     curves: Vec<BatchCurve>,
     fits: Vec<CastFit>,
     optimizer_fits: BTreeMap<&'static str, LinearModel>,
+    optimizer_curves: BTreeMap<&'static str, SizeCurve>,
 }
 
 impl CostModel {
@@ -190,6 +192,7 @@ impl CostModel {
         calibrated.efficiency.memory = rates.memory;
         let mut casts = CastModel::analytic(&calibrated);
         let (mut measured, mut fits, mut optimizer_fits) = (HashMap::new(), Vec::new(), BTreeMap::new());
+        let mut optimizer_curves = BTreeMap::new();
         let mut curves = Vec::new();
         if let Some(p) = profile {
             (measured, curves) = p.op_table_with_curves();
@@ -198,8 +201,9 @@ impl CostModel {
                 casts.set(f.from, f.to, f.fit.model);
             }
             optimizer_fits = p.optimizer_fits()?;
+            optimizer_curves = p.optimizer_curves()?;
         }
-        Ok(CostModel { device: device.clone(), rates, casts, measured, curves, fits, optimizer_fits })
+        Ok(CostModel { device: device.clone(), rates, casts, measured, curves, fits, optimizer_fits, optimizer_curves })
     }
 
     /// The fractions of peak this model costs with.
@@ -211,6 +215,19 @@ impl CostModel {
     /// profile, when it has one.
     pub fn optimizer_fit(&self, optimizer: &str) -> Option<LinearModel> {
         crate::profile::optimizer_key(optimizer).and_then(|k| self.optimizer_fits.get(k).copied())
+    }
+
+    /// The measured step of `optimizer` over parameter tensors of `tensors`
+    /// elements each: the sum of the profile's per-tensor curve
+    /// ([`SizeCurve`]) when it has one, else its fit of the step against
+    /// the total parameter count; `None` when the profile measured neither.
+    pub fn optimizer_step(&self, optimizer: &str, tensors: &[f64]) -> Option<f64> {
+        let k = crate::profile::optimizer_key(optimizer)?;
+        if let Some(curve) = self.optimizer_curves.get(k) {
+            return Some(curve.step(tensors));
+        }
+        let fit = self.optimizer_fits.get(k)?;
+        Some(fit.eval(tensors.iter().sum()).max(0.0))
     }
 
     pub fn device(&self) -> &Device {
@@ -276,8 +293,15 @@ impl CostModel {
     /// `scale == 1` is [`CostModel::facts_cost`].
     pub fn facts_cost_at(&self, f: &NodeFacts, p: Precision, scale: f64) -> Result<OpCost> {
         self.device.require(p)?;
-        if matches!(f.kind, Kind::Host | Kind::View) {
+        if f.kind == Kind::Host {
             return Ok(OpCost { fwd: HOST_OP_S, ..OpCost::default() });
+        }
+        if f.kind == Kind::View {
+            // The framework's dispatch of the view, forward and (when the
+            // graph trains through it) its backward; no kernel, no bytes.
+            let view = self.device.view_op_s();
+            let bwd_input = if f.needs_backward { view } else { 0.0 };
+            return Ok(OpCost { fwd: HOST_OP_S.max(view), bwd_input, ..OpCost::default() });
         }
         let v = if scale == 1.0 { Scaled::of(f) } else { Scaled::at(f, scale) };
         let mut c = if p == Precision::Int8 { self.int8_cost(f, &v) } else { self.float_cost(f, &v, p) };

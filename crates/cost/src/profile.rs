@@ -44,7 +44,7 @@
 //! {
 //!   "meta": { "gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "torch": "2.11.0", "date": "…" },
 //!   "efficiency": { "tensor_core": { "fp16": 0.71, "bf16": 0.70 }, "cuda_core": { "fp32": 0.83 }, "memory": 0.86 },
-//!   "optimizers": [ { "optimizer": "adam", "samples": [[1048576, 31.0], [16777216, 402.0]] } ]
+//!   "optimizers": [ { "optimizer": "adam", "tensors": [[1024, 40.0], [65536, 95.0], [4194304, 19000.0]] } ]
 //! }
 //! ```
 //!
@@ -54,8 +54,16 @@
 //! what the roofline does not model (Winograd convolutions doing fewer
 //! multiplications than counted, activations served from a large L2 rather
 //! than DRAM), and is bounded by 4 only to reject nonsense. `optimizers`
-//! samples are `[parameters, microseconds]` of one optimizer step (`sgd`,
-//! `momentum`, `adam`), fitted like casts. `meta` is free text: the GPU,
+//! time one optimizer step (`sgd`, `momentum`, `adam`). Their `tensors` are
+//! `[elements, microseconds per tensor]`: the step over a group of equal
+//! tensors of that size, divided by the group's count. A model's step is the
+//! sum over its parameter tensors of that curve ([`SizeCurve`]): what a step
+//! costs depends on the tensor sizes, not only their total (a loop over
+//! tensors pays a fixed host cost per tensor, and a tensor whose parameters,
+//! gradients and state stay in cache is swept faster than one that streams
+//! from DRAM). Older profiles carry `samples`, `[parameters, microseconds]`
+//! of a step over the total, fitted like casts; they are used only when an
+//! optimizer has no `tensors`. `meta` is free text: the GPU,
 //! driver and framework versions and the date of the measurement.
 
 use std::collections::{BTreeMap, HashMap};
@@ -171,8 +179,64 @@ pub struct CastSamples {
 pub struct OptimizerSamples {
     /// `sgd`, `momentum` or `adam`.
     pub optimizer: String,
-    /// `[parameters, microseconds]`.
+    /// `[parameters, microseconds]` of a step over that many parameters in all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<(f64, f64)>,
+    /// `[elements, microseconds per tensor]` (see the module doc).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors: Vec<(f64, f64)>,
+}
+
+/// An optimizer's step time per parameter tensor as a function of the
+/// tensor's elements, in seconds: linear between the measured sizes, the
+/// smallest size's time below it (what remains there is the fixed cost per
+/// tensor), and beyond the largest the line through the last two points
+/// (never below the last time). Samples of one size are averaged.
+#[derive(Clone, PartialEq, Debug, Default)]
+pub struct SizeCurve {
+    /// `(elements, seconds)`, sorted, sizes distinct.
+    pub points: Vec<(f64, f64)>,
+}
+
+impl SizeCurve {
+    /// A curve through `samples` (`(elements, seconds)`); `None` with fewer
+    /// than two distinct sizes.
+    pub fn new(samples: &[(f64, f64)]) -> Option<SizeCurve> {
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut points: Vec<(f64, f64, f64)> = Vec::new();
+        for (x, y) in sorted {
+            match points.last_mut() {
+                Some(last) if last.0 == x => {
+                    last.1 += y;
+                    last.2 += 1.0;
+                }
+                _ => points.push((x, y, 1.0)),
+            }
+        }
+        (points.len() >= 2).then(|| SizeCurve { points: points.into_iter().map(|(x, y, k)| (x, y / k)).collect() })
+    }
+
+    /// Seconds for one tensor of `elements`.
+    pub fn at(&self, elements: f64) -> f64 {
+        let p = &self.points;
+        let line = |a: (f64, f64), b: (f64, f64)| a.1 + (b.1 - a.1) * (elements - a.0) / (b.0 - a.0);
+        if elements <= p[0].0 {
+            return p[0].1;
+        }
+        match p.windows(2).find(|w| elements <= w[1].0) {
+            Some(w) => line(w[0], w[1]),
+            None => {
+                let (a, b) = (p[p.len() - 2], p[p.len() - 1]);
+                line(a, b).max(b.1)
+            }
+        }
+    }
+
+    /// Seconds for one step over tensors of `elements` each.
+    pub fn step(&self, elements: &[f64]) -> f64 {
+        elements.iter().map(|&n| self.at(n)).sum()
+    }
 }
 
 /// Fitted fractions of peak that replace the device file's.
@@ -305,6 +369,12 @@ impl Profile {
                     o.optimizer
                 )));
             }
+            if o.tensors.iter().any(|&(x, y)| !(x.is_finite() && y.is_finite() && x > 0.0 && y >= 0.0)) {
+                return Err(bad(format!(
+                    "optimizers[{i}] ({}): tensors must be [elements > 0, us >= 0] pairs",
+                    o.optimizer
+                )));
+            }
         }
         Ok(p)
     }
@@ -315,6 +385,9 @@ impl Profile {
         let mut pooled: BTreeMap<&'static str, Vec<(f64, f64)>> = BTreeMap::new();
         for o in &self.optimizers {
             let Some(k) = optimizer_key(&o.optimizer) else { continue };
+            if o.samples.is_empty() {
+                continue;
+            }
             pooled.entry(k).or_default().extend(o.samples.iter().map(|&(x, us)| (x, us * 1e-6)));
         }
         pooled
@@ -322,6 +395,28 @@ impl Profile {
             .map(|(k, pts)| {
                 let fit = fit_linear(&pts).map_err(|e| CostError::Fit(format!("optimizer {k}: {e}")))?;
                 Ok((k, fit.model))
+            })
+            .collect()
+    }
+
+    /// Each optimizer's time per tensor ([`SizeCurve`]) from its `tensors`
+    /// samples (pooled over entries), by optimizer name. Errors when an
+    /// optimizer's samples hold fewer than two distinct sizes.
+    pub fn optimizer_curves(&self) -> Result<BTreeMap<&'static str, SizeCurve>> {
+        let mut pooled: BTreeMap<&'static str, Vec<(f64, f64)>> = BTreeMap::new();
+        for o in &self.optimizers {
+            let Some(k) = optimizer_key(&o.optimizer) else { continue };
+            if o.tensors.is_empty() {
+                continue;
+            }
+            pooled.entry(k).or_default().extend(o.tensors.iter().map(|&(x, us)| (x, us * 1e-6)));
+        }
+        pooled
+            .into_iter()
+            .map(|(k, pts)| {
+                let curve = SizeCurve::new(&pts)
+                    .ok_or_else(|| CostError::Fit(format!("optimizer {k}: tensors need two distinct sizes")))?;
+                Ok((k, curve))
             })
             .collect()
     }

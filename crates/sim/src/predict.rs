@@ -181,10 +181,10 @@ pub struct GraphAnalysis {
     statics: Vec<Static>,
     /// Node → position in the local program.
     index: Vec<Option<usize>>,
-    /// Trained parameters (elements) and the bytes of refreshed copies the
-    /// graph already stores: fixed per graph, read by every optimizer-step
-    /// update.
-    params: f64,
+    /// Trained parameter tensors (elements of each) and the bytes of
+    /// refreshed copies the graph already stores: fixed per graph, read by
+    /// every optimizer-step update.
+    param_tensors: Vec<f64>,
     stored_copies: f64,
 }
 
@@ -198,7 +198,7 @@ impl GraphAnalysis {
         for (i, &n) in facts.order().iter().enumerate() {
             index[n.index()] = Some(i);
         }
-        let params: f64 = facts.params().iter().filter_map(|&v| facts.elements(v)).sum();
+        let param_tensors: Vec<f64> = facts.params().iter().filter_map(|&v| facts.elements(v)).collect();
         let stored_copies =
             CastCx { graph, facts: &facts, statics: &statics, index: &[], weight_copies: opts.weight_copies }
                 .stored_copy_bytes();
@@ -208,7 +208,7 @@ impl GraphAnalysis {
             facts,
             statics,
             index,
-            params,
+            param_tensors,
             stored_copies,
         })
     }
@@ -303,30 +303,39 @@ fn us(seconds: f64) -> f64 {
     seconds * 1e6
 }
 
-/// Seconds for one optimizer step over `params` FP32 parameters: a
-/// memory-bound sweep reading and writing parameters, gradients and state.
-pub fn optimizer_seconds(device: &Device, params: f64, optimizer: Optimizer) -> f64 {
-    // Bytes touched per parameter: read p, g (+ state), write p (+ state).
-    let touched = match optimizer {
-        Optimizer::Sgd { momentum: false } => 12.0,
-        Optimizer::Sgd { momentum: true } => 20.0,
-        Optimizer::Adam => 28.0,
+/// Seconds for one optimizer step over FP32 parameter tensors of
+/// `tensors` elements each, from the device file alone: a memory-bound
+/// sweep reading and writing parameters, gradients and state, plus its
+/// operator launches. A GPU runs the step as PyTorch's multi-tensor kernels
+/// (one launch for the step); a CPU (`arch` `cpu`) loops over the tensors
+/// and launches the optimizer's operators once per tensor (SGD `add_`;
+/// momentum `mul_`, `add_` on the buffer and the update; AdamW the decay,
+/// the two moment updates (3), `sqrt`, `div`, `add_` eps, `addcdiv_` and
+/// the step count: 9), which dominates a step over many small tensors.
+pub fn optimizer_seconds(device: &Device, tensors: &[f64], optimizer: Optimizer) -> f64 {
+    // Bytes touched per parameter: read p, g (+ state), write p (+ state);
+    // operators per tensor of the CPU loop.
+    let (touched, ops_per_tensor) = match optimizer {
+        Optimizer::Sgd { momentum: false } => (12.0, 1.0),
+        Optimizer::Sgd { momentum: true } => (20.0, 3.0),
+        Optimizer::Adam => (28.0, 9.0),
     };
-    params * touched / (device.mem_bytes_per_s() * device.efficiency.memory) + device.launch_s()
+    let params: f64 = tensors.iter().sum();
+    let launches = if device.arch == "cpu" { ops_per_tensor * tensors.len() as f64 } else { 1.0 };
+    params * touched / (device.mem_bytes_per_s() * device.efficiency.memory) + launches * device.launch_s()
 }
 
-/// The optimizer step on a cost model's device: the profile's measured fit
-/// of this optimizer when its calibration has one, else [`optimizer_seconds`].
-fn step_seconds(model: &CostModel, params: f64, optimizer: Optimizer) -> f64 {
+/// The optimizer step on a cost model's device: the profile's measured
+/// per-tensor curve (or older fit against the total) of this optimizer
+/// when its calibration has one ([`CostModel::optimizer_step`]), else
+/// [`optimizer_seconds`].
+fn step_seconds(model: &CostModel, tensors: &[f64], optimizer: Optimizer) -> f64 {
     let name = match optimizer {
         Optimizer::Sgd { momentum: false } => "sgd",
         Optimizer::Sgd { momentum: true } => "momentum",
         Optimizer::Adam => "adam",
     };
-    match model.optimizer_fit(name) {
-        Some(fit) => fit.eval(params).max(0.0),
-        None => optimizer_seconds(model.device(), params, optimizer),
-    }
+    model.optimizer_step(name, tensors).unwrap_or_else(|| optimizer_seconds(model.device(), tensors, optimizer))
 }
 
 /// Seconds the optimizer step adds to rewrite refreshed copies of
@@ -676,7 +685,7 @@ impl<'g> Predictor<'g> {
                 copy_claims[n.index()] = claims;
             }
             let copy_bytes = shared.stored_copies + copies.total();
-            let step = step_seconds(&model, shared.params, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
+            let step = step_seconds(&model, &shared.param_tensors, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = device_type(t, &model, &opts)
                 .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64));
@@ -793,7 +802,7 @@ impl<'g> Predictor<'g> {
                     ts.copy_claims[m.index()] = claims;
                 }
                 let copies = shared.stored_copies + ts.copies.total();
-                let step = step_seconds(&ts.model, shared.params, self.opts.optimizer)
+                let step = step_seconds(&ts.model, &shared.param_tensors, self.opts.optimizer)
                     + refresh_seconds(&target.device, copies);
                 self.sim.set_optimizer_us(t, us(step))?;
             }
