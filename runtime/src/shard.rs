@@ -98,19 +98,11 @@ const EPS: f64 = 1.0 / 16_777_216.0; // 2^-24
 pub enum ShardError {
     /// The communicator failed inside `op` (a dead or stalled peer: the
     /// source names the call and the deadline).
-    #[error("{op}: {source}")]
-    Comm {
-        op: &'static str,
-        #[source]
-        source: CommError,
-    },
+    #[error("{op}: {error}")]
+    Comm { op: &'static str, error: CommError },
     /// Node groups or the rank → node map did not fit the world.
-    #[error("{op}: {source}")]
-    Setup {
-        op: &'static str,
-        #[source]
-        source: SyncError,
-    },
+    #[error("{op}: {error}")]
+    Setup { op: &'static str, error: SyncError },
     /// The caller's shard sizes or buffers do not fit.
     #[error("{op}: invalid arguments: {detail}")]
     Invalid { op: &'static str, detail: String },
@@ -349,9 +341,9 @@ impl<'c> ShardComm<'c> {
         if cfg.group == 0 {
             return Err(ShardError::Invalid { op: OP, detail: "quantization group size must be positive".into() });
         }
-        let engine = engine_for(cfg.kernels, world).map_err(|source| ShardError::Comm { op: OP, source })?;
+        let engine = engine_for(cfg.kernels, world).map_err(|error| ShardError::Comm { op: OP, error })?;
         let groups = NodeGroups::split_map(world, &map, Deadline::after(cfg.timeout))
-            .map_err(|source| ShardError::Setup { op: "split into node groups", source })?;
+            .map_err(|error| ShardError::Setup { op: "split into node groups", error })?;
         Ok(ShardComm { world, map, groups, cfg, engine, wire: WireBytes::default() })
     }
 
@@ -428,7 +420,7 @@ impl<'c> ShardComm<'c> {
     fn payload(&self, op: &'static str, peer: usize, e: DecodeError) -> ShardError {
         match e {
             DecodeError::Malformed(detail) => ShardError::BadPayload { op, rank: self.world.rank(), peer, detail },
-            DecodeError::Engine(source) => ShardError::Comm { op, source },
+            DecodeError::Engine(source) => ShardError::Comm { op, error: source },
         }
     }
 
@@ -439,7 +431,7 @@ impl<'c> ShardComm<'c> {
         }
         self.quantizer(QBits::Int8)
             .encode(&*self.engine, values, 0, out, None)
-            .map_err(|source| ShardError::Comm { op, source })
+            .map_err(|error| ShardError::Comm { op, error })
     }
 
     /// Decodes a shard's bytes (raw or a qwZ block) into `out` at `dtype`.
@@ -464,7 +456,7 @@ impl<'c> ShardComm<'c> {
                 match dtype.half() {
                     None => out.extend_from_slice(&crate::sync::f32_bytes(&vals)),
                     Some(h) => {
-                        let bits = self.engine.cast_to(h, &vals).map_err(|source| ShardError::Comm { op, source })?;
+                        let bits = self.engine.cast_to(h, &vals).map_err(|error| ShardError::Comm { op, error })?;
                         out.extend_from_slice(&crate::sync::u16_bytes(&bits));
                     }
                 }
@@ -489,10 +481,10 @@ impl<'c> ShardComm<'c> {
                 let x = match shard {
                     Weights::F32(v) => v.clone(),
                     Weights::F16(v) => {
-                        self.engine.cast_from(Half::F16, v).map_err(|source| ShardError::Comm { op, source })?
+                        self.engine.cast_from(Half::F16, v).map_err(|error| ShardError::Comm { op, error })?
                     }
                     Weights::BF16(v) => {
-                        self.engine.cast_from(Half::BF16, v).map_err(|source| ShardError::Comm { op, source })?
+                        self.engine.cast_from(Half::BF16, v).map_err(|error| ShardError::Comm { op, error })?
                     }
                 };
                 let mut out = Vec::with_capacity(self.wire_len(codec, shard.dtype(), x.len()));
@@ -519,7 +511,7 @@ impl<'c> ShardComm<'c> {
             .world
             .start_all_gather_v(send, &bytes, d)
             .and_then(|p| p.wait(d))
-            .map_err(|source| ShardError::Comm { op, source })?;
+            .map_err(|error| ShardError::Comm { op, error })?;
         self.count(Hop::World, &bytes);
         let mut out = Vec::with_capacity(counts.iter().sum::<usize>() * dtype.size());
         for (j, (r, &m)) in ranges(&bytes).into_iter().zip(counts).enumerate() {
@@ -550,7 +542,7 @@ impl<'c> ShardComm<'c> {
                 let recv = inter
                     .start_all_gather_v(send, &bytes, d)
                     .and_then(|p| p.wait(d))
-                    .map_err(|source| ShardError::Comm { op: OP, source })?;
+                    .map_err(|error| ShardError::Comm { op: OP, error })?;
                 self.count(Hop::Inter, &bytes);
                 (recv, from)
             }
@@ -574,7 +566,7 @@ impl<'c> ShardComm<'c> {
                     .world
                     .start_all_to_all_v(buf, &send_counts, &recv_counts, d)
                     .and_then(|p| p.wait(d))
-                    .map_err(|source| ShardError::Comm { op: OP, source })?;
+                    .map_err(|error| ShardError::Comm { op: OP, error })?;
                 self.count(Hop::World, &recv_counts);
                 (recv, from)
             }
@@ -645,7 +637,7 @@ impl<'c> ShardComm<'c> {
             .intra
             .start_all_gather_v(send, &bytes, d)
             .and_then(|p| p.wait(d))
-            .map_err(|source| ShardError::Comm { op, source })?;
+            .map_err(|error| ShardError::Comm { op, error })?;
         self.count(Hop::Intra, &bytes);
         // Decode every shard, then lay them out in rank order.
         let mut decoded: Vec<Vec<u8>> = vec![Vec::new(); counts.len()];
@@ -707,7 +699,7 @@ impl<'c> ShardComm<'c> {
             .world
             .start_all_to_all_v(crate::sync::f32_bytes(grad), &send_counts, &recv_counts, d)
             .and_then(|p| p.wait(d))
-            .map_err(|source| ShardError::Comm { op, source })?;
+            .map_err(|error| ShardError::Comm { op, error })?;
         self.count(Hop::World, &recv_counts);
         let vals = crate::sync::f32_from_bytes(&recv);
         let mut sum = vec![0f32; m];
@@ -731,7 +723,7 @@ impl<'c> ShardComm<'c> {
         for r in ranges(counts) {
             let before = send.len();
             if !r.is_empty() {
-                q.encode(&*self.engine, &grad[r], 0, &mut send, None).map_err(|source| ShardError::Comm { op, source })?;
+                q.encode(&*self.engine, &grad[r], 0, &mut send, None).map_err(|error| ShardError::Comm { op, error })?;
             }
             send_counts.push(send.len() - before);
         }
@@ -743,7 +735,7 @@ impl<'c> ShardComm<'c> {
             .world
             .start_all_to_all_v(send, &send_counts, &recv_counts, d)
             .and_then(|p| p.wait(d))
-            .map_err(|source| ShardError::Comm { op, source })?;
+            .map_err(|error| ShardError::Comm { op, error })?;
         self.count(Hop::World, &recv_counts);
         let mut sum = vec![0f32; m];
         if m > 0 {
@@ -778,7 +770,7 @@ impl<'c> ShardComm<'c> {
             for &s in ss {
                 if !sh[s].is_empty() {
                     q1.encode(&*self.engine, &grad[sh[s].clone()], 0, &mut send, None)
-                        .map_err(|source| ShardError::Comm { op, source })?;
+                        .map_err(|error| ShardError::Comm { op, error })?;
                 }
             }
             send_counts.push(send.len() - before);
@@ -791,7 +783,7 @@ impl<'c> ShardComm<'c> {
             .intra
             .start_all_to_all_v(send, &send_counts, &recv_counts, d)
             .and_then(|p| p.wait(d))
-            .map_err(|source| ShardError::Comm { op, source })?;
+            .map_err(|error| ShardError::Comm { op, error })?;
         self.count(Hop::Intra, &recv_counts);
 
         // Node partials, requantized at the inter-node width, to each owner.
@@ -809,7 +801,7 @@ impl<'c> ShardComm<'c> {
                 let mut partial = vec![0f32; m];
                 q1.accumulate(&*self.engine, &blocks, &mut partial).map_err(|e| self.payload(op, l, e))?;
                 q2.encode(&*self.engine, &partial, 0, &mut blocks_by_dst[index(s)], None)
-                    .map_err(|source| ShardError::Comm { op, source })?;
+                    .map_err(|error| ShardError::Comm { op, error })?;
             }
             offset += len;
         }
@@ -826,7 +818,7 @@ impl<'c> ShardComm<'c> {
             .comm(hop)
             .start_all_to_all_v(send, &send_counts, &recv_counts, d)
             .and_then(|p| p.wait(d))
-            .map_err(|source| ShardError::Comm { op, source })?;
+            .map_err(|error| ShardError::Comm { op, error })?;
         self.count(hop, &recv_counts);
         let starts = displacements(&recv_counts);
         let mut sum = vec![0f32; m];

@@ -134,7 +134,7 @@ fn plan(o: &ShardBenchOptions) -> Result<Plan, ShardError> {
 fn gather_u64(comm: &dyn Communicator, v: u64, timeout: Duration) -> Result<Vec<u64>, ShardError> {
     let mut all = vec![0u8; 8 * comm.size()];
     comm.all_gather(&v.to_le_bytes(), &mut all, Deadline::after(timeout))
-        .map_err(|source| ShardError::Comm { op: "sync-bench report", source })?;
+        .map_err(|error| ShardError::Comm { op: "sync-bench report", error })?;
     Ok(all.chunks_exact(8).map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect())
 }
 
@@ -181,7 +181,7 @@ pub fn run(world: &dyn Communicator, o: &ShardBenchOptions) -> Result<ShardBench
     let cfg = ShardConfig { group: o.group, timeout: o.timeout, kernels: o.kernels };
     let mut sc = ShardComm::new(world, o.nodes.clone(), cfg)?;
     let barrier = || {
-        world.barrier(Deadline::after(o.timeout)).map_err(|source| ShardError::Comm { op: "sync-bench barrier", source })
+        world.barrier(Deadline::after(o.timeout)).map_err(|error| ShardError::Comm { op: "sync-bench barrier", error })
     };
     let (mut times, mut secondary) = (Vec::new(), 0u64);
     let (baseline, wire, base_wire, err, digest) = match plan {
