@@ -186,15 +186,14 @@ class Recorder(TorchFunctionMode):
 
 
 def call_kind(n):
-    """The kind of torch call that runs plan node `n`: from the call the
-    exporter recorded where it names one (a Conv the dynamo exporter fused
-    into a batch norm is run by the batch norm), else from the op."""
-    import re
-
-    call = n.get("call") or ""
-    if "batch_norm" in call:
+    """The kind of torch call that runs plan node `n`, by its op; a Conv
+    the dynamo exporter fused into the batch norm after it (its recorded
+    call is the batch norm's) is run by that batch norm. Ops without a kind
+    (a Linear's bias Add) are computed inside another node's call."""
+    kind = OP_KIND.get(n["op"])
+    if kind is not None and "batch_norm" in (n.get("call") or ""):
         return "norm"
-    return CALL_KIND.get(re.sub(r"_[0-9]+$", "", call)) or OP_KIND.get(n["op"])
+    return kind
 
 
 def dtype_mismatches(dplan, report, rec, model, prefix):

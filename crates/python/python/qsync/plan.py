@@ -29,9 +29,10 @@ compute at its precision, with the dtypes the plan executes:
   inserts where a neighbour runs wider or narrower; one called inside a
   module's own forward (a residual add, a GELU call) follows PyTorch's type
   promotion, the widest of its inputs — the rule QSync plans it by; a leaf
-  with weights that no node names (the exporter fused it into a
-  neighbour's node, a Conv folded into its BatchNorm) reads its weights at
-  its input's dtype;
+  with weights that no node names (the exporter attributed its operator to
+  a neighbour: dynamo names a Conv after the BatchNorm it feeds) runs at the
+  precision of its weights' refreshed copies if the plan keeps any, else
+  reads its weights at its input's dtype;
 - an operator called inside a module's own forward (attention's matmuls and
   softmax, a functional conv) is intercepted with a TorchFunctionMode active
   only in that module's forward, matched by kind and order of call, and
@@ -354,6 +355,9 @@ class ApplyReport:
     # Precision-dependent operators set through their leaf module
     # (node, module path, precision).
     dependent: list = field(default_factory=list)
+    # Leaves no planned node names but whose weights have 16-bit refreshed
+    # copies, run at that precision: (module path, precision).
+    implied: list = field(default_factory=list)
     # Leaves with weights no plan node names, run at their input's dtype.
     followed: list = field(default_factory=list)
     # The plan's refreshed copies held for this model's parameters.
@@ -522,9 +526,9 @@ def _wrap_dependent(module, p):
 
 
 def _wrap_follow(module):
-    """A leaf with weights that no plan node names (the exporter fused it
-    into a neighbour's node: a Conv folded into the BatchNorm after it):
-    its weights are read at its input's dtype, as its fused node does."""
+    """A leaf with weights that no plan node names and no refreshed copy
+    covers (the exporter attributed its operator to a neighbour): its
+    weights are read at its input's dtype."""
     orig = module.forward
     params = dict(module.named_parameters(recurse=False))
 
@@ -753,6 +757,32 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None, partial=False, opt
         for t in targets:
             copies_by_param.setdefault(t, (copy_name, dt))
 
+    def hold(m, path, p):
+        """The refreshed copies of `m`'s own weights read at precision `p`."""
+        held = {}
+        if p in DTYPES:
+            for k, _ in m.named_parameters(recurse=False):
+                full = f"{path}.{k}" if path else k
+                if full in copies_by_param and copies_by_param[full][1] == DTYPES[p]:
+                    rc = RefreshedCopy(full, copies_by_param.pop(full)[0], params_by_name[full], DTYPES[p])
+                    held[k] = rc
+                    report.copies.append(rc)
+        return held
+
+    # A leaf that no planned node names but whose weight the plan keeps as a
+    # 16-bit refreshed copy: the exporter attributed its operator to a
+    # neighbour (dynamo names a Conv after the BatchNorm it feeds). The copy
+    # says it computes in 16 bits; it runs so, reading the copy.
+    implied = {}
+    for full, (_copy, dt) in copies_by_param.items():
+        mpath, _, _k = full.rpartition(".")
+        m = all_mods.get(mpath)
+        if m is not None and mpath not in by_module and not list(m.children()):
+            implied.setdefault(mpath, next(k for k, v in DTYPES.items() if v == dt))
+    for mpath, p in implied.items():
+        _wrap_leaf(all_mods[mpath], p, report, mpath, hold(all_mods[mpath], mpath, p))
+        report.implied.append((mpath, p))
+
     owners = {}
     for path, nodes in by_module.items():
         m = all_mods[path]
@@ -764,15 +794,7 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None, partial=False, opt
             if len({n["precision"] for n in nodes}) > 1:
                 report.warnings.append(f"`{path}`: its operators are planned at "
                                        f"{sorted({n['precision'] for n in nodes})}; the widest, {p}, is applied")
-            held = {}
-            if p in DTYPES:
-                for k, _ in m.named_parameters(recurse=False):
-                    full = f"{path}.{k}" if path else k
-                    if full in copies_by_param and copies_by_param[full][1] == DTYPES[p]:
-                        rc = RefreshedCopy(full, copies_by_param.pop(full)[0], params_by_name[full], DTYPES[p])
-                        held[k] = rc
-                        report.copies.append(rc)
-            _wrap_leaf(m, p, report, path, held)
+            _wrap_leaf(m, p, report, path, hold(m, path, p))
             for n in nodes:
                 report.mapped.append((n["name"], path, p))
                 report.per_precision[p] += 1
@@ -798,7 +820,7 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None, partial=False, opt
         if n.get("planned") or n.get("op") in _NO_PRECISION or n.get("module") is None:
             continue
         target = fit(n["module"], prefix)
-        if target is None or target in by_module or target not in all_mods:
+        if target is None or target in by_module or target in implied or target not in all_mods:
             continue
         if len(list(all_mods[target].children())) == 0:
             dep.setdefault(target, []).append(n)
@@ -808,7 +830,7 @@ def apply_plan(module, plan_dir, device_type, *, prefix=None, partial=False, opt
         report.dependent.extend((n["name"], path, p) for n in nodes)
 
     for path, m in all_mods.items():
-        if path in by_module or path in dep or list(m.children()):
+        if path in by_module or path in dep or path in implied or list(m.children()):
             continue
         if any(v.is_floating_point() for v in m.parameters(recurse=False)) and not any(
                 b.is_floating_point() for b in m.buffers(recurse=False)):
