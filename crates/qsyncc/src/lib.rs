@@ -10,6 +10,7 @@ pub mod plan;
 pub mod planner;
 pub mod profile;
 pub mod report;
+pub mod shardbench;
 pub mod simulate;
 pub mod syncbench;
 

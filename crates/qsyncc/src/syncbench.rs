@@ -27,8 +27,15 @@ use qsync_runtime::{Gather, Scheme, SyncConfig};
 pub struct SyncBenchArgs {
     /// fp32, fp16, bf16, qgz-int8, qgz-int4, qgz-int8-hier, qgz-int4-hier,
     /// qgz-intA-intB-hier, nbit-1/2/4/8; suffixes -sr (stochastic rounding), -ef (error feedback).
+    /// With `--collective all-gather`: qwz, hpz, qwz-hpz, fp16, bf16, fp32.
     #[arg(long)]
     pub scheme: String,
+    /// The collective: `all-reduce` (a gradient synchronization), or the
+    /// sharded `all-gather` / `reduce-scatter` of ZeRO-3 (qwZ, hpZ, qgZ:
+    /// `qsync_runtime::shard`), reported against fp16 all-gather / fp32
+    /// reduce-scatter bytes.
+    #[arg(long, default_value = "all-reduce", value_parser = ["all-reduce", "all-gather", "reduce-scatter"])]
+    pub collective: String,
     /// Gradient size in bytes (f32 elements × 4); K, M, G (or KiB, MiB, GiB) suffixes, powers of 1024.
     #[arg(long, value_parser = parse_size)]
     pub bytes: usize,
@@ -179,6 +186,9 @@ fn render(r: &qsync_runtime::bench::BenchReport, json: bool) -> Result<String> {
 
 /// Runs the benchmark on this rank; `Some(text)` on rank 0.
 pub fn run(args: &SyncBenchArgs) -> Result<Option<String>> {
+    if args.collective != "all-reduce" {
+        return crate::shardbench::run(args);
+    }
     let opts = options(args)?;
     if args.backend == "nccl" {
         return run_nccl(args, &opts);
