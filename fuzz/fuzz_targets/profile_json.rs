@@ -1,0 +1,11 @@
+//! `--profile FILE` (plan and simulate): `qsync_cost::profile::Profile::from_json`
+//! on arbitrary text returns a profile or an error, never panics.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = qsync_cost::profile::Profile::from_json(text, "fuzz.profile.json");
+    }
+});
