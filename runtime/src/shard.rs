@@ -411,7 +411,11 @@ impl<'c> ShardComm<'c> {
         if counts[self.world.rank()] != mine {
             return Err(ShardError::Invalid {
                 op,
-                detail: format!("rank {} holds {mine} elements, the sizes say {}", self.world.rank(), counts[self.world.rank()]),
+                detail: format!(
+                    "rank {} holds {mine} elements, the sizes say {}",
+                    self.world.rank(),
+                    counts[self.world.rank()]
+                ),
             });
         }
         Ok(())
@@ -435,6 +439,7 @@ impl<'c> ShardComm<'c> {
     }
 
     /// Decodes a shard's bytes (raw or a qwZ block) into `out` at `dtype`.
+    #[allow(clippy::too_many_arguments)]
     fn decode_into(
         &self,
         op: &'static str,
@@ -451,8 +456,10 @@ impl<'c> ShardComm<'c> {
         match codec {
             GatherCodec::Raw => out.extend_from_slice(bytes),
             GatherCodec::Qwz => {
-                let vals =
-                    self.quantizer(QBits::Int8).decode(&*self.engine, bytes, m).map_err(|e| self.payload(op, peer, e))?;
+                let vals = self
+                    .quantizer(QBits::Int8)
+                    .decode(&*self.engine, bytes, m)
+                    .map_err(|e| self.payload(op, peer, e))?;
                 match dtype.half() {
                     None => out.extend_from_slice(&crate::sync::f32_bytes(&vals)),
                     Some(h) => {
@@ -674,7 +681,12 @@ impl<'c> ShardComm<'c> {
         if counts.len() != p || counts.iter().sum::<usize>() != grad.len() {
             return Err(ShardError::Invalid {
                 op,
-                detail: format!("{} shard sizes summing to {} for {p} ranks and {} elements", counts.len(), counts.iter().sum::<usize>(), grad.len()),
+                detail: format!(
+                    "{} shard sizes summing to {} for {p} ranks and {} elements",
+                    counts.len(),
+                    counts.iter().sum::<usize>(),
+                    grad.len()
+                ),
             });
         }
         let mut sum = match codec {
@@ -723,7 +735,8 @@ impl<'c> ShardComm<'c> {
         for r in ranges(counts) {
             let before = send.len();
             if !r.is_empty() {
-                q.encode(&*self.engine, &grad[r], 0, &mut send, None).map_err(|error| ShardError::Comm { op, error })?;
+                q.encode(&*self.engine, &grad[r], 0, &mut send, None)
+                    .map_err(|error| ShardError::Comm { op, error })?;
             }
             send_counts.push(send.len() - before);
         }
@@ -979,8 +992,7 @@ mod tests {
         for map in [vec![0, 0, 1], vec![1, 0, 0], vec![0, 0, 1, 1], vec![0, 1, 0, 1], vec![0, 0, 0, 1, 1]] {
             let m = NodeMap::new(map.clone()).expect("map");
             for node in 0..m.nodes() {
-                let mut all: Vec<usize> =
-                    (0..m.members(node).len()).flat_map(|j| handled(&m, node, j)).collect();
+                let mut all: Vec<usize> = (0..m.members(node).len()).flat_map(|j| handled(&m, node, j)).collect();
                 all.sort_unstable();
                 assert_eq!(all, (0..m.world()).collect::<Vec<_>>(), "{map:?} node {node}");
                 for s in 0..m.world() {

@@ -329,7 +329,11 @@ pub fn render(r: &ShardBenchReport) -> String {
         },
         r.max_abs_error,
         r.error_bound,
-        if r.within_bound { "within bound".to_string() } else { format!("{} elements OVER the bound", r.bound_violations) },
+        if r.within_bound {
+            "within bound".to_string()
+        } else {
+            format!("{} elements OVER the bound", r.bound_violations)
+        },
         r.bitwise_identical,
         r.seconds,
         r.iterations,

@@ -89,7 +89,8 @@ fn run_mpi(args: &SyncBenchArgs, c: Collective) -> Result<Option<String>> {
 #[cfg(feature = "nccl")]
 fn run_nccl(args: &SyncBenchArgs, c: Collective) -> Result<Option<String>> {
     use qsync_runtime::nccl::{probe, spawn_local, NcclComm, RankEnv};
-    let timeout = Duration::from_secs_f64(if args.timeout > 0.0 && args.timeout.is_finite() { args.timeout } else { 60.0 });
+    let timeout =
+        Duration::from_secs_f64(if args.timeout > 0.0 && args.timeout.is_finite() { args.timeout } else { 60.0 });
     if RankEnv::present() {
         let world = NcclComm::from_env(timeout)?;
         return on_rank(&world, args, c);

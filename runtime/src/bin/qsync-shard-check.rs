@@ -197,19 +197,26 @@ fn bounds_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<
                     let h = sc.hpz_all_gather(&sec, GatherCodec::Raw)?;
                     rep.check(h == full, || case(&format!("{} hpZ raw all-gather is not the tensor", dtype.name())));
                     let hq = sc.hpz_all_gather(&sec, GatherCodec::Qwz)?;
-                    rep.check(hq == q, || case(&format!("{} hpZ qwZ all-gather differs from the world's", dtype.name())));
+                    rep.check(hq == q, || {
+                        case(&format!("{} hpZ qwZ all-gather differs from the world's", dtype.name()))
+                    });
                     let w = sc.wire_bytes();
-                    rep.check(w.inter_node == 0, || case(&format!("hpZ all-gathers moved {} bytes across nodes", w.inter_node)));
+                    rep.check(w.inter_node == 0, || {
+                        case(&format!("hpZ all-gathers moved {} bytes across nodes", w.inter_node))
+                    });
                 }
                 let grad = gradient(kind, n, 11, me);
                 for (name, codec) in SCATTERS {
                     for reduce in [ReduceOp::Sum, ReduceOp::Mean] {
                         let got = sc.reduce_scatter(&grad, &counts, codec, reduce)?;
                         let again = sc.reduce_scatter(&grad, &counts, codec, reduce)?;
-                        rep.check(digest(&got) == digest(&again), || case(&format!("{name} {reduce:?} not reproducible")));
+                        rep.check(digest(&got) == digest(&again), || {
+                            case(&format!("{name} {reduce:?} not reproducible"))
+                        });
                         rep.check(got.len() == counts[me], || case(&format!("{name}: {} elements", got.len())));
-                        let (exact, bound) =
-                            reduce_scatter_reference(&map, &counts, group, codec, reduce, &|r| gradient(kind, n, 11, r));
+                        let (exact, bound) = reduce_scatter_reference(&map, &counts, group, codec, reduce, &|r| {
+                            gradient(kind, n, 11, r)
+                        });
                         let (v, worst) = violations(&got, &exact[mine.clone()], &bound[mine.clone()]);
                         rep.check(v == 0, || {
                             let i = worst.unwrap_or(0);
@@ -301,7 +308,12 @@ fn wire_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()
         if world.rank() == 0 {
             eprintln!(
                 "wire fraction {} {}: {:.4} ({:.0} of {:.0} bytes per rank; {:.0} inter-node)",
-                r.collective, r.scheme, r.wire_fraction, r.wire_bytes_per_rank, r.baseline_bytes_per_rank, r.inter_node_bytes_per_rank
+                r.collective,
+                r.scheme,
+                r.wire_fraction,
+                r.wire_bytes_per_rank,
+                r.baseline_bytes_per_rank,
+                r.inter_node_bytes_per_rank
             );
         }
         rep.check(r.wire_fraction > 0.0 && r.wire_fraction <= limit, || {
