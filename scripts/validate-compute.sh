@@ -11,7 +11,8 @@
 #   1. scripts/cpu/device.py     this CPU as a device file (lscpu figures, measured rates): DIR/cpu.json
 #   2. scripts/cpu/export.py     ResNet-18 and BERT-tiny as training-mode ONNX with a symbolic batch;
 #                                the shared resnet50_train, bert_base_train and squeezenet1_1 (rebatched)
-#   3. qsyncc profile worklist   every distinct op of the five models at batch 8, plus batch points 1 and 2
+#   3. qsyncc profile worklist   every distinct op of the five models at batch 8, plus batch points 1, 2
+#                                and 32 (QSYNC_BATCH_POINTS)
 #   4. scripts/gpu/profile.py --device cpu     per-op times (fwd, input and weight gradients) -> DIR/ops.json
 #   5. scripts/cpu/train.py      training iterations of ResNet-18 and BERT-tiny at batches 1, 2, 8, 32
 #   6. scripts/gpu/analyze.py    per measured model, `qsyncc profile build --exclude FAMILY` (the profile
@@ -20,7 +21,8 @@
 # Environment: PYTHON (default ~/.cache/qsync/torch-venv/bin/python, with torch, torchvision,
 # transformers and onnx), QSYNCC (default: build target/debug/qsyncc), QSYNC_MODELS (the shared
 # models, default ../shared/models), QSYNC_TRAIN_MODELS (default resnet18,bert_tiny),
-# QSYNC_TRAIN_BATCHES (default 1,2,8,32), QSYNC_THREADS (default 1).
+# QSYNC_TRAIN_BATCHES (default 1,2,8,32), QSYNC_BATCH_POINTS (the op profile's batches besides 8,
+# default 1,2,32), QSYNC_THREADS (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-target/validate-compute}
@@ -28,6 +30,7 @@ PY=${PYTHON:-$HOME/.cache/qsync/torch-venv/bin/python}
 MODELS=${QSYNC_MODELS:-../shared/models}
 TRAIN_MODELS=${QSYNC_TRAIN_MODELS:-resnet18,bert_tiny}
 TRAIN_BATCHES=${QSYNC_TRAIN_BATCHES:-1,2,8,32}
+BATCH_POINTS=${QSYNC_BATCH_POINTS:-1,2,32}
 DOC=docs/validation-compute.md
 CMD="scripts/validate-compute.sh${1:+ $1}"
 
@@ -50,7 +53,7 @@ for m in resnet50_train bert_base_train; do
   cp "$MODELS/$m.onnx" "$DIR/models/$m.onnx"
 done
 "$PY" scripts/gpu/rebatch.py "$MODELS/squeezenet1_1.onnx" "$DIR/models/squeezenet1_1.onnx"
-"$Q" profile worklist --batch 8 --batch-points 1,2 --dim seq=128 -o "$DIR/worklist.json" \
+"$Q" profile worklist --batch 8 --batch-points "$BATCH_POINTS" --dim seq=128 -o "$DIR/worklist.json" \
   "$DIR/models/resnet18_train.onnx=resnet18" "$DIR/models/resnet50_train.onnx=resnet50" \
   "$DIR/models/squeezenet1_1.onnx=squeezenet" "$DIR/models/bert_tiny_train.onnx=bert_tiny" \
   "$DIR/models/bert_base_train.onnx=bert_base"
