@@ -18,8 +18,8 @@ fn size_curve_by_hand() {
     // Points (elements, µs per tensor): (1024, 50), (4096, 80), (16384, 200);
     // a repeated size is averaged: (4096, 70) and (4096, 90) give 80.
     let us = |x: f64| x * 1e-6;
-    let c = SizeCurve::new(&[(16384.0, us(200.0)), (4096.0, us(70.0)), (1024.0, us(50.0)), (4096.0, us(90.0))])
-        .unwrap();
+    let c =
+        SizeCurve::new(&[(16384.0, us(200.0)), (4096.0, us(70.0)), (1024.0, us(50.0)), (4096.0, us(90.0))]).unwrap();
     assert_eq!(c.points.len(), 3);
     // Below the smallest size: its time (the fixed cost per tensor).
     assert!(close(c.at(512.0), us(50.0)));

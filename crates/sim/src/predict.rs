@@ -685,7 +685,8 @@ impl<'g> Predictor<'g> {
                 copy_claims[n.index()] = claims;
             }
             let copy_bytes = shared.stored_copies + copies.total();
-            let step = step_seconds(&model, &shared.param_tensors, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
+            let step =
+                step_seconds(&model, &shared.param_tensors, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
             programs.push(LocalProgram { ops, optimizer_us: us(step) });
             let dt = device_type(t, &model, &opts)
                 .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64));

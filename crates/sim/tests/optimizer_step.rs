@@ -46,7 +46,8 @@ fn profile_step_sums_its_curve_over_the_graphs_parameter_tensors() {
             }
         }
     }
-    let json = r#"{"device": "t4", "optimizers": [{"optimizer": "adam", "tensors": [[1024, 50], [4096, 80], [16384, 200]]}]}"#;
+    let json =
+        r#"{"device": "t4", "optimizers": [{"optimizer": "adam", "tensors": [[1024, 50], [4096, 80], [16384, 200]]}]}"#;
     let profile = Profile::from_json(json, "test").expect("profile");
     let opts = PredictOptions { bindings: bindings.clone(), optimizer: Optimizer::Adam, ..PredictOptions::default() };
     let mut t = Target::new(DeviceDb::bundled().expect("db").get("t4").expect("t4").clone(), 1, 8, Plan::new());
