@@ -377,7 +377,8 @@ fn apply_plan_maps_every_shared_model() {
         .arg(&work)
         .env("OMP_NUM_THREADS", "2")
         .env("PYTHONWARNINGS", "ignore");
-    let (out, _) = run_limited(&mut c, Duration::from_secs(900));
+    // Twelve models planned, applied, run forward and backward and stepped.
+    let (out, _) = run_limited(&mut c, Duration::from_secs(1200));
     let recs = records(&out);
     for r in &recs {
         eprintln!("{r}");
