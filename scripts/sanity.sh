@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Predicted single-GPU training throughput next to published NVIDIA figures
-# (README, "Sanity against the real world"). One command reproduces the
-# README table: `bash scripts/sanity.sh` (set QSYNCC to use another binary).
+# (docs/results.md, "Sanity against the real world"). One command reproduces the
+# table: `bash scripts/sanity.sh` (set QSYNCC to use another binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS=../shared/models

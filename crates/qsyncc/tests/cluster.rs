@@ -34,7 +34,7 @@ fn every_example_cluster_file_loads_with_every_figure_sourced() {
         assert!(o.status.success(), "{}: {}", p.display(), stderr(&o));
         n += 1;
     }
-    assert!(n >= 3, "the README's clusters have example files");
+    assert!(n >= 3, "the planner doc's clusters have example files");
 }
 
 #[test]
@@ -187,9 +187,9 @@ fn each_type_alone_trains_the_same_global_batch() {
 }
 
 #[test]
-fn the_readme_cluster_commands_run_as_written() {
+fn the_planner_doc_cluster_commands_run_as_written() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let readme = std::fs::read_to_string(root.join("docs/planner.md")).expect("docs/planner.md");
     let cmds: Vec<&str> = readme
         .lines()
         .map(str::trim)
