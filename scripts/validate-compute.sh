@@ -5,7 +5,7 @@
 # device, and the table of measured against predicted training iterations
 # written into docs/validation-compute.md (between its `generated` markers).
 #
-#   scripts/validate-compute.sh [DIR]      (DIR defaults to target/validate-compute; ~10 min on 2 cores)
+#   scripts/validate-compute.sh [DIR]      (DIR defaults to target/validate-compute; ~12 min on 2 cores)
 #
 # Steps, each a script of its own:
 #   1. scripts/cpu/device.py     this CPU as a device file (lscpu figures, measured rates): DIR/cpu.json
