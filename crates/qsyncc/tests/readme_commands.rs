@@ -102,7 +102,10 @@ fn every_readme_command_runs_as_written() {
     assert!(cmds.iter().any(|c| c == "scripts/example.sh"), "the README shows the main job: {cmds:?}");
     for (skipped, why) in SKIP {
         assert!(!why.is_empty());
-        assert!(cmds.iter().any(|c| c == skipped), "SKIP lists `{skipped}`, which the README no longer shows: {cmds:?}");
+        assert!(
+            cmds.iter().any(|c| c == skipped),
+            "SKIP lists `{skipped}`, which the README no longer shows: {cmds:?}"
+        );
     }
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_qsyncc")).parent().expect("bin dir").to_path_buf();
     let path = std::env::join_paths(
