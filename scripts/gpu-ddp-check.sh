@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The qsync Python package on a GPU (issue 18), as one prepared command.
+# The qsync Python package on a GPU, as one prepared command.
 #
 #   scripts/gpu-ddp-check.sh prepare   # here: build the wheel and a plan into target/gpu-ddp-check
 #   scripts/gpu-ddp-check.sh run       # on the GPU machine (carry target/gpu-ddp-check)

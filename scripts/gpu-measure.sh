@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measure qsync's predictions against a real GPU (issue 20): the calibration
+# Measure qsync's predictions against a real GPU: the calibration
 # profile of the device and QSync's Table III (replayer error against
 # measured training iterations), in three steps.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The NCCL side of issue 17 in one command: qsync-runtime's NCCL communicator
+# The NCCL side of the runtime in one command: qsync-runtime's NCCL communicator
 # on the one GPU of a lent machine, checked against the MPI (CPU) engine.
 #
 #   scripts/gpu-sync-check.sh [all|prepare|run] [DIR]   (defaults: all, target/gpu-sync-check)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The precision comparison table (issue 4): for every shared model, casts
+# The precision comparison table: for every shared model, casts
 # added, low-precision FLOP fraction and predicted iteration time (cost model,
 # training mode; batch 32 and other symbolic dims 128 unless the model fixes
 # them) on V100 and T4 under fp32 / amp / autocast / campo / comp, and

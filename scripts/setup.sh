@@ -38,7 +38,7 @@ if ! "$PY" -c 'import nvidia.cuda_nvcc' 2>/dev/null; then
     || echo "setup: could not install $ptxas_pkg; the PTX assembly test will skip" >&2
 fi
 
-# --- qsync-runtime (issue 17): Open MPI, the CPU engine of the runtime's
+# --- qsync-runtime: Open MPI, the CPU engine of the runtime's
 # multi-process tests (`mpirun`), and its headers for the `mpi` crate
 # (mpi-sys finds libclang through llvm-config-22, installed above).
 # iproute2 (`ip netns`, veth, `tc`) builds the emulated multi-node cluster
@@ -58,7 +58,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # --- end qsync-runtime
 
-# --- qsync Python package (issue 18): PyTorch for the DDP tests and the
+# --- qsync Python package: PyTorch for the DDP tests and the
 # example, in its own virtual environment (PyPI's torch wheel pulls its CUDA
 # libraries: ~5.8 GB and ~3 minutes the first time, nothing after), plus
 # maturin to build the `qsync` wheel. Outside the checkout, so fresh clones

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The synchronization benchmark table (issue 17): every scheme on 4 and 8
+# The synchronization benchmark table: every scheme on 4 and 8
 # MPI ranks (2 emulated nodes), one JSON line per run, then a summary table.
 # Usage: scripts/sync-bench.sh [BYTES] [QSYNCC]   (defaults: 16M, target/debug/qsyncc)
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 27, "Checked against real runs", 2. Compute: the calibration pipeline
+# Checked against real runs, compute: the calibration pipeline
 # prepared for GPUs (scripts/gpu-measure.sh: worklist -> PyTorch measurement
 # -> profile -> leave-one-out prediction) run on this machine's CPU as the
 # device, and the table of measured against predicted training iterations

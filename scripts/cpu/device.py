@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Describe this machine's CPU as a qsync device file, for checking the cost
-model against measurements without a GPU (issue 27, "Compute").
+model against measurements without a GPU (the compute check).
 
     python3 scripts/cpu/device.py OUT.json [--name cpu]
 

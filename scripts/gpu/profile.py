@@ -33,7 +33,7 @@ op's batch curve.
 
 Needs only PyTorch (no network); exits 2 with a message when there is no GPU.
 `--device cpu` measures on this machine's CPU instead, as a device of its
-own (issue 27's compute check): the CPU time of the process (user + system,
+own (the compute check): the CPU time of the process (user + system,
 `time.process_time`) over N back-to-back calls (N chosen so one repeat
 takes about --target-ms), the minimum over --reps repeats divided by N. On a
 machine shared with other work the wall clock counts the time other

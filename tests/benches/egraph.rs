@@ -1,6 +1,6 @@
 //! `egraph-casts` on `bert_base_train.onnx` after `amp` and after `campo`
-//! (training mode, target t4), from an already planned model. Budget
-//! (issue 5): under 1 s in release.
+//! (training mode, target t4), from an already planned model. Budget:
+//! under 1 s in release.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use qsync_passes::{pipeline_from_spec, PassContext};

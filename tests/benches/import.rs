@@ -1,5 +1,5 @@
 //! Import + shape inference + verification of the real training graphs.
-//! Budget (issue 2): under 50 ms each in release on the 2-core CI machine.
+//! Budget: under 50 ms each in release on the 2-core CI machine.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use qsync_ir::infer::{infer_shapes, InferOptions};

@@ -1,5 +1,5 @@
 //! Each precision pass (plan + materialize) on the real training graphs,
-//! from an already shape-inferred model. Budget (issue 4): under 50 ms each
+//! from an already shape-inferred model. Budget: under 50 ms each
 //! on `bert_base_train.onnx` in release. campo and comp plan for V100 with
 //! the cost model (the CLI's `--target v100`).
 

@@ -1,4 +1,4 @@
-//! The cast table (issue 5): casts and predicted cast time per shared model
+//! The cast table: casts and predicted cast time per shared model
 //! for naive insertion (`uniform=f16`), `amp`, `campo`, `campo,egraph-casts`,
 //! `amp,egraph-casts`, and onnxconverter-common.
 //!

@@ -117,7 +117,7 @@ fn planned_models_with_weights_stay_within_fp16_tolerance() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Campo's guarantee (issue 4): on every shared model, for every planned
+/// Campo's guarantee: on every shared model, for every planned
 /// dtype on targets that have it (f16: v100, t4; bf16: a100-40gb, h100-sxm;
 /// i8: t4, a100-40gb; f8e4m3: h100-sxm), campo adds no more casts than amp
 /// and is never predicted slower. Times are the CLI's `predicted_ms`

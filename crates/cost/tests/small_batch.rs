@@ -1,4 +1,4 @@
-//! Small per-device work (issue 27, defect 3): the wave model of GEMM-like
+//! Small per-device work: the wave model of GEMM-like
 //! phases, costs at a fraction of the batch, and measured batch curves.
 //! Every expected value is worked out by hand in the comments.
 #![allow(clippy::unwrap_used)]

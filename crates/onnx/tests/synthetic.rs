@@ -257,7 +257,7 @@ fn structural_errors_name_file_and_node() {
     assert!(matches!(e, OnnxError::UndefinedValue { .. }), "{e}");
     let s = e.to_string();
     assert!(s.contains("undef.onnx") && s.contains("`r`") && s.contains("nowhere"), "{s}");
-    // Opsets 7..=25 import (issue 19); outside that range is refused.
+    // Opsets 7..=25 import; outside that range is refused.
     for v in [6, 26, 1] {
         let e = import_bytes(&model(g.clone(), v), None, "opset.onnx").expect_err("opset");
         assert!(matches!(e, OnnxError::UnsupportedOpset { version, .. } if version == v), "{e}");

@@ -1,4 +1,4 @@
-//! The whole planner (issue 6 budget: under 2 s) in process: import
+//! The whole planner (budget: under 2 s) in process: import
 //! `bert_base_train.onnx`, plan `v100:16,t4:16` (UP, greedy, ours, DBS,
 //! egraph-casts on each device graph) and write the plan directory to a
 //! temporary folder — `qsyncc::planner::run`, what `qsyncc MODEL --targets

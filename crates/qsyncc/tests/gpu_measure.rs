@@ -1,4 +1,4 @@
-//! The GPU measurement of issue 20 without a GPU: `scripts/gpu-measure.sh
+//! The GPU measurement without a GPU: `scripts/gpu-measure.sh
 //! prepare` (worklist of the real models), `qsyncc profile build` on
 //! synthetic measurements generated here from a hidden device (its fitted
 //! rates must recover the hidden ones), and `scripts/gpu/analyze.py` on

@@ -1,5 +1,5 @@
-//! INT8 device graphs with calibrated activation scales (issue 27, defect
-//! 5), run in onnxruntime against the FP32 model.
+//! INT8 device graphs with calibrated activation scales, run in onnxruntime
+//! against the FP32 model.
 //!
 //! Statistics are measured from real inputs: `scripts/calibrate.py MODEL.onnx`
 //! runs the FP32 model in onnxruntime on seeded inputs (seeds 0..8) and

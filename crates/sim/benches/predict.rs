@@ -1,4 +1,4 @@
-//! Predictor budgets (issue 3), with the real cost model: a full prediction
+//! Predictor budgets, with the real cost model: a full prediction
 //! of `bert_base_train.onnx` (batch 32, seq 128) on 16 V100 + 16 T4 —
 //! graph facts, every node costed on both types, memory, simulation —
 //! under 5 ms; one `set_precision` then a fresh `result()` under 0.5 ms.

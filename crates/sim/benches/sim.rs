@@ -1,4 +1,4 @@
-//! Replayer budgets (issue 3): a full simulation of `bert_base_train.onnx`
+//! Replayer budgets: a full simulation of `bert_base_train.onnx`
 //! (batch 32, seq 128) on 16 V100 + 16 T4 under 5 ms; one op change then a
 //! fresh result under 0.5 ms.
 //!

@@ -297,7 +297,7 @@ fn each_target_is_costed_at_its_own_batch() {
     assert_eq!(s.global_batch, 4 * 8 + 4 * 16);
     // Not proportional to the batch: launches and weight reads do not scale,
     // and small work fills the T4's 40 SMs in partial waves, so the time per
-    // sample falls as the batch grows (issue 27, defect 3: it used to be
+    // sample falls as the batch grows (it used to be
     // affine, which priced a T4 given 1 or 2 samples too cheaply).
     let at = |b: u32| {
         let o = PredictOptions { reference_batch: Some(8), ..opts(&g) };
