@@ -77,4 +77,10 @@ if ! "$torch_venv/bin/python" -c 'import torch, torchvision, transformers, onnxs
   "$PY" -m venv "$torch_venv"
   "$torch_venv/bin/pip" install -q --disable-pip-version-check "${torch_pkgs[@]}"
 fi
+# scikit-learn: its bundled handwritten digits are the data of
+# scripts/accuracy.sh and its CI test (crates/qsyncc/tests/accuracy.rs).
+if [ -x "$torch_venv/bin/python" ] && ! "$torch_venv/bin/python" -c 'import sklearn' 2>/dev/null; then
+  echo "setup: installing scikit-learn into $torch_venv (the digits data of the accuracy runs)" >&2
+  "$torch_venv/bin/pip" install -q --disable-pip-version-check scikit-learn==1.9.1
+fi
 # --- end qsync Python package

@@ -329,6 +329,8 @@ def cmd_train(a):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = digits()
+    if a.train_limit:
+        data = (data[0][:a.train_limit], data[1][:a.train_limit], data[2], data[3])
     configs = a.configs.split(",")
     ref = {}
     for seed in [int(s) for s in a.seeds.split(",")]:
@@ -496,6 +498,8 @@ def main():
     t.add_argument("--configs", required=True)
     t.add_argument("--seeds", default="0,1,2")
     t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--train-limit", type=int, default=None,
+                   help="train on the first N training samples only (the CI's quick version)")
     t.add_argument("--lr", type=float, default=None, help="default: the model's (LR)")
     r = sub.add_parser("report")
     r.add_argument("results", nargs="+")
