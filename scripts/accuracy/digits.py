@@ -511,7 +511,14 @@ def cmd_report(a):
       "which weights each rank's gradient by its type's `local_batch / global_batch`; each rank trains on its "
       "slice of the same global batch. The synchronization schemes run on FP32 compute with a uniform "
       "batch. UP's Ω is n/a where qsyncc kept GEMM-like operators out of INT8 (no calibrated range for "
-      "their activation: its UP is then not the INT8 plan trained here).")
+      "their activation: its UP is then not the INT8 plan trained here). The accuracy is that of the trained "
+      "weights, so a plan's low-precision forward passes matter only through the updates they produce.")
+    w("")
+    w("On the schemes: `nbit-k` packs every element of a bucket into one of 2^k levels spread over the "
+      "bucket's min..max (one range for the whole bucket, here the model's whole gradient), rounding to the "
+      "nearest level; the many small elements then round to the same level, a bias that stochastic rounding "
+      "(`-sr`) removes in expectation. `qgz-int*` quantizes per group of 512 elements, each with its own "
+      "scale; `-ef` (error feedback) carries each quantization site's rounding error into the next step's input.")
     w("")
     os.makedirs(os.path.dirname(a.output) or ".", exist_ok=True)
     with open(a.output, "w") as f:
