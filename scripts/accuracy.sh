@@ -54,6 +54,6 @@ cmd="scripts/accuracy.sh"
 [ -n "$note" ] && cmd="EPOCHS=$EPOCHS SEEDS=$SEEDS MODELS=$MODELS CONFIGS=$CONFIGS scripts/accuracy.sh"
 "$PY" scripts/accuracy/digits.py report "${results[@]}" --plans-root "$WORK" -o "$OUT" --command "$cmd" \
   --date "$(date -u '+%Y-%m-%d %H:%M UTC')" \
-  --machine "$(uname -m), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), torch $("$PY" -c 'import torch; print(torch.__version__)')" \
+  --machine "$(uname -m), $(nproc) of $(nproc --all) cores usable, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), torch $("$PY" -c 'import torch; print(torch.__version__)')" \
   --took "$((took / 60)) min $((took % 60)) s" --note "$note" >/dev/null
 echo "accuracy: wrote $OUT in $((took / 60)) min $((took % 60)) s" >&2

@@ -469,7 +469,19 @@ def cmd_report(a):
             w(f"Clearly below FP32 DDP ({rm:.1f} ± {rs_:.1f}; margin {margin:.1f} points): "
               f"{', '.join(below) if below else 'none'}.")
             w("")
+        sds = {}
+        for c in configs:
+            accs = [100 * r["test_acc"] for r in mr if r["config"] == c]
+            sds[c] = statistics.stdev(accs) if len(accs) > 1 else 0.0
         base = [p[2] for p in points if p[0].startswith("FP32 DDP")]
+        if base and len(points) > 1:
+            spread = max(abs(p[2] - base[0]) for p in points)
+            sd_max = max(sds[c] for c in sds if c == "fp32" or c in plans[m])
+            if spread < sd_max:
+                w(f"The precision plans' mean accuracies differ from FP32 DDP's by at most {spread:.2f} points, "
+                  f"less than the seeds' standard deviation (up to {sd_max:.2f}): no plan is measurably better "
+                  f"or worse, and the rank correlation below orders noise.")
+                w("")
         if base:
             pooled += [(m, p[0], p[1], p[2] - base[0]) for p in points]
         rho = spearman([p[1] for p in points], [p[2] for p in points])
