@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const CONFIGS: &str = "fp32,fp32-hook,up,qsync,joint,fp16,qgz-int8,qgz-int8-ef,qgz-int4,qgz-int4-ef,nbit-2,nbit-2-sr,nbit-4,nbit-4-sr";
+const CONFIGS: &str =
+    "fp32,fp32-hook,up,qsync,joint,fp16,qgz-int8,qgz-int8-ef,qgz-int4,qgz-int4-ef,nbit-2,nbit-2-sr,nbit-4,nbit-4-sr";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
