@@ -9,9 +9,11 @@
 //! - every configuration trains: the second epoch's mean loss is below the
 //!   first's, and the weights are finite;
 //! - the replicas are bitwise identical across the ranks at the end;
-//! - the qsync hook at fp32 ends with exactly plain DDP's weights (bitwise:
-//!   with four ranks the runtime's mean and gloo's sum-then-divide round
-//!   alike on this data; a difference would be a reduction-order change).
+//! - the qsync hook at fp32 ends with exactly plain DDP's weights, bitwise:
+//!   dividing by four ranks is exact in binary floating point, so the two
+//!   means can differ only through the order the four gradients are summed
+//!   in, which is the same here (measured); a failure here means one of the
+//!   reductions changed its order.
 //!
 //! Accuracy itself is not asserted (two short epochs): the full table is
 //! `scripts/accuracy.sh` → `docs/accuracy.md`.
