@@ -7,7 +7,8 @@
 //! plans applied with `apply_plan`, and every synchronization scheme of the
 //! accuracy table on FP32 compute. Asserted, as nothing here is noise:
 //! - every configuration trains: the second epoch's mean loss is below the
-//!   first's, and the weights are finite;
+//!   first's (except n-bit 2 without stochastic rounding on the CNN, which
+//!   does not learn it: finite only), and the weights are finite;
 //! - the replicas are bitwise identical across the ranks at the end;
 //! - the qsync hook at fp32 ends with exactly plain DDP's weights, bitwise:
 //!   dividing by four ranks is exact in binary floating point, so the two
@@ -161,7 +162,14 @@ fn check_model(model: &str, work: &Path) {
         eprintln!("{model} {} loss {} test acc {}", r["config"], r["epoch_loss"], r["test_acc"]);
         let loss: Vec<f64> = r["epoch_loss"].as_array().expect("losses").iter().filter_map(Value::as_f64).collect();
         assert_eq!(loss.len(), 2, "{r}");
-        assert!(loss.iter().all(|l| l.is_finite()) && loss[1] < loss[0], "{model}: loss did not decrease: {r}");
+        assert!(loss.iter().all(|l| l.is_finite()), "{model}: non-finite loss: {r}");
+        // n-bit at 2 bits with round-to-nearest does not learn the CNN at
+        // all (10% in docs/accuracy.md: its gradients round to the range's
+        // ends): whether its loss falls by a hair in two epochs is noise,
+        // so only that it stays finite is asserted for it.
+        if !(model == "cnn" && r["config"] == "nbit-2") {
+            assert!(loss[1] < loss[0], "{model}: loss did not decrease: {r}");
+        }
         assert_eq!(r["finite"], true, "{model}: non-finite weights: {r}");
         assert_eq!(r["identical"], true, "{model}: replicas differ at the end: {r}");
     }

@@ -632,3 +632,45 @@ mod across_nodes {
         eprintln!("cut link: both nodes ended in {took:?}");
     }
 }
+
+/// A plan directory names its files relative to itself: the package refuses
+/// a manifest whose file names are absolute, climb out by `..` or follow a
+/// symbolic link out of the folder, naming the manifest and the file, and a
+/// trap file outside (a valid plan.json) is never read
+/// (`crates/python/tests/plan_dir_check.py`).
+#[test]
+fn a_plan_directory_cannot_point_outside_itself() {
+    let work = tmp("plandir");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let plan = work.join("made");
+    let out = Command::new(env!("CARGO_BIN_EXE_qsyncc"))
+        .arg(root().join("examples/squeezenet1_1.onnx"))
+        .args(["--targets", "v100:2,t4:2", "-o"])
+        .arg(&plan)
+        .output()
+        .expect("qsyncc runs");
+    assert!(out.status.success(), "planning failed: {}", String::from_utf8_lossy(&out.stderr));
+    let mut c = Command::new(python());
+    c.arg(root().join("crates/python/tests/plan_dir_check.py")).arg(&plan).arg(work.join("check"));
+    let (out, _) = run_limited(&mut c, Duration::from_secs(120));
+    let recs = records(&out);
+    assert!(
+        out.status.success() && recs.len() == 5 && recs.iter().all(|r| r["ok"] == true),
+        "plan_dir_check failed\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Mutated manifests and device plans (bytes, types, ranges, nesting,
+    // paths) are refused with a PlanError, nothing else, for 20 s
+    // (`crates/python/tests/fuzz_plan_dir.py`; longer runs: its docstring).
+    let mut c = Command::new(python());
+    c.arg(root().join("crates/python/tests/fuzz_plan_dir.py")).arg(&plan).arg(work.join("fuzz")).args(["20", "7"]);
+    let (out, _) = run_limited(&mut c, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "the plan directory reader failed other than with PlanError\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -83,26 +83,96 @@ class PlanError(ValueError):
     """A plan directory that cannot be read or does not fit the job."""
 
 
+def _read_json(path):
+    """A JSON file as a Python value; PlanError naming the file for anything
+    that is not one (missing, not UTF-8, not JSON, nested too deep)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise PlanError(f"{path}: not a readable JSON file ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _is_int(v, lo, hi):
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _check_manifest(mpath, m):
+    """The parts of a manifest this package reads, with the types and
+    ranges qsyncc writes; PlanError naming the manifest and the field."""
+    def bad(what):
+        raise PlanError(f"{mpath}: {what}")
+
+    if not isinstance(m, dict):
+        bad(f"a manifest is a JSON object, not {type(m).__name__}")
+    targets = m.get("targets")
+    if not isinstance(targets, list) or not targets:
+        bad("no targets")
+    if len(targets) > 4096:
+        bad(f"{len(targets)} targets (at most 4096)")
+    seen = set()
+    for i, t in enumerate(targets):
+        at = f"targets[{i}]"
+        if not isinstance(t, dict):
+            bad(f"{at} is not an object")
+        d = t.get("device")
+        if not isinstance(d, str) or not d or len(d) > 256:
+            bad(f"{at}.device is not a device name")
+        if d in seen:
+            bad(f"{at}.device {d!r} is listed twice")
+        seen.add(d)
+        if not _is_int(t.get("count"), 1, 1 << 20):
+            bad(f"{at}.count is not a device count (1 to 2^20)")
+        if t.get("per_node") is not None and not _is_int(t.get("per_node"), 1, 1 << 16):
+            bad(f"{at}.per_node is not a number of devices per node")
+        if "local_batch" in t and not _is_int(t["local_batch"], 0, 1 << 30):
+            bad(f"{at}.local_batch is not a batch size")
+        w = t.get("gradient_weight")
+        if w is not None and (not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w < float("inf")):
+            bad(f"{at}.gradient_weight is not a finite weight")
+    for key in ("devices", "cluster", "sync"):
+        if m.get(key) is not None and not isinstance(m[key], dict):
+            bad(f"{key} is not an object")
+    for d, entry in (m.get("devices") or {}).items():
+        if not isinstance(entry, dict):
+            bad(f"devices.{d} is not an object")
+        files = entry.get("files", {})
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            bad(f"devices.{d}.files is not an object of file names")
+    model = m.get("model")
+    if model is not None and not (isinstance(model, dict)
+                                  and all(model.get(k) is None or isinstance(model.get(k), str)
+                                          for k in ("name", "sha256"))):
+        bad("model is not an object with a name and a sha256")
+    cluster, sync = m.get("cluster") or {}, m.get("sync") or {}
+    if "global_batch" in cluster and not _is_int(cluster["global_batch"], 0, 1 << 40):
+        bad("cluster.global_batch is not a batch size")
+    if "scheme" in sync and not isinstance(sync["scheme"], str):
+        bad("sync.scheme is not a scheme name")
+    if "group" in sync and not _is_int(sync["group"], 1, 1 << 30):
+        bad("sync.group is not a group size")
+
+
 class Plan:
     """A plan directory's manifest, with per-device plans on demand."""
 
     def __init__(self, path, manifest):
         self.path = os.fspath(path)
+        _check_manifest(os.path.join(self.path, "manifest.json"), manifest)
         self.manifest = manifest
-        self.targets = manifest.get("targets", [])
-        if not self.targets:
-            raise PlanError(f"{self.path}/manifest.json: no targets")
+        self.targets = manifest["targets"]
 
     @classmethod
     def load(cls, path):
         mpath = os.path.join(os.fspath(path), "manifest.json")
         try:
-            with open(mpath, encoding="utf-8") as f:
-                manifest = json.load(f)
+            manifest = _read_json(mpath)
         except FileNotFoundError:
             raise PlanError(f"{mpath}: no manifest (is {path} a plan directory written by qsyncc?)") from None
-        except json.JSONDecodeError as e:
-            raise PlanError(f"{mpath}: not valid JSON ({e})") from None
+        if not isinstance(manifest, dict):
+            raise PlanError(f"{mpath}: a manifest is a JSON object, not {type(manifest).__name__}")
         schema = manifest.get("schema", "")
         if not str(schema).startswith("qsync-plan/"):
             raise PlanError(f"{mpath}: schema {schema!r} is not a qsync plan")
@@ -171,16 +241,36 @@ class Plan:
             n += -(-int(t["count"]) // max(per, 1))
         return max(n, 1)
 
+    def file(self, rel):
+        """The path of `rel`, a file the manifest names, inside the plan
+        directory. A plan names its files relative to its own folder: an
+        absolute path, a `..` component or a symbolic link that leads out of
+        the folder is refused (PlanError naming the manifest and the path),
+        so a plan directory cannot make this package read other files."""
+        mpath = os.path.join(self.path, "manifest.json")
+        if not isinstance(rel, str) or not rel or "\0" in rel:
+            raise PlanError(f"{mpath}: file name {rel!r} is not a relative path")
+        parts = rel.replace("\\", "/").split("/")
+        if os.path.isabs(rel) or any(c in ("", ".", "..") for c in parts):
+            raise PlanError(f"{mpath}: file {rel!r} is not a plain relative path inside the plan directory")
+        root = os.path.realpath(self.path)
+        full = os.path.realpath(os.path.join(root, rel))
+        if os.path.commonpath([root, full]) != root:
+            raise PlanError(f"{mpath}: file {rel!r} leads out of the plan directory (to {full})")
+        return full
+
     def device_plan(self, device):
         self._target(device)
         files = self.manifest.get("devices", {}).get(device, {}).get("files", {})
         rel = files.get("plan", f"{device}/plan.json")
-        p = os.path.join(self.path, rel)
+        p = self.file(rel)
         try:
-            with open(p, encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
+            d = _read_json(p)
+        except FileNotFoundError as e:
             raise PlanError(f"{p}: {e}") from None
+        if not isinstance(d, dict):
+            raise PlanError(f"{p}: a device plan is a JSON object, not {type(d).__name__}")
+        return d
 
 
 # ---- precision arithmetic ---------------------------------------------------
@@ -611,7 +701,7 @@ def _copy_readers(plan, device):
     except ImportError:
         return None
     files = plan.manifest.get("devices", {}).get(device, {}).get("files", {})
-    path = os.path.join(plan.path, files.get("model", f"{device}/model.onnx"))
+    path = plan.file(files.get("model", f"{device}/model.onnx"))
     try:
         m = onnx.load(path, load_external_data=False)
     except Exception:  # noqa: BLE001 -- absent or unreadable: fall back to names
