@@ -7,7 +7,8 @@ manifest.json or a device's plan.json — bytes flipped, inserted or cut,
 the file truncated, or a JSON value replaced by another type, a huge or
 negative number, a deep nesting, a path out of the folder — and reads the
 result as a user's script does (`Plan.load`, `targets`, `device_count`,
-`nodes`, `model_name`, `device_plan` of every device). Every failure must be
+`nodes`, `model_name`, the batch and synchronization settings, and each
+device's batch, gradient weight and `device_plan`). Every failure must be
 a `PlanError`; anything else (KeyError, TypeError, RecursionError, a hang)
 is a finding, printed with the input that caused it. Deterministic for a
 seed. Prints one JSON summary line: rounds, findings, seconds.
@@ -77,9 +78,12 @@ def mutate_bytes(rng, b):
 
 def read_all(d):
     p = plan_mod.Plan.load(d)
-    _ = (p.targets, p.device_count, p.nodes, p.model_name, p.model_sha256)
+    _ = (p.targets, p.device_count, p.nodes, p.model_name, p.model_sha256, p.global_batch, p.sync_scheme,
+         p.sync_group, p.cluster_text(), p.device_for_rank(0))
     for t in p.targets:
-        p.device_plan(t["device"] if isinstance(t, dict) else t)
+        p.local_batch(t["device"])
+        p.gradient_weight(t["device"])
+        p.device_plan(t["device"])
 
 
 def main():

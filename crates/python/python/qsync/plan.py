@@ -127,10 +127,10 @@ def _check_manifest(mpath, m):
             bad(f"{at}.count is not a device count (1 to 2^20)")
         if t.get("per_node") is not None and not _is_int(t.get("per_node"), 1, 1 << 16):
             bad(f"{at}.per_node is not a number of devices per node")
-        if "local_batch" in t and not _is_int(t["local_batch"], 0, 1 << 30):
+        if not _is_int(t.get("local_batch"), 0, 1 << 30):
             bad(f"{at}.local_batch is not a batch size")
         w = t.get("gradient_weight")
-        if w is not None and (not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w < float("inf")):
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w < float("inf"):
             bad(f"{at}.gradient_weight is not a finite weight")
     for key in ("devices", "cluster", "sync"):
         if m.get(key) is not None and not isinstance(m[key], dict):
@@ -223,15 +223,15 @@ class Plan:
 
     @property
     def global_batch(self):
-        return int(self.manifest.get("cluster", {}).get("global_batch", 0))
+        return int((self.manifest.get("cluster") or {}).get("global_batch", 0))
 
     @property
     def sync_scheme(self):
-        return self.manifest.get("sync", {}).get("scheme", "fp32")
+        return (self.manifest.get("sync") or {}).get("scheme", "fp32")
 
     @property
     def sync_group(self):
-        return int(self.manifest.get("sync", {}).get("group", 512))
+        return int((self.manifest.get("sync") or {}).get("group", 512))
 
     @property
     def nodes(self):
@@ -261,7 +261,7 @@ class Plan:
 
     def device_plan(self, device):
         self._target(device)
-        files = self.manifest.get("devices", {}).get(device, {}).get("files", {})
+        files = ((self.manifest.get("devices") or {}).get(device) or {}).get("files") or {}
         rel = files.get("plan", f"{device}/plan.json")
         p = self.file(rel)
         try:
@@ -700,7 +700,7 @@ def _copy_readers(plan, device):
         import onnx
     except ImportError:
         return None
-    files = plan.manifest.get("devices", {}).get(device, {}).get("files", {})
+    files = ((plan.manifest.get("devices") or {}).get(device) or {}).get("files") or {}
     path = plan.file(files.get("model", f"{device}/model.onnx"))
     try:
         m = onnx.load(path, load_external_data=False)
