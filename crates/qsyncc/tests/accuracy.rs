@@ -28,46 +28,14 @@ use serde_json::Value;
 const CONFIGS: &str =
     "fp32,fp32-hook,up,qsync,joint,fp16,qgz-int8,qgz-int8-ef,qgz-int4,qgz-int4-ef,nbit-2,nbit-2-sr,nbit-4,nbit-4-sr";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn venv() -> PathBuf {
-    match std::env::var_os("QSYNC_TORCH_VENV") {
-        Some(v) => PathBuf::from(v),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/qsync/torch-venv"),
-    }
-}
+mod pyenv;
+use pyenv::{root, venv};
 
 /// Builds the `qsync` wheel and installs it into the torch environment, and
 /// scikit-learn if the environment lacks it (`scripts/setup.sh` installs both).
 fn install() {
+    pyenv::install_wheel("wheels-accuracy");
     let bin = venv().join("bin");
-    assert!(
-        bin.join("python").exists() && bin.join("maturin").exists(),
-        "no PyTorch environment at {}: run scripts/setup.sh",
-        venv().display()
-    );
-    let out = root().join("target/wheels-accuracy");
-    let _ = std::fs::remove_dir_all(&out);
-    let st = Command::new(bin.join("maturin"))
-        .args(["build", "-q", "-o"])
-        .arg(&out)
-        .current_dir(root().join("crates/python"))
-        .status()
-        .expect("maturin runs");
-    assert!(st.success(), "maturin build failed");
-    let wheel = std::fs::read_dir(&out)
-        .expect("wheel dir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .expect("a wheel was built");
-    let st = Command::new(bin.join("pip"))
-        .args(["install", "-q", "--disable-pip-version-check", "--no-deps", "--force-reinstall"])
-        .arg(&wheel)
-        .status()
-        .expect("pip runs");
-    assert!(st.success(), "pip install {} failed", wheel.display());
     let has_sklearn = Command::new(bin.join("python")).args(["-c", "import sklearn"]).status().expect("python runs");
     if !has_sklearn.success() {
         let st = Command::new(bin.join("pip"))

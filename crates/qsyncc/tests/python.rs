@@ -22,16 +22,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn venv() -> PathBuf {
-    match std::env::var_os("QSYNC_TORCH_VENV") {
-        Some(v) => PathBuf::from(v),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/qsync/torch-venv"),
-    }
-}
+mod pyenv;
+use pyenv::{root, venv};
 
 /// One test at a time: four ranks each already oversubscribe two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -40,32 +32,7 @@ static INSTALLED: OnceLock<()> = OnceLock::new();
 /// Builds the wheel and installs it into the torch environment (once).
 fn install() {
     INSTALLED.get_or_init(|| {
-        let bin = venv().join("bin");
-        assert!(
-            bin.join("python").exists() && bin.join("maturin").exists(),
-            "no PyTorch environment at {}: run scripts/setup.sh (the README's test command does)",
-            venv().display()
-        );
-        let out = root().join("target/wheels-test");
-        let _ = std::fs::remove_dir_all(&out);
-        let st = Command::new(bin.join("maturin"))
-            .args(["build", "-q", "-o"])
-            .arg(&out)
-            .current_dir(root().join("crates/python"))
-            .status()
-            .expect("maturin runs");
-        assert!(st.success(), "maturin build failed");
-        let wheel = std::fs::read_dir(&out)
-            .expect("wheel dir")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .expect("a wheel was built");
-        let st = Command::new(bin.join("pip"))
-            .args(["install", "-q", "--disable-pip-version-check", "--no-deps", "--force-reinstall"])
-            .arg(&wheel)
-            .status()
-            .expect("pip runs");
-        assert!(st.success(), "pip install {} failed", wheel.display());
+        pyenv::install_wheel("wheels-test");
     });
 }
 
