@@ -77,7 +77,7 @@ fn check(args: &[&str], file: &Path) {
 }
 
 #[test]
-fn every_reproducer_is_refused_with_exit_2() {
+fn every_reproducer_is_refused_with_exit_2_by_every_command() {
     let files = reproducers();
     assert!(files.len() >= 9, "expected the nine checked-in reproducers, found {}", files.len());
     let out = tmpdir("hostile");
@@ -86,5 +86,12 @@ fn every_reproducer_is_refused_with_exit_2() {
         check(&["inspect", p], f);
         let o = out.join("out.onnx");
         check(&["opt", p, "--passes", "verify", "-o", o.to_str().expect("utf8")], f);
+        // What inspect refuses, every command that reads a model refuses
+        // the same way.
+        let plan = out.join("plan");
+        check(&["plan", p, "--targets", "v100:1,t4:1", "--batch", "4", "-o", plan.to_str().expect("utf8")], f);
+        check(&["simulate", p, "--targets", "v100:1,t4:1", "--batch", "4"], f);
+        let cg = out.join("codegen");
+        check(&["codegen", p, "--target", "t4", "-o", cg.to_str().expect("utf8")], f);
     }
 }
