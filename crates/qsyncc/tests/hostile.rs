@@ -10,10 +10,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::tmpdir;
+use common::{run_within, tmpdir};
 
 /// Far above the few milliseconds each file takes; only a hang reaches it.
 const HANG_GUARD: Duration = Duration::from_secs(60);
@@ -41,31 +41,10 @@ fn reproducers() -> Vec<PathBuf> {
 
 /// Run qsyncc with a hang guard; (exit code, stderr, seconds).
 fn run_guarded(args: &[&str]) -> (Option<i32>, String, f64) {
-    let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qsyncc"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn qsyncc");
-    let mut err = child.stderr.take().expect("stderr");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut s);
-        s
-    });
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let stderr = reader.join().expect("stderr reader");
-            return (status.code(), stderr, t0.elapsed().as_secs_f64());
-        }
-        if t0.elapsed() > HANG_GUARD {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("qsyncc {args:?} still running after {HANG_GUARD:?}: a hang");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qsyncc"));
+    cmd.args(args);
+    let (code, stderr, took) = run_within(cmd, HANG_GUARD);
+    (code, stderr, took.as_secs_f64())
 }
 
 fn check(args: &[&str], file: &Path) {

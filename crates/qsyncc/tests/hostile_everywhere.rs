@@ -19,10 +19,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::tmpdir;
+use common::{run_within, tmpdir};
 
 /// "A few seconds": the debug build, on a shared machine, for a 16-weight model.
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -33,33 +33,9 @@ const ADDRESS_SPACE: &str = "--as=4294967296";
 
 /// `qsyncc ARGS` under the address-space limit: (exit code, stderr, elapsed).
 fn run(args: &[String]) -> (Option<i32>, String, Duration) {
-    let t0 = Instant::now();
-    let mut child = Command::new("prlimit")
-        .arg(ADDRESS_SPACE)
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_qsyncc"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn prlimit qsyncc");
-    let mut err = child.stderr.take().expect("stderr");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut s);
-        s
-    });
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return (status.code(), reader.join().expect("stderr reader"), t0.elapsed());
-        }
-        if t0.elapsed() > KILL_AFTER {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("qsyncc {args:?} still running after {KILL_AFTER:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut cmd = Command::new("prlimit");
+    cmd.arg(ADDRESS_SPACE).arg("--").arg(env!("CARGO_BIN_EXE_qsyncc")).args(args);
+    run_within(cmd, KILL_AFTER)
 }
 
 /// Every command on `model`, its outputs under `scratch`.

@@ -96,3 +96,29 @@ pub fn check_plan_dir(dir: &Path) -> serde_json::Value {
     assert!(manifest["methods"].get(chosen).is_some(), "chosen `{chosen}` is a key of methods");
     manifest
 }
+
+/// Runs `cmd` (its stdout discarded), killing it and failing the test as a
+/// hang past `limit`: (exit code, stderr, elapsed).
+pub fn run_within(mut cmd: Command, limit: std::time::Duration) -> (Option<i32>, String, std::time::Duration) {
+    use std::process::Stdio;
+    let t0 = std::time::Instant::now();
+    let what = format!("{cmd:?}");
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut err = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return (status.code(), reader.join().expect("stderr reader"), t0.elapsed());
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still running after {limit:?}: a hang");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
