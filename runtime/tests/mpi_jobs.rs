@@ -6,32 +6,14 @@
 //!
 //! Needs Open MPI's `mpirun` (`scripts/setup.sh` installs it).
 
-use std::process::{Command, Output};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
-static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
+mod launch;
+use launch::text;
 
 fn mpirun(ranks: usize, args: &[&str], limit: Duration) -> (Output, Duration) {
-    let _guard = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let found = Command::new("mpirun").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    assert!(found, "mpirun not found: run scripts/setup.sh (it installs Debian's Open MPI)");
-    let start = Instant::now();
-    let out = Command::new("timeout")
-        .args(["-k", "5", &limit.as_secs().to_string(), "mpirun", "-n", &ranks.to_string(), "--bind-to", "none"])
-        .arg(env!("CARGO_BIN_EXE_qsync-sync-check"))
-        .args(args)
-        // Root in containers; more ranks than cores.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .output()
-        .expect("spawn timeout/mpirun");
-    (out, start.elapsed())
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    launch::mpirun(env!("CARGO_BIN_EXE_qsync-sync-check"), ranks, args, limit)
 }
 
 fn expect_pass(ranks: usize, nodes: usize, suite: &str) {
