@@ -533,7 +533,8 @@ impl Cluster {
         let share = if spec.path == SyncPath::Device { 1.0 } else { ty.host_share() };
         let tcp = matches!(spec.path, SyncPath::Host | SyncPath::Mpi);
         let (mut link_sum, mut tcp_sum, mut lat_sum, mut serial) = (0.0, 0.0, 0.0, 0.0);
-        for ph in phases_on(spec, bytes as f64, p, per_node, spec.path) {
+        let phs = phases_on(spec, bytes as f64, p, per_node, spec.path);
+        for ph in &phs {
             let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
             let mut link = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
             if let Some((fbw, flat)) = fabric {
@@ -553,10 +554,8 @@ impl Cluster {
         let staging = match spec.path {
             SyncPath::Host | SyncPath::Mpi => 0.0,
             SyncPath::HostStaged | SyncPath::Device => {
-                let moved: f64 = phases_on(spec, bytes as f64, p, per_node, spec.path)
-                    .iter()
-                    .map(|ph| (ph.intra_node + ph.inter_node) * p as f64 / (p as f64 - 1.0).max(1.0))
-                    .sum();
+                let moved: f64 =
+                    phs.iter().map(|ph| (ph.intra_node + ph.inter_node) * p as f64 / (p as f64 - 1.0).max(1.0)).sum();
                 (2.0 * bytes as f64 + 2.0 * moved) / (ty.host_link_gb_per_s * 1e3)
             }
         };
