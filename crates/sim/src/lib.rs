@@ -45,6 +45,7 @@ mod cluster;
 mod error;
 pub mod predict;
 mod program;
+pub mod shard;
 mod sim;
 pub mod sync;
 pub mod topology;
@@ -57,5 +58,6 @@ pub use predict::{
     PredictOptions, Predictor, Target,
 };
 pub use program::{CostSource, LocalOp, LocalProgram, OpCost};
+pub use shard::{predict_sharded, GatherPrecision, ReducePrecision, ShardSpec, ShardedResult, Stage, Units};
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
 pub use sync::{SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec};

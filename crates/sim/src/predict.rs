@@ -843,6 +843,11 @@ impl<'g> Predictor<'g> {
         &self.targets
     }
 
+    /// The options the predictor was built with.
+    pub fn options(&self) -> &PredictOptions {
+        &self.opts
+    }
+
     /// The simulated cluster (device types with their links and the sync
     /// kernels' costs), e.g. for [`crate::sync::choose`].
     pub fn cluster(&self) -> &crate::Cluster {
