@@ -1,0 +1,203 @@
+//! Llama-style training graphs from `scripts/gen_llama.py` (1.3B, 2.7B, 7B;
+//! weights as absent external data): the frontend counts the published
+//! models' parameters, the graphs verify, the bytes are deterministic, and
+//! the planner either plans them within every device's memory or refuses
+//! naming a device and the memory it would need — never a panic, never a
+//! plan over memory.
+//!
+//! With data-parallel planning every device holds the whole model and its
+//! Adam state, so today the three sizes are refused on both clusters (each
+//! has 16 GB T4s) and only the shallow grouped-query variant plans; a planner
+//! that shards weights and optimizer state may plan them, and the test holds
+//! it to the same rule.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{check_plan_dir, inspect_json, qsyncc, stderr, tmpdir};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Run `gen_llama.py --size SIZE -o OUT EXTRA…`; returns its stdout.
+fn generate(size: &str, out: &Path, extra: &[&str]) -> String {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gen_llama.py");
+    let o = Command::new("python3")
+        .arg(script)
+        .args(["--size", size, "-o", out.to_str().expect("utf8")])
+        .args(extra)
+        .output()
+        .expect("python3 runs scripts/gen_llama.py (scripts/setup.sh installs onnx)");
+    assert!(o.status.success(), "gen_llama.py --size {size} {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Llama parameters: embedding and untied LM head 2·V·d; per layer
+/// Q and O 2·d², K and V 2·d·kv·hd, SwiGLU 3·d·f, two RMSNorm gains 2·d;
+/// the final norm d; and the rotary `inv_freq` buffer, hd/2 floats, which
+/// `inspect` counts with the float initializers.
+fn llama_parameters(d: u64, layers: u64, heads: u64, kv: u64, f: u64, v: u64) -> u64 {
+    let hd = d / heads;
+    2 * v * d + layers * (2 * d * d + 2 * d * kv * hd + 3 * d * f + 2 * d) + d + hd / 2
+}
+
+/// (size, its configuration, the published parameter count of the model it
+/// copies: Sheared-LLaMA-1.3B, Sheared-LLaMA-2.7B, Llama 2 7B).
+const SIZES: [(&str, (u64, u64, u64, u64, u64, u64), u64); 3] = [
+    ("1.3b", (2048, 24, 16, 16, 5504, 32000), 1_345_423_360),
+    ("2.7b", (2560, 32, 20, 20, 6912, 32000), 2_701_560_320),
+    ("7b", (4096, 32, 32, 32, 11008, 32000), 6_738_415_616),
+];
+
+#[test]
+fn generated_llamas_have_the_published_parameter_counts_and_verify() {
+    let dir = tmpdir("llama-count");
+    for (size, (d, l, h, kv, f, v), published) in SIZES {
+        let model = dir.join(format!("llama-{size}.onnx"));
+        let printed = generate(size, &model, &[]);
+        let s = inspect_json(&model, &["--batch", "2", "--dim", "seq=64"]);
+        let counted = s["parameters"].as_u64().expect("parameters");
+        let expected = llama_parameters(d, l, h, kv, f, v);
+        assert_eq!(counted, expected, "{size}: inspect's parameter count");
+        let off = (counted as f64 - published as f64).abs() / published as f64;
+        assert!(off < 0.02, "{size}: {counted} parameters, {:.2}% from the published {published}", off * 100.0);
+        assert!(printed.contains(&format!("{} parameters", thousands(expected))), "{size}: the script prints {printed}");
+        // 17 nodes a layer, 16 around them; every value typed.
+        assert_eq!(s["onnx_nodes"].as_u64(), Some(17 * l + 16), "{size}: node count");
+        assert_eq!(s["unknown_shapes"].as_u64(), Some(0), "{size}: every shape inferred");
+        let o = qsyncc(&["opt", model.to_str().expect("utf8"), "--passes", "infer-shapes,verify", "--batch", "2", "--dim", "seq=64"]);
+        assert!(o.status.success(), "{size}: opt --passes infer-shapes,verify: {}", stderr(&o));
+    }
+    // Deterministic: the same arguments give the same bytes.
+    // (The file name is an argument: the external data is `NAME.data`.)
+    let (a, b) = (dir.join("a/gqa.onnx"), dir.join("b/gqa.onnx"));
+    generate("1.3b", &a, &["--kv-heads", "4", "--seq", "128"]);
+    generate("1.3b", &b, &["--kv-heads", "4", "--seq", "128"]);
+    assert!(std::fs::read(&a).expect("a") == std::fs::read(&b).expect("b"), "gen_llama.py is not deterministic");
+    // Grouped-query attention shrinks K and V: 24·2·2048·(2048 − 4·128) fewer.
+    let gqa = inspect_json(&a, &["--batch", "1"])["parameters"].as_u64().expect("parameters");
+    assert_eq!(gqa, 1_345_423_424 - 24 * 2 * 2048 * (2048 - 4 * 128));
+    assert_eq!(gqa, llama_parameters(2048, 24, 16, 4, 5504, 32000));
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The clusters and their devices' memory (GiB, from `crates/cost/devices/`).
+const CLUSTERS: [(&str, &[(&str, f64)]); 2] =
+    [("v100:8,t4:8", &[("v100", 32.0), ("t4", 16.0)]), ("a100-80gb:8,t4:16", &[("a100-80gb", 80.0), ("t4", 16.0)])];
+
+/// Plan `model` on `targets` at batch 1, seq 2048: either a plan whose every
+/// device's predicted peak fits its memory, or a refusal naming a device,
+/// the memory it needs and the memory it has. Returns whether it planned.
+fn plan_or_refusal(model: &Path, parameters: u64, targets: &str, devices: &[(&str, f64)], dir: &Path) -> bool {
+    let out = dir.join(format!("plan-{}-{}", model.file_stem().expect("stem").to_string_lossy(), targets.replace([':', ','], "-")));
+    let o = qsyncc(&[
+        model.to_str().expect("utf8"),
+        "--targets",
+        targets,
+        "--batch",
+        "1",
+        "--dim",
+        "seq=2048",
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    let what = format!("{} on {targets}", model.display());
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{what}: panicked: {err}");
+    if o.status.success() {
+        let manifest = check_plan_dir(&out);
+        for (name, dev) in manifest["devices"].as_object().expect("devices") {
+            let peak = dev["peak_memory_bytes"].as_u64().expect("peak_memory_bytes");
+            let cap = dev["memory_capacity_bytes"].as_u64().expect("memory_capacity_bytes");
+            assert!(peak <= cap, "{what}: {name} planned at {peak} bytes, over its {cap}");
+            assert_eq!(dev["fits"], true, "{what}: {name}");
+        }
+        return true;
+    }
+    assert!(matches!(o.status.code(), Some(1 | 2)), "{what}: exit {:?} (not a refusal): {err}", o.status);
+    assert!(err.contains("does not fit"), "{what}: refused without saying it does not fit: {err}");
+    // `<device> needs X GiB …, Y GiB available` for at least one device that
+    // does not fit. However the model is split, the devices together hold
+    // at least its fp32 weights, gradients and Adam's two moments, 16 bytes
+    // a parameter: X ≥ 16·P / devices.
+    let count: u64 = targets.split(',').map(|t| t.split(':').nth(1).expect("count").parse::<u64>().expect("n")).sum();
+    let floor = 16.0 * parameters as f64 / count as f64 / GIB;
+    let mut named = 0;
+    for &(dev, cap) in devices {
+        let Some(at) = err.find(&format!("{dev} needs ")) else { continue };
+        let rest = &err[at + dev.len() + " needs ".len()..];
+        let need: f64 = rest.split(" GiB").next().and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("{what}: no size after `{dev} needs`: {err}"));
+        let clause = rest.split(';').next().expect("clause");
+        assert!(clause.contains(&format!("{cap:.2} GiB available")), "{what}: {dev} has {cap} GiB: {err}");
+        assert!(need > cap, "{what}: {dev} refused at {need} GiB, within its {cap} GiB: {err}");
+        assert!(need >= floor, "{what}: {dev} needs {need} GiB, below the {floor:.2} GiB floor of 16 bytes a parameter: {err}");
+        named += 1;
+    }
+    assert!(named > 0, "{what}: the refusal names no device of the cluster with the memory it needs: {err}");
+    false
+}
+
+#[test]
+fn llamas_plan_within_memory_or_are_refused_naming_the_memory_needed() {
+    let dir = tmpdir("llama-plan");
+    for (size, (d, l, h, kv, f, v), _) in SIZES {
+        let model = dir.join(format!("llama-{size}.onnx"));
+        generate(size, &model, &[]);
+        let p = llama_parameters(d, l, h, kv, f, v);
+        for (targets, devices) in CLUSTERS {
+            plan_or_refusal(&model, p, targets, devices, &dir);
+        }
+    }
+    // A shallow grouped-query variant of the 7B (2 layers, 8 KV heads) fits
+    // every device of both clusters: the plan branch is exercised today.
+    let small = dir.join("llama-7b-2layers-gqa.onnx");
+    generate("7b", &small, &["--layers", "2", "--kv-heads", "8"]);
+    let p = llama_parameters(4096, 2, 32, 8, 11008, 32000);
+    for (targets, devices) in CLUSTERS {
+        assert!(plan_or_refusal(&small, p, targets, devices, &dir), "the 2-layer 7B variant plans on {targets}");
+    }
+}
+
+/// The commands `docs/planner.md` shows under `<!-- llama-commands -->` run
+/// as written from the repository root (this build's `qsyncc` first on
+/// `PATH`): the generator and `inspect` succeed, and the plan is refused
+/// with the very words the page quotes.
+#[test]
+fn the_documented_llama_commands_run_as_written() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let page = std::fs::read_to_string(root.join("docs/planner.md")).expect("docs/planner.md");
+    let block = page.split("<!-- llama-commands -->").nth(1).expect("docs/planner.md: the llama-commands marker");
+    let block = block.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("a ```sh block after the marker");
+    let cmds: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(cmds.len(), 3, "generate, inspect, plan: {cmds:?}");
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_qsyncc"));
+    let path = format!("{}:{}", bin.parent().expect("bin dir").display(), std::env::var("PATH").unwrap_or_default());
+    let mut outputs = Vec::new();
+    for cmd in &cmds {
+        let o = Command::new("sh").args(["-c", cmd]).current_dir(&root).env("PATH", &path).output().expect("sh");
+        outputs.push(o);
+    }
+    for (cmd, o) in cmds.iter().zip(&outputs).take(2) {
+        assert!(o.status.success(), "`{cmd}`: {}", stderr(o));
+    }
+    let inspect = String::from_utf8_lossy(&outputs[1].stdout);
+    assert!(inspect.contains("parameters  6738415680 "), "`{}` counts the 7B's parameters: {inspect}", cmds[1]);
+    let (plan, err) = (&outputs[2], stderr(&outputs[2]));
+    assert!(!plan.status.success(), "`{}` now plans: update docs/planner.md, which says it is refused", cmds[2]);
+    let quoted = "a100-80gb needs 126.35 GiB at int8, 80.00 GiB available; t4 needs 126.35 GiB";
+    let flat = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(quoted), "docs/planner.md quotes the refusal `{quoted}`");
+    assert!(err.contains("does not fit") && err.contains(quoted), "`{}`: the refusal docs/planner.md quotes, got: {err}", cmds[2]);
+}
