@@ -18,6 +18,7 @@ from ._calibrate import calibrate
 from .hook import QSyncHook, comm_hook
 from .plan import ApplyReport, Plan, PlanError, apply_plan
 from ._transport import TorchTransport
+from . import fsdp
 
 __all__ = [
     "ApplyReport",
