@@ -31,7 +31,6 @@ per run on rank 0; any failure raises.
 from __future__ import annotations
 
 import math
-import os
 import random
 import struct
 import sys
@@ -277,7 +276,6 @@ def check_against_runtime(rank, world):
     for bits in (8, 4):
         comm = fsdp.QsyncReduceScatter(weight=1.0, bits=bits, group=512)
         shard = torch.empty(n // world)
-        comm.allocate((n // world,), dtype=torch.float32, device=torch.device("cpu"))
         comm(shard, x.clone(), None, dist.ReduceOp.AVG)
         ours = torch.empty(n)
         dist.all_gather_into_tensor(ours, shard)

@@ -244,6 +244,8 @@ def encode(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
             n = torch.nn.functional.pad(n, (0, 1))
         n = n.view(-1, 2)
         codes = (n[:, 0] | (n[:, 1] << 4)).to(torch.uint8)
+    # The scales' bytes in memory order: little-endian, the runtime's
+    # `to_le_bytes`, on every platform torch runs on.
     return torch.cat([scales.view(torch.uint8), codes])
 
 
