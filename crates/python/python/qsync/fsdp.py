@@ -476,7 +476,8 @@ def shard_model(model: nn.Module, spec, *, units=None, device_type: str | None =
         if custom_rs and (_ReduceScatter is object or not hasattr(m, "set_custom_reduce_scatter")):
             raise ShardSpecError("reduce_scatter / local_batches: need FSDP2's set_custom_reduce_scatter, which "
                                  f"torch {torch.__version__} lacks")
-        # gloo has no AVG and no PREMUL_SUM: sums, divided by FSDP after.
+        # Sums: qsync's comms sum, and a divide factor other than the group
+        # size makes FSDP ask for PREMUL_SUM, which gloo refuses.
         m.set_force_sum_reduction_for_comms(True)
         if rs.allgather == "qwz":
             ag = QwzAllGather(shard_size=rs.shard_size, group=rs.group)
