@@ -19,6 +19,11 @@
 //! independent state for another bucket, over a duplicate of the same
 //! group) and `wire_bytes`; `schemes()`; `nccl_unique_id()`; and the
 //! exception `SyncError`.
+//!
+//! [`compiler`] carries the compiler: the `qsyncc` command line
+//! (`qsyncc_main(argv)`, the wheel's `qsyncc` console command),
+//! `plan(flags)` and `run_passes(…)`, which `qsync.plan` and
+//! `qsync.passes.run` wrap.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -28,6 +33,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use qsync_runtime::{Communicator, Deadline, Gather, GradSync, Scheme, SyncConfig};
 
+pub mod compiler;
 pub mod transport;
 
 pyo3::create_exception!(
@@ -264,6 +270,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(schemes, m)?)?;
     m.add_function(wrap_pyfunction!(parse_scheme, m)?)?;
     m.add_function(wrap_pyfunction!(nccl_unique_id, m)?)?;
+    m.add_function(wrap_pyfunction!(compiler::qsyncc_main, m)?)?;
+    m.add_function(wrap_pyfunction!(compiler::plan, m)?)?;
+    m.add_function(wrap_pyfunction!(compiler::run_passes, m)?)?;
+    m.add_function(wrap_pyfunction!(compiler::available_passes, m)?)?;
     m.add("SyncError", m.py().get_type::<SyncError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

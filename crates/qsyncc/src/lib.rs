@@ -1,11 +1,16 @@
 //! The `qsyncc` driver as a library: its subcommands' modules, so that
-//! benches and tests can run them in process (the binary is `main.rs`).
+//! benches and tests can run them in process, and the command line itself
+//! ([`cli::main`], which the binary `main.rs` and the Python package's
+//! `qsyncc` command run); [`embed`] is what the Python package calls.
 
+pub mod cli;
 pub mod codegen;
 pub mod devices;
+pub mod embed;
 pub mod hostkernels;
 pub mod inspect;
 pub mod load;
+pub mod opt;
 pub mod plan;
 pub mod planner;
 pub mod profile;

@@ -66,6 +66,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .errors import PlanError
+
 DTYPES = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
@@ -77,10 +79,6 @@ ORDER = ["fp32", "tf32", "bf16", "fp16", "fp8e5m2", "fp8e4m3", "fp8", "int8"]
 
 def _widest(ps):
     return min(ps, key=lambda p: ORDER.index(p) if p in ORDER else 0)
-
-
-class PlanError(ValueError):
-    """A plan directory that cannot be read or does not fit the job."""
 
 
 def _read_json(path):
@@ -163,6 +161,12 @@ class Plan:
         _check_manifest(os.path.join(self.path, "manifest.json"), manifest)
         self.manifest = manifest
         self.targets = manifest["targets"]
+        # Set by `qsync.plan`: what `qsyncc plan --json` prints, the notes
+        # on aliases taken, the planner's warnings.
+        self.summary = None
+        self.notes = []
+        self.warnings = []
+        self._models = {}
 
     @classmethod
     def load(cls, path):
@@ -271,6 +275,23 @@ class Plan:
         if not isinstance(d, dict):
             raise PlanError(f"{p}: a device plan is a JSON object, not {type(d).__name__}")
         return d
+
+    def onnx_model(self, device):
+        """The device type's planned model (`<device>/model.onnx`: casts and
+        QDQ materialized, at its local batch) as an `onnx.ModelProto`
+        (needs the onnx package)."""
+        from .compiler import require_onnx
+
+        self._target(device)
+        if device not in self._models:
+            files = ((self.manifest.get("devices") or {}).get(device) or {}).get("files") or {}
+            self._models[device] = require_onnx().load(self.file(files.get("model", f"{device}/model.onnx")))
+        return self._models[device]
+
+    @property
+    def models(self):
+        """Every device type's planned model: {device: onnx.ModelProto}."""
+        return {d: self.onnx_model(d) for d in self.devices}
 
 
 # ---- precision arithmetic ---------------------------------------------------
