@@ -57,9 +57,15 @@
 //!
 //! **Collectives' prices.** A ring of `p` members moving shards of at most
 //! `s` bytes (the largest share times the unit's bytes) costs
-//! `(p−1)·s/bw + (p−1)·lat`; across nodes a flat ring crosses each node
-//! boundary once and gets the whole node network (the slowest type's), inside a node the
-//! intra-node link. Hybrid's all-reduce across `m` nodes of a shard of `s`
+//! `(p−1)·s/bw + (p−1)·lat`. Across nodes the collective follows the
+//! engine's all-reduce algorithm ([`crate::AllReduceAlgo`], as DDP's
+//! all-reduce is priced): `Ring` (and `HalvingDoubling`) is a flat ring that
+//! crosses each node boundary once and gets the whole node network (the
+//! slowest type's); `Hierarchical` (the default) is a ring of the node's
+//! `g` devices over the intra-node link, then each device's part, `S/g`, in
+//! a ring across the `m` nodes at `1/g` of the node's network, one after
+//! the other, as [`crate::Cluster::allreduce_us`] prices half an
+//! all-reduce; inside one node, the intra-node link. Hybrid's all-reduce across `m` nodes of a shard of `s`
 //! bytes is `2(m−1)/m·s/(bw/g) + 2(m−1)·lat`: all `g` devices of a node send
 //! at once and share its network ([`DeviceType::network_share`]). Bytes per
 //! element on the wire are the runtime's (`qsync_runtime::shard`): FP32 4,
@@ -651,7 +657,7 @@ pub fn predict_sharded(
             collectives: Vec::new(),
         });
     }
-    let sched = Schedule::new(&cluster, spec, units, &inputs, &share);
+    let sched = Schedule::new(&cluster, spec, units, &inputs, &share, pred.options().config.algo);
     let (collectives, times) = sched.run();
     let iteration = times.iter().map(|t| t.3).fold(0.0, f64::max);
     for (t, d) in devices.iter_mut().enumerate() {
@@ -673,6 +679,8 @@ struct Schedule<'a> {
     units: &'a Units,
     inputs: &'a [TypeInput],
     share: &'a [f64],
+    /// How collectives across nodes run (the engine's all-reduce algorithm).
+    algo: crate::AllReduceAlgo,
     /// Per type: when its communication stream is free.
     comm_free: Vec<f64>,
     out: Vec<ShardCollective>,
@@ -692,8 +700,9 @@ impl<'a> Schedule<'a> {
         units: &'a Units,
         inputs: &'a [TypeInput],
         share: &'a [f64],
+        algo: crate::AllReduceAlgo,
     ) -> Schedule<'a> {
-        Schedule { cluster, spec, units, inputs, share, comm_free: vec![0.0; inputs.len()], out: Vec::new() }
+        Schedule { cluster, spec, units, inputs, share, algo, comm_free: vec![0.0; inputs.len()], out: Vec::new() }
     }
 
     /// One type's time for a collective on unit `u` (µs) and the bytes its
@@ -727,7 +736,25 @@ impl<'a> Schedule<'a> {
         let p: u64 = self.inputs.iter().map(|i| u64::from(i.count)).sum();
         let max_share = self.share.iter().copied().fold(0.0, f64::max);
         let s = elems * b * max_share;
-        let (bw, lat) = if self.cluster.node_count() > 1 {
+        let received = elems * b * (1.0 - self.share[t].min(1.0));
+        let m = self.cluster.node_count();
+        if self.algo == crate::AllReduceAlgo::Hierarchical && m > 1 {
+            // As the engine's hierarchical all-reduce: a ring inside the
+            // node, then each of its g devices' part in a ring across the m
+            // nodes, all g at once (1/g of the node's network each).
+            let whole = s * p as f64;
+            let g = u64::from(self.inputs[t].per_node);
+            let inner = ring_steps(g, whole / g as f64, intra, ty.intra_node_latency_us);
+            let mut bw = ty.network_share(g);
+            let mut lat = ty.network_latency_us;
+            if let Some((fbw, flat)) = self.cluster.fabric_link() {
+                bw = bw.min(fbw / g as f64);
+                lat = lat.max(flat);
+            }
+            let outer = ring_steps(m, whole / (g * m) as f64, bw, lat);
+            return (inner + outer, received);
+        }
+        let (bw, lat) = if m > 1 {
             let bw = self.cluster.types.iter().map(|d| d.network_share(1)).fold(f64::INFINITY, f64::min);
             let lat = self.cluster.types.iter().map(|d| d.network_latency_us).fold(0.0, f64::max);
             match self.cluster.fabric_link() {
@@ -740,8 +767,6 @@ impl<'a> Schedule<'a> {
                 self.cluster.types.iter().map(|d| d.intra_node_latency_us).fold(0.0, f64::max),
             )
         };
-        // What this device receives: every other member's share.
-        let received = elems * b * (1.0 - self.share[t].min(1.0));
         (ring_steps(p, s, bw, lat), received)
     }
 

@@ -50,8 +50,11 @@ fn target(count: u32, per_node: u32, batch: u32) -> Target {
     t
 }
 
+/// Adam; collectives across nodes as a flat ring.
 fn opts() -> PredictOptions {
-    PredictOptions { bindings: Bindings::new(), optimizer: Optimizer::Adam, ..PredictOptions::default() }
+    let mut o = PredictOptions { bindings: Bindings::new(), optimizer: Optimizer::Adam, ..PredictOptions::default() };
+    o.config.algo = qsync_sim::AllReduceAlgo::Ring;
+    o
 }
 
 fn close(got: f64, want: f64, what: &str) {
@@ -261,6 +264,29 @@ fn full_shard_time_when_the_network_dominates() {
     // max(F + G + b2, F + 2G); from there the stream is never idle.
     let rs2 = (fe + gg + b[2]).max(fe + 2.0 * gg);
     close(res.iteration_us, rs2 + gg + 3.0 * ss + 3.0 * x + opt / 2.0, "hybrid iteration");
+}
+
+#[test]
+fn hierarchical_collectives_cross_nodes_like_the_all_reduce() {
+    // The engine's default (hierarchical) algorithm: a ring in the node of
+    // g = 2 at 100 GB/s, then each device's half across the m = 2 nodes at
+    // 10 GB/s / 2 = 5000 B/µs. A unit's bf16 gather, 2^20·2 B:
+    // inner (2−1)·2^20/1e5 + 5 = 15.48576, outer (2−1)·2^19/5000 + 20 =
+    // 124.8576: A = 140.34336 µs. Its fp32 reduce-scatter: inner
+    // 2^21/1e5 + 5 = 25.97152, outer 2^20/5000 + 20 = 229.7152:
+    // R = 255.68672 µs. Then the network-bound schedule of
+    // `full_shard_time_when_the_network_dominates`: 6A + 3R + f2 + step/4.
+    let g = graph(8);
+    let mut o = opts();
+    o.config.algo = qsync_sim::AllReduceAlgo::Hierarchical;
+    let mut pred = Predictor::new(&g, vec![target(4, 2, 8)], o).expect("predict");
+    let facts = qsync_cost::GraphFacts::new(&g, &Bindings::new()).expect("facts");
+    let units = Units::of(&g, &facts);
+    let (f, b, opt) = unit_times(&pred, &units);
+    let (a, r) = (140.34336, 255.68672);
+    assert!(f.iter().chain(&b).all(|&t| t < a), "compute {f:?} {b:?} must be below {a} µs");
+    let res = predict_sharded(&mut pred, &units, &ShardSpec::new(Stage::FullShard, 1)).expect("sharded");
+    close(res.iteration_us, 6.0 * a + 3.0 * r + f[2] + opt / 4.0, "hierarchical iteration");
 }
 
 #[test]
