@@ -73,6 +73,16 @@ assert help_console == run(QSYNCC, "--help").stdout, "the console command's --he
 assert "Usage: qsyncc <COMMAND>" in help_console, help_console
 check("qsyncc --help from the wheel is the binary's")
 
+# The command never imports the training half: a `torch` that refuses to
+# import, first on the path, does not stop it.
+notorch = os.path.join(WORK, "notorch")
+os.makedirs(notorch, exist_ok=True)
+with open(os.path.join(notorch, "torch.py"), "w", encoding="utf-8") as f:
+    f.write("raise ImportError('the qsyncc command imported torch')\n")
+p = subprocess.run([CONSOLE, "--version"], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": notorch})
+assert p.returncode == 0 and p.stdout.startswith("qsyncc "), p.stderr
+check("the qsyncc command starts without PyTorch")
+
 flags = [MODEL, "--targets", TARGETS, "--batch", "8"]
 run(QSYNCC, *flags, "-o", os.path.join(WORK, "binary"))
 run(CONSOLE, *flags, "-o", os.path.join(WORK, "console"))
@@ -138,6 +148,7 @@ cases = [
     (qsync.ModelError, lambda: qsync.passes.run(missing, "dce"), cli_error(missing, "--passes", "dce", sub=("opt",))),
     (qsync.OptionError, lambda: qsync.passes.run(proto, "no-such-pass"), cli_error(MODEL, "--passes", "no-such-pass", sub=("opt",))),
 ]
+assert issubclass(qsync.TargetError, qsync.OptionError) and issubclass(qsync.PlanError, ValueError)
 for exc, fn, message in cases:
     name = expect(exc, fn, message)
     check(f"{name}: {message[:90]}")
