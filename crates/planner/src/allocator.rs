@@ -342,11 +342,17 @@ pub struct Outcome {
     pub alone: Vec<(String, Option<Eval>)>,
     /// Seconds per phase, in order.
     pub phases: Vec<(String, f64)>,
+    /// The sharded methods (FSDP baselines and the sharded search). The
+    /// chosen plan is sharded (`chosen` is `fsdp`, `fsdp-dbs` or `sharded`)
+    /// where DDP fits nowhere, or where the sharded plan is predicted faster
+    /// than the DDP plan chosen, at no larger indicator sum.
+    pub sharded: Option<crate::shard::ShardOutcome>,
 }
 
 impl Outcome {
     /// Every method's evaluation, by key: `up`, `dbs`, `qsync-greedy`,
-    /// `qsync`, `joint-fastest`, `joint` (the last two when found).
+    /// `qsync`, `joint-fastest`, `joint` (the last two when found), then the
+    /// sharded ones that fit (`fsdp`, `fsdp-dbs`, `sharded`).
     pub fn methods(&self) -> Vec<(&'static str, &Eval)> {
         let mut v: Vec<(&'static str, &Eval)> = vec![("up", &self.up)];
         if let Some(d) = &self.dbs.eval {
@@ -359,6 +365,9 @@ impl Outcome {
         }
         if let Some(j) = &self.joint {
             v.push(("joint", j));
+        }
+        if let Some(s) = &self.sharded {
+            v.extend(s.methods().into_iter().map(|(k, e)| (k, &e.eval)));
         }
         v
     }
@@ -485,7 +494,7 @@ impl<'g> Ctx<'g> {
     /// with `--train-precision fp32`, QSync's own DBS) on every type, the
     /// inference types included; a type without the precision asked for
     /// (a V100 under `bf16`) trains in FP32.
-    pub(crate) fn dbs_plan(&self, t: usize) -> Plan {
+    pub fn dbs_plan(&self, t: usize) -> Plan {
         self.training_plan(t).unwrap_or_else(|_| self.all_fp32())
     }
 
@@ -595,6 +604,43 @@ impl<'g> Ctx<'g> {
     /// costs `k − 1` forward-backward passes without synchronization, then
     /// one ordinary iteration. A graph that fixes its batch accumulates at
     /// that batch. `None` when not even the smallest micro-batch fits.
+    /// Type `t` alone (`tg`, its batch set) sharded: the fastest fitting
+    /// stage (full-shard with and without hpZ, shard-grad-op, hybrid-shard
+    /// over several nodes), checkpointing off or on.
+    fn alone_sharded(&self, t: usize, tg: Target, name: &str) -> Result<Option<Eval>, PlanError> {
+        use qsync_sim::shard::{predict_sharded, ShardSpec, Stage, Units};
+        let units = Units::of(self.g, self.facts);
+        let mut pred = Predictor::with_analysis(self.g, self.analysis.clone(), vec![tg.clone()], self.popts.clone())?;
+        let mut stages = vec![(Stage::FullShard, false), (Stage::FullShard, true), (Stage::ShardGradOp, false)];
+        if tg.count > tg.per_node.max(1) {
+            stages.push((Stage::HybridShard, false));
+        }
+        let mut best: Option<qsync_sim::ShardedResult> = None;
+        for (stage, hpz) in stages {
+            for ck in [false, true] {
+                let spec = ShardSpec { hpz, checkpoint: vec![ck], ..ShardSpec::new(stage, 1) };
+                let r = predict_sharded(&mut pred, &units, &spec)?;
+                if r.fits() && best.as_ref().is_none_or(|b| r.samples_per_s > b.samples_per_s) {
+                    best = Some(r);
+                }
+            }
+        }
+        Ok(best.map(|r| {
+            let mut e = self.eval_types(name, &mut pred, Some(t));
+            for (te, d) in e.types.iter_mut().zip(&r.devices) {
+                te.peak_memory_bytes = d.memory.total.max(0.0) as u64;
+                te.fits = d.fits;
+                te.compute_ms = d.compute_us / 1e3;
+                te.forward_end_ms = d.forward_end_us / 1e3;
+                te.backward_end_ms = d.backward_end_us / 1e3;
+                te.finish_ms = d.finish_us / 1e3;
+            }
+            e.iteration_ms = r.iteration_us / 1e3;
+            e.samples_per_s = r.samples_per_s;
+            e
+        }))
+    }
+
     pub(crate) fn alone(&self, t: usize) -> Result<Option<Eval>, PlanError> {
         let mut target = self.targets[t].clone();
         target.plan = self.training_plan(t)?;
@@ -619,8 +665,19 @@ impl<'g> Ctx<'g> {
         } else {
             let top = per_device.max(lo);
             let e = try_micro(top)?;
+            // The type alone may shard too (as the whole cluster may): the
+            // faster of the two, so that the comparison is like for like.
+            let mut tg = target.clone();
+            tg.local_batch = top;
+            let sharded = self.alone_sharded(t, tg, &name)?;
             if fits(&e) {
-                return Ok(Some(e));
+                return Ok(Some(match sharded {
+                    Some(s) if s.samples_per_s > e.samples_per_s => s,
+                    _ => e,
+                }));
+            }
+            if sharded.is_some() {
+                return Ok(sharded);
             }
             // Largest micro-batch in [lo, top) that fits.
             let (mut good, mut bad) = (None, top);
@@ -895,9 +952,53 @@ pub fn allocate(
         }
     }
     let Some((_, up_plans)) = best else {
-        return Err(PlanError::Infeasible(format!(
-            "the model does not fit even at the lowest allowed precision: {lowest_failure} (lower --batch, raise --memory or allow lower --precisions)"
-        )));
+        // DDP holds the whole model on every device: sharding may still fit.
+        progress("sharded training (FSDP, ZeRO++)");
+        let s = cx.sharded()?;
+        let ddp = format!("even at the lowest allowed precision {lowest_failure}");
+        let Some((key, chosen)) = sharded_choice(&s, None) else {
+            return Err(PlanError::Infeasible(crate::shard::does_not_fit(&s, &ddp)));
+        };
+        lap("sharded training (FSDP, ZeRO++)", &mut phases);
+        // The DDP methods, as predicted (none fits).
+        let plans: Vec<Plan> = (0..n_types).map(|t| cx.dbs_plan(t)).collect();
+        let mut pred = cx.predictor(&plans)?;
+        let up = cx.eval("up", &mut pred);
+        let dbs = DbsEval {
+            iteration_ms: f64::INFINITY,
+            samples_per_s: 0.0,
+            indicator_sum: 0.0,
+            batch_split: BTreeMap::new(),
+            fits: cx.targets.iter().map(|t| (t.device.name.clone(), false)).collect(),
+            eval: None,
+        };
+        return Ok(Outcome {
+            t_min: 0.0,
+            t_min_rule: opts.t_min,
+            qsync_t_min: 0.0,
+            greedy: Eval { method: "qsync-greedy".into(), ..up.clone() },
+            ours: Eval { method: "qsync".into(), ..up.clone() },
+            up,
+            dbs,
+            joint: None,
+            joint_fastest: None,
+            indicator_bound: opts.indicator_bound.unwrap_or(0.0),
+            chosen: key.to_string(),
+            chosen_eval: chosen,
+            qsync_fallback: false,
+            method: opts.method,
+            objective: opts.objective,
+            gap: None,
+            candidates: cx.candidates.len(),
+            classes: classes(g, &cx.candidates).len(),
+            steps_tried: 0,
+            steps_kept: 0,
+            joint_combinations: 0,
+            joint_verified: 0,
+            alone: Vec::new(),
+            phases,
+            sharded: Some(s),
+        });
     };
     let mut up_pred = cx.predictor(&up_plans)?;
     let up = cx.eval("up", &mut up_pred);
@@ -1001,9 +1102,20 @@ pub fn allocate(
     };
     lap("each device type alone", &mut phases);
 
-    let (chosen, chosen_eval) = choose(opts, &up, &dbs, &greedy, &ours, &joint, t_min, bound, dominates);
+    let (mut chosen, mut chosen_eval) = choose(opts, &up, &dbs, &greedy, &ours, &joint, t_min, bound, dominates);
     let gap = optimality_gap(&cx, &cls, &up_plans, qsync_t_min, ours.indicator_sum, opts)?;
     lap("optimality gap", &mut phases);
+    // Sharding replaces the DDP plan only where it is predicted faster at
+    // no larger indicator sum (QSync's own method stays as published).
+    progress("sharded training (FSDP, ZeRO++)");
+    let sharded = cx.sharded()?;
+    if opts.method != Method::Qsync {
+        if let Some((k, e)) = sharded_choice(&sharded, Some(&chosen_eval)) {
+            chosen = k.to_string();
+            chosen_eval = e;
+        }
+    }
+    lap("sharded training (FSDP, ZeRO++)", &mut phases);
     Ok(Outcome {
         t_min: if opts.method == Method::Qsync { qsync_t_min } else { t_min },
         t_min_rule: opts.t_min,
@@ -1029,7 +1141,31 @@ pub fn allocate(
         joint_verified: joint.verified,
         alone,
         phases,
+        sharded: Some(sharded),
     })
+}
+
+/// The sharded plan to choose: the fastest fitting sharded method
+/// (baselines first on ties) — against `ddp`, only if faster at no larger
+/// indicator sum.
+fn sharded_choice(s: &crate::shard::ShardOutcome, ddp: Option<&Eval>) -> Option<(&'static str, Eval)> {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
+    let mut best: Option<(&'static str, &Eval)> = None;
+    for (k, e) in s.methods() {
+        let e = &e.eval;
+        if best.is_none_or(|(_, b)| e.samples_per_s > b.samples_per_s && !close(e.samples_per_s, b.samples_per_s)) {
+            best = Some((k, e));
+        }
+    }
+    let (k, e) = best?;
+    if let Some(d) = ddp {
+        let faster = e.samples_per_s > d.samples_per_s && !close(e.samples_per_s, d.samples_per_s);
+        let no_worse = e.indicator_sum <= d.indicator_sum * (1.0 + 1e-9) + f64::MIN_POSITIVE;
+        if !(faster && no_worse) {
+            return None;
+        }
+    }
+    Some((k, Eval { method: k.to_string(), ..e.clone() }))
 }
 
 /// The chosen plan: QSync's method as published, or the best of every

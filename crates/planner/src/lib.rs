@@ -10,7 +10,9 @@
 //!   all evaluated by the predictor of `qsync-sim`;
 //! - [`joint`]: each device type's local batch and precisions searched
 //!   together, under QSync's objective (smallest indicator at a throughput
-//!   floor) or the fastest plan within an indicator bound.
+//!   floor) or the fastest plan within an indicator bound;
+//! - [`shard`]: the FSDP baselines and the sharded search (stage, hpZ,
+//!   checkpointing, batch split) for models DDP cannot hold, or trains slower.
 //!
 //! Reads the IR, the cost model and the predictor; knows nothing of files
 //! or the CLI.
@@ -19,9 +21,11 @@ pub mod allocator;
 pub mod indicator;
 pub mod joint;
 mod par;
+pub mod shard;
 
 pub use allocator::{
     allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Method, Objective, Outcome, PlanError, TMin,
     TrainPrecision, TypeEval,
 };
+pub use shard::{ShardOutcome, ShardedEval};
 pub use indicator::{Calibration, Indicator, OpStats, Source, Sources, TensorStats};

@@ -20,8 +20,8 @@
 //! # Ok::<(), qsyncc::planner::PipelineError>(())
 //! ```
 //!
-//! The directory (schema `qsync-plan/3`; `manifest.json` is described by
-//! the JSON Schema `crates/qsyncc/schema/qsync-plan-3.schema.json`, which
+//! The directory (schema `qsync-plan/4`; `manifest.json` is described by
+//! the JSON Schema `crates/qsyncc/schema/qsync-plan-4.schema.json`, which
 //! the tests validate every written manifest against — change both
 //! together):
 //!
@@ -66,7 +66,7 @@ use serde_json::json;
 use crate::load;
 
 /// Manifest schema version.
-pub const SCHEMA: &str = "qsync-plan/3";
+pub const SCHEMA: &str = "qsync-plan/4";
 
 /// Why the plan pipeline failed.
 #[derive(Debug, thiserror::Error)]
@@ -734,6 +734,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             "steps_kept": out.steps_kept, "joint_combinations": out.joint_combinations, "joint_verified": out.joint_verified,
         },
         "optimality_gap": out.gap,
+        "sharding": sharding_json(&out),
         "warnings": warnings,
     });
     let report = crate::report::report(&model_name, &out, &warnings);
@@ -1098,6 +1099,80 @@ pub fn run(a: &PlanArgs) -> Result<String> {
         let _ = writeln!(o, "warning: {w}");
     }
     Ok(o)
+}
+
+/// The manifest's `sharding`: the chosen plan's stage, per device type its
+/// shard fraction, what it all-gathers in which precision and whether it
+/// checkpoints, the units and the collectives in the order they run. A DDP
+/// plan is `replicate` with every fraction 1 and no collectives here (its
+/// all-reduce is `sync`'s).
+fn sharding_json(out: &qsync_planner::Outcome) -> serde_json::Value {
+    let s = out.sharded.as_ref();
+    let chosen = s.and_then(|s| s.methods().into_iter().find(|(k, _)| *k == out.chosen).map(|(_, e)| e.result.clone()));
+    let units: Vec<serde_json::Value> = s
+        .map(|s| s.units.units.iter().map(|u| json!({ "name": u.name, "parameters": u.params as u64 })).collect())
+        .unwrap_or_default();
+    let unit_rule = s.map_or("blocks", |s| s.units.rule);
+    let Some(r) = chosen else {
+        let devices: serde_json::Map<String, serde_json::Value> = out
+            .chosen_eval
+            .types
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    json!({ "stage": "replicate", "shard_fraction": 1.0, "all_gather": null,
+                            "reduce_scatter_precision": null, "checkpoint": false }),
+                )
+            })
+            .collect();
+        return json!({
+            "stage": "replicate", "fsdp_strategy": "NO_SHARD", "hpz": false, "uneven_shares": false,
+            "unit_rule": unit_rule, "units": units, "devices": devices, "collectives": [],
+        });
+    };
+    let spec = &r.spec;
+    let backward_scope = match spec.stage {
+        qsync_sim::Stage::FullShard if spec.hpz => Some("node"),
+        qsync_sim::Stage::FullShard => Some("cluster"),
+        qsync_sim::Stage::HybridShard => Some("node"),
+        _ => None,
+    };
+    let devices: serde_json::Map<String, serde_json::Value> = r
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.name.clone(),
+                json!({
+                    "stage": spec.stage.name(),
+                    "shard_fraction": d.share,
+                    "all_gather": {
+                        "what": "the weights of one unit at a time, the next prefetched",
+                        "precision": spec.gather.name(),
+                        "forward_scope": if spec.stage == qsync_sim::Stage::HybridShard { "node" } else { "cluster" },
+                        "backward_scope": backward_scope,
+                    },
+                    "reduce_scatter_precision": spec.reduce.name(),
+                    "checkpoint": d.checkpoint,
+                    "memory": d.memory,
+                    "replicated_compute_ms": d.replicated_compute_us / 1e3,
+                }),
+            )
+        })
+        .collect();
+    let collectives: Vec<serde_json::Value> = r
+        .collectives
+        .iter()
+        .map(
+            |c| json!({ "kind": c.kind, "phase": c.phase, "unit": c.unit, "scope": c.scope, "precision": c.precision }),
+        )
+        .collect();
+    json!({
+        "stage": spec.stage.name(), "fsdp_strategy": spec.stage.fsdp_name(), "hpz": spec.hpz,
+        "uneven_shares": spec.uneven, "unit_rule": unit_rule, "units": units, "devices": devices,
+        "collectives": collectives,
+    })
 }
 
 fn round(x: f64) -> f64 {

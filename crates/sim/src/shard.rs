@@ -412,6 +412,9 @@ pub struct ShardedDevice {
     pub fits: bool,
     /// Forward, backward (with recomputation) and optimizer step.
     pub compute_us: f64,
+    /// The same plan's compute replicated (DDP: the whole optimizer step,
+    /// no recomputation), what a simulation of its graph gives.
+    pub replicated_compute_us: f64,
     /// Iteration time minus compute: waiting on collectives or stragglers.
     pub exposed_comm_us: f64,
     pub forward_end_us: f64,
@@ -617,6 +620,7 @@ pub fn predict_sharded(
             fits: m.total <= m.capacity,
             memory: m,
             compute_us: 0.0,
+            replicated_compute_us: 0.0,
             exposed_comm_us: 0.0,
             forward_end_us: 0.0,
             backward_end_us: 0.0,
@@ -624,8 +628,11 @@ pub fn predict_sharded(
         });
     }
     let global_batch = cluster.global_batch();
+    let r = pred.result().clone();
+    for (d, rd) in devices.iter_mut().zip(&r.devices) {
+        d.replicated_compute_us = rd.compute_us;
+    }
     if spec.stage == Stage::Replicate {
-        let r = pred.result().clone();
         let mut iteration = r.iteration_us;
         // Recomputing checkpointed blocks lengthens each type's backward;
         // the slowest type's recomputation lies on the critical path.

@@ -81,7 +81,7 @@ pub fn files_under(dir: &Path) -> Vec<String> {
 /// `crates/qsyncc/schema/` (every error listed), and that its `files` are
 /// exactly the files in the directory; returns the manifest.
 pub fn check_plan_dir(dir: &Path) -> serde_json::Value {
-    let schema_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schema/qsync-plan-3.schema.json");
+    let schema_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schema/qsync-plan-4.schema.json");
     let schema: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&schema_path).expect("schema file")).expect("schema JSON");
     let validator = jsonschema::validator_for(&schema).expect("the schema is a valid JSON Schema");

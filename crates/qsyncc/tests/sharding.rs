@@ -1,0 +1,143 @@
+//! Sharded training in the planner: a model too large for a T4 under DDP
+//! is planned sharded (the manifest's `sharding` says how), one too large
+//! for the cluster even sharded is refused naming the memory it needs, and
+//! the sharded search is never slower than its FSDP baselines.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{check_plan_dir, qsyncc, stderr, tmpdir};
+
+/// `layers` blocks of an 8192×8192 MatMul and a Relu: 2^26 parameters a
+/// block, so 16 blocks are 2^30 — 16 GiB of FP32 weights, gradients and
+/// Adam state, more than a T4 holds.
+fn big_mlp(dir: &Path, layers: usize) -> PathBuf {
+    let d = 8192;
+    let mut s = String::from("graph \"big_mlp\" {\n");
+    for i in 0..layers {
+        s.push_str(&format!("  init %w{i}: f32[{d},{d}] = absent\n"));
+    }
+    s.push_str(&format!("  input %x0: f32[batch,{d}]\n"));
+    for i in 0..layers {
+        s.push_str(&format!("  %h{i}: f32[batch,{d}] = MatMul \"/layers.{i}/MatMul\"(%x{i}, %w{i})\n"));
+        s.push_str(&format!("  %x{}: f32[batch,{d}] = Relu \"/layers.{i}/Relu\"(%h{i})\n", i + 1));
+    }
+    s.push_str(&format!("  output %x{layers}\n}}\n"));
+    let path = dir.join(format!("big_mlp_{layers}.qir"));
+    std::fs::write(&path, s).expect("write model");
+    path
+}
+
+fn plan(model: &Path, targets: &str, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "plan",
+        model.to_str().expect("utf8"),
+        "--targets",
+        targets,
+        "--batch",
+        "8",
+        "-o",
+        out.to_str().expect("utf8"),
+    ];
+    args.extend_from_slice(extra);
+    qsyncc(&args)
+}
+
+#[test]
+fn a_model_ddp_cannot_hold_is_planned_sharded() {
+    let dir = tmpdir("sharding-fits");
+    let model = big_mlp(&dir, 16);
+    let out = dir.join("plan");
+    let r = plan(&model, "t4:8", &out, &[]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let m = check_plan_dir(&out);
+    assert_eq!(m["schema"], "qsync-plan/4");
+    let methods = m["methods"].as_object().expect("methods");
+    // DDP does not fit; the FSDP baseline does, and the search is no slower.
+    assert_eq!(methods["up"]["fits"], false, "{m}");
+    let f = |k: &str| methods[k]["samples_per_s"].as_f64().expect("samples_per_s");
+    assert_eq!(methods["fsdp"]["fits"], true);
+    let chosen = m["chosen"].as_str().expect("chosen");
+    assert!(["fsdp", "fsdp-dbs", "sharded"].contains(&chosen), "{chosen}");
+    assert!(m["samples_per_s"].as_f64().expect("sps") >= f("fsdp") * (1.0 - 1e-9));
+    // Every device fits, and the manifest says how the state is spread.
+    let t4 = &m["devices"]["t4"];
+    assert_eq!(t4["fits"], true, "{t4}");
+    assert!(t4["peak_memory_bytes"].as_f64() <= t4["memory_capacity_bytes"].as_f64());
+    let s = &m["sharding"];
+    assert_ne!(s["stage"], "replicate", "{s}");
+    assert_eq!(s["unit_rule"], "blocks");
+    assert_eq!(s["units"].as_array().expect("units").len(), 16);
+    assert_eq!(s["units"][3]["name"], "layers.3");
+    assert_eq!(s["units"][3]["parameters"], 1u64 << 26);
+    let dev = &s["devices"]["t4"];
+    // Eight equal shards on one type (uneven shares are equal here too).
+    assert!((dev["shard_fraction"].as_f64().expect("fraction") - 0.125).abs() < 1e-12, "{dev}");
+    assert_eq!(dev["all_gather"]["precision"], "bf16");
+    assert_eq!(dev["reduce_scatter_precision"], "fp32");
+    // Collectives in order: the forward's all-gathers first, unit by unit,
+    // and the last is the first unit's gradient leaving.
+    let c = s["collectives"].as_array().expect("collectives");
+    assert_eq!(
+        (c[0]["kind"].as_str(), c[0]["phase"].as_str(), c[0]["unit"].as_u64()),
+        (Some("all-gather"), Some("forward"), Some(0))
+    );
+    let last = c.last().expect("last");
+    assert_eq!((last["kind"].as_str(), last["unit"].as_u64()), (Some("reduce-scatter"), Some(0)), "{last}");
+}
+
+#[test]
+fn a_model_that_fits_nowhere_names_the_memory_it_needs() {
+    let dir = tmpdir("sharding-nowhere");
+    let model = big_mlp(&dir, 16);
+    // One T4: sharding over one device holds everything, 16 GiB of state
+    // and more; the message names DDP's and the sharded need.
+    let r = plan(&model, "t4:1", &dir.join("plan"), &[]);
+    assert_eq!(r.status.code(), Some(2));
+    let e = stderr(&r);
+    assert!(e.contains("does not fit"), "{e}");
+    assert!(
+        e.contains("the smallest memory it needs is") && e.contains("GiB on each t4 against 16.00 GiB available"),
+        "{e}"
+    );
+    // Eight T4 at 10%: 2 GiB of sharded state alone exceeds 1.6 GiB.
+    let r = plan(&model, "t4:8", &dir.join("plan"), &["--memory", "t4=10%"]);
+    assert_eq!(r.status.code(), Some(2));
+    let e = stderr(&r);
+    assert!(e.contains("GiB on each t4 against 1.60 GiB available"), "{e}");
+    assert!(!dir.join("plan").exists());
+}
+
+#[test]
+fn a_model_ddp_holds_is_sharded_only_where_that_is_predicted_faster() {
+    // Two blocks of 2^26: 2 GiB of state, DDP fits. On eight T4s across
+    // one NIC per node the sharded plan (the reduce-scatters overlap the
+    // backward, the gathers the forward) is predicted faster than every
+    // DDP method at the same indicator, so it is chosen; QSync's method as
+    // published stays DDP.
+    let dir = tmpdir("sharding-ddp");
+    let model = big_mlp(&dir, 2);
+    let out = dir.join("plan");
+    let r = plan(&model, "t4:8", &out, &[]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let m = check_plan_dir(&out);
+    let methods = m["methods"].as_object().expect("methods");
+    let best_ddp = ["up", "dbs", "qsync", "qsync-greedy", "joint", "joint-fastest"]
+        .iter()
+        .filter_map(|k| methods.get(*k))
+        .filter(|e| e["fits"] == true)
+        .map(|e| e["samples_per_s"].as_f64().expect("sps"))
+        .fold(0.0, f64::max);
+    assert!(best_ddp > 0.0, "DDP fits: {m}");
+    let sps = m["samples_per_s"].as_f64().expect("sps");
+    assert_ne!(m["sharding"]["stage"], "replicate");
+    assert!(sps > best_ddp, "sharded {sps} chosen over DDP {best_ddp}");
+    let out = dir.join("plan-qsync");
+    let r = plan(&model, "t4:8", &out, &["--method", "qsync"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let m = check_plan_dir(&out);
+    assert_eq!(m["sharding"]["stage"], "replicate");
+    assert_eq!(m["sharding"]["devices"]["t4"]["shard_fraction"], 1.0);
+    assert!(m["sharding"]["collectives"].as_array().expect("collectives").is_empty());
+}
