@@ -679,6 +679,9 @@ pub fn predict_sharded(
     Ok(ShardedResult { spec: spec.clone(), iteration_us: iteration, samples_per_s, global_batch, devices, collectives })
 }
 
+/// A type's `(compute, forward end, backward end, finish)`, µs.
+type TypeTimes = (f64, f64, f64, f64);
+
 /// The two streams of every type, stepped through the program.
 struct Schedule<'a> {
     cluster: &'a crate::Cluster,
@@ -817,10 +820,8 @@ impl<'a> Schedule<'a> {
             let start = (0..n).map(|t| issue[t].max(self.comm_free[t])).fold(0.0, f64::max);
             let dur = priced.iter().map(|p| p.0).fold(0.0, f64::max);
             let end = start + dur;
-            for t in 0..n {
-                ends[t] = end;
-                self.comm_free[t] = end;
-            }
+            ends.fill(end);
+            self.comm_free.fill(end);
             self.out.push(ShardCollective {
                 kind: name,
                 phase,
@@ -835,8 +836,9 @@ impl<'a> Schedule<'a> {
         ends
     }
 
-    /// Per type `(compute, forward end, backward end, finish)`.
-    fn run(mut self) -> (Vec<ShardCollective>, Vec<(f64, f64, f64, f64)>) {
+    /// The collectives in order and per type `(compute, forward end,
+    /// backward end, finish)`.
+    fn run(mut self) -> (Vec<ShardCollective>, Vec<TypeTimes>) {
         let n = self.inputs.len();
         let nu = self.units.units.len();
         let stage = self.spec.stage;

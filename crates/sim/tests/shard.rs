@@ -108,7 +108,7 @@ fn full_shard_memory_by_hand() {
     let mut pred = Predictor::new(&g, vec![target(4, 2, 8)], opts()).expect("predict");
     let facts = qsync_cost::GraphFacts::new(&g, &Bindings::new()).expect("facts");
     let units = Units::of(&g, &facts);
-    let rep = pred.memory(0).expect("memory").clone();
+    let rep = *pred.memory(0).expect("memory");
     // Replicated FP32 + Adam: master 4P, gradients 4P, state 8P.
     let p = 3.0 * MI;
     close(rep.master_weights + rep.gradients + rep.optimizer_state, 16.0 * p, "replicated state");
