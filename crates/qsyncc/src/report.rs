@@ -131,6 +131,29 @@ pub fn verdict(out: &Outcome) -> String {
             out.global_batch()
         );
     }
+    let ddp_fits = out.up.types.iter().all(|t| t.fits);
+    if !ddp_fits {
+        // Sharded because nothing fits under DDP: there is no DDP baseline
+        // to compare with, only the FSDP ones.
+        let fsdp = out.sharded.as_ref().and_then(|s| s.fsdp.as_ref().or(s.fsdp_dbs.as_ref())).map_or(
+            String::from(" No FSDP baseline fits without checkpointing either."),
+            |f| {
+                format!(
+                    " {:+.1}% against FSDP FULL_SHARD ({:.1} samples/s).",
+                    (c.samples_per_s / f.eval.samples_per_s.max(1e-12) - 1.0) * 100.0,
+                    f.eval.samples_per_s
+                )
+            },
+        );
+        return format!(
+            "**Run `{}`** on {}: {:.1} samples/s predicted ({:.2} ms per iteration). The model does not fit under data \
+             parallelism (every device holding all of it); it is trained sharded (see `sharding` in manifest.json).{fsdp}",
+            out.chosen,
+            label(c),
+            c.samples_per_s,
+            c.iteration_ms
+        );
+    }
     if c.types.len() == 1 {
         let t = &c.types[0];
         return format!(

@@ -61,6 +61,11 @@ fn a_model_ddp_cannot_hold_is_planned_sharded() {
     let chosen = m["chosen"].as_str().expect("chosen");
     assert!(["fsdp", "fsdp-dbs", "sharded"].contains(&chosen), "{chosen}");
     assert!(m["samples_per_s"].as_f64().expect("sps") >= f("fsdp") * (1.0 - 1e-9));
+    let verdict = m["verdict"].as_str().expect("verdict");
+    assert!(
+        verdict.contains("does not fit under data parallelism") && verdict.contains("against FSDP FULL_SHARD"),
+        "{verdict}"
+    );
     // Every device fits, and the manifest says how the state is spread.
     let t4 = &m["devices"]["t4"];
     assert_eq!(t4["fits"], true, "{t4}");
