@@ -5,11 +5,11 @@
 //! naming a device and the memory it would need — never a panic, never a
 //! plan over memory.
 //!
-//! With data-parallel planning every device holds the whole model and its
-//! Adam state, so today the three sizes are refused on both clusters (each
-//! has 16 GB T4s) and only the shallow grouped-query variant plans; a planner
-//! that shards weights and optimizer state may plan them, and the test holds
-//! it to the same rule.
+//! Under data-parallel training every device would hold the whole model
+//! and its Adam state, which the T4s of both clusters cannot; the planner
+//! shards weights and optimizer state (FSDP / ZeRO-3) and plans all three.
+//! Clusters too small for the 7B however it is split must be refused, and a
+//! shallow grouped-query variant plans.
 
 mod common;
 
@@ -62,11 +62,23 @@ fn generated_llamas_have_the_published_parameter_counts_and_verify() {
         assert_eq!(counted, expected, "{size}: inspect's parameter count");
         let off = (counted as f64 - published as f64).abs() / published as f64;
         assert!(off < 0.02, "{size}: {counted} parameters, {:.2}% from the published {published}", off * 100.0);
-        assert!(printed.contains(&format!("{} parameters", thousands(expected))), "{size}: the script prints {printed}");
+        assert!(
+            printed.contains(&format!("{} parameters", thousands(expected))),
+            "{size}: the script prints {printed}"
+        );
         // 17 nodes a layer, 16 around them; every value typed.
         assert_eq!(s["onnx_nodes"].as_u64(), Some(17 * l + 16), "{size}: node count");
         assert_eq!(s["unknown_shapes"].as_u64(), Some(0), "{size}: every shape inferred");
-        let o = qsyncc(&["opt", model.to_str().expect("utf8"), "--passes", "infer-shapes,verify", "--batch", "2", "--dim", "seq=64"]);
+        let o = qsyncc(&[
+            "opt",
+            model.to_str().expect("utf8"),
+            "--passes",
+            "infer-shapes,verify",
+            "--batch",
+            "2",
+            "--dim",
+            "seq=64",
+        ]);
         assert!(o.status.success(), "{size}: opt --passes infer-shapes,verify: {}", stderr(&o));
     }
     // Deterministic: the same arguments give the same bytes.
@@ -98,10 +110,15 @@ const CLUSTERS: [(&str, &[(&str, f64)]); 2] =
     [("v100:8,t4:8", &[("v100", 32.0), ("t4", 16.0)]), ("a100-80gb:8,t4:16", &[("a100-80gb", 80.0), ("t4", 16.0)])];
 
 /// Plan `model` on `targets` at batch 1, seq 2048: either a plan whose every
-/// device's predicted peak fits its memory, or a refusal naming a device,
-/// the memory it needs and the memory it has. Returns whether it planned.
+/// device's predicted peak fits its memory, or a refusal naming the smallest
+/// memory a device would need (sharded) and what it has. Returns whether it
+/// planned.
 fn plan_or_refusal(model: &Path, parameters: u64, targets: &str, devices: &[(&str, f64)], dir: &Path) -> bool {
-    let out = dir.join(format!("plan-{}-{}", model.file_stem().expect("stem").to_string_lossy(), targets.replace([':', ','], "-")));
+    let out = dir.join(format!(
+        "plan-{}-{}",
+        model.file_stem().expect("stem").to_string_lossy(),
+        targets.replace([':', ','], "-")
+    ));
     let o = qsyncc(&[
         model.to_str().expect("utf8"),
         "--targets",
@@ -128,30 +145,36 @@ fn plan_or_refusal(model: &Path, parameters: u64, targets: &str, devices: &[(&st
     }
     assert!(matches!(o.status.code(), Some(1 | 2)), "{what}: exit {:?} (not a refusal): {err}", o.status);
     assert!(err.contains("does not fit"), "{what}: refused without saying it does not fit: {err}");
-    // `<device> needs X GiB …, Y GiB available` for at least one device that
-    // does not fit. However the model is split, the devices together hold
-    // at least its fp32 weights, gradients and Adam's two moments, 16 bytes
-    // a parameter: X ≥ 16·P / devices.
+    // `… the smallest memory it needs is X GiB on each DEVICE against Y GiB
+    // available`. However the model is split, the devices together hold at
+    // least its fp32 weights, gradients and Adam's two moments, 16 bytes a
+    // parameter: X ≥ 16·P / devices.
     let count: u64 = targets.split(',').map(|t| t.split(':').nth(1).expect("count").parse::<u64>().expect("n")).sum();
     let floor = 16.0 * parameters as f64 / count as f64 / GIB;
-    let mut named = 0;
-    for &(dev, cap) in devices {
-        let Some(at) = err.find(&format!("{dev} needs ")) else { continue };
-        let rest = &err[at + dev.len() + " needs ".len()..];
-        let need: f64 = rest.split(" GiB").next().and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("{what}: no size after `{dev} needs`: {err}"));
-        let clause = rest.split(';').next().expect("clause");
-        assert!(clause.contains(&format!("{cap:.2} GiB available")), "{what}: {dev} has {cap} GiB: {err}");
-        assert!(need > cap, "{what}: {dev} refused at {need} GiB, within its {cap} GiB: {err}");
-        assert!(need >= floor, "{what}: {dev} needs {need} GiB, below the {floor:.2} GiB floor of 16 bytes a parameter: {err}");
-        named += 1;
-    }
-    assert!(named > 0, "{what}: the refusal names no device of the cluster with the memory it needs: {err}");
+    let key = "the smallest memory it needs is ";
+    let at = err.find(key).unwrap_or_else(|| panic!("{what}: the refusal names no smallest memory needed: {err}"));
+    let words: Vec<&str> = err[at + key.len()..].split_whitespace().take(8).collect();
+    // X GiB on each DEVICE against Y GiB available
+    let (need, dev, avail) = match words[..] {
+        [x, "GiB", "on", "each", d, "against", y, "GiB"] => (x.parse::<f64>().ok(), d, y.parse::<f64>().ok()),
+        _ => panic!("{what}: `{key}X GiB on each DEVICE against Y GiB available` expected: {err}"),
+    };
+    let (need, avail) = (need.expect("X is a number"), avail.expect("Y is a number"));
+    let cap = devices.iter().find(|(d, _)| *d == dev).map(|&(_, c)| c);
+    let cap = cap.unwrap_or_else(|| panic!("{what}: the refusal names `{dev}`, not a device of the cluster: {err}"));
+    assert_eq!(avail, cap, "{what}: {dev} has {cap} GiB: {err}");
+    assert!(need > cap, "{what}: {dev} refused at {need} GiB, within its {cap} GiB: {err}");
+    assert!(
+        need >= floor,
+        "{what}: {dev} needs {need} GiB, below the {floor:.2} GiB floor of 16 bytes a parameter: {err}"
+    );
     false
 }
 
 #[test]
 fn llamas_plan_within_memory_or_are_refused_naming_the_memory_needed() {
     let dir = tmpdir("llama-plan");
+    let mut seven_b = PathBuf::new();
     for (size, (d, l, h, kv, f, v), _) in SIZES {
         let model = dir.join(format!("llama-{size}.onnx"));
         generate(size, &model, &[]);
@@ -159,9 +182,18 @@ fn llamas_plan_within_memory_or_are_refused_naming_the_memory_needed() {
         for (targets, devices) in CLUSTERS {
             plan_or_refusal(&model, p, targets, devices, &dir);
         }
+        seven_b = model;
+    }
+    // Clusters that cannot hold the 7B's 16 bytes a parameter however it is
+    // split (16 · 6,738,415,680 B = 100.4 GiB): four T4s have 64 GiB, two
+    // V100s and two T4s 96 GiB. They must be refused.
+    let p7 = llama_parameters(4096, 32, 32, 32, 11008, 32000);
+    assert_eq!(16 * p7, 107_814_650_880);
+    for (targets, devices) in [("t4:4", &[("t4", 16.0)][..]), ("v100:2,t4:2", &[("v100", 32.0), ("t4", 16.0)][..])] {
+        assert!(!plan_or_refusal(&seven_b, p7, targets, devices, &dir), "the 7B cannot fit on {targets}");
     }
     // A shallow grouped-query variant of the 7B (2 layers, 8 KV heads) fits
-    // every device of both clusters: the plan branch is exercised today.
+    // every device of both clusters even unsharded.
     let small = dir.join("llama-7b-2layers-gqa.onnx");
     generate("7b", &small, &["--layers", "2", "--kv-heads", "8"]);
     let p = llama_parameters(4096, 2, 32, 8, 11008, 32000);
@@ -172,32 +204,45 @@ fn llamas_plan_within_memory_or_are_refused_naming_the_memory_needed() {
 
 /// The commands `docs/planner.md` shows under `<!-- llama-commands -->` run
 /// as written from the repository root (this build's `qsyncc` first on
-/// `PATH`): the generator and `inspect` succeed, and the plan is refused
-/// with the very words the page quotes.
+/// `PATH`): the generator and `inspect` succeed, the 7B plans sharded with
+/// the per-device state the page works out, and the four-T4 plan is refused
+/// with the words the page quotes.
 #[test]
 fn the_documented_llama_commands_run_as_written() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let page = std::fs::read_to_string(root.join("docs/planner.md")).expect("docs/planner.md");
+    let flat = page.split_whitespace().collect::<Vec<_>>().join(" ");
     let block = page.split("<!-- llama-commands -->").nth(1).expect("docs/planner.md: the llama-commands marker");
-    let block = block.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("a ```sh block after the marker");
+    let block =
+        block.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("a ```sh block after the marker");
     let cmds: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(cmds.len(), 3, "generate, inspect, plan: {cmds:?}");
+    assert_eq!(cmds.len(), 4, "generate, inspect, plan, refused plan: {cmds:?}");
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_qsyncc"));
     let path = format!("{}:{}", bin.parent().expect("bin dir").display(), std::env::var("PATH").unwrap_or_default());
-    let mut outputs = Vec::new();
-    for cmd in &cmds {
-        let o = Command::new("sh").args(["-c", cmd]).current_dir(&root).env("PATH", &path).output().expect("sh");
-        outputs.push(o);
-    }
-    for (cmd, o) in cmds.iter().zip(&outputs).take(2) {
+    let outputs: Vec<_> = cmds
+        .iter()
+        .map(|cmd| Command::new("sh").args(["-c", cmd]).current_dir(&root).env("PATH", &path).output().expect("sh"))
+        .collect();
+    for (cmd, o) in cmds.iter().zip(&outputs).take(3) {
         assert!(o.status.success(), "`{cmd}`: {}", stderr(o));
     }
     let inspect = String::from_utf8_lossy(&outputs[1].stdout);
     assert!(inspect.contains("parameters  6738415680 "), "`{}` counts the 7B's parameters: {inspect}", cmds[1]);
-    let (plan, err) = (&outputs[2], stderr(&outputs[2]));
-    assert!(!plan.status.success(), "`{}` now plans: update docs/planner.md, which says it is refused", cmds[2]);
-    let quoted = "a100-80gb needs 126.35 GiB at int8, 80.00 GiB available; t4 needs 126.35 GiB";
-    let flat = page.split_whitespace().collect::<Vec<_>>().join(" ");
+
+    // Sharded over 24 devices: 16 bytes a parameter each, split evenly.
+    let said = String::from_utf8_lossy(&outputs[2].stdout);
+    assert!(said.contains("chosen: sharded"), "`{}`: {said}", cmds[2]);
+    assert_eq!(16 * 6_738_415_680u64 / 24, 4_492_277_120);
+    assert!(flat.contains("16 · 6,738,415,680 / 24 = 4,492,277,120 bytes each"), "the page works the state out");
+    let manifest = check_plan_dir(&root.join("target/llama/plan-7b"));
+    for (name, dev) in manifest["sharding"]["devices"].as_object().expect("sharding.devices") {
+        let state = dev["memory"]["sharded_state"].as_f64().expect("sharded_state");
+        assert_eq!(state, 4_492_277_120.0, "{name}'s sharded state");
+    }
+
+    let (refused, err) = (&outputs[3], stderr(&outputs[3]));
+    assert!(!refused.status.success(), "`{}` now plans: update docs/planner.md, which says it is refused", cmds[3]);
+    let quoted = "sharded (FSDP, ZeRO++, activation checkpointing) the smallest memory it needs is 29.05 GiB on each t4 against 16.00 GiB available";
     assert!(flat.contains(quoted), "docs/planner.md quotes the refusal `{quoted}`");
-    assert!(err.contains("does not fit") && err.contains(quoted), "`{}`: the refusal docs/planner.md quotes, got: {err}", cmds[2]);
+    assert!(err.contains(quoted), "`{}`: the refusal docs/planner.md quotes, got: {err}", cmds[3]);
 }
