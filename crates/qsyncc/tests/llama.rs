@@ -81,6 +81,10 @@ fn generated_llamas_have_the_published_parameter_counts_and_verify() {
         ]);
         assert!(o.status.success(), "{size}: opt --passes infer-shapes,verify: {}", stderr(&o));
     }
+    // The 7B by hand: 2·32000·4096 + 32·(2·4096² + 2·4096·32·128 + 3·4096·11008
+    // + 2·4096) + 4096 + 128/2 = 262,144,000 + 32·202,383,360 + 4,160.
+    assert_eq!(262_144_000 + 32 * 202_383_360 + 4_160, 6_738_415_680u64);
+    assert_eq!(llama_parameters(4096, 32, 32, 32, 11008, 32000), 6_738_415_680);
     // Deterministic: the same arguments give the same bytes.
     // (The file name is an argument: the external data is `NAME.data`.)
     let (a, b) = (dir.join("a/gqa.onnx"), dir.join("b/gqa.onnx"));
