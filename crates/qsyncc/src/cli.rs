@@ -29,8 +29,8 @@ Examples:
   qsyncc plan resnet50_train.onnx --targets v100:16,t4:16 --memory t4=30% --precisions fp32,fp16 -o plan/
   qsyncc plan model.onnx --targets v100:4,t4:4 --emit onnx,mlir,ptx --sync auto -o plan/
 
-The plan directory holds manifest.json (schema qsync-plan/3, described by
-crates/qsyncc/schema/qsync-plan-3.schema.json), report.md, timeline.json and
+The plan directory holds manifest.json (schema qsync-plan/4, described by
+crates/qsyncc/schema/qsync-plan-4.schema.json), report.md, timeline.json and
 one <device>/ directory per device type (model.onnx, plan.json, and the
 --emit files).";
 
