@@ -220,13 +220,12 @@ multiversion! {
 fn pack_codes<const B: usize>(x: &[f32], mn: f32, inv: f32, rounding: Rounding, seed: u64, out: &mut [u8]) {
     let per = 8 / B;
     let top = ((1u32 << B) - 1) as f32;
-    let mut codes = vec![0u8; x.len()];
-    for ((c, &v), i) in codes.iter_mut().zip(x).zip(0u64..) {
-        *c = code_int((v - mn) * inv, 0.0, top, rounding, seed, i) as u8;
-    }
-    for (o, cs) in out.iter_mut().zip(codes.chunks(per)) {
+    // Codes are packed as they are computed: no intermediate buffer the
+    // size of `x` (a fresh one per call costs its page faults).
+    for ((o, xs), k) in out.iter_mut().zip(x.chunks(per)).zip(0u64..) {
         let mut acc = 0u8;
-        for (l, &c) in cs.iter().enumerate() {
+        for ((l, &v), i) in xs.iter().enumerate().zip(k * per as u64..) {
+            let c = code_int((v - mn) * inv, 0.0, top, rounding, seed, i) as u8;
             acc |= c << (8 - B * (l + 1));
         }
         *o = acc;

@@ -104,8 +104,6 @@ impl Quantizer {
     pub fn accumulate(&self, eng: &dyn KernelEngine, blocks: &[&[u8]], out: &mut [f32]) -> Result<(), DecodeError> {
         let m = out.len();
         let (ng, nc) = (groups(m, self.group), code_bytes(m, self.bits));
-        let mut scales = Vec::with_capacity(ng * blocks.len());
-        let mut codes = Vec::with_capacity(nc * blocks.len());
         for (j, b) in blocks.iter().enumerate() {
             if b.len() != 4 * ng + nc {
                 return Err(DecodeError::Malformed(format!(
@@ -114,17 +112,30 @@ impl Quantizer {
                     4 * ng + nc
                 )));
             }
-            scales.extend(b[..4 * ng].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
-            codes.extend_from_slice(&b[4 * ng..]);
         }
-        eng.dequant_accumulate(&codes, &scales, m, self.group.max(1), blocks.len(), self.bits, out)?;
+        // One block at a time, in order: the kernel adds block after block
+        // into `out` element by element, so this is the same sum as one call
+        // over all of them, without copying every block's codes into one
+        // buffer first.
+        let mut scales = Vec::with_capacity(ng);
+        for b in blocks {
+            scales.clear();
+            scales.extend(b[..4 * ng].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            eng.dequant_accumulate(&b[4 * ng..], &scales, m, self.group.max(1), 1, self.bits, out)?;
+        }
         Ok(())
+    }
+
+    /// Writes the values `block` stands for into `out` (`out.len()` of them).
+    pub fn decode_into(&self, eng: &dyn KernelEngine, block: &[u8], out: &mut [f32]) -> Result<(), DecodeError> {
+        out.fill(0.0);
+        self.accumulate(eng, &[block], out)
     }
 
     /// The values one block stands for.
     pub fn decode(&self, eng: &dyn KernelEngine, block: &[u8], m: usize) -> Result<Vec<f32>, DecodeError> {
         let mut out = vec![0f32; m];
-        self.accumulate(eng, &[block], &mut out)?;
+        self.decode_into(eng, block, &mut out)?;
         Ok(out)
     }
 }

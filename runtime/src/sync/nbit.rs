@@ -59,6 +59,7 @@ impl GradSync<'_> {
                 *r = if e.is_finite() { e } else { 0.0 };
             }
         }
+        drop(x);
         let len = packed.len();
         self.charge(Phase::Quantize, t);
         let t = Instant::now();
@@ -66,15 +67,16 @@ impl GradSync<'_> {
         self.charge(Phase::Exchange, t);
         self.count(Hop::World, &vec![len; p]);
         let t = Instant::now();
-        let mut acc = vec![0f32; n];
+        // Summed in place: the gradient's own buffer is the accumulator (a
+        // fresh one the size of the gradient would cost its page faults at
+        // every call).
+        grad.fill(0.0);
         for j in 0..p {
-            eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, &mut acc)
+            eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, grad)
                 .map_err(|e| self.decode_error(j, e))?;
         }
         let pf = p as f32;
-        for (g, a) in grad.iter_mut().zip(acc) {
-            *g = a / pf;
-        }
+        grad.iter_mut().for_each(|g| *g /= pf);
         self.charge(Phase::Dequantize, t);
         Ok(())
     }

@@ -184,18 +184,18 @@ impl GradSync<'_> {
         let t = Instant::now();
 
         // Node partials of the shards this rank handles, concatenated.
-        let mut partial = Vec::with_capacity(mine.iter().map(|&s| sh[s].len()).sum());
-        let mut offset = 0;
+        let mut partial = vec![0f32; mine.iter().map(|&s| sh[s].len()).sum()];
+        let (mut offset, mut at) = (0, 0);
         for &s in &mine {
             let (m, len) = (sh[s].len(), q1.block_len(sh[s].len()));
             let blocks: Vec<&[u8]> =
                 (0..per_node).map(|i| &recv[i * per_peer + offset..i * per_peer + offset + len]).collect();
-            let mut acc = vec![0f32; m];
             if m > 0 {
-                q1.accumulate(&*eng, &blocks, &mut acc).map_err(|e| self.decode_error(per_node, e))?;
+                q1.accumulate(&*eng, &blocks, &mut partial[at..at + m])
+                    .map_err(|e| self.decode_error(per_node, e))?;
             }
-            partial.extend_from_slice(&acc);
             offset += len;
+            at += m;
         }
 
         self.charge(Phase::Dequantize, t);
@@ -294,9 +294,8 @@ impl GradSync<'_> {
                 let t = Instant::now();
                 let mut at = 0;
                 for (j, range) in sh.iter().enumerate() {
-                    let vals =
-                        q.decode(&*eng, &all[at..at + counts[j]], range.len()).map_err(|e| self.decode_error(j, e))?;
-                    out[range.clone()].copy_from_slice(&vals);
+                    q.decode_into(&*eng, &all[at..at + counts[j]], &mut out[range.clone()])
+                        .map_err(|e| self.decode_error(j, e))?;
                     at += counts[j];
                 }
                 self.charge(Phase::Dequantize, t);
