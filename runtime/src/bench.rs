@@ -86,6 +86,11 @@ pub struct BenchReport {
     pub phases: PhaseReport,
     /// Per phase, the largest of every rank's mean.
     pub phases_max: PhaseReport,
+    /// Minor page faults per timed synchronization, the largest over ranks
+    /// (`None` where the kernel does not count them): memory the scheme
+    /// touched for the first time — a fresh buffer the size of the gradient
+    /// costs its pages at every call.
+    pub page_faults_per_sync: Option<f64>,
 }
 
 /// [`Phases`] of one mean iteration, with the unaccounted rest.
@@ -204,19 +209,23 @@ pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport,
     let mut sync = GradSync::new(comm, cfg.clone())?;
     let mut buf = vec![0f32; n];
     let mut times = Vec::with_capacity(opts.iterations);
+    let mut faults = Some(0u64);
     for it in 0..opts.warmup + opts.iterations {
         buf.copy_from_slice(&grad);
         comm.barrier(deadline())?;
         if it == opts.warmup {
             sync.reset_phases();
         }
+        let f0 = minor_faults();
         let t0 = Instant::now();
         sync.all_reduce_mean(&mut buf)?;
         comm.barrier(deadline())?;
         if it >= opts.warmup {
             times.push(t0.elapsed().as_secs_f64());
+            faults = faults.zip(f0.zip(minor_faults())).map(|(sum, (a, b))| sum + b.saturating_sub(a));
         }
     }
+    let faults_all = gather_u64(comm, faults.unwrap_or(u64::MAX), deadline())?;
     let iters = opts.iterations as f64;
     let mean_time = times.iter().sum::<f64>() / iters;
     let phases = PhaseReport::new(sync.phases().scaled(1.0 / iters), mean_time);
@@ -265,7 +274,20 @@ pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport,
         f32_allreduce_seconds: median(f32_times),
         phases,
         phases_max,
+        page_faults_per_sync: if faults_all.contains(&u64::MAX) {
+            None
+        } else {
+            faults_all.iter().max().map(|&f| f as f64 / opts.iterations.max(1) as f64)
+        },
     })
+}
+
+/// This process's minor page faults so far (`/proc/self/stat`'s tenth
+/// field; `None` where there is no such file).
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces: count after its `)`.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(7)?.parse().ok()
 }
 
 /// Default deadline for the benchmark's calls.

@@ -17,8 +17,9 @@
 //! The schemes' element-wise kernels run on a [`KernelEngine`]: the CPU
 //! reference, or our PTX kernels on the GPU (`cuda.rs`).
 //!
-//! Only the backends (`mpi.rs`, `nccl.rs`) and the PTX launcher (`cuda.rs`)
-//! contain `unsafe` (foreign calls); everything else is safe Rust.
+//! Only the backends (`mpi.rs`, `nccl.rs`), the PTX launcher (`cuda.rs`)
+//! and the allocator setting (`memory.rs`) contain `unsafe` (foreign
+//! calls); everything else is safe Rust.
 
 #![deny(unsafe_code)]
 
@@ -30,6 +31,8 @@ pub mod cuda;
 pub mod engine;
 pub mod error;
 pub mod fault;
+#[cfg(feature = "mpi")]
+pub mod memory;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "nccl")]

@@ -76,6 +76,9 @@ fn on_rank(world: &dyn qsync_runtime::Communicator, args: &SyncBenchArgs, c: Col
 
 #[cfg(feature = "mpi")]
 fn run_mpi(args: &SyncBenchArgs, c: Collective) -> Result<Option<String>> {
+    if !args.fresh_memory {
+        qsync_runtime::memory::retain_freed_memory();
+    }
     let world = qsync_runtime::mpi::MpiComm::init()?;
     on_rank(&world, args, c)
 }

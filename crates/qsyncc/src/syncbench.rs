@@ -80,6 +80,12 @@ pub struct SyncBenchArgs {
     /// the scheme's bytes: for counting what crosses the links).
     #[arg(long)]
     pub skip_f32: bool,
+    /// Leave the C allocator as it is. By default the benchmark keeps freed
+    /// memory in the process (`qsync_runtime::memory`), so every scheme
+    /// reuses its buffers; this measures a process that does not, paying
+    /// fresh pages at every call (see `page_faults_per_sync`).
+    #[arg(long)]
+    pub fresh_memory: bool,
 }
 
 /// `4096`, `64K`, `16M`, `1G` (binary multiples).
@@ -135,7 +141,7 @@ fn render(r: &qsync_runtime::bench::BenchReport, json: bool) -> Result<String> {
     let (a, m) = (&r.phases, &r.phases_max);
     let phases = format!(
         "phases per iteration, rank 0 (max over ranks): quantize {:.4} ({:.4}) s, exchange {:.4} ({:.4}) s, \
-         wait {:.4} ({:.4}) s, dequantize {:.4} ({:.4}) s, other {:.4} ({:.4}) s\n",
+         wait {:.4} ({:.4}) s, dequantize {:.4} ({:.4}) s, other {:.4} ({:.4}) s\n{}",
         a.quantize_s,
         m.quantize_s,
         a.exchange_s,
@@ -146,6 +152,10 @@ fn render(r: &qsync_runtime::bench::BenchReport, json: bool) -> Result<String> {
         m.dequantize_s,
         a.other_s,
         m.other_s,
+        match r.page_faults_per_sync {
+            Some(f) => format!("page faults per synchronization (max over ranks): {f:.0} ({:.1} MiB first touched)\n", f * 4096.0 / (1 << 20) as f64),
+            None => String::new(),
+        },
     );
     Ok(format!(
         "scheme {} on {} ranks ({} nodes, {}), {} bytes ({} f32), group {}, gather {}\n\
@@ -198,6 +208,9 @@ pub fn run(args: &SyncBenchArgs) -> Result<Option<String>> {
 
 #[cfg(feature = "mpi")]
 fn run_mpi(args: &SyncBenchArgs, opts: &BenchOptions) -> Result<Option<String>> {
+    if !args.fresh_memory {
+        qsync_runtime::memory::retain_freed_memory();
+    }
     let world = qsync_runtime::mpi::MpiComm::init()?;
     on_rank(&world, opts, args.json)
 }

@@ -167,3 +167,28 @@ fn nccl_backend_without_cuda_exits_2() {
         }
     }
 }
+
+/// A synchronization reuses its buffers: in steady state it touches no
+/// fresh memory. The same job with `--fresh-memory` (the C allocator left
+/// as it is) pays pages at every call, which shows the count sees them.
+/// Page faults are counted by the kernel, not timed.
+#[test]
+fn steady_state_synchronization_touches_no_fresh_memory() {
+    let bytes: usize = 64 << 20;
+    let pages = (bytes / 4096) as f64;
+    let faults = |extra: &[&str]| {
+        let mut args = vec!["--scheme", "qgz-int8-hier", "--bytes", "64M", "--nodes", "2", "--iterations", "3"];
+        args.extend(["--warmup", "2", "--json", "--skip-f32"]);
+        args.extend(extra);
+        let (out, _) = mpirun(4, &args, Duration::from_secs(240));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        let line = stdout.lines().find(|l| l.starts_with('{')).expect("rank 0's JSON report");
+        let v: serde_json::Value = serde_json::from_str(line).expect("JSON report");
+        f(&v, "page_faults_per_sync")
+    };
+    let retained = faults(&[]);
+    let fresh = faults(&["--fresh-memory"]);
+    assert!(retained <= 0.01 * pages, "{retained} page faults a synchronization of {pages} gradient pages");
+    assert!(fresh >= 0.5 * pages, "--fresh-memory: only {fresh} page faults a synchronization of {pages} pages");
+}
