@@ -1105,12 +1105,22 @@ pub fn allocate(
     let (mut chosen, mut chosen_eval) = choose(opts, &up, &dbs, &greedy, &ours, &joint, t_min, bound, dominates);
     let gap = optimality_gap(&cx, &cls, &up_plans, qsync_t_min, ours.indicator_sum, opts)?;
     lap("optimality gap", &mut phases);
-    // Sharding replaces the DDP plan only where it is predicted faster at
-    // no larger indicator sum (QSync's own method stays as published).
+    // The FSDP baselines join UP and DBS under the floor: where one beats
+    // every DDP plan, the plan is sharded. Otherwise sharding replaces the
+    // DDP plan only where it is predicted faster at no larger indicator sum
+    // (QSync's own method stays as published).
     progress("sharded training (FSDP, ZeRO++)");
     let sharded = cx.sharded()?;
+    let fsdp_floor =
+        [&sharded.fsdp, &sharded.fsdp_dbs].into_iter().flatten().map(|e| e.eval.samples_per_s).fold(0.0, f64::max);
+    let mut t_min = t_min;
     if opts.method != Method::Qsync {
-        if let Some((k, e)) = sharded_choice(&sharded, Some(&chosen_eval)) {
+        if opts.t_min == TMin::Best {
+            t_min = t_min.max(fsdp_floor);
+        }
+        let below = chosen_eval.samples_per_s < fsdp_floor * (1.0 - 1e-9);
+        let replace = if below { sharded_choice(&sharded, None) } else { sharded_choice(&sharded, Some(&chosen_eval)) };
+        if let Some((k, e)) = replace {
             chosen = k.to_string();
             chosen_eval = e;
         }

@@ -265,7 +265,7 @@ pub fn report(model: &str, out: &Outcome, warnings: &[String]) -> String {
     let _ = writeln!(s, "{}\n", INDICATOR_PARAGRAPH);
     let _ = writeln!(s, "{}", table(out));
     let floor_rule = match out.t_min_rule {
-        qsync_planner::TMin::Best => "the best baseline, max(UP, DBS)",
+        qsync_planner::TMin::Best => "the best baseline, max(UP, DBS, FSDP, FSDP-DBS)",
         qsync_planner::TMin::Lowest => "the lowest uniform precision that fits",
         qsync_planner::TMin::Fastest => "UP's throughput",
     };
