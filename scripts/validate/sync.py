@@ -132,21 +132,23 @@ else:
 """
 
 
-def bulk_both_ways(ns, addr, flows, nbytes, port0):
+def bulk_both_ways(ns, addr, flows, nbytes, port0, pin=None):
     """GB/s one way while `flows` TCP streams run each way between two
-    nodes at once (as the ranks of an all-reduce do): the slower direction."""
+    nodes at once (as the ranks of an all-reduce do): the slower direction.
+    `pin[i]`: the CPU list node i's processes run on (`taskset -c`)."""
     procs, clients = [], []
+    cpu = lambda i: ["taskset", "-c", pin[i]] if pin else []
     for i in range(flows):
         for a, b in ((0, 1), (1, 0)):
             port = port0 + 2 * i + a
-            procs.append(subprocess.Popen(["ip", "netns", "exec", ns[b], sys.executable, "-c", BULK, "serve",
-                                           addr[b], str(port), str(nbytes)]))
+            procs.append(subprocess.Popen(["ip", "netns", "exec", ns[b]] + cpu(b) + [sys.executable, "-c", BULK,
+                                           "serve", addr[b], str(port), str(nbytes)]))
     time.sleep(0.3)
     for i in range(flows):
         for a, b in ((0, 1), (1, 0)):
             port = port0 + 2 * i + a
-            clients.append(((a, b), subprocess.Popen(["ip", "netns", "exec", ns[a], sys.executable, "-c", BULK,
-                                                      "client", addr[b], str(port), str(nbytes)],
+            clients.append(((a, b), subprocess.Popen(["ip", "netns", "exec", ns[a]] + cpu(a) + [sys.executable, "-c",
+                                                      BULK, "client", addr[b], str(port), str(nbytes)],
                                                      stdout=subprocess.PIPE, text=True)))
     worst = {}
     for (a, b), c in clients:
@@ -171,6 +173,30 @@ def measure_links(ns, addr, rate, k):
     # model's to price (the host's TCP cost and cores), not the link's.
     return {"gbit": gbit, "nic_gbit": gbit * TCP_PAYLOAD_SHARE, "both": both,
             "intra_lat": intra_lat, "intra_gb": intra_gb, "inter_lat": inter_lat, "inter_gb": inter_gb}
+
+
+def link_tcp_cost(a, nodes, k, cores):
+    """CPU seconds per byte the emulated link's stack costs a node, sender
+    and receiver together: `k` TCP streams each way between two nodes on a
+    link far faster than the CPU can feed (40 Gbit/s), each node's
+    processes pinned to its own cores, as the ranks are. Each node's cores
+    then send and receive every byte of its streams, so
+    seconds per byte = cores / (bytes per second one way). On a veth pair
+    through a bridge and a token bucket this is several times the cost of
+    loopback, which `host-kernels` measures."""
+    rate = "40gbit"
+    sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+    sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", "0",
+        "--prefix", a.prefix, "--subnet", a.subnet])
+    try:
+        ns = [f"{a.prefix}{i}" for i in range(nodes)]
+        addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
+        pin = [f"{i * cores}-{(i + 1) * cores - 1}" for i in range(nodes)]
+        runs = [bulk_both_ways(ns, addr, k, 256 << 20, 49000 + os.getpid() % 1000 + 20 * r, pin) for r in range(3)]
+    finally:
+        subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+    best = max(runs)
+    return cores / (best * 1e9), best, rate
 
 
 def cluster_toml(name, gpu, nodes, k, rate, m, cores):
@@ -233,6 +259,20 @@ def main():
                                        "intra_node", "network_gbit_s", "launch_overhead_us", "workspace_bytes",
                                        "efficiency"]}
     json.dump(dev, open(device_file, "w"), indent=1)
+    # The host's kernels as measured on one core, with the stack's cost per
+    # byte measured across the emulated link rather than over loopback.
+    tcp_r, tcp_gb, tcp_rate = link_tcp_cost(a, nodes, k, cores)
+    hk = json.load(open(host_file))
+    loopback = hk["kernels"]["tcp_r"]
+    hk["kernels"]["tcp_r"] = tcp_r
+    hk.setdefault("sources", {})["tcp_r"] = (
+        f"scripts/validate/sync.py: {k} TCP streams each way between 2 emulated nodes on a {tcp_rate} link, each "
+        f"node pinned to {cores} core(s), carried {tcp_gb * 8:.3f} Gbit/s a direction (best of 3), so "
+        f"{cores} / that rate = {tcp_r * 1e9:.3f} ns a byte; over loopback host-kernels measured {loopback * 1e9:.3f}")
+    host_file = os.path.join(a.out, "host-kernels-link.json")
+    json.dump(hk, open(host_file, "w"), indent=1)
+    print(f"validate: the emulated link's TCP stack costs {tcp_r * 1e9:.3f} ns a byte a node "
+          f"(loopback: {loopback * 1e9:.3f})", file=sys.stderr, flush=True)
     for rate in a.rates.split(","):
         sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
         sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", a.delay_ms,

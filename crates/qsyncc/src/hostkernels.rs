@@ -56,6 +56,10 @@ pub struct HostKernelsFile {
     pub kernels: SyncKernels,
     /// Seconds measured per kernel and size (medians), for the record.
     pub measured_s: std::collections::BTreeMap<String, [f64; 2]>,
+    /// Where a figure comes from when something other than this command
+    /// measured it (e.g. `tcp_r` measured across a real link), by field.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sources: std::collections::BTreeMap<String, String>,
 }
 
 /// Read a `--host-kernels` file.
@@ -312,6 +316,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             tcp_r: Some(tcp_r),
         },
         measured_s: measured,
+        sources: Default::default(),
     };
     let text = serde_json::to_string_pretty(&file)? + "\n";
     std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
