@@ -31,7 +31,6 @@ pub mod cuda;
 pub mod engine;
 pub mod error;
 pub mod fault;
-#[cfg(feature = "mpi")]
 pub mod memory;
 #[cfg(feature = "mpi")]
 pub mod mpi;

@@ -242,8 +242,9 @@ def main():
     cores = max(1, (os.cpu_count() or 1) // nodes)
     host_file = os.path.join(a.out, "host-kernels-1core.json")
     # One thread on one core: the model shares a node's cores among its
-    # ranks, whose work is pinned to them.
-    sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "-o", host_file])
+    # ranks, whose work is pinned to them. 16 Mi elements (64 MiB of f32):
+    # buffers beyond the cache, as the larger gradients' are.
+    sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(16 << 20), "-o", host_file])
     device_file = os.path.join(a.out, "cpu-device.json")
     # The emulated nodes' device: this CPU, described as a qsync device
     # (only its network and kernels matter to a synchronization).

@@ -276,6 +276,10 @@ fn tcp_cost(bytes: usize, repeats: u32) -> Result<f64> {
 
 /// Measure and write; returns the text for stdout.
 pub fn run(a: &HostKernelsArgs) -> Result<String> {
+    // As `sync-bench` runs the schemes: buffers reused, not page-faulted
+    // anew at every call (a kernel returning a fresh 32 MiB vector would
+    // otherwise be timed with its page faults).
+    qsync_runtime::memory::retain_freed_memory();
     let big = a.elements as usize;
     let small = (big / 16).max(1024);
     let mut measured = std::collections::BTreeMap::new();
