@@ -44,7 +44,10 @@ fn llama_parameters(d: u64, layers: u64, heads: u64, kv: u64, f: u64, v: u64) ->
 
 /// (size, its configuration, the published parameter count of the model it
 /// copies: Sheared-LLaMA-1.3B, Sheared-LLaMA-2.7B, Llama 2 7B).
-const SIZES: [(&str, (u64, u64, u64, u64, u64, u64), u64); 3] = [
+/// (hidden, layers, heads, kv heads, ffn, vocab).
+type Config = (u64, u64, u64, u64, u64, u64);
+
+const SIZES: [(&str, Config, u64); 3] = [
     ("1.3b", (2048, 24, 16, 16, 5504, 32000), 1_345_423_360),
     ("2.7b", (2560, 32, 20, 20, 6912, 32000), 2_701_560_320),
     ("7b", (4096, 32, 32, 32, 11008, 32000), 6_738_415_616),
@@ -101,7 +104,7 @@ fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
