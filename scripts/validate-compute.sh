@@ -39,6 +39,15 @@ CMD="scripts/validate-compute.sh${1:+ $1}"
 # either is descheduled; one thread is timed steadily. The device file
 # describes that one core. QSYNC_THREADS overrides.
 export OMP_NUM_THREADS=${QSYNC_THREADS:-1} MKL_NUM_THREADS=${QSYNC_THREADS:-1}
+# glibc keeps freed memory in the process (no mmap for large blocks, no
+# heap trimming), as PyTorch's CPU performance guides have users do with
+# jemalloc or tcmalloc: otherwise every large tensor (activations, AdamW's
+# temporaries) is page-faulted anew at every step in some processes and not
+# in others, by 3 us a page on this machine. Both the per-op profile and
+# the measured iterations run so. QSYNC_MALLOC=system leaves glibc as it is.
+if [ "${QSYNC_MALLOC:-retain}" = retain ]; then
+  export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647
+fi
 [ -x "$PY" ] || { echo "error: $PY not found (set PYTHON to a python with torch, torchvision, transformers, onnx)" >&2; exit 2; }
 if [ -n "${QSYNCC:-}" ]; then Q=$QSYNCC; else cargo build -q -p qsyncc --features full; Q=target/debug/qsyncc; fi
 mkdir -p "$DIR/models"
