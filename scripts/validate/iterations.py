@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
 sys.path.insert(0, HERE)
-from sync import cluster_toml, measure_links, sh  # noqa: E402
+from sync import cluster_toml, host_kernels, measure_links, sh  # noqa: E402
 
 
 
@@ -56,9 +56,7 @@ def main():
     venv_bin = os.path.dirname(a.python)
     torchrun = os.path.join(venv_bin, "torchrun")
     cores = max(1, (os.cpu_count() or 1) // nodes)
-    host_file = os.path.join(a.out, "host-kernels-1core.json")
-    if not os.path.exists(host_file):
-        sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "-o", host_file])
+    host_file = host_kernels(a, nodes, k, cores)
     cpu = os.path.join(a.out, "cpu.json")
     if not os.path.exists(cpu):
         sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"])

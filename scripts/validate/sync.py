@@ -199,6 +199,30 @@ def link_tcp_cost(a, nodes, k, cores):
     return cores / (best * 1e9), best, rate
 
 
+def host_kernels(a, nodes, k, cores):
+    """The host-kernels file the model is given: the runtime's kernels
+    measured on one core, with the TCP stack's cost per byte measured across
+    the emulated link (`link_tcp_cost`) rather than over loopback."""
+    host_file = os.path.join(a.out, "host-kernels-1core.json")
+    # One thread on one core: the model shares a node's cores among its
+    # ranks, whose work is pinned to them. 16 Mi elements (64 MiB of f32):
+    # buffers beyond the cache, as the larger gradients' are.
+    sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(16 << 20), "-o", host_file])
+    tcp_r, tcp_gb, tcp_rate = link_tcp_cost(a, nodes, k, cores)
+    hk = json.load(open(host_file))
+    loopback = hk["kernels"]["tcp_r"]
+    hk["kernels"]["tcp_r"] = tcp_r
+    hk.setdefault("sources", {})["tcp_r"] = (
+        f"scripts/validate/sync.py: {k} TCP streams each way between 2 emulated nodes on a {tcp_rate} link, each "
+        f"node pinned to {cores} core(s), carried {tcp_gb * 8:.3f} Gbit/s a direction (best of 3), so "
+        f"{cores} / that rate = {tcp_r * 1e9:.3f} ns a byte; over loopback host-kernels measured {loopback * 1e9:.3f}")
+    host_file = os.path.join(a.out, "host-kernels-link.json")
+    json.dump(hk, open(host_file, "w"), indent=1)
+    print(f"validate: the emulated link's TCP stack costs {tcp_r * 1e9:.3f} ns a byte a node "
+          f"(loopback: {loopback * 1e9:.3f})", file=sys.stderr, flush=True)
+    return host_file
+
+
 def cluster_toml(name, gpu, nodes, k, rate, m, cores):
     """A cluster file of the emulated cluster, every figure with its source."""
     return f"""# The emulated cluster of scripts/netcluster.sh at {rate}, as measured by scripts/validate/sync.py.
@@ -240,11 +264,7 @@ def main():
     nodes, k = 2, a.ranks_per_node
     out = open(os.path.join(a.out, "sync.jsonl"), "w")
     cores = max(1, (os.cpu_count() or 1) // nodes)
-    host_file = os.path.join(a.out, "host-kernels-1core.json")
-    # One thread on one core: the model shares a node's cores among its
-    # ranks, whose work is pinned to them. 16 Mi elements (64 MiB of f32):
-    # buffers beyond the cache, as the larger gradients' are.
-    sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(16 << 20), "-o", host_file])
+    host_file = host_kernels(a, nodes, k, cores)
     device_file = os.path.join(a.out, "cpu-device.json")
     # The emulated nodes' device: this CPU, described as a qsync device
     # (only its network and kernels matter to a synchronization).
@@ -260,20 +280,6 @@ def main():
                                        "intra_node", "network_gbit_s", "launch_overhead_us", "workspace_bytes",
                                        "efficiency"]}
     json.dump(dev, open(device_file, "w"), indent=1)
-    # The host's kernels as measured on one core, with the stack's cost per
-    # byte measured across the emulated link rather than over loopback.
-    tcp_r, tcp_gb, tcp_rate = link_tcp_cost(a, nodes, k, cores)
-    hk = json.load(open(host_file))
-    loopback = hk["kernels"]["tcp_r"]
-    hk["kernels"]["tcp_r"] = tcp_r
-    hk.setdefault("sources", {})["tcp_r"] = (
-        f"scripts/validate/sync.py: {k} TCP streams each way between 2 emulated nodes on a {tcp_rate} link, each "
-        f"node pinned to {cores} core(s), carried {tcp_gb * 8:.3f} Gbit/s a direction (best of 3), so "
-        f"{cores} / that rate = {tcp_r * 1e9:.3f} ns a byte; over loopback host-kernels measured {loopback * 1e9:.3f}")
-    host_file = os.path.join(a.out, "host-kernels-link.json")
-    json.dump(hk, open(host_file, "w"), indent=1)
-    print(f"validate: the emulated link's TCP stack costs {tcp_r * 1e9:.3f} ns a byte a node "
-          f"(loopback: {loopback * 1e9:.3f})", file=sys.stderr, flush=True)
     for rate in a.rates.split(","):
         sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
         sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", a.delay_ms,
