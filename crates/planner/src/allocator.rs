@@ -655,6 +655,9 @@ impl<'g> Ctx<'g> {
         };
         let fits = |e: &Eval| e.types.iter().all(|d| d.fits);
         let (lo, hi) = self.batch_bounds;
+        // The type alone sharded, at the whole per-device batch (where DDP
+        // does not hold it, against DDP's accumulation below).
+        let mut sharded = None;
         let micro = if lo == hi {
             // The graph fixes its batch: accumulate at it.
             let e = try_micro(lo)?;
@@ -669,15 +672,12 @@ impl<'g> Ctx<'g> {
             // faster of the two, so that the comparison is like for like.
             let mut tg = target.clone();
             tg.local_batch = top;
-            let sharded = self.alone_sharded(t, tg, &name)?;
+            sharded = self.alone_sharded(t, tg, &name)?;
             if fits(&e) {
                 return Ok(Some(match sharded {
                     Some(s) if s.samples_per_s > e.samples_per_s => s,
                     _ => e,
                 }));
-            }
-            if sharded.is_some() {
-                return Ok(sharded);
             }
             // Largest micro-batch in [lo, top) that fits.
             let (mut good, mut bad) = (None, top);
@@ -693,14 +693,14 @@ impl<'g> Ctx<'g> {
             }
             match good {
                 Some(g) => g,
-                None => return Ok(None),
+                None => return Ok(sharded),
             }
         };
         let k = per_device.div_ceil(micro.max(1)).max(1);
         let micro = per_device.div_ceil(k).max(lo);
         let mut e = try_micro(micro)?;
         if !fits(&e) {
-            return Ok(None);
+            return Ok(sharded);
         }
         if k > 1 {
             let extra_ms: f64 = e.types.iter().map(|d| d.backward_end_ms).fold(0.0, f64::max) * f64::from(k - 1);
@@ -712,7 +712,10 @@ impl<'g> Ctx<'g> {
                 d.finish_ms += extra_ms;
             }
         }
-        Ok(Some(e))
+        Ok(Some(match sharded {
+            Some(s) if s.samples_per_s > e.samples_per_s => s,
+            _ => e,
+        }))
     }
 
     /// Max-heap recovery (QSync Sec. V) on `pred`, in place. Returns (tried, kept).
