@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
 sys.path.insert(0, HERE)
-from sync import cluster_toml, host_kernels, measure_links, sh  # noqa: E402
+from sync import cluster_toml, host_kernels, measure_host, measure_links, sh  # noqa: E402
 
 
 
@@ -56,7 +56,8 @@ def main():
     venv_bin = os.path.dirname(a.python)
     torchrun = os.path.join(venv_bin, "torchrun")
     cores = max(1, (os.cpu_count() or 1) // nodes)
-    host_file = host_kernels(a, nodes, k, cores)
+    # Three measurements back to back; the model is given their medians.
+    host_file = host_kernels(a, nodes, k, cores, [measure_host(a, nodes, k, cores, i) for i in range(3)])
     cpu = os.path.join(a.out, "cpu.json")
     if not os.path.exists(cpu):
         sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"])

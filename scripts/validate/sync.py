@@ -199,27 +199,44 @@ def link_tcp_cost(a, nodes, k, cores):
     return cores / (best * 1e9), best, rate
 
 
-def host_kernels(a, nodes, k, cores):
-    """The host-kernels file the model is given: the runtime's kernels
-    measured on one core, with the TCP stack's cost per byte measured across
-    the emulated link (`link_tcp_cost`) rather than over loopback."""
-    host_file = os.path.join(a.out, "host-kernels-1core.json")
-    # One thread on one core: the model shares a node's cores among its
-    # ranks, whose work is pinned to them. 16 Mi elements (64 MiB of f32):
-    # buffers beyond the cache, as the larger gradients' are.
-    sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(16 << 20), "-o", host_file])
-    tcp_r, tcp_gb, tcp_rate = link_tcp_cost(a, nodes, k, cores)
-    hk = json.load(open(host_file))
+def measure_host(a, nodes, k, cores, i):
+    """One measurement of what the model is given about the host: the
+    runtime's kernels on one core (16 Mi elements, 64 MiB of f32: buffers
+    beyond the cache, as the larger gradients' are) and the TCP stack's
+    cost per byte across the emulated link (`link_tcp_cost`)."""
+    path = os.path.join(a.out, f"host-kernels-1core-{i}.json")
+    sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(16 << 20), "-o", path])
+    hk = json.load(open(path))
+    hk["link"] = link_tcp_cost(a, nodes, k, cores)
+    return hk
+
+
+def host_kernels(a, nodes, k, cores, measured):
+    """The host-kernels file the model is given: the median, field by field,
+    of `measured` (`measure_host`), taken at moments spread over the run —
+    this machine's single-core rates drift by up to 2x over minutes, so one
+    measurement taken before the runs does not describe them."""
+    med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2
+    hk = json.loads(json.dumps(measured[0]))
+    for f in hk["kernels"]:
+        hk["kernels"][f] = med([m["kernels"][f] for m in measured])
     loopback = hk["kernels"]["tcp_r"]
+    tcp = [m["link"] for m in measured]
+    tcp_r, tcp_rate = med([t[0] for t in tcp]), tcp[0][2]
     hk["kernels"]["tcp_r"] = tcp_r
+    del hk["link"]
     hk.setdefault("sources", {})["tcp_r"] = (
         f"scripts/validate/sync.py: {k} TCP streams each way between 2 emulated nodes on a {tcp_rate} link, each "
-        f"node pinned to {cores} core(s), carried {tcp_gb * 8:.3f} Gbit/s a direction (best of 3), so "
-        f"{cores} / that rate = {tcp_r * 1e9:.3f} ns a byte; over loopback host-kernels measured {loopback * 1e9:.3f}")
+        f"node pinned to {cores} core(s), carried {', '.join(f'{t[1] * 8:.3f}' for t in tcp)} Gbit/s a direction "
+        f"(best of 3, {len(tcp)} times over the run), so {cores} / that rate = {tcp_r * 1e9:.3f} ns a byte (median); "
+        f"over loopback host-kernels measured {loopback * 1e9:.3f}")
+    hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0 qsyncc host-kernels --threads 1 "
+                                f"--elements 16777216` runs spread over the validation run")
     host_file = os.path.join(a.out, "host-kernels-link.json")
     json.dump(hk, open(host_file, "w"), indent=1)
     print(f"validate: the emulated link's TCP stack costs {tcp_r * 1e9:.3f} ns a byte a node "
-          f"(loopback: {loopback * 1e9:.3f})", file=sys.stderr, flush=True)
+          f"(loopback: {loopback * 1e9:.3f}); kernels: median of {len(measured)} measurements", file=sys.stderr,
+          flush=True)
     return host_file
 
 
@@ -264,7 +281,7 @@ def main():
     nodes, k = 2, a.ranks_per_node
     out = open(os.path.join(a.out, "sync.jsonl"), "w")
     cores = max(1, (os.cpu_count() or 1) // nodes)
-    host_file = host_kernels(a, nodes, k, cores)
+    hosts = [measure_host(a, nodes, k, cores, 0)]
     device_file = os.path.join(a.out, "cpu-device.json")
     # The emulated nodes' device: this CPU, described as a qsync device
     # (only its network and kernels matter to a synchronization).
@@ -280,7 +297,10 @@ def main():
                                        "intra_node", "network_gbit_s", "launch_overhead_us", "workspace_bytes",
                                        "efficiency"]}
     json.dump(dev, open(device_file, "w"), indent=1)
-    for rate in a.rates.split(","):
+    rows = []
+    for i, rate in enumerate(a.rates.split(",")):
+        if i > 0:
+            hosts.append(measure_host(a, nodes, k, cores, len(hosts)))
         sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
         sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", a.delay_ms,
             "--prefix", a.prefix, "--subnet", a.subnet])
@@ -306,20 +326,24 @@ def main():
                         raise SystemExit(f"validate: sync-bench {scheme} {size} at {rate} failed:\n{r.stdout}\n{r.stderr}")
                     m = json.loads(line)
                     measured = m["f32_allreduce_seconds"] if scheme == "fp32" else m["seconds"]
-                    p = json.loads(sh([a.qsyncc, "simulate", "--cluster", cluster, "--device-file", device_file,
-                                       "--host-kernels", host_file, "--gradient", str(nbytes), "--sync", scheme, "--sync-path", "mpi",
-                                       "--json"]).stdout)
-                    predicted = p["seconds"]
-                    row = {"rate": rate, "size": size, "bytes": nbytes, "scheme": scheme, "ranks": nodes * k,
-                           "measured_s": measured, "predicted_s": predicted,
-                           "error": predicted / measured - 1.0,
-                           "phases": m.get("phases"), "wire_fraction": m.get("wire_fraction"),
-                           "bench_wall_s": round(time.time() - t0, 1)}
-                    print(json.dumps(row), file=out, flush=True)
-                    print(f"{rate:>7} {size:>4} {scheme:<14} measured {measured:8.4f} s  predicted {predicted:8.4f} s "
-                          f"({row['error']:+.1%})", file=sys.stderr, flush=True)
+                    rows.append({"rate": rate, "size": size, "bytes": nbytes, "scheme": scheme, "ranks": nodes * k,
+                                 "cluster": cluster, "measured_s": measured, "phases": m.get("phases"),
+                                 "wire_fraction": m.get("wire_fraction"), "bench_wall_s": round(time.time() - t0, 1)})
+                    print(f"{rate:>7} {size:>4} {scheme:<14} measured {measured:8.4f} s", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+    hosts.append(measure_host(a, nodes, k, cores, len(hosts)))
+    # Every cell predicted from the same host description: the medians.
+    host_file = host_kernels(a, nodes, k, cores, hosts)
+    for row in rows:
+        p = json.loads(sh([a.qsyncc, "simulate", "--cluster", row.pop("cluster"), "--device-file", device_file,
+                           "--host-kernels", host_file, "--gradient", str(row["bytes"]), "--sync", row["scheme"],
+                           "--sync-path", "mpi", "--json"]).stdout)
+        row["predicted_s"] = p["seconds"]
+        row["error"] = row["predicted_s"] / row["measured_s"] - 1.0
+        print(json.dumps(row), file=out, flush=True)
+        print(f"{row['rate']:>7} {row['size']:>4} {row['scheme']:<14} measured {row['measured_s']:8.4f} s  "
+              f"predicted {row['predicted_s']:8.4f} s ({row['error']:+.1%})", file=sys.stderr, flush=True)
     out.close()
 
 
