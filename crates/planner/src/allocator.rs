@@ -91,6 +91,13 @@ pub struct AllocOptions {
     pub fixed_local_batch: Option<u32>,
 }
 
+    /// The sharded collectives' precisions the sharded search may choose
+    /// besides the 16-bit all-gather and the FP32 reduce-scatter.
+    pub shard_collectives: qsync_sim::CollectiveChoices,
+    /// The relative error each sharded collective may add
+    /// ([`qsync_sim::GatherPrecision::relative_error`],
+    /// [`qsync_sim::ReducePrecision::relative_error`]).
+    pub shard_error_budget: f64,
 impl Default for AllocOptions {
     fn default() -> Self {
         AllocOptions {
@@ -108,6 +115,8 @@ impl Default for AllocOptions {
             fixed_local_batch: None,
         }
     }
+            shard_collectives: qsync_sim::CollectiveChoices::default(),
+            shard_error_budget: 0.01,
 }
 
 /// What the training device type (the fastest type, or the only one)
@@ -416,6 +425,10 @@ pub(crate) struct Ctx<'g> {
 pub fn candidates(g: &Graph, facts: &GraphFacts) -> Vec<NodeId> {
     facts
         .order()
+    /// See [`AllocOptions::shard_collectives`].
+    pub(crate) shard_collectives: qsync_sim::CollectiveChoices,
+    /// See [`AllocOptions::shard_error_budget`].
+    pub(crate) shard_error_budget: f64,
         .iter()
         .copied()
         .filter(|&n| {
@@ -910,6 +923,8 @@ pub fn allocate(
         .collect::<Result<_, _>>()?;
 
     // UP: every inference type at one uniform level; of the levels that fit,
+        shard_collectives: opts.shard_collectives.clone(),
+        shard_error_budget: opts.shard_error_budget,
     // the fastest (normally the lowest precision: QSync's T_min).
     progress("uniform precision (UP)");
     let mut level_sets: Vec<Precision> = cx.levels.iter().flatten().flatten().copied().collect();

@@ -11,13 +11,21 @@
 //! compute time). The search (`sharded`) tries both splits with every stage
 //! (`shard-grad-op`, `full-shard` with and without hpZ, `hybrid-shard` where
 //! the nodes are alike), uneven shares, and checkpointing off, on for every
-//! type, and on only for the types that need it to fit. Both baselines are
-//! points of that space, so the search is never slower than them. The
-//! collectives' wire precisions stay 16-bit / FP32: qwZ and qgZ change the
-//! trained weights, and are left to an explicit choice.
+//! type, and on only for the types that need it to fit, and, for each, the
+//! collectives' precisions [`crate::AllocOptions::shard_collectives`]
+//! allows within [`crate::AllocOptions::shard_error_budget`]: the
+//! all-gather at the AMP type's 16 bits (FP16 where a type trains in FP16,
+//! else BF16) or qwZ, the reduce-scatter in FP32, BF16, qgZ-int8 or
+//! qgZ-int4, each priced by its wire bytes and its kernels. The 16-bit /
+//! FP32 pair is tried first, so a quantized collective is chosen only where
+//! it is strictly faster; with the default (`fp`) nothing else is tried:
+//! qwZ and qgZ change the trained weights and gradients, and are an
+//! explicit choice. Both baselines are points of that space, so the search
+//! is never slower than them.
 
 use qsync_cost::Plan;
-use qsync_sim::shard::{predict_sharded, ShardSpec, ShardedResult, Stage, Units};
+use qsync_cost::Precision;
+use qsync_sim::shard::{predict_sharded, GatherPrecision, ShardSpec, ShardedResult, Stage, Units};
 use qsync_sim::Predictor;
 
 use crate::allocator::{Ctx, Eval, PlanError};
@@ -125,6 +133,12 @@ impl Ctx<'_> {
         if same_nodes && pred.cluster().node_count() > 1 {
             stages.push((Stage::HybridShard, false));
         }
+        // The 16-bit all-gather moves what AMP computes with: FP16 where
+        // any type trains in FP16 (it has no BF16), else BF16.
+        let fp16 = plans.iter().any(|p| p.iter().any(|(_, q)| q == Precision::Fp16));
+        let sixteen = if fp16 { GatherPrecision::Fp16 } else { GatherPrecision::Bf16 };
+        let devices: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+        let pairs = self.shard_collectives.pairs(sixteen, devices, self.shard_error_budget);
         let mut out = ShardOutcome { units, fsdp: None, fsdp_dbs: None, best: None, searched: 0, smallest_need: None };
         let mut best: Option<ShardedEval> = None;
         let mut splits = vec![("fsdp", uniform.clone())];
@@ -134,7 +148,7 @@ impl Ctx<'_> {
         for (key, batches) in splits {
             let mut pred = self.predictor_at(&plans, &batches)?;
             // The baseline: FULL_SHARD, equal shares, nothing else.
-            let base = ShardSpec::new(Stage::FullShard, n);
+            let base = ShardSpec { gather: sixteen, ..ShardSpec::new(Stage::FullShard, n) };
             let r = predict_sharded(&mut pred, &out.units, &base)?;
             out.searched += 1;
             self.note_need(&mut out, &r);
@@ -155,7 +169,7 @@ impl Ctx<'_> {
                         continue;
                     }
                     // Checkpointing: off, on everywhere, on where needed.
-                    let mut spec = ShardSpec { stage, hpz, uneven, ..ShardSpec::new(stage, n) };
+                    let mut spec = ShardSpec { stage, hpz, uneven, gather: sixteen, ..ShardSpec::new(stage, n) };
                     let mut tries: Vec<Vec<bool>> = vec![vec![false; n], vec![true; n]];
                     let off = predict_sharded(&mut pred, &out.units, &spec)?;
                     let needed: Vec<bool> = off.devices.iter().map(|d| !d.fits).collect();
@@ -164,11 +178,15 @@ impl Ctx<'_> {
                     }
                     for ck in tries {
                         spec.checkpoint = ck;
-                        let r = predict_sharded(&mut pred, &out.units, &spec)?;
-                        out.searched += 1;
-                        self.note_need(&mut out, &r);
-                        if r.fits() && best.as_ref().is_none_or(|b| r.samples_per_s > b.eval.samples_per_s) {
-                            best = Some(self.sharded_eval("sharded", &mut pred, r));
+                        for &(gather, reduce) in &pairs {
+                            spec.gather = gather;
+                            spec.reduce = reduce;
+                            let r = predict_sharded(&mut pred, &out.units, &spec)?;
+                            out.searched += 1;
+                            self.note_need(&mut out, &r);
+                            if r.fits() && best.as_ref().is_none_or(|b| r.samples_per_s > b.eval.samples_per_s) {
+                                best = Some(self.sharded_eval("sharded", &mut pred, r));
+                            }
                         }
                     }
                 }

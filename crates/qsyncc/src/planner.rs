@@ -146,6 +146,13 @@ pub struct PlanRequest {
     pub host_kernels: Option<qsync_sim::SyncKernels>,
     /// Elements per quantization group of the quantized schemes.
     pub sync_group: u32,
+    /// The sharded collectives' precisions the sharded search may choose
+    /// (`qsync_sim::CollectiveChoices::parse`): `fp` (16-bit all-gathers at
+    /// the AMP type, FP32 reduce-scatters), `auto` (also qwZ, BF16, qgZ-int8
+    /// and qgZ-int4, those within `sync_error_budget`), or a comma list of
+    /// `qwz`, `bf16`, `qgz-int8`, `qgz-int4`, each of which must be within
+    /// the budget.
+    pub shard_collectives: String,
     /// Progress lines with elapsed seconds on stderr.
     pub progress: bool,
 }
@@ -177,6 +184,7 @@ impl PlanRequest {
             sync_path: None,
             host_kernels: None,
             sync_group: 512,
+            shard_collectives: "fp".into(),
             progress: false,
         }
     }
@@ -270,6 +278,39 @@ fn resolve_sync(
             "considered": rows,
         }),
     ))
+}
+
+/// The sharded collectives the search may choose (`--shard-collectives`)
+/// and their names for the manifest. `auto` keeps those within
+/// `--sync-error-budget`; a precision named in a list must be within it.
+fn resolve_shard_collectives(
+    req: &PlanRequest,
+    targets: &[Target],
+) -> Result<(qsync_sim::CollectiveChoices, Vec<&'static str>)> {
+    use qsync_sim::{CollectiveChoices, GatherPrecision};
+    let choices = CollectiveChoices::parse(&req.shard_collectives)
+        .map_err(|e| request_err(format!("--shard-collectives: {e}")))?;
+    let budget = req.sync_error_budget;
+    if choices != CollectiveChoices::default() && !(budget.is_finite() && budget >= 0.0) {
+        return Err(request_err(format!("--sync-error-budget must be a finite number ≥ 0, got {budget}")));
+    }
+    let p: u64 = targets.iter().map(|t| u64::from(t.count)).sum();
+    let mut named: Vec<(&'static str, f64)> = Vec::new();
+    if choices.qwz {
+        named.push(("qwz", GatherPrecision::QwzInt8.relative_error()));
+    }
+    for r in &choices.reduce {
+        named.push((r.name(), r.relative_error(p)));
+    }
+    if req.shard_collectives.trim() != "auto" {
+        if let Some((name, err)) = named.iter().find(|(_, e)| *e > budget) {
+            return Err(request_err(format!(
+                "--shard-collectives {name}: its relative error {err:.4} on {p} devices exceeds --sync-error-budget \
+                 {budget} (raise the budget or leave it out)"
+            )));
+        }
+    }
+    Ok((choices, named.into_iter().filter(|(_, e)| *e <= budget).map(|(n, _)| n).collect()))
 }
 
 /// One device type's share of a plan, ready to write.
@@ -450,6 +491,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
     if let Some(w) = ind.int8_warning(g).filter(|_| req.precisions.contains(&Precision::Int8)) {
         warnings.push(w);
     }
+    let (shard_collectives, shard_allowed) = resolve_shard_collectives(req, &targets)?;
     let aopts = AllocOptions {
         precisions: req.precisions.clone(),
         train_precision: req.train_precision,
@@ -460,6 +502,8 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
         opset: Some(loaded.model.opset()),
         fixed_local_batch: fixed_batch,
         min_local_batch: if single_value_bn.is_some() { 2 } else { 1 },
+        shard_collectives,
+        shard_error_budget: req.sync_error_budget,
         ..AllocOptions::default()
     };
     let mut prog = |m: &str| clock.say(m);
@@ -734,7 +778,7 @@ fn plan_inner(req: &PlanRequest) -> Result<Planned> {
             "steps_kept": out.steps_kept, "joint_combinations": out.joint_combinations, "joint_verified": out.joint_verified,
         },
         "optimality_gap": out.gap,
-        "sharding": sharding_json(&out),
+        "sharding": sharding_json(&out, &shard_allowed, req.sync_error_budget),
         "warnings": warnings,
     });
     let report = crate::report::report(&model_name, &out, &warnings);
@@ -1023,6 +1067,13 @@ pub struct PlanArgs {
     pub host_kernels: Option<PathBuf>,
 }
 
+    /// Precisions the sharded plan's collectives may use: `fp` (16-bit
+    /// all-gathers at the AMP type, FP32 reduce-scatters), `auto` (also
+    /// qwZ, bf16, qgz-int8, qgz-int4 within `--sync-error-budget`), or a
+    /// comma list of those four. The fastest is chosen; the fp pair wins
+    /// ties.
+    #[arg(long, default_value = "fp")]
+    pub shard_collectives: String,
 impl PlanArgs {
     /// The library request these flags describe.
     pub fn request(&self) -> Result<PlanRequest> {
@@ -1069,6 +1120,7 @@ impl PlanArgs {
             sync_group: self.sync_group,
             progress: true,
         })
+            shard_collectives: self.shard_collectives.clone(),
     }
 }
 
@@ -1106,7 +1158,7 @@ pub fn run(a: &PlanArgs) -> Result<String> {
 /// checkpoints, the units and the collectives in the order they run. A DDP
 /// plan is `replicate` with every fraction 1 and no collectives here (its
 /// all-reduce is `sync`'s).
-fn sharding_json(out: &qsync_planner::Outcome) -> serde_json::Value {
+fn sharding_json(out: &qsync_planner::Outcome, allowed: &[&str], budget: f64) -> serde_json::Value {
     let s = out.sharded.as_ref();
     let chosen = s.and_then(|s| s.methods().into_iter().find(|(k, _)| *k == out.chosen).map(|(_, e)| e.result.clone()));
     let units: Vec<serde_json::Value> = s
@@ -1170,7 +1222,14 @@ fn sharding_json(out: &qsync_planner::Outcome) -> serde_json::Value {
         .collect();
     json!({
         "stage": spec.stage.name(), "fsdp_strategy": spec.stage.fsdp_name(), "hpz": spec.hpz,
-        "uneven_shares": spec.uneven, "unit_rule": unit_rule, "units": units, "devices": devices,
+    let p: u64 = r.devices.iter().map(|d| u64::from(d.count)).sum();
+        "uneven_shares": spec.uneven,
+        "collective_precisions": {
+            "allowed": allowed, "error_budget": budget,
+            "all_gather": { "precision": spec.gather.name(), "relative_error": spec.gather.relative_error() },
+            "reduce_scatter": { "precision": spec.reduce.name(), "relative_error": spec.reduce.relative_error(p) },
+        },
+        "unit_rule": unit_rule, "units": units, "devices": devices,
         "collectives": collectives,
     })
 }

@@ -6,13 +6,27 @@ use std::fmt::Write as _;
 
 use qsync_planner::{Eval, Outcome, TypeEval};
 
-/// The methods table in Markdown: one row per method, the chosen one marked.
+/// Whether every device type of a plan fits its memory.
+fn fits(e: &Eval) -> bool {
+    e.types.iter().all(|t| t.fits)
+}
+
+/// UP's and DBS's throughput, each only where it fits: a plan that does not
+/// fit is no baseline to compare with.
+fn baselines(out: &Outcome) -> (Option<f64>, Option<f64>) {
+    let up = Some(out.up.samples_per_s).filter(|&x| x > 0.0 && fits(&out.up));
+    let dbs = out.dbs.eval.as_ref().filter(|e| fits(e)).map(|e| e.samples_per_s).filter(|&x| x > 0.0);
+    (up, dbs)
+}
+
+/// The methods table in Markdown: one row per method, the chosen one marked;
+/// a method that does not fit says so instead of a time.
 pub fn table(out: &Outcome) -> String {
     let mut s = String::from(
         "| method | local batches | iteration ms | samples/s | vs UP | vs DBS | indicator sum |\n|---|---|---:|---:|---:|---:|---:|\n",
     );
-    let up = out.up.samples_per_s.max(1e-12);
-    let dbs = out.dbs.eval.as_ref().map(|e| e.samples_per_s).filter(|&x| x > 0.0);
+    let (up, dbs) = baselines(out);
+    let vs = |b: Option<f64>, x: f64| b.map_or("–".to_string(), |b| format!("{:+.1}%", (x / b - 1.0) * 100.0));
     for (key, e) in out.methods() {
         let name: std::borrow::Cow<str> = match key {
             "up" => "UP (uniform precision)".into(),
@@ -24,29 +38,33 @@ pub fn table(out: &Outcome) -> String {
             other => other.into(),
         };
         let mark = if key == out.chosen { " **(chosen)**" } else { "" };
-        let vs_dbs = dbs.map_or("–".to_string(), |d| format!("{:+.1}%", (e.samples_per_s / d - 1.0) * 100.0));
+        if !fits(e) {
+            let _ = writeln!(s, "| {name}{mark} | {} | – | does not fit | – | – | {:.4e} |", batches(e), e.indicator_sum);
+            continue;
+        }
         let _ = writeln!(
             s,
-            "| {name}{mark} | {} | {:.2} | {:.1} | {:+.1}% | {vs_dbs} | {:.4e} |",
+            "| {name}{mark} | {} | {:.2} | {:.1} | {} | {} | {:.4e} |",
             batches(e),
             e.iteration_ms,
             e.samples_per_s,
-            (e.samples_per_s / up - 1.0) * 100.0,
+            vs(up, e.samples_per_s),
+            vs(dbs, e.samples_per_s),
             e.indicator_sum
         );
     }
     for (name, e) in &out.alone {
         match e {
             Some(e) => {
-                let vs_dbs = dbs.map_or("–".to_string(), |d| format!("{:+.1}%", (e.samples_per_s / d - 1.0) * 100.0));
                 let _ = writeln!(
                     s,
-                    "| {name} alone ({}) | {} | {:.2} | {:.1} | {:+.1}% | {vs_dbs} | – |",
+                    "| {name} alone ({}) | {} | {:.2} | {:.1} | {} | {} | – |",
                     e.types.first().map_or(String::new(), precisions),
                     batches(e),
                     e.iteration_ms,
                     e.samples_per_s,
-                    (e.samples_per_s / up - 1.0) * 100.0,
+                    vs(up, e.samples_per_s),
+                    vs(dbs, e.samples_per_s),
                 );
             }
             None => {
@@ -112,8 +130,7 @@ fn precisions(t: &TypeEval) -> String {
 /// in one or two sentences, with the numbers.
 pub fn verdict(out: &Outcome) -> String {
     let c = &out.chosen_eval;
-    let best_base = out.up.samples_per_s.max(out.dbs.eval.as_ref().map_or(0.0, |e| e.samples_per_s));
-    let vs_base = (c.samples_per_s / best_base.max(1e-12) - 1.0) * 100.0;
+    let (up, dbs) = baselines(out);
     let label = |e: &Eval| e.types.iter().map(|t| format!("{} x{}", t.name, t.count)).collect::<Vec<_>>().join(" + ");
     if let Some(a) = out.faster_alone() {
         return format!(
@@ -131,8 +148,8 @@ pub fn verdict(out: &Outcome) -> String {
             out.global_batch()
         );
     }
-    let ddp_fits = out.up.types.iter().all(|t| t.fits);
-    if !ddp_fits {
+    let sharded = matches!(out.chosen.as_str(), "fsdp" | "fsdp-dbs" | "sharded");
+    if up.is_none() && dbs.is_none() && sharded {
         // Sharded because nothing fits under DDP: there is no DDP baseline
         // to compare with, only the FSDP ones.
         let fsdp = out.sharded.as_ref().and_then(|s| s.fsdp.as_ref().or(s.fsdp_dbs.as_ref())).map_or(
@@ -166,14 +183,19 @@ pub fn verdict(out: &Outcome) -> String {
             c.iteration_ms
         );
     }
+    let pct = |b: f64| (c.samples_per_s / b.max(1e-12) - 1.0) * 100.0;
+    let against = match (up, dbs) {
+        (Some(u), Some(d)) => format!("{:+.1}% against the best baseline (UP or DBS)", pct(u.max(d))),
+        (Some(u), None) => format!("{:+.1}% against UP (DBS does not fit)", pct(u)),
+        (None, Some(d)) => format!("{:+.1}% against DBS (UP does not fit)", pct(d)),
+        (None, None) => "neither baseline, UP nor DBS, fits".to_string(),
+    };
     let mut s = format!(
-        "**Run `{}`** on {}: {:.1} samples/s predicted ({:.2} ms per iteration), {:+.1}% against the best baseline \
-         (UP or DBS).",
+        "**Run `{}`** on {}: {:.1} samples/s predicted ({:.2} ms per iteration), {against}.",
         out.chosen,
         label(c),
         c.samples_per_s,
         c.iteration_ms,
-        vs_base
     );
     let best_alone =
         out.alone.iter().filter_map(|(_, e)| e.as_ref()).max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
@@ -216,11 +238,24 @@ pub fn explanation(out: &Outcome) -> String {
     } else {
         let _ = write!(s, "Against UP, {}. ", changes.join("; "));
     }
-    let up = out.up.samples_per_s.max(1e-12);
-    let _ =
-        write!(s, "Predicted {:.1} samples/s, {:+.1}% over UP", c.samples_per_s, (c.samples_per_s / up - 1.0) * 100.0);
-    if let Some(d) = out.dbs.eval.as_ref().filter(|d| d.samples_per_s > 0.0) {
-        let _ = write!(s, " and {:+.1}% over DBS", (c.samples_per_s / d.samples_per_s - 1.0) * 100.0);
+    let (up, dbs) = baselines(out);
+    let _ = write!(s, "Predicted {:.1} samples/s", c.samples_per_s);
+    match up {
+        Some(u) => {
+            let _ = write!(s, ", {:+.1}% over UP", (c.samples_per_s / u - 1.0) * 100.0);
+        }
+        None => {
+            let _ = write!(s, " (UP does not fit)");
+        }
+    }
+    match dbs {
+        Some(d) => {
+            let _ = write!(s, " and {:+.1}% over DBS", (c.samples_per_s / d - 1.0) * 100.0);
+        }
+        None if out.dbs.eval.is_some() => {
+            let _ = write!(s, " (DBS does not fit)");
+        }
+        None => {}
     }
     let _ = write!(
         s,

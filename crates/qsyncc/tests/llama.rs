@@ -148,6 +148,26 @@ fn plan_or_refusal(model: &Path, parameters: u64, targets: &str, devices: &[(&st
             assert!(peak <= cap, "{what}: {name} planned at {peak} bytes, over its {cap}");
             assert_eq!(dev["fits"], true, "{what}: {name}");
         }
+        // Never predicted below the run's FSDP baselines (those that fit).
+        let sps = manifest["samples_per_s"].as_f64().expect("samples_per_s");
+        for key in ["fsdp", "fsdp-dbs"] {
+            let Some(b) = manifest["methods"].get(key).filter(|b| b["fits"] == true) else { continue };
+            let base = b["samples_per_s"].as_f64().expect("baseline samples_per_s");
+            assert!(sps >= base * (1.0 - 1e-9), "{what}: chosen {sps} samples/s below {key}'s {base}");
+        }
+        // A baseline that does not fit is never compared with: its row
+        // says so, and the verdict does not measure against it.
+        let report = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+        for (key, row, name) in [("up", "| UP (uniform precision) |", "UP"), ("dbs", "| DBS (", "DBS")] {
+            if manifest["methods"].get(key).is_some_and(|m| m["fits"] == false) {
+                let line = report.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("{what}: {row}"));
+                assert!(line.contains("| – | does not fit |"), "{what}: {line}");
+                assert!(!report.contains("against the best baseline (UP or DBS)"), "{what}: {report}");
+                for words in [format!("% against {name}"), format!("% over {name}")] {
+                    assert!(!report.contains(&words), "{what}: `{words}`, but {key} does not fit: {report}");
+                }
+            }
+        }
         return true;
     }
     assert!(matches!(o.status.code(), Some(1 | 2)), "{what}: exit {:?} (not a refusal): {err}", o.status);

@@ -79,7 +79,8 @@ fn a_model_ddp_cannot_hold_is_planned_sharded() {
     let dev = &s["devices"]["t4"];
     // Eight equal shards on one type (uneven shares are equal here too).
     assert!((dev["shard_fraction"].as_f64().expect("fraction") - 0.125).abs() < 1e-12, "{dev}");
-    assert_eq!(dev["all_gather"]["precision"], "bf16");
+    // The T4 trains in FP16 AMP: its weights are gathered in FP16.
+    assert_eq!(dev["all_gather"]["precision"], "fp16");
     assert_eq!(dev["reduce_scatter_precision"], "fp32");
     // Collectives in order: the forward's all-gathers first, unit by unit,
     // and the last is the first unit's gradient leaving.
@@ -145,4 +146,51 @@ fn a_model_ddp_holds_is_sharded_only_where_that_is_predicted_faster() {
     assert_eq!(m["sharding"]["stage"], "replicate");
     assert_eq!(m["sharding"]["devices"]["t4"]["shard_fraction"], 1.0);
     assert!(m["sharding"]["collectives"].as_array().expect("collectives").is_empty());
+}
+
+#[test]
+fn the_sharded_search_chooses_the_collectives_precisions_within_the_error_budget() {
+    // Sixteen blocks of 2^26 on eight T4s, 4 to a node, the nodes joined
+    // by 10 Gbit/s: every unit's all-gather moves 2^26·2 bytes in FP16 and
+    // its reduce-scatter 2^26·4 in FP32, far longer than the kernels that
+    // halve (qwZ: 1 + 4/512 bytes an element) or quarter (qgZ-int8) them,
+    // so `auto` within the default budget (0.01: qwZ and qgZ-int8 add
+    // 1/(2·127) = 0.0039 each, qgZ-int4 1/(2·7) = 0.071 is left out)
+    // takes both. The hand-worked prices are crates/sim/tests/shard.rs's.
+    let dir = tmpdir("sharding-collectives");
+    let model = big_mlp(&dir, 16);
+    let slow = ["--network", "10gbit"];
+    let precisions = |extra: &[&str]| {
+        let out = dir.join("plan");
+        let r = plan(&model, "t4:8/4", &out, extra);
+        assert!(r.status.success(), "{extra:?}: {}", stderr(&r));
+        let m = check_plan_dir(&out);
+        let c = m["sharding"]["collective_precisions"].clone();
+        let t4 = &m["sharding"]["devices"]["t4"];
+        // The per-type fields say the same.
+        assert_eq!(t4["all_gather"]["precision"], c["all_gather"]["precision"], "{m}");
+        assert_eq!(t4["reduce_scatter_precision"], c["reduce_scatter"]["precision"], "{m}");
+        (c["all_gather"]["precision"].as_str().map(String::from), c["reduce_scatter"]["precision"].as_str().map(String::from), c)
+    };
+    let auto = [&slow[..], &["--shard-collectives", "auto"]].concat();
+    let (g, r, c) = precisions(&auto);
+    assert_eq!((g.as_deref(), r.as_deref()), (Some("qwz-int8"), Some("qgz-int8")), "{c}");
+    assert_eq!(c["allowed"], serde_json::json!(["qwz", "qgz-int8"]), "{c}");
+    assert!((c["all_gather"]["relative_error"].as_f64().expect("error") - 0.5 / 127.0).abs() < 1e-15);
+    // The default (fp), and a zero budget, keep the T4's FP16 gathers and
+    // FP32 reduce-scatters however slow the link.
+    let (g, r, c) = precisions(&slow);
+    assert_eq!((g.as_deref(), r.as_deref()), (Some("fp16"), Some("fp32")), "{c}");
+    let zero = [&auto[..], &["--sync-error-budget", "0"]].concat();
+    let (g, r, c) = precisions(&zero);
+    assert_eq!((g.as_deref(), r.as_deref()), (Some("fp16"), Some("fp32")), "{c}");
+    assert_eq!(c["allowed"], serde_json::json!([]), "{c}");
+    // Named in a list, a precision over the budget is an error saying so.
+    let r = plan(&model, "t4:8/4", &dir.join("refused"), &["--shard-collectives", "qwz,qgz-int4"]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    let e = stderr(&r);
+    assert!(e.contains("--shard-collectives qgz-int4: its relative error 0.0714") && e.contains("0.01"), "{e}");
+    let r = plan(&model, "t4:8/4", &dir.join("refused"), &["--shard-collectives", "int2"]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(stderr(&r).contains("unknown sharded collective `int2`"), "{}", stderr(&r));
 }

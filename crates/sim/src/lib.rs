@@ -58,6 +58,8 @@ pub use predict::{
     PredictOptions, Predictor, Target,
 };
 pub use program::{CostSource, LocalOp, LocalProgram, OpCost};
-pub use shard::{predict_sharded, GatherPrecision, ReducePrecision, ShardSpec, ShardedResult, Stage, Units};
+pub use shard::{
+    predict_sharded, CollectiveChoices, GatherPrecision, ReducePrecision, ShardSpec, ShardedResult, Stage, Units,
+};
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
 pub use sync::{SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec};

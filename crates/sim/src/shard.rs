@@ -71,7 +71,27 @@
 //! element on the wire are the runtime's (`qsync_runtime::shard`): FP32 4,
 //! BF16/FP16 2, qwZ `1 + 4/G`, qgZ-int8 `1 + 4/G`, qgZ-int4 `1/2 + 4/G`
 //! (`G` = 512: qwZ 0.5039 of FP16's bytes, qgZ-int4 0.1270 of FP32's).
-//! Quantization kernels are not priced.
+//! A quantized or 16-bit collective also runs its kernels on the device's
+//! stream before it is done, at the device type's synchronization kernel
+//! rates ([`crate::SyncKernels`], `seconds = r·elements + c`, as `sync.rs`
+//! prices DDP's schemes), for a unit of `E` elements and a device share
+//! `s`: qwZ all-gather `quantize(s·E) + dequantize(E)` (its shard in, the
+//! whole unit out); qgZ reduce-scatter `quantize(E) + dequantize(P·s·E)`
+//! (every peer's slice out, `P` blocks of its own shard decoded and
+//! summed; inside a node `P = g`, `s = 1/g`); a BF16 reduce-scatter
+//! `cast16(E) + cast16(s·E)`; hybrid's qgZ all-reduce across nodes the
+//! one-shot qgZ all-reduce's kernels ([`crate::sync::kernel_seconds`]).
+//! 16-bit gathers and FP32 reduce-scatters run none (the 16-bit weights
+//! are what AMP computes with anyway).
+//!
+//! **Error** ([`GatherPrecision::relative_error`],
+//! [`ReducePrecision::relative_error`]): as [`crate::SyncScheme::relative_error`],
+//! the documented bound (`qsync_runtime::shard`) relative to the largest
+//! magnitude of the unit it scales by, `1/2` of a step per round-to-nearest
+//! quantization stage: qwZ one stage of int8, `1/(2·127)`; qgZ one-shot one
+//! stage, `1/(2·127)` (int8) or `1/(2·7)` (int4); a BF16 ring reduce-scatter
+//! rounds the running sum at each of its `P−1` hops, `(P−1)·2^-8`; 16-bit
+//! gathers at the AMP type and FP32 reduce-scatters add nothing.
 
 use qsync_ir::{Graph, NodeId};
 use serde::Serialize;
@@ -156,6 +176,24 @@ impl GatherPrecision {
             _ => 2.0,
         }
     }
+
+    /// Error added to the weights AMP computes with, relative to the
+    /// largest magnitude of a quantization group (see the module doc).
+    pub fn relative_error(self) -> f64 {
+        match self {
+            GatherPrecision::QwzInt8 => 0.5 / 127.0,
+            _ => 0.0,
+        }
+    }
+
+    /// Kernel seconds on a device that holds `shard` of a unit's `whole`
+    /// elements (see the module doc).
+    pub fn kernel_seconds(self, k: &crate::SyncKernels, shard: f64, whole: f64) -> f64 {
+        match self {
+            GatherPrecision::QwzInt8 => k.quantize(shard, 8) + k.dequantize(whole, 8),
+            _ => 0.0,
+        }
+    }
 }
 
 /// What the gradients' reduce-scatter moves.
@@ -186,6 +224,100 @@ impl ReducePrecision {
             ReducePrecision::QgzInt8 => 1.0 + 4.0 / QUANT_GROUP,
             ReducePrecision::QgzInt4 => 0.5 + 4.0 / QUANT_GROUP,
         }
+    }
+
+    /// Error added to the reduced gradient, relative to the largest
+    /// magnitude of its scaling unit, on a ring of `p` devices (see the
+    /// module doc).
+    pub fn relative_error(self, p: u64) -> f64 {
+        match self {
+            ReducePrecision::Fp32 => 0.0,
+            ReducePrecision::Bf16 => p.saturating_sub(1) as f64 * 2f64.powi(-8),
+            ReducePrecision::QgzInt8 => 0.5 / 127.0,
+            ReducePrecision::QgzInt4 => 0.5 / 7.0,
+        }
+    }
+
+    /// Kernel seconds of a reduce-scatter of a unit's `whole` elements on a
+    /// device that keeps `shard` of them, `members` devices taking part.
+    pub fn kernel_seconds(self, k: &crate::SyncKernels, shard: f64, whole: f64, members: f64) -> f64 {
+        match self {
+            ReducePrecision::Fp32 => 0.0,
+            ReducePrecision::Bf16 => k.cast16(whole) + k.cast16(shard),
+            ReducePrecision::QgzInt8 => k.quantize(whole, 8) + k.dequantize(members * shard, 8),
+            ReducePrecision::QgzInt4 => k.quantize(whole, 4) + k.dequantize(members * shard, 4),
+        }
+    }
+
+    fn qgz_bits(self) -> Option<u8> {
+        match self {
+            ReducePrecision::QgzInt8 => Some(8),
+            ReducePrecision::QgzInt4 => Some(4),
+            _ => None,
+        }
+    }
+}
+
+/// Which collectives' precisions a search may choose, beyond the 16-bit
+/// all-gather at the AMP type and the FP32 reduce-scatter that are always
+/// candidates (`qsyncc --shard-collectives`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CollectiveChoices {
+    /// qwZ all-gathers allowed.
+    pub qwz: bool,
+    /// Reduce-scatter precisions allowed besides FP32.
+    pub reduce: Vec<ReducePrecision>,
+}
+
+impl CollectiveChoices {
+    /// `fp` (nothing but the 16-bit gather and the FP32 reduce-scatter),
+    /// `auto` (every one: qwZ, bf16, qgZ-int8, qgZ-int4), or a comma list
+    /// of `qwz`, `bf16`, `qgz-int8`, `qgz-int4`.
+    pub fn parse(s: &str) -> Result<CollectiveChoices, String> {
+        let mut c = CollectiveChoices::default();
+        match s.trim() {
+            "fp" => return Ok(c),
+            "auto" => {
+                return Ok(CollectiveChoices {
+                    qwz: true,
+                    reduce: vec![ReducePrecision::Bf16, ReducePrecision::QgzInt8, ReducePrecision::QgzInt4],
+                })
+            }
+            _ => {}
+        }
+        for tok in s.split(',').map(str::trim) {
+            let r = match tok {
+                "qwz" => {
+                    c.qwz = true;
+                    continue;
+                }
+                "bf16" => ReducePrecision::Bf16,
+                "qgz-int8" => ReducePrecision::QgzInt8,
+                "qgz-int4" => ReducePrecision::QgzInt4,
+                _ => {
+                    return Err(format!(
+                        "unknown sharded collective `{tok}` (fp, auto, or a comma list of qwz, bf16, qgz-int8, qgz-int4)"
+                    ))
+                }
+            };
+            if !c.reduce.contains(&r) {
+                c.reduce.push(r);
+            }
+        }
+        Ok(c)
+    }
+
+    /// The `(gather, reduce)` pairs to price on `p` devices, the 16-bit
+    /// gather at `sixteen` and the FP32 reduce-scatter first (so ties keep
+    /// them), those over `budget` left out.
+    pub fn pairs(&self, sixteen: GatherPrecision, p: u64, budget: f64) -> Vec<(GatherPrecision, ReducePrecision)> {
+        let mut gathers = vec![sixteen];
+        if self.qwz && GatherPrecision::QwzInt8.relative_error() <= budget {
+            gathers.push(GatherPrecision::QwzInt8);
+        }
+        let mut reduces = vec![ReducePrecision::Fp32];
+        reduces.extend(self.reduce.iter().copied().filter(|r| r.relative_error(p) <= budget));
+        gathers.iter().flat_map(|&g| reduces.iter().map(move |&r| (g, r))).collect()
     }
 }
 
@@ -715,9 +847,44 @@ impl<'a> Schedule<'a> {
         Schedule { cluster, spec, units, inputs, share, algo, comm_free: vec![0.0; inputs.len()], out: Vec::new() }
     }
 
-    /// One type's time for a collective on unit `u` (µs) and the bytes its
-    /// device receives.
+    /// One type's time for a collective on unit `u` (µs), its kernels
+    /// included, and the bytes its device receives.
     fn price(&self, t: usize, kind: Kind, u: usize, local: bool) -> (f64, f64) {
+        let (wire, received) = self.price_wire(t, kind, u, local);
+        (wire + self.kernel_us(t, kind, u, local), received)
+    }
+
+    /// The quantize / dequantize / cast kernels of a collective on one
+    /// device of type `t`, µs (see the module doc).
+    fn kernel_us(&self, t: usize, kind: Kind, u: usize, local: bool) -> f64 {
+        let k = &self.cluster.types[t].sync_kernels;
+        let elems = self.units.units[u].params;
+        let g = f64::from(self.inputs[t].per_node.max(1));
+        let p: f64 = self.inputs.iter().map(|i| f64::from(i.count)).sum();
+        let seconds = match kind {
+            Kind::Gather if local => self.spec.gather.kernel_seconds(k, elems / g, elems),
+            Kind::Gather => self.spec.gather.kernel_seconds(k, elems * self.share[t], elems),
+            Kind::Scatter if local => self.spec.reduce.kernel_seconds(k, elems / g, elems, g),
+            Kind::Scatter => self.spec.reduce.kernel_seconds(k, elems * self.share[t], elems, p),
+            Kind::AllReduce => {
+                let m = self.cluster.node_count();
+                let scheme = match (self.spec.reduce, self.spec.reduce.qgz_bits()) {
+                    (_, Some(b)) => crate::SyncScheme::Qgz { intra: b, inter: None, stochastic: false },
+                    (ReducePrecision::Bf16, None) => crate::SyncScheme::Bf16,
+                    _ => return 0.0,
+                };
+                if m <= 1 {
+                    return 0.0;
+                }
+                let spec = crate::SyncSpec::new(scheme, QUANT_GROUP as u32);
+                crate::sync::kernel_seconds(&spec, k, elems / g * 4.0, m, 1)
+            }
+        };
+        seconds * 1e6
+    }
+
+    /// A collective's time on the links alone.
+    fn price_wire(&self, t: usize, kind: Kind, u: usize, local: bool) -> (f64, f64) {
         let ty: &DeviceType = &self.cluster.types[t];
         let elems = self.units.units[u].params;
         let b = match kind {

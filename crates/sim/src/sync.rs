@@ -148,7 +148,7 @@ impl SyncKernels {
         self.tcp_r.unwrap_or(0.0) * bytes.max(0.0)
     }
 
-    fn quantize(&self, e: f64, bits: u8) -> f64 {
+    pub(crate) fn quantize(&self, e: f64, bits: u8) -> f64 {
         let r = if bits == 4 { self.quantize4_r.unwrap_or(self.quantize_r) } else { self.quantize_r };
         if e > 0.0 {
             r * e + self.quantize_c
@@ -156,7 +156,7 @@ impl SyncKernels {
             0.0
         }
     }
-    fn dequantize(&self, e: f64, bits: u8) -> f64 {
+    pub(crate) fn dequantize(&self, e: f64, bits: u8) -> f64 {
         let r = if bits == 4 { self.dequantize4_r.unwrap_or(self.dequantize_r) } else { self.dequantize_r };
         if e > 0.0 {
             r * e + self.dequantize_c
@@ -178,7 +178,7 @@ impl SyncKernels {
             0.0
         }
     }
-    fn cast16(&self, e: f64) -> f64 {
+    pub(crate) fn cast16(&self, e: f64) -> f64 {
         if e > 0.0 {
             self.cast16_r * e + self.cast16_c
         } else {

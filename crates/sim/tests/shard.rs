@@ -4,7 +4,9 @@
 
 use qsync_cost::{Bindings, Device, DeviceDb, Optimizer, Plan};
 use qsync_ir::Graph;
-use qsync_sim::shard::{predict_sharded, GatherPrecision, ReducePrecision, ShardSpec, Stage, Units};
+use qsync_sim::shard::{
+    predict_sharded, CollectiveChoices, GatherPrecision, ReducePrecision, ShardSpec, Stage, Units,
+};
 use qsync_sim::topology::NodeNetwork;
 use qsync_sim::{PredictOptions, Predictor, Target};
 
@@ -37,11 +39,16 @@ fn t4() -> Device {
 /// `count` T4s, `per_node` to a node, one 80 Gbit/s NIC per node (10 GB/s,
 /// 20 µs a step) and 100 GB/s inside the node (5 µs a step).
 fn target(count: u32, per_node: u32, batch: u32) -> Target {
+    target_nic(count, per_node, batch, 80.0)
+}
+
+/// As [`target`], the NIC at `gbit` Gbit/s.
+fn target_nic(count: u32, per_node: u32, batch: u32, gbit: f64) -> Target {
     let mut t = Target::new(t4(), count, batch, Plan::new());
     t.per_node = per_node;
     t.network = Some(NodeNetwork {
         nics_per_node: 1,
-        nic_gbit_s: 80.0,
+        nic_gbit_s: gbit,
         nic_latency_us: 20.0,
         intra_node_gb_s: Some(100.0),
         intra_node_latency_us: 5.0,
@@ -214,9 +221,17 @@ fn full_shard_time_when_the_network_dominates() {
     assert_eq!(res.collectives.len(), 9);
     // qwZ halves the gathers (1 + 4/512 bytes per element: A' =
     // 3·2^20·1.0078125/4/10000 + 60) and qgZ-int4 the reduce-scatters
-    // (0.5 + 4/512: R' = 3·2^20·0.5078125/4/10000 + 60).
+    // (0.5 + 4/512: R' = 3·2^20·0.5078125/4/10000 + 60), each plus its
+    // kernels at the T4's rates (r·elements + c): qwZ quantizes its shard
+    // of 2^20/4 and dequantizes the whole 2^20; qgZ-int4 quantizes the
+    // whole unit's gradient and dequantizes 4 blocks of its 2^20/4 shard.
+    let k = pred.cluster().types[0].sync_kernels;
+    let (q4, d4) = (k.quantize4_r.unwrap_or(k.quantize_r), k.dequantize4_r.unwrap_or(k.dequantize_r));
+    let kg = (k.quantize_r * MI / 4.0 + k.quantize_c + k.dequantize_r * MI + k.dequantize_c) * 1e6;
+    let kr = (q4 * MI + k.quantize_c + d4 * 4.0 * (MI / 4.0) + k.dequantize_c) * 1e6;
+    assert!(kg > 0.0 && kr > 0.0, "the kernels cost something: {kg} {kr}");
     let q = ShardSpec { gather: GatherPrecision::QwzInt8, reduce: ReducePrecision::QgzInt4, ..spec.clone() };
-    let (aq, rq) = (3.0 * MI * 1.0078125 / 4.0 / 1e4 + 60.0, 3.0 * MI * 0.5078125 / 4.0 / 1e4 + 60.0);
+    let (aq, rq) = (3.0 * MI * 1.0078125 / 4.0 / 1e4 + 60.0 + kg, 3.0 * MI * 0.5078125 / 4.0 / 1e4 + 60.0 + kr);
     assert!(f.iter().chain(&b).all(|&t| t < rq.min(aq)));
     let res = predict_sharded(&mut pred, &units, &q).expect("quantized");
     close(res.iteration_us, 6.0 * aq + 3.0 * rq + f[2] + opt / 4.0, "qwZ + qgZ iteration");
@@ -319,4 +334,100 @@ fn full_shard_time_when_compute_dominates() {
     let rep = ShardSpec { checkpoint: vec![true], ..ShardSpec::new(Stage::Replicate, 1) };
     let res = predict_sharded(&mut pred, &units, &rep).expect("replicate");
     close(res.iteration_us, ddp + f[0] + f[1], "replicated, checkpointed");
+}
+
+/// Every `(gather, reduce)` pair `choices` allows within `budget`, priced;
+/// the fastest (the first on ties, the 16-bit / FP32 pair leading).
+fn fastest_pair(
+    pred: &mut Predictor<'_>,
+    units: &Units,
+    choices: &CollectiveChoices,
+    budget: f64,
+) -> (GatherPrecision, ReducePrecision, f64) {
+    let mut best: Option<(GatherPrecision, ReducePrecision, f64)> = None;
+    for (gather, reduce) in choices.pairs(GatherPrecision::Bf16, 4, budget) {
+        let spec = ShardSpec { gather, reduce, ..ShardSpec::new(Stage::FullShard, 1) };
+        let it = predict_sharded(pred, units, &spec).expect("sharded").iteration_us;
+        if best.is_none_or(|b| it < b.2) {
+            best = Some((gather, reduce, it));
+        }
+    }
+    best.expect("the fp pair is always priced")
+}
+
+#[test]
+fn quantized_collectives_pay_on_a_slow_link_and_not_on_a_fast_one() {
+    // Relative errors (qsync_runtime::shard's bounds, half a step per
+    // round-to-nearest stage over the group's largest magnitude): qwZ and
+    // qgZ-int8 1/(2·127) = 0.003937, qgZ-int4 1/(2·7) = 0.0714, a BF16 ring
+    // over 4 devices 3·2^-8 = 0.01172. Under the default 0.01 `auto` offers
+    // qwZ, qgZ-int8; under 0 nothing but bf16 / fp32.
+    close(GatherPrecision::QwzInt8.relative_error(), 0.5 / 127.0, "qwZ error");
+    close(ReducePrecision::QgzInt4.relative_error(4), 0.5 / 7.0, "qgZ-int4 error");
+    close(ReducePrecision::Bf16.relative_error(4), 3.0 / 256.0, "bf16 ring error");
+    let auto = CollectiveChoices::parse("auto").expect("auto");
+    let pairs = auto.pairs(GatherPrecision::Bf16, 4, 0.01);
+    assert_eq!(
+        pairs,
+        [
+            (GatherPrecision::Bf16, ReducePrecision::Fp32),
+            (GatherPrecision::Bf16, ReducePrecision::QgzInt8),
+            (GatherPrecision::QwzInt8, ReducePrecision::Fp32),
+            (GatherPrecision::QwzInt8, ReducePrecision::QgzInt8),
+        ]
+    );
+    assert_eq!(auto.pairs(GatherPrecision::Bf16, 4, 0.0), [(GatherPrecision::Bf16, ReducePrecision::Fp32)]);
+    assert_eq!(CollectiveChoices::parse("fp").expect("fp"), CollectiveChoices::default());
+    assert!(CollectiveChoices::parse("qwz,int2").unwrap_err().contains("`int2`"));
+
+    let g = graph(8);
+    let facts = qsync_cost::GraphFacts::new(&g, &Bindings::new()).expect("facts");
+    let units = Units::of(&g, &facts);
+    // Kernels of one unit (2^20 elements) on a T4, µs: qwZ's quantize of a
+    // quarter and dequantize of the whole, KG; qgZ-int8's quantize of the
+    // whole and dequantize of four quarters, KR.
+    let kernels = |pred: &Predictor<'_>| {
+        let k = pred.cluster().types[0].sync_kernels;
+        let kg = (k.quantize_r * MI / 4.0 + k.quantize_c + k.dequantize_r * MI + k.dequantize_c) * 1e6;
+        let kr = (k.quantize_r * MI + k.quantize_c + k.dequantize_r * MI + k.dequantize_c) * 1e6;
+        (kg, kr)
+    };
+
+    // Slow: 4 T4 in 2 nodes, 80 Gbit/s (10,000 B/µs, 20 µs a step), a flat
+    // ring of 3 steps. bf16 gather A = 3·2^19/1e4 + 60 = 217.2864, qwZ
+    // A' = 3·2^18·1.0078125/1e4 + 60 + KG; fp32 reduce-scatter
+    // R = 3·2^20/1e4 + 60 = 374.5728, qgZ-int8 R' = 3·2^18·1.0078125/1e4 +
+    // 60 + KR. The network-bound iteration is 6A + 3R + f2 + step/4, so
+    // qwZ pays where A' < A and qgZ where R' < R.
+    let mut pred = Predictor::new(&g, vec![target(4, 2, 8)], opts()).expect("predict");
+    let (f, b, opt) = unit_times(&pred, &units);
+    let (kg, kr) = kernels(&pred);
+    let (a, r) = (217.2864, 374.5728);
+    let (aq, rq) = (3.0 * MI / 4.0 * 1.0078125 / 1e4 + 60.0 + kg, 3.0 * MI / 4.0 * 1.0078125 / 1e4 + 60.0 + kr);
+    assert!(aq < a && rq < r, "the slow link: qwZ {aq} < {a}, qgZ {rq} < {r}");
+    assert!(f.iter().chain(&b).all(|&t| t < aq.min(rq)), "network-bound: {f:?} {b:?}");
+    let (gather, reduce, it) = fastest_pair(&mut pred, &units, &auto, 0.01);
+    assert_eq!((gather, reduce), (GatherPrecision::QwzInt8, ReducePrecision::QgzInt8));
+    close(it, 6.0 * aq + 3.0 * rq + f[2] + opt / 4.0, "qwZ + qgZ-int8 iteration");
+    // A zero budget keeps bf16 / fp32 however slow the link.
+    let (gather, reduce, it) = fastest_pair(&mut pred, &units, &auto, 0.0);
+    assert_eq!((gather, reduce), (GatherPrecision::Bf16, ReducePrecision::Fp32));
+    close(it, 6.0 * a + 3.0 * r + f[2] + opt / 4.0, "bf16 + fp32 iteration");
+
+    // Fast: the same nodes at 800 Gbit/s (100,000 B/µs). A = 3·2^19/1e5 +
+    // 60 = 75.72864, A' = 3·2^18·1.0078125/1e5 + 60 + KG; R = 3·2^20/1e5 +
+    // 60 = 91.45728, R' = 3·2^18·1.0078125/1e5 + 60 + KR: the bytes saved,
+    // 3·2^19·(1 − 1.0078125/2)/1e5 = 7.8 µs a gather and 3·2^18·
+    // (4 − 1.0078125)/1e5 = 23.5 µs a reduce-scatter, are less than the
+    // kernels, so bf16 / fp32 stays.
+    let mut pred = Predictor::new(&g, vec![target_nic(4, 2, 8, 800.0)], opts()).expect("predict");
+    let (f, b, opt) = unit_times(&pred, &units);
+    let (kg, kr) = kernels(&pred);
+    let (a, r) = (75.72864, 91.45728);
+    let (aq, rq) = (3.0 * MI / 4.0 * 1.0078125 / 1e5 + 60.0 + kg, 3.0 * MI / 4.0 * 1.0078125 / 1e5 + 60.0 + kr);
+    assert!(aq > a && rq > r, "the fast link: qwZ {aq} > {a}, qgZ {rq} > {r}");
+    assert!(f.iter().chain(&b).all(|&t| t < a.min(r)), "network-bound: {f:?} {b:?}");
+    let (gather, reduce, it) = fastest_pair(&mut pred, &units, &auto, 0.01);
+    assert_eq!((gather, reduce), (GatherPrecision::Bf16, ReducePrecision::Fp32));
+    close(it, 6.0 * a + 3.0 * r + f[2] + opt / 4.0, "fast link iteration");
 }
