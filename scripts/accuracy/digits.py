@@ -4,15 +4,15 @@
 split), a small CNN and a small transformer, four ranks as two device types
 (torchrun, gloo, CPU).
 
-  python digits.py prepare --model cnn -o DIR      # ONNX export, calibration, qsyncc plans, UP by rule
+  python digits.py prepare --model cnn -o DIR      # ONNX export, calibration, qsyncc's plans
   torchrun --nproc-per-node 4 digits.py train --model cnn --plans DIR --configs fp32,up,... --seeds 0,1,2
   python digits.py report RESULTS.jsonl... -o docs/accuracy.md
 
 Configurations (`--configs`):
   fp32          plain FP32 DDP, uniform local batch (the reference)
   fp32-hook     the qsync hook with scheme fp32, uniform batch (must equal fp32)
-  up            the UP plan (inference device type: every planned operator at
-                its lowest precision), applied with apply_plan
+  up            qsyncc --method up (the UP baseline: the inference device type
+                at its uniform level, INT8 GEMMs), applied with apply_plan
   qsync         qsyncc --method qsync (QSync's allocator), applied
   joint         qsyncc's default joint plan (batch split + precision), applied
   SCHEME        any qsync synchronization scheme on FP32 compute, uniform batch
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 GLOBAL_PER_DEVICE = 32  # --batch given to qsyncc; the uniform local batch
 TARGETS = "v100:2,t4:2"
 # What the inference type (t4) may compute in besides FP32: INT8 only, so
-# UP is the all-INT8 plan whose indicator qsyncc reports (`methods.up`).
+# UP (`--method up`) is the plan with every GEMM-like operator in INT8.
 PRECISIONS = "int8"
 
 # ---- data ---------------------------------------------------------------
@@ -138,12 +138,6 @@ def make_model(name, seed):
 
 # ---- prepare: plans -----------------------------------------------------
 
-# Operators whose lowest precision is INT8 as QSync simulates it (GEMM-like:
-# quantize-dequantize of weights and activations); every other planned
-# operator's lowest floating precision is FP16.
-INT8_OPS = {"Conv", "MatMul", "Gemm"}
-
-
 def qsyncc():
     exe = os.environ.get("QSYNCC")
     if exe:
@@ -153,27 +147,6 @@ def qsyncc():
         if os.path.exists(os.path.join(here, p)):
             return os.path.join(here, p)
     return shutil.which("qsyncc") or sys.exit("qsyncc not found: set $QSYNCC or build it")
-
-
-def up_from(src, dst):
-    """The UP plan: `src`'s plan directory (batch split and weights kept)
-    with every planned operator of each inference device type at its lowest
-    precision (INT8 for GEMM-like operators, FP16 for the rest). Its Ω is
-    the manifest's `methods.up.indicator_sum`."""
-    shutil.copytree(src, dst)
-    with open(os.path.join(dst, "manifest.json")) as f:
-        man = json.load(f)
-    for t in man["targets"]:
-        if t.get("role") != "inference":
-            continue
-        path = os.path.join(dst, man["devices"][t["device"]]["files"]["plan"])
-        with open(path) as f:
-            plan = json.load(f)
-        for n in plan["nodes"]:
-            if n.get("planned"):
-                n["precision"] = "int8" if n["op"] in INT8_OPS else "fp16"
-        with open(path, "w") as f:
-            json.dump(plan, f, indent=1)
 
 
 def cmd_prepare(a):
@@ -193,8 +166,7 @@ def cmd_prepare(a):
     batches = [(x_tr[i], y_tr[i]) for i in idx]
     stats = os.path.join(a.output, "calibration.json")
     qsync.calibrate(make_model(a.model, 0), batches, stats, name=f"digits_{a.model}")
-    out = {}
-    for method in ("joint", "qsync"):
+    for method in ("joint", "qsync", "up"):
         d = os.path.join(a.output, method)
         shutil.rmtree(d, ignore_errors=True)
         cmd = [qsyncc(), onnx_path, "--targets", TARGETS, "--batch", str(GLOBAL_PER_DEVICE), "--stats", stats,
@@ -202,21 +174,11 @@ def cmd_prepare(a):
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if r.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
-        out[method] = d
-    d = os.path.join(a.output, "up")
-    shutil.rmtree(d, ignore_errors=True)
-    up_from(out["qsync"], d)
     summary = {}
     for name in ("joint", "qsync", "up"):
         with open(os.path.join(a.output, name, "manifest.json")) as f:
             man = json.load(f)
         omega = man["indicator_sum"]
-        if name == "up":
-            # qsyncc's UP is the INT8 plan of the rule above only when it let
-            # every GEMM-like operator into INT8 (it keeps one out when the
-            # calibration has no range for its activation): else no Ω.
-            refused = any("kept out of INT8" in w for w in man.get("warnings", []))
-            omega = None if refused else man["methods"]["up"]["indicator_sum"]
         precisions = {}
         for t in man["targets"]:
             with open(os.path.join(a.output, name, man["devices"][t["device"]]["files"]["plan"])) as f:
@@ -227,6 +189,7 @@ def cmd_prepare(a):
                     hist[n["precision"]] = hist.get(n["precision"], 0) + 1
             precisions[t["device"]] = hist
         summary[name] = {"omega": omega, "chosen": man.get("chosen"),
+                         "int8_warnings": [w for w in man.get("warnings", []) if "kept out of INT8" in w],
                          "batches": {t["device"]: t["local_batch"] for t in man["targets"]},
                          "weights": {t["device"]: t["gradient_weight"] for t in man["targets"]},
                          "roles": {t["device"]: t["role"] for t in man["targets"]},
@@ -409,7 +372,7 @@ def cmd_report(a):
       f"(inference)")
     w("- accuracy: final test accuracy of the trained FP32 master weights (evaluated in FP32), "
       "mean ± sample standard deviation over the seeds; Ω: the plan's indicator sum (`indicator_sum` of its "
-      "manifest; UP's is `methods.up.indicator_sum`); 0 for FP32 compute")
+      "manifest; UP's equals what every run reports for it in `methods`, `up-lowest` or `up`); 0 for FP32 compute")
     w("")
     for m in sorted(plans):
         mr = [r for r in recs if r["model"] == m]
@@ -453,6 +416,12 @@ def cmd_report(a):
             w(f"| {label}{extra} | {comp} | {batch} | {'n/a' if omega is None else f'{omega:.2f}'} | {mean:.2f} ± {sd:.2f} | {l0:.3f} → {l1:.4f} | "
               f"{'yes' if ident else '**no**'} |")
         w("")
+        # Where qsyncc kept GEMM-like operators out of INT8 (no calibrated
+        # range for an input), every plan's Ω and UP are without them.
+        kept = sorted({x for p in plans[m].values() for x in p.get("int8_warnings", [])})
+        for x in kept:
+            w(f"qsyncc warned: {x}")
+            w("")
         # What the numbers say, computed: configurations clearly below the
         # reference (more than 3 points, or more than 3 of the reference's
         # standard deviations, whichever is larger).
@@ -514,16 +483,15 @@ def cmd_report(a):
     w("")
     w(f"`digits.py prepare` exports each model to ONNX (training mode), calibrates it with `qsync.calibrate` "
       f"(50 steps on the training data) and plans it with `qsyncc MODEL --targets {TARGETS} --batch {GLOBAL_PER_DEVICE} "
-      f"--stats calibration.json --optimizer adam --precisions {PRECISIONS}` twice: `--method joint` (the default: the joint plan) "
-      "and `--method qsync` (QSync's allocator at the uniform batch). qsyncc reports UP's Ω "
-      "(`methods.up`) but writes no UP plan directory, so UP is made by rule from the QSync plan: every "
-      "planned operator of the inference type (t4) at its lowest precision — INT8 for Conv/MatMul/Gemm "
-      "(simulated as QSync does: quantize–dequantize in FP32, per-channel weights), FP16 for the others. "
+      f"--stats calibration.json --optimizer adam --precisions {PRECISIONS}` three times: `--method joint` (the default: "
+      "the joint plan), `--method qsync` (QSync's allocator at the uniform batch) and `--method up` (QSync's UP "
+      "baseline: every planned operator of the inference type (t4) at the lowest uniform level that fits — "
+      "INT8 for Conv/MatMul/Gemm, simulated in training as QSync does (quantize–dequantize in FP32, per-channel "
+      "weights), FP32 for the others, which `--precisions int8` gives no lower float precision). "
       "Each plan is applied per rank with `qsync.apply_plan` and synchronized with `qsync.comm_hook(plan)`, "
       "which weights each rank's gradient by its type's `local_batch / global_batch`; each rank trains on its "
       "slice of the same global batch. The synchronization schemes run on FP32 compute with a uniform "
-      "batch. UP's Ω is n/a where qsyncc kept GEMM-like operators out of INT8 (no calibrated range for "
-      "their activation: its UP is then not the INT8 plan trained here). The accuracy is that of the trained "
+      "batch. The accuracy is that of the trained "
       "weights, so a plan's low-precision forward passes matter only through the updates they produce.")
     w("")
     w("On the schemes: `nbit-k` packs every element of a bucket into one of 2^k levels spread over the "

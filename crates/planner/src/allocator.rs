@@ -9,7 +9,10 @@
 //! - **UP**: every inference type at one uniform precision level (FP32,
 //!   FP16, INT8 — INT8 only for Conv/GEMM, whose neighbours drop to FP16 at
 //!   that level); of the levels that fit memory, the fastest — normally the
-//!   lowest precision that fits, QSync's T_min.
+//!   lowest precision that fits, QSync's T_min. Where the lowest level that
+//!   fits is another plan (INT8 slower than FP16), it is reported too
+//!   (`up-lowest`): QSync's UP, which [`Method::Up`] chooses, so that the
+//!   baseline is written and trained like any other plan.
 //! - **Greedy** (QSync as published): start from UP, then recover precision
 //!   from a max-heap of indicator decrements, keeping a step only if memory
 //!   fits and throughput stays ≥ T_min.
@@ -68,7 +71,8 @@ pub struct AllocOptions {
     pub exhaustive_limit: u64,
     /// Combinations the optimality-gap search may evaluate with the predictor.
     pub gap_limit: u64,
-    /// Which plan is chosen: the joint search (default) or QSync's allocator.
+    /// Which plan is chosen: the joint search (default), QSync's allocator
+    /// or UP.
     pub method: Method,
     /// What the joint search optimizes.
     pub objective: Objective,
@@ -180,6 +184,11 @@ pub enum Method {
     /// recovery; greedy from UP when ours does not dominate it), as the
     /// paper describes it.
     Qsync,
+    /// QSync's UP baseline itself: every inference type at the lowest
+    /// uniform level that fits ([`Outcome::up_lowest`], `up-lowest` of
+    /// [`Outcome::methods`], or `up` when that is the same plan), written as
+    /// a plan so that it can be trained and compared with the others.
+    Up,
 }
 
 impl std::str::FromStr for Method {
@@ -188,7 +197,8 @@ impl std::str::FromStr for Method {
         match s {
             "joint" => Ok(Method::Joint),
             "qsync" => Ok(Method::Qsync),
-            _ => Err(format!("unknown method `{s}` (joint, qsync)")),
+            "up" => Ok(Method::Up),
+            _ => Err(format!("unknown method `{s}` (joint, qsync, up)")),
         }
     }
 }
@@ -315,6 +325,10 @@ pub struct Outcome {
     /// The floor QSync's method (uniform batch) kept.
     pub qsync_t_min: f64,
     pub up: Eval,
+    /// UP at the lowest uniform level that fits (QSync's UP, the floor of
+    /// [`TMin::Lowest`]), when that plan is not `up`'s: the all-INT8 plan
+    /// where INT8 is slower than a wider level.
+    pub up_lowest: Option<Eval>,
     pub greedy: Eval,
     /// QSync's allocator (ours: fastest start and recovery, or greedy's plan
     /// when ours does not dominate it).
@@ -364,6 +378,9 @@ impl Outcome {
     /// sharded ones that fit (`fsdp`, `fsdp-dbs`, `sharded`).
     pub fn methods(&self) -> Vec<(&'static str, &Eval)> {
         let mut v: Vec<(&'static str, &Eval)> = vec![("up", &self.up)];
+        if let Some(l) = &self.up_lowest {
+            v.push(("up-lowest", l));
+        }
         if let Some(d) = &self.dbs.eval {
             v.push(("dbs", d));
         }
@@ -938,6 +955,7 @@ pub fn allocate(
     let mut best: Option<(f64, Vec<Plan>)> = None;
     // Levels run widest first: the last one that fits is the lowest.
     let mut lowest_fitting: Option<f64> = None;
+    let mut lowest_plans: Option<Vec<Plan>> = None;
     let mut lowest_failure = String::new();
     let level_results = crate::par::map(&level_sets, |&p| -> Result<(Vec<Plan>, SimResult), PlanError> {
         let plans: Vec<Plan> =
@@ -949,6 +967,7 @@ pub fn allocate(
         let (plans, r) = level?;
         if r.devices.iter().all(|d| d.fits) {
             lowest_fitting = Some(r.samples_per_s);
+            lowest_plans = Some(plans.clone());
             if best.as_ref().is_none_or(|(b, _)| r.samples_per_s > *b) {
                 best = Some((r.samples_per_s, plans));
             }
@@ -970,6 +989,12 @@ pub fn allocate(
         }
     }
     let Some((_, up_plans)) = best else {
+        if opts.method == Method::Up {
+            return Err(PlanError::Infeasible(format!(
+                "UP does not fit: every uniform level runs out of memory, even the lowest allowed precision \
+                 ({lowest_failure})"
+            )));
+        }
         // DDP holds the whole model on every device: sharding may still fit.
         progress("sharded training (FSDP, ZeRO++)");
         let s = cx.sharded()?;
@@ -997,6 +1022,7 @@ pub fn allocate(
             greedy: Eval { method: "qsync-greedy".into(), ..up.clone() },
             ours: Eval { method: "qsync".into(), ..up.clone() },
             up,
+            up_lowest: None,
             dbs,
             joint: None,
             joint_fastest: None,
@@ -1020,6 +1046,10 @@ pub fn allocate(
     };
     let mut up_pred = cx.predictor(&up_plans)?;
     let up = cx.eval("up", &mut up_pred);
+    let up_lowest = match lowest_plans.filter(|p| *p != up_plans) {
+        Some(p) => Some(cx.eval("up-lowest", &mut cx.predictor(&p)?)),
+        None => None,
+    };
     lap("uniform precision (UP)", &mut phases);
 
     progress("dynamic batch sizing (DBS)");
@@ -1120,7 +1150,12 @@ pub fn allocate(
     };
     lap("each device type alone", &mut phases);
 
-    let (mut chosen, mut chosen_eval) = choose(opts, &up, &dbs, &greedy, &ours, &joint, t_min, bound, dominates);
+    // `--method up` writes QSync's UP: the lowest uniform level that fits.
+    let (mut chosen, mut chosen_eval) = match (opts.method, &up_lowest) {
+        (Method::Up, Some(l)) => ("up-lowest".to_string(), l.clone()),
+        (Method::Up, None) => ("up".to_string(), up.clone()),
+        _ => choose(opts, &up, &dbs, &greedy, &ours, &joint, t_min, bound, dominates),
+    };
     let gap = optimality_gap(&cx, &cls, &up_plans, qsync_t_min, ours.indicator_sum, opts)?;
     lap("optimality gap", &mut phases);
     // The FSDP baselines join UP and DBS under the floor: where one beats
@@ -1132,7 +1167,7 @@ pub fn allocate(
     let fsdp_floor =
         [&sharded.fsdp, &sharded.fsdp_dbs].into_iter().flatten().map(|e| e.eval.samples_per_s).fold(0.0, f64::max);
     let mut t_min = t_min;
-    if opts.method != Method::Qsync {
+    if opts.method == Method::Joint {
         if opts.t_min == TMin::Best {
             t_min = t_min.max(fsdp_floor);
         }
@@ -1145,10 +1180,15 @@ pub fn allocate(
     }
     lap("sharded training (FSDP, ZeRO++)", &mut phases);
     Ok(Outcome {
-        t_min: if opts.method == Method::Qsync { qsync_t_min } else { t_min },
+        t_min: match opts.method {
+            Method::Qsync => qsync_t_min,
+            Method::Up => up_lowest.as_ref().unwrap_or(&up).samples_per_s,
+            Method::Joint => t_min,
+        },
         t_min_rule: opts.t_min,
         qsync_t_min,
         up,
+        up_lowest: up_lowest.clone(),
         greedy,
         ours,
         dbs,
@@ -1197,9 +1237,10 @@ fn sharded_choice(s: &crate::shard::ShardOutcome, ddp: Option<&Eval>) -> Option<
 }
 
 /// The chosen plan: QSync's method as published, or the best of every
-/// method under the objective — `Indicator`: the smallest indicator sum at
-/// or above the floor (ties: the faster); `Throughput`: the fastest within
-/// the indicator bound (ties: the smaller indicator).
+/// method under the objective —
+/// `Indicator`: the smallest indicator sum at or above the floor (ties: the
+/// faster); `Throughput`: the fastest within the indicator bound (ties: the
+/// smaller indicator).
 #[allow(clippy::too_many_arguments)]
 fn choose(
     opts: &AllocOptions,

@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use qsync_cost::{GraphFacts, Precision};
 use qsync_ir::{DType, Graph, NodeId, Op, ValueId};
-use qsync_passes::precision::qscale::uncalibrated_input;
+use qsync_passes::precision::qscale::{needs_range, uncalibrated_input};
 use qsync_passes::precision::ActivationRanges;
 use serde::{Deserialize, Serialize};
 
@@ -103,6 +103,49 @@ pub struct OpStats {
     pub weight: Option<TensorStats>,
     /// The gradient arriving at its output, ∇v.
     pub grad_output: Option<TensorStats>,
+    /// The GEMM-like operators the module calls in its own forward rather
+    /// than through a submodule (attention's `torch.matmul`s, a functional
+    /// `F.conv2d`), by family (`matmul`: MatMul, Gemm, Einsum; `conv`:
+    /// Conv, ConvTranspose), each family's calls in the order they ran.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub calls: BTreeMap<String, Vec<CallStats>>,
+}
+
+/// One functional call's statistics (see [`OpStats::calls`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CallStats {
+    /// Every tensor operand, in the order the graph's node reads them
+    /// (`torch.matmul(a, b)`: a, b; `F.linear(x, w, b)`: x, w, b).
+    #[serde(default)]
+    pub inputs: Vec<TensorStats>,
+    /// The gradient arriving at its output.
+    #[serde(default)]
+    pub grad_output: Option<TensorStats>,
+}
+
+/// A node's statistics: its module's, or those of the functional call it
+/// came from (then `operands` are every float input's, in order).
+#[derive(Clone, Debug, Default)]
+struct NodeStats {
+    input: Option<TensorStats>,
+    weight: Option<TensorStats>,
+    grad_output: Option<TensorStats>,
+    operands: Vec<TensorStats>,
+}
+
+impl NodeStats {
+    fn module(s: &OpStats) -> NodeStats {
+        NodeStats { input: s.input, weight: s.weight, grad_output: s.grad_output, operands: Vec::new() }
+    }
+
+    fn call(c: &CallStats) -> NodeStats {
+        NodeStats {
+            input: c.inputs.first().copied(),
+            weight: None,
+            grad_output: c.grad_output,
+            operands: c.inputs.clone(),
+        }
+    }
 }
 
 /// The calibration file (`--calibration FILE`), version 1:
@@ -111,14 +154,21 @@ pub struct OpStats {
 /// { "format": "qsync-calibration", "version": 1,
 ///   "model": "resnet50", "iterations": 50, "batch": 16,
 ///   "ops": { "layer1.0.conv1": { "input": {"norm2": 1.2e5, "min": -3.1, "max": 4.0, "numel": 802816},
-///                                "weight": {...}, "grad_output": {...} } } }
+///                                "weight": {...}, "grad_output": {...} },
+///            "blocks.0": { "calls": { "matmul": [ { "inputs": [{...}, {...}], "grad_output": {...} } ] } } } }
 /// ```
 ///
-/// Keys name PyTorch modules (`layer1.0.conv1`) or graph nodes. A key
-/// matches a node whose name equals it, whose parameter initializer is
-/// `KEY.weight`/`KEY.bias`, or whose name contains `/KEY-with-dots-as-slashes/`
-/// (the legacy exporter's scoped names). Statistics are running means over
-/// the first `iterations` steps (the paper uses 50).
+/// Keys name PyTorch modules (`layer1.0.conv1`) or graph nodes. A node takes
+/// the entry, most specific first, whose key is its name; that records the
+/// functional call it came from (its scope's module is the key and it is
+/// the i-th node of its family there: the i-th call of
+/// [`OpStats::calls`]); whose key `KEY` names a parameter initializer it
+/// reads (`KEY.weight`/`KEY.bias`); whose key is its scope's module (the module whose
+/// forward the exporter recorded it in, `qsync_ir::Scope`: the legacy
+/// exporter's `/blocks.0/q/MatMul` is in `blocks.0.q`); or whose key, dots
+/// as slashes, its name contains (`/layer1/0/conv1/`; the longest wins).
+/// Statistics are running means over the first `iterations` steps (the
+/// paper uses 50).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
     #[serde(default)]
@@ -149,7 +199,10 @@ impl Calibration {
     /// computed from initializers and constants alone — and, where the file
     /// has `weight` statistics, theirs the range of a weight the graph
     /// computes (a transposed initializer), when the node reads exactly one.
-    /// A value read by several matched nodes keeps the largest range.
+    /// A node matched to a functional call ([`OpStats::calls`]) gives each
+    /// float input that is not an initializer the range of the operand at
+    /// its position. A value read by several matched nodes keeps the
+    /// largest range.
     pub fn activation_ranges(&self, g: &Graph) -> ActivationRanges {
         let mut ranges = ActivationRanges::default();
         let mut constant = HashMap::new();
@@ -162,6 +215,16 @@ impl Calibration {
                 .copied()
                 .filter(|&v| g.ty(v).dtype.is_none_or(DType::is_float))
                 .collect();
+            // A functional call recorded every operand: each float input
+            // that needs a range takes its own.
+            if !s.operands.is_empty() {
+                for (&v, st) in float_ins.iter().zip(&s.operands) {
+                    if needs_range(g, v) {
+                        ranges.insert(g.value_name(v), st.absmax());
+                    }
+                }
+                continue;
+            }
             let derived: Vec<bool> = float_ins.iter().map(|&v| from_constants(g, v, &mut constant)).collect();
             if let (Some(st), Some(i)) = (s.input, derived.iter().position(|d| !d)) {
                 ranges.insert(g.value_name(float_ins[i]), st.absmax());
@@ -472,27 +535,55 @@ impl Indicator {
     }
 }
 
-/// Node → its calibration entry (see [`Calibration`] for the matching rules).
-fn match_calibration<'c>(g: &Graph, c: &'c Calibration) -> HashMap<NodeId, &'c OpStats> {
+/// The family of a GEMM-like operator, as the calibration records the
+/// functional calls that make it (`qsync.calibrate`: `torch.matmul`,
+/// `F.linear`, … are `matmul`; `F.conv2d`, … `conv`).
+fn call_family(op: &Op) -> Option<&'static str> {
+    match op.to_string().as_str() {
+        "MatMul" | "Gemm" | "Einsum" | "MatMulInteger" => Some("matmul"),
+        "Conv" | "ConvTranspose" => Some("conv"),
+        _ => None,
+    }
+}
+
+/// Node → its statistics (see [`Calibration`] for the matching rules).
+fn match_calibration(g: &Graph, c: &Calibration) -> HashMap<NodeId, NodeStats> {
+    let scoped: Vec<(String, &OpStats)> =
+        c.ops.iter().map(|(k, s)| (format!("/{}/", k.replace('.', "/")), s)).collect();
+    // The i-th call of a family in a module's own forward is the i-th node
+    // of that family in the module's scope, in graph (the exporter's) order:
+    // the order `apply_plan` matches calls in too.
+    let mut calls_seen: HashMap<(String, &'static str), usize> = HashMap::new();
     let mut out = HashMap::new();
     for n in g.node_ids() {
         let node = g.node(n);
-        let params: Vec<&str> = node
-            .inputs()
-            .iter()
-            .flatten()
-            .filter(|&&v| g.value(v).init().is_some())
-            .map(|&v| g.value_name(v))
-            .collect();
-        for (k, s) in &c.ops {
-            let scoped = format!("/{}/", k.replace('.', "/"));
-            let hit = node.name == *k
-                || params.iter().any(|p| p.strip_prefix(k.as_str()).is_some_and(|r| r == ".weight" || r == ".bias"))
-                || node.name.contains(&scoped);
-            if hit {
-                out.insert(n, s);
-                break;
+        let scope = node.scope.as_ref();
+        let call = match (scope, call_family(&node.op)) {
+            (Some(sc), Some(fam)) => {
+                let seen = calls_seen.entry((sc.module.clone(), fam)).or_insert(0);
+                let i = *seen;
+                *seen += 1;
+                c.ops.get(&sc.module).and_then(|s| s.calls.get(fam)).and_then(|calls| calls.get(i))
             }
+            _ => None,
+        };
+        let by_param = || {
+            node.inputs().iter().flatten().filter(|&&v| g.value(v).init().is_some()).find_map(|&v| {
+                let p = g.value_name(v);
+                p.strip_suffix(".weight").or_else(|| p.strip_suffix(".bias")).and_then(|k| c.ops.get(k))
+            })
+        };
+        let by_scope = || scope.and_then(|sc| c.ops.get(&sc.module));
+        let by_name = || {
+            scoped.iter().filter(|(p, _)| node.name.contains(p.as_str())).max_by_key(|(p, _)| p.len()).map(|(_, s)| *s)
+        };
+        let stats = match (c.ops.get(&node.name), call) {
+            (Some(s), _) => Some(NodeStats::module(s)),
+            (None, Some(cs)) => Some(NodeStats::call(cs)),
+            (None, None) => by_param().or_else(by_scope).or_else(by_name).map(NodeStats::module),
+        };
+        if let Some(s) = stats {
+            out.insert(n, s);
         }
     }
     out
@@ -557,6 +648,7 @@ graph "two" {
                 input: Some(TensorStats { norm2: 2.0, min: -1.0, max: 1.55, numel: 0.0 }),
                 weight: None,
                 grad_output: Some(TensorStats { norm2: 0.5, min: -0.5, max: 0.25, numel: 2.0 }),
+                ..Default::default()
             },
         );
         let cal = Calibration { version: 1, ops, ..Default::default() };
@@ -580,7 +672,7 @@ graph "two" {
     fn activation_ranges_gate_int8_by_hand() {
         let mut ops = BTreeMap::new();
         let input = Some(TensorStats { norm2: 2.0, min: -1.0, max: 1.55, numel: 0.0 });
-        ops.insert("fc1".to_string(), OpStats { input, weight: None, grad_output: None });
+        ops.insert("fc1".to_string(), OpStats { input, ..Default::default() });
         let cal = Calibration { version: 1, ops, ..Default::default() };
         let (g, ind, fc1, fc2) = setup(Some(&cal));
         let r = ind.activation_ranges();
@@ -617,9 +709,72 @@ graph "t" {
         .expect("parses");
         let st = |lo: f64, hi: f64| Some(TensorStats { norm2: 1.0, min: lo, max: hi, numel: 0.0 });
         let mut ops = BTreeMap::new();
-        ops.insert("fc".to_string(), OpStats { input: st(-0.25, 0.5), weight: st(-3.0, 2.0), grad_output: None });
+        ops.insert("fc".to_string(), OpStats { input: st(-0.25, 0.5), weight: st(-3.0, 2.0), ..Default::default() });
         let r = Calibration { version: 1, ops, ..Default::default() }.activation_ranges(&g);
         assert_eq!((r.get("x"), r.get("wt"), r.get("w")), (Some(0.5), Some(3.0), None));
+    }
+
+    /// The legacy exporter's transformer block, by hand: the Linear `q`'s
+    /// nodes are in scope `blocks.0.q` (`/blocks.0/q/MatMul`: the module
+    /// path keeps the ModuleList's dot, so no `/blocks/0/q/` in the name),
+    /// and the attention's two `torch.matmul`s are `blocks.0`'s own calls,
+    /// recorded in order under `calls.matmul`. Ranges: x ← q's input
+    /// max(|-0.25|, 0.5) = 0.5; wt ← q's weight max(|-3|, 2) = 3; the first
+    /// call reads (q, kt): 1.5 and 2; the second (p, q): 0.75 and 1.25, and
+    /// q keeps the larger, 1.5. Every MatMul may then be INT8.
+    #[test]
+    fn scoped_modules_and_functional_calls_by_hand() {
+        let mut g = qsync_ir::text::parse_graph(
+            r#"opset "" 17
+graph "block" {
+  init %wq: f32[2,2] = [1.0, -3.0, 0.5, 2.0]
+  input %x: f32[2,2]
+  %wt: f32[2,2] = Transpose "/blocks.0/q/Transpose"(%wq)
+  %q: f32[2,2] = MatMul "/blocks.0/q/MatMul"(%x, %wt)
+  %kt: f32[2,2] = Transpose "/blocks.0/Transpose"(%q)
+  %s: f32[2,2] = MatMul "/blocks.0/MatMul"(%q, %kt)
+  %p: f32[2,2] = Softmax "/blocks.0/Softmax"(%s)
+  %o: f32[2,2] = MatMul "/blocks.0/MatMul_1"(%p, %q)
+  output %o
+}
+"#,
+        )
+        .expect("parses");
+        // What the ONNX importer records for these names.
+        for n in g.node_ids() {
+            let name = g.node(n).name.clone();
+            let module = if name.starts_with("/blocks.0/q/") { "blocks.0.q" } else { "blocks.0" };
+            let call = name.rsplit('/').next().unwrap_or_default().to_string();
+            g.node_mut(n).scope = Some(qsync_ir::Scope { module: module.into(), call });
+        }
+        let st = |lo: f64, hi: f64| format!(r#"{{"norm2": 1, "min": {lo}, "max": {hi}, "numel": 4}}"#);
+        let text = format!(
+            r#"{{"version": 1, "ops": {{
+                "blocks.0.q": {{"input": {}, "weight": {}}},
+                "blocks.0": {{"calls": {{"matmul": [{{"inputs": [{}, {}]}}, {{"inputs": [{}, {}], "grad_output": {}}}]}}}}}}}}"#,
+            st(-0.25, 0.5),
+            st(-3.0, 2.0),
+            st(-1.5, 1.0),
+            st(-2.0, 0.5),
+            st(0.0, 0.75),
+            st(-1.25, 1.0),
+            st(-0.5, 0.25)
+        );
+        let cal = Calibration::from_json(&text).expect("parses");
+        let r = cal.activation_ranges(&g);
+        let got: Vec<(&str, f64)> = r.iter().collect::<BTreeMap<_, _>>().into_iter().collect();
+        assert_eq!(got, vec![("kt", 2.0), ("p", 0.75), ("q", 1.5), ("wt", 3.0), ("x", 0.5)]);
+
+        let facts = GraphFacts::new(&g, &Bindings::new()).expect("facts");
+        let mm: Vec<NodeId> = g.node_ids().into_iter().filter(|&n| g.node(n).op.to_string() == "MatMul").collect();
+        assert_eq!(mm.len(), 3);
+        let ind = Indicator::new(&g, &facts, &mm, Some(&cal));
+        assert!(mm.iter().all(|&n| ind.int8_allowed(n)));
+        assert_eq!(ind.int8_warning(&g), None);
+        assert_eq!(ind.sources.activations_calibrated, 3);
+        // The second call's statistics are its node's: v = p's, ∇v its own.
+        let t = ind.terms(mm[2]).expect("terms");
+        assert_eq!((t.v.min, t.v.max, t.grad.min, t.grad.max), (0.0, 0.75, -0.5, 0.25));
     }
 
     #[test]

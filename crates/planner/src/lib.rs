@@ -28,4 +28,4 @@ pub use allocator::{
     TrainPrecision, TypeEval,
 };
 pub use shard::{ShardOutcome, ShardedEval};
-pub use indicator::{Calibration, Indicator, OpStats, Source, Sources, TensorStats};
+pub use indicator::{CallStats, Calibration, Indicator, OpStats, Source, Sources, TensorStats};

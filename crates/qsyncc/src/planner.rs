@@ -1011,9 +1011,12 @@ pub struct PlanArgs {
     #[arg(long = "t-min", default_value = "best", value_parser = ["best", "fastest", "lowest"])]
     pub t_min: String,
     /// `joint` (batch split and precision searched together; the best plan
-    /// of every method is chosen) or `qsync` (QSync's allocator at the
-    /// uniform batch, as published).
-    #[arg(long, default_value = "joint", value_parser = ["joint", "qsync"])]
+    /// of every method is chosen), `qsync` (QSync's allocator at the
+    /// uniform batch, as published) or `up` (QSync's UP baseline itself:
+    /// every inference type at the lowest uniform precision level that fits;
+    /// `methods` reports it as `up-lowest` where the fastest level, `up`, is
+    /// another plan).
+    #[arg(long, default_value = "joint", value_parser = ["joint", "qsync", "up"])]
     pub method: String,
     /// `indicator`: the least indicator sum at the throughput floor;
     /// `throughput`: the fastest plan whose indicator sum stays within

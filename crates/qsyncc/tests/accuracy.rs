@@ -98,9 +98,23 @@ fn check_model(model: &str, work: &Path) {
     for p in ["up", "qsync", "joint"] {
         assert!(summary[p].is_object(), "{model}: no {p} plan in {summary}");
     }
-    // UP is the all-INT8 plan of the inference type (its GEMM-like operators).
+    // UP is qsyncc's own (`--method up`: the lowest uniform level, `up` or
+    // `up-lowest` of `methods`): the plan whose Ω the other runs report for
+    // it, with the inference type's GEMM-like operators in INT8, every one of
+    // them calibrated (none kept out of INT8).
     let up_t4 = &summary["up"]["precisions"]["t4"];
     assert!(up_t4["int8"].as_u64().unwrap_or(0) > 0, "{model}: UP has no INT8 operator: {up_t4}");
+    let key = summary["up"]["chosen"].as_str().expect("chosen");
+    assert!(key == "up" || key == "up-lowest", "{model}: {summary}");
+    let manifest = |p: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(plans.join(p).join("manifest.json")).expect("manifest"))
+            .expect("json")
+    };
+    let reported = manifest("qsync")["methods"][key]["indicator_sum"].as_f64();
+    assert_eq!(summary["up"]["omega"].as_f64(), reported, "{model}: UP's Ω vs the QSync run's methods.{key}");
+    for p in ["up", "qsync", "joint"] {
+        assert_eq!(summary[p]["int8_warnings"], serde_json::json!([]), "{model}: {p}");
+    }
 
     let mut train = Command::new(venv().join("bin/torchrun"));
     train

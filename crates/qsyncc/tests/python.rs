@@ -277,6 +277,55 @@ fn calibrate_writes_the_stats_qsyncc_plans_with() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
+/// The accuracy run's transformer (`scripts/accuracy/digits.py`), exported
+/// by the legacy exporter and calibrated by `qsync.calibrate`
+/// (`crates/python/tests/calibrate_transformer.py`): each of its 18
+/// GEMM-like operators — per block the six Linear layers (`/blocks.0/q/MatMul`
+/// is in module `blocks.0.q`) and attention's two `torch.matmul`s (calls of
+/// `blocks.0`'s own forward), plus the embedding and the head — finds
+/// calibrated statistics for its activation and a range for every input it
+/// would read in INT8, so none is kept out of INT8.
+#[test]
+fn calibrate_covers_every_gemm_of_the_digits_transformer() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    install();
+    let work = tmp("calibrate-transformer");
+    let mut c = Command::new(python());
+    c.arg(root().join("crates/python/tests/calibrate_transformer.py"))
+        .arg(&work)
+        .env("OMP_NUM_THREADS", "2")
+        .env("PYTHONWARNINGS", "ignore");
+    let (out, took) = run_limited(&mut c, Duration::from_secs(120));
+    assert!(out.status.success(), "calibrate_transformer.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let rec = records(&out).pop().expect("one record");
+    eprintln!("{rec} ({took:?})");
+    // Attention's two matmuls per block, recorded as the block's own calls.
+    for b in ["blocks.0", "blocks.1"] {
+        assert_eq!(rec["calls"][b]["matmul"], 2, "{rec}");
+    }
+    let onnx = PathBuf::from(rec["onnx"].as_str().expect("onnx"));
+    let text = std::fs::read_to_string(rec["stats"].as_str().expect("stats")).expect("stats");
+    let cal = qsync_planner::Calibration::from_json(&text).expect("a calibration file");
+    let opts = qsync_ir::infer::InferOptions { batch: Some(32), ..Default::default() };
+    let loaded = qsyncc::load::load_model(&onnx, &opts, &[]).expect("loads");
+    let g = &loaded.model.graph;
+    let facts = qsync_cost::GraphFacts::new(g, &qsync_cost::Bindings::new()).expect("facts");
+    let cands = qsync_planner::candidates(g, &facts);
+    let ind = qsync_planner::Indicator::new(g, &facts, &cands, Some(&cal));
+    let gemm: Vec<_> = cands.iter().copied().filter(|&n| facts.node(n).is_ok_and(|f| f.kind.is_gemm_like())).collect();
+    let missing: Vec<&str> = gemm
+        .iter()
+        .filter(|&&n| {
+            !ind.int8_allowed(n) || ind.terms(n).map(|t| t.activation_source) != Some(qsync_planner::Source::Calibrated)
+        })
+        .map(|&n| g.node(n).name.as_str())
+        .collect();
+    assert_eq!(gemm.len(), 18, "GEMM-like operators");
+    assert!(missing.is_empty(), "{} of 18 without statistics: {missing:?}", missing.len());
+    assert_eq!(ind.int8_warning(g), None);
+    let _ = std::fs::remove_dir_all(&work);
+}
+
 #[test]
 fn hook_bench_times_each_hook_against_ddp_in_one_job() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
