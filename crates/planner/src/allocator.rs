@@ -93,8 +93,6 @@ pub struct AllocOptions {
     /// Every device runs exactly this local batch (a graph that fixes its
     /// batch): no batch split.
     pub fixed_local_batch: Option<u32>,
-}
-
     /// The sharded collectives' precisions the sharded search may choose
     /// besides the 16-bit all-gather and the FP32 reduce-scatter.
     pub shard_collectives: qsync_sim::CollectiveChoices,
@@ -102,6 +100,8 @@ pub struct AllocOptions {
     /// ([`qsync_sim::GatherPrecision::relative_error`],
     /// [`qsync_sim::ReducePrecision::relative_error`]).
     pub shard_error_budget: f64,
+}
+
 impl Default for AllocOptions {
     fn default() -> Self {
         AllocOptions {
@@ -117,10 +117,10 @@ impl Default for AllocOptions {
             opset: None,
             min_local_batch: 1,
             fixed_local_batch: None,
-        }
-    }
             shard_collectives: qsync_sim::CollectiveChoices::default(),
             shard_error_budget: 0.01,
+        }
+    }
 }
 
 /// What the training device type (the fastest type, or the only one)
@@ -435,6 +435,10 @@ pub(crate) struct Ctx<'g> {
     pub(crate) analysis: std::sync::Arc<qsync_sim::GraphAnalysis>,
     /// Each type's local batch bounds in a split (smallest, largest).
     pub(crate) batch_bounds: (u32, u32),
+    /// See [`AllocOptions::shard_collectives`].
+    pub(crate) shard_collectives: qsync_sim::CollectiveChoices,
+    /// See [`AllocOptions::shard_error_budget`].
+    pub(crate) shard_error_budget: f64,
 }
 
 /// Nodes the allocator chooses precisions for: lowerable operators that are
@@ -442,10 +446,6 @@ pub(crate) struct Ctx<'g> {
 pub fn candidates(g: &Graph, facts: &GraphFacts) -> Vec<NodeId> {
     facts
         .order()
-    /// See [`AllocOptions::shard_collectives`].
-    pub(crate) shard_collectives: qsync_sim::CollectiveChoices,
-    /// See [`AllocOptions::shard_error_budget`].
-    pub(crate) shard_error_budget: f64,
         .iter()
         .copied()
         .filter(|&n| {
@@ -933,6 +933,8 @@ pub fn allocate(
             Some(b) => (b.max(1), b.max(1)),
             None => (opts.min_local_batch.max(1), u32::MAX),
         },
+        shard_collectives: opts.shard_collectives.clone(),
+        shard_error_budget: opts.shard_error_budget,
     };
     let n_types = cx.targets.len();
     let base: Vec<Plan> = (0..n_types)
@@ -940,8 +942,6 @@ pub fn allocate(
         .collect::<Result<_, _>>()?;
 
     // UP: every inference type at one uniform level; of the levels that fit,
-        shard_collectives: opts.shard_collectives.clone(),
-        shard_error_budget: opts.shard_error_budget,
     // the fastest (normally the lowest precision: QSync's T_min).
     progress("uniform precision (UP)");
     let mut level_sets: Vec<Precision> = cx.levels.iter().flatten().flatten().copied().collect();

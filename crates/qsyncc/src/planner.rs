@@ -1068,8 +1068,6 @@ pub struct PlanArgs {
     /// them (default: the build machine's measurement).
     #[arg(long)]
     pub host_kernels: Option<PathBuf>,
-}
-
     /// Precisions the sharded plan's collectives may use: `fp` (16-bit
     /// all-gathers at the AMP type, FP32 reduce-scatters), `auto` (also
     /// qwZ, bf16, qgz-int8, qgz-int4 within `--sync-error-budget`), or a
@@ -1077,6 +1075,8 @@ pub struct PlanArgs {
     /// ties.
     #[arg(long, default_value = "fp")]
     pub shard_collectives: String,
+}
+
 impl PlanArgs {
     /// The library request these flags describe.
     pub fn request(&self) -> Result<PlanRequest> {
@@ -1121,9 +1121,9 @@ impl PlanArgs {
             sync_path: self.sync_path,
             host_kernels: self.host_kernels.as_deref().map(crate::hostkernels::load).transpose()?,
             sync_group: self.sync_group,
+            shard_collectives: self.shard_collectives.clone(),
             progress: true,
         })
-            shard_collectives: self.shard_collectives.clone(),
     }
 }
 
@@ -1223,9 +1223,9 @@ fn sharding_json(out: &qsync_planner::Outcome, allowed: &[&str], budget: f64) ->
             |c| json!({ "kind": c.kind, "phase": c.phase, "unit": c.unit, "scope": c.scope, "precision": c.precision }),
         )
         .collect();
+    let p: u64 = r.devices.iter().map(|d| u64::from(d.count)).sum();
     json!({
         "stage": spec.stage.name(), "fsdp_strategy": spec.stage.fsdp_name(), "hpz": spec.hpz,
-    let p: u64 = r.devices.iter().map(|d| u64::from(d.count)).sum();
         "uneven_shares": spec.uneven,
         "collective_precisions": {
             "allowed": allowed, "error_budget": budget,

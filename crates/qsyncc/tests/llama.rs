@@ -267,6 +267,24 @@ fn the_documented_llama_commands_run_as_written() {
         assert_eq!(state, 4_492_277_120.0, "{name}'s sharded state");
     }
 
+    // The README shows this plan as `scripts/llama-table.sh --summary`
+    // prints it from the manifest: the lines there are that output.
+    let summary = Command::new(root.join("scripts/llama-table.sh"))
+        .args(["--summary", "target/llama/plan-7b"])
+        .current_dir(&root)
+        .output()
+        .expect("scripts/llama-table.sh runs");
+    assert!(summary.status.success(), "llama-table.sh --summary: {}", stderr(&summary));
+    let printed = String::from_utf8_lossy(&summary.stdout);
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let shown = readme
+        .split("<!-- llama-summary -->")
+        .nth(1)
+        .and_then(|b| b.split("```text\n").nth(1))
+        .and_then(|b| b.split("```").next())
+        .expect("README.md: a ```text block after <!-- llama-summary -->");
+    assert_eq!(shown, printed, "README.md's Llama plan is not what `scripts/llama-table.sh --summary` prints now");
+
     let (refused, err) = (&outputs[3], stderr(&outputs[3]));
     assert!(!refused.status.success(), "`{}` now plans: update docs/planner.md, which says it is refused", cmds[3]);
     let quoted = "sharded (FSDP, ZeRO++, activation checkpointing) the smallest memory it needs is 29.05 GiB on each t4 against 16.00 GiB available";
