@@ -39,7 +39,8 @@ pub fn table(out: &Outcome) -> String {
         };
         let mark = if key == out.chosen { " **(chosen)**" } else { "" };
         if !fits(e) {
-            let _ = writeln!(s, "| {name}{mark} | {} | – | does not fit | – | – | {:.4e} |", batches(e), e.indicator_sum);
+            let _ =
+                writeln!(s, "| {name}{mark} | {} | – | does not fit | – | – | {:.4e} |", batches(e), e.indicator_sum);
             continue;
         }
         let _ = writeln!(

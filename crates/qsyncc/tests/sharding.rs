@@ -170,7 +170,11 @@ fn the_sharded_search_chooses_the_collectives_precisions_within_the_error_budget
         // The per-type fields say the same.
         assert_eq!(t4["all_gather"]["precision"], c["all_gather"]["precision"], "{m}");
         assert_eq!(t4["reduce_scatter_precision"], c["reduce_scatter"]["precision"], "{m}");
-        (c["all_gather"]["precision"].as_str().map(String::from), c["reduce_scatter"]["precision"].as_str().map(String::from), c)
+        (
+            c["all_gather"]["precision"].as_str().map(String::from),
+            c["reduce_scatter"]["precision"].as_str().map(String::from),
+            c,
+        )
     };
     let auto = [&slow[..], &["--shard-collectives", "auto"]].concat();
     let (g, r, c) = precisions(&auto);

@@ -4,9 +4,7 @@
 
 use qsync_cost::{Bindings, Device, DeviceDb, Optimizer, Plan};
 use qsync_ir::Graph;
-use qsync_sim::shard::{
-    predict_sharded, CollectiveChoices, GatherPrecision, ReducePrecision, ShardSpec, Stage, Units,
-};
+use qsync_sim::shard::{predict_sharded, CollectiveChoices, GatherPrecision, ReducePrecision, ShardSpec, Stage, Units};
 use qsync_sim::topology::NodeNetwork;
 use qsync_sim::{PredictOptions, Predictor, Target};
 
@@ -378,7 +376,7 @@ fn quantized_collectives_pay_on_a_slow_link_and_not_on_a_fast_one() {
     );
     assert_eq!(auto.pairs(GatherPrecision::Bf16, 4, 0.0), [(GatherPrecision::Bf16, ReducePrecision::Fp32)]);
     assert_eq!(CollectiveChoices::parse("fp").expect("fp"), CollectiveChoices::default());
-    assert!(CollectiveChoices::parse("qwz,int2").unwrap_err().contains("`int2`"));
+    assert!(CollectiveChoices::parse("qwz,int2").expect_err("int2 is no collective").contains("`int2`"));
 
     let g = graph(8);
     let facts = qsync_cost::GraphFacts::new(&g, &Bindings::new()).expect("facts");
