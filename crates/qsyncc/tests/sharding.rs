@@ -189,6 +189,18 @@ fn the_sharded_search_chooses_the_collectives_precisions_within_the_error_budget
     let (g, r, c) = precisions(&zero);
     assert_eq!((g.as_deref(), r.as_deref()), (Some("fp16"), Some("fp32")), "{c}");
     assert_eq!(c["allowed"], serde_json::json!([]), "{c}");
+    // Fast: eight A100s in one NVLink node (at 20% of their memory, so
+    // that DDP does not fit): the bytes qwZ and qgZ save take less time
+    // than their kernels, and `auto` keeps BF16 gathers, FP32 reduce-scatters.
+    let out = dir.join("plan-fast");
+    let r = plan(&model, "a100-80gb:8", &out, &["--memory", "a100-80gb=20%", "--shard-collectives", "auto"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let c = &check_plan_dir(&out)["sharding"]["collective_precisions"];
+    assert_eq!(
+        (c["all_gather"]["precision"].as_str(), c["reduce_scatter"]["precision"].as_str()),
+        (Some("bf16"), Some("fp32")),
+        "{c}"
+    );
     // Named in a list, a precision over the budget is an error saying so.
     let r = plan(&model, "t4:8/4", &dir.join("refused"), &["--shard-collectives", "qwz,qgz-int4"]);
     assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
