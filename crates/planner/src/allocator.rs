@@ -368,7 +368,8 @@ pub struct Outcome {
     /// The sharded methods (FSDP baselines and the sharded search). The
     /// chosen plan is sharded (`chosen` is `fsdp`, `fsdp-dbs` or `sharded`)
     /// where DDP fits nowhere, or where the sharded plan is predicted faster
-    /// than the DDP plan chosen, at no larger indicator sum.
+    /// than the DDP plan chosen, at no larger indicator sum (under
+    /// `--objective throughput`: within the indicator bound).
     pub sharded: Option<crate::shard::ShardOutcome>,
 }
 
@@ -1172,7 +1173,15 @@ pub fn allocate(
             t_min = t_min.max(fsdp_floor);
         }
         let below = chosen_eval.samples_per_s < fsdp_floor * (1.0 - 1e-9);
-        let replace = if below { sharded_choice(&sharded, None) } else { sharded_choice(&sharded, Some(&chosen_eval)) };
+        // Above the floor the sharded plan must be faster than the DDP plan
+        // chosen, at no larger indicator sum than the objective allows: the
+        // DDP plan's own under `indicator`, the bound under `throughput`.
+        let ceiling = match opts.objective {
+            Objective::Indicator => chosen_eval.indicator_sum,
+            Objective::Throughput => bound.max(chosen_eval.indicator_sum),
+        };
+        let replace =
+            if below { sharded_choice(&sharded, None) } else { sharded_choice(&sharded, Some((&chosen_eval, ceiling))) };
         if let Some((k, e)) = replace {
             chosen = k.to_string();
             chosen_eval = e;
@@ -1216,7 +1225,7 @@ pub fn allocate(
 /// The sharded plan to choose: the fastest fitting sharded method
 /// (baselines first on ties) — against `ddp`, only if faster at no larger
 /// indicator sum.
-fn sharded_choice(s: &crate::shard::ShardOutcome, ddp: Option<&Eval>) -> Option<(&'static str, Eval)> {
+fn sharded_choice(s: &crate::shard::ShardOutcome, ddp: Option<(&Eval, f64)>) -> Option<(&'static str, Eval)> {
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
     let mut best: Option<(&'static str, &Eval)> = None;
     for (k, e) in s.methods() {
@@ -1226,9 +1235,9 @@ fn sharded_choice(s: &crate::shard::ShardOutcome, ddp: Option<&Eval>) -> Option<
         }
     }
     let (k, e) = best?;
-    if let Some(d) = ddp {
+    if let Some((d, ceiling)) = ddp {
         let faster = e.samples_per_s > d.samples_per_s && !close(e.samples_per_s, d.samples_per_s);
-        let no_worse = e.indicator_sum <= d.indicator_sum * (1.0 + 1e-9) + f64::MIN_POSITIVE;
+        let no_worse = e.indicator_sum <= ceiling * (1.0 + 1e-9) + f64::MIN_POSITIVE;
         if !(faster && no_worse) {
             return None;
         }

@@ -134,6 +134,37 @@ pub fn verdict(out: &Outcome) -> String {
     let (up, dbs) = baselines(out);
     let label = |e: &Eval| e.types.iter().map(|t| format!("{} x{}", t.name, t.count)).collect::<Vec<_>>().join(" + ");
     if let Some(a) = out.faster_alone() {
+        // An all-device plan the run found (not chosen: the objective
+        // weighs the indicator too) may still beat the devices alone; then
+        // adding them pays, with that plan.
+        let mut all: Vec<(&str, &Eval)> = Vec::new();
+        all.extend(out.joint_fastest.as_ref().map(|e| ("joint-fastest", e)));
+        all.extend(out.dbs.eval.as_ref().map(|e| ("dbs", e)));
+        if let Some(sh) = &out.sharded {
+            all.extend(sh.methods().into_iter().map(|(k, e)| (k, &e.eval)));
+        }
+        let fits = |e: &Eval| e.types.iter().all(|t| t.fits);
+        if let Some((name, b)) = all
+            .into_iter()
+            .filter(|(_, e)| fits(e) && e.samples_per_s > a.samples_per_s * (1.0 + 1e-9))
+            .max_by(|x, y| x.1.samples_per_s.total_cmp(&y.1.samples_per_s))
+        {
+            return format!(
+                "**Adding the other devices pays only with `{name}`**: it predicts {:.1} samples/s on every device, \
+                 {:.2}x {} alone ({:.1} samples/s, {}), where the plan written here (`{}`, {:.1} samples/s, chosen \
+                 for its lower indicator) is {:.2}x slower than the devices alone; all train the same global batch \
+                 of {} samples per step. `--objective throughput` writes the fastest plan.",
+                b.samples_per_s,
+                b.samples_per_s / a.samples_per_s.max(1e-12),
+                label(a),
+                a.samples_per_s,
+                alone_step(a),
+                out.chosen,
+                c.samples_per_s,
+                a.samples_per_s / c.samples_per_s.max(1e-12),
+                out.global_batch()
+            );
+        }
         return format!(
             "**Leave the other devices out**: {} alone ({}, {}) predicts {:.1} samples/s, {:.2}x the \
              plan chosen for every device ({:.1} samples/s, `{}`), both training the same global batch of {} \
