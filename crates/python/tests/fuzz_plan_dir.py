@@ -13,7 +13,6 @@ a `PlanError`; anything else (KeyError, TypeError, RecursionError, a hang)
 is a finding, printed with the input that caused it. Deterministic for a
 seed. Prints one JSON summary line: rounds, findings, seconds.
 """
-import importlib.util
 import json
 import os
 import random
@@ -23,11 +22,10 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location(
-    "qsync_plan_under_fuzz", os.path.join(HERE, "..", "python", "qsync", "plan.py"))
-plan_mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = plan_mod
-spec.loader.exec_module(plan_mod)
+sys.path.insert(0, HERE)
+import source_plan  # noqa: E402
+
+plan_mod = source_plan.load()
 
 ODD = [None, True, -1, 0, 2**63, -2**63, 1e308, float("nan"), "", "x" * 1000, [], {}, [1, "a"],
        {"count": "8"}, "../../etc/passwd", "/etc/passwd", "t4/../../x"]

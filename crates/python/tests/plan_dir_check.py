@@ -10,18 +10,16 @@ the file, while the untouched plan still loads. A trap file outside the
 folder holds a valid plan.json: reading it would succeed, so only a refusal
 passes. One JSON line per case, `{"case", "ok", "detail"}`.
 """
-import importlib.util
 import json
 import os
 import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location(
-    "qsync_plan_under_test", os.path.join(HERE, "..", "python", "qsync", "plan.py"))
-plan_mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = plan_mod
-spec.loader.exec_module(plan_mod)
+sys.path.insert(0, HERE)
+import source_plan  # noqa: E402
+
+plan_mod = source_plan.load()
 
 
 def main():
