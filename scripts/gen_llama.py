@@ -56,13 +56,15 @@ same arguments give the same bytes.
 import argparse
 import os
 import sys
-import tempfile
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-EXTERNAL_THRESHOLD = 1024
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_gpt  # noqa: E402
+from gen_gpt import check, dim  # noqa: E402
+
 OPSET = 23
 MAX_POSITIONS = 4096
 ROPE_BASE = 10000.0
@@ -75,57 +77,24 @@ CONFIGS = {
 }
 
 
-class Builder:
+class Builder(gen_gpt.Builder):
+    """`gen_gpt.py`'s builder (exporter-style node names, weights as
+    external data in the unwritten `OUT.onnx.data`), never writing weights,
+    small ones filled with a constant, and counting the parameters."""
+
     def __init__(self, out_path):
-        self.nodes = []
-        self.inits = []
-        self.location = os.path.basename(out_path) + ".data"
-        self.offset = 0
-        self.counts = {}
+        super().__init__(argparse.Namespace(with_weights=False, seed=0), out_path)
         self.parameters = 0
 
-    def node(self, scope, op, inputs, n_out=1, **attrs):
-        """Add a node named like the exporter's (`/scope/Op_k`); returns its
-        output names."""
-        k = self.counts.get((scope, op), 0)
-        self.counts[(scope, op)] = k + 1
-        name = f"{scope}/{op}" + (f"_{k}" if k else "")
-        outs = [f"{name}_output_{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op, inputs, outs, name=name, **attrs))
-        return outs if n_out > 1 else outs[0]
-
     def const(self, name, array):
-        """A small constant, always inline."""
         array = np.asarray(array)
         if array.dtype.kind == "f":
             self.parameters += array.size
-        self.inits.append(onnx.numpy_helper.from_array(array, name))
-        return name
+        return super().const(name, array)
 
     def weight(self, name, dims, fill=1.0):
-        """A float parameter: inline (filled with `fill`) when small, else
-        external data in the unwritten `OUT.onnx.data`."""
-        numel = int(np.prod(dims))
-        self.parameters += numel
-        if numel <= EXTERNAL_THRESHOLD:
-            self.inits.append(onnx.numpy_helper.from_array(np.full(dims, fill, dtype=np.float32), name))
-            return name
-        t = TensorProto()
-        t.name = name
-        t.data_type = TensorProto.FLOAT
-        t.dims.extend(dims)
-        t.data_location = TensorProto.EXTERNAL
-        length = numel * 4
-        for k, v in (("location", self.location), ("offset", str(self.offset)), ("length", str(length))):
-            e = t.external_data.add()
-            e.key, e.value = k, v
-        self.offset += length
-        self.inits.append(t)
-        return name
-
-
-def dim(s):
-    return int(s) if s.isdigit() else s
+        self.parameters += int(np.prod(dims))
+        return super().weight(name, dims, fill)
 
 
 def build(args, out_path):
@@ -211,20 +180,6 @@ def build(args, out_path):
     )
     model.ir_version = 10
     return model, b.offset, b.parameters
-
-
-def check(data, name, external_bytes):
-    """The full checker (shape inference included) on the written bytes; the
-    absent external data is stood in for by a sparse file of the right size
-    in a temporary directory, so the check covers the structure."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, name)
-        with open(path, "wb") as f:
-            f.write(data)
-        if external_bytes:
-            with open(path + ".data", "wb") as f:
-                f.truncate(external_bytes)
-        onnx.checker.check_model(path, full_check=True)
 
 
 def main():
