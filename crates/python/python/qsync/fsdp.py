@@ -129,6 +129,58 @@ class ShardSpec:
             d["local_batches"] = tuple(d["local_batches"])
         return cls(**d)
 
+    @classmethod
+    def from_manifest(cls, manifest, rank_types, nodes=1, group=512):
+        """The spec a `qsync-plan/4` manifest's `sharding` entry describes,
+        for a job whose rank r runs device type `rank_types[r]` (the plan's
+        `device_for_rank` order); `nodes`: how many nodes the ranks make.
+
+        `fsdp_strategy` → `stage`; `hpz`; per device type
+        `all_gather.precision` (`qwz-int8` → `allgather="qwz"`, a float →
+        `param_dtype`) and `reduce_scatter_precision` (`qgz-int8`/`qgz-int4`
+        → `reduce_scatter`, a float → `reduce_dtype`), which must agree
+        across the job's types, since every rank of a collective moves the
+        same format; each rank's `local_batch`. `uneven_shares` has no FSDP2
+        counterpart (it shards evenly): it is an error, not ignored."""
+        if not isinstance(manifest, dict):
+            raise ShardSpecError(f"manifest: a dict (manifest.json), not {type(manifest).__name__}")
+        sh = manifest.get("sharding")
+        if not isinstance(sh, dict):
+            raise ShardSpecError("manifest: no `sharding` entry: the plan is data-parallel (train it with the DDP hook)")
+        strategy = sh.get("fsdp_strategy")
+        if strategy == "NO_SHARD":
+            raise ShardSpecError("manifest: sharding.fsdp_strategy is NO_SHARD: the plan is data-parallel (train it "
+                                 "with the DDP hook)")
+        if strategy not in STAGES:
+            raise ShardSpecError(f"sharding.fsdp_strategy: {strategy!r} is not one of {', '.join(STAGES)}")
+        if sh.get("uneven_shares"):
+            raise ShardSpecError("sharding.uneven_shares: FSDP2 shards every parameter evenly; re-plan without "
+                                 "uneven shares")
+        per, devices = sh.get("devices"), manifest.get("devices")
+        if not isinstance(per, dict) or not isinstance(devices, dict):
+            raise ShardSpecError("manifest: `devices` and `sharding.devices` must both be objects")
+        if not isinstance(rank_types, (list, tuple)) or not rank_types:
+            raise ShardSpecError("rank_types: every rank's device type, in rank order (a non-empty list)")
+        for t in rank_types:
+            if t not in per or t not in devices:
+                raise ShardSpecError(f"rank_types: {t!r} is not a device type of the plan ({', '.join(sorted(per))})")
+        try:
+            gathers = {per[t]["all_gather"]["precision"] for t in rank_types}
+            reduces = {per[t]["reduce_scatter_precision"] for t in rank_types}
+            local = tuple(int(devices[t]["local_batch"]) for t in rank_types)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ShardSpecError(f"manifest: a device type's sharding entry lacks {e}") from None
+        if len(gathers) != 1 or len(reduces) != 1:
+            raise ShardSpecError(f"sharding.devices: the job's device types gather {sorted(map(str, gathers))} and "
+                                 f"reduce-scatter {sorted(map(str, reduces))}; one FSDP2 collective needs one format")
+        g, r = gathers.pop(), reduces.pop()
+        return cls(stage=strategy,
+                   param_dtype=None if g == "qwz-int8" else g,
+                   allgather="qwz" if g == "qwz-int8" else None,
+                   reduce_dtype=None if r in ("qgz-int8", "qgz-int4") else r,
+                   reduce_scatter=r if r in ("qgz-int8", "qgz-int4") else None,
+                   hpz=bool(sh.get("hpz")), local_batches=local, nodes=nodes, group=group)
+
     def resolved(self, world: int) -> "_Resolved":
         """Checks the spec against a world of `world` ranks."""
         stage = self.stage.upper() if isinstance(self.stage, str) else self.stage
