@@ -18,8 +18,20 @@ pub fn venv() -> PathBuf {
 }
 
 /// Builds the wheel with maturin into `target/<out>` and installs it into
-/// the environment (no dependencies: the environment's PyTorch is used).
+/// the environment (no dependencies: the environment's PyTorch is used),
+/// once per test process: the tests of one binary that call it at once wait
+/// for the first (a second build would empty the folder the first writes).
 pub fn install_wheel(out: &str) {
+    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if done.iter().any(|d| d == out) {
+        return;
+    }
+    build_and_install(out);
+    done.push(out.to_string());
+}
+
+fn build_and_install(out: &str) {
     let bin = venv().join("bin");
     assert!(
         bin.join("python").exists() && bin.join("maturin").exists(),
