@@ -305,6 +305,21 @@ pub struct DbsEval {
     pub eval: Option<Eval>,
 }
 
+impl DbsEval {
+    /// DBS where no batch split fits: no time, every type marked as not
+    /// fitting.
+    fn none_fits(cx: &Ctx<'_>) -> DbsEval {
+        DbsEval {
+            iteration_ms: f64::INFINITY,
+            samples_per_s: 0.0,
+            indicator_sum: 0.0,
+            batch_split: BTreeMap::new(),
+            fits: cx.targets.iter().map(|t| (t.device.name.clone(), false)).collect(),
+            eval: None,
+        }
+    }
+}
+
 /// Optimality gap against an exhaustive search over class-uniform plans.
 #[derive(Clone, Debug, Serialize)]
 pub struct Gap {
@@ -658,16 +673,7 @@ impl<'g> Ctx<'g> {
         }
         Ok(best.map(|r| {
             let mut e = self.eval_types(name, &mut pred, Some(t));
-            for (te, d) in e.types.iter_mut().zip(&r.devices) {
-                te.peak_memory_bytes = d.memory.total.max(0.0) as u64;
-                te.fits = d.fits;
-                te.compute_ms = d.compute_us / 1e3;
-                te.forward_end_ms = d.forward_end_us / 1e3;
-                te.backward_end_ms = d.backward_end_us / 1e3;
-                te.finish_ms = d.finish_us / 1e3;
-            }
-            e.iteration_ms = r.iteration_us / 1e3;
-            e.samples_per_s = r.samples_per_s;
+            crate::shard::with_sharded_times(&mut e, &r);
             e
         }))
     }
@@ -1008,14 +1014,7 @@ pub fn allocate(
         let plans: Vec<Plan> = (0..n_types).map(|t| cx.dbs_plan(t)).collect();
         let mut pred = cx.predictor(&plans)?;
         let up = cx.eval("up", &mut pred);
-        let dbs = DbsEval {
-            iteration_ms: f64::INFINITY,
-            samples_per_s: 0.0,
-            indicator_sum: 0.0,
-            batch_split: BTreeMap::new(),
-            fits: cx.targets.iter().map(|t| (t.device.name.clone(), false)).collect(),
-            eval: None,
-        };
+        let dbs = DbsEval::none_fits(&cx);
         return Ok(Outcome {
             t_min: 0.0,
             t_min_rule: opts.t_min,
@@ -1180,8 +1179,11 @@ pub fn allocate(
             Objective::Indicator => chosen_eval.indicator_sum,
             Objective::Throughput => bound.max(chosen_eval.indicator_sum),
         };
-        let replace =
-            if below { sharded_choice(&sharded, None) } else { sharded_choice(&sharded, Some((&chosen_eval, ceiling))) };
+        let replace = if below {
+            sharded_choice(&sharded, None)
+        } else {
+            sharded_choice(&sharded, Some((&chosen_eval, ceiling)))
+        };
         if let Some((k, e)) = replace {
             chosen = k.to_string();
             chosen_eval = e;
@@ -1453,14 +1455,7 @@ fn dbs(cx: &Ctx<'_>) -> Result<DbsEval, PlanError> {
     let plans: Vec<Plan> = (0..cx.targets.len()).map(|t| cx.dbs_plan(t)).collect();
     let lines = cx.lines(&plans)?;
     let Some((batches, _)) = crate::joint::split(&lines, cx.global_batch()) else {
-        return Ok(DbsEval {
-            iteration_ms: f64::INFINITY,
-            samples_per_s: 0.0,
-            indicator_sum: 0.0,
-            batch_split: BTreeMap::new(),
-            fits: cx.targets.iter().map(|t| (t.device.name.clone(), false)).collect(),
-            eval: None,
-        });
+        return Ok(DbsEval::none_fits(cx));
     };
     let mut pred = cx.predictor_at(&plans, &batches)?;
     let e = cx.eval("dbs", &mut pred);

@@ -94,17 +94,7 @@ fn dbs_split(per_sample: &[f64], counts: &[u32], global: u64, bounds: (u32, u32)
 impl Ctx<'_> {
     fn sharded_eval(&self, method: &str, pred: &mut Predictor<'_>, r: ShardedResult) -> ShardedEval {
         let mut eval = self.eval(method, pred);
-        for (te, d) in eval.types.iter_mut().zip(&r.devices) {
-            te.peak_memory_bytes = d.memory.total.max(0.0) as u64;
-            te.memory_capacity_bytes = d.memory.capacity.max(0.0) as u64;
-            te.fits = d.fits;
-            te.compute_ms = d.compute_us / 1e3;
-            te.forward_end_ms = d.forward_end_us / 1e3;
-            te.backward_end_ms = d.backward_end_us / 1e3;
-            te.finish_ms = d.finish_us / 1e3;
-        }
-        eval.iteration_ms = r.iteration_us / 1e3;
-        eval.samples_per_s = r.samples_per_s;
+        with_sharded_times(&mut eval, &r);
         ShardedEval { eval, result: r }
     }
 
@@ -227,4 +217,20 @@ pub(crate) fn does_not_fit(s: &ShardOutcome, ddp: &str) -> String {
         ),
         None => format!("the model does not fit: {ddp}"),
     }
+}
+
+/// `eval` (the DDP evaluation of the same plans) with the sharded run's
+/// memory, fit and times in place of the data-parallel ones.
+pub(crate) fn with_sharded_times(eval: &mut Eval, r: &ShardedResult) {
+    for (te, d) in eval.types.iter_mut().zip(&r.devices) {
+        te.peak_memory_bytes = d.memory.total.max(0.0) as u64;
+        te.memory_capacity_bytes = d.memory.capacity.max(0.0) as u64;
+        te.fits = d.fits;
+        te.compute_ms = d.compute_us / 1e3;
+        te.forward_end_ms = d.forward_end_us / 1e3;
+        te.backward_end_ms = d.backward_end_us / 1e3;
+        te.finish_ms = d.finish_us / 1e3;
+    }
+    eval.iteration_ms = r.iteration_us / 1e3;
+    eval.samples_per_s = r.samples_per_s;
 }
