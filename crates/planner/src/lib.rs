@@ -27,5 +27,5 @@ pub use allocator::{
     allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Method, Objective, Outcome, PlanError, TMin,
     TrainPrecision, TypeEval,
 };
+pub use indicator::{Calibration, CallStats, Indicator, OpStats, Source, Sources, TensorStats};
 pub use shard::{ShardOutcome, ShardedEval};
-pub use indicator::{CallStats, Calibration, Indicator, OpStats, Source, Sources, TensorStats};

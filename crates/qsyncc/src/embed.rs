@@ -129,7 +129,12 @@ pub struct PassOptions<'a> {
 /// `qsyncc opt MODEL --passes PIPELINE … -o OUTPUT`: the rewritten model
 /// written to `output` (`.onnx` or `.qir`); returns the pass report and the
 /// warnings.
-pub fn passes(model: &Path, pipeline: &str, o: &PassOptions<'_>, output: &Path) -> Result<(String, Vec<String>), Error> {
+pub fn passes(
+    model: &Path,
+    pipeline: &str,
+    o: &PassOptions<'_>,
+    output: &Path,
+) -> Result<(String, Vec<String>), Error> {
     let target = o.target.map(crate::devices::parse_target_flag).transpose().map_err(|e| error(Kind::Target, e))?;
     if let Some(b) = o.batch {
         if !(1..=crate::MAX_DIM).contains(&b) {

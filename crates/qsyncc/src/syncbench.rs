@@ -153,7 +153,10 @@ fn render(r: &qsync_runtime::bench::BenchReport, json: bool) -> Result<String> {
         a.other_s,
         m.other_s,
         match r.page_faults_per_sync {
-            Some(f) => format!("page faults per synchronization (max over ranks): {f:.0} ({:.1} MiB first touched)\n", f * 4096.0 / (1 << 20) as f64),
+            Some(f) => format!(
+                "page faults per synchronization (max over ranks): {f:.0} ({:.1} MiB first touched)\n",
+                f * 4096.0 / (1 << 20) as f64
+            ),
             None => String::new(),
         },
     );

@@ -651,6 +651,8 @@ fn a_faster_all_device_plan_passed_over_is_named_not_left_out() {
     assert!(verdict.contains(&format!("{sharded:.1} samples/s")), "{verdict}");
     let (_, t) = run_planner("squeezenet1_1.onnx", "v100:16,t4:16", &["--objective", "throughput"]);
     assert_eq!(t["chosen"], "sharded", "{t}");
-    assert!(t["indicator_sum"].as_f64().expect("indicator") <= t["methods"]["up"]["indicator_sum"].as_f64().expect("up"));
+    assert!(
+        t["indicator_sum"].as_f64().expect("indicator") <= t["methods"]["up"]["indicator_sum"].as_f64().expect("up")
+    );
     assert!(t["verdict"].as_str().expect("verdict").contains("Adding the other devices pays"), "{t}");
 }

@@ -23,7 +23,9 @@ fn torch_missing() -> Option<String> {
     }
     match Command::new(&python).args(["-c", "import torch.distributed.fsdp"]).output() {
         Ok(o) if o.status.success() => None,
-        Ok(o) => Some(format!("{} cannot import torch: {}", python.display(), String::from_utf8_lossy(&o.stderr).trim())),
+        Ok(o) => {
+            Some(format!("{} cannot import torch: {}", python.display(), String::from_utf8_lossy(&o.stderr).trim()))
+        }
         Err(e) => Some(format!("{} does not run: {e}", python.display())),
     }
 }
@@ -89,7 +91,12 @@ fn a_sharded_plan_maps_onto_the_fsdp_spec() {
         .expect("gen_llama.py runs");
     assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
     let plan = |args: &[&str], out: &str| {
-        let o = Command::new(env!("CARGO_BIN_EXE_qsyncc")).args(args).arg("-o").arg(work.join(out)).output().expect("qsyncc");
+        let o = Command::new(env!("CARGO_BIN_EXE_qsyncc"))
+            .args(args)
+            .arg("-o")
+            .arg(work.join(out))
+            .output()
+            .expect("qsyncc");
         assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
     };
     plan(&[model.to_str().expect("utf8"), "--targets", "h100-sxm:8,l4:8", "--batch", "1"], "sharded");

@@ -294,9 +294,11 @@ impl CollectiveChoices {
                 "bf16" => ReducePrecision::Bf16,
                 "qgz-int8" => ReducePrecision::QgzInt8,
                 "qgz-int4" => ReducePrecision::QgzInt4,
-                _ => return Err(format!(
+                _ => {
+                    return Err(format!(
                     "unknown sharded collective `{tok}` (fp, auto, or a comma list of qwz, bf16, qgz-int8, qgz-int4)"
-                )),
+                ))
+                }
             };
             if !c.reduce.contains(&r) {
                 c.reduce.push(r);

@@ -72,8 +72,7 @@ impl GradSync<'_> {
         // every call).
         grad.fill(0.0);
         for j in 0..p {
-            eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, grad)
-                .map_err(|e| self.decode_error(j, e))?;
+            eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, grad).map_err(|e| self.decode_error(j, e))?;
         }
         let pf = p as f32;
         grad.iter_mut().for_each(|g| *g /= pf);

@@ -191,8 +191,7 @@ impl GradSync<'_> {
             let blocks: Vec<&[u8]> =
                 (0..per_node).map(|i| &recv[i * per_peer + offset..i * per_peer + offset + len]).collect();
             if m > 0 {
-                q1.accumulate(&*eng, &blocks, &mut partial[at..at + m])
-                    .map_err(|e| self.decode_error(per_node, e))?;
+                q1.accumulate(&*eng, &blocks, &mut partial[at..at + m]).map_err(|e| self.decode_error(per_node, e))?;
             }
             offset += len;
             at += m;
