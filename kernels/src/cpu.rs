@@ -216,19 +216,38 @@ multiversion! {
         => dequant_accumulate_body
 }
 
+/// Elements a packing or unpacking loop handles at once: their codes, one
+/// byte each, sit in a stack array between a loop that vectorizes as the
+/// 8-bit one does and the (cheap) combining of codes into bytes, instead of
+/// one loop over bytes whose inner loop of `8/B` shifts does not vectorize.
+const PACK_BLOCK: usize = 256;
+
 #[inline(always)]
 fn pack_codes<const B: usize>(x: &[f32], mn: f32, inv: f32, rounding: Rounding, seed: u64, out: &mut [u8]) {
     let per = 8 / B;
     let top = ((1u32 << B) - 1) as f32;
     // Codes are packed as they are computed: no intermediate buffer the
     // size of `x` (a fresh one per call costs its page faults).
-    for ((o, xs), k) in out.iter_mut().zip(x.chunks(per)).zip(0u64..) {
-        let mut acc = 0u8;
-        for ((l, &v), i) in xs.iter().enumerate().zip(k * per as u64..) {
-            let c = code_int((v - mn) * inv, 0.0, top, rounding, seed, i) as u8;
-            acc |= c << (8 - B * (l + 1));
+    let mut codes = [0u8; PACK_BLOCK];
+    for ((xs, o), k) in x.chunks(PACK_BLOCK).zip(out.chunks_mut(PACK_BLOCK / per)).zip(0u64..) {
+        let first = k * PACK_BLOCK as u64;
+        for ((c, &v), i) in codes.iter_mut().zip(xs).zip(first..) {
+            *c = code_int((v - mn) * inv, 0.0, top, rounding, seed, i) as u8;
         }
-        *o = acc;
+        if B == 8 {
+            o.copy_from_slice(&codes[..xs.len()]);
+            continue;
+        }
+        // The last block's tail: codes past the end are zero, as the
+        // reference leaves a partial byte's unused low bits.
+        codes[xs.len()..].fill(0);
+        for (byte, cs) in o.iter_mut().zip(codes.chunks_exact(per)) {
+            let mut acc = 0u8;
+            for (l, &c) in cs.iter().enumerate() {
+                acc |= c << (8 - B * (l + 1));
+            }
+            *byte = acc;
+        }
     }
 }
 
@@ -255,11 +274,21 @@ multiversion! {
 #[inline(always)]
 fn unpack_codes<const B: usize, const ADD: bool>(codes: &[u8], gap: f32, mn: f32, out: &mut [f32]) {
     let per = 8 / B;
-    let mask = (1u32 << B) - 1;
-    for (o, &b) in out.chunks_mut(per).zip(codes) {
-        for (l, v) in o.iter_mut().enumerate() {
-            let c = (u32::from(b) >> (8 - B * (l + 1))) & mask;
-            let x = (c as f32).mul_add(gap, mn);
+    let mask = ((1u32 << B) - 1) as u8;
+    let mut block = [0u8; PACK_BLOCK];
+    for (o, bytes) in out.chunks_mut(PACK_BLOCK).zip(codes.chunks(PACK_BLOCK / per)) {
+        let cs: &[u8] = if B == 8 {
+            bytes
+        } else {
+            for (b, c) in bytes.iter().zip(block.chunks_exact_mut(per)) {
+                for (l, c) in c.iter_mut().enumerate() {
+                    *c = (b >> (8 - B * (l + 1))) & mask;
+                }
+            }
+            &block
+        };
+        for (v, &c) in o.iter_mut().zip(cs) {
+            let x = f32::from(c).mul_add(gap, mn);
             *v = if ADD { *v + x } else { x };
         }
     }

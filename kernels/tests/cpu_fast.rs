@@ -221,7 +221,7 @@ fn dequantize_accumulate_matches_for_every_shape() {
 fn packing_matches_for_every_width() {
     for imp in &COPIES {
         let mut g = Gen(3);
-        for n in [0usize, 1, 2, 3, 5, 8, 9, 100, 1001] {
+        for n in [0usize, 1, 2, 3, 5, 8, 9, 100, 256, 257, 1001, 4099] {
             for finite in [true, false] {
                 let x = inputs(&mut g, n, finite);
                 let (mins, maxs) = r::row_min_max(&x, n.max(1));

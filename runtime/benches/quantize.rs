@@ -74,9 +74,18 @@ fn nbit_and_cast(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Bytes(4 * N as u64));
     let e = HostEngine;
-    g.bench_function("pack-2bit", |b| b.iter(|| e.pack(black_box(&x), mn, mx, 2, Rounding::Nearest, 0)));
-    let packed = reference::pack(&x, mn, mx, 2, Rounding::Nearest, 0);
-    g.bench_function("unpack-2bit", |b| b.iter(|| e.unpack(black_box(&packed), N, 2).map_err(|e| format!("{e:?}"))));
+    // Every width n-bit offers: the codes a byte holds decide how the
+    // loops vectorize, so each width has its own rate.
+    let mut out = vec![0f32; N];
+    for bits in [1u8, 2, 4, 8] {
+        g.bench_function(format!("pack-{bits}bit"), |b| {
+            b.iter(|| e.pack(black_box(&x), mn, mx, bits, Rounding::Nearest, 0))
+        });
+        let packed = reference::pack(&x, mn, mx, bits, Rounding::Nearest, 0);
+        g.bench_function(format!("unpack-accumulate-{bits}bit"), |b| {
+            b.iter(|| e.unpack_accumulate(black_box(&packed), N, bits, &mut out).map_err(|e| format!("{e:?}")))
+        });
+    }
     g.bench_function("cast-f16", |b| b.iter(|| e.cast_to(qsync_kernels::Half::F16, black_box(&x))));
     g.finish();
 }

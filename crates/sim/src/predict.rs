@@ -293,6 +293,8 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         dequantize4_r: None,
         pack_r: None,
         unpack_r: None,
+        nbit_pack_r: None,
+        nbit_unpack_r: None,
         // A GPU's own transport (NCCL) spends no host CPU on its bytes.
         sum_r: None,
         tcp_r: None,

@@ -78,6 +78,14 @@ pub struct SyncKernels {
     pub pack_r: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unpack_r: Option<f64>,
+    /// n-bit pack and unpack-accumulate per element at 1, 2, 4 and 8 bits
+    /// (the kernels' cost differs by width: codes a byte holds decide how
+    /// they vectorize); `None`: `pack_r` / `unpack_r` (measured at 2 bits)
+    /// at every width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbit_pack_r: Option<[f64; 4]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbit_unpack_r: Option<[f64; 4]>,
     /// f32 accumulate (`a += b`), per element: what a host engine's own
     /// all-reduce computes in each reduce-scatter step (`None`: free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,6 +113,8 @@ impl Default for SyncKernels {
             dequantize4_r: None,
             pack_r: None,
             unpack_r: None,
+            nbit_pack_r: None,
+            nbit_unpack_r: None,
             sum_r: None,
             tcp_r: None,
         }
@@ -133,6 +143,8 @@ impl SyncKernels {
             dequantize4_r: Some(HOST_MEASURED[7]),
             pack_r: Some(HOST_MEASURED[8]),
             unpack_r: Some(HOST_MEASURED[9]),
+            nbit_pack_r: None,
+            nbit_unpack_r: None,
             sum_r: None,
             tcp_r: None,
         }
@@ -164,16 +176,18 @@ impl SyncKernels {
             0.0
         }
     }
-    fn pack(&self, e: f64) -> f64 {
+    fn pack(&self, e: f64, bits: u8) -> f64 {
+        let r = width_rate(self.nbit_pack_r, bits).or(self.pack_r).unwrap_or(self.quantize_r);
         if e > 0.0 {
-            self.pack_r.unwrap_or(self.quantize_r) * e + self.quantize_c
+            r * e + self.quantize_c
         } else {
             0.0
         }
     }
-    fn unpack(&self, e: f64) -> f64 {
+    fn unpack(&self, e: f64, bits: u8) -> f64 {
+        let r = width_rate(self.nbit_unpack_r, bits).or(self.unpack_r).unwrap_or(self.dequantize_r);
         if e > 0.0 {
-            self.unpack_r.unwrap_or(self.dequantize_r) * e + self.dequantize_c
+            r * e + self.dequantize_c
         } else {
             0.0
         }
@@ -185,6 +199,18 @@ impl SyncKernels {
             0.0
         }
     }
+}
+
+/// The rate at `bits` (1, 2, 4 or 8) of a per-width table.
+fn width_rate(table: Option<[f64; 4]>, bits: u8) -> Option<f64> {
+    let i = match bits {
+        1 => 0,
+        2 => 1,
+        4 => 2,
+        8 => 3,
+        _ => return None,
+    };
+    table.map(|t| t[i])
 }
 
 /// `qsyncc host-kernels --threads 1` (release build) on the build machine
@@ -497,7 +523,7 @@ pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_
                 + k.quantize(e / pf, b)
                 + k.dequantize(e, b)
         }
-        SyncScheme::NBit { .. } => k.pack(e) + k.unpack(e * pf),
+        SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits),
     }
 }
 
@@ -747,6 +773,31 @@ mod tests {
         // Hierarchical qgZ and n-bit do not pipeline.
         let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512);
         assert_eq!(pipeline_pieces(&nbit, bytes as f64, 4), 1.0);
+    }
+
+    #[test]
+    fn nbit_kernels_cost_their_own_width() {
+        // n-bit on 4 devices of one node, E = 2^20 elements: one pack of E
+        // and unpack-accumulate of every rank's E (4E), priced at the
+        // width's own rates; a file without the per-width table prices
+        // every width at the 2-bit pack_r / unpack_r.
+        let e = (1u64 << 20) as f64;
+        let k = SyncKernels {
+            pack_r: Some(2e-9),
+            unpack_r: Some(1e-9),
+            nbit_pack_r: Some([1e-9, 2e-9, 3e-9, 4e-9]),
+            nbit_unpack_r: Some([5e-10, 1e-9, 2e-9, 3e-9]),
+            ..free_kernels()
+        };
+        let nbit = |bits| SyncSpec::new(SyncScheme::NBit { bits, stochastic: false }, 512);
+        let secs = |k: &SyncKernels, bits| kernel_seconds(&nbit(bits), k, 4.0 * e, 4, 4);
+        assert!((secs(&k, 4) - (3e-9 * e + 2e-9 * 4.0 * e)).abs() < 1e-12);
+        assert!((secs(&k, 1) - (1e-9 * e + 5e-10 * 4.0 * e)).abs() < 1e-12);
+        assert!((secs(&k, 8) - (4e-9 * e + 3e-9 * 4.0 * e)).abs() < 1e-12);
+        let old = SyncKernels { nbit_pack_r: None, nbit_unpack_r: None, ..k };
+        for bits in [1, 2, 4, 8] {
+            assert!((secs(&old, bits) - (2e-9 * e + 1e-9 * 4.0 * e)).abs() < 1e-12);
+        }
     }
 
     #[test]
