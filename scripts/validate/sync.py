@@ -218,8 +218,11 @@ def host_kernels(a, nodes, k, cores, measured):
     measurement taken before the runs does not describe them."""
     med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2
     hk = json.loads(json.dumps(measured[0]))
-    for f in hk["kernels"]:
-        hk["kernels"][f] = med([m["kernels"][f] for m in measured])
+    for f, v in hk["kernels"].items():
+        if isinstance(v, list):  # per n-bit width
+            hk["kernels"][f] = [med([m["kernels"][f][i] for m in measured]) for i in range(len(v))]
+        else:
+            hk["kernels"][f] = med([m["kernels"][f] for m in measured])
     loopback = hk["kernels"]["tcp_r"]
     tcp = [m["link"] for m in measured]
     tcp_r, tcp_rate = med([t[0] for t in tcp]), tcp[0][2]

@@ -86,6 +86,11 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
             bail!("--host-kernels {}: {what} = {v} is not a non-negative number", path.display());
         }
     }
+    for (what, table) in [("nbit_pack_r", k.nbit_pack_r), ("nbit_unpack_r", k.nbit_unpack_r)] {
+        if let Some(v) = table.into_iter().flatten().find(|v| !(v.is_finite() && *v >= 0.0)) {
+            bail!("--host-kernels {}: {what} holds {v}, not a non-negative number", path.display());
+        }
+    }
     Ok(k)
 }
 
@@ -132,10 +137,21 @@ fn codes(x: &[f32], bits: QBits) -> Result<(Vec<u8>, Vec<f32>)> {
     Ok((e.quantize(x, &scales, GROUP, bits, Rounding::Nearest, 0)?, scales))
 }
 
-/// n-bit's 2-bit packing of `x` over its range.
-fn packed(x: &[f32]) -> Result<Vec<u8>> {
+/// n-bit's width in a kernel's name: `pack` / `unpack` are 2-bit, `pack4`
+/// 4-bit, and so on.
+fn nbit_width(kernel: &str) -> u8 {
+    match kernel.trim_start_matches("un").trim_start_matches("pack") {
+        "1" => 1,
+        "4" => 4,
+        "8" => 8,
+        _ => 2,
+    }
+}
+
+/// n-bit's packing of `x` over its range at `bits`.
+fn packed(x: &[f32], bits: u8) -> Result<Vec<u8>> {
     let (mn, mx) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
-    Ok(HostEngine.pack(x, mn, mx, 2, Rounding::Nearest, 0)?)
+    Ok(HostEngine.pack(x, mn, mx, bits, Rounding::Nearest, 0)?)
 }
 
 /// One kernel as the schemes call it, on `x` (`coded`: its codes, for
@@ -152,10 +168,12 @@ fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32
         }
         // What n-bit does per element: range, then pack; and per peer,
         // unpack-accumulate (coded.0 holds the packed buffer here).
-        "pack" => {
-            std::hint::black_box(packed(x)?);
+        "pack" | "pack1" | "pack4" | "pack8" => {
+            std::hint::black_box(packed(x, nbit_width(kernel))?);
         }
-        "unpack" => e.unpack_accumulate(&coded.0, x.len(), 2, out).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        "unpack" | "unpack1" | "unpack4" | "unpack8" => {
+            e.unpack_accumulate(&coded.0, x.len(), nbit_width(kernel), out).map_err(|e| anyhow::anyhow!("{e:?}"))?
+        }
         "cast16" => {
             std::hint::black_box(e.cast_to(Half::F16, x)?);
         }
@@ -188,8 +206,11 @@ fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result
                 let barrier = &barrier;
                 s.spawn(move || -> Result<Vec<f64>> {
                     let x = buffer(n);
-                    let coded =
-                        if kernel == "unpack" { (packed(&x)?, Vec::new()) } else { codes(&x, bits_of(kernel))? };
+                    let coded = if kernel.starts_with("unpack") {
+                        (packed(&x, nbit_width(kernel))?, Vec::new())
+                    } else {
+                        codes(&x, bits_of(kernel))?
+                    };
                     let mut out = vec![0.0f32; n];
                     run_once(kernel, &x, &coded, &mut out)?; // warm-up
                     let mut times = Vec::new();
@@ -274,6 +295,10 @@ fn tcp_cost(bytes: usize, repeats: u32) -> Result<f64> {
     Ok(median(costs))
 }
 
+fn ns_list(r: &[f64; 4]) -> String {
+    r.iter().map(|v| format!("{:.2}", v * 1e9)).collect::<Vec<_>>().join("/")
+}
+
 /// Measure and write; returns the text for stdout.
 pub fn run(a: &HostKernelsArgs) -> Result<String> {
     // As `sync-bench` runs the schemes: buffers reused, not page-faulted
@@ -297,6 +322,13 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let (dequantize4_r, _) = fit("dequantize4")?;
     let (pack_r, _) = fit("pack")?;
     let (unpack_r, _) = fit("unpack")?;
+    let mut nbit_pack_r = [0.0; 4];
+    let mut nbit_unpack_r = [0.0; 4];
+    for (i, (p, u)) in
+        [("pack1", "unpack1"), ("pack", "unpack"), ("pack4", "unpack4"), ("pack8", "unpack8")].into_iter().enumerate()
+    {
+        (nbit_pack_r[i], nbit_unpack_r[i]) = if i == 1 { (pack_r, unpack_r) } else { (fit(p)?.0, fit(u)?.0) };
+    }
     let (sum_r, _) = fit("sum")?;
     let tcp_bytes = (big * 16).clamp(1 << 24, 1 << 30);
     let tcp_r = tcp_cost(tcp_bytes, a.repeats.min(5))?;
@@ -316,6 +348,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             dequantize4_r: Some(dequantize4_r),
             pack_r: Some(pack_r),
             unpack_r: Some(unpack_r),
+            nbit_pack_r: Some(nbit_pack_r),
+            nbit_unpack_r: Some(nbit_unpack_r),
             sum_r: Some(sum_r),
             tcp_r: Some(tcp_r),
         },
@@ -326,8 +360,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
     Ok(format!(
         "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
-         16-bit cast {:.2}, n-bit pack {:.2}, unpack-accumulate {:.2}, f32 sum {:.2}; TCP {:.3} ns of CPU \
-         per byte -> {}\n",
+         16-bit cast {:.2}, n-bit pack {} and unpack-accumulate {} (1, 2, 4, 8 bits), f32 sum {:.2}; TCP {:.3} \
+         ns of CPU per byte -> {}\n",
         file.cpu,
         a.threads,
         quantize_r * 1e9,
@@ -335,8 +369,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         dequantize_r * 1e9,
         dequantize4_r * 1e9,
         cast16_r * 1e9,
-        pack_r * 1e9,
-        unpack_r * 1e9,
+        ns_list(&nbit_pack_r),
+        ns_list(&nbit_unpack_r),
         sum_r * 1e9,
         tcp_r * 1e9,
         a.output.display()
