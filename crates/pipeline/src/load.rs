@@ -491,3 +491,47 @@ pub fn write_qir(model: &Model, path: &Path) -> Result<()> {
     }
     std::fs::write(path, qsync_ir::text::print_model(&m)).with_context(|| format!("writing {}", path.display()))
 }
+
+/// Symbols still free in the graph's shapes.
+pub fn free_symbols(g: &qsync_ir::Graph) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for v in g.live_values() {
+        for d in g.ty(v).shape.iter().flatten() {
+            out.extend(d.symbols().iter().map(|s| s.to_string()));
+        }
+    }
+    out
+}
+
+/// Unbound symbols other than the batch take this value, with a warning.
+pub const DEFAULT_DIM: i64 = 128;
+
+/// A model loaded for prediction at a per-device batch.
+#[derive(Debug)]
+pub struct Prepared {
+    pub loaded: Loaded,
+    /// The batch it is predicted at: the one asked for, or the batch a
+    /// graph fixes inside when it could not be rebatched.
+    pub batch: i64,
+    /// Values for the symbols still free after binding (defaulted, with a warning).
+    pub bindings: qsync_cost::Bindings,
+    pub warnings: Vec<String>,
+}
+
+/// Load `model` with its batch bound to `batch` (or at the batch it fixes,
+/// when it cannot be rebatched) and default the symbols left free.
+pub fn prepare(model: &Path, batch: i64, dims: &[(String, i64)]) -> Result<Prepared> {
+    let opts = InferOptions { batch: Some(batch), dims: dims.iter().cloned().collect() };
+    let loaded = load_model(model, &opts, &[])?;
+    let mut warnings = loaded.warnings.clone();
+    // Graphs that fix their batch are rebatched on load where the graph
+    // allows. One that cannot be is planned, predicted and written at the
+    // batch it has, in every command, the loader's warning saying so.
+    let batch = loaded.fixed_batch.filter(|&b| b > 0).unwrap_or(batch);
+    let mut bindings = qsync_cost::Bindings::new();
+    for s in free_symbols(&loaded.model.graph) {
+        warnings.push(format!("dimension `{s}` is not bound; using {DEFAULT_DIM} (bind it with --dim {s}=N)"));
+        bindings.set(&s, DEFAULT_DIM);
+    }
+    Ok(Prepared { loaded, batch, bindings, warnings })
+}

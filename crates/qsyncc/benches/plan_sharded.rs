@@ -32,7 +32,7 @@ fn generated(layers: u32, hidden: u32, heads: u32) -> PathBuf {
 
 fn bench(c: &mut Criterion) {
     let model = generated(24, 2048, 16);
-    let mut req = PlanRequest::new(model, "v100:8,t4:8");
+    let mut req = PlanRequest::new(model, "v100:8,t4:8".parse::<qsyncc::planner::Targets>().expect("targets"));
     req.batch = 4;
     req.dims = vec![("seq".to_string(), 1024)];
     let planned = plan(&req).expect("plan");

@@ -14,6 +14,25 @@ pub fn require(what: &str) -> Result<()> {
     }
 }
 
+/// The plan pipeline's code emission (`plan --emit mlir,ptx`): each
+/// device's `model.mlir` / `kernels.ptx`, written by [`run`] into its
+/// directory of the plan being written.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlanCode;
+
+impl qsync_pipeline::CodeEmitter for PlanCode {
+    fn emit(
+        &self,
+        model_path: &std::path::Path,
+        device: &qsync_pipeline::DevicePlan,
+        kinds: &[qsync_pipeline::Emit],
+        dir: &std::path::Path,
+    ) -> Result<()> {
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        run(model_path, &device.model, &device.name, &kinds.join(","), dir, false).map(drop)
+    }
+}
+
 /// Without the `codegen` feature: the error [`require`] gives.
 #[cfg(not(feature = "codegen"))]
 pub fn run(

@@ -70,36 +70,25 @@ pub struct Written {
 pub fn plan(flags: &[String]) -> Result<Written, Error> {
     let args = PlanArgs::try_parse_from(std::iter::once("qsyncc plan").chain(flags.iter().map(String::as_str)))
         .map_err(|e| error(Kind::Option, clap_message(&e)))?;
-    let mut req = args.request().map_err(|e| error(Kind::Option, format!("{e:#}")))?;
+    let mut req = args.request().map_err(classify)?;
     req.progress = false;
-    let planned = crate::planner::plan(&req).map_err(|e| classify(e, &req))?;
-    planned.write(&args.output).map_err(|e| classify(e, &req))?;
+    let planned = crate::planner::plan(&req).map_err(classify)?;
+    planned.write_with(&args.output, Some(&crate::codegen::PlanCode)).map_err(classify)?;
     let mut summary = planned.summary.clone();
     summary["output"] = serde_json::json!(args.output.display().to_string());
     Ok(Written { summary, notes: planned.notes.clone(), warnings: planned.warnings.clone() })
 }
 
-/// The pipeline reports a bad request or a failed plan; which part of the
-/// request or which stage is asked again here, on the failure path only,
-/// of the same functions the pipeline ran (a request error the cluster
-/// parser gives is the targets'; a failure the model's loader gives again
-/// is the model's).
-fn classify(e: PipelineError, req: &crate::planner::PlanRequest) -> Error {
+/// The pipeline's error sorted by kind: a bad cluster (targets, cluster
+/// file, network, memory limits) is the targets', a model that cannot be
+/// read or imported the model's, any other bad flag an option.
+fn classify(e: PipelineError) -> Error {
     let message = e.to_string();
     match e {
-        PipelineError::Request(_) => {
-            let src = crate::simulate::ClusterSource {
-                targets: &req.targets,
-                cluster: req.cluster.as_deref(),
-                network: req.network.as_deref(),
-            };
-            let bad_cluster = crate::simulate::parse_cluster(&req.device_files, src, &req.memory).is_err();
-            error(if bad_cluster { Kind::Target } else { Kind::Option }, message)
-        }
-        PipelineError::Plan(_) => {
-            let bad_model = crate::simulate::prepare(&req.model, req.batch, &req.dims).is_err();
-            error(if bad_model { Kind::Model } else { Kind::Plan }, message)
-        }
+        PipelineError::Request(_) => error(Kind::Option, message),
+        PipelineError::Cluster(_) => error(Kind::Target, message),
+        PipelineError::Model(_) => error(Kind::Model, message),
+        PipelineError::Plan(_) => error(Kind::Plan, message),
         PipelineError::Output { .. } => error(Kind::Output, message),
     }
 }

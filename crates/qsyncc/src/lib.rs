@@ -5,25 +5,24 @@
 
 pub mod cli;
 pub mod codegen;
-pub mod devices;
 pub mod embed;
 pub mod hostkernels;
 pub mod inspect;
-pub mod load;
 pub mod opt;
 pub mod plan;
 pub mod planner;
 pub mod profile;
-pub mod report;
 pub mod shardbench;
 pub mod simulate;
 pub mod syncbench;
 
-/// The largest `--batch` and `--dim` value of every command: 2^24. Beyond
-/// it FLOP and byte counts of the shared models leave the range the cost
-/// model counts exactly in (i64 FLOPs of a VGG-16 layer at 2^24 samples
-/// are about 2^59).
-pub const MAX_DIM: i64 = 1 << 24;
+/// The plan pipeline's model loading, device names and report, which the
+/// other commands share.
+pub use qsync_pipeline::{devices, load, report};
+
+/// The largest `--batch` and `--dim` value of every command: 2^24 (see
+/// [`qsync_pipeline::MAX_DIM`]).
+pub use qsync_pipeline::MAX_DIM;
 
 /// The error of a command this build left out: `what` needs `feature`
 /// (which needs `needs` on the build machine), and how to build it in.

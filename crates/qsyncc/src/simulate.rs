@@ -1,18 +1,14 @@
 //! `qsyncc simulate`: predicted iteration time and memory of a model on a
 //! hybrid data-parallel cluster, from the cost model and the replayer.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use qsync_cost::{Bindings, DeviceDb, Optimizer, Plan, Precision, Profile};
-use qsync_ir::infer::InferOptions;
-use qsync_ir::Graph;
+use qsync_cost::{Plan, Precision};
 use qsync_sim::{PredictOptions, Predictor, SimConfig, Target};
 use serde::Serialize;
-
-use crate::load;
 
 /// Arguments of `qsyncc simulate`.
 #[derive(clap::Args, Debug)]
@@ -97,63 +93,8 @@ fn parse_sync(s: &str) -> std::result::Result<qsync_sim::SyncScheme, String> {
     qsync_sim::SyncScheme::parse(s)
 }
 
-/// `name[:count[/per_node]]`.
-fn parse_target(s: &str) -> Result<(String, u32, u32)> {
-    let s = s.trim();
-    let (name, rest) = s.split_once(':').unwrap_or((s, "1"));
-    let (count, per_node) = match rest.split_once('/') {
-        Some((c, p)) => (c, Some(p)),
-        None => (rest, None),
-    };
-    let count: u32 = count.trim().parse().with_context(|| format!("target `{s}`: `{count}` is not a device count"))?;
-    if count == 0 {
-        bail!("target `{s}`: the device count must be at least 1");
-    }
-    let per_node = match per_node {
-        Some(p) => p
-            .trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|&p| p > 0)
-            .with_context(|| format!("target `{s}`: bad devices per node `{p}`"))?,
-        None => count.min(8),
-    };
-    if name.trim().is_empty() {
-        bail!("target `{s}` has no device name");
-    }
-    Ok((name.trim().to_ascii_lowercase(), count, per_node))
-}
-
-pub(crate) fn parse_kv<'a>(flag: &str, s: &'a str) -> Result<(String, &'a str)> {
-    let (k, v) = s.split_once('=').with_context(|| format!("--{flag} `{s}` is not DEVICE=VALUE"))?;
-    Ok((k.trim().to_ascii_lowercase(), v.trim()))
-}
-
-fn parse_fraction(s: &str) -> Result<f64> {
-    let f = match s.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
-        None => s.parse::<f64>(),
-    }
-    .with_context(|| format!("`{s}` is not a fraction (30% or 0.3)"))?;
-    if !(f > 0.0 && f <= 1.0) {
-        bail!("memory fraction `{s}` must be in (0, 100%]");
-    }
-    Ok(f)
-}
-
-/// Symbols still free in the graph's shapes.
-pub(crate) fn free_symbols(g: &Graph) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for v in g.live_values() {
-        for d in g.ty(v).shape.iter().flatten() {
-            out.extend(d.symbols().iter().map(|s| s.to_string()));
-        }
-    }
-    out
-}
-
-/// Unbound symbols other than the batch take this value, with a warning.
-pub(crate) const DEFAULT_DIM: i64 = 128;
+pub(crate) use qsync_pipeline::input::parse_kv;
+pub(crate) use qsync_pipeline::load::{prepare, Prepared};
 
 #[derive(Serialize, Debug)]
 struct DeviceJson {
@@ -233,21 +174,7 @@ fn sync_only(
     ))
 }
 
-/// The cluster a command runs on: the device database (bundled plus
-/// `--device-file`s), the `--targets` as `(name, count, per node)`, and the
-/// `--memory` fractions by device name.
-pub(crate) struct ClusterSpec {
-    pub db: DeviceDb,
-    pub specs: Vec<(String, u32, u32)>,
-    pub fractions: BTreeMap<String, f64>,
-    /// Which device each alias (`a100`) was taken as, for stderr.
-    pub notes: Vec<String>,
-    /// Per device type, its nodes' network (from `--cluster`/`--network`;
-    /// absent: the device file's one NIC).
-    pub networks: BTreeMap<String, qsync_sim::topology::NodeNetwork>,
-    /// The link between groups (`[fabric]` of a cluster file).
-    pub fabric: Option<qsync_sim::Fabric>,
-}
+pub(crate) use qsync_pipeline::cluster::ClusterSpec;
 
 /// Where the cluster comes from: the `--targets` shorthand or a cluster
 /// file, and the `--network` override of every node's NIC.
@@ -258,152 +185,19 @@ pub(crate) struct ClusterSource<'a> {
     pub network: Option<&'a str>,
 }
 
-impl ClusterSpec {
-    /// Each device type's node network, resolved against its device file.
-    pub fn network_of(&self, name: &str) -> Option<qsync_sim::topology::NodeNetwork> {
-        self.networks.get(name).cloned()
-    }
-
-    /// The cluster as planned, for manifests and `--json`: per type its
-    /// nodes, GPUs and NICs per node, NIC rate and latency, the link
-    /// inside the node; and the fabric.
-    pub fn describe(&self) -> serde_json::Value {
-        let groups: Vec<serde_json::Value> = self
-            .specs
-            .iter()
-            .map(|(name, count, per_node)| {
-                let d = self.db.get(name).ok();
-                let net = self.network_of(name).unwrap_or_else(|| {
-                    qsync_sim::topology::NodeNetwork::single_nic(d.map_or(0.0, |d| d.network_gbit_s))
-                });
-                let intra = net.intra_node_gb_s.or(d.map(|d| d.intra_node_bytes_per_s() / 1e9));
-                serde_json::json!({
-                    "device": name,
-                    "count": count,
-                    "gpus_per_node": per_node,
-                    "nodes": count.div_ceil((*per_node).max(1)),
-                    "nics_per_node": net.nics_per_node,
-                    "nic_gbit_s": net.nic_gbit_s,
-                    "nic_latency_us": net.nic_latency_us,
-                    "intra_node_gb_s": intra,
-                    "intra_node_latency_us": net.intra_node_latency_us,
-                })
-            })
-            .collect();
-        serde_json::json!({
-            "groups": groups,
-            "fabric": self.fabric.map(|f| serde_json::json!({ "gb_s": f.gb_per_s, "latency_us": f.latency_us })),
-        })
-    }
-}
-
-impl ClusterSpec {
-    /// The table name of a device named in a `--memory` / `--precision`
-    /// key, aliases resolved; it must be among `--targets`.
-    pub fn target_key(&self, flag: &str, key: &str) -> Result<String> {
-        let (name, _) = crate::devices::resolve(key, |n| self.db.get(n).is_ok());
-        if !self.specs.iter().any(|(n, _, _)| *n == name) {
-            bail!("--{flag} names `{key}`, which is not among --targets");
-        }
-        Ok(name)
-    }
-}
-
-/// Parse and check `--device-file`, `--targets` (or `--cluster`),
-/// `--network` and `--memory`: every target is a known device named once,
-/// every fraction names a target.
+/// Parse `--targets` (or `--cluster`), `--network` and `--memory` into
+/// the pipeline's types and resolve the cluster with the `--device-file`s:
+/// every target is a known device named once, every fraction names a
+/// target.
 pub(crate) fn parse_cluster(
     device_files: &[PathBuf],
     src: ClusterSource<'_>,
     memory: &[String],
 ) -> Result<ClusterSpec> {
-    let mut db = DeviceDb::bundled()?;
-    for f in device_files {
-        db.load_file(f)?;
-    }
-    let network = src
-        .network
-        .map(|n| qsync_sim::topology::parse_rate_gbit(n).map_err(|e| anyhow::anyhow!("--network {e}")))
-        .transpose()?;
-    let mut networks = BTreeMap::new();
-    let mut fabric = None;
-    let mut specs: Vec<(String, u32, u32)> = match src.cluster {
-        Some(path) => {
-            if !src.targets.trim().is_empty() {
-                bail!("--targets and --cluster both describe the cluster: give one");
-            }
-            let mut file =
-                qsync_sim::topology::ClusterFile::load(path).map_err(|e| anyhow::anyhow!("--cluster {e}"))?;
-            if let Some(gbit) = network {
-                file = file.with_network(gbit);
-            }
-            fabric = file.fabric.as_ref().map(|f| f.fabric());
-            let mut specs = Vec::new();
-            for (i, g) in file.groups.iter().enumerate() {
-                let (name, note) = crate::devices::resolve(&g.gpu, |n| db.get(n).is_ok());
-                let device = db
-                    .get(&name)
-                    .with_context(|| format!("--cluster {}: group {} names GPU `{}`", path.display(), i + 1, g.gpu))?;
-                let count = g.nodes.checked_mul(g.gpus_per_node).with_context(|| {
-                    format!("--cluster {}: group {} has more GPUs than can be counted", path.display(), i + 1)
-                })?;
-                networks.insert(name.clone(), g.network(device.network_gbit_s));
-                if let Some(n) = note {
-                    eprintln!("note: {n}");
-                }
-                specs.push((name, count, g.gpus_per_node));
-            }
-            specs
-        }
-        None => {
-            if src.targets.trim().is_empty() {
-                bail!("no cluster: give --targets (v100:16,t4:16) or --cluster FILE");
-            }
-            src.targets.split(',').map(parse_target).collect::<Result<_>>()?
-        }
-    };
-    let mut seen = BTreeSet::new();
-    let mut notes = Vec::new();
-    for (name, _, _) in &mut specs {
-        let (resolved, note) = crate::devices::resolve(name, |n| db.get(n).is_ok());
-        db.get(&resolved).with_context(|| "--targets".to_string())?;
-        notes.extend(note);
-        *name = resolved;
-        if !seen.insert(name.clone()) {
-            bail!("the cluster names `{name}` twice");
-        }
-        if let (Some(gbit), None) = (network, src.cluster) {
-            networks.insert(name.clone(), qsync_sim::topology::NodeNetwork::single_nic(gbit));
-        }
-    }
-    let mut cluster = ClusterSpec { db, specs, fractions: BTreeMap::new(), notes, networks, fabric };
-    for s in memory {
-        let (k, v) = parse_kv("memory", s)?;
-        let k = cluster.target_key("memory", &k)?;
-        cluster.fractions.insert(k, parse_fraction(v)?);
-    }
-    Ok(cluster)
-}
-
-/// `--profile` files: timing profiles (`qsyncc profile build`), at most one
-/// per device type, each naming a device among `--targets`.
-pub(crate) fn load_profiles(files: &[PathBuf], cluster: &ClusterSpec) -> Result<BTreeMap<String, Profile>> {
-    let mut out: BTreeMap<String, Profile> = BTreeMap::new();
-    for f in files {
-        let profile = Profile::load_file(f).map_err(|e| {
-            anyhow::anyhow!("--profile {}: {e} (a timing profile, as `qsyncc profile build` writes)", f.display())
-        })?;
-        let Some(device) = profile.device.clone() else {
-            bail!("profile `{}` does not name its device (add \"device\": \"NAME\")", f.display());
-        };
-        let name = cluster
-            .target_key("profile", &device)
-            .with_context(|| format!("profile `{}` is for device `{device}`", f.display()))?;
-        if out.insert(name.clone(), profile).is_some() {
-            bail!("two profiles for device `{name}`");
-        }
-    }
-    Ok(out)
+    let input = qsync_pipeline::ClusterInput::from_flags(src.targets, src.cluster)?;
+    let network = src.network.map(qsync_pipeline::parse_network).transpose()?;
+    let memory = memory.iter().map(|m| m.parse()).collect::<Result<Vec<qsync_pipeline::MemoryLimit>, _>>()?;
+    Ok(qsync_pipeline::cluster::resolve(device_files, &input, network, &memory)?)
 }
 
 /// The old `--calibration` flag, split in two: say which to use.
@@ -414,45 +208,6 @@ pub(crate) fn calibration_moved(path: &std::path::Path) -> anyhow::Error {
          `scripts/calibrate.py` writes (the planner's indicator)",
         path.display()
     )
-}
-
-/// `--optimizer`.
-pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer> {
-    Ok(match s {
-        "sgd" => Optimizer::Sgd { momentum: false },
-        "momentum" | "sgd-momentum" => Optimizer::Sgd { momentum: true },
-        "adam" | "adamw" => Optimizer::Adam,
-        o => bail!("unknown optimizer `{o}` (sgd, momentum, adam)"),
-    })
-}
-
-/// A model loaded for prediction at a per-device batch.
-pub(crate) struct Prepared {
-    pub loaded: load::Loaded,
-    /// The batch it is predicted at: the one asked for, or the batch a
-    /// graph fixes inside when it could not be rebatched.
-    pub batch: i64,
-    /// Values for the symbols still free after binding (defaulted, with a warning).
-    pub bindings: Bindings,
-    pub warnings: Vec<String>,
-}
-
-/// Load `model` with its batch bound to `batch` (or at the batch it fixes,
-/// when it cannot be rebatched) and default the symbols left free.
-pub(crate) fn prepare(model: &std::path::Path, batch: i64, dims: &[(String, i64)]) -> Result<Prepared> {
-    let opts = InferOptions { batch: Some(batch), dims: dims.iter().cloned().collect() };
-    let loaded = load::load_model(model, &opts, &[])?;
-    let mut warnings = loaded.warnings.clone();
-    // Graphs that fix their batch are rebatched on load where the graph
-    // allows. One that cannot be is planned, predicted and written at the
-    // batch it has, in every command, the loader's warning saying so.
-    let batch = loaded.fixed_batch.filter(|&b| b > 0).unwrap_or(batch);
-    let mut bindings = Bindings::new();
-    for s in free_symbols(&loaded.model.graph) {
-        warnings.push(format!("dimension `{s}` is not bound; using {DEFAULT_DIM} (bind it with --dim {s}=N)"));
-        bindings.set(&s, DEFAULT_DIM);
-    }
-    Ok(Prepared { loaded, batch, bindings, warnings })
 }
 
 pub fn run(a: &SimulateArgs) -> Result<String> {
@@ -466,7 +221,7 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
     }
     let mut precisions: BTreeMap<String, Precision> = BTreeMap::new();
     for s in &a.precision {
-        let (k, v) = parse_kv("precision", s)?;
+        let (k, v) = parse_kv("precision", s).map_err(anyhow::Error::msg)?;
         let k = cluster.target_key("precision", &k)?;
         let p: Precision = v.parse().map_err(|e| anyhow::anyhow!("--precision {s}: {e}"))?;
         let d = cluster.db.get(&k)?;
@@ -476,12 +231,12 @@ pub fn run(a: &SimulateArgs) -> Result<String> {
         }
         precisions.insert(k, p);
     }
-    let calibrations = load_profiles(&a.profiles, &cluster)?;
+    let calibrations = qsync_pipeline::cluster::load_profiles(&a.profiles, &cluster)?;
     let networks = cluster.networks.clone();
     let fabric = cluster.fabric;
     let described = cluster.describe();
     let ClusterSpec { db, specs, fractions, .. } = cluster;
-    let optimizer = parse_optimizer(&a.optimizer)?;
+    let optimizer = qsync_pipeline::parse_optimizer(&a.optimizer)?;
     if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0) {
         bail!("--bucket-mb must be positive");
     }

@@ -143,7 +143,8 @@ fn the_plan_directory_is_written_atomically() {
 fn the_pipeline_is_a_library_and_deterministic() {
     // The library call and the CLI write the same bytes.
     let model = models_dir().join("squeezenet1_1.onnx");
-    let mut req = qsyncc::planner::PlanRequest::new(&model, "v100:4,t4:4");
+    let targets: qsyncc::planner::Targets = "v100:4,t4:4".parse().expect("targets");
+    let mut req = qsyncc::planner::PlanRequest::new(&model, targets);
     req.batch = 16;
     let planned = qsyncc::planner::plan(&req).expect("plans");
     assert!(planned.outcome.chosen_eval.samples_per_s > 0.0);
@@ -174,10 +175,11 @@ fn the_pipeline_is_a_library_and_deterministic() {
         }
     }
     // A bad request is a typed error naming what is wrong.
-    let bad = qsyncc::planner::PlanRequest::new(&model, "v100,h9000");
+    let bad =
+        qsyncc::planner::PlanRequest::new(&model, "v100,h9000".parse::<qsyncc::planner::Targets>().expect("parses"));
     match qsyncc::planner::plan(&bad) {
-        Err(qsyncc::planner::PipelineError::Request(msg)) => assert!(msg.contains("h9000"), "{msg}"),
-        other => panic!("expected a request error, got {other:?}"),
+        Err(qsyncc::planner::PipelineError::Cluster(msg)) => assert!(msg.contains("h9000"), "{msg}"),
+        other => panic!("expected a cluster error, got {other:?}"),
     }
 }
 
