@@ -292,3 +292,90 @@ fn minor_faults() -> Option<u64> {
 
 /// Default deadline for the benchmark's calls.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What `sync-bench --collective all-to-all` measured: the engine's
+/// all-to-all alone, the exchange every flat scheme is made of, with no
+/// kernel around it. Run twice with the same bytes and different
+/// `messages`, it separates what the transport costs per byte from what it
+/// costs per message (see `scripts/validate/sync.py`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ExchangeReport {
+    pub backend: String,
+    pub ranks: usize,
+    pub nodes: usize,
+    /// Bytes each rank sends per iteration, over all its all-to-alls.
+    pub bytes: usize,
+    /// All-to-alls per iteration, one after the other.
+    pub messages: usize,
+    /// Bytes of one message (one all-to-all's share for one peer).
+    pub message_bytes: usize,
+    /// Bytes a rank receives from the other ranks per iteration.
+    pub received_bytes_per_rank: usize,
+    pub iterations: usize,
+    /// Median seconds of one iteration, bracketed by barriers.
+    pub seconds: f64,
+}
+
+/// Times `messages` all-to-alls one after another, together sending
+/// `bytes` from each rank (collective: every rank calls it).
+pub fn exchange(
+    world: &dyn Communicator,
+    bytes: usize,
+    messages: usize,
+    nodes: usize,
+    iterations: usize,
+    warmup: usize,
+    timeout: Duration,
+) -> Result<ExchangeReport, SyncError> {
+    let p = world.size();
+    let per_call = bytes / messages.max(1);
+    if messages == 0 || per_call == 0 || !per_call.is_multiple_of(p) || per_call * messages != bytes {
+        return Err(SyncError::BadScheme(format!(
+            "--bytes {bytes} in --messages {messages}: each all-to-all must send a positive multiple of {p} bytes \
+             (one equal share per rank)"
+        )));
+    }
+    if iterations == 0 {
+        return Err(SyncError::BadScheme("--iterations must be at least 1".into()));
+    }
+    ClusterShape::new(p, nodes)?;
+    let deadline = || Deadline::after(timeout);
+    let send: Vec<u8> = (0..bytes).map(|i| (i as u8).wrapping_add(world.rank() as u8)).collect();
+    let mut recv = vec![0u8; per_call];
+    let mut times = Vec::with_capacity(iterations);
+    for it in 0..warmup + iterations {
+        world.barrier(deadline())?;
+        let t0 = Instant::now();
+        for chunk in send.chunks_exact(per_call) {
+            world.all_to_all(chunk, &mut recv, deadline())?;
+        }
+        world.barrier(deadline())?;
+        if it >= warmup {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    // What arrived is what was sent: rank r's share for this rank, from
+    // the last all-to-all.
+    let share = per_call / p;
+    let me = world.rank();
+    for (r, got) in recv.chunks_exact(share).enumerate() {
+        let first = (messages - 1) * per_call + me * share;
+        let ok = got.iter().enumerate().all(|(i, &b)| b == ((first + i) as u8).wrapping_add(r as u8));
+        if !ok {
+            return Err(SyncError::BadScheme(format!(
+                "all-to-all: rank {me} received wrong bytes from rank {r} in its last exchange"
+            )));
+        }
+    }
+    Ok(ExchangeReport {
+        backend: world.backend().to_string(),
+        ranks: p,
+        nodes,
+        bytes,
+        messages,
+        message_bytes: share,
+        received_bytes_per_rank: bytes / p * (p - 1),
+        iterations,
+        seconds: median(times),
+    })
+}

@@ -81,6 +81,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("cast16_c", k.cast16_c),
         ("sum_r", k.sum_r.unwrap_or(0.0)),
         ("tcp_r", k.tcp_r.unwrap_or(0.0)),
+        ("message_s", k.message_s.unwrap_or(0.0)),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             bail!("--host-kernels {}: {what} = {v} is not a non-negative number", path.display());
@@ -352,6 +353,9 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             nbit_unpack_r: Some(nbit_unpack_r),
             sum_r: Some(sum_r),
             tcp_r: Some(tcp_r),
+            // Measured per message with the engine itself, under mpirun
+            // (sync-bench --collective all-to-all), not by this command.
+            message_s: None,
         },
         measured_s: measured,
         sources: Default::default(),

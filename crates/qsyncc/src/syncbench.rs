@@ -33,9 +33,15 @@ pub struct SyncBenchArgs {
     /// The collective: `all-reduce` (a gradient synchronization), or the
     /// sharded `all-gather` / `reduce-scatter` of ZeRO-3 (qwZ, hpZ, qgZ:
     /// `qsync_runtime::shard`), reported against fp16 all-gather / fp32
-    /// reduce-scatter bytes.
-    #[arg(long, default_value = "all-reduce", value_parser = ["all-reduce", "all-gather", "reduce-scatter"])]
+    /// reduce-scatter bytes. `all-to-all`: the engine's all-to-all alone,
+    /// `--bytes` from each rank in `--messages` exchanges one after another
+    /// (`--scheme` is not used): what the transport costs per byte and per
+    /// message, with no kernel around it.
+    #[arg(long, default_value = "all-reduce", value_parser = ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"])]
     pub collective: String,
+    /// With `--collective all-to-all`: the exchanges `--bytes` is sent in.
+    #[arg(long, default_value_t = 1)]
+    pub messages: usize,
     /// Gradient size in bytes (f32 elements × 4); K, M, G (or KiB, MiB, GiB) suffixes, powers of 1024.
     #[arg(long, value_parser = parse_size)]
     pub bytes: usize,
@@ -199,6 +205,9 @@ fn render(r: &qsync_runtime::bench::BenchReport, json: bool) -> Result<String> {
 
 /// Runs the benchmark on this rank; `Some(text)` on rank 0.
 pub fn run(args: &SyncBenchArgs) -> Result<Option<String>> {
+    if args.collective == "all-to-all" {
+        return run_exchange(args);
+    }
     if args.collective != "all-reduce" {
         return crate::shardbench::run(args);
     }
@@ -216,6 +225,52 @@ fn run_mpi(args: &SyncBenchArgs, opts: &BenchOptions) -> Result<Option<String>> 
     }
     let world = qsync_runtime::mpi::MpiComm::init()?;
     on_rank(&world, opts, args.json)
+}
+
+/// `--collective all-to-all` under mpirun.
+#[cfg(feature = "mpi")]
+fn run_exchange(args: &SyncBenchArgs) -> Result<Option<String>> {
+    if args.backend != "mpi" {
+        bail!("--collective all-to-all runs over --backend mpi");
+    }
+    if !(args.timeout > 0.0 && args.timeout.is_finite()) {
+        bail!("--timeout must be a positive number of seconds");
+    }
+    qsync_runtime::memory::retain_freed_memory();
+    let world = qsync_runtime::mpi::MpiComm::init()?;
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let r = match qsync_runtime::bench::exchange(
+        &world,
+        args.bytes,
+        args.messages,
+        args.nodes,
+        args.iterations,
+        args.warmup,
+        timeout,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            qsync_runtime::Communicator::abort(&world, 2);
+        }
+    };
+    if qsync_runtime::Communicator::rank(&world) != 0 {
+        return Ok(None);
+    }
+    Ok(Some(if args.json {
+        serde_json::to_string(&r)? + "\n"
+    } else {
+        format!(
+            "all-to-all on {} ranks ({} nodes, {}): {} bytes a rank in {} exchange(s) of {} bytes a peer: \
+             {:.6} s median of {}\n",
+            r.ranks, r.nodes, r.backend, r.bytes, r.messages, r.message_bytes, r.seconds, r.iterations
+        )
+    }))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_exchange(_: &SyncBenchArgs) -> Result<Option<String>> {
+    Err(crate::feature_off("`sync-bench --collective all-to-all`", "mpi", "Open MPI"))
 }
 
 #[cfg(not(feature = "mpi"))]

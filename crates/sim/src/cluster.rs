@@ -350,7 +350,7 @@ impl Cluster {
                 let mut total = 0.0;
                 let (mut d, mut part) = (1u64, s / 2.0);
                 while d < p {
-                    let cpu = k.tcp(part) * share * 1e6;
+                    let cpu = (k.tcp(part) + k.messages(1.0)) * share * 1e6;
                     let step = if d < l {
                         (part / intra_bw).max(cpu) + ty.intra_node_latency_us
                     } else {

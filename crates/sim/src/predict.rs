@@ -298,6 +298,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         // A GPU's own transport (NCCL) spends no host CPU on its bytes.
         sum_r: None,
         tcp_r: None,
+        message_s: None,
     }
 }
 

@@ -95,6 +95,12 @@ pub struct SyncKernels {
     /// GPU transport's bytes are).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_r: Option<f64>,
+    /// Host CPU seconds per message a rank receives through a host
+    /// transport, sender and receiver together, beyond its bytes' `tcp_r`
+    /// (`None`: free). Measured with the engine's all-to-all at two message
+    /// sizes (`sync-bench --collective all-to-all --messages K`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_s: Option<f64>,
 }
 
 impl Default for SyncKernels {
@@ -117,6 +123,7 @@ impl Default for SyncKernels {
             nbit_unpack_r: None,
             sum_r: None,
             tcp_r: None,
+            message_s: None,
         }
     }
 }
@@ -147,6 +154,7 @@ impl SyncKernels {
             nbit_unpack_r: None,
             sum_r: None,
             tcp_r: None,
+            message_s: None,
         }
     }
 
@@ -158,6 +166,12 @@ impl SyncKernels {
     /// CPU seconds to move `bytes` through the host's TCP stack.
     pub fn tcp(&self, bytes: f64) -> f64 {
         self.tcp_r.unwrap_or(0.0) * bytes.max(0.0)
+    }
+
+    /// CPU seconds of `messages` received through the host transport,
+    /// beyond their bytes.
+    pub fn messages(&self, messages: f64) -> f64 {
+        self.message_s.unwrap_or(0.0) * messages.max(0.0)
     }
 
     pub(crate) fn quantize(&self, e: f64, bits: u8) -> f64 {
@@ -570,7 +584,19 @@ impl Cluster {
                     lat = lat.max(flat);
                 }
             }
-            let cpu = if tcp { kernels.tcp(ph.intra_node + ph.inter_node) * share * 1e6 } else { 0.0 };
+            // Messages a rank receives in the phase: one from each peer the
+            // phase reaches, per piece.
+            let peers = match (ph.intra_node > 0.0, ph.inter_node > 0.0) {
+                (true, true) => p as f64 - 1.0,
+                (true, false) => per_node as f64 - 1.0,
+                (false, true) => (p as f64 / per_node.max(1) as f64).ceil() - 1.0,
+                (false, false) => 0.0,
+            };
+            let cpu = if tcp {
+                (kernels.tcp(ph.intra_node + ph.inter_node) + kernels.messages(pieces * peers)) * share * 1e6
+            } else {
+                0.0
+            };
             link_sum += link;
             tcp_sum += cpu;
             lat_sum += pieces * lat;
@@ -834,6 +860,40 @@ mod tests {
         let t = c.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling);
         let want = 2.0 * (4000.0 + 5.0) + 1000.0 + 2.0 * (2000.0 + 20.0) + 500.0;
         assert!((t - want).abs() < 1e-6, "{t} vs {want}");
+    }
+
+    #[test]
+    fn each_message_costs_the_host_transport() {
+        // The cluster of `host_work_shares_the_node_cores` (2 nodes × 2,
+        // one core a node), the TCP stack at 1 ns a byte and 100 µs of CPU
+        // per message received. fp16 of S = 4e6 B: one piece, two flat
+        // phases of 3 messages each (one from every peer): the stack's
+        // 1500 µs + 300 µs, × 2 ranks a core = 3600 µs against the link's
+        // 2000, + 20 per phase; casts 6500 µs.
+        let k = SyncKernels { cast16_r: 1e-9, tcp_r: Some(1e-9), message_s: Some(1e-4), ..free_kernels() };
+        let ty = DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0).with_host(k, 10.0).with_host_cores(Some(1));
+        let c = Cluster::new(vec![ty.clone()]);
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Mpi);
+        let t = c.sync_us(0, 4_000_000, &spec, AllReduceAlgo::Ring);
+        assert!((t - (2.0 * (3600.0 + 20.0) + 6500.0)).abs() < 1e-6, "{t}");
+        // Hierarchical qgZ int8 (free kernels): phase 1 inside the node (1
+        // message), phase 2 between nodes (1), phase 3 flat (3): 5 messages,
+        // 500 µs × 2 of CPU beyond the bytes'.
+        let hier = SyncSpec::new(SyncScheme::Qgz { intra: 8, inter: Some(8), stochastic: false }, 512)
+            .with_path(SyncPath::Mpi);
+        let without = SyncKernels { message_s: None, ..k };
+        let c0 = Cluster::new(vec![ty.clone().with_host(without, 10.0)]);
+        let (with_msgs, bytes_only) =
+            (c.sync_us(0, 4_000_000, &hier, AllReduceAlgo::Ring), c0.sync_us(0, 4_000_000, &hier, AllReduceAlgo::Ring));
+        assert!(with_msgs > bytes_only, "{with_msgs} vs {bytes_only}");
+        // Open MPI's halving-doubling: one message a step, 2 steps, each
+        // twice: 4 × 100 µs × 2 on top of the bytes-only time.
+        let f32k = SyncKernels { sum_r: Some(1e-9), ..k };
+        let c1 = Cluster::new(vec![ty.clone().with_host(f32k, 10.0)]);
+        let c2 = Cluster::new(vec![ty.with_host(SyncKernels { message_s: None, ..f32k }, 10.0)]);
+        let d = c1.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling)
+            - c2.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling);
+        assert!((d - 800.0).abs() < 1e-6, "{d}");
     }
 
     #[test]
