@@ -10,12 +10,13 @@
 # (`--objective throughput`) and the default joint plan (least indicator at
 # max(UP, DBS)).
 # Prints Markdown tables of predicted throughput and indicator sums.
-# Models from ../shared/models.
+# Models from ../shared/models. `qsyncc` is the one on PATH (QSYNCC=path
+# overrides), as for scripts/llama-table.sh: planning needs no feature.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 M=${MODELS:-../shared/models}
-if [ -z "${QSYNCC:-}" ]; then cargo build --quiet --release -p qsyncc --features full; fi
-Q=${QSYNCC:-target/release/qsyncc}
+Q=${QSYNCC:-qsyncc}
+command -v "$Q" >/dev/null || { echo "experiments.sh: no $Q (cargo install --path crates/qsyncc, or QSYNCC=path)" >&2; exit 2; }
 
 row() { # model cluster-label targets summary.json manifest.json
   python3 - "$@" <<'PY'

@@ -2,6 +2,8 @@
 # The synchronization benchmark table: every scheme on 4 and 8
 # MPI ranks (2 emulated nodes), one JSON line per run, then a summary table.
 # Usage: scripts/sync-bench.sh [BYTES] [QSYNCC]   (defaults: 16M, target/debug/qsyncc)
+# SYNC_BENCH_RANKS and SYNC_BENCH_SCHEMES (space-separated) narrow the table
+# (tests/syncbench.rs runs one small table that way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bytes=${1:-16M}
@@ -11,8 +13,8 @@ qsyncc=${2:-target/debug/qsyncc}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 out=target/sync-bench.jsonl
 : > "$out"
-for ranks in 4 8; do
-  for scheme in fp16 bf16 qgz-int8 qgz-int4 qgz-int8-hier qgz-int4-hier qgz-int4-sr nbit-1 nbit-2 nbit-4 nbit-8; do
+for ranks in ${SYNC_BENCH_RANKS:-4 8}; do
+  for scheme in ${SYNC_BENCH_SCHEMES:-fp16 bf16 qgz-int8 qgz-int4 qgz-int8-hier qgz-int4-hier qgz-int4-sr nbit-1 nbit-2 nbit-4 nbit-8}; do
     timeout 600 mpirun -n "$ranks" --bind-to none "$qsyncc" sync-bench --scheme "$scheme" --bytes "$bytes" \
       --nodes 2 --iterations 5 --warmup 1 --json >> "$out"
   done

@@ -93,6 +93,29 @@ fn killed_rank_ends_the_benchmark_job() {
     eprintln!("--kill-rank: job ended in {took:.1?} with {:?}", out.status);
 }
 
+/// `scripts/sync-bench.sh` (the table docs/runtime.md shows for every
+/// scheme on 4 and 8 ranks) narrowed to two schemes on 4 ranks of 64 KiB:
+/// one row per job, each within its bound and bitwise identical across ranks.
+#[test]
+fn the_table_script_runs_narrowed() {
+    let _guard = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/sync-bench.sh"))
+        .args(["64K", env!("CARGO_BIN_EXE_qsyncc")])
+        .env("SYNC_BENCH_RANKS", "4")
+        .env("SYNC_BENCH_SCHEMES", "fp16 qgz-int4")
+        .output()
+        .expect("scripts/sync-bench.sh runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Vec<&str>> = stdout.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 2, "a header and one row per job:\n{stdout}");
+    for (row, scheme) in rows.iter().zip(["fp16", "qgz-int4"]) {
+        assert_eq!((row[0], row[1]), (scheme, "4"), "{stdout}");
+        assert_eq!((row[6], row[7]), ("y", "y"), "{scheme}: within bound, ranks identical:\n{stdout}");
+    }
+}
+
 #[test]
 fn bad_arguments_exit_2() {
     let out = Command::new(env!("CARGO_BIN_EXE_qsyncc"))
