@@ -5,7 +5,8 @@
 //! and exits 0; a ```console transcript prints exactly what the page shows.
 //! What cannot run here is in `SKIP` with the reason, and what covers it
 //! instead. One test per page, so a failure names its page; the pages write
-//! under `target/` only.
+//! under `target/` only. The synopses of docs/cli.md (```text, with
+//! placeholders) are checked against each command's `--help` instead.
 
 mod doc_commands;
 use doc_commands::{root, shown, Session};
@@ -240,4 +241,45 @@ fn a_session_carries_exports_and_the_folder() {
     s.run("test \"$QSYNC_DOC_CHECK\" = carried && test -f Cargo.toml");
     s.transcript("echo printed; echo to-stderr >&2; false", "printed\nto-stderr\n");
     s.run("test -f Cargo.toml");
+}
+
+/// The synopses docs/cli.md shows (```text lines starting with `qsyncc`,
+/// indented lines continuing them) are not run, having placeholders, but
+/// every `--flag` in one is a flag of that command's `--help`.
+#[test]
+fn cli_synopses_name_only_flags_their_command_has() {
+    let md = page("cli.md");
+    let mut synopses: Vec<String> = Vec::new();
+    let mut in_text = false;
+    for line in md.lines() {
+        if let Some(lang) = line.strip_prefix("```") {
+            in_text = !in_text && lang.trim() == "text";
+            continue;
+        }
+        if !in_text {
+            continue;
+        }
+        match synopses.last_mut() {
+            Some(last) if line.starts_with(' ') => last.push_str(line),
+            _ if line.starts_with("qsyncc ") => synopses.push(line.to_string()),
+            _ => {}
+        }
+    }
+    assert!(synopses.len() >= 8, "docs/cli.md's synopses: {synopses:?}");
+    let commands = ["inspect", "opt", "simulate", "profile", "codegen", "sync-bench"];
+    for synopsis in &synopses {
+        let words: Vec<&str> = synopsis.split(|c: char| c.is_whitespace() || "[]|".contains(c)).collect();
+        let sub = words.get(1).filter(|w| commands.contains(w)).copied().unwrap_or("plan");
+        let help =
+            std::process::Command::new(env!("CARGO_BIN_EXE_qsyncc")).args([sub, "--help"]).output().expect("help");
+        assert!(help.status.success(), "qsyncc {sub} --help: {}", String::from_utf8_lossy(&help.stderr));
+        let help = String::from_utf8_lossy(&help.stdout);
+        for flag in words.iter().take_while(|w| !w.starts_with('#')).filter(|w| w.starts_with("--")) {
+            let flag = flag.split('=').next().unwrap_or(flag);
+            assert!(
+                help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).any(|w| w == flag),
+                "docs/cli.md: `{synopsis}` shows {flag}, which `qsyncc {sub} --help` does not list"
+            );
+        }
+    }
 }
