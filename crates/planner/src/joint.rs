@@ -37,7 +37,8 @@
 use qsync_cost::{Plan, Precision};
 use qsync_sim::Predictor;
 
-use crate::allocator::{AllocOptions, Ctx, Eval, Objective, PlanError};
+use crate::context::Ctx;
+use crate::types::{AllocOptions, Eval, Objective, PlanError};
 
 /// What the joint search found.
 #[derive(Debug, Default)]

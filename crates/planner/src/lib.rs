@@ -18,10 +18,13 @@
 //! or the CLI.
 
 pub mod allocator;
+mod context;
 pub mod indicator;
 pub mod joint;
 mod par;
+mod recovery;
 pub mod shard;
+mod types;
 
 pub use allocator::{
     allocate, candidates, classes, AllocOptions, DbsEval, Eval, Gap, Method, Objective, Outcome, PlanError, TMin,

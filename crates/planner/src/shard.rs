@@ -28,7 +28,8 @@ use qsync_cost::Precision;
 use qsync_sim::shard::{predict_sharded, GatherPrecision, ShardSpec, ShardedResult, Stage, Units};
 use qsync_sim::Predictor;
 
-use crate::allocator::{Ctx, Eval, PlanError};
+use crate::context::Ctx;
+use crate::types::{Eval, PlanError};
 
 /// A sharded plan: the evaluation as every method has it, and the sharding.
 #[derive(Clone, Debug)]
