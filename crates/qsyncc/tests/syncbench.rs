@@ -215,3 +215,44 @@ fn steady_state_synchronization_touches_no_fresh_memory() {
     assert!(retained <= 0.01 * pages, "{retained} page faults a synchronization of {pages} gradient pages");
     assert!(fresh >= 0.5 * pages, "--fresh-memory: only {fresh} page faults a synchronization of {pages} pages");
 }
+
+#[test]
+fn the_all_to_all_probe_moves_and_checks_its_bytes() {
+    // 4 ranks on 2 nodes, 64 KiB a rank in 4 all-to-alls: 64 KiB / 4 / 4 =
+    // 4 KiB a peer each, 3/4 of 64 KiB received from the others; every
+    // rank checks what arrived against what its peers wrote.
+    let args = [
+        "--collective",
+        "all-to-all",
+        "--scheme",
+        "fp32",
+        "--bytes",
+        "64K",
+        "--messages",
+        "4",
+        "--nodes",
+        "2",
+        "--iterations",
+        "2",
+        "--warmup",
+        "0",
+        "--json",
+    ];
+    let (out, _) = mpirun(4, &args, Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON report:\n{stdout}"));
+    let r: serde_json::Value = serde_json::from_str(line).expect("JSON report");
+    assert_eq!(r["messages"], 4, "{r}");
+    assert_eq!(r["message_bytes"], 4096, "{r}");
+    assert_eq!(r["received_bytes_per_rank"], 49152, "{r}");
+    assert!(f(&r, "seconds") > 0.0, "{r}");
+    // Bytes that do not split into equal shares per exchange: an error
+    // naming both sizes, and a failed job.
+    let mut bad = args;
+    bad[7] = "3";
+    let (out, took) = mpirun(4, &bad, Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && took < Duration::from_secs(100), "{:?} after {took:?}", out.status);
+    assert!(stderr.contains("--bytes 65536 in --messages 3"), "{stderr}");
+}
