@@ -16,16 +16,16 @@ use qsync_sim::{PredictOptions, Predictor, Target};
 fn mlp(batch: u32, width: u32, layers: usize) -> Graph {
     let mut s = String::from("opset \"\" 17\ngraph \"mlp\" {\n");
     for i in 0..layers {
-        writeln!(s, "  init %w{i}: f32[{width},{width}] = absent").unwrap();
+        writeln!(s, "  init %w{i}: f32[{width},{width}] = absent").expect("a String grows");
     }
-    writeln!(s, "  input %x: f32[{batch},{width}]").unwrap();
+    writeln!(s, "  input %x: f32[{batch},{width}]").expect("a String grows");
     let mut prev = "x".to_string();
     for i in 0..layers {
-        writeln!(s, "  %h{i}: f32[{batch},{width}] = MatMul \"fc{i}\"(%{prev}, %w{i})").unwrap();
-        writeln!(s, "  %r{i}: f32[{batch},{width}] = Relu \"relu{i}\"(%h{i})").unwrap();
+        writeln!(s, "  %h{i}: f32[{batch},{width}] = MatMul \"fc{i}\"(%{prev}, %w{i})").expect("a String grows");
+        writeln!(s, "  %r{i}: f32[{batch},{width}] = Relu \"relu{i}\"(%h{i})").expect("a String grows");
         prev = format!("r{i}");
     }
-    writeln!(s, "  output %{prev}\n}}").unwrap();
+    writeln!(s, "  output %{prev}\n}}").expect("a String grows");
     qsync_ir::text::parse_graph(&s).expect("the graph parses")
 }
 
@@ -75,8 +75,8 @@ fn node(g: &Graph, name: &str) -> NodeId {
 /// Every method's figures, then the chosen plan operator by operator.
 fn render(g: &Graph, out: &Outcome) -> String {
     let mut s = String::new();
-    writeln!(s, "chosen: {}", out.chosen).unwrap();
-    writeln!(s, "floor: {} samples/s ({:?})", sig(out.t_min), out.t_min_rule).unwrap();
+    writeln!(s, "chosen: {}", out.chosen).expect("a String grows");
+    writeln!(s, "floor: {} samples/s ({:?})", sig(out.t_min), out.t_min_rule).expect("a String grows");
     for (key, e) in out.methods() {
         writeln!(
             s,
@@ -85,7 +85,7 @@ fn render(g: &Graph, out: &Outcome) -> String {
             sig(e.samples_per_s),
             sig(e.indicator_sum)
         )
-        .unwrap();
+        .expect("a String grows");
         for t in &e.types {
             let fits = if t.fits { "fits" } else { "DOES NOT FIT" };
             let hist: Vec<String> = t.precision_histogram.iter().map(|(p, c)| format!("{c} {p}")).collect();
@@ -101,10 +101,10 @@ fn render(g: &Graph, out: &Outcome) -> String {
                 sig(gib(t.memory_capacity_bytes)),
                 fits
             )
-            .unwrap();
+            .expect("a String grows");
         }
     }
-    writeln!(s, "chosen plan per operator:").unwrap();
+    writeln!(s, "chosen plan per operator:").expect("a String grows");
     let mut nodes: Vec<NodeId> = out.chosen_eval.types.iter().flat_map(|t| t.plan.iter().map(|(n, _)| n)).collect();
     nodes.sort_by_key(|n| n.index());
     nodes.dedup();
@@ -115,7 +115,7 @@ fn render(g: &Graph, out: &Outcome) -> String {
             .iter()
             .map(|t| format!("{} {}", t.name, t.plan.get(n).map_or("-".to_string(), |p| p.to_string())))
             .collect();
-        writeln!(s, "  {}: {}", g.node(n).name, per_type.join(", ")).unwrap();
+        writeln!(s, "  {}: {}", g.node(n).name, per_type.join(", ")).expect("a String grows");
     }
     s
 }
