@@ -46,21 +46,24 @@ ONNX_TRACKED = ("Conv", "ConvTranspose", "MatMul", "Gemm", "BatchNormalization",
                 "InstanceNormalization", "GroupNormalization", "Softmax", "LogSoftmax")
 
 
-class _Running:
-    """Running means of one (node, tensor) pair's statistics (the ONNX path,
-    which runs without PyTorch)."""
+def _stats_module():
+    """The package's calibration format and `Running` means (qsync/_stats.py,
+    plain Python): this checkout's file, loaded by path, so that the ONNX
+    path runs without the package built or installed; else the installed
+    package's."""
+    import importlib.util
+    import os
 
-    def __init__(self):
-        self.sum = {}
-        self.n = 0
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "python", "python", "qsync",
+                        "_stats.py")
+    if not os.path.exists(path):
+        from qsync import _stats
 
-    def add(self, s):
-        for k, v in s.items():
-            self.sum[k] = self.sum.get(k, 0.0) + v
-        self.n += 1
-
-    def mean(self):
-        return {k: v / self.n for k, v in self.sum.items()} if self.n else None
+        return _stats
+    spec = importlib.util.spec_from_file_location("qsync_calibration_stats", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def calibrate(model, batches, loss_fn, out_path, iterations=50, name="model", lr=1e-3):
@@ -105,6 +108,7 @@ def calibrate_onnx(model_path, feeds, out_path, name=None):
     import onnx
     import onnxruntime as ort
 
+    stats = _stats_module()
     model = onnx.load(model_path)
     inferred = onnx.shape_inference.infer_shapes(model)
     inits = {t.name for t in model.graph.initializer}
@@ -137,9 +141,9 @@ def calibrate_onnx(model_path, feeds, out_path, name=None):
         vals = dict(zip(names, sess.run(None, f)))
         batch = next(iter(f.values())).shape[0] if f and next(iter(f.values())).ndim else batch
         for node, v in watched.items():
-            runs.setdefault(node, _Running()).add(_np_stats(vals[v]))
+            runs.setdefault(node, stats.Running()).add(_np_stats(vals[v]))
     ops = {node: {"input": r.mean()} for node, r in sorted(runs.items()) if r.mean() is not None}
-    doc = {"format": "qsync-calibration", "version": 1, "model": name or model_path, "iterations": len(feeds),
+    doc = {"format": stats.FORMAT, "version": stats.VERSION, "model": name or model_path, "iterations": len(feeds),
            "batch": batch, "ops": ops}
     with open(out_path, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)

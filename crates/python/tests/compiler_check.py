@@ -9,6 +9,10 @@
   from an `onnx.ModelProto`) returns the manifest the binary writes for the
   same arguments, and per-device ModelProtos the ONNX checker accepts;
 - `qsync.passes.run` returns the model `qsyncc opt -o` writes, checker-valid;
+- without PyTorch (`import torch` refused), `import qsync`, `qsync.plan` and
+  `qsync.passes.run` give the same results, and the training half
+  (`apply_plan`, `comm_hook`, `calibrate`, `fsdp`, …) raises an ImportError
+  naming PyTorch; with it, those load on first use;
 - a bad path, bad bytes, an unknown target or pass raise the typed error
   with the message the binary prints after `error: `.
 Prints one line per check; exits non-zero on the first failure.
@@ -134,6 +138,46 @@ casts = sum(n.op_type == "Cast" for n in out.graph.node)
 assert casts > sum(n.op_type == "Cast" for n in proto.graph.node), "the passes added no cast"
 assert "egraph-casts" in qsync.passes.available()
 check(f"qsync.passes.run(ModelProto, {pipeline!r}, target='t4') = qsyncc opt -o ({casts} casts), checker-valid")
+
+# ---- the compiler without PyTorch ----------------------------------------------
+# `sys.modules["torch"] = None` makes every `import torch` raise ImportError.
+NO_TORCH = """
+import json, sys
+sys.modules["torch"] = None
+import onnx, qsync, qsync.errors
+model, output, pipeline = sys.argv[1:]
+p = qsync.plan(model, targets="v100:2,t4:2", batch=8, output=output)
+assert isinstance(p, qsync.Plan) and sorted(p.models) == sorted(p.devices), sorted(p.models)
+out = qsync.passes.run(onnx.load(model), pipeline, target="t4")
+refused = {}
+for name in ("apply_plan", "ApplyReport", "comm_hook", "QSyncHook", "calibrate", "TorchTransport", "fsdp"):
+    try:
+        getattr(qsync, name)
+    except ImportError as e:
+        refused[name] = str(e)
+assert issubclass(qsync.errors.PlanError, qsync.QsyncError)
+print(json.dumps({"manifest": p.manifest, "passes": out.SerializeToString().hex(), "refused": refused}))
+"""
+bare = subprocess.run([sys.executable, "-c", NO_TORCH, MODEL, os.path.join(WORK, "notorch-plan"), pipeline],
+                      capture_output=True, text=True, timeout=120)
+assert bare.returncode == 0, f"the compiler without PyTorch failed:\n{bare.stderr}"
+r = json.loads(bare.stdout)
+assert r["manifest"] == want, "qsync.plan without PyTorch: manifest differs from the binary's"
+assert bytes.fromhex(r["passes"]) == out.SerializeToString(), "qsync.passes.run without PyTorch: model differs"
+assert sorted(r["refused"]) == sorted(["apply_plan", "ApplyReport", "comm_hook", "QSyncHook", "calibrate",
+                                        "TorchTransport", "fsdp"]), r["refused"]
+for name, message in r["refused"].items():
+    assert f"qsync.{name} needs PyTorch" in message and "pip install torch" in message, message
+check("without PyTorch: import qsync, qsync.plan and qsync.passes.run = the binary's; "
+      "qsync.apply_plan etc. raise ImportError naming PyTorch")
+
+# With PyTorch the training half loads on first use; loading the submodule
+# `qsync.plan` (apply_plan's) leaves `qsync.plan` the planning function.
+from qsync.plan import apply_plan  # noqa: E402
+
+assert qsync.apply_plan is apply_plan and callable(qsync.comm_hook) and callable(qsync.calibrate)
+assert qsync.plan is qsync.compiler.plan and qsync.Plan is sys.modules["qsync.plan"].Plan
+check("with PyTorch: qsync.apply_plan, comm_hook, calibrate load on first use; qsync.plan stays the function")
 
 # ---- typed errors with the CLI's messages -------------------------------------
 missing = os.path.join(WORK, "missing.onnx")

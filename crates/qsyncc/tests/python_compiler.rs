@@ -9,6 +9,9 @@
 //!   per-device models the binary writes for the same arguments, and the
 //!   models pass the ONNX checker;
 //! - `qsync.passes.run` returns the model `qsyncc opt -o` writes;
+//! - without PyTorch (`import torch` refused) `import qsync`, `qsync.plan`
+//!   and `qsync.passes.run` work, and `qsync.apply_plan` & co. raise an
+//!   ImportError naming PyTorch;
 //! - a missing or corrupt model, an unknown target, scheme or pass raise
 //!   `qsync.ModelError` / `TargetError` / `OptionError` with the message
 //!   the binary prints.

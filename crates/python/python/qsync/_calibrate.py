@@ -38,10 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ._stats import FORMAT, VERSION, Running
 from .plan import _FAMILIES
-
-FORMAT = "qsync-calibration"
-VERSION = 1
 
 
 def _tracked():
@@ -53,22 +51,6 @@ def tensor_stats(t):
     """Squared L2 norm, min, max and element count of a tensor."""
     t = t.detach().float()
     return {"norm2": float((t * t).sum()), "min": float(t.min()), "max": float(t.max()), "numel": float(t.numel())}
-
-
-class Running:
-    """Running means of one (module, tensor) pair's statistics."""
-
-    def __init__(self):
-        self.sum = {}
-        self.n = 0
-
-    def add(self, s):
-        for k, v in s.items():
-            self.sum[k] = self.sum.get(k, 0.0) + v
-        self.n += 1
-
-    def mean(self):
-        return {k: v / self.n for k, v in self.sum.items()} if self.n else None
 
 
 # The GEMM-like families (the operators INT8 is planned for), as

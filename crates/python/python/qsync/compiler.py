@@ -20,6 +20,7 @@ import tempfile
 import warnings
 
 from . import _native
+from ._manifest import Plan
 from .errors import OptionError
 
 # Flags whose Python name differs from the command's (plural: repeatable).
@@ -88,8 +89,6 @@ def plan(model, targets=None, *, batch=None, output=None, name=None, **options):
     default its graph's name), which names the model in the manifest; one
     whose tensors are external data needs a path instead (the data is found
     beside the model file)."""
-    from .plan import Plan
-
     keep = None
     if output is None:
         keep = tempfile.TemporaryDirectory(prefix="qsync-plan-")

@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 
 from . import _native
+from ._manifest import Plan
 from ._transport import TorchTransport
-from .plan import Plan
 
 
 class QSyncHook:
