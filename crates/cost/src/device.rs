@@ -102,6 +102,14 @@ pub struct Device {
     /// starved GPU may carry it); on a CPU it is the dispatch itself.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub view_op_us: f64,
+    /// Sharded training's fixed costs on this device (FSDP2 over NCCL),
+    /// when measured: the host time of one unit's hooks per collective it
+    /// takes part in, and one collective's launch, µs. Absent: the
+    /// simulator's documented defaults (`qsync_sim::shard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp_unit_host_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_launch_us: Option<f64>,
     /// Memory the framework reserves outside the model (context, workspaces).
     pub workspace_bytes: u64,
     pub efficiency: Efficiency,
@@ -189,6 +197,15 @@ impl Device {
         if !(self.view_op_us.is_finite() && self.view_op_us >= 0.0) {
             return Err(bad("view_op_us", format!("must be a non-negative finite number, got {}", self.view_op_us)));
         }
+        for (f, v) in
+            [("fsdp_unit_host_us", self.fsdp_unit_host_us), ("collective_launch_us", self.collective_launch_us)]
+        {
+            if let Some(v) = v {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(bad(f, format!("must be a non-negative finite number, got {v}")));
+                }
+            }
+        }
         let e = &self.efficiency;
         for (f, v) in [
             ("efficiency.tensor_core", e.tensor_core),
@@ -274,6 +291,13 @@ impl Device {
         }
         if self.view_op_us > 0.0 {
             needed.push("view_op_us".into());
+        }
+        for (f, v) in
+            [("fsdp_unit_host_us", self.fsdp_unit_host_us), ("collective_launch_us", self.collective_launch_us)]
+        {
+            if v.is_some_and(|v| v > 0.0) {
+                needed.push(f.into());
+            }
         }
         if self.occupancy.is_some() {
             needed.push("occupancy.sm_count".into());

@@ -11,8 +11,30 @@ use serde_json::json;
 pub(crate) fn sharding_json(out: &qsync_planner::Outcome, allowed: &[&str], budget: f64) -> serde_json::Value {
     let s = out.sharded.as_ref();
     let chosen = s.and_then(|s| s.methods().into_iter().find(|(k, _)| *k == out.chosen).map(|(_, e)| e.result.clone()));
+    // Per unit: the module it is (what `qsync.fsdp.shard_model` wraps),
+    // its parameters and, per device type, whether it is checkpointed.
+    let kind = |u: &qsync_sim::shard::Unit| match (u.block, s.map_or("blocks", |s| s.units.rule)) {
+        (false, _) => "root",
+        (true, "blocks") => "block",
+        (true, _) => "part",
+    };
     let units: Vec<serde_json::Value> = s
-        .map(|s| s.units.units.iter().map(|u| json!({ "name": u.name, "parameters": u.params as u64 })).collect())
+        .map(|s| {
+            s.units
+                .units
+                .iter()
+                .map(|u| {
+                    let checkpoint: serde_json::Map<String, serde_json::Value> = match &chosen {
+                        Some(r) => {
+                            r.devices.iter().map(|d| (d.name.clone(), (u.block && d.checkpoint).into())).collect()
+                        }
+                        None => out.chosen_eval.types.iter().map(|t| (t.name.clone(), false.into())).collect(),
+                    };
+                    json!({ "name": u.name, "module": u.module, "kind": kind(u), "parameters": u.params as u64,
+                            "checkpoint": checkpoint })
+                })
+                .collect()
+        })
         .unwrap_or_default();
     let unit_rule = s.map_or("blocks", |s| s.units.rule);
     let Some(r) = chosen else {

@@ -76,6 +76,11 @@ fn a_model_ddp_cannot_hold_is_planned_sharded() {
     assert_eq!(s["units"].as_array().expect("units").len(), 16);
     assert_eq!(s["units"][3]["name"], "layers.3");
     assert_eq!(s["units"][3]["parameters"], 1u64 << 26);
+    // Each unit is the module a trainer wraps (`/layers.3/MatMul` is
+    // PyTorch's `layers.3`), with its checkpointing per device type.
+    assert_eq!(s["units"][3]["module"], "layers.3");
+    assert_eq!(s["units"][3]["kind"], "block");
+    assert_eq!(s["units"][3]["checkpoint"]["t4"], s["devices"]["t4"]["checkpoint"], "{s}");
     let dev = &s["devices"]["t4"];
     // Eight equal shards on one type (uneven shares are equal here too).
     assert!((dev["shard_fraction"].as_f64().expect("fraction") - 0.125).abs() < 1e-12, "{dev}");
@@ -209,4 +214,24 @@ fn the_sharded_search_chooses_the_collectives_precisions_within_the_error_budget
     let r = plan(&model, "t4:8/4", &dir.join("refused"), &["--shard-collectives", "int2"]);
     assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
     assert!(stderr(&r).contains("unknown sharded collective `int2`"), "{}", stderr(&r));
+}
+
+#[test]
+fn a_small_model_of_many_units_stays_data_parallel() {
+    // SqueezeNet (1.2M parameters in 10 units with parameters) on a V100
+    // and a T4: a sharded step pays per unit and collective (FSDP's hooks,
+    // each collective's launch) what DDP pays once per bucket, so the
+    // chosen plan is data-parallel and the sharded search, still priced,
+    // is slower.
+    let dir = tmpdir("sharding-small");
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/squeezenet1_1.onnx");
+    let out = dir.join("plan");
+    let r = qsyncc(&[model.to_str().expect("utf8"), "--targets", "v100,t4", "-o", out.to_str().expect("utf8")]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let m = check_plan_dir(&out);
+    assert_eq!(m["sharding"]["stage"], "replicate", "{}", m["verdict"]);
+    let sharded = m["methods"]["sharded"]["samples_per_s"].as_f64().expect("the sharded search ran");
+    assert!(sharded < m["samples_per_s"].as_f64().expect("sps"), "{}", m["methods"]);
+    let with_params = m["sharding"]["units"].as_array().expect("units").iter().filter(|u| u["parameters"] != 0).count();
+    assert_eq!(with_params, 10);
 }

@@ -59,6 +59,24 @@ pub struct DeviceType {
     /// (`None`: at least a core per rank).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cores: Option<u32>,
+    /// Host time of one FSDP unit's hooks per collective it takes part in,
+    /// µs ([`crate::shard::FSDP_UNIT_HOST_US`] unless the device file
+    /// measured it).
+    #[serde(default = "fsdp_unit_host")]
+    pub fsdp_unit_host_us: f64,
+    /// Fixed latency of one collective's launch beyond its ring steps, µs
+    /// ([`crate::shard::COLLECTIVE_LAUNCH_US`] unless the device file
+    /// measured it).
+    #[serde(default = "collective_launch")]
+    pub collective_launch_us: f64,
+}
+
+fn fsdp_unit_host() -> f64 {
+    crate::shard::FSDP_UNIT_HOST_US
+}
+
+fn collective_launch() -> f64 {
+    crate::shard::COLLECTIVE_LAUNCH_US
 }
 
 fn host_link() -> f64 {
@@ -94,7 +112,17 @@ impl DeviceType {
             host_kernels: crate::sync::SyncKernels::host(),
             host_link_gb_per_s: crate::sync::HOST_LINK_GB_PER_S,
             host_cores: None,
+            fsdp_unit_host_us: crate::shard::FSDP_UNIT_HOST_US,
+            collective_launch_us: crate::shard::COLLECTIVE_LAUNCH_US,
         }
+    }
+
+    /// Set sharded training's fixed costs (µs): the host time of a unit's
+    /// hooks per collective, and a collective's launch.
+    pub fn with_fsdp_fixed(mut self, unit_host_us: f64, collective_launch_us: f64) -> DeviceType {
+        self.fsdp_unit_host_us = unit_host_us;
+        self.collective_launch_us = collective_launch_us;
+        self
     }
 
     /// Set the CPU cores a node's ranks share (`None`: a core per rank).
@@ -261,6 +289,8 @@ impl Cluster {
                 ("intra-node latency", t.intra_node_latency_us, false),
                 ("network latency", t.network_latency_us, false),
                 ("host link bandwidth", t.host_link_gb_per_s, true),
+                ("FSDP unit host time", t.fsdp_unit_host_us, false),
+                ("collective launch", t.collective_launch_us, false),
             ];
             for (what, value, strict) in checks {
                 let bad = !value.is_finite() || value < 0.0 || (strict && value == 0.0);

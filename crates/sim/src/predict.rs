@@ -261,6 +261,10 @@ fn device_type(t: &Target, model: &CostModel, opts: &PredictOptions) -> DeviceTy
         .with_sync_kernels(sync_kernels(model))
         .with_host(opts.host_kernels, opts.host_link_gb_per_s)
         .with_host_cores(net.host_cores)
+        .with_fsdp_fixed(
+            t.device.fsdp_unit_host_us.unwrap_or(crate::shard::FSDP_UNIT_HOST_US),
+            t.device.collective_launch_us.unwrap_or(crate::shard::COLLECTIVE_LAUNCH_US),
+        )
 }
 
 /// The cluster of `targets` without a model — devices, nodes, networks,

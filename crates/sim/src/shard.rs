@@ -25,7 +25,9 @@
 //! node between blocks joins the block before it). A graph with fewer than
 //! two blocks is cut along its schedule into [`FALLBACK_UNITS`] units of
 //! about equal parameter count. A parameter belongs to the first unit that
-//! reads it (tied weights once).
+//! reads it (tied weights once). A block's key is also its PyTorch module's
+//! qualified name ([`Unit::module`]) when each component is an identifier
+//! or an index: what a trainer wraps.
 //!
 //! **Memory per device** ([`ShardMemory`]): its shard of the FP32 master
 //! weights, gradients and optimizer state (the predictor's replicated
@@ -55,9 +57,20 @@
 //! The optimizer step then runs over the device's share. Exposed
 //! communication is what the compute waits for.
 //!
+//! **Fixed costs.** A unit without parameters runs no collective and no
+//! hook (FSDP has nothing to gather). A unit with parameters pays, per
+//! collective it takes part in (its forward all-gather, its backward
+//! all-gather when re-gathered, its reduce-scatter), the host time of
+//! FSDP's hook on the device's compute stream ([`FSDP_UNIT_HOST_US`]:
+//! before the unit's forward or backward, and after its backward, before
+//! its reduce-scatter is issued); and each collective a launch on the
+//! communication stream ([`COLLECTIVE_LAUNCH_US`]) on top of its ring
+//! steps' latencies. A small model then pays these per unit where DDP pays
+//! one all-reduce per bucket.
+//!
 //! **Collectives' prices.** A ring of `p` members moving shards of at most
 //! `s` bytes (the largest share times the unit's bytes) costs
-//! `(p−1)·s/bw + (p−1)·lat`. Across nodes the collective follows the
+//! `(p−1)·s/bw + (p−1)·lat + launch`. Across nodes the collective follows the
 //! engine's all-reduce algorithm ([`crate::AllReduceAlgo`], as DDP's
 //! all-reduce is priced): `Ring` (and `HalvingDoubling`) is a flat ring that
 //! crosses each node boundary once and gets the whole node network (the
@@ -100,6 +113,26 @@ use crate::{DeviceType, PredictError, Predictor};
 
 /// Units a graph without repeated blocks is cut into.
 pub const FALLBACK_UNITS: usize = 8;
+
+/// Host time of one FSDP unit's hooks per collective it takes part in, µs:
+/// the pre-forward (and, re-gathering, pre-backward) hook with the flat
+/// buffer's copy-in before the all-gather and copy-out into the
+/// parameters after it, the post-backward hook with the gradients'
+/// copy-in before the reduce-scatter and the views of the shard after it.
+/// Assumption, not measured here: 100 µs, the Python work of a hook and a
+/// few small foreach copies on a server CPU. For scale, PyTorch's issue
+/// "Large CPU overhead with FSDP2" (github.com/pytorch/pytorch/issues/173680,
+/// torch 2.10) reports FSDP2's `pre_forward` near 1 ms a call on a Xeon
+/// host, enough to idle the GPU; 100 µs is the low end. A device file's
+/// `fsdp_unit_host_us` replaces it.
+pub const FSDP_UNIT_HOST_US: f64 = 100.0;
+
+/// Fixed latency of one collective's launch beyond its ring steps, µs:
+/// NCCL's tuning model (`src/graph/tuning.cc`, `baseLat` of Ring over the
+/// Simple protocol, the one large collectives use: 8.4 µs), whose per-step
+/// `hwLat` is what the cluster's per-step latencies already stand for. A
+/// device file's `collective_launch_us` replaces it.
+pub const COLLECTIVE_LAUNCH_US: f64 = 8.4;
 
 /// The quantization group of qwZ and qgZ (the runtime's default).
 pub const QUANT_GROUP: f64 = 512.0;
@@ -356,6 +389,11 @@ impl ShardSpec {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Unit {
     pub name: String,
+    /// The PyTorch module a block unit is, by its qualified name
+    /// (`model.layers.3`): the block key when each of its components is a
+    /// Python identifier or an index; `None` for root units, equal-parameter
+    /// parts and keys no module could carry.
+    pub module: Option<String>,
     /// A repeated block (checkpointed when asked), not a root unit.
     pub block: bool,
     /// Trained parameter elements it owns.
@@ -389,6 +427,20 @@ fn block_key(path: &str) -> Option<(String, String)> {
     None
 }
 
+/// `key` as a PyTorch qualified module name, when every component is a
+/// Python identifier (ASCII) or an index.
+fn module_name(key: &str) -> Option<String> {
+    let ok = |c: &str| {
+        let mut b = c.bytes();
+        match b.next() {
+            Some(f) if f.is_ascii_digit() => c.bytes().all(|x| x.is_ascii_digit()),
+            Some(f) if f.is_ascii_alphabetic() || f == b'_' => b.all(|x| x.is_ascii_alphanumeric() || x == b'_'),
+            _ => false,
+        }
+    };
+    key.split('.').all(ok).then(|| key.to_string())
+}
+
 impl Units {
     /// The units of `graph` under `facts`' schedule (see the module doc).
     pub fn of(graph: &Graph, facts: &qsync_cost::GraphFacts) -> Units {
@@ -411,6 +463,7 @@ impl Units {
         let mut of_op = vec![0usize; order.len()];
         let unit = |name: &str, block: bool| Unit {
             name: name.to_string(),
+            module: None,
             block,
             params: 0.0,
             out_elems: 0.0,
@@ -425,7 +478,7 @@ impl Units {
                     let key = k.as_ref().map_or(String::new(), |(_, k)| k.clone());
                     seen_block = true;
                     *by_key.entry(key.clone()).or_insert_with(|| {
-                        units.push(unit(&key, true));
+                        units.push(Unit { module: module_name(&key), ..unit(&key, true) });
                         units.len() - 1
                     })
                 } else if !seen_block {
@@ -547,6 +600,9 @@ pub struct ShardedDevice {
     /// The same plan's compute replicated (DDP: the whole optimizer step,
     /// no recomputation), what a simulation of its graph gives.
     pub replicated_compute_us: f64,
+    /// FSDP's host time (its hooks' copies and bookkeeping), counted in
+    /// `compute_us`.
+    pub host_us: f64,
     /// Iteration time minus compute: waiting on collectives or stragglers.
     pub exposed_comm_us: f64,
     pub forward_end_us: f64,
@@ -753,6 +809,7 @@ pub fn predict_sharded(
             memory: m,
             compute_us: 0.0,
             replicated_compute_us: 0.0,
+            host_us: 0.0,
             exposed_comm_us: 0.0,
             forward_end_us: 0.0,
             backward_end_us: 0.0,
@@ -800,8 +857,9 @@ pub fn predict_sharded(
     let (collectives, times) = sched.run();
     let iteration = times.iter().map(|t| t.3).fold(0.0, f64::max);
     for (t, d) in devices.iter_mut().enumerate() {
-        let (compute, f_end, b_end, finish) = times[t];
+        let (compute, f_end, b_end, finish, host) = times[t];
         d.compute_us = compute;
+        d.host_us = host;
         d.forward_end_us = f_end;
         d.backward_end_us = b_end;
         d.finish_us = finish;
@@ -811,8 +869,8 @@ pub fn predict_sharded(
     Ok(ShardedResult { spec: spec.clone(), iteration_us: iteration, samples_per_s, global_batch, devices, collectives })
 }
 
-/// A type's `(compute, forward end, backward end, finish)`, µs.
-type TypeTimes = (f64, f64, f64, f64);
+/// A type's `(compute, forward end, backward end, finish, host)`, µs.
+type TypeTimes = (f64, f64, f64, f64, f64);
 
 /// The two streams of every type, stepped through the program.
 struct Schedule<'a> {
@@ -851,7 +909,23 @@ impl<'a> Schedule<'a> {
     /// included, and the bytes its device receives.
     fn price(&self, t: usize, kind: Kind, u: usize, local: bool) -> (f64, f64) {
         let (wire, received) = self.price_wire(t, kind, u, local);
-        (wire + self.kernel_us(t, kind, u, local), received)
+        let members = match kind {
+            Kind::AllReduce => self.cluster.node_count(),
+            _ if local => u64::from(self.inputs[t].per_node),
+            _ => self.inputs.iter().map(|i| u64::from(i.count)).sum(),
+        };
+        let launch = if members > 1 { self.cluster.types[t].collective_launch_us } else { 0.0 };
+        (wire + self.kernel_us(t, kind, u, local) + launch, received)
+    }
+
+    /// The host time of unit `u`'s hook for one of its collectives on type
+    /// `t` (none without parameters).
+    fn hook_us(&self, t: usize, u: usize) -> f64 {
+        if self.units.units[u].params > 0.0 {
+            self.cluster.types[t].fsdp_unit_host_us
+        } else {
+            0.0
+        }
     }
 
     /// The quantize / dequantize / cast kernels of a collective on one
@@ -950,6 +1024,9 @@ impl<'a> Schedule<'a> {
     /// Run a collective issued by each type at `issue[t]`; returns each
     /// type's end.
     fn collective(&mut self, kind: Kind, phase: &'static str, u: usize, local: bool, issue: &[f64]) -> Vec<f64> {
+        if self.units.units[u].params <= 0.0 {
+            return issue.to_vec();
+        }
         let n = self.inputs.len();
         let priced: Vec<(f64, f64)> = (0..n).map(|t| self.price(t, kind, u, local)).collect();
         let bytes = priced.iter().map(|p| p.1).fold(0.0, f64::max);
@@ -1012,6 +1089,7 @@ impl<'a> Schedule<'a> {
         let hybrid = stage == Stage::HybridShard;
         let mut cend = vec![0.0f64; n];
         let mut compute = vec![0.0f64; n];
+        let mut host = vec![0.0f64; n];
         // Forward: unit u+1 gathered while u computes.
         let mut issue = vec![0.0; n];
         for u in 0..nu {
@@ -1019,8 +1097,10 @@ impl<'a> Schedule<'a> {
             for t in 0..n {
                 let start = cend[t].max(ready[t]);
                 issue[t] = start;
-                cend[t] = start + self.inputs[t].fwd[u];
-                compute[t] += self.inputs[t].fwd[u];
+                let hook = self.hook_us(t, u);
+                cend[t] = start + hook + self.inputs[t].fwd[u];
+                compute[t] += hook + self.inputs[t].fwd[u];
+                host[t] += hook;
             }
         }
         let f_end = cend.clone();
@@ -1041,9 +1121,12 @@ impl<'a> Schedule<'a> {
             for t in 0..n {
                 let recompute =
                     if self.spec.checkpoint[t] && self.units.units[v].block { self.inputs[t].fwd[v] } else { 0.0 };
-                let work = self.inputs[t].bwd[v] + recompute;
+                // The re-gather's hook before, the reduce-scatter's after.
+                let hooks = self.hook_us(t, v) * if regather { 2.0 } else { 1.0 };
+                let work = self.inputs[t].bwd[v] + recompute + hooks;
                 cend[t] = bstart[t] + work;
                 compute[t] += work;
+                host[t] += hooks;
             }
             let done = self.collective(Kind::Scatter, "backward", v, hybrid, &cend);
             if hybrid {
@@ -1057,7 +1140,7 @@ impl<'a> Schedule<'a> {
             let step = self.inputs[t].optimizer_us * self.share[t].min(1.0);
             let start = b_end[t].max(self.comm_free[t]);
             compute[t] += step;
-            times.push((compute[t], f_end[t], b_end[t], start + step));
+            times.push((compute[t], f_end[t], b_end[t], start + step, host[t]));
         }
         (self.out, times)
     }

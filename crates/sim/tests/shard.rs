@@ -30,7 +30,17 @@ graph "two_blocks" {{
     qsync_ir::text::parse_graph(&text).expect("parse")
 }
 
+/// A T4 whose sharded steps cost their bytes and ring latencies alone (no
+/// hook time, no launch): the byte-level tests below.
 fn t4() -> Device {
+    let mut d = t4_fixed();
+    d.fsdp_unit_host_us = Some(0.0);
+    d.collective_launch_us = Some(0.0);
+    d
+}
+
+/// The bundled T4, with the default fixed costs of a sharded step.
+fn t4_fixed() -> Device {
     DeviceDb::bundled().expect("db").get("t4").expect("t4").clone()
 }
 
@@ -332,6 +342,82 @@ fn full_shard_time_when_compute_dominates() {
     let rep = ShardSpec { checkpoint: vec![true], ..ShardSpec::new(Stage::Replicate, 1) };
     let res = predict_sharded(&mut pred, &units, &rep).expect("replicate");
     close(res.iteration_us, ddp + f[0] + f[1], "replicated, checkpointed");
+}
+
+#[test]
+fn every_unit_and_collective_pays_its_fixed_cost() {
+    // The compute-dominated case of `full_shard_time_when_compute_dominates`
+    // (4 T4 in one node at batch 4096), with the default fixed costs: each
+    // collective launches in L = 8.4 µs on top of its ring steps, and each
+    // unit with parameters spends H = 100 µs of host time on FSDP's hook
+    // per collective it takes part in, on its compute stream.
+    let (l, h) = (qsync_sim::shard::COLLECTIVE_LAUNCH_US, qsync_sim::shard::FSDP_UNIT_HOST_US);
+    assert_eq!((l, h), (8.4, 100.0));
+    let g = graph(4096);
+    let mut t = target(4, 4, 4096);
+    t.device = t4_fixed();
+    let mut pred = Predictor::new(&g, vec![t], opts()).expect("predict");
+    let facts = qsync_cost::GraphFacts::new(&g, &Bindings::new()).expect("facts");
+    let units = Units::of(&g, &facts);
+    let (f, b, opt) = unit_times(&pred, &units);
+    // A = 3·524288/1e5 + 3·5 + L, R = 3·1048576/1e5 + 15 + L.
+    let (a, r) = (30.72864 + l, 46.45728 + l);
+    assert!(f.iter().chain(&b).all(|&t| t > a + r), "compute {f:?} {b:?} must hide the collectives");
+    let (sf, sb): (f64, f64) = (f.iter().sum(), b.iter().sum());
+    // FULL_SHARD: three hooks a unit (forward gather, backward gather,
+    // reduce-scatter), 9H in all on the compute stream. Forward A + 3H + Σf;
+    // backward its first gather A, then 6H + Σb; the last reduce-scatter R;
+    // the step over a quarter.
+    let spec = ShardSpec::new(Stage::FullShard, 1);
+    let res = predict_sharded(&mut pred, &units, &spec).expect("full shard");
+    close(res.devices[0].forward_end_us, a + 3.0 * h + sf, "forward end");
+    close(res.iteration_us, 2.0 * a + 9.0 * h + sf + sb + r + opt / 4.0, "full-shard iteration");
+    close(res.devices[0].host_us, 9.0 * h, "host time");
+    close(res.devices[0].compute_us, sf + sb + 9.0 * h + opt / 4.0, "compute with the hooks");
+    close(res.devices[0].exposed_comm_us, 2.0 * a + r, "exposed communication");
+    assert_eq!(res.collectives.len(), 9);
+    // SHARD_GRAD_OP: no backward gather, two hooks a unit:
+    // A + 6H + Σf + Σb + R + step/4.
+    let res = predict_sharded(&mut pred, &units, &ShardSpec::new(Stage::ShardGradOp, 1)).expect("shard grad op");
+    close(res.iteration_us, a + 6.0 * h + sf + sb + r + opt / 4.0, "shard-grad-op iteration");
+    close(res.devices[0].host_us, 6.0 * h, "shard-grad-op host time");
+
+    // A head without parameters (a Relu): its unit gathers nothing and
+    // runs no hook. FULL_SHARD: forward A + 2H + Σf; the backward starts
+    // with the head (no gather to wait for), whose b2 overlaps block 1's
+    // gather: max(b2, A); then the blocks, 4H + b1 + b0, and block 0's R.
+    let text = r#"
+graph "free_head" {
+  init %w0: f32[1024,1024] = absent
+  init %w1: f32[1024,1024] = absent
+  input %x: f32[4096,1024]
+  %a0: f32[4096,1024] = MatMul "/blocks.0/MatMul"(%x, %w0)
+  %r0: f32[4096,1024] = Relu "/blocks.0/Relu"(%a0)
+  %a1: f32[4096,1024] = MatMul "/blocks.1/MatMul"(%r0, %w1)
+  %r1: f32[4096,1024] = Relu "/blocks.1/Relu"(%a1)
+  %y: f32[4096,1024] = Relu "/head/Relu"(%r1)
+  output %y
+}
+"#;
+    let g = qsync_ir::text::parse_graph(text).expect("parse");
+    let mut t = target(4, 4, 4096);
+    t.device = t4_fixed();
+    let mut pred = Predictor::new(&g, vec![t], opts()).expect("predict");
+    let facts = qsync_cost::GraphFacts::new(&g, &Bindings::new()).expect("facts");
+    let units = Units::of(&g, &facts);
+    assert_eq!(units.units.iter().map(|u| u.params).collect::<Vec<_>>(), [MI, MI, 0.0]);
+    let (f, b, opt) = unit_times(&pred, &units);
+    let res = predict_sharded(&mut pred, &units, &spec).expect("free head");
+    assert_eq!(res.collectives.len(), 6, "{:?}", res.collectives);
+    assert!(res.collectives.iter().all(|c| c.unit != 2));
+    let (sf, fe) = (f.iter().sum::<f64>(), a + 2.0 * h + f.iter().sum::<f64>());
+    close(res.devices[0].forward_end_us, fe, "free head forward end");
+    close(
+        res.iteration_us,
+        a + 2.0 * h + sf + b[2].max(a) + 4.0 * h + b[1] + b[0] + r + opt / 4.0,
+        "free head iteration",
+    );
+    close(res.devices[0].host_us, 6.0 * h, "free head host time");
 }
 
 /// Every `(gather, reduce)` pair `choices` allows within `budget`, priced;
