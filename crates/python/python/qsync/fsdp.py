@@ -102,6 +102,9 @@ class ShardSpec:
     - `local_batches`: every rank's local batch, in rank order (None: equal).
     - `nodes`: how many nodes the ranks make (rank-major, equal sizes).
     - `group`: elements per quantization block (one f32 scale each).
+    - `units`: the qualified names of the submodules to wrap, in order (a
+      plan's units, `from_manifest`; an entry None is a planned unit no
+      module carries). None: every element of every `nn.ModuleList`.
     """
 
     stage: str = "FULL_SHARD"
@@ -114,6 +117,7 @@ class ShardSpec:
     local_batches: tuple[int, ...] | None = None
     nodes: int = 1
     group: int = 512
+    units: tuple[str | None, ...] | None = None
 
     @classmethod
     def from_dict(cls, d):
@@ -125,8 +129,9 @@ class ShardSpec:
         if unknown:
             raise ShardSpecError(f"unknown sharding field(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
         d = dict(d)
-        if d.get("local_batches") is not None:
-            d["local_batches"] = tuple(d["local_batches"])
+        for k in ("local_batches", "units"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
         return cls(**d)
 
     @classmethod
@@ -140,8 +145,12 @@ class ShardSpec:
         `param_dtype`) and `reduce_scatter_precision` (`qgz-int8`/`qgz-int4`
         → `reduce_scatter`, a float → `reduce_dtype`), which must agree
         across the job's types, since every rank of a collective moves the
-        same format; each rank's `local_batch`. `uneven_shares` has no FSDP2
-        counterpart (it shards evenly): it is an error, not ignored."""
+        same format; each rank's `local_batch`; `units`: the `module` of
+        every planned unit with parameters that is not a root unit (the
+        root's parameters are the root FSDP module's), in plan order — a
+        manifest whose units name no modules (written before they did)
+        leaves `units` None. `uneven_shares` has no FSDP2 counterpart (it
+        shards evenly): it is an error, not ignored."""
         if not isinstance(manifest, dict):
             raise ShardSpecError(f"manifest: a dict (manifest.json), not {type(manifest).__name__}")
         sh = manifest.get("sharding")
@@ -174,12 +183,21 @@ class ShardSpec:
             raise ShardSpecError(f"sharding.devices: the job's device types gather {sorted(map(str, gathers))} and "
                                  f"reduce-scatter {sorted(map(str, reduces))}; one FSDP2 collective needs one format")
         g, r = gathers.pop(), reduces.pop()
+        planned = sh.get("units")
+        if not isinstance(planned, list) or not all(isinstance(u, dict) for u in planned):
+            raise ShardSpecError("sharding.units: a list of unit objects")
+        units = None
+        if any("kind" in u for u in planned):
+            try:
+                units = tuple(u.get("module") for u in planned if u["kind"] != "root" and int(u["parameters"]) > 0)
+            except (KeyError, TypeError, ValueError) as e:
+                raise ShardSpecError(f"sharding.units: a unit lacks {e}") from None
         return cls(stage=strategy,
                    param_dtype=None if g == "qwz-int8" else g,
                    allgather="qwz" if g == "qwz-int8" else None,
                    reduce_dtype=None if r in ("qgz-int8", "qgz-int4") else r,
                    reduce_scatter=r if r in ("qgz-int8", "qgz-int4") else None,
-                   hpz=bool(sh.get("hpz")), local_batches=local, nodes=nodes, group=group)
+                   hpz=bool(sh.get("hpz")), local_batches=local, nodes=nodes, group=group, units=units)
 
     def resolved(self, world: int) -> "_Resolved":
         """Checks the spec against a world of `world` ranks."""
@@ -466,10 +484,34 @@ class ShardedModel:
         return sum(c.stats.sent for c in comms), sum(c.stats.baseline for c in comms)
 
 
-def _units(model: nn.Module, units):
-    named = dict(model.named_modules())
-    if units is None:
+def plan_units(model: nn.Module, spec) -> list:
+    """The submodules of `model` that `shard_model(model, spec)` wraps
+    before the root: the spec's `units` by qualified name (a plan's), else
+    every element of every `nn.ModuleList`. A planned unit the model lacks
+    is a `ShardSpecError` naming the first missing and how many are: a
+    partial wrap would shard differently from the plan."""
+    if isinstance(spec, dict):
+        spec = ShardSpec.from_dict(spec)
+    if spec.units is None:
         return [m for m in model.modules() if isinstance(m, nn.ModuleList) for m in m]
+    unnamed = [i for i, u in enumerate(spec.units) if u is None]
+    if unnamed:
+        raise ShardSpecError(f"units: {len(unnamed)} of the plan's {len(spec.units)} units (the first: unit "
+                             f"{unnamed[0]}) name no module (a graph without repeated blocks is cut by parameter "
+                             "count); pass units= to shard_model")
+    named = dict(model.named_modules())
+    missing = [u for u in spec.units if u not in named or u == ""]
+    if missing:
+        raise ShardSpecError(f"units: the model has no submodule {missing[0]!r}, a unit of the plan; "
+                             f"{len(missing)} of the plan's {len(spec.units)} units are missing (is it the "
+                             "model the plan was made from?)")
+    return [named[u] for u in spec.units]
+
+
+def _units(model: nn.Module, spec, units):
+    if units is None:
+        return plan_units(model, spec)
+    named = dict(model.named_modules())
     out = []
     for u in units:
         if isinstance(u, nn.Module):
@@ -487,9 +529,11 @@ def _units(model: nn.Module, units):
 
 def shard_model(model: nn.Module, spec, *, units=None, device_type: str | None = None) -> ShardedModel:
     """Applies FSDP2 to `model` per `spec` (a `ShardSpec` or its dict):
-    `fully_shard` on each unit (`units`: submodules or their qualified names;
-    None: every element of every `nn.ModuleList`, a transformer's blocks),
-    then on the root. Needs torch.distributed initialized; every rank calls
+    `fully_shard` on each unit, then on the root. `units` (submodules or
+    their qualified names) overrides the spec's; None takes `spec.units`
+    (a plan's: exactly its units, a missing one an error, see
+    `plan_units`), or, where the spec names none, every element of every
+    `nn.ModuleList` (a transformer's blocks). Needs torch.distributed initialized; every rank calls
     it with the same spec. Raises `ShardSpecError` for a bad spec."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -502,7 +546,7 @@ def shard_model(model: nn.Module, spec, *, units=None, device_type: str | None =
         raise ShardSpecError(f"spec: a ShardSpec or a dict, not {type(spec).__name__}")
     world, rank = dist.get_world_size(), dist.get_rank()
     rs = spec.resolved(world)
-    unit_modules = _units(model, units)
+    unit_modules = _units(model, spec, units)
     if device_type is None:
         p = next(model.parameters(), None)
         device_type = p.device.type if p is not None else "cpu"
