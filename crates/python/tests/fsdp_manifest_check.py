@@ -142,6 +142,8 @@ def main():
     unnamed["sharding"]["units"][1]["module"] = None
     expect_error("a planned unit without a module",
                  lambda: plan_units(model, ShardSpec.from_manifest(unnamed, ranks, nodes=2)), "name no module")
+    expect_error("units as one string", lambda: plan_units(model, dataclasses.replace(spec, units="model")),
+                 "not a list of qualified module names")
     # A manifest without the units' modules leaves the choice to the model.
     old = copy.deepcopy(sharded)
     for u in old["sharding"]["units"]:

@@ -494,6 +494,8 @@ def plan_units(model: nn.Module, spec) -> list:
         spec = ShardSpec.from_dict(spec)
     if spec.units is None:
         return [m for m in model.modules() if isinstance(m, nn.ModuleList) for m in m]
+    if isinstance(spec.units, str) or not all(u is None or isinstance(u, str) for u in spec.units):
+        raise ShardSpecError(f"units: {spec.units!r} is not a list of qualified module names")
     unnamed = [i for i, u in enumerate(spec.units) if u is None]
     if unnamed:
         raise ShardSpecError(f"units: {len(unnamed)} of the plan's {len(spec.units)} units (the first: unit "
