@@ -57,7 +57,8 @@ def main():
     torchrun = os.path.join(venv_bin, "torchrun")
     cores = max(1, (os.cpu_count() or 1) // nodes)
     # Three measurements back to back; the model is given their medians.
-    host_file = host_kernels(a, nodes, k, cores, [measure_host(a, nodes, k, cores, i) for i in range(3)])
+    host_file = host_kernels(a, nodes, k, cores, [measure_host(a, nodes, k, cores, i) for i in range(3)],
+                             "host-kernels-iterations.json")
     cpu = os.path.join(a.out, "cpu.json")
     if not os.path.exists(cpu):
         sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"])

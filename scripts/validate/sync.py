@@ -175,15 +175,35 @@ def measure_links(ns, addr, rate, k):
             "intra_lat": intra_lat, "intra_gb": intra_gb, "inter_lat": inter_lat, "inter_gb": inter_gb}
 
 
+def exchange_seconds(a, k, cores, nbytes, messages):
+    """Median seconds of `sync-bench --collective all-to-all`: `nbytes` from
+    every rank in `messages` all-to-alls, the ranks placed and pinned as the
+    validation's jobs are."""
+    r = subprocess.run(["bash", NETCLUSTER, "run", "--prefix", a.prefix, "--ranks-per-node", str(k),
+                        "--cpus-per-node", str(cores), "--timeout", "300", "--", a.qsyncc, "sync-bench",
+                        "--collective", "all-to-all", "--scheme", "fp32", "--bytes", str(nbytes), "--messages",
+                        str(messages), "--nodes", "2", "--iterations", "5", "--warmup", "1", "--json"],
+                       capture_output=True, text=True)
+    line = next((l for l in r.stdout.splitlines() if l.startswith("{")), None)
+    if r.returncode != 0 or line is None:
+        raise SystemExit(f"validate: sync-bench --collective all-to-all failed:\n{r.stdout}\n{r.stderr}")
+    return json.loads(line)
+
+
 def link_tcp_cost(a, nodes, k, cores):
-    """CPU seconds per byte the emulated link's stack costs a node, sender
-    and receiver together: `k` TCP streams each way between two nodes on a
-    link far faster than the CPU can feed (40 Gbit/s), each node's
-    processes pinned to its own cores, as the ranks are. Each node's cores
-    then send and receive every byte of its streams, so
-    seconds per byte = cores / (bytes per second one way). On a veth pair
-    through a bridge and a token bucket this is several times the cost of
-    loopback, which `host-kernels` measures."""
+    """What the host transport costs a node's CPU, on a link far faster than
+    the CPU can feed (40 Gbit/s), each node's processes pinned to its own
+    cores, as the ranks are.
+
+    Per byte and per message, with the engine itself: the ranks' all-to-all
+    (`sync-bench --collective all-to-all`, the exchange the flat schemes are
+    made of) sending 16 MiB a rank in 1 and in 32 exchanges. A rank's time
+    is T(m) = (m·(P−1)·msg + recv·byte)·k/cores (its node's k ranks share
+    the cores); two message counts give `msg` and `byte`.
+
+    For the record, raw TCP: `k` streams each way between the two nodes;
+    each node's cores send and receive every byte of its streams, so
+    seconds per byte = cores / (bytes per second one way)."""
     rate = "40gbit"
     sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", "0",
@@ -193,10 +213,19 @@ def link_tcp_cost(a, nodes, k, cores):
         addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
         pin = [f"{i * cores}-{(i + 1) * cores - 1}" for i in range(nodes)]
         runs = [bulk_both_ways(ns, addr, k, 256 << 20, 49000 + os.getpid() % 1000 + 20 * r, pin) for r in range(3)]
+        nbytes, many = 16 << 20, 32
+        one = exchange_seconds(a, k, cores, nbytes, 1)
+        split = exchange_seconds(a, k, cores, nbytes, many)
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     best = max(runs)
-    return cores / (best * 1e9), best, rate
+    p, share = one["ranks"], k / cores
+    recv = one["received_bytes_per_rank"]
+    msg = max(0.0, (split["seconds"] - one["seconds"]) / ((many - 1) * (p - 1)))
+    byte = max(0.0, (one["seconds"] - (p - 1) * msg) / recv)
+    return {"tcp_r": byte / share, "message_s": msg / share, "socket_r": cores / (best * 1e9),
+            "socket_gbyte_s": best, "rate": rate, "one_s": one["seconds"], "split_s": split["seconds"],
+            "split_message_bytes": split["message_bytes"], "one_message_bytes": one["message_bytes"]}
 
 
 def measure_host(a, nodes, k, cores, i):
@@ -211,7 +240,7 @@ def measure_host(a, nodes, k, cores, i):
     return hk
 
 
-def host_kernels(a, nodes, k, cores, measured):
+def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
     """The host-kernels file the model is given: the median, field by field,
     of `measured` (`measure_host`), taken at moments spread over the run —
     this machine's single-core rates drift by up to 2x over minutes, so one
@@ -225,21 +254,30 @@ def host_kernels(a, nodes, k, cores, measured):
             hk["kernels"][f] = med([m["kernels"][f] for m in measured])
     loopback = hk["kernels"]["tcp_r"]
     tcp = [m["link"] for m in measured]
-    tcp_r, tcp_rate = med([t[0] for t in tcp]), tcp[0][2]
+    tcp_r, msg_s = med([t["tcp_r"] for t in tcp]), med([t["message_s"] for t in tcp])
     hk["kernels"]["tcp_r"] = tcp_r
+    hk["kernels"]["message_s"] = msg_s
     del hk["link"]
+    t0 = tcp[0]
+    ms = lambda key: ", ".join(f"{t[key] * 1e3:.1f}" for t in tcp)
+    socket_gbit = ", ".join(f"{t['socket_gbyte_s'] * 8:.3f}" for t in tcp)
     hk.setdefault("sources", {})["tcp_r"] = (
-        f"scripts/validate/sync.py: {k} TCP streams each way between 2 emulated nodes on a {tcp_rate} link, each "
-        f"node pinned to {cores} core(s), carried {', '.join(f'{t[1] * 8:.3f}' for t in tcp)} Gbit/s a direction "
-        f"(best of 3, {len(tcp)} times over the run), so {cores} / that rate = {tcp_r * 1e9:.3f} ns a byte (median); "
-        f"over loopback host-kernels measured {loopback * 1e9:.3f}")
+        f"scripts/validate/sync.py: the engine's all-to-all (sync-bench --collective all-to-all) of 16 MiB a rank "
+        f"between 2 emulated nodes on a {t0['rate']} link, {k} ranks a node pinned to {cores} core(s), in 1 "
+        f"exchange ({t0['one_message_bytes']} B a peer) and in 32 ({t0['split_message_bytes']} B a peer): "
+        f"{ms('one_s')} ms and {ms('split_s')} ms ({len(tcp)} times over the run); fitted per byte "
+        f"{tcp_r * 1e9:.3f} ns (median) and per message {msg_s * 1e6:.1f} us (message_s), each as CPU time with "
+        f"the node's {k} ranks sharing {cores} core(s). For the record: raw TCP, {k} streams each way, carried "
+        f"{socket_gbit} Gbit/s a direction ({med([t['socket_r'] for t in tcp]) * 1e9:.3f} ns a byte); over "
+        f"loopback host-kernels measured {loopback * 1e9:.3f}")
+    hk["sources"]["message_s"] = "as tcp_r"
     hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0 qsyncc host-kernels --threads 1 "
                                 f"--elements 16777216` runs spread over the validation run")
-    host_file = os.path.join(a.out, "host-kernels-link.json")
+    host_file = os.path.join(a.out, name)
     json.dump(hk, open(host_file, "w"), indent=1)
-    print(f"validate: the emulated link's TCP stack costs {tcp_r * 1e9:.3f} ns a byte a node "
-          f"(loopback: {loopback * 1e9:.3f}); kernels: median of {len(measured)} measurements", file=sys.stderr,
-          flush=True)
+    print(f"validate: the host transport costs {tcp_r * 1e9:.3f} ns a byte and {msg_s * 1e6:.1f} us a message "
+          f"(loopback TCP: {loopback * 1e9:.3f} ns a byte); kernels: median of {len(measured)} measurements",
+          file=sys.stderr, flush=True)
     return host_file
 
 
