@@ -4,8 +4,9 @@
 #   - it builds with the Rust toolchain alone and links none of those libraries;
 #   - it plans every shared model (../shared/models);
 #   - a command whose feature is off exits 2 and names the feature.
-# Built in debug into target/bare (its own target directory, so that
-# target/debug/qsyncc, which the tests run with every feature, stays as is).
+# Built in the `bare` profile (Cargo.toml: quick to build) into target/bare
+# (its own target directory, so that target/debug/qsyncc, which the tests
+# run with every feature, stays as is).
 # scripts/test.sh runs it after `cargo test`; scripts/example.sh builds the
 # same binary.
 # Usage: scripts/bare-check.sh [MODELS_DIR]
@@ -13,12 +14,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 models=${1:-../shared/models}
 export CARGO_TARGET_DIR=$PWD/target/bare
-q=$CARGO_TARGET_DIR/debug/qsyncc
+q=$CARGO_TARGET_DIR/bare/qsyncc
 fail=0
 bad() { echo "bare-check: FAIL: $*" >&2; fail=1; }
 
 echo "bare-check: building qsyncc without features into target/bare" >&2
-cargo build --quiet --locked -p qsyncc --no-default-features
+cargo build --quiet --locked --profile bare -p qsyncc --no-default-features
 
 linked=$(ldd "$q" | grep -iE 'libLLVM|libMLIR|libmpi|libopen-|libnccl|libcuda' || true)
 [ -z "$linked" ] || bad "the bare qsyncc links system libraries it must not: $linked"
