@@ -5,8 +5,9 @@
 #   scripts/gpu-sync-check.sh [all|prepare|run] [DIR]   (defaults: all, target/gpu-sync-check)
 #
 # prepare (here: cargo, Open MPI; no GPU):
-#   - DIR/qsync-sync-check: qsync-sync-check built with the `nccl` feature
-#     only (it links no MPI: the GPU machines have no Open MPI), release
+#   - DIR/qsync-sync-check and DIR/qsync-shard-check: qsync-sync-check and
+#     the sharded collectives' check built with the `nccl` feature only
+#     (they link no MPI: the GPU machines have no Open MPI), release
 #     profile unless QSYNC_PROFILE=debug;
 #   - DIR/expected-<R>r-<N>n.txt: every scheme's result digests on fixed
 #     inputs and seeds, recorded by `mpirun -n R qsync-sync-check --suite
@@ -37,6 +38,18 @@
 #      qsync-kernels' reference code, plus the copies), not wire savings;
 #   5. a killed rank (`--suite fault --fault exit`): the job must end with
 #      an error on the survivor within its deadline, never hang.
+#   6. the sharded collectives of ZeRO++ (qwZ all-gather, hpZ, qgZ
+#      reduce-scatter) over NCCL with DIR/qsync-shard-check: its `bounds`
+#      suite on 2 ranks (1 emulated node) and 4 ranks (2 nodes: hpZ and the
+#      hierarchical qgZ) — every result within its bound, bitwise identical
+#      on every rank, hpZ's gather equal to the world one; its `wire` suite
+#      on 4 ranks (qwZ ≤ 0.52 of the fp16 all-gather, qgZ-int4 ≤ 0.14 of the
+#      fp32 reduce-scatter, fractions in summary.txt); and, on 4 ranks, a
+#      rank killed in the qwZ all-gather (`--suite fault --fault exit`),
+#      which must end the job with an error, never hang. Checked against
+#      the bounds and across ranks, not against recorded MPI digests (the
+#      suite records none). Skipped, with the reason, when the binary is
+#      missing and there is no cargo to build it.
 #   Results: summary.txt, bench-<R>r.jsonl and the logs, in $OUT when set
 #   (the lent machine's result folder), else DIR/results. Exit status 0 when
 #   every step passed.
@@ -66,9 +79,13 @@ prepare() {
       --suite digests --nodes "$n" --write "$DIR/expected-${r}r-${n}n.txt"
   done
   # The NCCL build for the GPU machine: no MPI linked.
-  cargo build $(cargo_profile_flag) -p qsync-runtime --no-default-features --features nccl --bin qsync-sync-check
-  cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/qsync-sync-check" "$DIR/qsync-sync-check"
-  if ldd "$DIR/qsync-sync-check" | grep -q libmpi; then echo "the NCCL build links MPI"; exit 1; fi
+  cargo build $(cargo_profile_flag) -p qsync-runtime --no-default-features --features nccl \
+    --bin qsync-sync-check --bin qsync-shard-check
+  local b
+  for b in qsync-sync-check qsync-shard-check; do
+    cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/$b" "$DIR/$b"
+    if ldd "$DIR/$b" | grep -q libmpi; then echo "the NCCL build of $b links MPI"; exit 1; fi
+  done
   # Our kernels as PTX for every architecture, for `--kernels device`.
   cargo build -p qsyncc --features full
   bash scripts/gpu/ptx.sh target/debug/qsyncc "$DIR/ptx"
@@ -100,14 +117,15 @@ run() {
     return $rc
   }
 
-  local bin=$DIR/qsync-sync-check
-  if [ ! -x "$bin" ]; then
+  local bin=$DIR/qsync-sync-check shard_bin=$DIR/qsync-shard-check
+  if [ ! -x "$bin" ] || [ ! -x "$shard_bin" ]; then
     if command -v cargo > /dev/null; then
-      log "no prepared binary: building one (cargo --offline)"
+      log "no prepared binaries: building them (cargo --offline)"
       cargo build --offline $(cargo_profile_flag) -p qsync-runtime --no-default-features --features nccl \
-        --bin qsync-sync-check > "$res/build.log" 2>&1 || { log "build failed (see build.log)"; tail -n 20 "$res/build.log"; exit 1; }
+        --bin qsync-sync-check --bin qsync-shard-check > "$res/build.log" 2>&1 || { log "build failed (see build.log)"; tail -n 20 "$res/build.log"; exit 1; }
       cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/qsync-sync-check" "$bin"
-    else
+      cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/qsync-shard-check" "$shard_bin"
+    elif [ ! -x "$bin" ]; then
       log "missing $bin and no cargo: run '$0 prepare' on a build machine and carry $DIR"; exit 1
     fi
   fi
@@ -193,6 +211,22 @@ PY
     log "fault-exit: survivor's message: $(grep -h 'rank 0' "$res/fault-exit.log" | head -2 | tr '\n' ' ')"
   else
     log "FAIL fault-exit: no message from the surviving rank 0"; failed=1
+  fi
+
+  # 6. The sharded collectives (qwZ, hpZ, qgZ) over NCCL.
+  if [ -x "$shard_bin" ]; then
+    step shard-bounds-2r-1n 0 timeout 600 "$shard_bin" --backend nccl --ranks 2 --nodes 1 --suite bounds --timeout 60
+    step shard-bounds-4r-2n 0 timeout 600 "$shard_bin" --backend nccl --ranks 4 --nodes 2 --suite bounds --timeout 60
+    if step shard-wire-4r-2n 0 timeout 600 "$shard_bin" --backend nccl --ranks 4 --nodes 2 --suite wire --timeout 60; then
+      grep -h '^wire fraction' "$res/shard-wire-4r-2n.log" | tee -a "$summary"
+    fi
+    step shard-fault-exit fail timeout 300 "$shard_bin" --backend nccl --ranks 4 --nodes 2 --suite fault --fault exit \
+      --fault-rank 1 --fault-call 3 --timeout 10
+    if ! grep -q "injected fault: exiting abruptly" "$res/shard-fault-exit.log"; then
+      log "FAIL shard-fault-exit: the failing rank's message is missing"; failed=1
+    fi
+  else
+    log "SKIP shard-*: $shard_bin missing and no cargo to build it (run '$0 prepare' and carry $DIR)"
   fi
 
   log "$([ $failed = 0 ] && echo 'gpu-sync-check: all steps passed' || echo 'gpu-sync-check: FAILED')"

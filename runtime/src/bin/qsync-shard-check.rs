@@ -1,6 +1,9 @@
 //! `qsync-shard-check`: the multi-process checks of the sharded collectives
 //! (`qsync_runtime::shard`: qwZ all-gather, hpZ, qgZ reduce-scatter), run
-//! under `mpirun` (by `tests/shard_jobs.rs`, or by hand).
+//! under `mpirun` (by `tests/shard_jobs.rs`, or by hand), or over NCCL
+//! (`--backend nccl`, as `qsync-sync-check` does it: without
+//! `$QSYNC_NCCL_ID` the process is the launcher of `--ranks N` copies of
+//! itself on this machine's GPUs, several per GPU allowed; with it, one rank).
 //!
 //! Suites (`--suite`):
 //! - `bounds`: f32/fp16/bf16 weights × gradient kinds × shard layouts (near
@@ -42,6 +45,8 @@ use qsync_runtime::testdata::{digest, gradient, GradKind};
 use qsync_runtime::Kernels;
 
 struct Args {
+    backend: String,
+    ranks: usize,
     suite: String,
     nodes: usize,
     node_map: Option<Vec<usize>>,
@@ -54,6 +59,8 @@ struct Args {
 
 fn parse_args() -> Result<Args> {
     let mut a = Args {
+        backend: "mpi".into(),
+        ranks: 2,
         suite: "bounds".into(),
         nodes: 1,
         node_map: None,
@@ -67,6 +74,13 @@ fn parse_args() -> Result<Args> {
     while let Some(flag) = it.next() {
         let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
+            "--backend" => {
+                a.backend = val()?;
+                if a.backend != "mpi" && a.backend != "nccl" {
+                    bail!("unknown backend `{}` (mpi, nccl)", a.backend);
+                }
+            }
+            "--ranks" => a.ranks = val()?.parse().context("--ranks")?,
             "--suite" => a.suite = val()?,
             "--nodes" => a.nodes = val()?.parse()?,
             "--node-map" => {
@@ -85,6 +99,9 @@ fn parse_args() -> Result<Args> {
             "--bytes" => a.bytes = val()?.parse()?,
             other => bail!("unknown argument `{other}`"),
         }
+    }
+    if a.ranks == 0 {
+        bail!("--ranks must be positive");
     }
     Ok(a)
 }
@@ -391,16 +408,9 @@ fn job(world: &dyn Communicator, a: &Args) -> ExitCode {
 }
 
 #[cfg(feature = "mpi")]
-fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("qsync-shard-check: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
+fn mpi_main(args: &Args) -> ExitCode {
     match qsync_runtime::mpi::MpiComm::init() {
-        Ok(world) => job(&world, &args),
+        Ok(world) => job(&world, args),
         Err(e) => {
             eprintln!("qsync-shard-check: {e}");
             ExitCode::from(2)
@@ -409,8 +419,83 @@ fn main() -> ExitCode {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn main() -> ExitCode {
-    let _ = (parse_args, job);
-    eprintln!("qsync-shard-check: built without the `mpi` feature");
+fn mpi_main(_: &Args) -> ExitCode {
+    eprintln!("qsync-shard-check: built without the `mpi` feature: use --backend nccl");
     ExitCode::from(2)
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_main(args: &Args) -> ExitCode {
+    use qsync_runtime::nccl::{probe, spawn_local, NcclComm, RankEnv, RankOutcome};
+    if RankEnv::present() {
+        // One rank of a launched job.
+        return match NcclComm::from_env(args.timeout) {
+            Ok(world) => job(&world, args),
+            Err(e) => {
+                let rank = std::env::var(qsync_runtime::nccl::ENV_RANK).unwrap_or_else(|_| "?".into());
+                eprintln!("qsync-shard-check: rank {rank}: {e}");
+                let missing = matches!(e, qsync_runtime::CommError::LibraryMissing { .. });
+                ExitCode::from(if missing { 2 } else { 3 })
+            }
+        };
+    }
+    // The launcher.
+    match probe() {
+        Ok(info) => eprintln!("qsync-shard-check: NCCL {}: starting {} ranks", info.version, args.ranks),
+        Err(e) => {
+            eprintln!("qsync-shard-check: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("qsync-shard-check: cannot find its own executable: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // Survivors of a failure get their own deadline, plus time to report.
+    let grace = args.timeout + Duration::from_secs(10);
+    match spawn_local(args.ranks, &exe, &argv, grace, Duration::from_secs(3600)) {
+        Ok(outcomes) => {
+            let failed: Vec<(usize, &RankOutcome)> =
+                outcomes.iter().enumerate().filter(|(_, o)| !o.success()).collect();
+            for (r, o) in &failed {
+                eprintln!("qsync-shard-check launcher: rank {r}: {o}");
+            }
+            match failed.first() {
+                None => ExitCode::SUCCESS,
+                Some((_, RankOutcome::Exited(s))) => {
+                    ExitCode::from(s.code().and_then(|c| u8::try_from(c).ok()).filter(|&c| c != 0).unwrap_or(3))
+                }
+                Some(_) => ExitCode::from(3),
+            }
+        }
+        Err(e) => {
+            eprintln!("qsync-shard-check: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_main(_: &Args) -> ExitCode {
+    eprintln!("qsync-shard-check: built without the `nccl` feature");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("qsync-shard-check: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.backend == "nccl" {
+        nccl_main(&args)
+    } else {
+        mpi_main(&args)
+    }
 }
