@@ -1073,6 +1073,58 @@ pub fn spawn_local(
     Ok(outcomes.into_iter().map(|o| o.unwrap_or(RankOutcome::Killed)).collect())
 }
 
+/// One rank of a job [`launch_self`] started: the communicator from the
+/// environment, or the exit status after printing the error as `name`
+/// (2 when NCCL cannot be loaded, 3 for any other failure).
+pub fn rank_from_env(name: &str, timeout: Duration) -> Result<NcclComm, u8> {
+    NcclComm::from_env(timeout).map_err(|e| {
+        let rank = std::env::var(ENV_RANK).unwrap_or_else(|_| "?".into());
+        eprintln!("{name}: rank {rank}: {e}");
+        if matches!(e, CommError::LibraryMissing { .. }) {
+            2
+        } else {
+            3
+        }
+    })
+}
+
+/// The launcher of a check binary run over NCCL: `ranks` copies of this
+/// executable with its own arguments ([`spawn_local`]; survivors of a
+/// failure get `timeout` plus 10 s to report it), each failed rank printed
+/// as `name`. Returns the exit status: 0, the first failed rank's own
+/// non-zero status, 3 for a rank killed or past the hour, 2 when the job
+/// could not start.
+pub fn launch_self(name: &str, ranks: usize, timeout: Duration) -> u8 {
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{name}: cannot find its own executable: {e}");
+            return 2;
+        }
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    match spawn_local(ranks, &exe, &argv, timeout + Duration::from_secs(10), Duration::from_secs(3600)) {
+        Ok(outcomes) => {
+            let failed: Vec<(usize, &RankOutcome)> =
+                outcomes.iter().enumerate().filter(|(_, o)| !o.success()).collect();
+            for (r, o) in &failed {
+                eprintln!("{name} launcher: rank {r}: {o}");
+            }
+            match failed.first() {
+                None => 0,
+                Some((_, RankOutcome::Exited(s))) => {
+                    s.code().and_then(|c| u8::try_from(c).ok()).filter(|&c| c != 0).unwrap_or(3)
+                }
+                Some(_) => 3,
+            }
+        }
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            2
+        }
+    }
+}
+
 #[cfg(test)]
 mod thread_tests {
     use super::*;

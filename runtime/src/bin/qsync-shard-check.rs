@@ -426,17 +426,12 @@ fn mpi_main(_: &Args) -> ExitCode {
 
 #[cfg(feature = "nccl")]
 fn nccl_main(args: &Args) -> ExitCode {
-    use qsync_runtime::nccl::{probe, spawn_local, NcclComm, RankEnv, RankOutcome};
+    use qsync_runtime::nccl::{launch_self, probe, rank_from_env, RankEnv};
     if RankEnv::present() {
         // One rank of a launched job.
-        return match NcclComm::from_env(args.timeout) {
+        return match rank_from_env("qsync-shard-check", args.timeout) {
             Ok(world) => job(&world, args),
-            Err(e) => {
-                let rank = std::env::var(qsync_runtime::nccl::ENV_RANK).unwrap_or_else(|_| "?".into());
-                eprintln!("qsync-shard-check: rank {rank}: {e}");
-                let missing = matches!(e, qsync_runtime::CommError::LibraryMissing { .. });
-                ExitCode::from(if missing { 2 } else { 3 })
-            }
+            Err(code) => ExitCode::from(code),
         };
     }
     // The launcher.
@@ -447,36 +442,7 @@ fn nccl_main(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("qsync-shard-check: cannot find its own executable: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    // Survivors of a failure get their own deadline, plus time to report.
-    let grace = args.timeout + Duration::from_secs(10);
-    match spawn_local(args.ranks, &exe, &argv, grace, Duration::from_secs(3600)) {
-        Ok(outcomes) => {
-            let failed: Vec<(usize, &RankOutcome)> =
-                outcomes.iter().enumerate().filter(|(_, o)| !o.success()).collect();
-            for (r, o) in &failed {
-                eprintln!("qsync-shard-check launcher: rank {r}: {o}");
-            }
-            match failed.first() {
-                None => ExitCode::SUCCESS,
-                Some((_, RankOutcome::Exited(s))) => {
-                    ExitCode::from(s.code().and_then(|c| u8::try_from(c).ok()).filter(|&c| c != 0).unwrap_or(3))
-                }
-                Some(_) => ExitCode::from(3),
-            }
-        }
-        Err(e) => {
-            eprintln!("qsync-shard-check: {e}");
-            ExitCode::from(2)
-        }
-    }
+    ExitCode::from(launch_self("qsync-shard-check", args.ranks, args.timeout))
 }
 
 #[cfg(not(feature = "nccl"))]
