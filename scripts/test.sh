@@ -11,5 +11,25 @@ if [ ! -d ../shared/models ]; then
   echo "error: the real models are expected in ../shared/models beside the checkout" >&2
   exit 1
 fi
+
+# Disk: a from-scratch build of every test binary needs about 15 GB; say
+# so up front rather than failing mid-link with "No space left on device".
+free_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
+echo "test.sh: $((free_kb / 1024 / 1024)) GiB free where the build goes" >&2
+if [ "$free_kb" -lt $((16 * 1024 * 1024)) ]; then
+  echo "test.sh: warning: under 16 GiB free; a fresh build may run out of disk" >&2
+fi
+# A one-off build (CI's fresh clone) gains nothing from incremental
+# compilation's caches, which cost time and several GB.
+if [ -n "${CI:-}" ]; then
+  export CARGO_INCREMENTAL=0
+fi
+# Scratch files of every test (plan directories, wheels' venvs, Open MPI's
+# session directories) go in one short-named directory removed at the end,
+# pass or fail, so repeated runs do not fill /tmp.
+scratch=$(mktemp -d /tmp/qsync-test.XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR=$scratch
+
 cargo test --workspace --locked "$@"
 bash scripts/bare-check.sh ../shared/models
