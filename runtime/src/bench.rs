@@ -82,6 +82,11 @@ pub struct BenchReport {
     pub iterations: usize,
     pub seconds: f64,
     pub f32_allreduce_seconds: f64,
+    /// The fastest and the slowest timed iteration of the scheme, and of
+    /// the engine's f32 all-reduce: two schemes whose ranges overlap are
+    /// not told apart by this run.
+    pub seconds_range: [f64; 2],
+    pub f32_allreduce_seconds_range: [f64; 2],
     /// Rank 0's mean time per phase over the timed iterations.
     pub phases: PhaseReport,
     /// Per phase, the largest of every rank's mean.
@@ -132,6 +137,14 @@ impl PhaseReport {
             total_s: a[5],
         }
     }
+}
+
+/// `[min, max]` of `v` (`[0, 0]` when empty).
+fn range(v: &[f64]) -> [f64; 2] {
+    if v.is_empty() {
+        return [0.0, 0.0];
+    }
+    [v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max)]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -270,6 +283,8 @@ pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport,
         within_bound: violations == 0,
         bitwise_identical: digests.iter().all(|&d| d == digests[0]),
         iterations: opts.iterations,
+        seconds_range: range(&times),
+        f32_allreduce_seconds_range: range(&f32_times),
         seconds: median(times),
         f32_allreduce_seconds: median(f32_times),
         phases,

@@ -367,8 +367,10 @@ def main():
                         raise SystemExit(f"validate: sync-bench {scheme} {size} at {rate} failed:\n{r.stdout}\n{r.stderr}")
                     m = json.loads(line)
                     measured = m["f32_allreduce_seconds"] if scheme == "fp32" else m["seconds"]
+                    spread = m.get("f32_allreduce_seconds_range" if scheme == "fp32" else "seconds_range")
                     rows.append({"rate": rate, "size": size, "bytes": nbytes, "scheme": scheme, "ranks": nodes * k,
-                                 "cluster": cluster, "measured_s": measured, "phases": m.get("phases"),
+                                 "cluster": cluster, "measured_s": measured, "measured_range_s": spread,
+                                 "phases": m.get("phases"),
                                  "wire_fraction": m.get("wire_fraction"), "bench_wall_s": round(time.time() - t0, 1)})
                     print(f"{rate:>7} {size:>4} {scheme:<14} measured {measured:8.4f} s", file=sys.stderr, flush=True)
         finally:
@@ -381,6 +383,9 @@ def main():
                            "--host-kernels", host_file, "--gradient", str(row["bytes"]), "--sync", row["scheme"],
                            "--sync-path", "mpi", "--json"]).stdout)
         row["predicted_s"] = p["seconds"]
+        # One device type: its parts of the prediction (null for fp32).
+        parts = p.get("per_type_breakdown") or {}
+        row["breakdown"] = next(iter(parts.values()), None)
         row["error"] = row["predicted_s"] / row["measured_s"] - 1.0
         print(json.dumps(row), file=out, flush=True)
         print(f"{row['rate']:>7} {row['size']:>4} {row['scheme']:<14} measured {row['measured_s']:8.4f} s  "

@@ -128,6 +128,29 @@ struct SimJson {
     cluster: serde_json::Value,
 }
 
+/// Per device type, where a compressed scheme's predicted time goes, in
+/// seconds (`null` for fp32, one engine call): what `sync-bench`'s measured
+/// phases are set against (`scripts/validate/render_sync.py`).
+fn breakdown(c: &qsync_sim::Cluster, bytes: u64, spec: &qsync_sim::SyncSpec) -> serde_json::Value {
+    if spec.scheme == qsync_sim::SyncScheme::Fp32 {
+        return serde_json::Value::Null;
+    }
+    let per_type = (0..c.types.len()).map(|t| {
+        let b = c.sync_breakdown(t, bytes, spec);
+        let v = serde_json::json!({
+            "kernel_seconds": b.kernel_us / 1e6,
+            "link_seconds": b.link_us / 1e6,
+            "latency_seconds": b.latency_us / 1e6,
+            "transport_cpu_seconds": b.transport_cpu_us / 1e6,
+            "staging_seconds": b.staging_us / 1e6,
+            "pieces": b.pieces,
+            "total_seconds": b.total_us / 1e6,
+        });
+        (c.types[t].name.clone(), v)
+    });
+    serde_json::Value::Object(per_type.collect())
+}
+
 /// `simulate --gradient`: one synchronization of `bytes` of f32 gradient
 /// under `spec` on the cluster — the time of its slowest device type, as
 /// `sync-bench` measures it (one buffer, no buckets).
@@ -159,6 +182,7 @@ fn sync_only(
             "seconds": us / 1e6,
             "fp32_ring_seconds": if spec.scheme == qsync_sim::SyncScheme::Fp32 { Some(ring / 1e6) } else { None },
             "per_type_seconds": per_type.iter().map(|(n, t)| (n.clone(), serde_json::json!(t / 1e6))).collect::<serde_json::Map<_, _>>(),
+            "per_type_breakdown": breakdown(&c, bytes, &spec),
             "cluster": cluster,
         });
         return Ok(serde_json::to_string_pretty(&v)? + "\n");

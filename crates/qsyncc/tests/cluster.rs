@@ -90,7 +90,17 @@ fn sync_predictions_by_hand() {
         let f = example("dgx-h100.toml");
         a.extend_from_slice(&["--cluster", &f]);
         a.extend_from_slice(extra);
-        json(&qsyncc(&a))["seconds"].as_f64().expect("seconds") * 1e6
+        let v = json(&qsyncc(&a));
+        // The parts `scripts/validate` sets measured phases against: the
+        // casts, and what the rest of the time is made of.
+        let parts = v["per_type_breakdown"].as_object().and_then(|m| m.values().next()).expect("a type's breakdown");
+        let secs = |k: &str| parts[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));
+        assert_eq!(secs("total_seconds"), v["seconds"].as_f64().expect("seconds"));
+        for k in ["kernel_seconds", "link_seconds", "latency_seconds", "staging_seconds"] {
+            assert!(secs(k) > 0.0, "{k} in {v}");
+        }
+        assert_eq!(secs("transport_cpu_seconds"), 0.0, "no host transport on NCCL's path: {v}");
+        v["seconds"].as_f64().expect("seconds") * 1e6
     };
     let e = (1u64 << 24) as f64;
     let comm = (8.0 * 2f64.powi(21) / 50e3 + 5.0) + (15.0 * 2f64.powi(21) / 8.0 / 50e3 + 5.0);

@@ -561,6 +561,13 @@ impl Cluster {
         if spec.scheme == SyncScheme::Fp32 {
             return self.allreduce_us(t, bytes, algo);
         }
+        self.sync_breakdown(t, bytes, spec).total_us
+    }
+
+    /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
+    /// (`spec` not fp32, whose all-reduce the engine runs as one call): the
+    /// parts that a measured run's phases can be set against.
+    pub fn sync_breakdown(&self, t: usize, bytes: u64, spec: &SyncSpec) -> SyncBreakdown {
         let ty = &self.types[t];
         let p = self.device_count();
         // Nodes as the type sees them: its largest node.
@@ -619,16 +626,49 @@ impl Cluster {
             }
         };
         let k = kernel_seconds(spec, kernels, bytes as f64, p, per_node) * share * 1e6;
-        if pieces > 1.0 {
+        let total_us = if pieces > 1.0 {
             // Pieces on the wire while others are in the kernels: the link
             // against the CPU (kernels and the stack's work on the bytes,
             // one pool of cores), the longer side plus one piece of the
             // shorter to fill and drain.
             let (wire, cpu) = (link_sum + lat_sum, k + tcp_sum);
-            return wire.max(cpu) + wire.min(cpu) / pieces + staging;
+            wire.max(cpu) + wire.min(cpu) / pieces + staging
+        } else {
+            serial + staging + k
+        };
+        SyncBreakdown {
+            kernel_us: k,
+            link_us: link_sum,
+            latency_us: lat_sum,
+            transport_cpu_us: tcp_sum,
+            staging_us: staging,
+            pieces,
+            total_us,
         }
-        serial + staging + k
     }
+}
+
+/// The parts of one compressed synchronization's predicted time, per device
+/// (microseconds). They do not add up to `total_us`: a phase lasts the
+/// longer of its link time and its transport CPU time, and a pipelined
+/// scheme (`pieces > 1`) overlaps the wire with the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SyncBreakdown {
+    /// The scheme's kernels (quantize, dequantize, pack, unpack-accumulate),
+    /// on the cores the node's ranks share.
+    pub kernel_us: f64,
+    /// Bytes on the links, every phase's slower link.
+    pub link_us: f64,
+    /// Link latency, per phase and piece.
+    pub latency_us: f64,
+    /// The host transport's CPU work on the bytes and messages.
+    pub transport_cpu_us: f64,
+    /// Copies between device and host memory (host-staged and device paths).
+    pub staging_us: f64,
+    /// Pieces a pipelined scheme streams (1: not pipelined).
+    pub pieces: f64,
+    /// What [`Cluster::sync_us`] returns.
+    pub total_us: f64,
 }
 
 /// What [`choose`] decided.
@@ -850,6 +890,14 @@ mod tests {
         let shared = Cluster::new(vec![ty.clone().with_host_cores(Some(1))]);
         let t = shared.sync_us(0, 4_000_000, &spec, AllReduceAlgo::Ring);
         assert!((t - (2.0 * (3000.0 + 20.0) + 6500.0)).abs() < 1e-6, "{t}");
+        // The same, part by part: casts 6500; per phase the slower link
+        // 2000, latency 20 and the stack's 3000: 4000, 40 and 6000.
+        let b = shared.sync_breakdown(0, 4_000_000, &spec);
+        assert!((b.kernel_us - 6500.0).abs() < 1e-6, "{b:?}");
+        assert!((b.link_us - 4000.0).abs() < 1e-6, "{b:?}");
+        assert!((b.latency_us - 40.0).abs() < 1e-6, "{b:?}");
+        assert!((b.transport_cpu_us - 6000.0).abs() < 1e-6, "{b:?}");
+        assert_eq!((b.staging_us, b.pieces, b.total_us), (0.0, 1.0, t));
         // A core per rank: the stack's 1500 µs hides under the link's 2000.
         let own = Cluster::new(vec![ty.clone().with_host_cores(Some(2))]);
         let t = own.sync_us(0, 4_000_000, &spec, AllReduceAlgo::Ring);
