@@ -422,3 +422,74 @@ multiversion! {
     /// [`reference::cast_from`].
     pub fn cast_from / cast_from_baseline(fmt: Half, src: &[u16]) -> Vec<f32> => cast_from_body
 }
+
+/// `f(x / div)` (`f(x)` when `div` is 1) into 2 little-endian bytes an
+/// element.
+#[inline(always)]
+fn to_le_with(src: &[f32], div: f32, out: &mut [u8], f: impl Fn(f32) -> u16) {
+    assert_eq!(out.len(), 2 * src.len(), "cast_to_le: 2 bytes an element");
+    if div == 1.0 {
+        for (o, &x) in out.chunks_exact_mut(2).zip(src) {
+            o.copy_from_slice(&f(x).to_le_bytes());
+        }
+    } else {
+        for (o, &x) in out.chunks_exact_mut(2).zip(src) {
+            o.copy_from_slice(&f(x / div).to_le_bytes());
+        }
+    }
+}
+
+#[inline(always)]
+fn cast_to_le_body(fmt: Half, src: &[f32], div: f32, out: &mut [u8]) {
+    match fmt {
+        Half::F16 => to_le_with(src, div, out, f32_to_f16),
+        Half::BF16 => to_le_with(src, div, out, reference::f32_to_bf16),
+    }
+}
+
+/// `out[i] (+)= f(le16(src[2i..]))`: decoded, or added to what `out` holds.
+#[inline(always)]
+fn from_le_with<const ADD: bool>(src: &[u8], out: &mut [f32], f: impl Fn(u16) -> f32) {
+    assert_eq!(src.len(), 2 * out.len(), "cast_from_le: 2 bytes an element");
+    for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+        let v = f(u16::from_le_bytes([b[0], b[1]]));
+        if ADD {
+            *o += v;
+        } else {
+            *o = v;
+        }
+    }
+}
+
+#[inline(always)]
+fn cast_from_le_body(fmt: Half, src: &[u8], out: &mut [f32]) {
+    match fmt {
+        Half::F16 => from_le_with::<false>(src, out, f16_to_f32),
+        Half::BF16 => from_le_with::<false>(src, out, reference::bf16_to_f32),
+    }
+}
+
+#[inline(always)]
+fn accumulate_le_body(fmt: Half, src: &[u8], out: &mut [f32]) {
+    match fmt {
+        Half::F16 => from_le_with::<true>(src, out, f16_to_f32),
+        Half::BF16 => from_le_with::<true>(src, out, reference::bf16_to_f32),
+    }
+}
+
+multiversion! {
+    /// `out = le_bytes(cast(src[i] / div))`: [`reference::cast_to`] of the
+    /// scaled values, written as the wire carries them, in one pass
+    /// (`out` is `2·src.len()` bytes).
+    pub fn cast_to_le / cast_to_le_baseline(fmt: Half, src: &[f32], div: f32, out: &mut [u8]) => cast_to_le_body
+}
+
+multiversion! {
+    /// `out[i] = widen(le16(src))`: [`reference::cast_from`] of wire bytes.
+    pub fn cast_from_le / cast_from_le_baseline(fmt: Half, src: &[u8], out: &mut [f32]) => cast_from_le_body
+}
+
+multiversion! {
+    /// `out[i] += widen(le16(src))`, in one pass.
+    pub fn accumulate_le / accumulate_le_baseline(fmt: Half, src: &[u8], out: &mut [f32]) => accumulate_le_body
+}

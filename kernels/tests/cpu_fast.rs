@@ -43,6 +43,9 @@ struct Copy {
     unpack_accumulate: fn(&[u8], usize, u8, &mut [f32]) -> Result<(), r::UnpackError>,
     cast_to: fn(Half, &[f32]) -> Vec<u16>,
     cast_from: fn(Half, &[u16]) -> Vec<f32>,
+    cast_to_le: fn(Half, &[f32], f32, &mut [u8]),
+    cast_from_le: fn(Half, &[u8], &mut [f32]),
+    accumulate_le: fn(Half, &[u8], &mut [f32]),
 }
 
 const COPIES: [Copy; 2] = [
@@ -56,6 +59,9 @@ const COPIES: [Copy; 2] = [
         unpack_accumulate: cpu::unpack_accumulate,
         cast_to: cpu::cast_to,
         cast_from: cpu::cast_from,
+        cast_to_le: cpu::cast_to_le,
+        cast_from_le: cpu::cast_from_le,
+        accumulate_le: cpu::accumulate_le,
     },
     Copy {
         name: "baseline",
@@ -67,6 +73,9 @@ const COPIES: [Copy; 2] = [
         unpack_accumulate: cpu::unpack_accumulate_baseline,
         cast_to: cpu::cast_to_baseline,
         cast_from: cpu::cast_from_baseline,
+        cast_to_le: cpu::cast_to_le_baseline,
+        cast_from_le: cpu::cast_from_le_baseline,
+        accumulate_le: cpu::accumulate_le_baseline,
     },
 ];
 
@@ -111,6 +120,38 @@ fn casts_match_over_every_region_of_bit_patterns() {
                 "{} {h:?} widening",
                 imp.name
             );
+        }
+    }
+}
+
+/// The wire forms: the cast of `x / div` as little-endian bytes, and its
+/// widening (or widening-and-adding) straight from them, bit for bit the
+/// reference's casts around a separate division, encoding and sum.
+#[test]
+fn wire_casts_match_the_reference_casts_around_them() {
+    for imp in &COPIES {
+        let mut g = Gen(11);
+        for n in [0usize, 1, 7, 64, 257, 4099] {
+            let x = inputs(&mut g, n, false);
+            for h in [Half::F16, Half::BF16] {
+                for div in [1.0f32, 4.0, 3.0] {
+                    let mut wire = vec![0u8; 2 * n];
+                    (imp.cast_to_le)(h, &x, div, &mut wire);
+                    let scaled: Vec<f32> = x.iter().map(|v| if div == 1.0 { *v } else { v / div }).collect();
+                    let want: Vec<u8> = r::cast_to(h, &scaled).iter().flat_map(|v| v.to_le_bytes()).collect();
+                    assert_eq!(wire, want, "{} {h:?} n={n} div={div}: narrowing to the wire", imp.name);
+                    let codes: Vec<u16> = wire.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+                    let wide = r::cast_from(h, &codes);
+                    let mut got = vec![0f32; n];
+                    (imp.cast_from_le)(h, &wire, &mut got);
+                    assert_eq!(bits(&got), bits(&wide), "{} {h:?} n={n}: widening from the wire", imp.name);
+                    let start = inputs(&mut g, n, true);
+                    let mut acc = start.clone();
+                    (imp.accumulate_le)(h, &wire, &mut acc);
+                    let want: Vec<f32> = start.iter().zip(&wide).map(|(a, b)| a + b).collect();
+                    assert_eq!(bits(&acc), bits(&want), "{} {h:?} n={n}: adding from the wire", imp.name);
+                }
+            }
         }
     }
 }

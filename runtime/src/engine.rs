@@ -97,6 +97,26 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
     fn cast_to(&self, h: Half, x: &[f32]) -> Result<Vec<u16>, CommError>;
     /// `f16/bf16 → f32` (exact).
     fn cast_from(&self, h: Half, x: &[u16]) -> Result<Vec<f32>, CommError>;
+    /// `out = le_bytes(cast_to(x[i] / div))` (no division when `div` is 1),
+    /// `out` being `2·x.len()` bytes: what the 16-bit schemes send. An
+    /// engine with a fused kernel does it in one pass.
+    fn cast_to_le(&self, h: Half, x: &[f32], div: f32, out: &mut [u8]) -> Result<(), CommError> {
+        let scaled: Vec<f32> = if div == 1.0 { x.to_vec() } else { x.iter().map(|v| v / div).collect() };
+        for (o, v) in out.chunks_exact_mut(2).zip(self.cast_to(h, &scaled)?) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    }
+    /// `out[i] = cast_from(le16(bytes))`.
+    fn cast_from_le(&self, h: Half, bytes: &[u8], out: &mut [f32]) -> Result<(), CommError> {
+        out.copy_from_slice(&self.cast_from(h, &le16(bytes))?);
+        Ok(())
+    }
+    /// `out[i] += cast_from(le16(bytes))`.
+    fn accumulate_le(&self, h: Half, bytes: &[u8], out: &mut [f32]) -> Result<(), CommError> {
+        out.iter_mut().zip(self.cast_from(h, &le16(bytes))?).for_each(|(a, v)| *a += v);
+        Ok(())
+    }
     /// Min/max n-bit packing, header included.
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError>;
     /// The values a packed buffer of `n` elements stands for.
@@ -167,6 +187,21 @@ impl KernelEngine for HostEngine {
         Ok(cpu::cast_from(h, x))
     }
 
+    fn cast_to_le(&self, h: Half, x: &[f32], div: f32, out: &mut [u8]) -> Result<(), CommError> {
+        cpu::cast_to_le(h, x, div, out);
+        Ok(())
+    }
+
+    fn cast_from_le(&self, h: Half, bytes: &[u8], out: &mut [f32]) -> Result<(), CommError> {
+        cpu::cast_from_le(h, bytes, out);
+        Ok(())
+    }
+
+    fn accumulate_le(&self, h: Half, bytes: &[u8], out: &mut [f32]) -> Result<(), CommError> {
+        cpu::accumulate_le(h, bytes, out);
+        Ok(())
+    }
+
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {
         Ok(cpu::pack(x, mn, mx, bits, rounding, seed))
     }
@@ -181,4 +216,9 @@ impl KernelEngine for HostEngine {
         }
         cpu::unpack_accumulate(buf, n, bits, out).map_err(|e| DecodeError::Malformed(e.to_string()))
     }
+}
+
+/// Little-endian 16-bit words of `bytes` (an even count).
+fn le16(bytes: &[u8]) -> Vec<u16> {
+    bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
 }

@@ -262,6 +262,13 @@ impl GradSync<'_> {
         match codec {
             Codec::Half(h) => {
                 let pf = self.world().size() as f32;
+                if self.residual_slice(RES_HALF, range.clone()).is_none() {
+                    // Scale, narrow and lay out for the wire in one pass.
+                    let at = out.len();
+                    out.resize(at + 2 * range.len(), 0);
+                    eng.cast_to_le(h, &grad[range], pf, &mut out[at..])?;
+                    return Ok(());
+                }
                 let scaled: Vec<f32> = grad[range.clone()].iter().map(|v| v / pf).collect();
                 let x = plus(&scaled, self.residual_slice(RES_HALF, range.clone()));
                 let h16 = eng.cast_to(h, &x)?;
@@ -307,10 +314,7 @@ impl GradSync<'_> {
             Codec::Half(h) => {
                 // Widening is exact; the sum runs in rank order, in f32.
                 for r in 0..p {
-                    let bytes = &recv[r * len..(r + 1) * len];
-                    let vals: Vec<u16> = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
-                    let wide = eng.cast_from(h, &vals)?;
-                    sum.iter_mut().zip(&wide).for_each(|(a, v)| *a += v);
+                    eng.accumulate_le(h, &recv[r * len..(r + 1) * len], &mut sum)?;
                 }
             }
             Codec::Qgz { first, .. } => {
@@ -327,6 +331,10 @@ impl GradSync<'_> {
         let mut payload = Vec::with_capacity(codec.ag_len(m));
         if m > 0 {
             match codec {
+                Codec::Half(h) if self.residual_slice(RES_HALF_OWNER, local.clone()).is_none() => {
+                    payload.resize(2 * m, 0);
+                    eng.cast_to_le(h, &sum, 1.0, &mut payload)?;
+                }
                 Codec::Half(h) => {
                     // The owner's rounding of the sum is a second quantization site.
                     let y = plus(&sum, self.residual_slice(RES_HALF_OWNER, local.clone()));
@@ -387,10 +395,7 @@ impl GradSync<'_> {
             }
             let out = &mut grad[range];
             match codec {
-                Codec::Half(h) => {
-                    let vals: Vec<u16> = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
-                    out.copy_from_slice(&eng.cast_from(h, &vals)?);
-                }
+                Codec::Half(h) => eng.cast_from_le(h, bytes, out)?,
                 Codec::Qgz { gather: None, .. } => {
                     for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                         *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
