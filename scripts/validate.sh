@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Predictions checked against real runs on this machine (docs/validation.md).
 #
-#   scripts/validate.sh [sync] [compute] [iterations]     (default: every table)
+#   scripts/validate.sh [sync] [sync-dedicated] [compute] [iterations]   (default: every table)
 #
 # sync:    a 2-node cluster of network namespaces joined by tc-shaped links
 #          (scripts/netcluster.sh, root), `qsyncc sync-bench` under mpirun for
 #          every scheme at two link rates and two sizes, next to
 #          `qsyncc simulate --gradient` on a cluster file of the same links.
+# sync-dedicated: the same with one rank a node, each node on its own core.
 # compute: this CPU as a device: per-op profiles measured with PyTorch, then
 #          training iterations predicted leave-one-out (scripts/validate-compute.sh).
 # iterations: torchrun DDP across the emulated nodes (DDP's all-reduce and the
@@ -17,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sync compute iterations)
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sync sync-dedicated compute iterations)
 out=target/validate
 mkdir -p "$out"
 cargo build --release --locked -p qsyncc --features full
@@ -47,6 +48,19 @@ for part in "${parts[@]}"; do
       } > "$out/sync.md"
       replace_section sync "$out/sync.md"
       ;;
+    sync-dedicated)
+      # One rank a node, each node on a core of its own: no rank shares a
+      # core, as on a real cluster (the hierarchical schemes are the flat
+      # ones with one rank a node, so they are left out).
+      python3 scripts/validate/sync.py --qsyncc "$qsyncc" --out "$out/dedicated" --ranks-per-node 1 \
+        --schemes fp32,fp16,bf16,qgz-int8,qgz-int4,nbit-2,nbit-4 ${VALIDATE_SYNC_ARGS:-}
+      {
+        echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), 2 nodes × 1 rank, each node on a core of its own:"
+        echo
+        python3 scripts/validate/render_sync.py "$out/dedicated/sync.jsonl"
+      } > "$out/sync-dedicated.md"
+      replace_section sync-dedicated "$out/sync-dedicated.md"
+      ;;
     compute)
       if [ -x scripts/validate-compute.sh ] || [ -f scripts/validate-compute.sh ]; then
         bash scripts/validate-compute.sh
@@ -66,7 +80,7 @@ for part in "${parts[@]}"; do
       } > "$out/iterations.md"
       replace_section iterations "$out/iterations.md"
       ;;
-    *) echo "validate: unknown part '$part' (sync, compute, iterations)" >&2; exit 2 ;;
+    *) echo "validate: unknown part '$part' (sync, sync-dedicated, compute, iterations)" >&2; exit 2 ;;
   esac
 done
 echo "validate: tables written to docs/validation.md"

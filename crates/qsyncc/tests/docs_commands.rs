@@ -124,7 +124,7 @@ const SKIP: &[(&str, &str, &str)] = &[
     (
         "validation.md",
         "scripts/validate.sh",
-        "root, network namespaces and tc-shaped links, PyTorch, and about 15 minutes of measurement; \
+        "root, network namespaces and tc-shaped links, PyTorch, and about 30 minutes of measurement; \
          tests/netcluster.rs runs sync-bench across the same scripts/netcluster.sh cluster where root and \
          `ip netns` exist",
     ),
