@@ -60,7 +60,8 @@ fn wire_fractions_errors_and_agreement_at_eight_ranks() {
         }
         assert_eq!(r["ranks"], 8);
         assert_eq!(r["nodes"], 2);
-        for (range, median) in [("seconds_range", "seconds"), ("f32_allreduce_seconds_range", "f32_allreduce_seconds")] {
+        for (range, median) in [("seconds_range", "seconds"), ("f32_allreduce_seconds_range", "f32_allreduce_seconds")]
+        {
             let (lo, hi) = (r[range][0].as_f64().expect(range), r[range][1].as_f64().expect(range));
             assert!(0.0 < lo && lo <= f(&r, median) && f(&r, median) <= hi, "{scheme}: {range} {lo}..{hi}: {r}");
         }
