@@ -216,3 +216,47 @@ fn the_planner_doc_cluster_commands_run_as_written() {
         assert!(o.status.success(), "{c}: {}", String::from_utf8_lossy(&o.stderr));
     }
 }
+
+/// `qsyncc host-kernels` measures every kernel the host paths are priced
+/// with, and `simulate --host-kernels` takes the file as written: each
+/// rate positive and finite (a kernel left unmeasured, or timed as
+/// nothing, would make a scheme look free).
+#[test]
+fn host_kernels_measures_what_simulate_reads() {
+    let dir = tmpdir("host-kernels");
+    let out = dir.join("host.json");
+    let o = qsyncc(&["host-kernels", "--elements", "65536", "--repeats", "3", "-o", out.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("written")).expect("JSON");
+    assert_eq!(v["schema"], "qsync-host-kernels/1", "{v}");
+    let k = &v["kernels"];
+    for rate in
+        ["quantize_r", "dequantize_r", "cast16_r", "quantize4_r", "dequantize4_r", "pack_r", "unpack_r", "sum_r"]
+    {
+        let r = k[rate].as_f64().unwrap_or_else(|| panic!("{rate} missing: {v}"));
+        assert!(r > 0.0 && r.is_finite() && r < 1e-6, "{rate} = {r} s an element: {v}");
+    }
+    for widths in ["nbit_pack_r", "nbit_unpack_r"] {
+        let w = k[widths].as_array().unwrap_or_else(|| panic!("{widths} missing: {v}"));
+        assert_eq!(w.len(), 4, "1, 2, 4 and 8 bits: {v}");
+        assert!(w.iter().all(|r| r.as_f64().is_some_and(|r| r > 0.0 && r < 1e-6)), "{widths}: {v}");
+    }
+    let o = qsyncc(&[
+        "simulate",
+        "--cluster",
+        &example("aws-v100-t4.toml"),
+        "--gradient",
+        "64MiB",
+        "--sync",
+        "fp16",
+        "--sync-path",
+        "host-staged",
+        "--host-kernels",
+        out.to_str().expect("utf8"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let kernels = p["per_type_breakdown"].as_object().expect("parts").values().map(|t| t["kernel_seconds"].as_f64());
+    assert!(kernels.into_iter().all(|s| s.is_some_and(|s| s > 0.0)), "the casts are priced from the file: {p}");
+}
