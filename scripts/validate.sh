@@ -37,16 +37,20 @@ open(path, "w").write(pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), t
 PY
 }
 
+sync_table() { # sync_table SECTION DIR LAYOUT: DIR/sync.jsonl rendered into docs/validation.md's SECTION
+  {
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $3:"
+    echo
+    python3 scripts/validate/render_sync.py "$2/sync.jsonl"
+  } > "$out/$1.md"
+  replace_section "$1" "$out/$1.md"
+}
+
 for part in "${parts[@]}"; do
   case "$part" in
     sync)
       python3 scripts/validate/sync.py --qsyncc "$qsyncc" --out "$out" ${VALIDATE_SYNC_ARGS:-}
-      {
-        echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), 2 nodes × 2 ranks:"
-        echo
-        python3 scripts/validate/render_sync.py "$out/sync.jsonl"
-      } > "$out/sync.md"
-      replace_section sync "$out/sync.md"
+      sync_table sync "$out" "2 nodes × 2 ranks"
       ;;
     sync-dedicated)
       # One rank a node, each node on a core of its own: no rank shares a
@@ -54,12 +58,7 @@ for part in "${parts[@]}"; do
       # ones with one rank a node, so they are left out).
       python3 scripts/validate/sync.py --qsyncc "$qsyncc" --out "$out/dedicated" --ranks-per-node 1 \
         --schemes fp32,fp16,bf16,qgz-int8,qgz-int4,nbit-2,nbit-4 ${VALIDATE_SYNC_ARGS:-}
-      {
-        echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), 2 nodes × 1 rank, each node on a core of its own:"
-        echo
-        python3 scripts/validate/render_sync.py "$out/dedicated/sync.jsonl"
-      } > "$out/sync-dedicated.md"
-      replace_section sync-dedicated "$out/sync-dedicated.md"
+      sync_table sync-dedicated "$out/dedicated" "2 nodes × 1 rank, each node on a core of its own"
       ;;
     compute)
       if [ -x scripts/validate-compute.sh ] || [ -f scripts/validate-compute.sh ]; then

@@ -246,6 +246,38 @@ impl GradSync<'_> {
         Ok(())
     }
 
+    /// Appends `le16(cast(x / div + residual))` to `out` (`div` 1: no
+    /// division), one 16-bit quantization site; with error feedback, the
+    /// site's residual over `range` becomes what the cast lost.
+    fn encode_half(
+        &mut self,
+        h: Half,
+        x: &[f32],
+        div: f32,
+        stage: &'static str,
+        range: Range<usize>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), SyncError> {
+        let eng = self.engine.clone();
+        let at = out.len();
+        out.resize(at + 2 * x.len(), 0);
+        let Some(r) = self.residual_slice(stage, range.clone()) else {
+            // Scale, narrow and lay out for the wire in one pass.
+            eng.cast_to_le(h, x, div, &mut out[at..])?;
+            return Ok(());
+        };
+        let scaled: Cow<'_, [f32]> =
+            if div == 1.0 { Cow::Borrowed(x) } else { Cow::Owned(x.iter().map(|v| v / div).collect()) };
+        let y = plus(&scaled, Some(r)).into_owned();
+        eng.cast_to_le(h, &y, 1.0, &mut out[at..])?;
+        let mut back = vec![0f32; y.len()];
+        eng.cast_from_le(h, &out[at..], &mut back)?;
+        if let Some(r) = self.residual_mut(stage) {
+            set_residual(&mut r[range], &y, &back);
+        }
+        Ok(())
+    }
+
     /// Appends the encoding of `grad[range]` (part of shard `s`) to `out`.
     fn encode_piece(
         &mut self,
@@ -262,24 +294,7 @@ impl GradSync<'_> {
         match codec {
             Codec::Half(h) => {
                 let pf = self.world().size() as f32;
-                if self.residual_slice(RES_HALF, range.clone()).is_none() {
-                    // Scale, narrow and lay out for the wire in one pass.
-                    let at = out.len();
-                    out.resize(at + 2 * range.len(), 0);
-                    eng.cast_to_le(h, &grad[range], pf, &mut out[at..])?;
-                    return Ok(());
-                }
-                let scaled: Vec<f32> = grad[range.clone()].iter().map(|v| v / pf).collect();
-                let x = plus(&scaled, self.residual_slice(RES_HALF, range.clone()));
-                let h16 = eng.cast_to(h, &x)?;
-                if let Some(r) = self.residual_mut(RES_HALF) {
-                    let back = eng.cast_from(h, &h16)?;
-                    set_residual(&mut r[range], &x, &back);
-                }
-                out.reserve(2 * h16.len());
-                for v in &h16 {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
+                self.encode_half(h, &grad[range.clone()], pf, RES_HALF, range, out)?;
             }
             Codec::Qgz { first, .. } => {
                 let x = plus(&grad[range.clone()], self.residual_slice(RES_FIRST, range.clone()));
@@ -331,22 +346,8 @@ impl GradSync<'_> {
         let mut payload = Vec::with_capacity(codec.ag_len(m));
         if m > 0 {
             match codec {
-                Codec::Half(h) if self.residual_slice(RES_HALF_OWNER, local.clone()).is_none() => {
-                    payload.resize(2 * m, 0);
-                    eng.cast_to_le(h, &sum, 1.0, &mut payload)?;
-                }
-                Codec::Half(h) => {
-                    // The owner's rounding of the sum is a second quantization site.
-                    let y = plus(&sum, self.residual_slice(RES_HALF_OWNER, local.clone()));
-                    let reduced = eng.cast_to(h, &y)?;
-                    if let Some(r) = self.residual_mut(RES_HALF_OWNER) {
-                        let back = eng.cast_from(h, &reduced)?;
-                        set_residual(&mut r[local], &y, &back);
-                    }
-                    for v in &reduced {
-                        payload.extend_from_slice(&v.to_le_bytes());
-                    }
-                }
+                // The owner's rounding of the sum is a second quantization site.
+                Codec::Half(h) => self.encode_half(h, &sum, 1.0, RES_HALF_OWNER, local.clone(), &mut payload)?,
                 Codec::Qgz { gather: None, .. } => {
                     for v in &sum {
                         payload.extend_from_slice(&v.to_le_bytes());
