@@ -164,7 +164,18 @@ fn quantize_sym_body(x: &[f32], scales: &[f32], group: usize, bits: QBits, round
         }
         QBits::Int4 => {
             quantize_codes(x, scales, group, -7.0, 7.0, rounding, seed, &mut codes);
-            codes.chunks(2).map(|p| (p[0] & 0xf) | (p.get(1).map_or(0, |&c| c & 0xf) << 4)).collect()
+            // Two codes a byte, low nibble first: a loop over whole pairs
+            // (it vectorizes), then the odd last code with a zero nibble.
+            let mut out = vec![0u8; x.len().div_ceil(2)];
+            let pairs = codes.chunks_exact(2);
+            let last = pairs.remainder().first().copied();
+            for (o, p) in out.iter_mut().zip(pairs) {
+                *o = (p[0] & 0xf) | (p[1] << 4);
+            }
+            if let Some(c) = last {
+                out[x.len() / 2] = c & 0xf;
+            }
+            out
         }
     }
 }
@@ -198,15 +209,39 @@ fn dequant_accumulate_body(q: &[u8], scale: &[f32], n: usize, group: usize, k: u
                         *o = f32::from(c as i8).mul_add(s, *o);
                     }
                 }
-                QBits::Int4 => {
-                    for i in r {
-                        let b = codes[i / 2];
-                        let nib = if i % 2 == 0 { b << 4 } else { b & 0xf0 };
-                        out[i] = f32::from((nib as i8) >> 4).mul_add(s, out[i]);
-                    }
-                }
+                QBits::Int4 => dequant_accumulate_nibbles(codes, r, s, out),
             }
         }
+    }
+}
+
+/// The signed code of element `i` of int4 `codes` (low nibble first).
+#[inline(always)]
+fn nibble(codes: &[u8], i: usize) -> f32 {
+    let b = codes[i / 2];
+    let nib = if i % 2 == 0 { b << 4 } else { b & 0xf0 };
+    f32::from((nib as i8) >> 4)
+}
+
+/// `out[i] = fma(code_i, s, out[i])` over the int4 codes of `r`: an odd first
+/// element alone, then whole bytes (two elements each, a loop that
+/// vectorizes), then an odd last element.
+#[inline(always)]
+fn dequant_accumulate_nibbles(codes: &[u8], r: std::ops::Range<usize>, s: f32, out: &mut [f32]) {
+    let (mut a, b) = (r.start, r.end);
+    if a % 2 == 1 && a < b {
+        out[a] = nibble(codes, a).mul_add(s, out[a]);
+        a += 1;
+    }
+    let whole = (b - a) / 2;
+    let bytes = &codes[a / 2..a / 2 + whole];
+    for (o, &c) in out[a..a + 2 * whole].chunks_exact_mut(2).zip(bytes) {
+        o[0] = f32::from(((c << 4) as i8) >> 4).mul_add(s, o[0]);
+        o[1] = f32::from((c as i8) >> 4).mul_add(s, o[1]);
+    }
+    if a + 2 * whole < b {
+        let i = b - 1;
+        out[i] = nibble(codes, i).mul_add(s, out[i]);
     }
 }
 
