@@ -151,6 +151,15 @@ pub trait Communicator: fmt::Debug {
         self.all_to_all_v(send, &counts, recv, &counts, deadline)
     }
 
+    /// Whether [`Communicator::start_all_to_all_v`] and
+    /// [`Communicator::start_all_gather_v`] return while the bytes are still
+    /// moving, so the caller computes beside the transfer. `false` (the
+    /// default): they run the blocking call, and cutting a synchronization
+    /// into pieces only adds calls, each paying the engine's fixed cost.
+    fn overlaps_transfers(&self) -> bool {
+        false
+    }
+
     /// [`Communicator::all_to_all_v`] started without waiting for it: the
     /// transfers proceed (driven by [`Pending::test`] on engines that need
     /// it) while the caller computes, and several may be in flight at once.

@@ -165,6 +165,10 @@ impl Communicator for FaultyComm<'_> {
         self.comm().all_to_all_v(send, send_counts, recv, recv_counts, deadline)
     }
 
+    fn overlaps_transfers(&self) -> bool {
+        self.comm().overlaps_transfers()
+    }
+
     fn start_all_to_all_v(
         &self,
         send: Vec<u8>,

@@ -491,6 +491,10 @@ impl Communicator for MpiComm {
         Ok(())
     }
 
+    fn overlaps_transfers(&self) -> bool {
+        true
+    }
+
     fn start_all_to_all_v(
         &self,
         send: Vec<u8>,

@@ -79,6 +79,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("dequantize_c", k.dequantize_c),
         ("cast16_r", k.cast16_r),
         ("cast16_c", k.cast16_c),
+        ("nbit_finish_r", k.nbit_finish_r.unwrap_or(0.0)),
         ("sum_r", k.sum_r.unwrap_or(0.0)),
         ("tcp_r", k.tcp_r.unwrap_or(0.0)),
         ("message_s", k.message_s.unwrap_or(0.0)),
@@ -149,10 +150,10 @@ fn nbit_width(kernel: &str) -> u8 {
     }
 }
 
-/// n-bit's packing of `x` over its range at `bits`.
+/// n-bit's encoding of `x` at `bits`, as the scheme runs it (range,
+/// finiteness, pack).
 fn packed(x: &[f32], bits: u8) -> Result<Vec<u8>> {
-    let (mn, mx) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
-    Ok(HostEngine.pack(x, mn, mx, bits, Rounding::Nearest, 0)?)
+    Ok(qsync_runtime::sync::nbit::encode(&HostEngine, x, bits, Rounding::Nearest, 0)?)
 }
 
 /// One kernel as the schemes call it, on `x` (`coded`: its codes, for
@@ -167,8 +168,9 @@ fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32
         "dequantize" | "dequantize4" => {
             e.dequant_accumulate(&coded.0, &coded.1, x.len(), GROUP, 1, bits_of(kernel), out)?
         }
-        // What n-bit does per element: range, then pack; and per peer,
-        // unpack-accumulate (coded.0 holds the packed buffer here).
+        // What n-bit does per element: range, finiteness, pack; per peer,
+        // unpack-accumulate (coded.0 holds the packed buffer here); and
+        // once, zero the sum and divide it.
         "pack" | "pack1" | "pack4" | "pack8" => {
             std::hint::black_box(packed(x, nbit_width(kernel))?);
         }
@@ -182,6 +184,11 @@ fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32
             let mut wire = vec![0u8; 2 * x.len()];
             e.cast_to_le(Half::F16, x, 4.0, &mut wire)?;
             e.accumulate_le(Half::F16, &wire, out)?;
+            std::hint::black_box(&*out);
+        }
+        "finish" => {
+            qsync_runtime::sync::nbit::zero(out);
+            qsync_runtime::sync::nbit::divide(out, 4);
             std::hint::black_box(&*out);
         }
         "sum" => {
@@ -336,6 +343,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     {
         (nbit_pack_r[i], nbit_unpack_r[i]) = if i == 1 { (pack_r, unpack_r) } else { (fit(p)?.0, fit(u)?.0) };
     }
+    let (nbit_finish_r, _) = fit("finish")?;
     let (sum_r, _) = fit("sum")?;
     let tcp_bytes = (big * 16).clamp(1 << 24, 1 << 30);
     let tcp_r = tcp_cost(tcp_bytes, a.repeats.min(5))?;
@@ -357,6 +365,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             unpack_r: Some(unpack_r),
             nbit_pack_r: Some(nbit_pack_r),
             nbit_unpack_r: Some(nbit_unpack_r),
+            nbit_finish_r: Some(nbit_finish_r),
             sum_r: Some(sum_r),
             tcp_r: Some(tcp_r),
             // Measured per message with the engine itself, under mpirun
@@ -370,7 +379,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
     Ok(format!(
         "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
-         16-bit cast {:.2}, n-bit pack {} and unpack-accumulate {} (1, 2, 4, 8 bits), f32 sum {:.2}; TCP {:.3} \
+         16-bit cast {:.2}, n-bit pack {} and unpack-accumulate {} (1, 2, 4, 8 bits) and zero-and-divide {:.2}, \
+         f32 sum {:.2}; TCP {:.3} \
          ns of CPU per byte -> {}\n",
         file.cpu,
         a.threads,
@@ -381,6 +391,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         cast16_r * 1e9,
         ns_list(&nbit_pack_r),
         ns_list(&nbit_unpack_r),
+        nbit_finish_r * 1e9,
         sum_r * 1e9,
         tcp_r * 1e9,
         a.output.display()

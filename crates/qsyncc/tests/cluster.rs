@@ -230,9 +230,17 @@ fn host_kernels_measures_what_simulate_reads() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("written")).expect("JSON");
     assert_eq!(v["schema"], "qsync-host-kernels/1", "{v}");
     let k = &v["kernels"];
-    for rate in
-        ["quantize_r", "dequantize_r", "cast16_r", "quantize4_r", "dequantize4_r", "pack_r", "unpack_r", "sum_r"]
-    {
+    for rate in [
+        "quantize_r",
+        "dequantize_r",
+        "cast16_r",
+        "quantize4_r",
+        "dequantize4_r",
+        "pack_r",
+        "unpack_r",
+        "nbit_finish_r",
+        "sum_r",
+    ] {
         let r = k[rate].as_f64().unwrap_or_else(|| panic!("{rate} missing: {v}"));
         assert!(r > 0.0 && r.is_finite() && r < 1e-6, "{rate} = {r} s an element: {v}");
     }

@@ -69,6 +69,14 @@ pub struct DeviceType {
     /// measured it).
     #[serde(default = "collective_launch")]
     pub collective_launch_us: f64,
+    /// The device is the host's own cores (a CPU described as a device):
+    /// its fp32 all-reduce is a host engine's (gloo over TCP: one flat ring
+    /// whose bytes and sums cost the cores, [`Cluster::allreduce_us`]), and
+    /// every host-side synchronization takes its cycles from the same cores
+    /// the forward and backward passes run on (the simulator delays the
+    /// compute stream by that work).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compute_on_host: bool,
 }
 
 fn fsdp_unit_host() -> f64 {
@@ -114,7 +122,14 @@ impl DeviceType {
             host_cores: None,
             fsdp_unit_host_us: crate::shard::FSDP_UNIT_HOST_US,
             collective_launch_us: crate::shard::COLLECTIVE_LAUNCH_US,
+            compute_on_host: false,
         }
+    }
+
+    /// Mark the device as the host's own cores ([`DeviceType::compute_on_host`]).
+    pub fn with_compute_on_host(mut self, on_host: bool) -> DeviceType {
+        self.compute_on_host = on_host;
+        self
     }
 
     /// Set sharded training's fixed costs (µs): the host time of a unit's
@@ -354,7 +369,27 @@ impl Cluster {
             Some((fbw, flat)) => ring(k, each, bw, lat.max(flat)).max(ring(k, s, fbw, lat.max(flat))),
             None => ring(k, each, bw, lat),
         };
+        // A host engine (gloo) runs one flat ring whatever the algorithm
+        // asked for, and its cores pay for every byte and every sum.
+        let algo = if ty.compute_on_host && algo == AllReduceAlgo::Hierarchical { AllReduceAlgo::Ring } else { algo };
         match algo {
+            AllReduceAlgo::Ring if ty.compute_on_host => {
+                if p <= 1 {
+                    return 0.0;
+                }
+                let (k, share) = (&ty.host_kernels, ty.host_share());
+                let (bw, lat) = if m > 1 {
+                    (ty.network_share(1), ty.network_latency_us)
+                } else {
+                    (intra_bw, ty.intra_node_latency_us)
+                };
+                match fabric {
+                    Some((fbw, flat)) if m > 1 => {
+                        host_ring(p, s, bw, lat.max(flat), k, share).max(ring(p, s, fbw, lat.max(flat)))
+                    }
+                    _ => host_ring(p, s, bw, lat, k, share),
+                }
+            }
             AllReduceAlgo::Ring => {
                 if p <= 1 {
                     return 0.0;
@@ -416,6 +451,21 @@ impl Cluster {
     }
 }
 
+/// Ring all-reduce of `s` bytes among `p` members on a host transport: each
+/// of the `2(p−1)` steps moves `s/p` bytes, lasting the longer of the link's
+/// time and the CPU's (`k`'s TCP work on the bytes and one message, on cores
+/// shared `share` ways), plus a latency; each of the `p−1` reduce-scatter
+/// steps then sums `s/4p` elements. Without host costs in `k`, [`ring`].
+fn host_ring(p: u64, s: f64, bw: f64, lat: f64, k: &crate::sync::SyncKernels, share: f64) -> f64 {
+    if p <= 1 {
+        return 0.0;
+    }
+    let part = s / p as f64;
+    let cpu = (k.tcp(part) + k.messages(1.0)) * share * 1e6;
+    let steps = (p - 1) as f64;
+    2.0 * steps * ((part / bw).max(cpu) + lat) + steps * k.sum(part / 4.0) * share * 1e6
+}
+
 /// Ring all-reduce of `s` bytes among `p` members: `2(p−1)/p · s/bw + 2(p−1)·lat`.
 fn ring(p: u64, s: f64, bw: f64, lat: f64) -> f64 {
     if p <= 1 {
@@ -441,6 +491,31 @@ mod tests {
         // Flat ring of 8, crossing each node's NIC once at its full rate:
         // 2·7/8·8e6/1e4 = 1400 + 14·20 = 1680.
         assert_eq!(c.allreduce_us(0, 8_000_000, AllReduceAlgo::Ring), 1680.0);
+    }
+
+    #[test]
+    fn a_host_engine_runs_one_ring_that_costs_its_cores() {
+        // 2 nodes × 2 CPU ranks, one core a node (2 ranks share it), NIC
+        // 1 GB/s = 1e3 B/µs, TCP 1 ns a byte, sum 1 ns an element; S = 4e6 B.
+        // Flat ring of 4, 1e6 B a step: link 1000 µs, CPU 1e6·1e-9·2 s =
+        // 2000 µs; 6 steps of 2000 + 20 = 12 120 µs, and 3 sums of 2.5e5
+        // elements, 3·500 = 1500: 13 620 µs, whichever algorithm was asked.
+        let k = crate::sync::SyncKernels { tcp_r: Some(1e-9), sum_r: Some(1e-9), ..Default::default() };
+        let ty = DeviceType::new("cpu", 4, 2, 1).with_bandwidth(10.0, 1.0).with_host(k, 10.0).with_host_cores(Some(1));
+        let host = Cluster::new(vec![ty.clone().with_compute_on_host(true)]);
+        for algo in [AllReduceAlgo::Ring, AllReduceAlgo::Hierarchical] {
+            let t = host.allreduce_us(0, 4_000_000, algo);
+            assert!((t - 13_620.0).abs() < 1e-6, "{algo:?}: {t}");
+        }
+        // Its CPU work: TCP on 2·3/4·4e6 = 6e6 B and sums of 7.5e5
+        // elements, twice: (6000 + 750)·2 = 13 500 µs.
+        let fp32 = crate::sync::SyncSpec::default();
+        assert!((host.sync_cpu_us(0, 4_000_000, &fp32) - 13_500.0).abs() < 1e-6);
+        // A GPU's engine: the link alone, 2·3/4·4e6/1e3 = 6000 + 6·20, and
+        // no CPU of the compute cores.
+        let gpu = Cluster::new(vec![ty]);
+        assert_eq!(gpu.allreduce_us(0, 4_000_000, AllReduceAlgo::Ring), 6120.0);
+        assert_eq!(gpu.sync_cpu_us(0, 4_000_000, &fp32), 0.0);
     }
 
     #[test]

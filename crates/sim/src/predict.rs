@@ -261,6 +261,7 @@ fn device_type(t: &Target, model: &CostModel, opts: &PredictOptions) -> DeviceTy
         .with_sync_kernels(sync_kernels(model))
         .with_host(opts.host_kernels, opts.host_link_gb_per_s)
         .with_host_cores(net.host_cores)
+        .with_compute_on_host(t.device.arch == "cpu")
         .with_fsdp_fixed(
             t.device.fsdp_unit_host_us.unwrap_or(crate::shard::FSDP_UNIT_HOST_US),
             t.device.collective_launch_us.unwrap_or(crate::shard::COLLECTIVE_LAUNCH_US),
@@ -299,6 +300,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         unpack_r: None,
         nbit_pack_r: None,
         nbit_unpack_r: None,
+        nbit_finish_r: None,
         // A GPU's own transport (NCCL) spends no host CPU on its bytes.
         sum_r: None,
         tcp_r: None,

@@ -106,6 +106,9 @@ pub(crate) struct Bucket {
     pub last_grad: usize,
     /// Global duration: the slowest type's share.
     pub dur_us: f64,
+    /// Per type: CPU time the synchronization takes from the cores that
+    /// type computes on ([`Cluster::sync_cpu_us`]; 0 for GPUs).
+    pub cpu_us: Vec<f64>,
 }
 
 /// One device type's local DFG.
@@ -371,6 +374,16 @@ impl Simulator {
                     *h += end_us - r;
                 }
             }
+            // A type that computes on the host's cores shares them with the
+            // synchronization's CPU work: the part of that work done while
+            // its backward pass still runs (the collective's time before the
+            // backward's end, as a fraction of its length) delays it.
+            for ((h, tl), &cpu) in held.iter_mut().zip(&self.timelines).zip(&b.cpu_us) {
+                if cpu > 0.0 && b.dur_us > 0.0 {
+                    let left = tl.backward_end() + *h - start_us;
+                    *h += cpu * (left / b.dur_us).clamp(0.0, 1.0);
+                }
+            }
             collectives.push(CollectiveResult { bytes: b.bytes, ready_us, start_us, end_us });
         }
         let comm_us: f64 = self.buckets.iter().map(|b| b.dur_us).sum();
@@ -466,7 +479,8 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Buc
             let dur_us = (0..cluster.types.len())
                 .map(|t| cluster.sync_us(t, bytes, &config.sync, config.algo))
                 .fold(0.0f64, f64::max);
-            buckets.push(Bucket { bytes, last_grad: k, dur_us });
+            let cpu_us = (0..cluster.types.len()).map(|t| cluster.sync_cpu_us(t, bytes, &config.sync)).collect();
+            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us });
             bytes = 0;
         }
     }
@@ -530,6 +544,47 @@ mod tests {
         // The autograd thread returns from the last hook at its end.
         assert_eq!(r.devices[0].backward_end_us, 60.0 + 2.0 * d);
         assert_eq!(r.iteration_us, 60.0 + 2.0 * d + 5.0);
+    }
+
+    #[test]
+    fn synchronization_on_the_compute_cores_delays_the_backward_pass() {
+        // 2 nodes × 2 CPU ranks, one core a node (share 2), NIC 1 GB/s =
+        // 1e3 B/µs, TCP 1 ns a byte, sum 1 ns an element. Two ops, 10 ms a
+        // step, 1 MB of gradient each, a bucket each: ready at 40 ms and 60 ms.
+        // fp32 is gloo's flat ring: 250 KB a step, link 250 µs, CPU
+        // 2.5e5·1e-9·2 = 500 µs, 6 steps of 500 + 20 = 3120 µs, 3 sums of
+        // 62 500 elements: 3·125 = 375; a bucket lasts 3495 µs. Its CPU work:
+        // TCP on 1.5e6 B and sums of 1.875e5 elements, twice: 3375 µs.
+        // Bucket 0 runs 40 000..43 495, inside the backward pass: the backward
+        // ends 3375 µs late, at 63 375, when bucket 1 is ready; it ends at
+        // 66 870, and the optimizer's 5 µs follow.
+        let op = |n: &str| LocalOp {
+            name: n.into(),
+            node: None,
+            cost: OpCost::weighted(10_000.0, 10_000.0, 10_000.0, 1_000_000),
+        };
+        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0 };
+        let k = crate::SyncKernels { tcp_r: Some(1e-9), sum_r: Some(1e-9), ..crate::SyncKernels::default() };
+        let ty = crate::DeviceType::new("cpu", 4, 2, 1)
+            .with_bandwidth(10.0, 1.0)
+            .with_host(k, 10.0)
+            .with_host_cores(Some(1));
+        let run = |on_host: bool| {
+            let cluster = Cluster::new(vec![ty.clone().with_compute_on_host(on_host)]);
+            let config = SimConfig { bucket_cap_bytes: 1, ..SimConfig::default() };
+            let mut sim = Simulator::new(cluster, vec![program.clone()], config).expect("sim");
+            sim.result().clone()
+        };
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        let r = run(true);
+        assert!(near(r.collectives[0].end_us - r.collectives[0].start_us, 3495.0), "{:?}", r.collectives);
+        assert!(near(r.devices[0].backward_end_us, 63_375.0), "{:?}", r.devices);
+        assert!(near(r.collectives[1].start_us, 63_375.0), "{:?}", r.collectives);
+        assert!(near(r.iteration_us, 66_875.0), "{}", r.iteration_us);
+        // The same cores, described as a GPU's: the synchronization costs them
+        // nothing and the backward ends on time.
+        let g = run(false);
+        assert!(near(g.devices[0].backward_end_us, 60_000.0), "{:?}", g.devices);
     }
 
     #[test]

@@ -17,7 +17,9 @@
 //! communication stream), overlapping the backward pass. Otherwise:
 //! - [`SyncPath::Host`] — CPU tensors (gloo or MPI): kernels on the host at
 //!   the host's measured rates, on the hook's worker thread, overlapping the
-//!   backward pass;
+//!   backward pass — but where the device is the host's own cores
+//!   ([`crate::DeviceType::compute_on_host`]), the synchronization's CPU work
+//!   ([`Cluster::sync_cpu_us`]) takes those cores from the backward pass;
 //! - [`SyncPath::HostStaged`] — CUDA tensors through qsync's hook with
 //!   `kernels="host"` (the default): the hook copies the f32 bucket to
 //!   pageable host memory and back (`2·S` over the host link), the kernels run
@@ -30,7 +32,8 @@
 //!
 //! Bytes per device, as the runtime moves them (block of `m` elements at
 //! `b` bits, group `G`: `m·b/8 + 4·⌈m/G⌉`):
-//! - fp32: the engine's all-reduce ([`Cluster::allreduce_us`]);
+//! - fp32: the engine's all-reduce ([`Cluster::allreduce_us`]; on a CPU
+//!   device, gloo's flat ring, whose bytes and sums cost the host's cores);
 //! - fp16/bf16: all-to-all of 16-bit shards then all-gather:
 //!   `2 · (P−1)/P · S/2`, a flat exchange (every peer);
 //! - qgZ one-shot: all-to-all of blocks, all-gather of requantized shards:
@@ -86,6 +89,11 @@ pub struct SyncKernels {
     pub nbit_pack_r: Option<[f64; 4]>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbit_unpack_r: Option<[f64; 4]>,
+    /// n-bit's passes over the sum besides decoding, per element: zeroing
+    /// it before the unpack-accumulates and dividing it by `P` after
+    /// (`None`: free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbit_finish_r: Option<f64>,
     /// f32 accumulate (`a += b`), per element: what a host engine's own
     /// all-reduce computes in each reduce-scatter step (`None`: free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,6 +129,7 @@ impl Default for SyncKernels {
             unpack_r: None,
             nbit_pack_r: None,
             nbit_unpack_r: None,
+            nbit_finish_r: None,
             sum_r: None,
             tcp_r: None,
             message_s: None,
@@ -152,6 +161,7 @@ impl SyncKernels {
             unpack_r: Some(HOST_MEASURED[9]),
             nbit_pack_r: Some(HOST_NBIT_MEASURED[0]),
             nbit_unpack_r: Some(HOST_NBIT_MEASURED[1]),
+            nbit_finish_r: None,
             sum_r: None,
             tcp_r: None,
             message_s: None,
@@ -544,7 +554,7 @@ pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_
                 + k.quantize(e / pf, b)
                 + k.dequantize(e, b)
         }
-        SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits),
+        SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits) + k.nbit_finish_r.unwrap_or(0.0) * e,
     }
 }
 
@@ -562,6 +572,35 @@ impl Cluster {
             return self.allreduce_us(t, bytes, algo);
         }
         self.sync_breakdown(t, bytes, spec).total_us
+    }
+
+    /// CPU microseconds that one synchronization of `bytes` under `spec`
+    /// takes from the cores a device of type `t` computes on: none unless
+    /// the device is the host's own cores ([`crate::DeviceType::compute_on_host`]).
+    /// Then fp32 (a host engine's ring: TCP work on `2(P−1)/P·S` bytes and
+    /// `2(P−1)` messages, sums of `(P−1)/P·S/4` elements) and the
+    /// compressed schemes on the host paths (their kernels and transport
+    /// work), on cores the node's ranks share.
+    pub fn sync_cpu_us(&self, t: usize, bytes: u64, spec: &SyncSpec) -> f64 {
+        let ty = &self.types[t];
+        let p = self.device_count();
+        if !ty.compute_on_host || p <= 1 {
+            return 0.0;
+        }
+        if spec.scheme == SyncScheme::Fp32 {
+            let (k, pf, s) = (&ty.host_kernels, p as f64, bytes as f64);
+            let steps = pf - 1.0;
+            return (k.tcp(2.0 * steps / pf * s) + k.messages(2.0 * steps) + k.sum(steps / pf * s / 4.0))
+                * ty.host_share()
+                * 1e6;
+        }
+        match spec.path {
+            SyncPath::Host | SyncPath::Mpi => {
+                let b = self.sync_breakdown(t, bytes, spec);
+                b.kernel_us + b.transport_cpu_us
+            }
+            SyncPath::HostStaged | SyncPath::Device => 0.0,
+        }
     }
 
     /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
@@ -871,6 +910,9 @@ mod tests {
         for bits in [1, 2, 4, 8] {
             assert!((secs(&old, bits) - (2e-9 * e + 1e-9 * 4.0 * e)).abs() < 1e-12);
         }
+        // Zeroing the sum and dividing it: once over E, at any width.
+        let finish = SyncKernels { nbit_finish_r: Some(7e-10), ..k };
+        assert!((secs(&finish, 4) - (3e-9 * e + 2e-9 * 4.0 * e + 7e-10 * e)).abs() < 1e-12);
     }
 
     #[test]

@@ -31,10 +31,45 @@
 
 use std::time::Instant;
 
+use qsync_kernels::Rounding;
+
 use super::{GradSync, Hop, Phase};
-use crate::error::SyncError;
+use crate::engine::KernelEngine;
+use crate::error::{CommError, SyncError};
 
 const STAGE_PACK: u64 = 4;
+
+/// What a rank sends: `x` packed over its range at `bits`, with a NaN
+/// minimum when `x` holds a NaN or an infinity (a pass for the range, one
+/// for finiteness, one to pack). `qsyncc host-kernels` times this.
+pub fn encode(
+    eng: &dyn KernelEngine,
+    x: &[f32],
+    bits: u8,
+    rounding: Rounding,
+    seed: u64,
+) -> Result<Vec<u8>, CommError> {
+    let (mins, maxs) = eng.row_min_max(x, x.len().max(1))?;
+    let [mut mn, mx, _] = eng.tensor_min_max(&mins, &maxs)?;
+    // A fold without an early exit: it vectorizes, where `any` scans
+    // element by element.
+    if x.iter().fold(false, |a, v| a | !v.is_finite()) {
+        mn = f32::NAN;
+    }
+    eng.pack(x, mn, mx, bits, rounding, seed)
+}
+
+/// The passes over the sum besides decoding: zeroed before the `P`
+/// unpack-accumulates, divided by `P` after.
+pub fn zero(sum: &mut [f32]) {
+    sum.fill(0.0);
+}
+
+/// See [`zero`].
+pub fn divide(sum: &mut [f32], p: usize) {
+    let pf = p as f32;
+    sum.iter_mut().for_each(|g| *g /= pf);
+}
 
 impl GradSync<'_> {
     pub(super) fn nbit_all_reduce(&mut self, grad: &mut [f32], bits: u8) -> Result<(), SyncError> {
@@ -43,15 +78,8 @@ impl GradSync<'_> {
         let n = grad.len();
         let t = Instant::now();
         let x = self.with_residual("nbit", grad);
-        let (mins, maxs) = eng.row_min_max(&x, n.max(1))?;
-        let [mut mn, mx, _] = eng.tensor_min_max(&mins, &maxs)?;
-        // A fold without an early exit: it vectorizes, where `any` scans
-        // element by element.
-        if x.iter().fold(false, |a, v| a | !v.is_finite()) {
-            mn = f32::NAN;
-        }
         let seed = self.seed(STAGE_PACK, 0);
-        let packed = eng.pack(&x, mn, mx, bits, self.cfg.scheme.rounding, seed)?;
+        let packed = encode(&*eng, &x, bits, self.cfg.scheme.rounding, seed)?;
         let me = self.world().rank();
         let unpack = |s: &Self, buf: &[u8], peer: usize| eng.unpack(buf, n, bits).map_err(|e| s.decode_error(peer, e));
         let own = if self.cfg.scheme.error_feedback { Some(unpack(self, &packed, me)?) } else { None };
@@ -72,12 +100,11 @@ impl GradSync<'_> {
         // Summed in place: the gradient's own buffer is the accumulator (a
         // fresh one the size of the gradient would cost its page faults at
         // every call).
-        grad.fill(0.0);
+        zero(grad);
         for j in 0..p {
             eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, grad).map_err(|e| self.decode_error(j, e))?;
         }
-        let pf = p as f32;
-        grad.iter_mut().for_each(|g| *g /= pf);
+        divide(grad, p);
         self.charge(Phase::Dequantize, t);
         Ok(())
     }

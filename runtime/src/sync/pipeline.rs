@@ -13,7 +13,12 @@
 //! pieces — the kernels run while the link is busy, and the link never
 //! waits for a whole tensor's kernels. The exchanges are the communicator's
 //! non-blocking ones (pairwise point-to-point messages on MPI), started and
-//! completed in the same fixed order on every rank.
+//! completed in the same fixed order on every rank. On an engine whose
+//! exchanges block ([`Communicator::overlaps_transfers`] false: gloo
+//! through Python, NCCL here) each shard is one piece: nothing would
+//! overlap, and every piece would add a call's fixed cost.
+//!
+//! [`Communicator::overlaps_transfers`]: crate::Communicator::overlaps_transfers
 //!
 //! **Same bits.** Every kernel of these schemes is element-wise or per
 //! quantization group, and pieces are cut at multiples of the group (and of
@@ -181,7 +186,11 @@ impl GradSync<'_> {
     /// The all-reduce of [`Codec`], pipelined (module doc). Advances the step.
     pub(super) fn pipelined_all_reduce(&mut self, grad: &mut [f32], codec: Codec) -> Result<(), SyncError> {
         let (p, me, n) = (self.world().size(), self.world().rank(), grad.len());
-        let target = if codec.stochastic() { 0 } else { self.cfg.pipeline_chunk };
+        // One piece a shard where nothing would overlap: with stochastic
+        // rounding (module doc), and on an engine whose exchanges block
+        // (gloo through Python), where every piece would only add the
+        // engine's fixed cost per call.
+        let target = if codec.stochastic() || !self.world().overlaps_transfers() { 0 } else { self.cfg.pipeline_chunk };
         let lay = Layout::new(n, p, target, codec.align());
         let mine = lay.shards[me].len();
         match codec {

@@ -6,6 +6,11 @@ happens in qsync's own code. Each method takes the seconds left before its
 deadline as its last argument; it raises `TimeoutError` when they run out and
 `ConnectionError` when the engine reports a lost peer, so the native side can
 tell a stalled job from a dead one.
+
+Bytes cross between the native side and torch without extra copies: the
+native side hands over a `bytearray` (torch views it), and a collective
+returns a uint8 array viewing the tensor gloo filled (the native side reads
+it through the buffer protocol).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import sys
 import time
 
+import numpy
 import torch
 import torch.distributed as dist
 
@@ -53,29 +59,36 @@ class TorchTransport:
             raise
 
     @staticmethod
-    def _u8(data: bytes) -> torch.Tensor:
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    def _view(data, dtype=torch.uint8) -> torch.Tensor:
+        """A tensor over `data`: a view of a `bytearray`, a copy of anything
+        else (torch views writable buffers only)."""
+        if not data:
+            return torch.empty(0, dtype=dtype)
+        return torch.frombuffer(data if isinstance(data, bytearray) else bytearray(data), dtype=dtype)
 
     # ---- collectives ----------------------------------------------------
 
-    def all_gather(self, send: bytes, timeout_s: float) -> bytes:
-        x = self._u8(send)
+    def all_gather(self, send, timeout_s: float):
+        x = self._view(send)
         out = torch.empty(len(send) * self.size, dtype=torch.uint8)
         if len(send) == 0:
             return b""
         self._wait(dist.all_gather_into_tensor(out, x, group=self.group, async_op=True), "all_gather", timeout_s)
-        return out.numpy().tobytes()
+        return out.numpy()
 
-    def all_gather_v(self, send: bytes, counts, timeout_s: float) -> bytes:
+    def all_gather_v(self, send, counts, timeout_s: float):
         width = max(counts) if counts else 0
         if width == 0:
             return b""
-        padded = bytearray(send) + bytearray(width - len(send))
-        both = self.all_gather(bytes(padded), timeout_s)
-        return b"".join(both[r * width : r * width + c] for r, c in enumerate(counts))
+        if all(c == width for c in counts):
+            return self.all_gather(send, timeout_s)
+        padded = bytearray(send)
+        padded.extend(bytes(width - len(send)))
+        both = self.all_gather(padded, timeout_s)
+        return numpy.concatenate([both[r * width : r * width + c] for r, c in enumerate(counts)])
 
-    def all_to_all_v(self, send: bytes, send_counts, recv_counts, timeout_s: float) -> bytes:
-        x = self._u8(send)
+    def all_to_all_v(self, send, send_counts, recv_counts, timeout_s: float):
+        x = self._view(send)
         out = torch.empty(sum(recv_counts), dtype=torch.uint8)
         work = dist.all_to_all_single(
             out,
@@ -86,21 +99,21 @@ class TorchTransport:
             async_op=True,
         )
         self._wait(work, "all_to_all", timeout_s)
-        return out.numpy().tobytes()
+        return out.numpy()
 
-    def all_reduce_f32(self, send: bytes, timeout_s: float) -> bytes:
+    def all_reduce_f32(self, send, timeout_s: float):
         if not send:
             return b""
-        x = torch.frombuffer(bytearray(send), dtype=torch.float32)
+        x = self._view(send, torch.float32)
         self._wait(dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group, async_op=True), "all_reduce", timeout_s)
-        return x.numpy().tobytes()
+        return x.numpy().view(numpy.uint8)
 
-    def broadcast(self, buf: bytes, root: int, timeout_s: float) -> bytes:
+    def broadcast(self, buf, root: int, timeout_s: float):
         if not buf:
             return b""
-        x = self._u8(buf)
+        x = self._view(buf)
         self._wait(dist.broadcast(x, group_src=root, group=self.group, async_op=True), "broadcast", timeout_s)
-        return x.numpy().tobytes()
+        return x.numpy()
 
     def barrier(self, timeout_s: float) -> None:
         x = torch.zeros(1)
