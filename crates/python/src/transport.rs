@@ -4,7 +4,7 @@
 //! unchanged inside a PyTorch job.
 //!
 //! The Python object (`qsync._transport.TorchTransport`) provides byte
-//! collectives only: `all_gather`, `all_gather_v`, `all_to_all_v`,
+//! collectives only: `all_gather`, `all_to_all_v`,
 //! `all_reduce_f32`, `broadcast`, `barrier`, `split`, `abort`, each taking
 //! the seconds left before the deadline as its last argument and raising
 //! `TimeoutError` when they run out, `ConnectionError` when a peer is gone.
@@ -205,9 +205,27 @@ impl Communicator for PyTransport {
         deadline: Deadline,
     ) -> Result<(), CommError> {
         check_gather_counts("all_gather_v", counts, self.size, self.rank, send.len(), recv.len())?;
-        let out =
-            self.call("all_gather_v", deadline, "all_gather_v", |py| Ok(vec![bytes(py, send), ints(py, counts)?]))?;
-        self.take_bytes("all_gather_v", out, recv)
+        // An all-gather of equal slices, each rank's padded to the longest,
+        // then unpadded here (torch's gloo all-gather takes equal sizes).
+        let width = counts.iter().copied().max().unwrap_or(0);
+        if width == 0 {
+            return Ok(());
+        }
+        if counts.iter().all(|&c| c == width) {
+            let out = self.call("all_gather_v", deadline, "all_gather", |py| Ok(vec![bytes(py, send)]))?;
+            return self.take_bytes("all_gather_v", out, recv);
+        }
+        let mut padded = send.to_vec();
+        padded.resize(width, 0);
+        let out = self.call("all_gather_v", deadline, "all_gather", |py| Ok(vec![bytes(py, &padded)]))?;
+        let mut all = vec![0u8; width * self.size];
+        self.take_bytes("all_gather_v", out, &mut all)?;
+        let mut at = 0;
+        for (r, &c) in counts.iter().enumerate() {
+            recv[at..at + c].copy_from_slice(&all[r * width..r * width + c]);
+            at += c;
+        }
+        Ok(())
     }
 
     fn all_to_all_v(

@@ -76,17 +76,6 @@ class TorchTransport:
         self._wait(dist.all_gather_into_tensor(out, x, group=self.group, async_op=True), "all_gather", timeout_s)
         return out.numpy()
 
-    def all_gather_v(self, send, counts, timeout_s: float):
-        width = max(counts) if counts else 0
-        if width == 0:
-            return b""
-        if all(c == width for c in counts):
-            return self.all_gather(send, timeout_s)
-        padded = bytearray(send)
-        padded.extend(bytes(width - len(send)))
-        both = self.all_gather(padded, timeout_s)
-        return numpy.concatenate([both[r * width : r * width + c] for r, c in enumerate(counts)])
-
     def all_to_all_v(self, send, send_counts, recv_counts, timeout_s: float):
         x = self._view(send)
         out = torch.empty(sum(recv_counts), dtype=torch.uint8)
