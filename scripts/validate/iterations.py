@@ -22,7 +22,12 @@ plan --sync auto` on the same cluster file names a scheme; the table says
 whether it is the one that measured fastest among all it weighed.
 
 The compute itself is not the claim here (table 2 checks it): the cpu
-device file is this CPU as `scripts/cpu/device.py` measures it.
+device file is this CPU as `scripts/cpu/device.py` measures it. The host
+is described as for table 1 (kernels on one core, medians of three
+measurements), except the transport: the hooks move their bytes through
+gloo (qsync's TorchTransport), whose cost per byte and per exchange is
+measured with that transport itself (`gloo_transport_cost`), not taken
+from Open MPI's.
 """
 import argparse
 import json
@@ -37,6 +42,66 @@ NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
 sys.path.insert(0, HERE)
 from sync import cluster_toml, host_kernels, measure_host, measure_links, sh  # noqa: E402
 
+
+
+def torchrun_nodes(a, ns, addr, k, cores, torchrun, what, script):
+    """`script` under torchrun on every emulated node (`k` ranks a node,
+    pinned to the node's cores, gloo bound to its shaped interface); the
+    (stdout, stderr) of each node's torchrun."""
+    procs = []
+    for i in range(len(ns)):
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": f"{a.prefix}n{i}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        pin = ["taskset", "-c", f"{i * cores}-{i * cores + cores - 1}"]
+        keep = ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "PATH", "HOME")
+        cmd = ["ip", "netns", "exec", ns[i], *pin, "env", *[f"{k_}={v}" for k_, v in env.items() if k_ in keep],
+               torchrun, "--nnodes", str(len(ns)), "--node-rank", str(i), "--nproc-per-node", str(k),
+               "--master-addr", addr[0], "--master-port", "29517", *script]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=1800) for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        raise SystemExit(f"validate: {what} failed:\n" + "\n".join(o[1][-3000:] for o in outs))
+    return outs
+
+
+def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
+    """The hook's own transport, measured as `sync.link_tcp_cost` measures
+    Open MPI's: the ranks' all-to-all through qsync's TorchTransport (gloo)
+    across the emulated nodes on a 40 Gbit/s link, 16 MiB a rank in 1
+    exchange and in 32 (`gloo_probe.py`), fitted per byte and per call with
+    the node's ranks sharing its cores. Writes a copy of `host_file` with
+    these `tcp_r` and `message_s` (what the hook path is priced with) and
+    returns its path."""
+    rate = "40gbit"
+    sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+    sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", "0",
+        "--prefix", a.prefix, "--subnet", a.subnet])
+    try:
+        ns = [f"{a.prefix}{i}" for i in range(nodes)]
+        addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
+        outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, "the gloo transport probe",
+                              [os.path.join(HERE, "gloo_probe.py"), "--mib", "16", "--many", "32"])
+    finally:
+        subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+    r = json.loads(next(l for l in outs[0][0].splitlines() if l.startswith("{")))
+    p, share, many = r["ranks"], k / cores, 32
+    recv = r["received_bytes_per_rank"]
+    msg = max(0.0, (r["split_s"] - r["one_s"]) / ((many - 1) * (p - 1)))
+    byte = max(0.0, (r["one_s"] - (p - 1) * msg) / recv)
+    hk = json.load(open(host_file))
+    hk["kernels"]["tcp_r"], hk["kernels"]["message_s"] = byte / share, msg / share
+    hk.setdefault("sources", {})["tcp_r"] = (
+        f"scripts/validate/iterations.py: the ranks' all-to-all through qsync's TorchTransport (gloo, the DDP "
+        f"hook's transport) of 16 MiB a rank between 2 emulated nodes on a {rate} link, {k} ranks a node pinned "
+        f"to {cores} core(s), in 1 exchange ({r['one_message_bytes']} B a peer) and in {many} "
+        f"({r['split_message_bytes']} B a peer): {r['one_s'] * 1e3:.1f} ms and {r['split_s'] * 1e3:.1f} ms; fitted "
+        f"per byte {byte / share * 1e9:.3f} ns and per exchange a peer {msg / share * 1e6:.1f} us of CPU time")
+    hk["sources"]["message_s"] = "as tcp_r"
+    out = os.path.join(a.out, "host-kernels-gloo.json")
+    json.dump(hk, open(out, "w"), indent=1)
+    print(f"validate: the hook's transport (gloo) costs {byte / share * 1e9:.3f} ns a byte and "
+          f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms in 1 exchange, "
+          f"{r['split_s'] * 1e3:.1f} ms in {many})", file=sys.stderr, flush=True)
+    return out
 
 
 def main():
@@ -59,6 +124,7 @@ def main():
     # Three measurements back to back; the model is given their medians.
     host_file = host_kernels(a, nodes, k, cores, [measure_host(a, nodes, k, cores, i) for i in range(3)],
                              "host-kernels-iterations.json")
+    host_file = gloo_transport_cost(a, nodes, k, cores, torchrun, host_file)
     cpu = os.path.join(a.out, "cpu.json")
     if not os.path.exists(cpu):
         sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"])
@@ -91,22 +157,9 @@ def main():
                 manifest = json.load(open(os.path.join(plan_dir, "manifest.json")))
                 weighed = [c["scheme"] for c in manifest["sync"]["considered"]]
                 hooks = ["ddp"] + [h for h in weighed if h != "fp32"]
-                procs = []
-                for i in range(nodes):
-                    env = {**os.environ, "GLOO_SOCKET_IFNAME": f"{a.prefix}n{i}", "OMP_NUM_THREADS": "1",
-                           "PYTHONUNBUFFERED": "1"}
-                    pin = ["taskset", "-c", f"{i * cores}-{i * cores + cores - 1}"]
-                    cmd = ["ip", "netns", "exec", ns[i], *pin, "env", *[f"{k_}={v}" for k_, v in env.items()
-                                                                   if k_ in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS",
-                                                                             "PYTHONUNBUFFERED", "PATH", "HOME")],
-                           torchrun, "--nnodes", str(nodes), "--node-rank", str(i), "--nproc-per-node", str(k),
-                           "--master-addr", addr[0], "--master-port", "29517",
-                           os.path.join(ROOT, "examples", "train_ddp.py"), "bench", "--model", m,
-                           "--hooks", ",".join(hooks), "--batch", str(a.batch), "--reps", str(a.reps)]
-                    procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-                outs = [p.communicate(timeout=1800) for p in procs]
-                if any(p.returncode != 0 for p in procs):
-                    raise SystemExit(f"validate: bench {m} at {rate} failed:\n" + "\n".join(o[1][-3000:] for o in outs))
+                outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, f"bench {m} at {rate}",
+                                      [os.path.join(ROOT, "examples", "train_ddp.py"), "bench", "--model", m,
+                                       "--hooks", ",".join(hooks), "--batch", str(a.batch), "--reps", str(a.reps)])
                 rows = [json.loads(l) for l in outs[0][0].splitlines() if l.startswith("{")]
                 measured = {r["hook"]: r for r in rows}
                 predicted = {}

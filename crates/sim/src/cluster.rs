@@ -427,7 +427,16 @@ impl Cluster {
                         if let Some((fbw, _)) = fabric {
                             t = t.max(part * ty.count() as f64 / fbw);
                         }
-                        t.max(cpu) + lat
+                        // Open MPI's TCP transport moves the two large
+                        // messages a pair exchanges one direction at a
+                        // time (measured on the emulated nodes with one
+                        // rank a node: twice the link's time for the bytes
+                        // crossing each way, at 1 and at 10 Gbit/s;
+                        // docs/validation.md). With one rank a node that
+                        // pair is alone on the NIC; with more, the other
+                        // pairs fill the idle direction.
+                        let directions = if l == 1 { 2.0 } else { 1.0 };
+                        directions * t.max(cpu) + lat
                     };
                     // The reduce-scatter's step and the all-gather's mirror.
                     total += 2.0 * step + k.sum(part / 4.0) * share * 1e6;
@@ -563,6 +572,11 @@ mod tests {
         let free = crate::sync::SyncKernels { sum_r: None, tcp_r: None, ..crate::sync::SyncKernels::host() };
         let c = Cluster::new(vec![DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0).with_host(free, 10.0)]);
         assert_eq!(c.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling), 4090.0);
+        // One device a node: its pair alone on the NIC, one direction at a
+        // time. 2 nodes × 1: one step across, 2e6 B / 1e3 = 2000 µs, twice,
+        // + 20; reduce-scatter and all-gather: 2·4020 = 8040 µs.
+        let one = Cluster::new(vec![DeviceType::new("a", 2, 1, 1).with_bandwidth(100.0, 1.0).with_host(free, 10.0)]);
+        assert_eq!(one.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling), 8040.0);
         // Three devices: the ring.
         let c3 = Cluster::new(vec![DeviceType::new("a", 3, 2, 1)]);
         assert_eq!(

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Time the DDP hook's synchronization on CPU tensors (the runtime's
+`GradSync` over `qsync._transport.TorchTransport`, gloo) against gloo's own
+f32 all-reduce of the same tensor, and how long each scheme spends inside
+the transport's calls (the rest is kernels and the runtime's copies).
+
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 scripts/bench/transport.py \\
+        [--elements 6500000] [--schemes fp16,qgz-int8,nbit-2] [--reps 5] [--nodes 2]
+
+Needs the `qsync` package installed beside PyTorch (`scripts/setup.sh`
+makes the virtual environment; `maturin build` in crates/python, then
+`pip install` the wheel). Rank 0 prints one line per scheme: seconds per
+synchronization (mean of `--reps` after one warm-up), and per transport
+method its calls and seconds per synchronization.
+"""
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+from qsync import _native
+from qsync._transport import TorchTransport
+
+METHODS = ["all_gather", "all_to_all_v", "all_reduce_f32"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--elements", type=int, default=6_500_000)
+    ap.add_argument("--schemes", default="fp16,qgz-int8,nbit-2")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--nodes", type=int, default=2)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    spent = {}
+    for name in METHODS:
+        f = getattr(TorchTransport, name)
+
+        def timed(self, *args, _f=f, _n=name):
+            t = time.perf_counter()
+            r = _f(self, *args)
+            c = spent.setdefault(_n, [0, 0.0])
+            c[0] += 1
+            c[1] += time.perf_counter() - t
+            return r
+
+        setattr(TorchTransport, name, timed)
+    transport = TorchTransport()
+    x = torch.randn(a.elements, generator=torch.Generator().manual_seed(rank))
+    y = x.clone()
+    dist.all_reduce(y)
+    t = time.perf_counter()
+    for _ in range(a.reps):
+        dist.all_reduce(y)
+    if rank == 0:
+        print(f"gloo fp32 all-reduce: {(time.perf_counter() - t) / a.reps:.4f} s", flush=True)
+    for scheme in a.schemes.split(","):
+        s = _native.GradSync(transport, scheme, nodes=a.nodes, node_of=None, group=512, seed=0, timeout_s=60.0,
+                             gather_f32=False)
+        g = x.clone()
+        s.all_reduce_mean(g.numpy())
+        spent.clear()
+        t = time.perf_counter()
+        for _ in range(a.reps):
+            s.all_reduce_mean(g.numpy())
+        total = (time.perf_counter() - t) / a.reps
+        if rank == 0:
+            calls = ", ".join(f"{k} {v[0] // a.reps}x {v[1] / a.reps:.4f} s" for k, v in sorted(spent.items()))
+            print(f"{scheme}: {total:.4f} s ({calls})", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""What the DDP hook's transport costs per byte and per call: the ranks'
+all-to-all through `qsync._transport.TorchTransport` (gloo, the transport
+the hook's CPU buckets use), `--mib` MiB from every rank in 1 exchange and
+in `--many`, timed on every rank; rank 0 prints one JSON line (the slowest
+rank's median of `--reps` runs of each).
+
+    torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--reps 5]
+
+`scripts/validate/iterations.py` runs it across two emulated nodes on a link
+far faster than the CPU can feed and fits the model's `tcp_r` and
+`message_s` for the hook's path from the two times, as `sync.py` does for
+Open MPI.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from qsync._transport import TorchTransport
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=16)
+    ap.add_argument("--many", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    tr = TorchTransport()
+    p = tr.size
+    total = a.mib << 20
+    out = {"ranks": p, "received_bytes_per_rank": total * (p - 1) // p}
+    for key, m in (("one_s", 1), ("split_s", a.many)):
+        each = total // m // p  # bytes to each peer in one exchange
+        send = bytearray(each * p)
+        counts = [each] * p
+        tr.all_to_all_v(send, counts, counts, 120.0)  # warm-up
+        times = []
+        for _ in range(a.reps):
+            tr.barrier(120.0)
+            t = time.perf_counter()
+            for _ in range(m):
+                tr.all_to_all_v(send, counts, counts, 120.0)
+            times.append(time.perf_counter() - t)
+        mine = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        out[key] = mine.item()
+        out[key.replace("_s", "_message_bytes")] = each
+    if tr.rank == 0:
+        print(json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
