@@ -40,7 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
 sys.path.insert(0, HERE)
-from sync import cluster_toml, host_kernels, measure_host, measure_links, sh  # noqa: E402
+from sync import (PROBE_RATE, cluster_toml, host_kernels, measure_host, measure_links,  # noqa: E402
+                  probe_cluster_up, sh)
 
 
 
@@ -71,13 +72,9 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     the node's ranks sharing its cores. Writes a copy of `host_file` with
     these `tcp_r` and `message_s` (what the hook path is priced with) and
     returns its path."""
-    rate = "40gbit"
-    sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
-    sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", "0",
-        "--prefix", a.prefix, "--subnet", a.subnet])
+    rate = PROBE_RATE
+    ns, addr = probe_cluster_up(a, nodes)
     try:
-        ns = [f"{a.prefix}{i}" for i in range(nodes)]
-        addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
         outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, "the gloo transport probe",
                               [os.path.join(HERE, "gloo_probe.py"), "--mib", "16", "--many", "32"])
     finally:

@@ -190,6 +190,19 @@ def exchange_seconds(a, k, cores, nbytes, messages):
     return json.loads(line)
 
 
+PROBE_RATE = "40gbit"
+
+
+def probe_cluster_up(a, nodes):
+    """Bring up the emulated nodes on a link far faster than the CPU can feed
+    (PROBE_RATE, no delay), for measuring what a transport costs the CPU;
+    the caller takes it down. Returns the namespaces and their addresses."""
+    sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+    sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", PROBE_RATE, "--delay-ms", "0",
+        "--prefix", a.prefix, "--subnet", a.subnet])
+    return [f"{a.prefix}{i}" for i in range(nodes)], [f"{a.subnet}.{i + 2}" for i in range(nodes)]
+
+
 def link_tcp_cost(a, nodes, k, cores):
     """What the host transport costs a node's CPU, on a link far faster than
     the CPU can feed (40 Gbit/s), each node's processes pinned to its own
@@ -206,13 +219,9 @@ def link_tcp_cost(a, nodes, k, cores):
     For the record, raw TCP: `k` streams each way between the two nodes;
     each node's cores send and receive every byte of its streams, so
     seconds per byte = cores / (bytes per second one way)."""
-    rate = "40gbit"
-    sh(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
-    sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--delay-ms", "0",
-        "--prefix", a.prefix, "--subnet", a.subnet])
+    rate = PROBE_RATE
+    ns, addr = probe_cluster_up(a, nodes)
     try:
-        ns = [f"{a.prefix}{i}" for i in range(nodes)]
-        addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
         pin = [f"{i * cores}-{(i + 1) * cores - 1}" for i in range(nodes)]
         runs = [bulk_both_ways(ns, addr, k, 256 << 20, 49000 + os.getpid() % 1000 + 20 * r, pin) for r in range(3)]
         nbytes, many = 16 << 20, 32
