@@ -49,6 +49,14 @@ const SKIP: &[(&str, &str, &str)] = &[
          v100:2,t4:2 --batch 8 -o DIR` in that environment",
     ),
     (
+        "runtime.md",
+        "OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 scripts/bench/transport.py",
+        "a benchmark (timings, nothing to assert) that needs PyTorch and the wheel installed into its \
+         environment; tests/python.rs runs the same GradSync over TorchTransport under torchrun for every \
+         scheme (ddp_transformer_joint_plan_every_scheme, across_nodes) and python_groups.rs the uneven \
+         all-gathers of a hierarchical hook",
+    ),
+    (
         "python.md",
         "torchrun --standalone --nproc-per-node 4 examples/train_ddp.py train --plan target/ddp-plan --steps 5",
         "needs PyTorch and the wheel installed into its environment, and four ranks take ~30 s; tests/python.rs \
