@@ -219,7 +219,7 @@ fn dequant_accumulate_body(q: &[u8], scale: &[f32], n: usize, group: usize, k: u
 #[inline(always)]
 fn nibble(codes: &[u8], i: usize) -> f32 {
     let b = codes[i / 2];
-    let nib = if i % 2 == 0 { b << 4 } else { b & 0xf0 };
+    let nib = if i.is_multiple_of(2) { b << 4 } else { b & 0xf0 };
     f32::from((nib as i8) >> 4)
 }
 

@@ -18,7 +18,7 @@ use std::time::Instant;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyConnectionError, PyTimeoutError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyFloat, PyList, PyTuple};
+use pyo3::types::{PyByteArray, PyFloat, PyList, PyTuple};
 use qsync_kernels::reference::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use qsync_runtime::comm::{check_counts, check_gather_counts};
 use qsync_runtime::sync::{f32_bytes, f32_from_bytes, u16_bytes};
@@ -94,26 +94,13 @@ impl PyTransport {
         self.poison(err)
     }
 
-    /// Copies what a transport method returned — bytes, or any contiguous
-    /// buffer of bytes (a uint8 array viewing the received tensor) — of
+    /// Copies what a transport method returned — any contiguous buffer of
+    /// bytes: `bytes`, or a uint8 array viewing the received tensor — of
     /// exactly `out.len()` bytes into `out`.
     fn take_bytes(&self, op: &'static str, obj: Py<PyAny>, out: &mut [u8]) -> Result<(), CommError> {
         Python::attach(|py| {
             let bad = |message: String| self.poison(CommError::Backend { backend: BACKEND, op, code: -1, message });
-            let b = obj.bind(py);
-            if let Ok(bytes) = b.cast::<PyBytes>() {
-                let got = bytes.as_bytes();
-                if got.len() != out.len() {
-                    return Err(bad(format!(
-                        "the transport returned {} bytes, {} were expected",
-                        got.len(),
-                        out.len()
-                    )));
-                }
-                out.copy_from_slice(got);
-                return Ok(());
-            }
-            let buf = PyBuffer::<u8>::get(b).map_err(|e| {
+            let buf = PyBuffer::<u8>::get(obj.bind(py)).map_err(|e| {
                 bad(format!("the transport returned something other than bytes or a byte buffer ({e})"))
             })?;
             if buf.item_count() != out.len() {

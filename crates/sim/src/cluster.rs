@@ -469,10 +469,28 @@ fn host_ring(p: u64, s: f64, bw: f64, lat: f64, k: &crate::sync::SyncKernels, sh
     if p <= 1 {
         return 0.0;
     }
-    let part = s / p as f64;
-    let cpu = (k.tcp(part) + k.messages(1.0)) * share * 1e6;
+    let (cpu, sum) = host_ring_step_cpu(p, s, k, share);
     let steps = (p - 1) as f64;
-    2.0 * steps * ((part / bw).max(cpu) + lat) + steps * k.sum(part / 4.0) * share * 1e6
+    2.0 * steps * ((s / p as f64 / bw).max(cpu) + lat) + steps * sum
+}
+
+/// CPU µs of one step of a host ring of `p` members over `s` bytes (`k`'s
+/// TCP work on its `s/p` bytes and one message), and of the sum that follows
+/// a reduce-scatter step, on cores shared `share` ways.
+fn host_ring_step_cpu(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64) -> (f64, f64) {
+    let part = s / p.max(1) as f64;
+    ((k.tcp(part) + k.messages(1.0)) * share * 1e6, k.sum(part / 4.0) * share * 1e6)
+}
+
+/// All the CPU µs a host ring takes: its `2(p−1)` steps and `p−1` sums
+/// ([`host_ring`] without the link).
+pub(crate) fn host_ring_cpu_us(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64) -> f64 {
+    if p <= 1 {
+        return 0.0;
+    }
+    let (cpu, sum) = host_ring_step_cpu(p, s, k, share);
+    let steps = (p - 1) as f64;
+    2.0 * steps * cpu + steps * sum
 }
 
 /// Ring all-reduce of `s` bytes among `p` members: `2(p−1)/p · s/bw + 2(p−1)·lat`.

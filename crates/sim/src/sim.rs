@@ -476,10 +476,9 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Buc
     for (k, &g) in grads.iter().enumerate() {
         bytes += g;
         if bytes >= config.bucket_cap_bytes || k + 1 == grads.len() {
-            let dur_us = (0..cluster.types.len())
-                .map(|t| cluster.sync_us(t, bytes, &config.sync, config.algo))
-                .fold(0.0f64, f64::max);
-            let cpu_us = (0..cluster.types.len()).map(|t| cluster.sync_cpu_us(t, bytes, &config.sync)).collect();
+            let (times, cpu_us): (Vec<f64>, Vec<f64>) =
+                (0..cluster.types.len()).map(|t| cluster.sync_us_and_cpu(t, bytes, &config.sync, config.algo)).unzip();
+            let dur_us = times.into_iter().fold(0.0f64, f64::max);
             buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us });
             bytes = 0;
         }

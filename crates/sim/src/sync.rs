@@ -574,6 +574,28 @@ impl Cluster {
         self.sync_breakdown(t, bytes, spec).total_us
     }
 
+    /// [`Cluster::sync_us`] and [`Cluster::sync_cpu_us`] together, a
+    /// compressed scheme's breakdown computed once.
+    pub fn sync_us_and_cpu(&self, t: usize, bytes: u64, spec: &SyncSpec, algo: AllReduceAlgo) -> (f64, f64) {
+        if spec.scheme == SyncScheme::Fp32 {
+            return (self.allreduce_us(t, bytes, algo), self.sync_cpu_us(t, bytes, spec));
+        }
+        let b = self.sync_breakdown(t, bytes, spec);
+        (b.total_us, self.host_cpu_of(t, spec, &b))
+    }
+
+    /// The part of a compressed scheme's breakdown `b` that runs on the
+    /// cores a device of type `t` computes on (module doc: host paths on a
+    /// CPU device).
+    fn host_cpu_of(&self, t: usize, spec: &SyncSpec, b: &SyncBreakdown) -> f64 {
+        let on_host_path = matches!(spec.path, SyncPath::Host | SyncPath::Mpi);
+        if self.types[t].compute_on_host && on_host_path && self.device_count() > 1 {
+            b.kernel_us + b.transport_cpu_us
+        } else {
+            0.0
+        }
+    }
+
     /// CPU microseconds that one synchronization of `bytes` under `spec`
     /// takes from the cores a device of type `t` computes on: none unless
     /// the device is the host's own cores ([`crate::DeviceType::compute_on_host`]).
@@ -588,19 +610,12 @@ impl Cluster {
             return 0.0;
         }
         if spec.scheme == SyncScheme::Fp32 {
-            let (k, pf, s) = (&ty.host_kernels, p as f64, bytes as f64);
-            let steps = pf - 1.0;
-            return (k.tcp(2.0 * steps / pf * s) + k.messages(2.0 * steps) + k.sum(steps / pf * s / 4.0))
-                * ty.host_share()
-                * 1e6;
+            return crate::cluster::host_ring_cpu_us(p, bytes as f64, &ty.host_kernels, ty.host_share());
         }
-        match spec.path {
-            SyncPath::Host | SyncPath::Mpi => {
-                let b = self.sync_breakdown(t, bytes, spec);
-                b.kernel_us + b.transport_cpu_us
-            }
-            SyncPath::HostStaged | SyncPath::Device => 0.0,
+        if !matches!(spec.path, SyncPath::Host | SyncPath::Mpi) {
+            return 0.0;
         }
+        self.host_cpu_of(t, spec, &self.sync_breakdown(t, bytes, spec))
     }
 
     /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
