@@ -186,6 +186,16 @@ def digest(model):
     return h.hexdigest()[:16]
 
 
+def local_device(kind):
+    """This rank's device: the CPU, or the GPU of its local rank (ranks share
+    the GPUs round-robin when there are more ranks than GPUs, as on a
+    one-GPU machine)."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    return torch.device(f"cuda:{local % max(torch.cuda.device_count(), 1)}")
+
+
 def cmd_train(a):
     import datetime
 
@@ -200,7 +210,9 @@ def cmd_train(a):
     dist.init_process_group("gloo" if a.device == "cpu" else "nccl", **timeout)
     hook_opts = {"timeout_s": a.timeout_s} if a.timeout_s else {}
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(a.device if a.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    device = local_device(a.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if plan:
         batches = [plan.local_batch(plan.device_for_rank(r)) for r in range(world)]
     else:
@@ -281,7 +293,9 @@ def cmd_bench(a):
 
     dist.init_process_group("gloo" if a.device == "cpu" else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(a.device if a.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    device = local_device(a.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     hooks = a.hooks.split(",")
     if "ddp" not in hooks:
         hooks.insert(0, "ddp")

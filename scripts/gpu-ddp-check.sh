@@ -5,7 +5,7 @@
 #   scripts/gpu-ddp-check.sh run       # on the GPU machine (carry target/gpu-ddp-check)
 #
 # `run` installs the wheel (no dependencies: the machine's PyTorch is used)
-# into a virtual environment that sees the system packages, then trains the
+# into a folder put on PYTHONPATH, then trains the
 # example transformer with torchrun on the GPU: plain DDP (NCCL) against the
 # plan applied with the qsync hook over the runtime's NCCL communicator, for
 # fp16, qgz-int8 and qgz-int4, 2 ranks on the one GPU when NCCL allows it
@@ -33,9 +33,17 @@ prepare)
 run)
   out=${OUT:-$dir/out}
   mkdir -p "$out"
-  python3 -m venv --system-site-packages "$dir/venv"
-  "$dir/venv/bin/pip" install -q --no-deps --no-index "$dir"/qsync-*.whl
-  py="$dir/venv/bin/python"
+  # The wheel into a folder of its own on PYTHONPATH, beside the machine's
+  # PyTorch (a venv made from the machine's python, itself a venv, would not
+  # see PyTorch).
+  rm -rf "$dir/site"
+  python3 -m pip install -q --no-deps --no-index --no-compile --target "$dir/site" "$dir"/qsync-*.whl
+  export PYTHONPATH="$PWD/$dir/site${PYTHONPATH:+:$PYTHONPATH}"
+  py=python3
+  # The runtime's NCCL communicator opens libnccl.so: the wheel's, linked.
+  if paths=$(PYTHON="$py" bash scripts/gpu/nccl-lib.sh "$dir/lib"); then
+    export LD_LIBRARY_PATH="$paths${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
   {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
     "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'

@@ -87,7 +87,8 @@ run_ops() {
   if ! gpu=$(has_gpu); then echo "skipped: no GPU to measure on ($gpu)"; exit 3; fi
   [ -f "$DIR/worklist.json" ] || { echo "error: $DIR/worklist.json missing: run '$0 prepare' first" >&2; exit 2; }
   echo "GPU: $gpu"
-  PYTHONUNBUFFERED=1 python3 scripts/gpu/profile.py "$DIR/worklist.json" "$DIR/ops.json" 2>&1 | tee "$DIR/ops.log"
+  # QSYNC_OPS_ARGS: more profile.py options (--budget-s, --precisions, --reps).
+  PYTHONUNBUFFERED=1 python3 scripts/gpu/profile.py "$DIR/worklist.json" "$DIR/ops.json" ${QSYNC_OPS_ARGS:-} 2>&1 | tee "$DIR/ops.log"
   copy_out "$DIR/ops.json" "$DIR/ops.log"
 }
 

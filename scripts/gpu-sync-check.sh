@@ -85,10 +85,12 @@ prepare() {
   for b in qsync-sync-check qsync-shard-check; do
     cp "target/$([ "$PROFILE" = release ] && echo release || echo debug)/$b" "$DIR/$b"
     if ldd "$DIR/$b" | grep -q libmpi; then echo "the NCCL build of $b links MPI"; exit 1; fi
+    strip "$DIR/$b" 2>/dev/null || true # what travels to the GPU machine is size-limited
   done
   # Our kernels as PTX for every architecture, for `--kernels device`.
-  cargo build -p qsyncc --features full
-  bash scripts/gpu/ptx.sh target/debug/qsyncc "$DIR/ptx"
+  local q=${QSYNCC:-}
+  if [ -z "$q" ]; then cargo build -p qsyncc --features full; q=target/debug/qsyncc; fi
+  bash scripts/gpu/ptx.sh "$q" "$DIR/ptx"
   set +e
   echo "prepared $DIR ($(du -sh "$DIR" | cut -f1)); run '$0 run' on the GPU machine with it"
 }
@@ -131,21 +133,10 @@ run() {
   fi
 
   # 1. libnccl.so for cudarc, GPU and NCCL version.
-  local libdir=${QSYNC_NCCL_LIB_DIR:-}
-  if [ -z "$libdir" ]; then
-    local wheel
-    wheel=$(${PYTHON:-python3} -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
-    for d in "$wheel/lib" /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64 /usr/lib64; do
-      if [ -n "$d" ] && ls "$d"/libnccl.so* > /dev/null 2>&1; then libdir=$d; break; fi
-    done
-  fi
-  if [ -n "$libdir" ]; then
-    mkdir -p "$DIR/lib"
-    local so
-    so=$(ls "$libdir"/libnccl.so "$libdir"/libnccl.so.2 "$libdir"/libnccl.so.* 2>/dev/null | head -1)
-    ln -sf "$so" "$DIR/lib/libnccl.so"
-    export LD_LIBRARY_PATH="$DIR/lib:$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    log "libnccl: $so (exposed as $DIR/lib/libnccl.so)"
+  local paths
+  if paths=$(bash scripts/gpu/nccl-lib.sh "$DIR/lib"); then
+    export LD_LIBRARY_PATH="$paths${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    log "libnccl: $(readlink "$DIR/lib/libnccl.so") (exposed as $DIR/lib/libnccl.so)"
   else
     log "no libnccl.so* found (set QSYNC_NCCL_LIB_DIR): the next step reports what was searched"
   fi

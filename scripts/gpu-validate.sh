@@ -20,67 +20,100 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-validate
+# The paths part: MODEL:PER-RANK-BATCH pairs and the hooks it times.
+PATHS_MODELS="transformer:16 resnet18:32"
+PATHS_SCHEMES="fp16 qgz-int8 qgz-int4"
+export PATHS_MODELS PATHS_SCHEMES
 mode=${1:-}
 shift || true
 
 case "$mode" in
 prepare)
-  bash scripts/gpu-measure.sh prepare
+  # The release qsyncc the wheel step builds serves the other two.
   bash scripts/gpu-ddp-check.sh prepare
+  export QSYNCC=target/release/qsyncc
+  bash scripts/gpu-measure.sh prepare
   bash scripts/gpu-sync-check.sh prepare
   mkdir -p "$dir"
   cp examples/train_ddp.py "$dir/"
-  # The model the paths part times, as ONNX, and the predictions of both
-  # paths for it on one node of two H100s: what `analyze` sets the measured
-  # backward times against (as a ratio device / host-staged: two ranks on
-  # one GPU share it, which no cluster file describes).
+  # The models the paths part times (the example transformer, 0.45 MiB of
+  # gradients, and ResNet-18, 43 MiB), as ONNX, and the predictions of both
+  # paths for each on one node of two H100s: what `analyze` sets the
+  # measured exposed synchronization against.
+  # (The ONNX files stay out of $dir: only the predictions travel.)
   venv=${QSYNC_TORCH_VENV:-$HOME/.cache/qsync/torch-venv}
-  "$venv/bin/python" - "$dir/transformer.onnx" <<'EOF'
+  onnx=$(mktemp -d)
+  for mb in $PATHS_MODELS; do
+    model=${mb%:*} batch=${mb#*:}
+    "$venv/bin/python" - "$onnx/$model.onnx" "$model" "$batch" <<'EOF'
 import sys, torch
 sys.path.insert(0, "examples")
 import train_ddp as t
-m = t.make_model("transformer", 0); m.train()
-torch.onnx.export(m, (t.example_input("transformer", 16),), sys.argv[1], dynamo=False,
+m = t.make_model(sys.argv[2], 0); m.train()
+torch.onnx.export(m, (t.example_input(sys.argv[2], int(sys.argv[3])),), sys.argv[1], dynamo=False,
                   training=torch.onnx.TrainingMode.TRAINING, input_names=["x"], do_constant_folding=False)
 EOF
-  for path in host-staged device; do
-    for scheme in fp16 qgz-int8 qgz-int4; do
-      target/release/qsyncc simulate "$dir/transformer.onnx" --targets h100-sxm:2 --batch 16 \
-        --sync "$scheme" --sync-path "$path" --json >"$dir/predicted-$path-$scheme.json"
+    for path in host-staged device; do
+      for scheme in $PATHS_SCHEMES; do
+        target/release/qsyncc simulate "$onnx/$model.onnx" --targets h100-sxm:2 --batch "$batch" \
+          --sync "$scheme" --sync-path "$path" --json >"$dir/predicted-$model-$path-$scheme.json"
+      done
     done
   done
+  rm -rf "$onnx"
   echo "prepared: target/gpu-measure target/gpu-ddp-check target/gpu-sync-check $dir"
   ;;
 run)
+  # PART or PART:SECONDS (a cap on that part; default 600). Each part writes
+  # into its own folder and comes back as one tarball, PART.tgz (the device
+  # tool returns at most 8 files), plus the shared summary.txt.
+  set +e
   parts=("$@")
   [ ${#parts[@]} -gt 0 ] || parts=(sync paths ops train)
   out=${OUT:-$dir/out}
   mkdir -p "$out"
-  for part in "${parts[@]}"; do
+  work=$(mktemp -d)
+  {
+    echo "== $(date -u +%FT%TZ) $(hostname)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
+    python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else None, "gpus", torch.cuda.device_count())' || true
+    ldd --version | head -1
+    nproc
+  } 2>&1 | tee -a "$out/summary.txt"
+  for spec in "${parts[@]}"; do
+    part=${spec%%:*} cap=600
+    [ "$spec" != "$part" ] && cap=${spec#*:}
+    res="$work/$part"
+    mkdir -p "$res"
+    t0=$SECONDS
     case "$part" in
-    sync) OUT="$out" bash scripts/gpu-sync-check.sh run || echo "sync: FAILED" | tee -a "$out/summary.txt" ;;
-    paths)
-      OUT="$out" bash scripts/gpu-ddp-check.sh run || echo "paths: ddp-check FAILED" | tee -a "$out/summary.txt"
-      py=target/gpu-ddp-check/venv/bin/python
-      [ -x "$py" ] || py=python3
-      # The backward under each hook, host kernels against device kernels,
-      # next to the backward without synchronization, round-robin in one job.
-      for kernels in host device; do
-        NCCL_MULTI_RANK_GPU_ENABLE=1 QSYNC_PTX_DIR="$PWD/target/gpu-ddp-check/ptx" \
-          "$py" -m torch.distributed.run --standalone --nproc-per-node 2 "$dir/train_ddp.py" bench --device cuda \
-          --model transformer --batch 16 --reps 10 --hooks fp16,qgz-int8,qgz-int4 --kernels "$kernels" \
-          >"$out/paths-$kernels.jsonl" 2>"$out/paths-$kernels.err" ||
-          echo "paths: bench with $kernels kernels FAILED (see paths-$kernels.err)" | tee -a "$out/summary.txt"
-      done
-      ;;
-    ops) OUT="$out" bash scripts/gpu-measure.sh run-ops ;;
-    train) OUT="$out" bash scripts/gpu-measure.sh run-train ;;
+    sync) OUT="$res" timeout -k 10 "$cap" bash scripts/gpu-sync-check.sh run > "$res/run.log" 2>&1 ;;
+    paths) timeout -k 10 "$cap" bash scripts/gpu/paths.sh "$res" > "$res/run.log" 2>&1 ;;
+    ops) # stop starting new ops 40 s before the cap, so ops.json is written
+      OUT="$res" QSYNC_OPS_ARGS="--budget-s $((cap > 80 ? cap - 40 : cap / 2)) ${QSYNC_OPS_ARGS:-}" \
+        timeout -k 10 "$cap" bash scripts/gpu-measure.sh run-ops > "$res/run.log" 2>&1 ;;
+    train) OUT="$res" timeout -k 10 "$cap" bash scripts/gpu-measure.sh run-train > "$res/run.log" 2>&1 ;;
     *) echo "unknown part '$part' (sync, paths, ops, train)" >&2; exit 2 ;;
     esac
+    rc=$?
+    # What a part stopped at its cap had written so far.
+    for f in target/gpu-measure/ops.json target/gpu-measure/iterations.json target/gpu-measure/ops.log \
+      target/gpu-measure/train.log; do
+      [ -f "$f" ] && [ ! -f "$res/$(basename "$f")" ] && cp "$f" "$res/"
+    done
+    echo "== part $part: status $rc after $((SECONDS - t0)) s (cap $cap s)" | tee -a "$out/summary.txt"
+    [ -f "$res/summary.txt" ] && sed "s/^/  $part| /" "$res/summary.txt" | tee -a "$out/summary.txt"
+    tail -n 5 "$res/run.log" | sed "s/^/  $part> /" | tee -a "$out/summary.txt"
+    tar czf "$out/$part.tgz" -C "$work" "$part"
   done
   ;;
 analyze)
   out=${OUT:-$dir/out}
+  for t in "$out"/*.tgz; do [ -f "$t" ] && tar xzf "$t" -C "$out"; done
+  for part in ops train; do
+    for f in "$out/$part"/ops.json "$out/$part"/iterations.json; do [ -f "$f" ] && cp "$f" "$out/"; done
+  done
+  [ -d "$out/paths" ] && cp "$out"/paths/paths-*.jsonl "$out/" 2>/dev/null
   [ -f "$out/ops.json" ] && cp "$out/ops.json" target/gpu-measure/
   [ -f "$out/iterations.json" ] && cp "$out/iterations.json" target/gpu-measure/
   if [ -f target/gpu-measure/ops.json ] && [ -f target/gpu-measure/iterations.json ]; then
@@ -89,24 +122,34 @@ analyze)
   python3 - "$dir" "$out" <<'EOF'
 import json, os, sys
 d, out = sys.argv[1], sys.argv[2]
-rows = []
-for scheme in ["fp16", "qgz-int8", "qgz-int4"]:
-    m = {}
-    for k in ["host", "device"]:
-        f = os.path.join(out, f"paths-{k}.jsonl")
-        if os.path.exists(f):
-            for l in open(f):
-                if l.startswith("{"):
-                    r = json.loads(l)
-                    if r["hook"] == scheme:
-                        m[k] = r["exposed_sync_s"]
-    p = {k: json.load(open(os.path.join(d, f"predicted-{k}-{scheme}.json"))) for k in ["host-staged", "device"]}
-    if len(m) == 2:
-        rows.append((scheme, m["host"], m["device"], p["host-staged"]["iteration_ms"], p["device"]["iteration_ms"]))
-print("| scheme | exposed sync, host kernels s | device kernels s | predicted iteration host-staged ms | device ms |")
-print("|---|---:|---:|---:|---:|")
-for r in rows:
-    print(f"| {r[0]} | {r[1]:.4f} | {r[2]:.4f} | {r[3]:.2f} | {r[4]:.2f} |")
+models = [m.split(":") for m in os.environ["PATHS_MODELS"].split()]
+schemes = os.environ["PATHS_SCHEMES"].split()
+print("| model | scheme | path | measured exposed sync ms | predicted ms | error |")
+print("|---|---|---|---:|---:|---:|")
+rows = 0
+for model, batch in models:
+    for kernels, path in [("host", "host-staged"), ("device", "device")]:
+        f = os.path.join(out, "paths", f"paths-{model}-{kernels}.jsonl")
+        if not os.path.exists(f):
+            continue
+        measured = {}
+        for line in open(f):
+            if line.startswith("{"):
+                r = json.loads(line)
+                measured[r["hook"]] = r
+        for scheme in ["ddp"] + schemes:
+            if scheme not in measured:
+                continue
+            m = measured[scheme]["exposed_sync_s"] * 1e3
+            pf = os.path.join(d, f"predicted-{model}-{path}-{scheme}.json")
+            if scheme == "ddp" or not os.path.exists(pf):
+                print(f"| {model} | {scheme} | NCCL f32 | {m:.3f} | | |")
+                continue
+            p = json.load(open(pf))
+            pred = max(dev["idle_ms"] for dev in p["devices"].values())
+            err = f"{(pred - m) / m * 100:+.0f}%" if m > 0 else "n/a"
+            print(f"| {model} | {scheme} | {path} | {m:.3f} | {pred:.3f} | {err} |")
+            rows += 1
 if not rows:
     print("(no measured paths: run `scripts/gpu-validate.sh run paths` on a GPU machine)")
 EOF

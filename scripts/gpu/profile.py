@@ -529,6 +529,9 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--target-ms", type=float, default=2.0)
     ap.add_argument("--limit", type=int, default=0, help="measure only the first N entries (smoke runs)")
+    ap.add_argument("--budget-s", type=float, default=0,
+                    help="stop starting new entries after this many seconds and write what was measured "
+                         "(meta.truncated says how many); 0: no limit")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: measure this machine's CPU as the device")
     args = ap.parse_args()
@@ -546,8 +549,17 @@ def main():
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True
     entries = work["entries"][: args.limit or None]
+    started = time.monotonic()
+    # Casts and optimizer steps first: they are short, and a run cut by
+    # --budget-s still carries them.
+    reduced = any(p not in ("fp32", "tf32") for p in precisions)
+    casts = cast_samples(args.reps, args.target_ms) if DEVICE == "cuda" or reduced else []
+    optimizers = optimizer_samples(args.reps, args.target_ms)
     out_entries = []
     for i, e in enumerate(entries):
+        if args.budget_s and time.monotonic() - started > args.budget_s:
+            print(f"budget of {args.budget_s:g} s spent: {i} of {len(entries)} entries measured", flush=True)
+            break
         measured, skipped, at_batches = {}, {}, {}
         for p in precisions:
             try:
@@ -590,15 +602,17 @@ def main():
               + (f" skipped {sorted(skipped)}" if skipped else ""), flush=True)
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    reduced = any(p not in ("fp32", "tf32") for p in precisions)
+    m = meta()
+    if len(out_entries) < len(entries):
+        m["truncated"] = f"{len(out_entries)} of {len(entries)} entries measured within --budget-s {args.budget_s:g}"
     result = {
         "schema": "qsync-ops/1",
         "batch": work["batch"],
-        "meta": meta(),
+        "meta": m,
         "models": work["models"],
         "entries": out_entries,
-        "casts": cast_samples(args.reps, args.target_ms) if DEVICE == "cuda" or reduced else [],
-        "optimizers": optimizer_samples(args.reps, args.target_ms),
+        "casts": casts,
+        "optimizers": optimizers,
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)

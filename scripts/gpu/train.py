@@ -28,6 +28,7 @@ network: weights are random, nothing is downloaded).
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 
@@ -143,6 +144,13 @@ def main():
             print(f"{name:<10} {p:<9} median {r['median_ms']:.3f} ms (p10 {r['p10_ms']:.3f}, p90 {r['p90_ms']:.3f}), "
                   f"peak {r['peak_memory_bytes'] / 2**30:.2f} GiB", flush=True)
             runs.append(r)
+            # After every run, so a job stopped part-way keeps what it measured.
+            write(args.out, runs)
+    print(f"wrote {args.out}: {len(runs)} runs")
+    return 0
+
+
+def write(path, runs):
     meta = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -154,10 +162,9 @@ def main():
             meta[mod] = __import__(mod).__version__
         except ImportError:
             pass
-    with open(args.out, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump({"schema": "qsync-iterations/1", "meta": meta, "runs": runs}, f, indent=1, sort_keys=True)
-    print(f"wrote {args.out}: {len(runs)} runs")
-    return 0
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
