@@ -186,6 +186,12 @@ def digest(model):
     return h.hexdigest()[:16]
 
 
+def backend_for(kind):
+    """gloo on CPUs; on GPUs NCCL for CUDA tensors and gloo for the CPU ones
+    (the step's loss, the digests)."""
+    return "gloo" if kind == "cpu" else "cpu:gloo,cuda:nccl"
+
+
 def local_device(kind):
     """This rank's device: the CPU, or the GPU of its local rank (ranks share
     the GPUs round-robin when there are more ranks than GPUs, as on a
@@ -207,7 +213,7 @@ def cmd_train(a):
     # A deadline on every collective (gloo's own and the qsync hook's), so a
     # dead peer or a cut link ends the job with an error instead of a hang.
     timeout = {"timeout": datetime.timedelta(seconds=a.timeout_s)} if a.timeout_s else {}
-    dist.init_process_group("gloo" if a.device == "cpu" else "nccl", **timeout)
+    dist.init_process_group(backend_for(a.device), **timeout)
     hook_opts = {"timeout_s": a.timeout_s} if a.timeout_s else {}
     rank, world = dist.get_rank(), dist.get_world_size()
     device = local_device(a.device)
@@ -291,7 +297,7 @@ def cmd_bench(a):
     hidden entirely)."""
     import qsync
 
-    dist.init_process_group("gloo" if a.device == "cpu" else "nccl")
+    dist.init_process_group(backend_for(a.device))
     rank, world = dist.get_rank(), dist.get_world_size()
     device = local_device(a.device)
     if device.type == "cuda":
@@ -299,14 +305,16 @@ def cmd_bench(a):
     hooks = a.hooks.split(",")
     if "ddp" not in hooks:
         hooks.insert(0, "ddp")
-    ddps = {}
+    ddps, qhooks = {}, {}
     for name in hooks + ["no-sync"]:
         model = make_model(a.model, a.seed).to(device)
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
         if name.startswith("torch-"):
             ddp.register_comm_hook(None, torch_hook(name))
         elif name not in ("ddp", "no-sync"):
-            ddp.register_comm_hook(None, qsync.comm_hook(name, seed=a.seed, kernels=a.kernels))
+            hook = qsync.comm_hook(name, seed=a.seed, kernels=a.kernels)
+            ddp.register_comm_hook(None, hook)
+            qhooks[name] = hook.qsync
         ddps[name] = ddp
     x, y = global_batch(a.model, a.batch * world, 0, a.seed)
     x, y = x[rank * a.batch:(rank + 1) * a.batch].to(device), y[rank * a.batch:(rank + 1) * a.batch].to(device)
@@ -332,13 +340,18 @@ def cmd_bench(a):
     for name in ddps:  # warm-up: buckets are rebuilt after the first step
         for _ in range(2):
             backward(name)
+    for h in qhooks.values():
+        h.reset_phases()
     for _ in range(a.reps):
         for name in ddps:
             times[name].append(backward(name))
+    # Where a qsync hook's time went, per backward (this rank's mean).
+    phases = {name: {k: v / a.reps for k, v in h.phases().items()} for name, h in qhooks.items()}
     # Each rank's time; the slowest rank's median is the job's.
     meds = {name: statistics.median(v) for name, v in times.items()}
     all_meds = [None] * world
-    dist.all_gather_object(all_meds, meds)
+    dist.all_gather_object(all_meds, (meds, phases))
+    all_meds, all_phases = [m for m, _ in all_meds], [p for _, p in all_meds]
     if rank == 0:
         job = {name: max(m[name] for m in all_meds) for name in ddps}
         grad_mb = sum(p.numel() for p in ddps["ddp"].parameters()) * 4 / 2**20
@@ -347,6 +360,9 @@ def cmd_bench(a):
                 "hook": name, "model": a.model, "ranks": world, "device": a.device, "gradient_mib": round(grad_mb, 2),
                 "reps": a.reps, "backward_s": job[name], "no_sync_backward_s": job["no-sync"],
                 "exposed_sync_s": job[name] - job["no-sync"], "backward_vs_ddp": job[name] / job["ddp"],
+                # each phase's largest mean over ranks, seconds per backward
+                **({"phases_s": {k: max(p[name][k] for p in all_phases) for k in all_phases[0][name]}}
+                   if name in qhooks else {}),
             }), flush=True)
     dist.barrier()
     dist.destroy_process_group()

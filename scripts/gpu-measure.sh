@@ -97,7 +97,9 @@ run_train() {
   if ! gpu=$(has_gpu); then echo "skipped: no GPU to measure on ($gpu)"; exit 3; fi
   mkdir -p "$DIR"
   echo "GPU: $gpu"
-  PYTHONUNBUFFERED=1 python3 scripts/gpu/train.py "$DIR/iterations.json" --batch "$BATCH" --seq "$SEQ" 2>&1 \
+  # QSYNC_TRAIN_ARGS: more train.py options (--models, --precisions, --warmup, --iters).
+  PYTHONUNBUFFERED=1 python3 scripts/gpu/train.py "$DIR/iterations.json" --batch "$BATCH" --seq "$SEQ" \
+    ${QSYNC_TRAIN_ARGS:-} 2>&1 \
     | tee "$DIR/train.log"
   copy_out "$DIR/iterations.json" "$DIR/train.log"
 }

@@ -63,6 +63,8 @@ MODE=${1:-all}
 DIR=${2:-target/gpu-sync-check}
 PROFILE=${QSYNC_PROFILE:-release}
 SHAPES="2:1 4:1 4:2"
+# (prepare also records one rank: what a one-GPU machine with NCCL < 2.30 can run)
+PREP_SHAPES="1:1 $SHAPES"
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
 
@@ -73,7 +75,7 @@ prepare() {
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   # The MPI build records the reference digests.
   cargo build -p qsync-runtime --bin qsync-sync-check
-  for shape in $SHAPES; do
+  for shape in $PREP_SHAPES; do
     local r=${shape%:*} n=${shape#*:}
     timeout 600 mpirun -n "$r" --bind-to none target/debug/qsync-sync-check \
       --suite digests --nodes "$n" --write "$DIR/expected-${r}r-${n}n.txt"
@@ -93,6 +95,47 @@ prepare() {
   bash scripts/gpu/ptx.sh "$q" "$DIR/ptx"
   set +e
   echo "prepared $DIR ($(du -sh "$DIR" | cut -f1)); run '$0 run' on the GPU machine with it"
+}
+
+# One rank on the one GPU: the communicator, the kernels and the schemes'
+# bounds and bits against the MPI engine's one-rank digests; nothing crosses
+# between ranks, so the fault and sharded steps (several ranks) are skipped.
+one_rank() {
+  local exp="$DIR/expected-1r-1n.txt"
+  if [ -f "$exp" ]; then
+    QSYNC_PTX_DIR="$DIR/ptx" step digests-device-1r-1n 0 timeout 600 "$bin" --backend nccl --kernels device \
+      --ranks 1 --nodes 1 --suite digests --expect "$exp" --timeout 60
+    step digests-1r-1n 0 timeout 600 "$bin" --backend nccl --ranks 1 --nodes 1 --suite digests --expect "$exp" --timeout 60
+  else
+    log "SKIP digests-1r-1n: $exp missing (recorded by '$0 prepare' under mpirun)"
+  fi
+  for kernels in host device; do
+    if QSYNC_PTX_DIR="$DIR/ptx" step "bench-1r-$kernels" 0 timeout 600 "$bin" --backend nccl --kernels "$kernels" \
+        --ranks 1 --nodes 1 --suite bench --bytes $((16 << 20)) --timeout 120; then
+      grep '^{' "$res/bench-1r-$kernels.log" > "$res/bench-1r-$kernels.jsonl"
+      bench_table "$res/bench-1r-$kernels.jsonl" "$kernels"
+    fi
+  done
+  step bounds-1r 0 timeout 600 "$bin" --backend nccl --ranks 1 --nodes 1 --suite bounds --timeout 60
+  log "SKIP bounds/digests on 2 and 4 ranks, fault-exit, shard-*: several ranks on one GPU"
+  log "$([ $failed = 0 ] && echo 'gpu-sync-check (one rank): all steps passed' || echo 'gpu-sync-check: FAILED')"
+  return $failed
+}
+
+bench_table() { # jsonl, kernels
+  ${PYTHON:-python3} - "$1" "$2" <<'PY' | tee -a "$summary"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+if rows:
+    r0 = rows[0]
+    print(f"{r0['ranks']} rank(s) on one GPU ({r0['nodes']} emulated nodes), {r0['bytes']} bytes of f32, group {r0['group']}, "
+          f"{sys.argv[2]} kernels:")
+    print(f"{'scheme':16} {'wire/ring':>9} {'max err':>9} {'bound':>9} {'scheme s':>10} {'f32 s':>10} {'slower':>7}")
+    for r in rows:
+        ratio = r['seconds'] / r['f32_allreduce_seconds'] if r['f32_allreduce_seconds'] > 0 else float('nan')
+        print(f"{r['scheme']:16} {r['wire_fraction']:9.4f} {r['max_abs_error']:9.2e} {r['error_bound']:9.2e} "
+              f"{r['seconds']:10.6f} {r['f32_allreduce_seconds']:10.6f} {ratio:6.1f}x")
+PY
 }
 
 run() {
@@ -145,7 +188,18 @@ run() {
   probe=$("$bin" --backend nccl --suite probe 2>&1)
   log "$probe"
   case "$probe" in "NCCL "*) ;; *) log "FAIL: NCCL or the CUDA driver cannot be loaded"; exit 1 ;; esac
-  case "$probe" in "NCCL 2."[0-9].*|"NCCL 2.1"*|"NCCL 2.2"[0-9].*) log "note: several ranks on one GPU need NCCL >= 2.30" ;; esac
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  case "$probe" in
+  "NCCL 2."[0-9].*|"NCCL 2.1"*|"NCCL 2.2"[0-9].*)
+    if [ "${gpus:-0}" -lt 2 ]; then
+      # NCCL before 2.30 refuses two ranks on one GPU ("Duplicate GPU
+      # detected"): what one rank can show, the rest skipped with the reason.
+      log "one GPU and $(echo "$probe" | cut -d' ' -f1-2), which refuses several ranks on one GPU (2.30 allows them): one rank only"
+      one_rank
+      return $?
+    fi ;;
+  esac
 
   # 2. Bounds, 2 and 4 ranks (2 emulated nodes for the hierarchical schemes).
   step bounds-2r-1n 0 timeout 1800 "$bin" --backend nccl --ranks 2 --nodes 1 --suite bounds --timeout 60

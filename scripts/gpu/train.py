@@ -32,7 +32,12 @@ import os
 import statistics
 import sys
 
-import torch
+# scripts/gpu/profile.py shadows the standard library's `profile`, which
+# PyTorch imports (torch._dynamo → cProfile): keep this directory off the path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import torch  # noqa: E402
 
 MODELS = {
     # name: (qsync model file, family, optimizer name as qsyncc --optimizer takes it)

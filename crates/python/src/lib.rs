@@ -210,18 +210,51 @@ impl PyGradSync {
     }
 
     /// Replaces the float32 values of `buffer` (writable, C-contiguous) by
-    /// their mean over every rank. Every rank calls it with the same length.
+    /// their mean over every rank, in place, with the GIL released: the
+    /// caller must leave the buffer alone until the call returns (as a DDP
+    /// hook does with its bucket). Every rank calls it with the same length.
+    #[allow(unsafe_code)]
     fn all_reduce_mean(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
         let buf: PyBuffer<f32> = PyBuffer::get(buffer)?;
         if buf.readonly() || !buf.is_c_contiguous() {
             return Err(PyValueError::new_err("all_reduce_mean needs a writable, C-contiguous float32 buffer"));
         }
-        let mut values = buf.to_vec(py)?;
+        let (ptr, len) = (buf.buf_ptr() as usize, buf.item_count());
         let mut guard = self.lock(py)?;
         let state = &mut *guard;
-        py.detach(|| state.mean(&mut values)).map_err(sync_err)?;
-        drop(guard);
-        buf.copy_from_slice(py, &values)
+        py.detach(|| {
+            // SAFETY: `buf` holds the buffer export for the whole call, so the
+            // exporter can neither free nor resize the memory; pyo3 checked
+            // that it holds `len` f32 items, suitably aligned, and we checked
+            // that it is writable and contiguous. The one alias this creates
+            // is exclusive by the contract above (the caller does not touch
+            // the buffer during the call); it ends before `buf` is released.
+            let values = unsafe { std::slice::from_raw_parts_mut(ptr as *mut f32, len) };
+            state.mean(values)
+        })
+        .map_err(sync_err)
+    }
+
+    /// Seconds spent per phase since creation or [`reset_phases`]: a dict of
+    /// `quantize_s`, `exchange_s`, `wait_s` and `dequantize_s` (see the
+    /// runtime's `Phases`; copies and allocations are the rest of a call).
+    #[getter]
+    fn phases(&self, py: Python<'_>) -> PyResult<std::collections::BTreeMap<&'static str, f64>> {
+        let p = self.lock(py)?.0.phases();
+        Ok([
+            ("quantize_s", p.quantize_s),
+            ("exchange_s", p.exchange_s),
+            ("wait_s", p.wait_s),
+            ("dequantize_s", p.dequantize_s),
+        ]
+        .into_iter()
+        .collect())
+    }
+
+    /// Starts [`phases`] over from zero.
+    fn reset_phases(&self, py: Python<'_>) -> PyResult<()> {
+        self.lock(py)?.0.reset_phases();
+        Ok(())
     }
 
     /// The scheme's canonical name.

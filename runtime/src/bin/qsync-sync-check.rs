@@ -265,8 +265,12 @@ fn bounds_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<
         if me == 0 {
             eprintln!("bounds: {name}: largest error / bound over all cases = {worst:.3}");
             // A bound far above every error would make the checks above
-            // unfalsifiable: the worst case must come reasonably close.
-            rep.check(worst >= 0.1, || format!("{name}: the bound is loose (largest error/bound {worst:.3} < 0.1)"));
+            // unfalsifiable: the worst case must come reasonably close. (One
+            // rank's f32 "sum" is its own gradient, exact: nothing to bound.)
+            let exact_alone = p == 1 && worst == 0.0;
+            rep.check(worst >= 0.1 || exact_alone, || {
+                format!("{name}: the bound is loose (largest error/bound {worst:.3} < 0.1)")
+            });
         }
         // Non-finite values reach every rank.
         let n = 777;
