@@ -64,7 +64,7 @@ run)
     local t0=$(date +%s.%N)
     "$py" -m torch.distributed.run --standalone --nproc-per-node "$ranks" "$dir/train_ddp.py" train --device cuda \
       --model transformer --steps 20 "$@" >"$out/$name.jsonl" 2>"$out/$name.err" \
-      && echo "$name: ok, $(echo "$(date +%s.%N) - $t0" | bc) s for 20 steps, last: $(tail -1 "$out/$name.jsonl" | cut -c1-120)" \
+      && echo "$name: ok, $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s for 20 steps, last: $(tail -1 "$out/$name.jsonl" | cut -c1-120)" \
       || echo "$name: FAILED (see $name.err)"
   } 
   {

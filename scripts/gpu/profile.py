@@ -356,6 +356,26 @@ def time_float(e, prec, reps, target_ms):
     return times
 
 
+def harness_floor(reps, target_ms):
+    """The harness's own time per call, per phase (µs), on a call doing
+    almost no work (a one-element Relu, and a one-element Linear for the
+    weight gradient), timed exactly as every entry is: what `qsyncc
+    profile build` takes off a GPU's times (the host runs ahead of the GPU
+    in a training loop, so this is not device time)."""
+    x = torch.rand(1, 1, device=DEVICE, requires_grad=True)
+    w = torch.rand(1, 1, device=DEVICE, requires_grad=True)
+    out = F.relu(x)
+    lin = F.linear(x, w)
+    g = torch.rand_like(out)
+    return {
+        "harness_floor_fwd_us": round(bench_us(lambda: F.relu(x), reps, target_ms), 3),
+        "harness_floor_bwd_input_us": round(bench_us(
+            lambda: torch.autograd.grad(out, [x], g, retain_graph=True), reps, target_ms), 3),
+        "harness_floor_bwd_weight_us": round(bench_us(
+            lambda: torch.autograd.grad(lin, [w], g, retain_graph=True), reps, target_ms), 3),
+    }
+
+
 def gemm_operands(e):
     """(M, K, N, weight_is_nk) of a 2-D-able Gemm/MatMul whose second operand is a weight."""
     ins = e["inputs"]
@@ -555,6 +575,7 @@ def main():
     reduced = any(p not in ("fp32", "tf32") for p in precisions)
     casts = cast_samples(args.reps, args.target_ms) if DEVICE == "cuda" or reduced else []
     optimizers = optimizer_samples(args.reps, args.target_ms)
+    floor = harness_floor(args.reps, args.target_ms)
     out_entries = []
     for i, e in enumerate(entries):
         if args.budget_s and time.monotonic() - started > args.budget_s:
@@ -603,6 +624,7 @@ def main():
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     m = meta()
+    m.update({k: str(v) for k, v in floor.items()})
     if len(out_entries) < len(entries):
         m["truncated"] = f"{len(out_entries)} of {len(entries)} entries measured within --budget-s {args.budget_s:g}"
     result = {

@@ -491,6 +491,76 @@ impl Measurements {
     }
 }
 
+/// The measuring harness's own time per call, per phase (µs): what a call
+/// costs the harness beyond the device's work (Python dispatch; for the
+/// backward phases a whole `torch.autograd.grad`). On a GPU the host runs
+/// ahead of the device in a training loop, so this is not device time.
+#[derive(Copy, Clone, PartialEq, Debug, Serialize)]
+pub struct HarnessFloor {
+    pub fwd_us: f64,
+    pub bwd_input_us: f64,
+    pub bwd_weight_us: f64,
+    /// `measured` (the script timed a call doing almost no work and wrote
+    /// `harness_floor_*_us` into `meta`) or `estimated` (the smallest time
+    /// measured for that phase over every entry).
+    pub source: &'static str,
+}
+
+impl Measurements {
+    /// Whether the times are a GPU's (CUDA events), where the harness floor
+    /// is host time the device does not spend (see [`HarnessFloor`]). On a
+    /// CPU device the host's dispatch is the device's own time.
+    pub fn on_gpu(&self) -> bool {
+        self.meta.get("method").is_some_and(|m| m.starts_with("CUDA events"))
+    }
+
+    /// The harness floor: from `meta` when the script measured it, else
+    /// estimated per phase as the smallest time measured for it.
+    pub fn harness_floor(&self) -> Option<HarnessFloor> {
+        let meta = |k: &str| self.meta.get(&format!("harness_floor_{k}_us")).and_then(|v| v.parse::<f64>().ok());
+        if let (Some(f), Some(i), Some(w)) = (meta("fwd"), meta("bwd_input"), meta("bwd_weight")) {
+            return Some(HarnessFloor { fwd_us: f, bwd_input_us: i, bwd_weight_us: w, source: "measured" });
+        }
+        let mut min = [f64::INFINITY; 3];
+        let mut see = |t: &Times| {
+            for (slot, v) in [Some(t.fwd_us), t.bwd_input_us, t.bwd_weight_us].into_iter().enumerate() {
+                if let Some(v) = v.filter(|&v| v > 0.0) {
+                    min[slot] = min[slot].min(v);
+                }
+            }
+        };
+        for e in &self.entries {
+            e.measured.values().for_each(&mut see);
+            e.at_batches_measured.values().flatten().for_each(|bt| see(&bt.times));
+        }
+        // A phase nobody measured has nothing to take a floor off.
+        let or_zero = |v: f64| if v.is_finite() { v } else { 0.0 };
+        min.iter().any(|v| v.is_finite()).then(|| HarnessFloor {
+            fwd_us: or_zero(min[0]),
+            bwd_input_us: or_zero(min[1]),
+            bwd_weight_us: or_zero(min[2]),
+            source: "estimated",
+        })
+    }
+
+    /// Every phase time less the harness floor, plus one kernel launch of
+    /// `device` (the floor's own call launched one): `launch + max(t − floor, 0)`.
+    pub fn without_harness_floor(&self, floor: &HarnessFloor, launch_us: f64) -> Measurements {
+        let fix = |t: &mut Times| {
+            let less = |v: f64, f: f64| launch_us + (v - f).max(0.0);
+            t.fwd_us = less(t.fwd_us, floor.fwd_us);
+            t.bwd_input_us = t.bwd_input_us.map(|v| less(v, floor.bwd_input_us));
+            t.bwd_weight_us = t.bwd_weight_us.map(|v| less(v, floor.bwd_weight_us));
+        };
+        let mut m = self.clone();
+        for e in &mut m.entries {
+            e.measured.values_mut().for_each(fix);
+            e.at_batches_measured.values_mut().flatten().for_each(|bt| fix(&mut bt.times));
+        }
+        m
+    }
+}
+
 /// One rate class of the fit.
 #[derive(Clone, PartialEq, Debug, Serialize)]
 pub struct ClassFit {
@@ -682,6 +752,11 @@ pub fn fit_rates(
 /// left or a family to exclude is unknown.
 pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[String]) -> Result<(Profile, FitReport)> {
     let bad = |message: String| CostError::Profile { file: "measurements".into(), message };
+    // A GPU's times lose the harness's own per-call time first (see
+    // `HarnessFloor`): the ops and the fit see device time.
+    let floor = if m.on_gpu() { m.harness_floor() } else { None };
+    let corrected = floor.map(|f| m.without_harness_floor(&f, device.launch_overhead_us));
+    let m = corrected.as_ref().unwrap_or(m);
     for f in exclude_families {
         if !m.models.iter().any(|x| &x.family == f) {
             let known: BTreeSet<&str> = m.models.iter().map(|x| x.family.as_str()).collect();
@@ -742,6 +817,15 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
     let (efficiency, report) = fit_rates(device, &m.entries, &models);
     let mut meta = m.meta.clone();
     meta.insert("profiled_models".into(), models.iter().cloned().collect::<Vec<_>>().join(","));
+    if let Some(f) = floor {
+        meta.insert(
+            "harness_floor_removed".into(),
+            format!(
+                "{}: fwd {:.1} us, bwd_input {:.1} us, bwd_weight {:.1} us per call, each phase then given one {} us launch",
+                f.source, f.fwd_us, f.bwd_input_us, f.bwd_weight_us, device.launch_overhead_us
+            ),
+        );
+    }
     if ambiguous > 0 {
         meta.insert("ambiguous_keys_left_out".into(), ambiguous.to_string());
     }

@@ -263,3 +263,58 @@ fn worklist_batch_points_become_the_profiles_batch_curve() {
     let at3 = GraphFacts::new(&g, &Bindings::new().with("batch", 3)).unwrap();
     assert!(!cm.op_cost(&at3, fc, Precision::Fp32).unwrap().measured);
 }
+
+#[test]
+fn a_gpus_times_lose_the_harness_floor_a_cpus_keep_it() {
+    use qsync_cost::calibrate::{build_profile, Measurements, Worklist};
+    let (g, _) = symbolic_gemm();
+    let mut w = Worklist::new(8, Default::default()).with_batch_points(&[2]);
+    w.add_graph("m", "m", &g, &Bindings::new().with("batch", 8)).unwrap();
+    // Gemm: fwd 40 µs, 25 µs at batch 2; the Add: fwd 5 µs (the smallest:
+    // the estimated floor), 6 µs at batch 2.
+    let measurements = |method: Option<&str>, floor: Option<&str>| {
+        let mut m = serde_json::json!({ "schema": "qsync-ops/1", "batch": 8, "models": w.models, "entries": w.entries,
+                                         "meta": {} });
+        if let Some(method) = method {
+            m["meta"]["method"] = method.into();
+        }
+        if let Some(f) = floor {
+            for k in ["fwd", "bwd_input", "bwd_weight"] {
+                m["meta"][format!("harness_floor_{k}_us")] = f.into();
+            }
+        }
+        for e in m["entries"].as_array_mut().unwrap() {
+            let (main, at2) = if e["op"] == "Gemm" { (40.0, 25.0) } else { (5.0, 6.0) };
+            e["measured"] = serde_json::json!({ "fp32": { "fwd_us": main } });
+            e["at_batches_measured"] = serde_json::json!({ "fp32": [{ "batch": 2, "fwd_us": at2 }] });
+        }
+        Measurements::from_json(&m.to_string(), "ops.json").unwrap()
+    };
+    let db = DeviceDb::bundled().unwrap();
+    let v100 = db.get("v100").unwrap();
+    let launch = v100.launch_overhead_us;
+    let gemm_fwd = |m: &Measurements| {
+        let (p, _) = build_profile(m, v100, &[]).unwrap();
+        let op = p.ops.iter().find(|o| o.op == "Gemm").unwrap().clone();
+        (op.fwd_us, op.batch_points[0].fwd_us, p.meta.get("harness_floor_removed").cloned())
+    };
+    // On a GPU, estimated: 40 → launch + 35, 25 → launch + 20.
+    let gpu = measurements(Some("CUDA events, back-to-back calls"), None);
+    let floor = gpu.harness_floor().unwrap();
+    assert_eq!((floor.fwd_us, floor.source), (5.0, "estimated"));
+    let (fwd, at2, note) = gemm_fwd(&gpu);
+    assert!(close(fwd, launch + 35.0) && close(at2, launch + 20.0), "{fwd} {at2}");
+    assert!(note.unwrap().starts_with("estimated: fwd 5.0 us"));
+    // Measured by the script (12 µs): 40 → launch + 28; a time under the
+    // floor keeps one launch.
+    let measured = measurements(Some("CUDA events, back-to-back calls"), Some("12"));
+    assert_eq!(measured.harness_floor().unwrap().source, "measured");
+    let (fwd, _, _) = gemm_fwd(&measured);
+    assert!(close(fwd, launch + 28.0), "{fwd}");
+    let fixed = measured.without_harness_floor(&measured.harness_floor().unwrap(), launch);
+    let add = fixed.entries.iter().find(|e| e.item.op == "Add").unwrap();
+    assert!(close(add.measured[&Precision::Fp32].fwd_us, launch));
+    // A CPU's (process CPU time): the host's dispatch is its own time.
+    let (fwd, at2, note) = gemm_fwd(&measurements(Some("process CPU time, back-to-back calls"), None));
+    assert_eq!((fwd, at2, note), (40.0, 25.0, None));
+}
