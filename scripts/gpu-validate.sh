@@ -7,16 +7,25 @@
 # examples/train_ddp.py bench), and the NCCL communicator against the MPI
 # engine (scripts/gpu-sync-check.sh).
 #
-#   scripts/gpu-validate.sh prepare          here (cargo, LLVM, Open MPI; no GPU)
-#   scripts/gpu-validate.sh run [PART...]    on the GPU machine; PARTs: sync paths ops train
-#                                            (default: all, in that order, cheapest first)
-#   scripts/gpu-validate.sh analyze          here, with the results put back under target/
+#   scripts/gpu-validate.sh prepare              here (cargo, LLVM, Open MPI; no GPU; ~15 min from scratch)
+#   scripts/gpu-validate.sh run [PART[:SECS]...] on the GPU machine; PARTs: sync paths ops train
+#                                                (default: all four, each capped as below)
+#   scripts/gpu-validate.sh analyze              here, with the returned files in target/gpu-validate/out
 #
 # On a lent device machine, with carry=["target/gpu-measure", "target/gpu-ddp-check",
-# "target/gpu-sync-check", "target/gpu-validate"]: `scripts/gpu-validate.sh run`
-# (each part writes into $OUT when it is set). The device time of a whole run
-# is about 12 minutes (ops 3-5, train 3, paths 2, sync 1-2): run the parts in
-# two calls if a call is limited to 10 minutes.
+# "target/gpu-sync-check", "target/gpu-validate"]. Each part runs under its cap
+# (SECS, default 600), keeps what it measured when cut, and comes back as one
+# tarball in $OUT (PART.tgz) beside summary.txt.
+#
+# What the parts took on one H100 (2026-11-27; a machine started in ~35 s):
+#   ops 94 s (159 ops); train 13-22 s a run (3 models x 4 precisions: ~200 s;
+#   QSYNC_TRAIN_ARGS="--models vgg16,bert_base --warmup 10 --iters 30" narrows
+#   it); paths ~25 s a bench (4 benches), then the plan's hooks trained
+#   (gpu-ddp-check, ~20 s a scheme set); sync, one rank (NCCL < 2.30 on one
+#   GPU): device digests 22 s, host digests and bounds longer.
+# A 15-minute budget fits two calls, e.g.
+#   run train:240 ops:150             (~7 min with the start)
+#   run paths:200 sync:120            (~6 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-validate
@@ -69,7 +78,7 @@ run)
   # tool returns at most 8 files), plus the shared summary.txt.
   set +e
   parts=("$@")
-  [ ${#parts[@]} -gt 0 ] || parts=(sync paths ops train)
+  [ ${#parts[@]} -gt 0 ] || parts=(sync:120 paths:200 ops:150 train:240)
   out=${OUT:-$dir/out}
   mkdir -p "$out"
   work=$(mktemp -d)
