@@ -11,6 +11,7 @@
 #   scripts/gpu-validate.sh run [PART[:SECS]...] on the GPU machine; PARTs: sync paths ops train
 #                                                (default: all four, each capped as below)
 #   scripts/gpu-validate.sh analyze              here, with the returned files in target/gpu-validate/out
+#                                                (PATHS_DIR=DIR: the paths' .jsonl from DIR instead)
 #
 # On a lent device machine, with carry=["target/gpu-measure", "target/gpu-ddp-check",
 # "target/gpu-sync-check", "target/gpu-validate"]. Each part runs under its cap
@@ -133,12 +134,14 @@ import json, os, sys
 d, out = sys.argv[1], sys.argv[2]
 models = [m.split(":") for m in os.environ["PATHS_MODELS"].split()]
 schemes = os.environ["PATHS_SCHEMES"].split()
-print("| model | scheme | path | measured exposed sync ms | predicted ms | error |")
-print("|---|---|---|---:|---:|---:|")
+paths_dir = os.environ.get("PATHS_DIR") or os.path.join(out, "paths")
+print("| model | scheme | path | measured exposed sync ms | phases: quantize / exchange / dequantize / staging ms "
+      "| predicted ms | error |")
+print("|---|---|---|---:|---|---:|---:|")
 rows = 0
 for model, batch in models:
     for kernels, path in [("host", "host-staged"), ("device", "device")]:
-        f = os.path.join(out, "paths", f"paths-{model}-{kernels}.jsonl")
+        f = os.path.join(paths_dir, f"paths-{model}-{kernels}.jsonl")
         if not os.path.exists(f):
             continue
         measured = {}
@@ -150,14 +153,17 @@ for model, batch in models:
             if scheme not in measured:
                 continue
             m = measured[scheme]["exposed_sync_s"] * 1e3
+            ph = measured[scheme].get("phases_s")
+            ph = " / ".join(f"{ph[k] * 1e3:.1f}" for k in ["quantize_s", "exchange_s", "dequantize_s", "staging_s"]) \
+                if ph else ""
             pf = os.path.join(d, f"predicted-{model}-{path}-{scheme}.json")
             if scheme == "ddp" or not os.path.exists(pf):
-                print(f"| {model} | {scheme} | NCCL f32 | {m:.3f} | | |")
+                print(f"| {model} | {scheme} | NCCL f32 | {m:.3f} | | | |")
                 continue
             p = json.load(open(pf))
             pred = max(dev["idle_ms"] for dev in p["devices"].values())
             err = f"{(pred - m) / m * 100:+.0f}%" if m > 0 else "n/a"
-            print(f"| {model} | {scheme} | {path} | {m:.3f} | {pred:.3f} | {err} |")
+            print(f"| {model} | {scheme} | {path} | {m:.3f} | {ph} | {pred:.3f} | {err} |")
             rows += 1
 if not rows:
     print("(no measured paths: run `scripts/gpu-validate.sh run paths` on a GPU machine)")
