@@ -2,7 +2,10 @@
 //! (the host engine: `qsync_kernels::cpu`, bit for bit the reference), in bytes of f32 input
 //! per second: block quantization (int8/int4, group 512, round-to-nearest
 //! and stochastic), dequantize-and-accumulate of 8 blocks (one-shot qgZ's
-//! reduction on 8 ranks), n-bit packing and unpacking, the f16 cast.
+//! reduction on 8 ranks), n-bit packing and unpacking, the f16 cast; and
+//! `threaded/`: the same quantize, dequantize-accumulate and cast on one
+//! thread against `ThreadedHostEngine` on every core (what a GPU rank's
+//! host-staged buckets use), in the same run.
 //!
 //! `cargo bench -p qsync-runtime --bench quantize`
 
@@ -12,7 +15,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use qsync_kernels::{reference, QBits, Rounding};
 use qsync_runtime::sync::block::Quantizer;
 use qsync_runtime::testdata::{gradient, GradKind};
-use qsync_runtime::{HostEngine, KernelEngine};
+use qsync_runtime::{HostEngine, KernelEngine, ThreadedHostEngine};
 
 const N: usize = 1 << 22; // 16 MiB of f32
 
@@ -90,5 +93,40 @@ fn nbit_and_cast(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, quantize, dequantize_accumulate, nbit_and_cast);
+fn threaded(c: &mut Criterion) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let x = gradient(GradKind::Normal, N, 4, 0);
+    let mut g = c.benchmark_group("threaded");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(4 * N as u64));
+    let engines: [(&str, &dyn KernelEngine); 2] =
+        [("1-thread", &HostEngine), (&*format!("{cores}-threads").leak(), &ThreadedHostEngine::new(cores))];
+    let q = Quantizer { bits: QBits::Int8, group: 512, rounding: Rounding::Nearest };
+    let Ok(block) = ({
+        let mut b = Vec::new();
+        q.encode(&HostEngine, &x, 0, &mut b, None).map(|()| b)
+    }) else {
+        return;
+    };
+    let refs: Vec<&[u8]> = (0..4).map(|_| block.as_slice()).collect();
+    for (name, e) in engines {
+        g.bench_function(format!("quantize-int8-rn/{name}"), |b| {
+            b.iter(|| {
+                let mut out = Vec::with_capacity(q.block_len(N));
+                q.encode(e, black_box(&x), 7, &mut out, None).map(|()| out)
+            })
+        });
+        let mut out = vec![0f32; N];
+        g.bench_function(format!("dequant-accumulate-int8x4/{name}"), |b| {
+            b.iter(|| q.accumulate(e, black_box(&refs), &mut out))
+        });
+        let mut bytes = vec![0u8; 2 * N];
+        g.bench_function(format!("cast-f16-le/{name}"), |b| {
+            b.iter(|| e.cast_to_le(qsync_kernels::Half::F16, black_box(&x), 4.0, &mut bytes))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, quantize, dequantize_accumulate, nbit_and_cast, threaded);
 criterion_main!(benches);

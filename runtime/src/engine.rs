@@ -222,3 +222,226 @@ impl KernelEngine for HostEngine {
 fn le16(bytes: &[u8]) -> Vec<u16> {
     bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
 }
+
+/// Elements below which [`ThreadedHostEngine`] stays on the calling thread
+/// (starting a thread costs tens of microseconds).
+const THREADED_MIN: usize = 1 << 16;
+
+/// [`HostEngine`]'s kernels split over threads, bit for bit the same: each
+/// thread takes a contiguous range of elements that starts on a group
+/// boundary (and on a byte of int4 codes), and every element is computed
+/// exactly as on one thread — the same operations in the same order (a
+/// dequantize-accumulate adds the chunks in their order). Stochastic
+/// rounding and n-bit packing, whose random draws and bit streams run over
+/// the whole buffer, stay on one thread, as do buffers under 64 Ki
+/// elements. For GPU buckets staged through the host ([`Kernels::Host`] on
+/// an NCCL communicator), whose host cores are otherwise idle while the
+/// GPU computes; a CPU rank's cores compute the backward pass, so it keeps
+/// [`HostEngine`].
+#[derive(Copy, Clone, Debug)]
+pub struct ThreadedHostEngine {
+    threads: usize,
+}
+
+impl ThreadedHostEngine {
+    pub fn new(threads: usize) -> ThreadedHostEngine {
+        ThreadedHostEngine { threads: threads.max(1) }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The threads for a GPU rank of `local_ranks` on its node:
+    /// `$QSYNC_HOST_THREADS` when set, else the machine's cores shared
+    /// among the node's ranks, at most 8.
+    pub fn for_gpu_rank(local_ranks: usize) -> ThreadedHostEngine {
+        let set = std::env::var("QSYNC_HOST_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok());
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        ThreadedHostEngine::new(set.unwrap_or((cores / local_ranks.max(1)).clamp(1, 8)))
+    }
+
+    /// Contiguous ranges covering `0..n`, one a thread, each starting at a
+    /// multiple of `align`.
+    fn ranges(&self, n: usize, align: usize) -> Vec<std::ops::Range<usize>> {
+        let align = align.max(1);
+        let units = n.div_ceil(align);
+        let t = if n < THREADED_MIN { 1 } else { self.threads.min(units).max(1) };
+        let per = units.div_ceil(t).max(1) * align;
+        (0..t).map(|i| (i * per).min(n)..((i + 1) * per).min(n)).filter(|r| !r.is_empty()).collect()
+    }
+}
+
+/// `f(i, range, part)` for each range with its own part of `out` (the
+/// range scaled by `per` items of `out` an element), the first on the
+/// calling thread and the others on scoped threads.
+fn each_part<T: Send>(
+    ranges: &[std::ops::Range<usize>],
+    out: &mut [T],
+    per: usize,
+    f: &(dyn Fn(std::ops::Range<usize>, &mut [T]) + Sync),
+) {
+    let mut parts = Vec::with_capacity(ranges.len());
+    let mut rest = out;
+    for r in ranges {
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * per);
+        parts.push((r.clone(), part));
+        rest = tail;
+    }
+    std::thread::scope(|s| {
+        let mut parts = parts.into_iter();
+        let first = parts.next();
+        let handles: Vec<_> = parts.map(|(r, part)| s.spawn(move || f(r, part))).collect();
+        if let Some((r, part)) = first {
+            f(r, part);
+        }
+        for h in handles {
+            if let Err(e) = h.join() {
+                std::panic::resume_unwind(e);
+            }
+        }
+    });
+}
+
+/// `f(range)` for each range, results in order (the first on the calling
+/// thread).
+fn each_range<R: Send>(ranges: &[std::ops::Range<usize>], f: &(dyn Fn(std::ops::Range<usize>) -> R + Sync)) -> Vec<R> {
+    if ranges.len() <= 1 {
+        return ranges.iter().cloned().map(f).collect();
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranges[1..].iter().cloned().map(|r| s.spawn(move || f(r))).collect();
+        let mut out = vec![f(ranges[0].clone())];
+        for h in handles {
+            out.push(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+        }
+        out
+    })
+}
+
+impl KernelEngine for ThreadedHostEngine {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn row_min_max(&self, x: &[f32], cols: usize) -> Result<(Vec<f32>, Vec<f32>), CommError> {
+        if cols == 0 {
+            return HostEngine.row_min_max(x, cols);
+        }
+        let parts = each_range(&self.ranges(x.len(), cols), &|r| cpu::row_min_max(&x[r], cols));
+        let (mut mins, mut maxs) = (Vec::new(), Vec::new());
+        for (a, b) in parts {
+            mins.extend(a);
+            maxs.extend(b);
+        }
+        Ok((mins, maxs))
+    }
+
+    fn tensor_min_max(&self, mins: &[f32], maxs: &[f32]) -> Result<[f32; 3], CommError> {
+        HostEngine.tensor_min_max(mins, maxs)
+    }
+
+    fn sym_scales(&self, mins: &[f32], maxs: &[f32], bits: QBits) -> Result<Vec<f32>, CommError> {
+        HostEngine.sym_scales(mins, maxs, bits)
+    }
+
+    fn quantize(
+        &self,
+        x: &[f32],
+        scales: &[f32],
+        group: usize,
+        bits: QBits,
+        rounding: Rounding,
+        seed: u64,
+    ) -> Result<Vec<u8>, CommError> {
+        let group = group.max(1);
+        if rounding == Rounding::Stochastic || scales.len() < x.len().div_ceil(group) {
+            return HostEngine.quantize(x, scales, group, bits, rounding, seed);
+        }
+        let parts = each_range(&self.ranges(x.len(), 2 * group), &|r| {
+            let s = &scales[r.start / group..r.end.div_ceil(group)];
+            cpu::quantize_sym(&x[r], s, group, bits, rounding, seed)
+        });
+        Ok(parts.concat())
+    }
+
+    fn dequant_accumulate(
+        &self,
+        codes: &[u8],
+        scales: &[f32],
+        n: usize,
+        group: usize,
+        k: usize,
+        bits: QBits,
+        out: &mut [f32],
+    ) -> Result<(), CommError> {
+        let group = group.max(1);
+        let groups = n.div_ceil(group);
+        let chunk = match bits {
+            QBits::Int8 => n,
+            QBits::Int4 => n.div_ceil(2),
+        };
+        if out.len() < n || codes.len() < k * chunk || scales.len() < k * groups {
+            return HostEngine.dequant_accumulate(codes, scales, n, group, k, bits, out);
+        }
+        let ranges = self.ranges(n, 2 * group);
+        each_part(&ranges, &mut out[..n], 1, &|r, part| {
+            for j in 0..k {
+                let c = &codes[j * chunk..(j + 1) * chunk];
+                let c = match bits {
+                    QBits::Int8 => &c[r.clone()],
+                    QBits::Int4 => &c[r.start / 2..r.end.div_ceil(2)],
+                };
+                let s = &scales[j * groups + r.start / group..j * groups + r.end.div_ceil(group)];
+                cpu::dequant_accumulate(c, s, r.len(), group, 1, bits, part);
+            }
+        });
+        Ok(())
+    }
+
+    fn cast_to(&self, h: Half, x: &[f32]) -> Result<Vec<u16>, CommError> {
+        Ok(each_range(&self.ranges(x.len(), 1), &|r| cpu::cast_to(h, &x[r])).concat())
+    }
+
+    fn cast_from(&self, h: Half, x: &[u16]) -> Result<Vec<f32>, CommError> {
+        Ok(each_range(&self.ranges(x.len(), 1), &|r| cpu::cast_from(h, &x[r])).concat())
+    }
+
+    fn cast_to_le(&self, h: Half, x: &[f32], div: f32, out: &mut [u8]) -> Result<(), CommError> {
+        if out.len() != 2 * x.len() {
+            return HostEngine.cast_to_le(h, x, div, out);
+        }
+        each_part(&self.ranges(x.len(), 1), out, 2, &|r, part| cpu::cast_to_le(h, &x[r], div, part));
+        Ok(())
+    }
+
+    fn cast_from_le(&self, h: Half, bytes: &[u8], out: &mut [f32]) -> Result<(), CommError> {
+        if bytes.len() != 2 * out.len() {
+            return HostEngine.cast_from_le(h, bytes, out);
+        }
+        let ranges = self.ranges(out.len(), 1);
+        each_part(&ranges, out, 1, &|r, part| cpu::cast_from_le(h, &bytes[2 * r.start..2 * r.end], part));
+        Ok(())
+    }
+
+    fn accumulate_le(&self, h: Half, bytes: &[u8], out: &mut [f32]) -> Result<(), CommError> {
+        if bytes.len() != 2 * out.len() {
+            return HostEngine.accumulate_le(h, bytes, out);
+        }
+        let ranges = self.ranges(out.len(), 1);
+        each_part(&ranges, out, 1, &|r, part| cpu::accumulate_le(h, &bytes[2 * r.start..2 * r.end], part));
+        Ok(())
+    }
+
+    fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {
+        HostEngine.pack(x, mn, mx, bits, rounding, seed)
+    }
+
+    fn unpack(&self, buf: &[u8], n: usize, bits: u8) -> Result<Vec<f32>, DecodeError> {
+        HostEngine.unpack(buf, n, bits)
+    }
+
+    fn unpack_accumulate(&self, buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), DecodeError> {
+        HostEngine.unpack_accumulate(buf, n, bits, out)
+    }
+}

@@ -43,7 +43,7 @@ pub mod sync;
 pub mod testdata;
 
 pub use comm::{ClusterShape, Communicator, Deadline, Done, NodeGroups, NodeMap, Pending, ReduceBuf};
-pub use engine::{HostEngine, KernelEngine, Kernels};
+pub use engine::{HostEngine, KernelEngine, Kernels, ThreadedHostEngine};
 pub use error::{CommError, SyncError};
 pub use scheme::{Gather, Kind, Scheme, SyncConfig};
 pub use sync::{GradSync, Phases, WireBytes};

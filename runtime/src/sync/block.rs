@@ -91,8 +91,12 @@ impl Quantizer {
                 *r = if e.is_finite() { e } else { 0.0 };
             }
         }
+        // A group holding a NaN or an infinity sends a NaN scale. One pass
+        // that vectorizes answers for the whole buffer first; only a buffer
+        // with such a value is looked at group by group.
+        let all_finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
         for (chunk, s) in x.chunks(g).zip(&scales) {
-            let s = if chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
+            let s = if all_finite || chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
             out.extend_from_slice(&s.to_le_bytes());
         }
         out.extend_from_slice(&codes);

@@ -44,7 +44,7 @@ use serde::Serialize;
 use qsync_kernels::rng;
 
 use crate::comm::{Communicator, Deadline, NodeGroups, NodeMap, ReduceBuf};
-use crate::engine::{DecodeError, HostEngine, KernelEngine, Kernels};
+use crate::engine::{DecodeError, HostEngine, KernelEngine, Kernels, ThreadedHostEngine};
 use crate::error::{CommError, SyncError};
 use crate::scheme::{Kind, SyncConfig};
 
@@ -179,10 +179,17 @@ pub fn node_map(cfg: &SyncConfig, world: usize) -> Result<NodeMap, SyncError> {
     }
 }
 
-/// The engine `kernels` asks for on `world`: the reference on the CPU, or
-/// our PTX on the GPU of an NCCL communicator (`$QSYNC_PTX_DIR`).
-fn engine_for(kernels: Kernels, world: &dyn Communicator) -> Result<Arc<dyn KernelEngine>, SyncError> {
+/// The engine `kernels` asks for on `world`: the CPU kernels (on threads
+/// of their own for a GPU rank's buckets, whose host cores are free while
+/// the GPU computes; `local_ranks` share them), or our PTX on the GPU of an
+/// NCCL communicator (`$QSYNC_PTX_DIR`).
+fn engine_for(
+    kernels: Kernels,
+    world: &dyn Communicator,
+    local_ranks: usize,
+) -> Result<Arc<dyn KernelEngine>, SyncError> {
     match kernels {
+        Kernels::Host if world.cuda_device().is_some() => Ok(Arc::new(ThreadedHostEngine::for_gpu_rank(local_ranks))),
         Kernels::Host => Ok(Arc::new(HostEngine)),
         Kernels::Device => {
             let Some(ordinal) = world.cuda_device() else {
@@ -219,7 +226,8 @@ impl<'c> GradSync<'c> {
         } else {
             None
         };
-        let engine = engine_for(cfg.kernels, world)?;
+        let local_ranks = nodes.members(nodes.node_of(world.rank())).len();
+        let engine = engine_for(cfg.kernels, world, local_ranks)?;
         Ok(GradSync {
             world: World::Borrowed(world),
             groups,

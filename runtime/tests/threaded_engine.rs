@@ -1,0 +1,121 @@
+//! `ThreadedHostEngine` gives `HostEngine`'s bytes: every kernel, on sizes
+//! below and above the threading threshold, odd sizes and odd groups, both
+//! widths, both roundings (stochastic stays on one thread), several chunks.
+use qsync_kernels::{Half, QBits, Rounding};
+use qsync_runtime::{HostEngine, KernelEngine, ThreadedHostEngine};
+
+/// Deterministic values with some spread (and a few large ones).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|i| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            if i % 997 == 0 {
+                u * 1e3
+            } else {
+                u
+            }
+        })
+        .collect()
+}
+
+const SIZES: [usize; 6] = [0, 7, 513, 65_537, 70_001, 200_003];
+
+#[test]
+fn every_kernel_matches_the_single_threaded_engine_bit_for_bit() {
+    let one = HostEngine;
+    for threads in [2, 3, 8] {
+        let many = ThreadedHostEngine::new(threads);
+        for &n in &SIZES {
+            let x = data(n, n as u64 + threads as u64);
+            for group in [1, 7, 512] {
+                let (mins, maxs) = one.row_min_max(&x, group).expect("the host kernels do not fail");
+                assert_eq!(
+                    (mins.clone(), maxs.clone()),
+                    many.row_min_max(&x, group).expect("the host kernels do not fail"),
+                    "row_min_max n={n} g={group}"
+                );
+                for bits in [QBits::Int8, QBits::Int4] {
+                    let scales = one.sym_scales(&mins, &maxs, bits).expect("the host kernels do not fail");
+                    for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+                        let a =
+                            one.quantize(&x, &scales, group, bits, rounding, 11).expect("the host kernels do not fail");
+                        let b = many
+                            .quantize(&x, &scales, group, bits, rounding, 11)
+                            .expect("the host kernels do not fail");
+                        assert_eq!(a, b, "quantize n={n} g={group} {bits:?} {rounding:?} t={threads}");
+                    }
+                    // Three ranks' chunks, each with its own scales.
+                    let k = 3;
+                    let (mut codes, mut all_scales) = (Vec::new(), Vec::new());
+                    for j in 0..k {
+                        let y = data(n, 100 + j as u64);
+                        let (mn, mx) = one.row_min_max(&y, group).expect("the host kernels do not fail");
+                        let s = one.sym_scales(&mn, &mx, bits).expect("the host kernels do not fail");
+                        codes.extend(
+                            one.quantize(&y, &s, group, bits, Rounding::Nearest, 0)
+                                .expect("the host kernels do not fail"),
+                        );
+                        all_scales.extend(s);
+                    }
+                    let mut a = data(n, 7);
+                    let mut b = a.clone();
+                    one.dequant_accumulate(&codes, &all_scales, n, group, k, bits, &mut a)
+                        .expect("the host kernels do not fail");
+                    many.dequant_accumulate(&codes, &all_scales, n, group, k, bits, &mut b)
+                        .expect("the host kernels do not fail");
+                    assert_eq!(
+                        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "dequant_accumulate n={n} g={group} {bits:?} t={threads}"
+                    );
+                }
+            }
+            for h in [Half::F16, Half::BF16] {
+                let a = one.cast_to(h, &x).expect("the host kernels do not fail");
+                assert_eq!(a, many.cast_to(h, &x).expect("the host kernels do not fail"), "cast_to n={n}");
+                let back = one.cast_from(h, &a).expect("the host kernels do not fail");
+                assert_eq!(
+                    back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    many.cast_from(h, &a)
+                        .expect("the host kernels do not fail")
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<_>>()
+                );
+                for div in [1.0, 3.0] {
+                    let (mut a, mut b) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
+                    one.cast_to_le(h, &x, div, &mut a).expect("the host kernels do not fail");
+                    many.cast_to_le(h, &x, div, &mut b).expect("the host kernels do not fail");
+                    assert_eq!(a, b, "cast_to_le n={n} div={div}");
+                    let (mut c, mut d) = (vec![0f32; n], vec![0f32; n]);
+                    one.cast_from_le(h, &a, &mut c).expect("the host kernels do not fail");
+                    many.cast_from_le(h, &a, &mut d).expect("the host kernels do not fail");
+                    assert_eq!(c, d);
+                    let (mut e, mut f) = (data(n, 5), data(n, 5));
+                    one.accumulate_le(h, &a, &mut e).expect("the host kernels do not fail");
+                    many.accumulate_le(h, &a, &mut f).expect("the host kernels do not fail");
+                    assert_eq!(
+                        e.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        f.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "accumulate_le n={n}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_gpu_ranks_threads_come_from_the_environment_or_the_cores_it_shares() {
+    // One test sets the variable (tests in this file run in one process,
+    // so no other test reads it meanwhile).
+    std::env::set_var("QSYNC_HOST_THREADS", "5");
+    assert_eq!(ThreadedHostEngine::for_gpu_rank(8).threads(), 5);
+    std::env::remove_var("QSYNC_HOST_THREADS");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(ThreadedHostEngine::for_gpu_rank(1).threads(), cores.clamp(1, 8));
+    assert_eq!(ThreadedHostEngine::for_gpu_rank(cores * 2).threads(), 1);
+    assert_eq!(ThreadedHostEngine::new(0).threads(), 1);
+}
