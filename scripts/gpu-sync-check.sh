@@ -233,20 +233,8 @@ run() {
     local r=${shape%:*} n=${shape#*:}
     if step "bench-${r}r" 0 timeout 1800 "$bin" --backend nccl --ranks "$r" --nodes "$n" --suite bench --bytes $((16 << 20)) --timeout 120; then
       grep '^{' "$res/bench-${r}r.log" > "$res/bench-${r}r.jsonl"
-      ${PYTHON:-python3} - "$res/bench-${r}r.jsonl" <<'PY' | tee -a "$summary"
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-if rows:
-    r0 = rows[0]
-    print(f"{r0['ranks']} ranks on one GPU ({r0['nodes']} emulated nodes), {r0['bytes']} bytes of f32, group {r0['group']}:")
-    print(f"{'scheme':16} {'wire/ring':>9} {'max err':>9} {'bound':>9} {'scheme s':>10} {'f32 s':>10} {'slower':>7}")
-    for r in rows:
-        ratio = r['seconds'] / r['f32_allreduce_seconds'] if r['f32_allreduce_seconds'] > 0 else float('nan')
-        print(f"{r['scheme']:16} {r['wire_fraction']:9.4f} {r['max_abs_error']:9.2e} {r['error_bound']:9.2e} "
-              f"{r['seconds']:10.6f} {r['f32_allreduce_seconds']:10.6f} {ratio:6.1f}x")
-    print("(one GPU: the ranks share its memory, so these times are the quantization and copy cost,"
-          " not wire savings; the schemes quantize on the host with qsync-kernels' reference code)")
-PY
+      bench_table "$res/bench-${r}r.jsonl" host
+      log "(one GPU: the ranks share its memory, so these times are the quantization and copy cost, not wire savings)"
     fi
   done
 

@@ -792,11 +792,10 @@ impl NcclComm {
         })?;
         // Peers' slices from the device, this rank's own from the host.
         let own = if send_all { 0..send.len() } else { sd[me]..sd[me] + send_counts[me] };
-        let mut out = vec![0u8; recv.len()];
-        self.d2h(&mut stage, op, &mut out, r)?;
-        for j in (0..self.size).filter(|&j| j != me) {
-            recv[rd[j]..rd[j] + recv_counts[j]].copy_from_slice(&out[rd[j]..rd[j] + recv_counts[j]]);
-        }
+        // The slices tile `recv[..total]` (displacements are prefix sums):
+        // copy them all out of the pinned buffer at once, then the own one.
+        let total: usize = recv_counts.iter().sum();
+        self.d2h(&mut stage, op, &mut recv[..total], r)?;
         recv[rd[me]..rd[me] + recv_counts[me]].copy_from_slice(&send[own]);
         Ok(())
     }
