@@ -23,6 +23,7 @@ mod op_types;
 pub mod tensor;
 pub mod text;
 pub mod types;
+pub mod upgrade;
 pub mod verify;
 
 pub use attr::{Attr, RawAttrKind};

@@ -122,23 +122,6 @@ fn export_err(file: &str, msg: impl Into<String>) -> OnnxError {
 }
 
 /// Build the `ModelProto` for `model`.
-/// The IR version a model of default-domain `opset` needs when it states
-/// none (a model written in the text format without `ir_version`): the
-/// version that came with that opset in the ONNX releases.
-fn ir_version_for(opset: i64) -> i64 {
-    match opset {
-        ..=8 => 3,
-        9 => 4,
-        10 => 5,
-        11 => 6,
-        12..=14 => 7,
-        15..=18 => 8,
-        19..=20 => 9,
-        21..=22 => 10,
-        _ => 11,
-    }
-}
-
 pub fn to_proto(model: &Model, label: &str) -> Result<proto::ModelProto, OnnxError> {
     let mut functions = Vec::with_capacity(model.functions.len());
     for (i, f) in model.functions.iter().enumerate() {
@@ -148,7 +131,7 @@ pub fn to_proto(model: &Model, label: &str) -> Result<proto::ModelProto, OnnxErr
         );
     }
     Ok(proto::ModelProto {
-        ir_version: if model.ir_version > 0 { model.ir_version } else { ir_version_for(model.opset()) },
+        ir_version: if model.ir_version > 0 { model.ir_version } else { qsync_ir::upgrade::ir_version_for(model.opset()) },
         producer_name: model.producer_name.clone(),
         producer_version: model.producer_version.clone(),
         domain: model.domain.clone(),

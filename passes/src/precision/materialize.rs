@@ -64,8 +64,15 @@ pub struct MaterializeStats {
     pub qdq_pairs: usize,
     pub converted_weights: usize,
     /// Nodes planned at a float precision their ONNX schema refuses at the
-    /// model's opset, computed in f32 instead (see [`respect_type_constraints`]).
+    /// model's opset (the raised one, if raised), computed in f32 instead
+    /// (see [`respect_type_constraints`]).
     pub kept_by_schema: usize,
+    /// The opset was raised `(from, to)` so that this many planned nodes
+    /// compute in their precision (see [`respect_type_constraints`]).
+    pub opset_raised: Option<(i64, i64, usize)>,
+    /// Why the opset could not be raised for the nodes that would have
+    /// needed it (they are in `kept_by_schema`).
+    pub opset_blocked: Option<String>,
     /// Nodes planned INT8 that read an activation without a calibrated
     /// range, computed in f32 instead.
     pub kept_uncalibrated: usize,
@@ -95,26 +102,64 @@ impl MaterializeStats {
     }
 }
 
+/// What [`respect_type_constraints`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SchemaOutcome {
+    /// Nodes moved to f32.
+    pub kept: usize,
+    /// `(from, to, nodes)`: the opset was raised so that `nodes` planned
+    /// nodes keep their precision.
+    pub raised: Option<(i64, i64, usize)>,
+    /// Why the opset was not raised although some nodes needed it.
+    pub blocked: Option<String>,
+}
+
 /// Every plan is materialized here, so this is where it meets the ONNX
-/// schemas: a node planned at a float precision that one of the inputs a
+/// schemas. A node planned at a float precision that one of the inputs a
 /// plan casts (every float input but the pinned ones) does not accept at
 /// the model's opset (`Celu` is f32-only; `Conv` and `MaxPool` take bf16
-/// only from opset 22; most ops lack bf16 before 13) computes in f32
-/// instead, and materialization casts around it like any f32 node. Returns
-/// how many nodes it moved.
-pub fn respect_type_constraints(model: &mut Model) -> usize {
+/// only from opset 22; most ops lack bf16 before 13) either gets the opset
+/// it needs — the model's opset is raised to the lowest one (at most
+/// [`qsync_ir::upgrade::UPGRADE_TO`]) at which every such node that some
+/// opset accepts is accepted, when [`qsync_ir::upgrade::upgrade_opset`]
+/// can rewrite the model — or computes in f32, and materialization casts
+/// around it like any f32 node. PyTorch's autocast runs convolutions in
+/// bf16, so an AMP BF16 plan priced with them at f32 was several times
+/// too slow for a CNN.
+pub fn respect_type_constraints(model: &mut Model) -> SchemaOutcome {
     let opset = model.opset();
-    let g = &mut model.graph;
-    let mut kept = 0;
-    for n in g.node_ids() {
-        let node = g.node(n);
-        let Some(p) = node.precision.filter(|p| p.is_float()) else { continue };
-        if qsync_ir::op::node_float_allowed(g, n, opset, p) == Some(false) {
-            g.node_mut(n).precision = Some(DType::F32);
-            kept += 1;
+    let refused = |m: &Model, at: i64| -> Vec<(NodeId, DType)> {
+        let g = &m.graph;
+        g.node_ids()
+            .into_iter()
+            .filter_map(|n| {
+                let p = g.node(n).precision.filter(|p| p.is_float())?;
+                (qsync_ir::op::node_float_allowed(g, n, at, p) == Some(false)).then_some((n, p))
+            })
+            .collect()
+    };
+    let mut out = SchemaOutcome::default();
+    let now = refused(model, opset);
+    // The lowest opset at which each refused node is accepted, if any is.
+    let needs: Vec<i64> = now
+        .iter()
+        .filter_map(|&(n, p)| {
+            (opset + 1..=qsync_ir::upgrade::UPGRADE_TO)
+                .find(|&v| qsync_ir::op::node_float_allowed(&model.graph, n, v, p) != Some(false))
+        })
+        .collect();
+    if let Some(&to) = needs.iter().max() {
+        match qsync_ir::upgrade::upgrade_opset(model, to) {
+            Ok(_) => out.raised = Some((opset, to, needs.len())),
+            Err(why) => out.blocked = Some(why),
         }
     }
-    kept
+    let still = if out.raised.is_some() { refused(model, model.opset()) } else { now };
+    for (n, _) in still {
+        model.graph.node_mut(n).precision = Some(DType::F32);
+        out.kept += 1;
+    }
+    out
 }
 
 /// Whether a precision means quantized compute (QDQ around an FP32 op).
@@ -203,7 +248,7 @@ pub fn keep_uncalibrated_out(g: &mut Graph, ranges: &ActivationRanges) -> (usize
 /// are scaled by their calibrated `ranges` (see the module doc). Errors
 /// name the node.
 pub fn materialize_with(model: &mut Model, mode: Mode, ranges: &ActivationRanges) -> Result<MaterializeStats, String> {
-    let kept_by_schema = respect_type_constraints(model);
+    let schema = respect_type_constraints(model);
     let (kept_uncalibrated, first_uncalibrated) = keep_uncalibrated_out(&mut model.graph, ranges);
     let base_dir = model.base_dir.clone();
     let g = &mut model.graph;
@@ -218,7 +263,9 @@ pub fn materialize_with(model: &mut Model, mode: Mode, ranges: &ActivationRanges
         casts: HashMap::new(),
         ranges,
         stats: MaterializeStats {
-            kept_by_schema,
+            kept_by_schema: schema.kept,
+            opset_raised: schema.raised,
+            opset_blocked: schema.blocked,
             kept_uncalibrated,
             first_uncalibrated,
             ..MaterializeStats::default()

@@ -127,8 +127,18 @@ pub fn finish(model: &mut Model, mode: Mode, cx: &mut PassContext, pass: &str) -
     if stats.converted_weights > 0 {
         summary += &format!(", {} weights stored low", stats.converted_weights);
     }
+    if let Some((from, to, nodes)) = stats.opset_raised {
+        summary += &format!(", opset raised {from} -> {to} for {nodes} nodes");
+        cx.warnings.push(format!(
+            "{pass}: the written model's opset is raised from {from} to {to}: {nodes} planned nodes take their \
+             precision only from opset {to}"
+        ));
+    }
     if stats.kept_by_schema > 0 {
         summary += &format!(", {} kept at f32 by their ONNX type constraints", stats.kept_by_schema);
+    }
+    if let Some(why) = &stats.opset_blocked {
+        cx.warnings.push(format!("{pass}: nodes kept at f32 that a later opset would accept: {why}"));
     }
     if let Some(w) = stats.uncalibrated_warning(cx.activation_ranges.len()) {
         summary += &format!(", {} kept at f32 without calibrated activation ranges", stats.kept_uncalibrated);
