@@ -305,13 +305,19 @@ fn a_gpus_times_lose_the_harness_floor_a_cpus_keep_it() {
     let (fwd, at2, note) = gemm_fwd(&gpu);
     assert!(close(fwd, launch + 35.0) && close(at2, launch + 20.0), "{fwd} {at2}");
     assert!(note.unwrap().starts_with("estimated: fwd 5.0 us"));
-    // Measured by the script (12 µs): 40 → launch + 28; a time under the
-    // floor keeps one launch.
-    let measured = measurements(Some("CUDA events, back-to-back calls"), Some("12"));
+    // Measured by the script (3 µs): 40 → launch + 37, 5 → launch + 2.
+    let measured = measurements(Some("CUDA events, back-to-back calls"), Some("3"));
     assert_eq!(measured.harness_floor().unwrap().source, "measured");
     let (fwd, _, _) = gemm_fwd(&measured);
-    assert!(close(fwd, launch + 28.0), "{fwd}");
-    let fixed = measured.without_harness_floor(&measured.harness_floor().unwrap(), launch);
+    assert!(close(fwd, launch + 37.0), "{fwd}");
+    // A measured floor above the fastest entry (12 µs against the Add's 5)
+    // is capped by it: 40 → launch + 35, and the Add keeps one launch.
+    let high = measurements(Some("CUDA events, back-to-back calls"), Some("12"));
+    let floor = high.harness_floor().unwrap();
+    assert_eq!((floor.fwd_us, floor.source), (5.0, "measured, capped by the fastest entry"));
+    let (fwd, _, _) = gemm_fwd(&high);
+    assert!(close(fwd, launch + 35.0), "{fwd}");
+    let fixed = high.without_harness_floor(&floor, launch);
     let add = fixed.entries.iter().find(|e| e.item.op == "Add").unwrap();
     assert!(close(add.measured[&Precision::Fp32].fwd_us, launch));
     // A CPU's (process CPU time): the host's dispatch is its own time.
