@@ -131,7 +131,11 @@ pub fn to_proto(model: &Model, label: &str) -> Result<proto::ModelProto, OnnxErr
         );
     }
     Ok(proto::ModelProto {
-        ir_version: if model.ir_version > 0 { model.ir_version } else { qsync_ir::upgrade::ir_version_for(model.opset()) },
+        ir_version: if model.ir_version > 0 {
+            model.ir_version
+        } else {
+            qsync_ir::upgrade::ir_version_for(model.opset())
+        },
         producer_name: model.producer_name.clone(),
         producer_version: model.producer_version.clone(),
         domain: model.domain.clone(),

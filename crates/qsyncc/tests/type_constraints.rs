@@ -128,7 +128,8 @@ fn conv_takes_bf16_by_raising_the_opset_to_22() {
     let dir = tmpdir("type-constraints-cnn-out");
     let out = dir.join("cnn.onnx");
     let src = cnn_model(17, "");
-    let o = qsyncc(&["opt", src.to_str().expect("utf8"), "--passes", "uniform=bf16", "-o", out.to_str().expect("utf8")]);
+    let o =
+        qsyncc(&["opt", src.to_str().expect("utf8"), "--passes", "uniform=bf16", "-o", out.to_str().expect("utf8")]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("raised from 17 to 22"), "the raise is said: {}", stderr(&o));
     let o = qsyncc(&["opt", out.to_str().expect("utf8"), "--passes", "verify"]);
@@ -156,7 +157,8 @@ fn a_model_that_cannot_be_raised_keeps_conv_at_f32_and_says_why() {
     // An op the IR does not know, in the default domain: its schema changes
     // between 17 and 22 are unknown, so the model is not raised.
     let src = cnn_model(17, "  %z: f32[1,4] = !::Mystery \"mystery\"(%a)\n");
-    let o = qsyncc(&["opt", src.to_str().expect("utf8"), "--passes", "uniform=bf16", "-o", out.to_str().expect("utf8")]);
+    let o =
+        qsyncc(&["opt", src.to_str().expect("utf8"), "--passes", "uniform=bf16", "-o", out.to_str().expect("utf8")]);
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("mystery") && err.contains("not known"), "the blocker is named: {err}");
