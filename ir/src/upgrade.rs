@@ -92,7 +92,11 @@ pub fn upgrade_blocker(model: &Model, to: i64) -> Option<String> {
             Op::GroupNormalization if from < 21 && to >= 21 => {
                 Some("GroupNormalization's scale and bias changed meaning at opset 21".to_string())
             }
-            _ if node.attrs.values().any(|a| matches!(a, Attr::Raw { kind: RawAttrKind::Graph | RawAttrKind::Graphs, .. })) => {
+            _ if node
+                .attrs
+                .values()
+                .any(|a| matches!(a, Attr::Raw { kind: RawAttrKind::Graph | RawAttrKind::Graphs, .. })) =>
+            {
                 Some("its subgraphs are kept encoded".to_string())
             }
             _ => None,
