@@ -319,6 +319,7 @@ def cmd_bench(a):
     x, y = global_batch(a.model, a.batch * world, 0, a.seed)
     x, y = x[rank * a.batch:(rank + 1) * a.batch].to(device), y[rank * a.batch:(rank + 1) * a.batch].to(device)
     times = {name: [] for name in ddps}
+    cpu = {name: [] for name in ddps}  # the process's CPU seconds (every thread) per backward
 
     def backward(name):
         ddp = ddps[name]
@@ -331,11 +332,11 @@ def cmd_bench(a):
             dist.barrier()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loss.backward()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, time.process_time() - c0
 
     for name in ddps:  # warm-up: buckets are rebuilt after the first step
         for _ in range(2):
@@ -344,14 +345,18 @@ def cmd_bench(a):
         h.reset_phases()
     for _ in range(a.reps):
         for name in ddps:
-            times[name].append(backward(name))
+            wall, used = backward(name)
+            times[name].append(wall)
+            cpu[name].append(used)
     # Where a qsync hook's time went, per backward (this rank's mean).
     phases = {name: {k: v / a.reps for k, v in h.phases().items()} for name, h in qhooks.items()}
     # Each rank's time; the slowest rank's median is the job's.
     meds = {name: statistics.median(v) for name, v in times.items()}
+    cpu_meds = {name: statistics.median(v) for name, v in cpu.items()}
     all_meds = [None] * world
-    dist.all_gather_object(all_meds, (meds, phases))
-    all_meds, all_phases = [m for m, _ in all_meds], [p for _, p in all_meds]
+    dist.all_gather_object(all_meds, (meds, phases, cpu_meds))
+    all_cpu = [c for _, _, c in all_meds]
+    all_meds, all_phases = [m for m, _, _ in all_meds], [p for _, p, _ in all_meds]
     if rank == 0:
         job = {name: max(m[name] for m in all_meds) for name in ddps}
         grad_mb = sum(p.numel() for p in ddps["ddp"].parameters()) * 4 / 2**20
@@ -360,6 +365,10 @@ def cmd_bench(a):
                 "hook": name, "model": a.model, "ranks": world, "device": a.device, "gradient_mib": round(grad_mb, 2),
                 "reps": a.reps, "backward_s": job[name], "no_sync_backward_s": job["no-sync"],
                 "exposed_sync_s": job[name] - job["no-sync"], "backward_vs_ddp": job[name] / job["ddp"],
+                # the CPU a rank's process used in the backward (median over
+                # backwards, mean over ranks), and the same without synchronization
+                "cpu_s": statistics.mean(c[name] for c in all_cpu),
+                "no_sync_cpu_s": statistics.mean(c["no-sync"] for c in all_cpu),
                 # each phase's largest mean over ranks, seconds per backward
                 **({"phases_s": {k: max(p[name][k] for p in all_phases) for k in all_phases[0][name]}}
                    if name in qhooks else {}),

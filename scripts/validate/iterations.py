@@ -168,6 +168,13 @@ def main():
                     d = p["devices"]["cpu"]
                     predicted[h] = {"exposed_s": (p["iteration_ms"] - d["compute_ms"]) / 1e3,
                                     "compute_s": d["compute_ms"] / 1e3}
+                    if scheme != "fp32":
+                        # Where the model puts one synchronization of the whole
+                        # gradient, set against the hook's measured phases.
+                        g = json.loads(sh([a.qsyncc, "simulate", "--gradient", str(p["allreduce_bytes"]),
+                                           "--cluster", cluster, "--device-file", cpu, "--host-kernels", host_file,
+                                           "--sync", scheme, "--json"]).stdout)
+                        predicted[h]["breakdown"] = g["per_type_breakdown"]["cpu"]
                 fastest = min(hooks, key=lambda h: measured[h]["backward_s"])
                 for h in hooks:
                     r = measured[h]
@@ -177,6 +184,12 @@ def main():
                            "predicted_backward_s": r["no_sync_backward_s"] + predicted[h]["exposed_s"],
                            "auto": auto["sync"]["scheme"], "measured_fastest": "fp32" if fastest == "ddp" else fastest}
                     row["error"] = row["predicted_backward_s"] / row["backward_s"] - 1
+                    if "phases_s" in r:
+                        row["phases_s"] = r["phases_s"]
+                    if "cpu_s" in r:
+                        row["cpu_s"], row["no_sync_cpu_s"] = r["cpu_s"], r["no_sync_cpu_s"]
+                    if "breakdown" in predicted[h]:
+                        row["predicted_breakdown"] = predicted[h]["breakdown"]
                     print(json.dumps(row), file=out, flush=True)
                     print(f"{rate:>8} {m:<12} {h:<9} backward {r['backward_s']:.4f} s (no sync {r['no_sync_backward_s']:.4f})"
                           f" predicted {row['predicted_backward_s']:.4f} ({row['error']:+.1%})", file=sys.stderr)

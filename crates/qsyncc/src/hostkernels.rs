@@ -79,6 +79,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("dequantize_c", k.dequantize_c),
         ("cast16_r", k.cast16_r),
         ("cast16_c", k.cast16_c),
+        ("bf16_r", k.bf16_r.unwrap_or(0.0)),
         ("nbit_finish_r", k.nbit_finish_r.unwrap_or(0.0)),
         ("sum_r", k.sum_r.unwrap_or(0.0)),
         ("tcp_r", k.tcp_r.unwrap_or(0.0)),
@@ -180,10 +181,11 @@ fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32
         // What the 16-bit schemes do per element, twice: narrow (scaled)
         // into wire bytes, and widen wire bytes into a sum. The fit halves
         // the time: `cast16_r` is one cast.
-        "cast16" => {
+        "cast16" | "cast_bf16" => {
+            let half = if kernel == "cast16" { Half::F16 } else { Half::BF16 };
             let mut wire = vec![0u8; 2 * x.len()];
-            e.cast_to_le(Half::F16, x, 4.0, &mut wire)?;
-            e.accumulate_le(Half::F16, &wire, out)?;
+            e.cast_to_le(half, x, 4.0, &mut wire)?;
+            e.accumulate_le(half, &wire, out)?;
             std::hint::black_box(&*out);
         }
         "finish" => {
@@ -332,6 +334,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let (quantize_r, quantize_c) = fit("quantize")?;
     let (dequantize_r, dequantize_c) = fit("dequantize")?;
     let (cast16_r, cast16_c) = fit("cast16").map(|(r, c)| (r / 2.0, c / 2.0))?;
+    let bf16_r = fit("cast_bf16")?.0 / 2.0;
     let (quantize4_r, _) = fit("quantize4")?;
     let (dequantize4_r, _) = fit("dequantize4")?;
     let (pack_r, _) = fit("pack")?;
@@ -359,6 +362,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             dequantize_c,
             cast16_r,
             cast16_c,
+            bf16_r: Some(bf16_r),
             quantize4_r: Some(quantize4_r),
             dequantize4_r: Some(dequantize4_r),
             pack_r: Some(pack_r),
@@ -379,7 +383,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
     Ok(format!(
         "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
-         16-bit cast {:.2}, n-bit pack {} and unpack-accumulate {} (1, 2, 4, 8 bits) and zero-and-divide {:.2}, \
+         16-bit cast {:.2} (bf16 {:.2}), n-bit pack {} and unpack-accumulate {} (1, 2, 4, 8 bits) and zero-and-divide {:.2}, \
          f32 sum {:.2}; TCP {:.3} \
          ns of CPU per byte -> {}\n",
         file.cpu,
@@ -389,6 +393,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         dequantize_r * 1e9,
         dequantize4_r * 1e9,
         cast16_r * 1e9,
+        bf16_r * 1e9,
         ns_list(&nbit_pack_r),
         ns_list(&nbit_unpack_r),
         nbit_finish_r * 1e9,

@@ -234,6 +234,7 @@ fn host_kernels_measures_what_simulate_reads() {
         "quantize_r",
         "dequantize_r",
         "cast16_r",
+        "bf16_r",
         "quantize4_r",
         "dequantize4_r",
         "pack_r",

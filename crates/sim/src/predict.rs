@@ -293,6 +293,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         dequantize_c: d.c,
         cast16_r: h.r,
         cast16_c: h.c,
+        bf16_r: Some(c.model(P::Fp32, P::Bf16).r),
         // The cast model has one quantize and one dequantize rate.
         quantize4_r: None,
         dequantize4_r: None,

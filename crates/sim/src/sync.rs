@@ -70,6 +70,12 @@ pub struct SyncKernels {
     /// f32 ↔ f16/bf16.
     pub cast16_r: f64,
     pub cast16_c: f64,
+    /// f32 ↔ bf16 per element, where it differs from `cast16_r` (`None`:
+    /// `cast16_r`, measured on f16). A CPU narrows to bf16 with a rounding
+    /// shift, to f16 with an exponent rebias as well, so bf16 can be the
+    /// cheaper of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bf16_r: Option<f64>,
     /// Per element at int4, where it differs from int8 (`None`: int8's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantize4_r: Option<f64>,
@@ -123,6 +129,7 @@ impl Default for SyncKernels {
             dequantize_c: 5e-6,
             cast16_r: (4.0 + 2.0) * per_byte,
             cast16_c: 5e-6,
+            bf16_r: None,
             quantize4_r: None,
             dequantize4_r: None,
             pack_r: None,
@@ -155,6 +162,7 @@ impl SyncKernels {
             dequantize_c: HOST_MEASURED[3],
             cast16_r: HOST_MEASURED[4],
             cast16_c: HOST_MEASURED[5],
+            bf16_r: None,
             quantize4_r: Some(HOST_MEASURED[6]),
             dequantize4_r: Some(HOST_MEASURED[7]),
             pack_r: Some(HOST_MEASURED[8]),
@@ -219,6 +227,14 @@ impl SyncKernels {
     pub(crate) fn cast16(&self, e: f64) -> f64 {
         if e > 0.0 {
             self.cast16_r * e + self.cast16_c
+        } else {
+            0.0
+        }
+    }
+    /// [`SyncKernels::cast16`] at bf16's own rate where one was measured.
+    pub(crate) fn cast_bf16(&self, e: f64) -> f64 {
+        if e > 0.0 {
+            self.bf16_r.unwrap_or(self.cast16_r) * e + self.cast16_c
         } else {
             0.0
         }
@@ -542,7 +558,8 @@ pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_
     let l = per_node.clamp(1, p.max(1)) as f64;
     match spec.scheme {
         SyncScheme::Fp32 => 0.0,
-        SyncScheme::Fp16 | SyncScheme::Bf16 => k.cast16(e) + k.cast16(e) + k.cast16(e / pf) + k.cast16(e),
+        SyncScheme::Fp16 => k.cast16(e) + k.cast16(e) + k.cast16(e / pf) + k.cast16(e),
+        SyncScheme::Bf16 => k.cast_bf16(e) + k.cast_bf16(e) + k.cast_bf16(e / pf) + k.cast_bf16(e),
         SyncScheme::Qgz { intra: b, inter: None, .. } => {
             k.quantize(e, b) + k.dequantize(e, b) + k.quantize(e / pf, b) + k.dequantize(e, b)
         }
@@ -900,6 +917,25 @@ mod tests {
         // Hierarchical qgZ and n-bit do not pipeline.
         let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512);
         assert_eq!(pipeline_pieces(&nbit, bytes as f64, 4), 1.0);
+    }
+
+    #[test]
+    fn bf16_casts_at_its_own_rate_where_measured() {
+        // 4 devices, E = 2^20 elements (4 MiB of f32): a 16-bit scheme
+        // narrows E, widens E, narrows the E/4 mean and widens E — 3.25·E
+        // casts. f16 at 1 ns an element: 3.25·2^20 ns = 3407.872 µs; bf16
+        // at its own 0.5 ns: 1703.936 µs; bf16 without a rate of its own
+        // takes f16's.
+        let e = (1u64 << 20) as f64;
+        let spec = |s| SyncSpec::new(s, 512);
+        let k = SyncKernels { cast16_r: 1e-9, bf16_r: Some(5e-10), ..free_kernels() };
+        let f16 = kernel_seconds(&spec(SyncScheme::Fp16), &k, 4.0 * e, 4, 4) * 1e6;
+        let bf16 = kernel_seconds(&spec(SyncScheme::Bf16), &k, 4.0 * e, 4, 4) * 1e6;
+        assert!((f16 - 3407.872).abs() < 1e-6, "{f16}");
+        assert!((bf16 - 1703.936).abs() < 1e-6, "{bf16}");
+        let same = SyncKernels { bf16_r: None, ..k };
+        let bf16 = kernel_seconds(&spec(SyncScheme::Bf16), &same, 4.0 * e, 4, 4) * 1e6;
+        assert!((bf16 - 3407.872).abs() < 1e-6, "{bf16}");
     }
 
     #[test]

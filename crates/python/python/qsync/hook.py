@@ -63,6 +63,7 @@ class QSyncHook:
         self._base = {}
         self._pinned = {}  # bucket index -> pinned host staging buffer (CUDA buckets)
         self._staging_s = 0.0
+        self._call_s = 0.0  # seconds inside the runtime's all_reduce_mean, every bucket
 
     def _transport(self):
         if self._cpu is None:
@@ -112,7 +113,9 @@ class QSyncHook:
                 try:
                     sync = self._sync_for(kind, index, grad.device)
                     host = grad if grad.is_contiguous() else grad.contiguous()
+                    t = time.perf_counter()
                     sync.all_reduce_mean(host.detach().numpy())
+                    self._call_s += time.perf_counter() - t
                     if host is not grad:
                         grad.copy_(host)
                     if grad is not buf:
@@ -139,6 +142,7 @@ class QSyncHook:
         t1 = time.perf_counter()
         sync.all_reduce_mean(host.numpy())
         t2 = time.perf_counter()
+        self._call_s += t2 - t1
         flat.copy_(host, non_blocking=False)
         if grad is not buf:
             buf.copy_(grad)
@@ -149,19 +153,22 @@ class QSyncHook:
     def phases(self):
         """Seconds per phase summed over this rank's buckets since creation or
         `reset_phases()`: the runtime's `quantize_s`, `exchange_s`, `wait_s`,
-        `dequantize_s`, and `staging_s`, the copies of CUDA buckets to the
-        host and back."""
+        `dequantize_s`; `staging_s`, the copies of CUDA buckets to the host
+        and back; and `call_s`, the wall time of the runtime's calls (the
+        phases plus the copies and allocations between them)."""
         out = {"quantize_s": 0.0, "exchange_s": 0.0, "wait_s": 0.0, "dequantize_s": 0.0}
         for s in self._syncs.values():
             for k, v in s.phases.items():
                 out[k] += v
         out["staging_s"] = self._staging_s
+        out["call_s"] = self._call_s
         return out
 
     def reset_phases(self):
         for s in self._syncs.values():
             s.reset_phases()
         self._staging_s = 0.0
+        self._call_s = 0.0
 
     def _executor(self):
         if self._worker is None:
