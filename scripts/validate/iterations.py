@@ -190,6 +190,7 @@ def main():
                         row["cpu_s"], row["no_sync_cpu_s"] = r["cpu_s"], r["no_sync_cpu_s"]
                     if "breakdown" in predicted[h]:
                         row["predicted_breakdown"] = predicted[h]["breakdown"]
+                    row["host_share"] = k / cores
                     print(json.dumps(row), file=out, flush=True)
                     print(f"{rate:>8} {m:<12} {h:<9} backward {r['backward_s']:.4f} s (no sync {r['no_sync_backward_s']:.4f})"
                           f" predicted {row['predicted_backward_s']:.4f} ({row['error']:+.1%})", file=sys.stderr)

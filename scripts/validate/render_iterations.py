@@ -30,6 +30,37 @@ def main():
     print("|---|---|---|---|---|")
     for (rate, model), r in cells.items():
         print(f"| {rate} | {model} | {r['auto']} | {r['measured_fastest']} | {'yes' if r['auto'] == r['measured_fastest'] else 'no'} |")
+    where(rows)
+
+
+def where(rows):
+    """Where a hook's time goes, measured (per backward, the slowest rank's
+    phases summed over its buckets) against the model's parts of one
+    synchronization of the whole gradient: kernels; exchanges (the
+    runtime's exchange and wait phases); the runtime calls' wall time
+    (phases plus copies and allocations); the CPU the synchronization adds
+    to a rank's process (its CPU seconds in the backward minus those of
+    the backward without synchronization) against the model's CPU work
+    per rank (kernels and transport, divided by the ranks sharing a core)."""
+    rows = [r for r in rows if "phases_s" in r and "predicted_breakdown" in r]
+    if not rows:
+        return
+    print()
+    print("Where the hooks' time goes (seconds per backward; measured / predicted):")
+    print()
+    print("| link | model | hook | kernels | exchanges | runtime calls | exposed | sync CPU per rank |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ph, b, share = r["phases_s"], r["predicted_breakdown"], r.get("host_share", 1.0)
+        kern = ph["quantize_s"] + ph["dequantize_s"]
+        comm = ph["exchange_s"] + ph["wait_s"]
+        comm_p = b["total_seconds"] - b["kernel_seconds"]
+        cpu_m = r["cpu_s"] - r["no_sync_cpu_s"] if "cpu_s" in r else float("nan")
+        cpu_p = (b["kernel_seconds"] + b["transport_cpu_seconds"]) / share
+        calls = ph.get("call_s", float("nan"))
+        print(f"| {r['rate']} | {r['model']} | {r['hook']} | {kern:.4f} / {b['kernel_seconds']:.4f} | "
+              f"{comm:.4f} / {comm_p:.4f} | {calls:.4f} / {b['total_seconds']:.4f} | "
+              f"{r['exposed_s']:.4f} / {r['predicted_exposed_s']:.4f} | {cpu_m:.4f} / {cpu_p:.4f} |")
 
 
 if __name__ == "__main__":
