@@ -353,10 +353,9 @@ def cmd_bench(a):
     # Each rank's time; the slowest rank's median is the job's.
     meds = {name: statistics.median(v) for name, v in times.items()}
     cpu_meds = {name: statistics.median(v) for name, v in cpu.items()}
-    all_meds = [None] * world
-    dist.all_gather_object(all_meds, (meds, phases, cpu_meds))
-    all_cpu = [c for _, _, c in all_meds]
-    all_meds, all_phases = [m for m, _, _ in all_meds], [p for _, p, _ in all_meds]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (meds, phases, cpu_meds))
+    all_meds, all_phases, all_cpu = zip(*gathered)
     if rank == 0:
         job = {name: max(m[name] for m in all_meds) for name in ddps}
         grad_mb = sum(p.numel() for p in ddps["ddp"].parameters()) * 4 / 2**20

@@ -276,7 +276,7 @@ impl ReducePrecision {
     pub fn kernel_seconds(self, k: &crate::SyncKernels, shard: f64, whole: f64, members: f64) -> f64 {
         match self {
             ReducePrecision::Fp32 => 0.0,
-            ReducePrecision::Bf16 => k.cast_bf16(whole) + k.cast_bf16(shard),
+            ReducePrecision::Bf16 => k.cast_half(true, whole) + k.cast_half(true, shard),
             ReducePrecision::QgzInt8 => k.quantize(whole, 8) + k.dequantize(members * shard, 8),
             ReducePrecision::QgzInt4 => k.quantize(whole, 4) + k.dequantize(members * shard, 4),
         }

@@ -225,16 +225,14 @@ impl SyncKernels {
         }
     }
     pub(crate) fn cast16(&self, e: f64) -> f64 {
-        if e > 0.0 {
-            self.cast16_r * e + self.cast16_c
-        } else {
-            0.0
-        }
+        self.cast_half(false, e)
     }
-    /// [`SyncKernels::cast16`] at bf16's own rate where one was measured.
-    pub(crate) fn cast_bf16(&self, e: f64) -> f64 {
+    /// `e` f32 ↔ 16-bit casts, bf16 (`bf16`) at its own rate where one was
+    /// measured.
+    pub(crate) fn cast_half(&self, bf16: bool, e: f64) -> f64 {
+        let r = if bf16 { self.bf16_r.unwrap_or(self.cast16_r) } else { self.cast16_r };
         if e > 0.0 {
-            self.bf16_r.unwrap_or(self.cast16_r) * e + self.cast16_c
+            r * e + self.cast16_c
         } else {
             0.0
         }
@@ -558,8 +556,10 @@ pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_
     let l = per_node.clamp(1, p.max(1)) as f64;
     match spec.scheme {
         SyncScheme::Fp32 => 0.0,
-        SyncScheme::Fp16 => k.cast16(e) + k.cast16(e) + k.cast16(e / pf) + k.cast16(e),
-        SyncScheme::Bf16 => k.cast_bf16(e) + k.cast_bf16(e) + k.cast_bf16(e / pf) + k.cast_bf16(e),
+        SyncScheme::Fp16 | SyncScheme::Bf16 => {
+            let cast = |x| k.cast_half(spec.scheme == SyncScheme::Bf16, x);
+            cast(e) + cast(e) + cast(e / pf) + cast(e)
+        }
         SyncScheme::Qgz { intra: b, inter: None, .. } => {
             k.quantize(e, b) + k.dequantize(e, b) + k.quantize(e / pf, b) + k.dequantize(e, b)
         }
