@@ -224,9 +224,6 @@ impl SyncKernels {
             0.0
         }
     }
-    pub(crate) fn cast16(&self, e: f64) -> f64 {
-        self.cast_half(false, e)
-    }
     /// `e` f32 ↔ 16-bit casts, bf16 (`bf16`) at its own rate where one was
     /// measured.
     pub(crate) fn cast_half(&self, bf16: bool, e: f64) -> f64 {
