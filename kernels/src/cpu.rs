@@ -16,6 +16,11 @@
 //!   instruction and `round_ties_even` one rounding instruction, both
 //!   exactly rounded as IEEE 754 defines them, so the bits do not change —
 //!   only the speed (without them, `mul_add` is a library call).
+//! - f32 ↔ f16 on x86-64 with F16C (detected at run time) use the
+//!   conversion instructions, 8 elements at a time: `vcvtps2ph` rounds to
+//!   nearest even and `vcvtph2ps` widens exactly, as the reference does; a
+//!   run of 8 that holds a NaN (whose payload the instructions keep where
+//!   the reference gives one quiet NaN) goes through the selects instead.
 //!
 //! `tests/cpu_fast.rs` holds every function here to the reference on edge
 //! cases, random inputs and every group, length and bit width shape.
@@ -449,13 +454,46 @@ fn cast_from_body(fmt: Half, src: &[u16]) -> Vec<f32> {
 }
 
 multiversion! {
-    /// [`reference::cast_to`].
-    pub fn cast_to / cast_to_baseline(fmt: Half, src: &[f32]) -> Vec<u16> => cast_to_body
+    /// [`reference::cast_to`] without the conversion instructions (what
+    /// [`cast_to`] runs where the processor lacks F16C, and for bf16).
+    pub fn cast_to_selects / cast_to_baseline(fmt: Half, src: &[f32]) -> Vec<u16> => cast_to_body
 }
 
 multiversion! {
-    /// [`reference::cast_from`].
-    pub fn cast_from / cast_from_baseline(fmt: Half, src: &[u16]) -> Vec<f32> => cast_from_body
+    /// [`reference::cast_from`] without the conversion instructions.
+    pub fn cast_from_selects / cast_from_baseline(fmt: Half, src: &[u16]) -> Vec<f32> => cast_from_body
+}
+
+/// [`reference::cast_to`].
+pub fn cast_to(fmt: Half, src: &[f32]) -> Vec<u16> {
+    #[cfg(target_arch = "x86_64")]
+    if fmt == Half::F16 && f16c::available() {
+        let mut out = vec![0u16; src.len()];
+        // SAFETY: x86-64 is little-endian, so the u16s' bytes are their
+        // wire form, and bytes have no alignment; `available` checked the
+        // features `to_le` was compiled for.
+        unsafe {
+            let bytes = std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), 2 * src.len());
+            f16c::to_le(src, 1.0, bytes);
+        }
+        return out;
+    }
+    cast_to_selects(fmt, src)
+}
+
+/// [`reference::cast_from`].
+pub fn cast_from(fmt: Half, src: &[u16]) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if fmt == Half::F16 && f16c::available() {
+        let mut out = vec![0f32; src.len()];
+        // SAFETY: as in `cast_to`.
+        unsafe {
+            let bytes = std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len());
+            f16c::from_le::<false>(bytes, &mut out);
+        }
+        return out;
+    }
+    cast_from_selects(fmt, src)
 }
 
 /// `f(x / div)` (`f(x)` when `div` is 1) into 2 little-endian bytes an
@@ -513,18 +551,141 @@ fn accumulate_le_body(fmt: Half, src: &[u8], out: &mut [f32]) {
 }
 
 multiversion! {
-    /// `out = le_bytes(cast(src[i] / div))`: [`reference::cast_to`] of the
-    /// scaled values, written as the wire carries them, in one pass
-    /// (`out` is `2·src.len()` bytes).
-    pub fn cast_to_le / cast_to_le_baseline(fmt: Half, src: &[f32], div: f32, out: &mut [u8]) => cast_to_le_body
+    /// [`cast_to_le`] without the conversion instructions.
+    pub fn cast_to_le_selects / cast_to_le_baseline(fmt: Half, src: &[f32], div: f32, out: &mut [u8]) => cast_to_le_body
 }
 
 multiversion! {
-    /// `out[i] = widen(le16(src))`: [`reference::cast_from`] of wire bytes.
-    pub fn cast_from_le / cast_from_le_baseline(fmt: Half, src: &[u8], out: &mut [f32]) => cast_from_le_body
+    /// [`cast_from_le`] without the conversion instructions.
+    pub fn cast_from_le_selects / cast_from_le_baseline(fmt: Half, src: &[u8], out: &mut [f32]) => cast_from_le_body
 }
 
 multiversion! {
-    /// `out[i] += widen(le16(src))`, in one pass.
-    pub fn accumulate_le / accumulate_le_baseline(fmt: Half, src: &[u8], out: &mut [f32]) => accumulate_le_body
+    /// [`accumulate_le`] without the conversion instructions.
+    pub fn accumulate_le_selects / accumulate_le_baseline(fmt: Half, src: &[u8], out: &mut [f32]) => accumulate_le_body
+}
+
+/// `out = le_bytes(cast(src[i] / div))`: [`reference::cast_to`] of the
+/// scaled values, written as the wire carries them, in one pass (`out` is
+/// `2·src.len()` bytes).
+pub fn cast_to_le(fmt: Half, src: &[f32], div: f32, out: &mut [u8]) {
+    assert_eq!(out.len(), 2 * src.len(), "cast_to_le: 2 bytes an element");
+    #[cfg(target_arch = "x86_64")]
+    if fmt == Half::F16 && f16c::available() {
+        // SAFETY: `available` checked the features `to_le` was compiled for.
+        return unsafe { f16c::to_le(src, div, out) };
+    }
+    cast_to_le_selects(fmt, src, div, out)
+}
+
+/// `out[i] = widen(le16(src))`: [`reference::cast_from`] of wire bytes.
+pub fn cast_from_le(fmt: Half, src: &[u8], out: &mut [f32]) {
+    assert_eq!(src.len(), 2 * out.len(), "cast_from_le: 2 bytes an element");
+    #[cfg(target_arch = "x86_64")]
+    if fmt == Half::F16 && f16c::available() {
+        // SAFETY: as in `cast_to_le`.
+        return unsafe { f16c::from_le::<false>(src, out) };
+    }
+    cast_from_le_selects(fmt, src, out)
+}
+
+/// `out[i] += widen(le16(src))`, in one pass.
+pub fn accumulate_le(fmt: Half, src: &[u8], out: &mut [f32]) {
+    assert_eq!(src.len(), 2 * out.len(), "accumulate_le: 2 bytes an element");
+    #[cfg(target_arch = "x86_64")]
+    if fmt == Half::F16 && f16c::available() {
+        // SAFETY: as in `cast_to_le`.
+        return unsafe { f16c::from_le::<true>(src, out) };
+    }
+    accumulate_le_selects(fmt, src, out)
+}
+
+/// f32 ↔ f16 with the F16C conversion instructions (module doc).
+#[cfg(target_arch = "x86_64")]
+mod f16c {
+    use std::arch::x86_64::*;
+
+    /// Whether this processor runs [`to_le`] and [`from_le`].
+    pub fn available() -> bool {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
+    }
+
+    /// `out = le_bytes(f16(src[i] / div))` (`src[i]` itself when `div` is
+    /// 1); `out` is `2·src.len()` bytes.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn to_le(src: &[f32], div: f32, out: &mut [u8]) {
+        debug_assert_eq!(out.len(), 2 * src.len());
+        let whole = src.len() / 8 * 8;
+        // Dividing by a power of two is multiplying by its reciprocal, which
+        // is exact: both are the correctly rounded `x · 2^-k`.
+        let recip = 1.0 / div;
+        let by_recip = div.is_normal() && div.to_bits() & 0x007f_ffff == 0 && recip.is_normal();
+        let (d, r) = (_mm256_set1_ps(div), _mm256_set1_ps(recip));
+        for i in (0..whole).step_by(8) {
+            // SAFETY: `i + 8 <= src.len()` and `2(i + 8) <= out.len()`;
+            // both accesses are unaligned ones.
+            unsafe {
+                let mut v = _mm256_loadu_ps(src.as_ptr().add(i));
+                if by_recip {
+                    v = _mm256_mul_ps(v, r);
+                } else {
+                    v = _mm256_div_ps(v, d);
+                }
+                if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) == 0 {
+                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                    _mm_storeu_si128(out.as_mut_ptr().add(2 * i).cast(), h);
+                    continue;
+                }
+            }
+            scalar_to_le(&src[i..i + 8], div, &mut out[2 * i..2 * i + 16]);
+        }
+        scalar_to_le(&src[whole..], div, &mut out[2 * whole..]);
+    }
+
+    fn scalar_to_le(src: &[f32], div: f32, out: &mut [u8]) {
+        for (o, &x) in out.chunks_exact_mut(2).zip(src) {
+            let x = if div == 1.0 { x } else { x / div };
+            o.copy_from_slice(&super::f32_to_f16(x).to_le_bytes());
+        }
+    }
+
+    /// `out[i] = f32(le16(src))`, or `out[i] += …` with `ADD`; `src` is
+    /// `2·out.len()` bytes.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn from_le<const ADD: bool>(src: &[u8], out: &mut [f32]) {
+        debug_assert_eq!(src.len(), 2 * out.len());
+        let whole = out.len() / 8 * 8;
+        let magnitude = _mm_set1_epi16(0x7fff);
+        let inf = _mm_set1_epi16(0x7c00);
+        for i in (0..whole).step_by(8) {
+            // SAFETY: `2(i + 8) <= src.len()` and `i + 8 <= out.len()`;
+            // unaligned accesses.
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(2 * i).cast());
+                // NaN: magnitude above infinity's (a signed compare; both
+                // sides are below 0x8000).
+                if _mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(h, magnitude), inf)) == 0 {
+                    let mut v = _mm256_cvtph_ps(h);
+                    if ADD {
+                        v = _mm256_add_ps(_mm256_loadu_ps(out.as_ptr().add(i)), v);
+                    }
+                    _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+                    continue;
+                }
+            }
+            scalar_from_le::<ADD>(&src[2 * i..2 * i + 16], &mut out[i..i + 8]);
+        }
+        scalar_from_le::<ADD>(&src[2 * whole..], &mut out[whole..]);
+    }
+
+    fn scalar_from_le<const ADD: bool>(src: &[u8], out: &mut [f32]) {
+        for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+            let v = super::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            if ADD {
+                *o += v;
+            } else {
+                *o = v;
+            }
+        }
+    }
 }

@@ -48,7 +48,7 @@ struct Copy {
     accumulate_le: fn(Half, &[u8], &mut [f32]),
 }
 
-const COPIES: [Copy; 2] = [
+const COPIES: [Copy; 3] = [
     Copy {
         name: "dispatched",
         row_min_max: cpu::row_min_max,
@@ -62,6 +62,22 @@ const COPIES: [Copy; 2] = [
         cast_to_le: cpu::cast_to_le,
         cast_from_le: cpu::cast_from_le,
         accumulate_le: cpu::accumulate_le,
+    },
+    // The dispatching copies of everything but the f16 conversions, which
+    // run as selects (what a processor without F16C runs).
+    Copy {
+        name: "selects",
+        row_min_max: cpu::row_min_max,
+        quantize_sym: cpu::quantize_sym,
+        dequant_accumulate: cpu::dequant_accumulate,
+        pack: cpu::pack,
+        unpack: cpu::unpack,
+        unpack_accumulate: cpu::unpack_accumulate,
+        cast_to: cpu::cast_to_selects,
+        cast_from: cpu::cast_from_selects,
+        cast_to_le: cpu::cast_to_le_selects,
+        cast_from_le: cpu::cast_from_le_selects,
+        accumulate_le: cpu::accumulate_le_selects,
     },
     Copy {
         name: "baseline",
@@ -113,13 +129,19 @@ fn casts_match_over_every_region_of_bit_patterns() {
         }
         f.extend(edge_f32());
         for h in [Half::F16, Half::BF16] {
-            assert_eq!((imp.cast_to)(h, &f), r::cast_to(h, &f), "{} {h:?} narrowing", imp.name);
-            assert_eq!(
-                bits(&(imp.cast_from)(h, &all16)),
-                bits(&r::cast_from(h, &all16)),
-                "{} {h:?} widening",
-                imp.name
-            );
+            let narrow = r::cast_to(h, &f);
+            assert_eq!((imp.cast_to)(h, &f), narrow, "{} {h:?} narrowing", imp.name);
+            let wide = bits(&r::cast_from(h, &all16));
+            assert_eq!(bits(&(imp.cast_from)(h, &all16)), wide, "{} {h:?} widening", imp.name);
+            // The wire forms over the same patterns.
+            let mut wire = vec![0u8; 2 * f.len()];
+            (imp.cast_to_le)(h, &f, 1.0, &mut wire);
+            let want: Vec<u8> = narrow.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert!(wire == want, "{} {h:?} narrowing to the wire", imp.name);
+            let all16_le: Vec<u8> = all16.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut got = vec![0f32; all16.len()];
+            (imp.cast_from_le)(h, &all16_le, &mut got);
+            assert!(bits(&got) == wide, "{} {h:?} widening from the wire", imp.name);
         }
     }
 }
@@ -134,7 +156,7 @@ fn wire_casts_match_the_reference_casts_around_them() {
         for n in [0usize, 1, 7, 64, 257, 4099] {
             let x = inputs(&mut g, n, false);
             for h in [Half::F16, Half::BF16] {
-                for div in [1.0f32, 4.0, 3.0] {
+                for div in [1.0f32, 4.0, 3.0, 8.0, 6.0] {
                     let mut wire = vec![0u8; 2 * n];
                     (imp.cast_to_le)(h, &x, div, &mut wire);
                     let scaled: Vec<f32> = x.iter().map(|v| if div == 1.0 { *v } else { v / div }).collect();

@@ -2,15 +2,18 @@
 """What the DDP hook's transport costs per byte and per call: the ranks'
 all-to-all through `qsync._transport.TorchTransport` (gloo, the transport
 the hook's CPU buckets use), `--mib` MiB from every rank in 1 exchange and
-in `--many`, timed on every rank; rank 0 prints one JSON line (the slowest
-rank's median of `--reps` runs of each).
+in `--many`, timed on every rank; and gloo's own all-reduce of an f32
+tensor of `--mib` MiB and of `--small-kib` KiB (what DDP's fp32
+synchronization runs). Rank 0 prints one JSON line (the slowest rank's
+median of `--reps` runs of each).
 
     torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--reps 5]
 
 `scripts/validate/iterations.py` runs it across two emulated nodes on a link
 far faster than the CPU can feed and fits the model's `tcp_r` and
-`message_s` for the hook's path from the two times, as `sync.py` does for
-Open MPI.
+`message_s` for the hook's path from the two all-to-all times, as `sync.py`
+does for Open MPI, and `ring_tcp_r` and `ring_step_s` for gloo's own ring
+from the two all-reduce times.
 """
 import argparse
 import json
@@ -28,6 +31,8 @@ def main():
     ap.add_argument("--mib", type=int, default=16)
     ap.add_argument("--many", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--small-kib", type=int, default=64, help="the small all-reduce, KiB")
+    ap.add_argument("--ring-calls", type=int, default=4, help="all-reduces per timed run")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     tr = TorchTransport()
@@ -50,6 +55,22 @@ def main():
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         out[key] = mine.item()
         out[key.replace("_s", "_message_bytes")] = each
+    # gloo's own all-reduce, as DDP's fp32 synchronization calls it (the
+    # tensor handed over in place), at the same size and at a small one.
+    for key, size_key, nbytes in (("ring_s", "ring_bytes", total), ("ring_small_s", "ring_small_bytes", a.small_kib << 10)):
+        x = torch.ones(nbytes // 4)
+        dist.all_reduce(x)  # warm-up
+        times = []
+        for _ in range(a.reps):
+            tr.barrier(120.0)
+            t = time.perf_counter()
+            for _ in range(a.ring_calls):
+                dist.all_reduce(x)
+            times.append((time.perf_counter() - t) / a.ring_calls)
+        mine = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        out[key] = mine.item()
+        out[size_key] = nbytes
     if tr.rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()

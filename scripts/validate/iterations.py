@@ -69,9 +69,11 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     Open MPI's: the ranks' all-to-all through qsync's TorchTransport (gloo)
     across the emulated nodes on a 40 Gbit/s link, 16 MiB a rank in 1
     exchange and in 32 (`gloo_probe.py`), fitted per byte and per call with
-    the node's ranks sharing its cores. Writes a copy of `host_file` with
-    these `tcp_r` and `message_s` (what the hook path is priced with) and
-    returns its path."""
+    the node's ranks sharing its cores; and gloo's own all-reduce (DDP's
+    fp32 ring) at 16 MiB and 64 KiB, fitted per byte and per step. Writes a
+    copy of `host_file` with these `tcp_r` and `message_s` (what the hook
+    path is priced with) and `ring_tcp_r` and `ring_step_s` (what DDP's own
+    all-reduce is priced with) and returns its path."""
     rate = PROBE_RATE
     ns, addr = probe_cluster_up(a, nodes)
     try:
@@ -93,11 +95,30 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"({r['split_message_bytes']} B a peer): {r['one_s'] * 1e3:.1f} ms and {r['split_s'] * 1e3:.1f} ms; fitted "
         f"per byte {byte / share * 1e9:.3f} ns and per exchange a peer {msg / share * 1e6:.1f} us of CPU time")
     hk["sources"]["message_s"] = "as tcp_r"
+    # gloo's own ring (DDP's fp32 all-reduce), CPU-bound on this link:
+    # T(S) = share·(2(P−1)·(ring_tcp_r·S/P + ring_step_s) + (P−1)·sum_r·S/(4P)),
+    # with this host's measured sum_r; two sizes give the two unknowns
+    # (the step includes the link's latency, which is tens of µs here).
+    sum_r = hk["kernels"].get("sum_r") or 0.0
+    big, small = r["ring_bytes"], r["ring_small_bytes"]
+    def per_share(t, s):
+        return t / share - (p - 1) * sum_r * s / (4 * p)
+    ring_r = max(0.0, (per_share(r["ring_s"], big) - per_share(r["ring_small_s"], small))
+                 / (2 * (p - 1) * (big - small) / p))
+    ring_step = max(0.0, per_share(r["ring_small_s"], small) / (2 * (p - 1)) - ring_r * small / p)
+    hk["kernels"]["ring_tcp_r"], hk["kernels"]["ring_step_s"] = ring_r, ring_step
+    hk["sources"]["ring_tcp_r"] = (
+        f"scripts/validate/iterations.py: gloo's own all-reduce (torch.distributed.all_reduce, DDP's fp32 "
+        f"synchronization) of {big} B and of {small} B of f32 on the same ranks and link: "
+        f"{r['ring_s'] * 1e3:.2f} ms and {r['ring_small_s'] * 1e3:.3f} ms; fitted as a ring with this host's "
+        f"sum_r, per byte {ring_r * 1e9:.3f} ns and per step {ring_step * 1e6:.1f} us of CPU time")
+    hk["sources"]["ring_step_s"] = "as ring_tcp_r"
     out = os.path.join(a.out, "host-kernels-gloo.json")
     json.dump(hk, open(out, "w"), indent=1)
     print(f"validate: the hook's transport (gloo) costs {byte / share * 1e9:.3f} ns a byte and "
           f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms in 1 exchange, "
-          f"{r['split_s'] * 1e3:.1f} ms in {many})", file=sys.stderr, flush=True)
+          f"{r['split_s'] * 1e3:.1f} ms in {many}); gloo's own ring {ring_r * 1e9:.3f} ns a byte and "
+          f"{ring_step * 1e6:.1f} us a step", file=sys.stderr, flush=True)
     return out
 
 

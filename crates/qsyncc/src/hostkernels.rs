@@ -375,6 +375,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             // Measured per message with the engine itself, under mpirun
             // (sync-bench --collective all-to-all), not by this command.
             message_s: None,
+            ring_tcp_r: None,
+            ring_step_s: None,
         },
         measured_s: measured,
         sources: Default::default(),

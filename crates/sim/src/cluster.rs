@@ -415,7 +415,7 @@ impl Cluster {
                 let mut total = 0.0;
                 let (mut d, mut part) = (1u64, s / 2.0);
                 while d < p {
-                    let cpu = (k.tcp(part) + k.messages(1.0)) * share * 1e6;
+                    let cpu = k.ring_step(part) * share * 1e6;
                     let step = if d < l {
                         (part / intra_bw).max(cpu) + ty.intra_node_latency_us
                     } else {
@@ -475,11 +475,14 @@ fn host_ring(p: u64, s: f64, bw: f64, lat: f64, k: &crate::sync::SyncKernels, sh
 }
 
 /// CPU µs of one step of a host ring of `p` members over `s` bytes (`k`'s
-/// TCP work on its `s/p` bytes and one message), and of the sum that follows
-/// a reduce-scatter step, on cores shared `share` ways.
+/// cost of an engine step on its `s/p` bytes, [`SyncKernels::ring_step`]),
+/// and of the sum that follows a reduce-scatter step, on cores shared
+/// `share` ways.
+///
+/// [`SyncKernels::ring_step`]: crate::sync::SyncKernels::ring_step
 fn host_ring_step_cpu(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64) -> (f64, f64) {
     let part = s / p.max(1) as f64;
-    ((k.tcp(part) + k.messages(1.0)) * share * 1e6, k.sum(part / 4.0) * share * 1e6)
+    (k.ring_step(part) * share * 1e6, k.sum(part / 4.0) * share * 1e6)
 }
 
 /// All the CPU µs a host ring takes: its `2(p−1)` steps and `p−1` sums
@@ -543,6 +546,41 @@ mod tests {
         let gpu = Cluster::new(vec![ty]);
         assert_eq!(gpu.allreduce_us(0, 4_000_000, AllReduceAlgo::Ring), 6120.0);
         assert_eq!(gpu.sync_cpu_us(0, 4_000_000, &fp32), 0.0);
+    }
+
+    #[test]
+    fn the_engines_own_ring_is_priced_apart_from_the_hooks_transport() {
+        // As above, but the engine's own all-reduce costs 0.25 ns a byte and
+        // 100 µs a step, where the hooks' transport costs 1 ns a byte.
+        // A step: CPU (1e6·0.25e-9 + 1e-4)·2 = 700 µs against the link's
+        // 1000: 6·(1000 + 20) + 3 sums of 500 = 7620 µs; its CPU
+        // 6·700 + 3·500 = 5700 µs.
+        let k = crate::sync::SyncKernels {
+            tcp_r: Some(1e-9),
+            sum_r: Some(1e-9),
+            ring_tcp_r: Some(0.25e-9),
+            ring_step_s: Some(1e-4),
+            ..Default::default()
+        };
+        let ty = DeviceType::new("cpu", 4, 2, 1).with_bandwidth(10.0, 1.0).with_host(k, 10.0).with_host_cores(Some(1));
+        let host = Cluster::new(vec![ty.with_compute_on_host(true)]);
+        let t = host.allreduce_us(0, 4_000_000, AllReduceAlgo::Ring);
+        assert!((t - 7620.0).abs() < 1e-6, "{t}");
+        let fp32 = crate::sync::SyncSpec::default();
+        let cpu = host.sync_cpu_us(0, 4_000_000, &fp32);
+        assert!((cpu - 5700.0).abs() < 1e-6, "{cpu}");
+        // A compressed scheme's exchanges still pay the transport's 1 ns a
+        // byte: fp16 moves 2·3/4·2e6 = 3e6 B a rank, 3e6·1e-9·2 = 6000 µs
+        // of CPU besides its casts (free here: the default's are GPU rates,
+        // replaced below by zero).
+        let k16 = crate::sync::SyncKernels { cast16_r: 0.0, cast16_c: 0.0, ..k };
+        let ty16 =
+            DeviceType::new("cpu", 4, 2, 1).with_bandwidth(10.0, 1.0).with_host(k16, 10.0).with_host_cores(Some(1));
+        let host16 = Cluster::new(vec![ty16.with_compute_on_host(true)]);
+        let fp16 =
+            crate::sync::SyncSpec::new(crate::sync::SyncScheme::Fp16, 512).with_path(crate::sync::SyncPath::Host);
+        let b = host16.sync_breakdown(0, 4_000_000, &fp16);
+        assert!((b.transport_cpu_us - 6000.0).abs() < 1e-6, "{}", b.transport_cpu_us);
     }
 
     #[test]

@@ -306,6 +306,8 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         sum_r: None,
         tcp_r: None,
         message_s: None,
+        ring_tcp_r: None,
+        ring_step_s: None,
     }
 }
 

@@ -115,6 +115,18 @@ pub struct SyncKernels {
     /// sizes (`sync-bench --collective all-to-all --messages K`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_s: Option<f64>,
+    /// Host CPU seconds per byte of a host engine's own all-reduce (gloo's
+    /// ring under DDP's fp32 synchronization), sender and receiver
+    /// together, where it differs from the transport the compressed
+    /// schemes' exchanges use (`tcp_r`): DDP hands gloo its bucket in
+    /// place, while qsync's hook on gloo moves every exchange through
+    /// Python buffers (`None`: `tcp_r`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_tcp_r: Option<f64>,
+    /// Host CPU seconds per step of that all-reduce beyond its bytes
+    /// (`None`: `message_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_step_s: Option<f64>,
 }
 
 impl Default for SyncKernels {
@@ -140,6 +152,8 @@ impl Default for SyncKernels {
             sum_r: None,
             tcp_r: None,
             message_s: None,
+            ring_tcp_r: None,
+            ring_step_s: None,
         }
     }
 }
@@ -173,6 +187,8 @@ impl SyncKernels {
             sum_r: None,
             tcp_r: None,
             message_s: None,
+            ring_tcp_r: None,
+            ring_step_s: None,
         }
     }
 
@@ -190,6 +206,13 @@ impl SyncKernels {
     /// beyond their bytes.
     pub fn messages(&self, messages: f64) -> f64 {
         self.message_s.unwrap_or(0.0) * messages.max(0.0)
+    }
+
+    /// CPU seconds of one step of the host engine's own all-reduce that
+    /// moves `bytes` ([`SyncKernels::ring_tcp_r`], [`SyncKernels::ring_step_s`]).
+    pub fn ring_step(&self, bytes: f64) -> f64 {
+        self.ring_tcp_r.or(self.tcp_r).unwrap_or(0.0) * bytes.max(0.0)
+            + self.ring_step_s.or(self.message_s).unwrap_or(0.0)
     }
 
     pub(crate) fn quantize(&self, e: f64, bits: u8) -> f64 {
