@@ -84,6 +84,9 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("sum_r", k.sum_r.unwrap_or(0.0)),
         ("tcp_r", k.tcp_r.unwrap_or(0.0)),
         ("message_s", k.message_s.unwrap_or(0.0)),
+        ("ring_tcp_r", k.ring_tcp_r.unwrap_or(0.0)),
+        ("ring_step_s", k.ring_step_s.unwrap_or(0.0)),
+        ("bucket_r", k.bucket_r.unwrap_or(0.0)),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             bail!("--host-kernels {}: {what} = {v} is not a non-negative number", path.display());
@@ -191,6 +194,12 @@ fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32
         "finish" => {
             qsync_runtime::sync::nbit::zero(out);
             qsync_runtime::sync::nbit::divide(out, 4);
+            std::hint::black_box(&*out);
+        }
+        // DDP's copy of a gradient into its bucket (and of the bucket back):
+        // one f32 copy into memory already in place.
+        "copy" => {
+            out.copy_from_slice(x);
             std::hint::black_box(&*out);
         }
         "sum" => {
@@ -348,6 +357,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     }
     let (nbit_finish_r, _) = fit("finish")?;
     let (sum_r, _) = fit("sum")?;
+    let (copy_r, _) = fit("copy")?;
     let tcp_bytes = (big * 16).clamp(1 << 24, 1 << 30);
     let tcp_r = tcp_cost(tcp_bytes, a.repeats.min(5))?;
     let file = HostKernelsFile {
@@ -377,6 +387,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             message_s: None,
             ring_tcp_r: None,
             ring_step_s: None,
+            // Two copies an element: into the bucket and back.
+            bucket_r: Some(2.0 * copy_r),
         },
         measured_s: measured,
         sources: Default::default(),
@@ -386,7 +398,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     Ok(format!(
         "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
          16-bit cast {:.2} (bf16 {:.2}), n-bit pack {} and unpack-accumulate {} (1, 2, 4, 8 bits) and zero-and-divide {:.2}, \
-         f32 sum {:.2}; TCP {:.3} \
+         f32 sum {:.2}, f32 copy {:.2}; TCP {:.3} \
          ns of CPU per byte -> {}\n",
         file.cpu,
         a.threads,
@@ -400,6 +412,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         ns_list(&nbit_unpack_r),
         nbit_finish_r * 1e9,
         sum_r * 1e9,
+        copy_r * 1e9,
         tcp_r * 1e9,
         a.output.display()
     ))

@@ -308,6 +308,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         message_s: None,
         ring_tcp_r: None,
         ring_step_s: None,
+        bucket_r: None,
     }
 }
 

@@ -109,6 +109,10 @@ pub(crate) struct Bucket {
     /// Per type: CPU time the synchronization takes from the cores that
     /// type computes on ([`Cluster::sync_cpu_us`]; 0 for GPUs).
     pub cpu_us: Vec<f64>,
+    /// Per type: DDP's copies of the bucket into place and back, on the
+    /// cores that type computes on ([`Cluster::bucket_copy_us`]; 0 for
+    /// GPUs): on its compute path whatever the overlap.
+    pub copy_us: Vec<f64>,
 }
 
 /// One device type's local DFG.
@@ -363,7 +367,16 @@ impl Simulator {
         // later step starts that much later.
         let blocking = !self.config.sync.path.overlaps(self.config.sync.scheme);
         let mut held = vec![0.0f64; self.timelines.len()];
+        // DDP's copies on host cores: each gradient into its bucket as the
+        // backward pass produces it (holding the compute stream like any
+        // work there), and every bucket back into its gradients once the
+        // last collective is done, before the optimizer.
+        let mut copy_back = vec![0.0f64; self.timelines.len()];
         for b in &self.buckets {
+            for ((h, back), &c) in held.iter_mut().zip(copy_back.iter_mut()).zip(&b.copy_us) {
+                *h += c / 2.0;
+                *back += c / 2.0;
+            }
             let ready_us: Vec<f64> =
                 self.timelines.iter().zip(&held).map(|(tl, h)| tl.end(tl.grad_steps[b.last_grad]) + h).collect();
             let start_us = ready_us.iter().fold(prev_end, |a, &r| a.max(r));
@@ -388,9 +401,9 @@ impl Simulator {
         }
         let comm_us: f64 = self.buckets.iter().map(|b| b.dur_us).sum();
         let mut devices = Vec::with_capacity(self.timelines.len());
-        for ((tl, ty), h) in self.timelines.iter().zip(&self.cluster.types).zip(&held) {
+        for (((tl, ty), h), back) in self.timelines.iter().zip(&self.cluster.types).zip(&held).zip(&copy_back) {
             let backward_end_us = tl.backward_end() + h;
-            let finish_us = backward_end_us.max(prev_end) + tl.program.optimizer_us;
+            let finish_us = backward_end_us.max(prev_end) + back + tl.program.optimizer_us;
             let peak_memory_bytes = ty.static_memory_bytes + tl.saved_bytes;
             devices.push(DeviceResult {
                 name: ty.name.clone(),
@@ -479,7 +492,8 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Buc
             let (times, cpu_us): (Vec<f64>, Vec<f64>) =
                 (0..cluster.types.len()).map(|t| cluster.sync_us_and_cpu(t, bytes, &config.sync, config.algo)).unzip();
             let dur_us = times.into_iter().fold(0.0f64, f64::max);
-            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us });
+            let copy_us = (0..cluster.types.len()).map(|t| cluster.bucket_copy_us(t, bytes)).collect();
+            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us, copy_us });
             bytes = 0;
         }
     }
@@ -582,6 +596,50 @@ mod tests {
         assert!(near(r.iteration_us, 66_875.0), "{}", r.iteration_us);
         // The same cores, described as a GPU's: the synchronization costs them
         // nothing and the backward ends on time.
+        let g = run(false);
+        assert!(near(g.devices[0].backward_end_us, 60_000.0), "{:?}", g.devices);
+    }
+
+    #[test]
+    fn ddp_copies_its_buckets_on_the_compute_cores() {
+        // As above, with DDP's copies at 2 ns a gradient element (into the
+        // bucket and back): a bucket of 1 MB is 2.5e5 elements, 500 µs of
+        // CPU, 1000 µs on a core 2 ranks share; half of it as the gradient
+        // enters its bucket, half after the last collective.
+        // Bucket 0: ready at 40 000 + 500, runs 40 500..43 995, delaying the
+        // backward by its 3375 µs of CPU as before: the backward ends at
+        // 60 000 + 500 + 500 + 3375 = 64 375, bucket 1 is ready then and
+        // ends at 67 870; the two copies back (1000 µs) and the optimizer's
+        // 5 µs follow: 68 875.
+        let op = |n: &str| LocalOp {
+            name: n.into(),
+            node: None,
+            cost: OpCost::weighted(10_000.0, 10_000.0, 10_000.0, 1_000_000),
+        };
+        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0 };
+        let k = crate::SyncKernels {
+            tcp_r: Some(1e-9),
+            sum_r: Some(1e-9),
+            bucket_r: Some(2e-9),
+            ..crate::SyncKernels::default()
+        };
+        let ty = crate::DeviceType::new("cpu", 4, 2, 1)
+            .with_bandwidth(10.0, 1.0)
+            .with_host(k, 10.0)
+            .with_host_cores(Some(1));
+        let run = |on_host: bool| {
+            let cluster = Cluster::new(vec![ty.clone().with_compute_on_host(on_host)]);
+            let config = SimConfig { bucket_cap_bytes: 1, ..SimConfig::default() };
+            let mut sim = Simulator::new(cluster, vec![program.clone()], config).expect("sim");
+            sim.result().clone()
+        };
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        let r = run(true);
+        assert!(near(r.collectives[0].ready_us[0], 40_500.0), "{:?}", r.collectives);
+        assert!(near(r.devices[0].backward_end_us, 64_375.0), "{:?}", r.devices);
+        assert!(near(r.collectives[1].end_us, 67_870.0), "{:?}", r.collectives);
+        assert!(near(r.iteration_us, 68_875.0), "{}", r.iteration_us);
+        // On a GPU the copies are the device's: nothing on the host cores.
         let g = run(false);
         assert!(near(g.devices[0].backward_end_us, 60_000.0), "{:?}", g.devices);
     }

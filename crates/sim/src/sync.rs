@@ -127,6 +127,13 @@ pub struct SyncKernels {
     /// (`None`: `message_s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring_step_s: Option<f64>,
+    /// DDP's own copies per gradient element on a device that is the
+    /// host's own cores: the gradient into its bucket as the backward pass
+    /// produces it, and the synchronized bucket back into the gradient
+    /// (two f32 copies, whatever the scheme; `None`: free, as they are
+    /// taken to be on a GPU, whose device memory copies them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_r: Option<f64>,
 }
 
 impl Default for SyncKernels {
@@ -154,6 +161,7 @@ impl Default for SyncKernels {
             message_s: None,
             ring_tcp_r: None,
             ring_step_s: None,
+            bucket_r: None,
         }
     }
 }
@@ -189,6 +197,7 @@ impl SyncKernels {
             message_s: None,
             ring_tcp_r: None,
             ring_step_s: None,
+            bucket_r: None,
         }
     }
 
@@ -206,6 +215,12 @@ impl SyncKernels {
     /// beyond their bytes.
     pub fn messages(&self, messages: f64) -> f64 {
         self.message_s.unwrap_or(0.0) * messages.max(0.0)
+    }
+
+    /// CPU seconds of DDP's copies of `elements` gradient elements into
+    /// their bucket and back ([`SyncKernels::bucket_r`]).
+    pub fn bucket_copies(&self, elements: f64) -> f64 {
+        self.bucket_r.unwrap_or(0.0) * elements.max(0.0)
     }
 
     /// CPU seconds of one step of the host engine's own all-reduce that
@@ -653,6 +668,19 @@ impl Cluster {
             return 0.0;
         }
         self.host_cpu_of(t, spec, &self.sync_breakdown(t, bytes, spec))
+    }
+
+    /// Microseconds that DDP's copies of a bucket of `bytes` (into the
+    /// bucket and back, [`SyncKernels::bucket_r`]) take from the cores a
+    /// device of type `t` computes on: none unless the device is the host's
+    /// own cores and DDP synchronizes (more than one device), on cores the
+    /// node's ranks share. Whatever the scheme: DDP copies before its hook.
+    pub fn bucket_copy_us(&self, t: usize, bytes: u64) -> f64 {
+        let ty = &self.types[t];
+        if !ty.compute_on_host || self.device_count() <= 1 {
+            return 0.0;
+        }
+        ty.host_kernels.bucket_copies(bytes as f64 / 4.0) * ty.host_share() * 1e6
     }
 
     /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
