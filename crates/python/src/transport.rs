@@ -61,23 +61,22 @@ impl PyTransport {
     fn staged<'py>(&self, py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyAny>> {
         let mut slot = self.send.lock().unwrap_or_else(|e| e.into_inner());
         let kept = slot.as_ref().map(|a| a.bind(py).clone()).filter(|a| a.len() >= b.len());
-        let buf = match kept {
-            Some(a) => {
-                // SAFETY: the GIL is held and no Rust reference to the
-                // bytearray's contents exists; Python views of it (a
-                // finished call's) see new contents but valid memory, as a
-                // bytearray with exports cannot be resized.
-                unsafe { a.as_bytes_mut()[..b.len()].copy_from_slice(b) };
-                a
-            }
+        let (buf, fresh) = match kept {
+            Some(a) => (a, false),
             None => {
                 let a = PyByteArray::new(py, b);
                 *slot = Some(a.clone().unbind());
-                a
+                (a, true)
             }
         };
-        let view = PyMemoryView::from(buf.as_any())?;
-        view.get_item(PySlice::new(py, 0, b.len() as isize, 1))
+        let view = PyMemoryView::from(buf.as_any())?.get_item(PySlice::new(py, 0, b.len() as isize, 1))?;
+        if !fresh {
+            // Through the buffer protocol: Python views of the bytearray
+            // (a finished call's) see new contents in valid memory, as a
+            // bytearray with exports cannot be resized.
+            PyBuffer::<u8>::get(&view)?.copy_from_slice(py, b)?;
+        }
+        Ok(view)
     }
 
     fn check(&self) -> Result<(), CommError> {
