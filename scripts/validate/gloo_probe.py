@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """What the DDP hook's transport costs per byte and per call: the ranks'
 all-to-all through `qsync._transport.TorchTransport` (gloo, the transport
-the hook's CPU buckets use), `--mib` MiB from every rank in 1 exchange and
+the hook's CPU buckets use) as the runtime drives it
+(`qsync._native.transport_all_to_all_s`: the native side's vectors and
+copies included), `--mib` MiB from every rank in 1 exchange and
 in `--many`, timed on every rank; and gloo's own all-reduce of an f32
 tensor of `--mib` MiB and of `--small-kib` KiB (what DDP's fp32
 synchronization runs). Rank 0 prints one JSON line (the slowest rank's
@@ -23,6 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from qsync import _native
 from qsync._transport import TorchTransport
 
 
@@ -41,16 +44,14 @@ def main():
     out = {"ranks": p, "received_bytes_per_rank": total * (p - 1) // p}
     for key, m in (("one_s", 1), ("split_s", a.many)):
         each = total // m // p  # bytes to each peer in one exchange
-        send = bytearray(each * p)
-        counts = [each] * p
-        tr.all_to_all_v(send, counts, counts, 120.0)  # warm-up
+        # Through the runtime's own side of the transport (fresh vectors in
+        # and out, as a synchronization's exchanges are), not the Python
+        # object alone.
+        _native.transport_all_to_all_s(tr, each, 1)  # warm-up
         times = []
         for _ in range(a.reps):
             tr.barrier(120.0)
-            t = time.perf_counter()
-            for _ in range(m):
-                tr.all_to_all_v(send, counts, counts, 120.0)
-            times.append(time.perf_counter() - t)
+            times.append(_native.transport_all_to_all_s(tr, each, m))
         mine = torch.tensor([statistics.median(times)], dtype=torch.float64)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         out[key] = mine.item()

@@ -17,8 +17,9 @@
 //! any size; `nodes`: that many equal nodes) with `all_reduce_mean(buffer)` (a writable,
 //! C-contiguous float32 buffer: a NumPy view of a DDP bucket), `fork()` (an
 //! independent state for another bucket, over a duplicate of the same
-//! group) and `wire_bytes`; `schemes()`; `nccl_unique_id()`; and the
-//! exception `SyncError`.
+//! group) and `wire_bytes`; `schemes()`; `nccl_unique_id()`;
+//! `transport_all_to_all_s(transport, bytes_per_peer, messages)` (the
+//! transport timed as the runtime drives it); and the exception `SyncError`.
 //!
 //! [`compiler`] carries the compiler: the `qsyncc` command line
 //! (`qsyncc_main(argv)`, the wheel's `qsyncc` console command),
@@ -297,12 +298,47 @@ fn nccl_unique_id() -> PyResult<String> {
     qsync_runtime::nccl::UniqueId::new().map(|id| id.to_hex()).map_err(sync_err)
 }
 
+/// Seconds that `messages` all-to-alls of `bytes_per_peer` bytes to every
+/// rank take through `transport` as the runtime drives it (a collective:
+/// every rank calls it): each from a fresh send vector, started and waited
+/// on as a synchronization does, the received bytes copied into a fresh
+/// vector (`Communicator::start_all_to_all_v`). What a model of the hook's
+/// transport is fitted to (`scripts/validate/gloo_probe.py`); timing the
+/// Python transport alone would leave these copies out.
+#[pyfunction]
+#[pyo3(signature = (transport, bytes_per_peer, messages, timeout_s = 120.0))]
+fn transport_all_to_all_s(
+    py: Python<'_>,
+    transport: &Bound<'_, PyAny>,
+    bytes_per_peer: usize,
+    messages: usize,
+    timeout_s: f64,
+) -> PyResult<f64> {
+    let comm = transport::PyTransport::new(transport)?;
+    let p = comm.size();
+    let counts = vec![bytes_per_peer; p];
+    let budget =
+        Duration::try_from_secs_f64(timeout_s).map_err(|e| PyValueError::new_err(format!("timeout_s: {e}")))?;
+    py.detach(|| {
+        let t = std::time::Instant::now();
+        for m in 0..messages {
+            let deadline = Deadline::after(budget);
+            let send = vec![(m % 251) as u8; bytes_per_peer * p];
+            let x = comm.start_all_to_all_v(send, &counts, &counts, deadline)?;
+            std::hint::black_box(x.wait(deadline)?);
+        }
+        Ok::<f64, qsync_runtime::CommError>(t.elapsed().as_secs_f64())
+    })
+    .map_err(sync_err)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGradSync>()?;
     m.add_function(wrap_pyfunction!(schemes, m)?)?;
     m.add_function(wrap_pyfunction!(parse_scheme, m)?)?;
     m.add_function(wrap_pyfunction!(nccl_unique_id, m)?)?;
+    m.add_function(wrap_pyfunction!(transport_all_to_all_s, m)?)?;
     m.add_function(wrap_pyfunction!(compiler::qsyncc_main, m)?)?;
     m.add_function(wrap_pyfunction!(compiler::plan, m)?)?;
     m.add_function(wrap_pyfunction!(compiler::run_passes, m)?)?;
