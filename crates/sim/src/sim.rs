@@ -559,6 +559,26 @@ mod tests {
         assert_eq!(r.iteration_us, 60.0 + 2.0 * d + 5.0);
     }
 
+    /// Two ops of 10 ms a step and 1 MB of gradient each, a bucket each,
+    /// on 2 nodes × 2 ranks sharing one core a node (NIC 1 GB/s, 10 µs),
+    /// host kernels `k`; the device the host's own cores or not.
+    fn two_buckets_on_shared_cores(k: crate::SyncKernels, on_host: bool) -> SimResult {
+        let op = |n: &str| LocalOp {
+            name: n.into(),
+            node: None,
+            cost: OpCost::weighted(10_000.0, 10_000.0, 10_000.0, 1_000_000),
+        };
+        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0 };
+        let ty = crate::DeviceType::new("cpu", 4, 2, 1)
+            .with_bandwidth(10.0, 1.0)
+            .with_host(k, 10.0)
+            .with_host_cores(Some(1))
+            .with_compute_on_host(on_host);
+        let config = SimConfig { bucket_cap_bytes: 1, ..SimConfig::default() };
+        let mut sim = Simulator::new(Cluster::new(vec![ty]), vec![program], config).expect("sim");
+        sim.result().clone()
+    }
+
     #[test]
     fn synchronization_on_the_compute_cores_delays_the_backward_pass() {
         // 2 nodes × 2 CPU ranks, one core a node (share 2), NIC 1 GB/s =
@@ -571,23 +591,8 @@ mod tests {
         // Bucket 0 runs 40 000..43 495, inside the backward pass: the backward
         // ends 3375 µs late, at 63 375, when bucket 1 is ready; it ends at
         // 66 870, and the optimizer's 5 µs follow.
-        let op = |n: &str| LocalOp {
-            name: n.into(),
-            node: None,
-            cost: OpCost::weighted(10_000.0, 10_000.0, 10_000.0, 1_000_000),
-        };
-        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0 };
         let k = crate::SyncKernels { tcp_r: Some(1e-9), sum_r: Some(1e-9), ..crate::SyncKernels::default() };
-        let ty = crate::DeviceType::new("cpu", 4, 2, 1)
-            .with_bandwidth(10.0, 1.0)
-            .with_host(k, 10.0)
-            .with_host_cores(Some(1));
-        let run = |on_host: bool| {
-            let cluster = Cluster::new(vec![ty.clone().with_compute_on_host(on_host)]);
-            let config = SimConfig { bucket_cap_bytes: 1, ..SimConfig::default() };
-            let mut sim = Simulator::new(cluster, vec![program.clone()], config).expect("sim");
-            sim.result().clone()
-        };
+        let run = |on_host: bool| two_buckets_on_shared_cores(k, on_host);
         let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
         let r = run(true);
         assert!(near(r.collectives[0].end_us - r.collectives[0].start_us, 3495.0), "{:?}", r.collectives);
@@ -611,28 +616,13 @@ mod tests {
         // 60 000 + 500 + 500 + 3375 = 64 375, bucket 1 is ready then and
         // ends at 67 870; the two copies back (1000 µs) and the optimizer's
         // 5 µs follow: 68 875.
-        let op = |n: &str| LocalOp {
-            name: n.into(),
-            node: None,
-            cost: OpCost::weighted(10_000.0, 10_000.0, 10_000.0, 1_000_000),
-        };
-        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0 };
         let k = crate::SyncKernels {
             tcp_r: Some(1e-9),
             sum_r: Some(1e-9),
             bucket_r: Some(2e-9),
             ..crate::SyncKernels::default()
         };
-        let ty = crate::DeviceType::new("cpu", 4, 2, 1)
-            .with_bandwidth(10.0, 1.0)
-            .with_host(k, 10.0)
-            .with_host_cores(Some(1));
-        let run = |on_host: bool| {
-            let cluster = Cluster::new(vec![ty.clone().with_compute_on_host(on_host)]);
-            let config = SimConfig { bucket_cap_bytes: 1, ..SimConfig::default() };
-            let mut sim = Simulator::new(cluster, vec![program.clone()], config).expect("sim");
-            sim.result().clone()
-        };
+        let run = |on_host: bool| two_buckets_on_shared_cores(k, on_host);
         let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
         let r = run(true);
         assert!(near(r.collectives[0].ready_us[0], 40_500.0), "{:?}", r.collectives);
