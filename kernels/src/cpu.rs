@@ -637,16 +637,9 @@ mod f16c {
                     continue;
                 }
             }
-            scalar_to_le(&src[i..i + 8], div, &mut out[2 * i..2 * i + 16]);
+            super::to_le_with(&src[i..i + 8], div, &mut out[2 * i..2 * i + 16], super::f32_to_f16);
         }
-        scalar_to_le(&src[whole..], div, &mut out[2 * whole..]);
-    }
-
-    fn scalar_to_le(src: &[f32], div: f32, out: &mut [u8]) {
-        for (o, &x) in out.chunks_exact_mut(2).zip(src) {
-            let x = if div == 1.0 { x } else { x / div };
-            o.copy_from_slice(&super::f32_to_f16(x).to_le_bytes());
-        }
+        super::to_le_with(&src[whole..], div, &mut out[2 * whole..], super::f32_to_f16);
     }
 
     /// `out[i] = f32(le16(src))`, or `out[i] += …` with `ADD`; `src` is
@@ -673,19 +666,8 @@ mod f16c {
                     continue;
                 }
             }
-            scalar_from_le::<ADD>(&src[2 * i..2 * i + 16], &mut out[i..i + 8]);
+            super::from_le_with::<ADD>(&src[2 * i..2 * i + 16], &mut out[i..i + 8], super::f16_to_f32);
         }
-        scalar_from_le::<ADD>(&src[2 * whole..], &mut out[whole..]);
-    }
-
-    fn scalar_from_le<const ADD: bool>(src: &[u8], out: &mut [f32]) {
-        for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
-            let v = super::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-            if ADD {
-                *o += v;
-            } else {
-                *o = v;
-            }
-        }
+        super::from_le_with::<ADD>(&src[2 * whole..], &mut out[whole..], super::f16_to_f32);
     }
 }

@@ -48,36 +48,33 @@ struct Copy {
     accumulate_le: fn(Half, &[u8], &mut [f32]),
 }
 
+const DISPATCHED: Copy = Copy {
+    name: "dispatched",
+    row_min_max: cpu::row_min_max,
+    quantize_sym: cpu::quantize_sym,
+    dequant_accumulate: cpu::dequant_accumulate,
+    pack: cpu::pack,
+    unpack: cpu::unpack,
+    unpack_accumulate: cpu::unpack_accumulate,
+    cast_to: cpu::cast_to,
+    cast_from: cpu::cast_from,
+    cast_to_le: cpu::cast_to_le,
+    cast_from_le: cpu::cast_from_le,
+    accumulate_le: cpu::accumulate_le,
+};
+
 const COPIES: [Copy; 3] = [
-    Copy {
-        name: "dispatched",
-        row_min_max: cpu::row_min_max,
-        quantize_sym: cpu::quantize_sym,
-        dequant_accumulate: cpu::dequant_accumulate,
-        pack: cpu::pack,
-        unpack: cpu::unpack,
-        unpack_accumulate: cpu::unpack_accumulate,
-        cast_to: cpu::cast_to,
-        cast_from: cpu::cast_from,
-        cast_to_le: cpu::cast_to_le,
-        cast_from_le: cpu::cast_from_le,
-        accumulate_le: cpu::accumulate_le,
-    },
+    DISPATCHED,
     // The dispatching copies of everything but the f16 conversions, which
     // run as selects (what a processor without F16C runs).
     Copy {
         name: "selects",
-        row_min_max: cpu::row_min_max,
-        quantize_sym: cpu::quantize_sym,
-        dequant_accumulate: cpu::dequant_accumulate,
-        pack: cpu::pack,
-        unpack: cpu::unpack,
-        unpack_accumulate: cpu::unpack_accumulate,
         cast_to: cpu::cast_to_selects,
         cast_from: cpu::cast_from_selects,
         cast_to_le: cpu::cast_to_le_selects,
         cast_from_le: cpu::cast_from_le_selects,
         accumulate_le: cpu::accumulate_le_selects,
+        ..DISPATCHED
     },
     Copy {
         name: "baseline",

@@ -42,36 +42,39 @@ def main():
     p = tr.size
     total = a.mib << 20
     out = {"ranks": p, "received_bytes_per_rank": total * (p - 1) // p}
+
+    def slowest_median(run):
+        """`run()` (seconds) once to warm up, then `--reps` times after a
+        barrier: the slowest rank's median."""
+        run()
+        times = []
+        for _ in range(a.reps):
+            tr.barrier(120.0)
+            times.append(run())
+        mine = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        return mine.item()
+
     for key, m in (("one_s", 1), ("split_s", a.many)):
         each = total // m // p  # bytes to each peer in one exchange
         # Through the runtime's own side of the transport (fresh vectors in
         # and out, as a synchronization's exchanges are), not the Python
         # object alone.
-        _native.transport_all_to_all_s(tr, each, 1)  # warm-up
-        times = []
-        for _ in range(a.reps):
-            tr.barrier(120.0)
-            times.append(_native.transport_all_to_all_s(tr, each, m))
-        mine = torch.tensor([statistics.median(times)], dtype=torch.float64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-        out[key] = mine.item()
+        out[key] = slowest_median(lambda: _native.transport_all_to_all_s(tr, each, m))
         out[key.replace("_s", "_message_bytes")] = each
+
+    def ring(x):
+        t = time.perf_counter()
+        for _ in range(a.ring_calls):
+            dist.all_reduce(x)
+        return (time.perf_counter() - t) / a.ring_calls
+
     # gloo's own all-reduce, as DDP's fp32 synchronization calls it (the
     # tensor handed over in place), at the same size and at a small one.
-    for key, size_key, nbytes in (("ring_s", "ring_bytes", total), ("ring_small_s", "ring_small_bytes", a.small_kib << 10)):
+    for key, nbytes in (("ring", total), ("ring_small", a.small_kib << 10)):
         x = torch.ones(nbytes // 4)
-        dist.all_reduce(x)  # warm-up
-        times = []
-        for _ in range(a.reps):
-            tr.barrier(120.0)
-            t = time.perf_counter()
-            for _ in range(a.ring_calls):
-                dist.all_reduce(x)
-            times.append((time.perf_counter() - t) / a.ring_calls)
-        mine = torch.tensor([statistics.median(times)], dtype=torch.float64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-        out[key] = mine.item()
-        out[size_key] = nbytes
+        out[f"{key}_s"] = slowest_median(lambda: ring(x))
+        out[f"{key}_bytes"] = nbytes
     if tr.rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
