@@ -266,11 +266,18 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
     measurement taken before the runs does not describe them."""
     med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2
     hk = json.loads(json.dumps(measured[0]))
-    for f, v in hk["kernels"].items():
-        if isinstance(v, list):  # per n-bit width
-            hk["kernels"][f] = [med([m["kernels"][f][i] for m in measured]) for i in range(len(v))]
-        else:
-            hk["kernels"][f] = med([m["kernels"][f] for m in measured])
+
+    def merged(values):
+        # Field by field through the n-bit widths' lists and the size
+        # ladder's rungs (whose sizes are the same in every measurement).
+        first = values[0]
+        if isinstance(first, dict):
+            return {f: merged([v[f] for v in values]) for f in first}
+        if isinstance(first, list):
+            return [merged([v[i] for v in values]) for i in range(len(first))]
+        return med(values)
+
+    hk["kernels"] = merged([m["kernels"] for m in measured])
     loopback = hk["kernels"]["tcp_r"]
     tcp = [m["link"] for m in measured]
     tcp_r, msg_s = med([t["tcp_r"] for t in tcp]), med([t["message_s"] for t in tcp])
@@ -291,7 +298,8 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
         f"loopback host-kernels measured {loopback * 1e9:.3f}")
     hk["sources"]["message_s"] = "as tcp_r"
     hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0 qsyncc host-kernels --threads 1 "
-                                f"--elements 16777216` runs spread over the validation run")
+                                f"--elements 16777216` runs (the fits, and the rates at 1, 2, 4, 8 and 16 Mi elements) "
+                                f"spread over the validation run")
     host_file = os.path.join(a.out, name)
     json.dump(hk, open(host_file, "w"), indent=1)
     print(f"validate: the host transport costs {tcp_r * 1e9:.3f} ns a byte and {msg_s * 1e6:.1f} us a message "

@@ -3,9 +3,13 @@
 //! the code every host path runs), written as the `seconds = r·elements + c`
 //! fits the predictor prices the host paths with (`qsync_sim::SyncKernels`).
 //!
-//! Each kernel runs at two sizes on `--threads` threads at once (as many as
-//! ranks share the host, so memory bandwidth and cores are shared as in a
-//! job); the fit goes through the two medians. Beside the schemes'
+//! Each kernel runs at five sizes — `--elements` and 1/2, 1/4, 1/8 and 1/16
+//! of it — on `--threads` threads at once (as many as ranks share the host,
+//! so memory bandwidth and cores are shared as in a job). The fit goes
+//! through the medians at the smallest and largest sizes; the seconds per
+//! element at every size are kept too (`SyncKernels::by_size`), since a
+//! gradient small enough to stay in the caches runs its kernels faster
+//! than the fit, set by the memory-bound sizes, says. Beside the schemes'
 //! kernels: `sum` (f32 `a += b`, what a host engine's all-reduce computes)
 //! and `tcp`, the CPU time to move a byte between two processes through the
 //! kernel's TCP stack over loopback (sender and receiver together: wall
@@ -21,7 +25,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use qsync_kernels::{Half, QBits, Rounding};
 use qsync_runtime::{HostEngine, KernelEngine};
-use qsync_sim::SyncKernels;
+use qsync_sim::sync::LADDER;
+use qsync_sim::{SizeRates, SyncKernels};
 use serde::{Deserialize, Serialize};
 
 /// Schema name of the file.
@@ -36,7 +41,7 @@ pub struct HostKernelsArgs {
     /// Threads measuring at once: the ranks that share one host.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: u32,
-    /// Elements of the larger size (the smaller is 1/16 of it).
+    /// Elements of the largest size (the others are 1/2, 1/4, 1/8 and 1/16 of it).
     #[arg(long, default_value_t = 1 << 22, value_parser = clap::value_parser!(u64).range(4096..=1 << 28))]
     pub elements: u64,
     /// Timed repetitions per size (the median is kept).
@@ -52,10 +57,11 @@ pub struct HostKernelsFile {
     /// `/proc/cpuinfo`'s model name, or `unknown`.
     pub cpu: String,
     pub threads: u32,
-    pub elements: [u64; 2],
+    /// The sizes measured (`kernels.by_size`'s), smallest first.
+    pub elements: Vec<u64>,
     pub kernels: SyncKernels,
     /// Seconds measured per kernel and size (medians), for the record.
-    pub measured_s: std::collections::BTreeMap<String, [f64; 2]>,
+    pub measured_s: std::collections::BTreeMap<String, Vec<f64>>,
     /// Where a figure comes from when something other than this command
     /// measured it (e.g. `tcp_r` measured across a real link), by field.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -95,6 +101,14 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
     for (what, table) in [("nbit_pack_r", k.nbit_pack_r), ("nbit_unpack_r", k.nbit_unpack_r)] {
         if let Some(v) = table.into_iter().flatten().find(|v| !(v.is_finite() && *v >= 0.0)) {
             bail!("--host-kernels {}: {what} holds {v}, not a non-negative number", path.display());
+        }
+    }
+    if let Some(ladder) = &k.by_size {
+        if let Some(v) = ladder.iter().flat_map(|r| r.values()).find(|v| !(v.is_finite() && *v >= 0.0)) {
+            bail!("--host-kernels {}: by_size holds {v}, not a non-negative number", path.display());
+        }
+        if ladder.windows(2).any(|w| w[0].elements >= w[1].elements) || ladder[0].elements <= 0.0 {
+            bail!("--host-kernels {}: by_size's sizes must grow from a positive first one", path.display());
         }
     }
     Ok(k)
@@ -331,40 +345,67 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     // otherwise be timed with its page faults).
     qsync_runtime::memory::retain_freed_memory();
     let big = a.elements as usize;
-    let small = (big / 16).max(1024);
+    // The ladder: 1/16, 1/8, 1/4, 1/2 of the largest size and itself.
+    let sizes: [usize; LADDER] = std::array::from_fn(|i| (big >> (LADDER - 1 - i)).max(1024));
     let mut measured = std::collections::BTreeMap::new();
-    let mut fit = |k: &'static str| -> Result<(f64, f64)> {
-        let (ts, tb) = (measure(k, small, a.threads, a.repeats)?, measure(k, big, a.threads, a.repeats)?);
-        measured.insert(k.to_string(), [ts, tb]);
+    // Per kernel: the fit through the smallest and largest sizes, and the
+    // seconds per element at every size.
+    let mut fit = |k: &'static str| -> Result<((f64, f64), [f64; LADDER])> {
+        let mut t = [0.0; LADDER];
+        for (ti, &n) in t.iter_mut().zip(&sizes) {
+            *ti = measure(k, n, a.threads, a.repeats)?;
+        }
+        measured.insert(k.to_string(), t.to_vec());
+        let (small, ts, tb) = (sizes[0], t[0], t[LADDER - 1]);
         let r = ((tb - ts) / (big - small) as f64).max(0.0);
         let c = (ts - r * small as f64).max(0.0);
-        Ok((r, c))
+        Ok(((r, c), std::array::from_fn(|i| t[i] / sizes[i] as f64)))
     };
-    let (quantize_r, quantize_c) = fit("quantize")?;
-    let (dequantize_r, dequantize_c) = fit("dequantize")?;
-    let (cast16_r, cast16_c) = fit("cast16").map(|(r, c)| (r / 2.0, c / 2.0))?;
-    let bf16_r = fit("cast_bf16")?.0 / 2.0;
-    let (quantize4_r, _) = fit("quantize4")?;
-    let (dequantize4_r, _) = fit("dequantize4")?;
-    let (pack_r, _) = fit("pack")?;
-    let (unpack_r, _) = fit("unpack")?;
+    let ((quantize_r, quantize_c), quantize) = fit("quantize")?;
+    let ((dequantize_r, dequantize_c), dequantize) = fit("dequantize")?;
+    // cast16 / cast_bf16 time two casts: the rates are one cast's.
+    let ((cast16_r, cast16_c), cast16) = fit("cast16")?;
+    let (cast16_r, cast16_c, cast16) = (cast16_r / 2.0, cast16_c / 2.0, cast16.map(|v| v / 2.0));
+    let ((bf16_r, _), bf16) = fit("cast_bf16")?;
+    let (bf16_r, bf16) = (bf16_r / 2.0, bf16.map(|v| v / 2.0));
+    let ((quantize4_r, _), quantize4) = fit("quantize4")?;
+    let ((dequantize4_r, _), dequantize4) = fit("dequantize4")?;
     let mut nbit_pack_r = [0.0; 4];
     let mut nbit_unpack_r = [0.0; 4];
+    let mut nbit_pack = [[0.0; LADDER]; 4];
+    let mut nbit_unpack = [[0.0; LADDER]; 4];
     for (i, (p, u)) in
         [("pack1", "unpack1"), ("pack", "unpack"), ("pack4", "unpack4"), ("pack8", "unpack8")].into_iter().enumerate()
     {
-        (nbit_pack_r[i], nbit_unpack_r[i]) = if i == 1 { (pack_r, unpack_r) } else { (fit(p)?.0, fit(u)?.0) };
+        ((nbit_pack_r[i], _), nbit_pack[i]) = fit(p)?;
+        ((nbit_unpack_r[i], _), nbit_unpack[i]) = fit(u)?;
     }
-    let (nbit_finish_r, _) = fit("finish")?;
-    let (sum_r, _) = fit("sum")?;
-    let (copy_r, _) = fit("copy")?;
+    let (pack_r, unpack_r) = (nbit_pack_r[1], nbit_unpack_r[1]);
+    let ((nbit_finish_r, _), nbit_finish) = fit("finish")?;
+    let ((sum_r, _), sum) = fit("sum")?;
+    let ((copy_r, _), copy) = fit("copy")?;
+    let by_size: [SizeRates; LADDER] = std::array::from_fn(|i| SizeRates {
+        elements: sizes[i] as f64,
+        quantize: quantize[i],
+        quantize4: quantize4[i],
+        dequantize: dequantize[i],
+        dequantize4: dequantize4[i],
+        cast16: cast16[i],
+        bf16: bf16[i],
+        nbit_pack: std::array::from_fn(|w| nbit_pack[w][i]),
+        nbit_unpack: std::array::from_fn(|w| nbit_unpack[w][i]),
+        nbit_finish: nbit_finish[i],
+        sum: sum[i],
+        // Two copies an element: into the bucket and back.
+        bucket: 2.0 * copy[i],
+    });
     let tcp_bytes = (big * 16).clamp(1 << 24, 1 << 30);
     let tcp_r = tcp_cost(tcp_bytes, a.repeats.min(5))?;
     let file = HostKernelsFile {
         schema: SCHEMA.into(),
         cpu: cpu_name(),
         threads: a.threads,
-        elements: [small as u64, big as u64],
+        elements: sizes.iter().map(|&n| n as u64).collect(),
         kernels: SyncKernels {
             quantize_r,
             quantize_c,
@@ -389,6 +430,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             ring_step_s: None,
             // Two copies an element: into the bucket and back.
             bucket_r: Some(2.0 * copy_r),
+            by_size: Some(by_size),
         },
         measured_s: measured,
         sources: Default::default(),

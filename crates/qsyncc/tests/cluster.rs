@@ -250,6 +250,33 @@ fn host_kernels_measures_what_simulate_reads() {
         assert_eq!(w.len(), 4, "1, 2, 4 and 8 bits: {v}");
         assert!(w.iter().all(|r| r.as_f64().is_some_and(|r| r > 0.0 && r < 1e-6)), "{widths}: {v}");
     }
+    // The ladder: five sizes up to --elements, each twice the one before,
+    // every kernel's seconds per element at each.
+    let ladder = k["by_size"].as_array().unwrap_or_else(|| panic!("by_size missing: {v}"));
+    let sizes: Vec<f64> = ladder.iter().map(|r| r["elements"].as_f64().expect("elements")).collect();
+    assert_eq!(sizes, [4096.0, 8192.0, 16384.0, 32768.0, 65536.0], "{v}");
+    for rung in ladder {
+        for rate in ["quantize", "dequantize", "cast16", "bf16", "nbit_finish", "sum", "bucket"] {
+            let r = rung[rate].as_f64().unwrap_or_else(|| panic!("{rate} missing: {rung}"));
+            assert!(r > 0.0 && r < 1e-6, "{rate} = {r} s an element at {}: {v}", rung["elements"]);
+        }
+    }
+    assert_eq!(v["measured_s"]["quantize"].as_array().map(Vec::len), Some(5), "{v}");
+    // A ladder whose sizes do not grow is refused, naming the file.
+    let mut bad = v.clone();
+    bad["kernels"]["by_size"][3]["elements"] = serde_json::json!(1.0);
+    let bad_path = dir.join("bad.json");
+    std::fs::write(&bad_path, bad.to_string()).expect("write");
+    let o = qsyncc(&[
+        "simulate",
+        "--cluster",
+        &example("aws-v100-t4.toml"),
+        "--gradient",
+        "64MiB",
+        "--host-kernels",
+        bad_path.to_str().expect("utf8"),
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("bad.json") && stderr(&o).contains("by_size"), "{}", stderr(&o));
     let o = qsyncc(&[
         "simulate",
         "--cluster",

@@ -411,7 +411,7 @@ impl Cluster {
                 // The engine runs on the host: every step's bytes cost the
                 // TCP stack CPU, and each reduce-scatter step sums what it
                 // received, on cores the node's ranks share.
-                let (k, share) = (&ty.host_kernels, ty.host_share());
+                let (k, share) = (&ty.host_kernels.at_size(s / 4.0), ty.host_share());
                 let mut total = 0.0;
                 let (mut d, mut part) = (1u64, s / 2.0);
                 while d < p {
@@ -482,6 +482,7 @@ fn host_ring(p: u64, s: f64, bw: f64, lat: f64, k: &crate::sync::SyncKernels, sh
 /// [`SyncKernels::ring_step`]: crate::sync::SyncKernels::ring_step
 fn host_ring_step_cpu(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64) -> (f64, f64) {
     let part = s / p.max(1) as f64;
+    let k = &k.at_size(s / 4.0);
     (k.ring_step(part) * share * 1e6, k.sum(part / 4.0) * share * 1e6)
 }
 

@@ -62,4 +62,4 @@ pub use shard::{
     predict_sharded, CollectiveChoices, GatherPrecision, ReducePrecision, ShardSpec, ShardedResult, Stage, Units,
 };
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
-pub use sync::{SyncBreakdown, SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec};
+pub use sync::{SizeRates, SyncBreakdown, SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec};

@@ -309,6 +309,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         ring_tcp_r: None,
         ring_step_s: None,
         bucket_r: None,
+        by_size: None,
     }
 }
 

@@ -222,6 +222,7 @@ impl GatherPrecision {
     /// Kernel seconds on a device that holds `shard` of a unit's `whole`
     /// elements (see the module doc).
     pub fn kernel_seconds(self, k: &crate::SyncKernels, shard: f64, whole: f64) -> f64 {
+        let k = &k.at_size(whole);
         match self {
             GatherPrecision::QwzInt8 => k.quantize(shard, 8) + k.dequantize(whole, 8),
             _ => 0.0,
@@ -274,6 +275,7 @@ impl ReducePrecision {
     /// Kernel seconds of a reduce-scatter of a unit's `whole` elements on a
     /// device that keeps `shard` of them, `members` devices taking part.
     pub fn kernel_seconds(self, k: &crate::SyncKernels, shard: f64, whole: f64, members: f64) -> f64 {
+        let k = &k.at_size(whole);
         match self {
             ReducePrecision::Fp32 => 0.0,
             ReducePrecision::Bf16 => k.cast_half(true, whole) + k.cast_half(true, shard),

@@ -134,6 +134,62 @@ pub struct SyncKernels {
     /// taken to be on a GPU, whose device memory copies them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket_r: Option<f64>,
+    /// The kernels' seconds per element measured at [`LADDER`] gradient
+    /// sizes, smallest first (`None`: the `r·elements + c` fits at every
+    /// size). A CPU runs a kernel over a gradient that stays in its caches
+    /// at up to twice the rate of one streamed from memory, which the fits,
+    /// taken through the largest sizes, do not show; [`SyncKernels::at_size`]
+    /// reads the rates for a gradient's size off this ladder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_size: Option<[SizeRates; LADDER]>,
+}
+
+/// Gradient sizes `qsyncc host-kernels` measures the kernels at: the
+/// largest and 1/2, 1/4, 1/8 and 1/16 of it.
+pub const LADDER: usize = 5;
+
+/// Seconds per element of each kernel on a gradient of `elements`, as
+/// measured (the whole call's time over its elements, per-call costs
+/// included): one rung of [`SyncKernels::by_size`]. Fields as
+/// [`SyncKernels`]'s rates; `cast16` and `bf16` are one cast, `bucket` both
+/// of DDP's copies.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SizeRates {
+    pub elements: f64,
+    pub quantize: f64,
+    pub quantize4: f64,
+    pub dequantize: f64,
+    pub dequantize4: f64,
+    pub cast16: f64,
+    pub bf16: f64,
+    /// At 1, 2, 4 and 8 bits.
+    pub nbit_pack: [f64; 4],
+    pub nbit_unpack: [f64; 4],
+    pub nbit_finish: f64,
+    pub sum: f64,
+    pub bucket: f64,
+}
+
+impl SizeRates {
+    /// Every figure, for checks (`elements` first).
+    pub fn values(&self) -> impl Iterator<Item = f64> + '_ {
+        [
+            self.elements,
+            self.quantize,
+            self.quantize4,
+            self.dequantize,
+            self.dequantize4,
+            self.cast16,
+            self.bf16,
+            self.nbit_finish,
+            self.sum,
+            self.bucket,
+        ]
+        .into_iter()
+        .chain(self.nbit_pack)
+        .chain(self.nbit_unpack)
+    }
 }
 
 impl Default for SyncKernels {
@@ -162,6 +218,7 @@ impl Default for SyncKernels {
             ring_tcp_r: None,
             ring_step_s: None,
             bucket_r: None,
+            by_size: None,
         }
     }
 }
@@ -198,6 +255,52 @@ impl SyncKernels {
             ring_tcp_r: None,
             ring_step_s: None,
             bucket_r: None,
+            by_size: None,
+        }
+    }
+
+    /// The kernels as they run on a gradient (or bucket) of `elements`:
+    /// the rates [`SyncKernels::by_size`] gives for that size, interpolated
+    /// between the two measured sizes around it (linearly in the size's
+    /// logarithm), the smallest measured size's below the ladder, with no
+    /// per-call term (the rates include it). From the largest measured size
+    /// up, and without a ladder, `self`: the fits, which pass through the
+    /// largest size's measurement, so the two meet there. What the host
+    /// transport costs is not per size and stays as it is.
+    pub fn at_size(&self, elements: f64) -> SyncKernels {
+        let Some(ladder) = self.by_size else { return *self };
+        if elements.is_nan() || elements >= ladder[LADDER - 1].elements {
+            return *self;
+        }
+        let (a, b, w) = match ladder.iter().position(|r| r.elements > elements) {
+            Some(i) if i > 0 && elements > 0.0 => {
+                let (a, b) = (ladder[i - 1], ladder[i]);
+                (a, b, (elements.ln() - a.elements.ln()) / (b.elements.ln() - a.elements.ln()))
+            }
+            _ => (ladder[0], ladder[0], 0.0),
+        };
+        let mix = |x: f64, y: f64| x + (y - x) * w;
+        let mix4 = |x: [f64; 4], y: [f64; 4]| -> [f64; 4] { std::array::from_fn(|i| mix(x[i], y[i])) };
+        let (pack, unpack) = (mix4(a.nbit_pack, b.nbit_pack), mix4(a.nbit_unpack, b.nbit_unpack));
+        SyncKernels {
+            quantize_r: mix(a.quantize, b.quantize),
+            quantize_c: 0.0,
+            dequantize_r: mix(a.dequantize, b.dequantize),
+            dequantize_c: 0.0,
+            cast16_r: mix(a.cast16, b.cast16),
+            cast16_c: 0.0,
+            bf16_r: Some(mix(a.bf16, b.bf16)),
+            quantize4_r: Some(mix(a.quantize4, b.quantize4)),
+            dequantize4_r: Some(mix(a.dequantize4, b.dequantize4)),
+            pack_r: Some(pack[1]),
+            unpack_r: Some(unpack[1]),
+            nbit_pack_r: Some(pack),
+            nbit_unpack_r: Some(unpack),
+            nbit_finish_r: Some(mix(a.nbit_finish, b.nbit_finish)),
+            sum_r: Some(mix(a.sum, b.sum)),
+            bucket_r: Some(mix(a.bucket, b.bucket)),
+            by_size: None,
+            ..*self
         }
     }
 
@@ -584,9 +687,11 @@ pub fn pipeline_pieces(spec: &SyncSpec, bytes: f64, p: u64) -> f64 {
     (bytes / 4.0 / p as f64 / PIPELINE_CHUNK).ceil().max(1.0)
 }
 
-/// Seconds of the kernels `spec` runs on one device for `bytes` of gradient.
+/// Seconds of the kernels `spec` runs on one device for `bytes` of gradient
+/// (at the rates `k` has for a gradient of that size, [`SyncKernels::at_size`]).
 pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_node: u64) -> f64 {
     let e = bytes / 4.0;
+    let k = &k.at_size(e);
     let pf = p.max(1) as f64;
     let l = per_node.clamp(1, p.max(1)) as f64;
     match spec.scheme {
@@ -680,7 +785,8 @@ impl Cluster {
         if !ty.compute_on_host || self.device_count() <= 1 {
             return 0.0;
         }
-        ty.host_kernels.bucket_copies(bytes as f64 / 4.0) * ty.host_share() * 1e6
+        let e = bytes as f64 / 4.0;
+        ty.host_kernels.at_size(e).bucket_copies(e) * ty.host_share() * 1e6
     }
 
     /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
@@ -984,6 +1090,48 @@ mod tests {
         let same = SyncKernels { bf16_r: None, ..k };
         let bf16 = kernel_seconds(&spec(SyncScheme::Bf16), &same, 4.0 * e, 4, 4) * 1e6;
         assert!((bf16 - 3407.872).abs() < 1e-6, "{bf16}");
+    }
+
+    #[test]
+    fn a_gradient_in_the_caches_runs_at_its_measured_rate() {
+        // A ladder at 2^16..2^20 elements whose f16 cast costs 0.2, 0.2,
+        // 0.4, 0.8 and 1.0 ns an element; the fit above it: 1 ns an element
+        // and no per-call term (so it meets the ladder at 2^20).
+        let rung = |i: u32, cast: f64| SizeRates {
+            elements: (1u64 << (16 + i)) as f64,
+            quantize: 0.0,
+            quantize4: 0.0,
+            dequantize: 0.0,
+            dequantize4: 0.0,
+            cast16: cast * 1e-9,
+            bf16: cast * 1e-9,
+            nbit_pack: [0.0; 4],
+            nbit_unpack: [0.0; 4],
+            nbit_finish: 0.0,
+            sum: 0.0,
+            bucket: 0.0,
+        };
+        let ladder = [rung(0, 0.2), rung(1, 0.2), rung(2, 0.4), rung(3, 0.8), rung(4, 1.0)];
+        let k = SyncKernels { cast16_r: 1e-9, by_size: Some(ladder), ..free_kernels() };
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512);
+        // 4 devices: 3.25·E casts (as above).
+        let us = |e: f64| kernel_seconds(&spec, &k, 4.0 * e, 4, 4) * 1e6;
+        // On a rung: 2^18 elements at 0.4 ns: 3.25·2^18·0.4 ns = 340.7872 µs.
+        assert!((us((1u64 << 18) as f64) - 340.7872).abs() < 1e-6, "{}", us((1u64 << 18) as f64));
+        // Halfway (in the logarithm) between 2^18 and 2^19: 0.6 ns.
+        let mid = (1u64 << 18) as f64 * 2f64.sqrt();
+        assert!((us(mid) - 3.25 * mid * 0.6e-3).abs() < 1e-6, "{}", us(mid));
+        // Below the ladder: its smallest size's rate, 0.2 ns.
+        assert!((us(1000.0) - 3.25 * 1000.0 * 0.2e-3).abs() < 1e-9, "{}", us(1000.0));
+        // From the largest size up, the fit: 2^21 elements at 1 ns.
+        let e = (1u64 << 21) as f64;
+        assert!((us(e) - 3.25 * e * 1e-3).abs() < 1e-6, "{}", us(e));
+        // Just below it, the ladder meets the fit.
+        assert!((us(e / 2.0 * 0.999_999) / us(e / 2.0) - 0.999_999).abs() < 1e-5);
+        // Without a ladder every size is priced by the fit.
+        let fit = SyncKernels { by_size: None, ..k };
+        let e = (1u64 << 18) as f64;
+        assert!((kernel_seconds(&spec, &fit, 4.0 * e, 4, 4) * 1e6 - 3.25 * e * 1e-3).abs() < 1e-6);
     }
 
     #[test]
