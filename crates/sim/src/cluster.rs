@@ -481,8 +481,10 @@ fn host_ring(p: u64, s: f64, bw: f64, lat: f64, k: &crate::sync::SyncKernels, sh
 ///
 /// [`SyncKernels::ring_step`]: crate::sync::SyncKernels::ring_step
 fn host_ring_step_cpu(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64) -> (f64, f64) {
+    // Only a device computing on the host runs this ring (gloo under DDP),
+    // beside its backward pass: its sums at the fit, not the size ladder
+    // (as `Cluster::sync_breakdown`).
     let part = s / p.max(1) as f64;
-    let k = &k.at_size(s / 4.0);
     (k.ring_step(part) * share * 1e6, k.sum(part / 4.0) * share * 1e6)
 }
 

@@ -139,7 +139,9 @@ pub struct SyncKernels {
     /// size). A CPU runs a kernel over a gradient that stays in its caches
     /// at up to twice the rate of one streamed from memory, which the fits,
     /// taken through the largest sizes, do not show; [`SyncKernels::at_size`]
-    /// reads the rates for a gradient's size off this ladder.
+    /// reads the rates for a gradient's size off this ladder. Not on a
+    /// device that computes on the host's cores: its backward pass runs
+    /// beside the kernels and shares the caches ([`Cluster::sync_breakdown`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_size: Option<[SizeRates; LADDER]>,
 }
@@ -785,8 +787,9 @@ impl Cluster {
         if !ty.compute_on_host || self.device_count() <= 1 {
             return 0.0;
         }
-        let e = bytes as f64 / 4.0;
-        ty.host_kernels.at_size(e).bucket_copies(e) * ty.host_share() * 1e6
+        // Beside the backward pass, on its cores: at the fit (as in
+        // `sync_breakdown`).
+        ty.host_kernels.bucket_copies(bytes as f64 / 4.0) * ty.host_share() * 1e6
     }
 
     /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
@@ -806,6 +809,18 @@ impl Cluster {
         let kernels = match spec.path {
             SyncPath::Host | SyncPath::Mpi | SyncPath::HostStaged => &ty.host_kernels,
             SyncPath::Device => &ty.sync_kernels,
+        };
+        // A device that computes on the host's own cores runs its backward
+        // pass beside the hook's kernels, on the same cores and caches: a
+        // bucket does not stay cached between them, so its kernels run at
+        // the memory-bound fits, not at the rates measured for a gradient
+        // of its size alone (measured under DDP: docs/validation.md).
+        let streamed;
+        let kernels = if ty.compute_on_host && spec.path != SyncPath::Device {
+            streamed = SyncKernels { by_size: None, ..*kernels };
+            &streamed
+        } else {
+            kernels
         };
         // Host-side work shares the node's cores among its ranks; the host
         // transports (gloo, Open MPI over TCP) also spend CPU on every byte.
@@ -1132,6 +1147,19 @@ mod tests {
         let fit = SyncKernels { by_size: None, ..k };
         let e = (1u64 << 18) as f64;
         assert!((kernel_seconds(&spec, &fit, 4.0 * e, 4, 4) * 1e6 - 3.25 * e * 1e-3).abs() < 1e-6);
+        // A cluster of 4 hosts, one rank and one core each: on the MPI path
+        // a 2^18-element gradient's casts take the ladder's 340.7872 µs; on
+        // a device that computes on those cores (DDP's hook beside the
+        // backward pass) the fit's 851.968.
+        let host = |on_host: bool| {
+            let ty = DeviceType::new("cpu", 4, 1, 1).with_host(k, 10.0).with_host_cores(Some(1));
+            Cluster::new(vec![ty.with_compute_on_host(on_host)])
+        };
+        let bytes = 4 * (1u64 << 18);
+        let mpi = host(false).sync_breakdown(0, bytes, &spec.with_path(SyncPath::Mpi)).kernel_us;
+        assert!((mpi - 340.7872).abs() < 1e-6, "{mpi}");
+        let ddp = host(true).sync_breakdown(0, bytes, &spec.with_path(SyncPath::Host)).kernel_us;
+        assert!((ddp - 851.968).abs() < 1e-6, "{ddp}");
     }
 
     #[test]
