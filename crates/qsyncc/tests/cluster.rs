@@ -267,30 +267,17 @@ fn host_kernels_measures_what_simulate_reads() {
     bad["kernels"]["by_size"][3]["elements"] = serde_json::json!(1.0);
     let bad_path = dir.join("bad.json");
     std::fs::write(&bad_path, bad.to_string()).expect("write");
-    let o = qsyncc(&[
-        "simulate",
-        "--cluster",
-        &example("aws-v100-t4.toml"),
-        "--gradient",
-        "64MiB",
-        "--host-kernels",
-        bad_path.to_str().expect("utf8"),
-    ]);
+    // `simulate` of a 64 MiB gradient with `file` as the host kernels.
+    let simulate = |file: &std::path::Path, more: &[&str]| {
+        let cluster = example("aws-v100-t4.toml");
+        let mut args = vec!["simulate", "--cluster", &cluster, "--gradient", "64MiB"];
+        args.extend(["--host-kernels", file.to_str().expect("utf8")]);
+        args.extend(more);
+        qsyncc(&args)
+    };
+    let o = simulate(&bad_path, &[]);
     assert!(!o.status.success() && stderr(&o).contains("bad.json") && stderr(&o).contains("by_size"), "{}", stderr(&o));
-    let o = qsyncc(&[
-        "simulate",
-        "--cluster",
-        &example("aws-v100-t4.toml"),
-        "--gradient",
-        "64MiB",
-        "--sync",
-        "fp16",
-        "--sync-path",
-        "host-staged",
-        "--host-kernels",
-        out.to_str().expect("utf8"),
-        "--json",
-    ]);
+    let o = simulate(&out, &["--sync", "fp16", "--sync-path", "host-staged", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     let kernels = p["per_type_breakdown"].as_object().expect("parts").values().map(|t| t["kernel_seconds"].as_f64());
