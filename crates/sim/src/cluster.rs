@@ -156,6 +156,20 @@ impl DeviceType {
         }
     }
 
+    /// The host kernels as this type's synchronization runs them: with
+    /// their size ladder ([`crate::sync::SyncKernels::at_size`]), except on
+    /// a device that computes on the host's own cores, whose backward pass
+    /// runs beside the kernels and shares the caches, so a bucket does not
+    /// stay cached as a lone gradient does: the memory-bound fits there
+    /// (measured under DDP: docs/validation.md).
+    pub fn host_sync_kernels(&self) -> crate::sync::SyncKernels {
+        if self.compute_on_host {
+            crate::sync::SyncKernels { by_size: None, ..self.host_kernels }
+        } else {
+            self.host_kernels
+        }
+    }
+
     /// Set the host's synchronization kernels and the host link (GB/s).
     pub fn with_host(mut self, k: crate::sync::SyncKernels, host_link_gb_per_s: f64) -> DeviceType {
         self.host_kernels = k;
@@ -377,7 +391,7 @@ impl Cluster {
                 if p <= 1 {
                     return 0.0;
                 }
-                let (k, share) = (&ty.host_kernels, ty.host_share());
+                let (k, share) = (&ty.host_sync_kernels(), ty.host_share());
                 let (bw, lat) = if m > 1 {
                     (ty.network_share(1), ty.network_latency_us)
                 } else {
@@ -411,7 +425,7 @@ impl Cluster {
                 // The engine runs on the host: every step's bytes cost the
                 // TCP stack CPU, and each reduce-scatter step sums what it
                 // received, on cores the node's ranks share.
-                let (k, share) = (&ty.host_kernels.at_size(s / 4.0), ty.host_share());
+                let (k, share) = (&ty.host_sync_kernels().at_size(s / 4.0), ty.host_share());
                 let mut total = 0.0;
                 let (mut d, mut part) = (1u64, s / 2.0);
                 while d < p {
@@ -481,10 +495,8 @@ fn host_ring(p: u64, s: f64, bw: f64, lat: f64, k: &crate::sync::SyncKernels, sh
 ///
 /// [`SyncKernels::ring_step`]: crate::sync::SyncKernels::ring_step
 fn host_ring_step_cpu(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64) -> (f64, f64) {
-    // Only a device computing on the host runs this ring (gloo under DDP),
-    // beside its backward pass: its sums at the fit, not the size ladder
-    // (as `Cluster::sync_breakdown`).
     let part = s / p.max(1) as f64;
+    let k = &k.at_size(s / 4.0);
     (k.ring_step(part) * share * 1e6, k.sum(part / 4.0) * share * 1e6)
 }
 

@@ -141,7 +141,8 @@ pub struct SyncKernels {
     /// taken through the largest sizes, do not show; [`SyncKernels::at_size`]
     /// reads the rates for a gradient's size off this ladder. Not on a
     /// device that computes on the host's cores: its backward pass runs
-    /// beside the kernels and shares the caches ([`Cluster::sync_breakdown`]).
+    /// beside the kernels and shares the caches
+    /// ([`crate::DeviceType::host_sync_kernels`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_size: Option<[SizeRates; LADDER]>,
 }
@@ -769,7 +770,7 @@ impl Cluster {
             return 0.0;
         }
         if spec.scheme == SyncScheme::Fp32 {
-            return crate::cluster::host_ring_cpu_us(p, bytes as f64, &ty.host_kernels, ty.host_share());
+            return crate::cluster::host_ring_cpu_us(p, bytes as f64, &ty.host_sync_kernels(), ty.host_share());
         }
         if !matches!(spec.path, SyncPath::Host | SyncPath::Mpi) {
             return 0.0;
@@ -787,9 +788,8 @@ impl Cluster {
         if !ty.compute_on_host || self.device_count() <= 1 {
             return 0.0;
         }
-        // Beside the backward pass, on its cores: at the fit (as in
-        // `sync_breakdown`).
-        ty.host_kernels.bucket_copies(bytes as f64 / 4.0) * ty.host_share() * 1e6
+        let e = bytes as f64 / 4.0;
+        ty.host_sync_kernels().at_size(e).bucket_copies(e) * ty.host_share() * 1e6
     }
 
     /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
@@ -806,21 +806,9 @@ impl Cluster {
         let p_t = ty.count() as f64;
         let off_node = p.saturating_sub(per_node) as f64;
         let pieces = if spec.path == SyncPath::Mpi { pipeline_pieces(spec, bytes as f64, p) } else { 1.0 };
-        let kernels = match spec.path {
-            SyncPath::Host | SyncPath::Mpi | SyncPath::HostStaged => &ty.host_kernels,
-            SyncPath::Device => &ty.sync_kernels,
-        };
-        // A device that computes on the host's own cores runs its backward
-        // pass beside the hook's kernels, on the same cores and caches: a
-        // bucket does not stay cached between them, so its kernels run at
-        // the memory-bound fits, not at the rates measured for a gradient
-        // of its size alone (measured under DDP: docs/validation.md).
-        let streamed;
-        let kernels = if ty.compute_on_host && spec.path != SyncPath::Device {
-            streamed = SyncKernels { by_size: None, ..*kernels };
-            &streamed
-        } else {
-            kernels
+        let kernels = &match spec.path {
+            SyncPath::Host | SyncPath::Mpi | SyncPath::HostStaged => ty.host_sync_kernels(),
+            SyncPath::Device => ty.sync_kernels,
         };
         // Host-side work shares the node's cores among its ranks; the host
         // transports (gloo, Open MPI over TCP) also spend CPU on every byte.
