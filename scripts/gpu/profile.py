@@ -13,7 +13,10 @@ divided by N. Back-to-back calls measure what a training loop sees: the
 kernel's time when the GPU is the bottleneck, PyTorch's dispatch time when
 the kernel is shorter than it. The backward phases are timed through
 `torch.autograd.grad` for just the activations (input gradient) or just the
-trained weights (weight gradient), which is how autograd splits them.
+trained weights (weight gradient), which is how autograd splits them;
+an operator with both is also timed asking for both in one call
+(`bwd_both_us`, off with QSYNC_OPS_BOTH=0), as a training backward does,
+which shows where the two phases timed apart add up to more.
 
 Precisions: fp32 with TF32 off everywhere; tf32 with TF32 on (measured for
 Conv/Gemm/MatMul, the only ops it changes; other ops reuse fp32's times,
@@ -69,6 +72,9 @@ DTYPES = {
 }
 GEMM_OPS = {"Gemm", "MatMul"}
 DEVICE = "cuda"
+BOTH = os.environ.get("QSYNC_OPS_BOTH", "1") != "0"
+# The host's time per call of the last GPU measurement (see bench_us).
+LAST_HOST_US = [0.0]
 
 
 class Unsupported(Exception):
@@ -117,15 +123,28 @@ def bench_us(fn, reps, target_ms):
     end.synchronize()
     once = max(start.elapsed_time(end), 1e-3)
     n = max(1, min(500, int(target_ms / once)))
-    times = []
+    times, host = [], []
     for _ in range(reps):
         start.record()
+        t0 = time.perf_counter()
         for _ in range(n):
             fn()
+        host.append((time.perf_counter() - t0) * 1e6 / n)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / n)
+    LAST_HOST_US[0] = statistics.median(host)
     return statistics.median(times)
+
+
+def with_host(times, key, us):
+    """`times[key] = us`, and on a GPU `times[key_host] =` the host's
+    time per call of that measurement (what issuing it cost the CPU: the
+    host's share of a training step, which the GPU waits for when its
+    kernels are shorter)."""
+    times[key] = us
+    if DEVICE == "cuda":
+        times[key.replace("_us", "_host_us")] = round(LAST_HOST_US[0], 3)
 
 
 def attr(e, name, default=None):
@@ -337,7 +356,8 @@ def time_float(e, prec, reps, target_ms):
             raise
         xs = make_inputs(e, prec, params_fp32=True)
         fn(*xs)
-    times = {"fwd_us": bench_us(lambda: fn(*xs), reps, target_ms)}
+    times = {}
+    with_host(times, "fwd_us", bench_us(lambda: fn(*xs), reps, target_ms))
     specs = e["inputs"]
     acts = [x for x, s in zip(xs, specs) if s and torch.is_tensor(x) and x.requires_grad and s["role"] == "activation"]
     weights = [x for x, s in zip(xs, specs) if s and torch.is_tensor(x) and x.requires_grad and s["role"] == "weight"]
@@ -349,10 +369,16 @@ def time_float(e, prec, reps, target_ms):
     # kernel (the cost model's rule): time them together.
     wrt_in = acts + weights if norm else acts
     if e["bwd_input"]["kernels"] > 0 and wrt_in:
-        times["bwd_input_us"] = bench_us(lambda: torch.autograd.grad(out, wrt_in, g, retain_graph=True), reps, target_ms)
+        with_host(times, "bwd_input_us",
+                  bench_us(lambda: torch.autograd.grad(out, wrt_in, g, retain_graph=True), reps, target_ms))
     if e["bwd_weight"]["kernels"] > 0 and weights and not norm:
-        times["bwd_weight_us"] = bench_us(lambda: torch.autograd.grad(out, weights, g, retain_graph=True), reps,
-                                          target_ms)
+        with_host(times, "bwd_weight_us",
+                  bench_us(lambda: torch.autograd.grad(out, weights, g, retain_graph=True), reps, target_ms))
+        if "bwd_input_us" in times and BOTH:
+            # Both gradients in one call, as a training backward asks for
+            # them: how far the two phases timed apart add up to more.
+            with_host(times, "bwd_both_us", bench_us(
+                lambda: torch.autograd.grad(out, acts + weights, g, retain_graph=True), reps, target_ms))
     return times
 
 
@@ -367,13 +393,13 @@ def harness_floor(reps, target_ms):
     out = F.relu(x)
     lin = F.linear(x, w)
     g = torch.rand_like(out)
-    return {
-        "harness_floor_fwd_us": round(bench_us(lambda: F.relu(x), reps, target_ms), 3),
-        "harness_floor_bwd_input_us": round(bench_us(
-            lambda: torch.autograd.grad(out, [x], g, retain_graph=True), reps, target_ms), 3),
-        "harness_floor_bwd_weight_us": round(bench_us(
-            lambda: torch.autograd.grad(lin, [w], g, retain_graph=True), reps, target_ms), 3),
-    }
+    floor = {}
+    with_host(floor, "harness_floor_fwd_us", round(bench_us(lambda: F.relu(x), reps, target_ms), 3))
+    with_host(floor, "harness_floor_bwd_input_us", round(bench_us(
+        lambda: torch.autograd.grad(out, [x], g, retain_graph=True), reps, target_ms), 3))
+    with_host(floor, "harness_floor_bwd_weight_us", round(bench_us(
+        lambda: torch.autograd.grad(lin, [w], g, retain_graph=True), reps, target_ms), 3))
+    return floor
 
 
 def gemm_operands(e):
@@ -508,7 +534,7 @@ def optimizer_samples(reps, target_ms):
     # temporaries outgrow the allocator's reuse its time per element jumps.
     logs = range(10, 25, 2) if DEVICE == "cuda" else [*range(10, 20, 2), *range(20, 24)]
     for name, make in makers.items():
-        tensors = []
+        tensors, host = [], []
         for log2 in logs:
             n = 1 << log2
             count = max(1, min(64, (1 << 22) // n))
@@ -517,8 +543,10 @@ def optimizer_samples(reps, target_ms):
                 p.grad = torch.rand_like(p)
             opt = make(ps)
             tensors.append([n, round(step_us(ps, opt, reps, target_ms) / count, 3)])
+            host.append([n, round(LAST_HOST_US[0] / count, 3)])
             del opt, ps
-        out.append({"optimizer": name, "tensors": tensors})
+        # On a GPU also the host's time per tensor of issuing the step.
+        out.append({"optimizer": name, "tensors": tensors, **({"host_tensors": host} if DEVICE == "cuda" else {})})
     return out
 
 

@@ -7,6 +7,7 @@ FP16 and AMP BF16. Writes a `qsync-iterations/1` file that
 
     python3 scripts/gpu/train.py OUT.json [--models resnet50,vgg16,bert_base]
         [--precisions fp32,tf32,amp_fp16,amp_bf16] [--batch 32] [--seq 128] [--warmup 15] [--iters 40]
+        [--kernel-iters 5]
 
 One iteration is what a training loop does: forward, loss, backward,
 optimizer step (SGD with momentum for the CNNs, AdamW for BERT, PyTorch's
@@ -15,7 +16,18 @@ goes through a GradScaler (its inf check synchronizes every step, as it
 does for users). Each iteration is timed with CUDA events recorded on the
 stream before and after it; the median over --iters iterations after
 --warmup is reported, with the 10th and 90th percentiles and the peak of
-allocated memory.
+allocated memory. Events recorded between the phases also give each
+phase's median (forward with the loss, backward, optimizer step with
+`zero_grad`), what `qsyncc simulate --trace` predicts per phase, and the
+host's time issuing each phase (`host_phases_ms`, wall clock around the
+Python calls): where it exceeds the GPU's, the step is host-bound.
+
+`--kernel-iters N` (default 5; 0: off) then runs N more iterations under
+torch.profiler and records, per iteration, the GPU time of the kernels each
+ATen operator launched itself (`self device time`), the operator's calls,
+and the kernels' total: set against the median iteration it says how much
+of the step the GPU was busy, and per operator it is what
+`scripts/gpu/breakdown.py` compares with the replayer's per-op prediction.
 
 FP32 runs with TF32 off everywhere (cuDNN and cuBLAS), TF32 with it on in
 both; PyTorch's own default (TF32 for convolutions only) is neither, so it
@@ -31,6 +43,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 # scripts/gpu/profile.py shadows the standard library's `profile`, which
 # PyTorch imports (torch._dynamo → cProfile): keep this directory off the path.
@@ -77,7 +90,32 @@ def build(name, batch, seq):
     raise SystemExit(f"error: unknown model `{name}` (known: {', '.join(MODELS)})")
 
 
-def run(name, precision, batch, seq, warmup, iters):
+def kernel_breakdown(step, iters):
+    """Per ATen operator, the GPU time (us) and calls of one iteration,
+    from torch.profiler over `iters` iterations; the kernels' total too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    ops, total = {}, 0.0
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", 0.0)
+        if us <= 0:
+            continue
+        if e.device_type != DeviceType.CPU:
+            # The kernels and copies themselves (not a range a user marked).
+            if not getattr(e, "is_user_annotation", False):
+                total += us
+        elif e.key.startswith("aten::"):
+            ops[e.key] = {"us": round(us / iters, 3), "calls": round(e.count / iters, 3)}
+    return {"ops": ops, "kernels_us": round(total / iters, 3), "iterations": iters}
+
+
+def run(name, precision, batch, seq, warmup, iters, kernel_iters=0):
     torch.manual_seed(0)
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -87,30 +125,54 @@ def run(name, precision, batch, seq, warmup, iters):
     amp = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}.get(precision)
     scaler = torch.amp.GradScaler("cuda") if precision == "amp_fp16" else None
 
-    def step():
+    def step(marks=None, host=None):
+        t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
             loss = loss_fn(model)
+        if marks:
+            marks[0].record()
+        t1 = time.perf_counter()
         if scaler is not None:
             scaler.scale(loss).backward()
+            if marks:
+                marks[1].record()
+            t2 = time.perf_counter()
             scaler.step(opt)
             scaler.update()
         else:
             loss.backward()
+            if marks:
+                marks[1].record()
+            t2 = time.perf_counter()
             opt.step()
         opt.zero_grad(set_to_none=True)
+        if host is not None:
+            host.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
 
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for s, e in events:
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(iters)]
+    host = []
+    for s, f, b, e in events:
         s.record()
-        step()
+        step((f, b), host)
         e.record()
     torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in events)
+    # What issuing each phase cost the CPU (Python, autograd, dispatch and
+    # launches; it blocks only where the loop synchronizes, as GradScaler's
+    # inf check does): the GPU waits for it where its kernels are shorter.
+    host_phases = {k: statistics.median(h[i] for h in host) * 1e3
+                   for i, k in enumerate(("forward", "backward", "optimizer"))}
+    ms = sorted(s.elapsed_time(e) for s, _, _, e in events)
+    phases = {
+        "forward": statistics.median(s.elapsed_time(f) for s, f, _, _ in events),
+        "backward": statistics.median(f.elapsed_time(b) for _, f, b, _ in events),
+        "optimizer": statistics.median(b.elapsed_time(e) for _, _, b, e in events),
+    }
     peak = torch.cuda.max_memory_allocated()
+    kernels = kernel_breakdown(step, kernel_iters) if kernel_iters > 0 else None
     del model, opt
     torch.cuda.empty_cache()
     q = statistics.quantiles(ms, n=10)
@@ -120,6 +182,9 @@ def run(name, precision, batch, seq, warmup, iters):
         "precision": precision, "batch": batch, "seq": seq if name == "bert_base" else None,
         "median_ms": round(statistics.median(ms), 4), "p10_ms": round(q[0], 4), "p90_ms": round(q[-1], 4),
         "iterations": iters, "peak_memory_bytes": peak,
+        "phases_ms": {k: round(v, 4) for k, v in phases.items()},
+        "host_phases_ms": {k: round(v, 4) for k, v in host_phases.items()},
+        **({"kernels": kernels} if kernels else {}),
     }
 
 
@@ -132,6 +197,7 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--kernel-iters", type=int, default=5)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: no CUDA GPU visible to PyTorch: nothing to measure", file=sys.stderr)
@@ -145,8 +211,12 @@ def main():
             if p not in PRECISIONS:
                 print(f"error: unknown precision `{p}` (known: {', '.join(PRECISIONS)})", file=sys.stderr)
                 return 2
-            r = run(name, p, args.batch, args.seq, args.warmup, args.iters)
-            print(f"{name:<10} {p:<9} median {r['median_ms']:.3f} ms (p10 {r['p10_ms']:.3f}, p90 {r['p90_ms']:.3f}), "
+            r = run(name, p, args.batch, args.seq, args.warmup, args.iters, args.kernel_iters)
+            busy = f", kernels {r['kernels']['kernels_us'] / 1e3:.3f} ms" if "kernels" in r else ""
+            ph, hp = r["phases_ms"], r["host_phases_ms"]
+            print(f"{name:<10} {p:<9} median {r['median_ms']:.3f} ms (p10 {r['p10_ms']:.3f}, p90 {r['p90_ms']:.3f}; "
+                  f"fwd {ph['forward']:.2f} bwd {ph['backward']:.2f} opt {ph['optimizer']:.2f}{busy}; host "
+                  f"{hp['forward']:.2f} / {hp['backward']:.2f} / {hp['optimizer']:.2f}), "
                   f"peak {r['peak_memory_bytes'] / 2**30:.2f} GiB", flush=True)
             runs.append(r)
             # After every run, so a job stopped part-way keeps what it measured.

@@ -41,7 +41,9 @@ use serde_json::Value;
 
 use crate::facts::{Kind, Work};
 use crate::model::{roofline, tensor_core_eligible, Bound, Rates};
-use crate::profile::{BatchPoint, CastSamples, OpSample, OptimizerSamples, ProfileEfficiency, MAX_PROFILE_EFFICIENCY};
+use crate::profile::{
+    BatchPoint, CastSamples, HostTimes, OpSample, OptimizerSamples, ProfileEfficiency, MAX_PROFILE_EFFICIENCY,
+};
 use crate::{Bindings, CostError, Device, GraphFacts, Precision, Profile, Result};
 
 /// Schema tag of worklists.
@@ -396,6 +398,12 @@ fn attr_json(a: &Attr) -> Value {
 }
 
 /// Measured microseconds of one entry at one precision.
+///
+/// On a GPU, `*_host_us` are the host's time per call of the same
+/// measurements (what issuing the call cost the CPU: Python, dispatch,
+/// launch), which a training step waits for where its kernels are shorter;
+/// `bwd_both_us` times both gradients asked for in one call. The harness
+/// floor is not taken off them: they are what the host spent.
 #[derive(Copy, Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
 pub struct Times {
     pub fwd_us: f64,
@@ -403,6 +411,16 @@ pub struct Times {
     pub bwd_input_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bwd_weight_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_both_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fwd_host_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_input_host_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_weight_host_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_both_host_us: Option<f64>,
 }
 
 /// A worklist entry with its measurements.
@@ -822,6 +840,7 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
                 fwd_us: t.fwd_us,
                 bwd_input_us: t.bwd_input_us,
                 bwd_weight_us: t.bwd_weight_us,
+                host_us: HostTimes::of(t),
                 batch: if batch_points.is_empty() { None } else { m.batch },
                 batch_points: if m.batch.is_some() { batch_points } else { Vec::new() },
             });

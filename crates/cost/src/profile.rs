@@ -86,6 +86,9 @@ pub struct OpSample {
     pub bwd_input_us: Option<f64>,
     #[serde(default)]
     pub bwd_weight_us: Option<f64>,
+    /// On a GPU, what issuing each phase cost the host ([`HostTimes`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_us: Option<HostTimes>,
     /// The batch `inputs` are at (required with `batch_points`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<i64>,
@@ -93,6 +96,37 @@ pub struct OpSample {
     /// time at `batch`, its batch curve ([`BatchCurve`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batch_points: Vec<BatchPoint>,
+}
+
+/// The host's time per call of an operator's measured phases on a GPU, in
+/// microseconds, as `scripts/gpu/profile.py` timed it around the same
+/// back-to-back calls (wall clock before the GPU is waited for). A phase
+/// the GPU finishes sooner than the host issues it runs at the host's pace
+/// in a training step; the backward phases include the harness's own
+/// `torch.autograd.grad` call (the profile's `harness_floor_*_host_us`).
+#[derive(Copy, Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostTimes {
+    pub fwd_us: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_input_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_weight_us: Option<f64>,
+    /// Both gradients asked for in one call (what a training backward does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_both_us: Option<f64>,
+}
+
+impl HostTimes {
+    /// The host times a measurement carries (`None` without a forward one).
+    pub fn of(t: &crate::calibrate::Times) -> Option<HostTimes> {
+        Some(HostTimes {
+            fwd_us: t.fwd_host_us?,
+            bwd_input_us: t.bwd_input_host_us,
+            bwd_weight_us: t.bwd_weight_host_us,
+            bwd_both_us: t.bwd_both_host_us,
+        })
+    }
 }
 
 /// An operator's times at another batch.
@@ -185,6 +219,10 @@ pub struct OptimizerSamples {
     /// `[elements, microseconds per tensor]` (see the module doc).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<(f64, f64)>,
+    /// On a GPU, `[elements, microseconds per tensor]` the host spent issuing
+    /// the same steps (a multi-tensor step's launches and Python, per tensor).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_tensors: Vec<(f64, f64)>,
 }
 
 /// An optimizer's step time per parameter tensor as a function of the

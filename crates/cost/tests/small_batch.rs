@@ -324,3 +324,45 @@ fn a_gpus_times_lose_the_harness_floor_a_cpus_keep_it() {
     let (fwd, at2, note) = gemm_fwd(&measurements(Some("process CPU time, back-to-back calls"), None));
     assert_eq!((fwd, at2, note), (40.0, 25.0, None));
 }
+
+#[test]
+fn a_gpus_host_times_reach_the_profile_as_measured() {
+    use qsync_cost::calibrate::{build_profile, Measurements, Worklist};
+    use qsync_cost::profile::{HostTimes, Profile};
+    let (g, _) = symbolic_gemm();
+    let mut w = Worklist::new(8, Default::default());
+    w.add_graph("m", "m", &g, &Bindings::new().with("batch", 8)).unwrap();
+    let mut m = serde_json::json!({ "schema": "qsync-ops/1", "batch": 8, "models": w.models, "entries": w.entries,
+                                     "meta": { "method": "CUDA events, back-to-back calls" },
+                                     "optimizers": [{ "optimizer": "adam", "tensors": [[1024, 20.0], [4096, 21.0]],
+                                                      "host_tensors": [[1024, 19.5], [4096, 19.8]] }] });
+    for e in m["entries"].as_array_mut().unwrap() {
+        // The Gemm: 40 µs of GPU time, 12 µs of host time to issue it; the
+        // Add: host-bound (its 9 µs are the host's pace).
+        let (dev, host) = if e["op"] == "Gemm" { (40.0, 12.0) } else { (9.0, 8.8) };
+        e["measured"] = serde_json::json!({ "fp32": { "fwd_us": dev, "fwd_host_us": host,
+                                                      "bwd_input_us": 2.0 * dev, "bwd_input_host_us": 50.0 } });
+    }
+    let m = Measurements::from_json(&m.to_string(), "ops.json").unwrap();
+    let db = DeviceDb::bundled().unwrap();
+    let (p, _) = build_profile(&m, db.get("h100-sxm").unwrap(), &[]).unwrap();
+    // The device times lose the estimated floor (the Add's 9 µs); the host
+    // times are what the host spent and stay as measured.
+    let gemm = p.ops.iter().find(|o| o.op == "Gemm").unwrap();
+    assert_eq!(gemm.host_us, Some(HostTimes { fwd_us: 12.0, bwd_input_us: Some(50.0), ..Default::default() }));
+    assert!(gemm.fwd_us < 40.0, "{}", gemm.fwd_us);
+    let adam = p.optimizers.iter().find(|o| o.optimizer == "adam").unwrap();
+    assert_eq!(adam.host_tensors, vec![(1024.0, 19.5), (4096.0, 19.8)]);
+    // Written and read back, the host times survive; a measurement without
+    // them gives a profile without them.
+    let back = Profile::from_json(&serde_json::to_string(&p).unwrap(), "profile.json").unwrap();
+    assert_eq!(back.ops, p.ops);
+    let mut plain = m.clone();
+    for e in &mut plain.entries {
+        for t in e.measured.values_mut() {
+            (t.fwd_host_us, t.bwd_input_host_us) = (None, None);
+        }
+    }
+    let (p, _) = build_profile(&plain, db.get("h100-sxm").unwrap(), &[]).unwrap();
+    assert!(p.ops.iter().all(|o| o.host_us.is_none()));
+}

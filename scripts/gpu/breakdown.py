@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Where a training iteration's time goes on the GPU, measured against
+predicted: per phase (forward, backward, optimizer step) and per kind of
+operator (convolutions, matrix products, normalizations, ...), so an error
+in Table III can be traced to the operators that make it.
+
+    python3 scripts/gpu/breakdown.py --iterations ITER.json --models-dir DIR --profile PROFILE.json
+        [--qsyncc target/debug/qsyncc] [--device NAME] [--out-dir DIR] [--json OUT.json]
+
+ITER.json comes from scripts/gpu/train.py: each run's `phases_ms` (CUDA
+events between the phases) and `kernels` (torch.profiler: the GPU time of
+the kernels each ATen operator launched, per iteration). For each run this
+calls `qsyncc simulate --trace` with PROFILE (the in-sample profile shows
+the profile's own bias; a leave-one-out one adds the transfer error) and
+sums the trace's spans per phase and per kind, the kind read from the ONNX
+node each span names. Measured kinds come from the ATen operators' names.
+The measured kernels' total beside the measured iteration says how much of
+the step the GPU was busy: what is left is the host's time the GPU waited
+for, which no per-operator time shows.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import onnx
+
+# ONNX op type -> kind.
+ONNX_KIND = {
+    "Conv": "conv", "ConvTranspose": "conv",
+    "Gemm": "matmul", "MatMul": "matmul",
+    "BatchNormalization": "norm", "LayerNormalization": "norm",
+    "MaxPool": "pool", "AveragePool": "pool", "GlobalAveragePool": "pool", "ReduceMean": "pool",
+    "Softmax": "softmax", "LogSoftmax": "softmax",
+    "SoftmaxCrossEntropyLoss": "loss", "NegativeLogLikelihoodLoss": "loss",
+    "Cast": "cast",
+    "Gather": "embedding",
+}
+# ATen operator (prefix) -> kind; the rest is "elementwise/other".
+ATEN_KIND = [
+    ("aten::cudnn_convolution", "conv"), ("aten::convolution_backward", "conv"), ("aten::_convolution", "conv"),
+    ("aten::convolution", "conv"), ("aten::conv", "conv"),
+    ("aten::mm", "matmul"), ("aten::addmm", "matmul"), ("aten::bmm", "matmul"), ("aten::baddbmm", "matmul"),
+    ("aten::matmul", "matmul"), ("aten::linear", "matmul"), ("aten::_scaled_mm", "matmul"),
+    ("aten::cudnn_batch_norm", "norm"), ("aten::native_batch_norm", "norm"), ("aten::batch_norm", "norm"),
+    ("aten::_batch_norm", "norm"), ("aten::native_layer_norm", "norm"), ("aten::layer_norm", "norm"),
+    ("aten::max_pool", "pool"), ("aten::avg_pool", "pool"), ("aten::adaptive_avg_pool", "pool"),
+    ("aten::_adaptive_avg_pool", "pool"), ("aten::mean", "pool"),
+    ("aten::_softmax", "softmax"), ("aten::softmax", "softmax"), ("aten::_log_softmax", "softmax"),
+    ("aten::nll_loss", "loss"), ("aten::cross_entropy", "loss"),
+    ("aten::_foreach", "optimizer"), ("aten::_fused", "optimizer"), ("aten::_amp", "optimizer"),
+    ("aten::copy_", "cast"), ("aten::_to_copy", "cast"), ("aten::to", "cast"),
+    ("aten::embedding", "embedding"), ("aten::index_select", "embedding"),
+]
+KINDS = ["conv", "matmul", "norm", "pool", "softmax", "loss", "embedding", "cast", "elementwise/other", "optimizer"]
+
+
+def aten_kind(name):
+    for prefix, kind in ATEN_KIND:
+        if name.startswith(prefix):
+            return kind
+    return "elementwise/other"
+
+
+def node_kinds(path):
+    m = onnx.load(path, load_external_data=False)
+    return {n.name: ONNX_KIND.get(n.op_type, "elementwise/other") for n in m.graph.node}
+
+
+def predicted(a, run):
+    """(per phase ms, per kind ms) from `qsyncc simulate --trace`."""
+    model = os.path.join(a.models_dir, run["qsync_model"])
+    kinds = node_kinds(model)
+    trace = os.path.join(a.out_dir, f"trace-{run['model']}-{run['precision']}.json")
+    args = ["simulate", "--targets", a.device, "--batch", str(run["batch"]), "--optimizer", run["optimizer"],
+            "--profile", a.profile, "--trace", trace, "--json"]
+    if run.get("seq"):
+        args += ["--dim", f"seq={run['seq']}"]
+    p = run["precision"]
+    if p in ("fp32", "tf32"):
+        target, extra = model, ["--precision", f"{a.device}={p}"]
+    else:
+        dtype = {"amp_fp16": "f16", "amp_bf16": "bf16"}[p]
+        target = os.path.join(a.out_dir, f"{run['model']}-{p}.qir")
+        call(a, "opt", model, "--passes", f"autocast(dtype={dtype})", "--target", a.device, "-o", target)
+        extra = []
+    out = json.loads(call(a, args[0], target, *args[1:], *extra))
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    phases, per_kind = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}, {k: 0.0 for k in KINDS}
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") != 1 or e.get("tid") != 0:
+            continue
+        ms = e["dur"] / 1e3
+        cat = e.get("cat")
+        if cat not in phases:
+            continue
+        phases[cat] += ms
+        if cat == "optimizer":
+            per_kind["optimizer"] += ms
+            continue
+        node = e["name"].rsplit(".", 1)[0] if cat == "backward" else e["name"]
+        kind = kinds.get(node) or ("cast" if "cast" in node.lower() else "elementwise/other")
+        per_kind[kind] += ms
+    return out["iteration_ms"], phases, per_kind
+
+
+def call(a, *args):
+    r = subprocess.run([a.qsyncc, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"error: qsyncc {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", required=True)
+    ap.add_argument("--models-dir", required=True)
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--qsyncc", default="target/debug/qsyncc")
+    ap.add_argument("--device", default="h100-sxm")
+    ap.add_argument("--out-dir", default="target/gpu-measure/breakdown")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    os.makedirs(a.out_dir, exist_ok=True)
+    with open(a.iterations) as f:
+        its = json.load(f)
+    rows = []
+    for run in its["runs"]:
+        if "kernels" not in run or "phases_ms" not in run:
+            continue
+        it_ms, phases, kinds = predicted(a, run)
+        measured = {k: 0.0 for k in KINDS}
+        for name, v in run["kernels"]["ops"].items():
+            measured[aten_kind(name)] += v["us"] / 1e3
+        rows.append({"model": run["model"], "precision": run["precision"], "measured_ms": run["median_ms"],
+                     "kernels_ms": run["kernels"]["kernels_us"] / 1e3, "predicted_ms": it_ms,
+                     "phases_measured": run["phases_ms"], "phases_predicted": phases,
+                     "kinds_measured": measured, "kinds_predicted": kinds})
+    if not rows:
+        raise SystemExit(f"error: {a.iterations}: no run has `phases_ms` and `kernels` (train.py --kernel-iters)")
+    for r in rows:
+        print(f"\n{r['model']} {r['precision']}: iteration measured {r['measured_ms']:.2f} ms "
+              f"(GPU busy {r['kernels_ms']:.2f} ms, {100 * r['kernels_ms'] / r['measured_ms']:.0f}%), "
+              f"predicted {r['predicted_ms']:.2f} ms")
+        print("| phase / kind | measured ms | predicted ms | predicted / measured |")
+        print("|---|---:|---:|---:|")
+        for k in ("forward", "backward", "optimizer"):
+            m, p = r["phases_measured"][k], r["phases_predicted"][k]
+            print(f"| {k} (events) | {m:.2f} | {p:.2f} | {p / m if m > 0 else float('nan'):.2f} |")
+        for k in KINDS:
+            m, p = r["kinds_measured"][k], r["kinds_predicted"][k]
+            if m > 0.005 or p > 0.005:
+                print(f"| {k} (kernels) | {m:.2f} | {p:.2f} | {p / m if m > 0 else float('inf'):.2f} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
