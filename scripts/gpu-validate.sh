@@ -24,6 +24,10 @@
 #   it); paths ~25 s a bench (4 benches), then the plan's hooks trained
 #   (gpu-ddp-check, ~20 s a scheme set); sync, one rank (NCCL < 2.30 on one
 #   GPU): device digests 22 s, host digests and bounds longer.
+# On one H200 (2026-11-28; started in ~30 s): train 141-157 s with
+#   QSYNC_TRAIN_ARGS="--warmup 10 --iters 25 --kernel-iters 3" (12 runs, each
+#   also profiled for its per-op kernel breakdown), ops 85-97 s (159 ops,
+#   host times and both-gradient calls included).
 # A 15-minute budget fits two calls, e.g.
 #   run train:240 ops:150             (~7 min with the start)
 #   run paths:200 sync:120            (~6 min)
