@@ -79,6 +79,8 @@ def main():
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     ap.add_argument("--full-profile")
+    ap.add_argument("--host-model", action="store_true",
+                    help="profiles that price the host (`qsyncc profile build --iterations`): needs host times")
     ap.add_argument("--statistic", choices=["median", "min", "cpu_median", "cpu_min"], default="median",
                     help="which measured iteration time to compare with (cpu_*: scripts/cpu/train.py's CPU time)")
     a = ap.parse_args()
@@ -99,15 +101,21 @@ def analyze(a):
     devfiles = [x for f in a.device_file for x in ("--device-file", f)]
     os.makedirs(a.out_dir, exist_ok=True)
     measured_families = {m["family"] for m in ops["models"]}
+    # --host-model: the profiles price the host (measurements that timed
+    # it), the training runs of the families a profile keeps fitting its
+    # host overheads (those of the family predicted left out with its ops).
+    host = ["--iterations", a.iterations] if a.host_model else []
+    if a.host_model and "harness_floor_fwd_host_us" not in ops.get("meta", {}):
+        raise Failure(f"{a.ops}: no host times (measured before profile.py timed the host): --host-model needs them")
     profiles, fits = {}, {}
     for fam in sorted({r["family"] for r in its["runs"]}):
         out = os.path.join(a.out_dir, f"profile-without-{fam}.json")
         exclude = ["--exclude", fam] if fam in measured_families else []
         fits[fam] = json.loads(qsyncc(a.qsyncc, "profile", "build", a.ops, "--device", device, *exclude, *devfiles,
-                                      "-o", out, "--json"))
+                                      *host, "-o", out, "--json"))
         profiles[fam] = out
     if a.full_profile:
-        qsyncc(a.qsyncc, "profile", "build", a.ops, "--device", device, *devfiles, "-o", a.full_profile)
+        qsyncc(a.qsyncc, "profile", "build", a.ops, "--device", device, *devfiles, *host, "-o", a.full_profile)
     rows = []
     for r in its["runs"]:
         model = os.path.join(a.models_dir, r["qsync_model"])

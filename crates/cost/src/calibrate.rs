@@ -42,7 +42,8 @@ use serde_json::Value;
 use crate::facts::{Kind, Work};
 use crate::model::{roofline, tensor_core_eligible, Bound, Rates};
 use crate::profile::{
-    BatchPoint, CastSamples, HostTimes, OpSample, OptimizerSamples, ProfileEfficiency, MAX_PROFILE_EFFICIENCY,
+    BatchPoint, CastSamples, HostModel, HostTimes, OpSample, OptimizerSamples, ProfileEfficiency,
+    MAX_PROFILE_EFFICIENCY,
 };
 use crate::{Bindings, CostError, Device, GraphFacts, Precision, Profile, Result};
 
@@ -421,6 +422,13 @@ pub struct Times {
     pub bwd_weight_host_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bwd_both_host_us: Option<f64>,
+    /// Per phase (forward, input gradient, weight gradient): whether the
+    /// host took at least [`HOST_BOUND`] of the measured time, so the GPU
+    /// waited for it and the time bounds the kernels from above without
+    /// measuring them. Set by [`Measurements::without_harness_floor`] from
+    /// the raw times; the rate fit leaves such phases out.
+    #[serde(skip)]
+    pub host_bound: [bool; 3],
 }
 
 /// A worklist entry with its measurements.
@@ -525,6 +533,25 @@ pub struct HarnessFloor {
 }
 
 impl Measurements {
+    /// How to read the entries' host times ([`HostModel`]), when this is a
+    /// GPU's measurement that carries them and the harness's host floors;
+    /// overheads 1 until [`fit_host_overhead`] sets them.
+    pub fn host_model(&self) -> Option<HostModel> {
+        let any = self.entries.iter().any(|e| e.measured.values().any(|t| t.fwd_host_us.is_some()));
+        let meta = |k: &str| self.meta.get(&format!("harness_floor_{k}_host_us")).and_then(|v| v.parse::<f64>().ok());
+        match (self.on_gpu() && any, meta("fwd"), meta("bwd_input"), meta("bwd_weight")) {
+            (true, Some(f), Some(i), Some(w)) => Some(HostModel {
+                harness_fwd_us: f,
+                harness_bwd_input_us: i,
+                harness_bwd_weight_us: w,
+                overhead_fwd: 1.0,
+                overhead_bwd: 1.0,
+                overhead_source: "none fitted: the isolated ops' host times".into(),
+            }),
+            _ => None,
+        }
+    }
+
     /// Whether the times are a GPU's (CUDA events), where the harness floor
     /// is host time the device does not spend (see [`HarnessFloor`]). On a
     /// CPU device the host's dispatch is the device's own time.
@@ -578,6 +605,12 @@ impl Measurements {
     /// `device` (the floor's own call launched one): `launch + max(t − floor, 0)`.
     pub fn without_harness_floor(&self, floor: &HarnessFloor, launch_us: f64) -> Measurements {
         let fix = |t: &mut Times| {
+            let bound = |v: Option<f64>, h: Option<f64>| matches!((v, h), (Some(v), Some(h)) if h >= HOST_BOUND * v);
+            t.host_bound = [
+                bound(Some(t.fwd_us), t.fwd_host_us),
+                bound(t.bwd_input_us, t.bwd_input_host_us),
+                bound(t.bwd_weight_us, t.bwd_weight_host_us),
+            ];
             let less = |v: f64, f: f64| launch_us + (v - f).max(0.0);
             t.fwd_us = less(t.fwd_us, floor.fwd_us);
             t.bwd_input_us = t.bwd_input_us.map(|v| less(v, floor.bwd_input_us));
@@ -688,8 +721,13 @@ pub fn fit_rates(
                 }
             }
             for (fwd, bwd_input, bwd_weight, t) in points {
-                for (w, v) in [(fwd, Some(t.fwd_us)), (bwd_input, t.bwd_input_us), (bwd_weight, t.bwd_weight_us)] {
+                let phases = [(fwd, Some(t.fwd_us)), (bwd_input, t.bwd_input_us), (bwd_weight, t.bwd_weight_us)];
+                for ((w, v), host_bound) in phases.into_iter().zip(t.host_bound) {
                     let work = Work::from(w);
+                    // The host's pace says nothing about the device's rates.
+                    if host_bound {
+                        continue;
+                    }
                     if let Some(us) = v.filter(|&us| us > 0.0 && !work.is_empty()) {
                         samples.push(Sample { work, gemm_like: e.item.gemm_like, tc, p, seconds: us * 1e-6, weight });
                     }
@@ -782,11 +820,30 @@ pub fn fit_rates(
 /// the cast and optimizer samples, and fitted rates. Errors when nothing is
 /// left or a family to exclude is unknown.
 pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[String]) -> Result<(Profile, FitReport)> {
+    build_profile_with(m, device, exclude_families, false)
+}
+
+/// [`build_profile`], and with `host_model` a profile that prices the host
+/// ([`HostModel`], when the measurements timed it): phases measured at the
+/// host's pace ([`Times::host_bound`]) leave the rate fit and only cap
+/// their kernels; [`fit_host_overhead`] then fits its overheads. Without
+/// it the host times are kept as data and nothing reads them.
+pub fn build_profile_with(
+    m: &Measurements,
+    device: &Device,
+    exclude_families: &[String],
+    host_model: bool,
+) -> Result<(Profile, FitReport)> {
     let bad = |message: String| CostError::Profile { file: "measurements".into(), message };
     // A GPU's times lose the harness's own per-call time first (see
     // `HarnessFloor`): the ops and the fit see device time.
     let floor = if m.on_gpu() { m.harness_floor() } else { None };
-    let corrected = floor.map(|f| m.without_harness_floor(&f, device.launch_overhead_us));
+    let mut corrected = floor.map(|f| m.without_harness_floor(&f, device.launch_overhead_us));
+    if !host_model {
+        for e in corrected.iter_mut().flat_map(|c| c.entries.iter_mut()) {
+            e.measured.values_mut().for_each(|t| t.host_bound = [false; 3]);
+        }
+    }
     let m = corrected.as_ref().unwrap_or(m);
     for f in exclude_families {
         if !m.models.iter().any(|x| &x.family == f) {
@@ -864,6 +921,7 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
     if !exclude_families.is_empty() {
         meta.insert("excluded_families".into(), exclude_families.join(","));
     }
+    let host = if host_model { m.host_model() } else { None };
     let profile = Profile {
         device: Some(device.name.clone()),
         meta,
@@ -871,9 +929,151 @@ pub fn build_profile(m: &Measurements, device: &Device, exclude_families: &[Stri
         ops,
         casts: m.casts.clone(),
         optimizers: m.optimizers.clone(),
+        host,
     };
     // What we write must be what `--calibration` accepts.
     let text = serde_json::to_string(&profile).map_err(|e| bad(e.to_string()))?;
     Profile::from_json(&text, "built profile")?;
     Ok((profile, report))
+}
+
+/// One measured training run, as `scripts/gpu/train.py` writes it
+/// (`qsync-iterations/1`; the fields the host fit reads).
+#[derive(Clone, Debug, Deserialize)]
+pub struct TrainingRun {
+    pub model: String,
+    /// The model file (`resnet50_train.onnx`): its stem names the model in
+    /// the measurements' `uses`.
+    pub qsync_model: String,
+    pub family: String,
+    /// `fp32`, `tf32`, `amp_fp16` or `amp_bf16`.
+    pub precision: String,
+    /// Each phase's GPU time (`forward`, `backward`, `optimizer`).
+    #[serde(default)]
+    pub phases_ms: BTreeMap<String, f64>,
+    /// The host's time issuing each phase.
+    #[serde(default)]
+    pub host_phases_ms: BTreeMap<String, f64>,
+    /// The median iteration.
+    #[serde(default)]
+    pub median_ms: Option<f64>,
+    /// The kernels' time per iteration (torch.profiler).
+    #[serde(default)]
+    pub kernels: Option<RunKernels>,
+}
+
+/// A training run's kernel time (the field the host fit reads).
+#[derive(Clone, Debug, Deserialize)]
+pub struct RunKernels {
+    pub kernels_us: f64,
+}
+
+/// A `qsync-iterations/1` file.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TrainingRuns {
+    pub schema: String,
+    pub runs: Vec<TrainingRun>,
+}
+
+impl TrainingRuns {
+    pub fn from_json(text: &str, file: &str) -> Result<TrainingRuns> {
+        let bad = |message: String| CostError::Profile { file: file.into(), message };
+        let r: TrainingRuns = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if r.schema != "qsync-iterations/1" {
+            return Err(bad(format!("schema `{}` is not `qsync-iterations/1`", r.schema)));
+        }
+        Ok(r)
+    }
+}
+
+/// A measured phase whose host time is at least this fraction of its GPU
+/// time had the GPU waiting for the host: its time is the host's pace.
+pub const HOST_BOUND: f64 = 0.9;
+
+/// A training run whose kernels keep the GPU busy less than this fraction
+/// of the iteration is host-bound (its phases' host times are the host's
+/// own, not time spent blocked behind a full launch queue).
+pub const HOST_BOUND_RUN: f64 = 0.75;
+
+/// Fit `profile.host`'s overheads: per phase (forward, backward), the
+/// host's time in the host-bound phases of `runs` over what the profile's
+/// isolated ops' host times add up to for those models (each op of the
+/// model at the run's precision, AMP's at its 16-bit type where measured,
+/// else FP32). Runs of `exclude_families` are left out, as their ops are;
+/// a phase with no host-bound run keeps 1. Returns what was fitted.
+pub fn fit_host_overhead(
+    profile: &mut Profile,
+    m: &Measurements,
+    runs: &TrainingRuns,
+    exclude_families: &[String],
+) -> Result<String> {
+    let Some(mut host) = profile.host.clone() else {
+        return Err(CostError::Profile {
+            file: "measurements".into(),
+            message: "no host times (measured before scripts/gpu/profile.py timed the host): \
+                      nothing to fit --iterations to"
+                .into(),
+        });
+    };
+    let mut sums = [(0.0f64, 0.0f64, 0usize); 2];
+    let mut used = Vec::new();
+    for r in &runs.runs {
+        if exclude_families.contains(&r.family) {
+            continue;
+        }
+        // Only a run the GPU waited through: elsewhere the host blocks
+        // behind the kernels and its time is theirs.
+        match (&r.kernels, r.median_ms) {
+            (Some(k), Some(it)) if it > 0.0 && k.kernels_us * 1e-3 < HOST_BOUND_RUN * it => {}
+            _ => continue,
+        }
+        let model = r.qsync_model.trim_end_matches(".onnx");
+        let p = match r.precision.as_str() {
+            "fp32" => Precision::Fp32,
+            "tf32" => Precision::Tf32,
+            "amp_fp16" => Precision::Fp16,
+            "amp_bf16" => Precision::Bf16,
+            _ => continue,
+        };
+        let (mut fwd, mut bwd, mut seen) = (0.0, 0.0, false);
+        for e in &m.entries {
+            let Some(&n) = e.item.uses.get(model) else { continue };
+            let Some(t) = e.measured.get(&p).or_else(|| e.measured.get(&Precision::Fp32)) else { continue };
+            let Some(h) = HostTimes::of(t) else { continue };
+            let (f, b) = host.isolated_us(&h);
+            fwd += f64::from(n) * f;
+            bwd += f64::from(n) * b.unwrap_or(0.0);
+            seen = true;
+        }
+        if !seen {
+            continue;
+        }
+        let mut took = Vec::new();
+        for (slot, (phase, isolated)) in [("forward", fwd), ("backward", bwd)].into_iter().enumerate() {
+            let (Some(&h), Some(&g)) = (r.host_phases_ms.get(phase), r.phases_ms.get(phase)) else { continue };
+            if isolated > 0.0 && h >= HOST_BOUND * g {
+                sums[slot].0 += h * 1e3;
+                sums[slot].1 += isolated;
+                sums[slot].2 += 1;
+                took.push(phase);
+            }
+        }
+        if !took.is_empty() {
+            used.push(format!("{} {} ({})", r.model, r.precision, took.join(", ")));
+        }
+    }
+    let ratio = |(h, i, n): (f64, f64, usize)| if n > 0 && i > 0.0 { h / i } else { 1.0 };
+    host.overhead_fwd = ratio(sums[0]);
+    host.overhead_bwd = ratio(sums[1]);
+    host.overhead_source = if used.is_empty() {
+        "no host-bound training run: the isolated ops' host times".into()
+    } else {
+        format!("host-bound phases of {}", used.join("; "))
+    };
+    let note = format!(
+        "host overhead: forward x{:.2}, backward x{:.2} ({})",
+        host.overhead_fwd, host.overhead_bwd, host.overhead_source
+    );
+    profile.host = Some(host);
+    Ok(note)
 }

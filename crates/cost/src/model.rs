@@ -45,6 +45,11 @@ pub struct OpCost {
     pub tensor_core: bool,
     /// Whether a profile entry supplied the forward time.
     pub measured: bool,
+    /// What issuing the forward costs the host, seconds (0 without a
+    /// profile that measured the host: the host taken to be never behind).
+    pub host_fwd: f64,
+    /// What issuing the backward (both gradients) costs the host, seconds.
+    pub host_bwd: f64,
 }
 
 impl OpCost {
@@ -180,6 +185,30 @@ pub struct CostModel {
     fits: Vec<CastFit>,
     optimizer_fits: BTreeMap<&'static str, LinearModel>,
     optimizer_curves: BTreeMap<&'static str, SizeCurve>,
+    host: Option<HostCosts>,
+}
+
+/// What issuing work costs the host, from a profile that measured it
+/// ([`crate::profile::HostModel`]).
+#[derive(Clone, Debug)]
+struct HostCosts {
+    overhead_fwd: f64,
+    overhead_bwd: f64,
+    /// An op the profile did not measure: the median of the measured ops
+    /// of its type (the key's op name), else of all, seconds (forward,
+    /// backward).
+    typical_fwd: f64,
+    typical_bwd: f64,
+    typical_by_op: HashMap<String, (f64, f64)>,
+    optimizer_curves: BTreeMap<&'static str, SizeCurve>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 impl CostModel {
@@ -203,7 +232,63 @@ impl CostModel {
             optimizer_fits = p.optimizer_fits()?;
             optimizer_curves = p.optimizer_curves()?;
         }
-        Ok(CostModel { device: device.clone(), rates, casts, measured, curves, fits, optimizer_fits, optimizer_curves })
+        let host = match profile.and_then(|p| p.host.as_ref().map(|h| (p, h))) {
+            Some((p, h)) => {
+                let mut by_op: BTreeMap<&str, Vec<(f64, Option<f64>)>> = BTreeMap::new();
+                for (key, t) in &measured {
+                    let op = key.split('|').next().unwrap_or("");
+                    by_op.entry(op).or_default().extend(t.iter().flatten().filter_map(|m| m.host));
+                }
+                let typical = |v: &[(f64, Option<f64>)]| {
+                    (median(v.iter().map(|x| x.0).collect()), median(v.iter().filter_map(|x| x.1).collect()))
+                };
+                let all: Vec<(f64, Option<f64>)> = by_op.values().flatten().copied().collect();
+                let (typical_fwd, typical_bwd) = typical(&all);
+                let typical_by_op = by_op
+                    .iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(op, v)| {
+                        let (f, b) = typical(v);
+                        (op.to_string(), (f, if b > 0.0 { b } else { typical_bwd }))
+                    })
+                    .collect();
+                Some(HostCosts {
+                    overhead_fwd: h.overhead_fwd,
+                    overhead_bwd: h.overhead_bwd,
+                    typical_fwd,
+                    typical_bwd,
+                    typical_by_op,
+                    optimizer_curves: p.optimizer_host_curves()?,
+                })
+            }
+            None => None,
+        };
+        Ok(CostModel {
+            device: device.clone(),
+            rates,
+            casts,
+            measured,
+            curves,
+            fits,
+            optimizer_fits,
+            optimizer_curves,
+            host,
+        })
+    }
+
+    /// What issuing `optimizer`'s step over tensors of `tensors` elements
+    /// costs the host, seconds: 0 without a profile that measured it.
+    pub fn optimizer_host_step(&self, optimizer: &str, tensors: &[f64]) -> f64 {
+        let k = crate::profile::optimizer_key(optimizer);
+        match (&self.host, k) {
+            (Some(h), Some(k)) => h.optimizer_curves.get(k).map_or(0.0, |c| c.step(tensors)),
+            _ => 0.0,
+        }
+    }
+
+    /// Whether this model prices what issuing the work costs the host.
+    pub fn prices_host(&self) -> bool {
+        self.host.is_some()
     }
 
     /// The fractions of peak this model costs with.
@@ -325,11 +410,26 @@ impl CostModel {
                 }
                 _ => (m.fwd, m.bwd_input, m.bwd_weight),
             };
-            c.fwd = fwd;
-            c.quant = c.quant.min(fwd);
-            c.bwd_input = bwd_input.unwrap_or(c.bwd_input);
-            c.bwd_weight = bwd_weight.unwrap_or(c.bwd_weight);
+            // A phase measured at the host's pace bounds its kernels from
+            // above: they run at the fitted rates, at most that long.
+            let take =
+                |analytic: f64, measured: f64, bound: bool| if bound { analytic.min(measured) } else { measured };
+            c.fwd = take(c.fwd, fwd, m.host_bound[0]);
+            c.quant = c.quant.min(c.fwd);
+            c.bwd_input = bwd_input.map_or(c.bwd_input, |t| take(c.bwd_input, t, m.host_bound[1]));
+            c.bwd_weight = bwd_weight.map_or(c.bwd_weight, |t| take(c.bwd_weight, t, m.host_bound[2]));
             c.measured = true;
+        }
+        if let Some(h) = &self.host {
+            // What the host pays does not depend on the batch.
+            let m = self.measured.get(&f.profile_key).and_then(|t| t[p.index()]).and_then(|m| m.host);
+            let op = f.profile_key.split('|').next().unwrap_or("");
+            let typical = h.typical_by_op.get(op).copied().unwrap_or((h.typical_fwd, h.typical_bwd));
+            let (fwd, bwd) = m.map_or(typical, |(f, b)| (f, b.unwrap_or(typical.1)));
+            c.host_fwd = h.overhead_fwd * fwd;
+            if c.bwd_input + c.bwd_weight > 0.0 {
+                c.host_bwd = h.overhead_bwd * bwd;
+            }
         }
         Ok(c)
     }
@@ -348,6 +448,8 @@ impl CostModel {
             bwd_bytes: bytes(&v.bwd_input, p) + bytes(&v.bwd_weight, p),
             tensor_core: tc,
             measured: false,
+            host_fwd: 0.0,
+            host_bwd: 0.0,
         }
     }
 

@@ -115,6 +115,15 @@ pub struct HostTimes {
     /// Both gradients asked for in one call (what a training backward does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bwd_both_us: Option<f64>,
+    /// Per phase (forward, input gradient, weight gradient): the measured
+    /// device time was the host's pace (an upper bound on the kernels), so
+    /// the kernels are priced at the fitted rates, capped by it.
+    #[serde(default, skip_serializing_if = "is_none_bound")]
+    pub host_bound: [bool; 3],
+}
+
+fn is_none_bound(b: &[bool; 3]) -> bool {
+    !b.iter().any(|&x| x)
 }
 
 impl HostTimes {
@@ -125,6 +134,7 @@ impl HostTimes {
             bwd_input_us: t.bwd_input_host_us,
             bwd_weight_us: t.bwd_weight_host_us,
             bwd_both_us: t.bwd_both_host_us,
+            host_bound: t.host_bound,
         })
     }
 }
@@ -312,6 +322,55 @@ pub struct Profile {
     pub casts: Vec<CastSamples>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub optimizers: Vec<OptimizerSamples>,
+    /// On a GPU whose measurements carry host times: how to read them
+    /// ([`HostModel`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostModel>,
+}
+
+/// How a profile's host times ([`HostTimes`]) become what issuing an op in
+/// a training step costs the host.
+///
+/// Each measured call paid the harness's own Python call once: for a
+/// backward phase a whole `torch.autograd.grad` (`harness_bwd_*_us`, its
+/// one-element call), of which a training backward pays only the node's
+/// share, taken to be a one-element forward's (`harness_fwd_us`). So an
+/// op's backward costs the host its measured time less
+/// `harness_bwd_* − harness_fwd` (`bwd_both_us` when measured, else the
+/// two gradients' calls each so reduced), and its forward its measured
+/// time. A training step then issues more than the op itself (module
+/// calls, autocast, the autograd engine's bookkeeping): `overhead_fwd` and
+/// `overhead_bwd` scale the ops' host times to the host's time per phase
+/// in real training runs (`qsyncc profile build --iterations`; 1 without).
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostModel {
+    pub harness_fwd_us: f64,
+    pub harness_bwd_input_us: f64,
+    pub harness_bwd_weight_us: f64,
+    pub overhead_fwd: f64,
+    pub overhead_bwd: f64,
+    /// Where the overheads come from (the runs fitted, or why 1).
+    pub overhead_source: String,
+}
+
+impl HostModel {
+    /// An op's forward and backward host microseconds, as a training step
+    /// would pay them before the overheads (see the type's doc).
+    pub fn isolated_us(&self, h: &HostTimes) -> (f64, Option<f64>) {
+        let call = |t: f64, harness: f64| (t - (harness - self.harness_fwd_us)).max(0.0);
+        let bwd = match h.bwd_both_us {
+            Some(both) => Some(call(both, self.harness_bwd_input_us)),
+            None => match (h.bwd_input_us, h.bwd_weight_us) {
+                (None, None) => None,
+                (i, w) => Some(
+                    i.map_or(0.0, |t| call(t, self.harness_bwd_input_us))
+                        + w.map_or(0.0, |t| call(t, self.harness_bwd_weight_us)),
+                ),
+            },
+        };
+        (h.fwd_us, bwd)
+    }
 }
 
 /// Measured seconds of one op at one precision.
@@ -325,6 +384,11 @@ pub struct Measured {
     /// Index of the op's batch curve in [`Profile::op_table_with_curves`]'s
     /// curves, when it has one.
     pub curve: Option<usize>,
+    /// What issuing the forward and the backward costs the host, seconds
+    /// ([`HostModel::isolated_us`], before the overheads), when measured.
+    pub host: Option<(f64, Option<f64>)>,
+    /// Per phase: the time is the host's pace ([`HostTimes::host_bound`]).
+    pub host_bound: [bool; 3],
 }
 
 /// A fitted cast model with its error.
@@ -441,13 +505,26 @@ impl Profile {
     /// samples (pooled over entries), by optimizer name. Errors when an
     /// optimizer's samples hold fewer than two distinct sizes.
     pub fn optimizer_curves(&self) -> Result<BTreeMap<&'static str, SizeCurve>> {
+        self.curves_of(|o| &o.tensors)
+    }
+
+    /// Per optimizer, the host's time per tensor issuing its step (from
+    /// `host_tensors`), where measured.
+    pub fn optimizer_host_curves(&self) -> Result<BTreeMap<&'static str, SizeCurve>> {
+        self.curves_of(|o| &o.host_tensors)
+    }
+
+    fn curves_of(
+        &self,
+        pick: impl Fn(&OptimizerSamples) -> &Vec<(f64, f64)>,
+    ) -> Result<BTreeMap<&'static str, SizeCurve>> {
         let mut pooled: BTreeMap<&'static str, Vec<(f64, f64)>> = BTreeMap::new();
         for o in &self.optimizers {
             let Some(k) = optimizer_key(&o.optimizer) else { continue };
-            if o.tensors.is_empty() {
+            if pick(o).is_empty() {
                 continue;
             }
-            pooled.entry(k).or_default().extend(o.tensors.iter().map(|&(x, us)| (x, us * 1e-6)));
+            pooled.entry(k).or_default().extend(pick(o).iter().map(|&(x, us)| (x, us * 1e-6)));
         }
         pooled
             .into_iter()
@@ -492,12 +569,22 @@ impl Profile {
                 }
                 _ => None,
             };
+            let host = match (&self.host, &o.host_us) {
+                (Some(model), Some(h)) => {
+                    let (f, b) = model.isolated_us(h);
+                    Some((s(f), b.map(s)))
+                }
+                _ => None,
+            };
+            let host_bound = o.host_us.map_or([false; 3], |h| h.host_bound);
             let m = Measured {
                 fwd: s(o.fwd_us),
                 bwd_input: o.bwd_input_us.map(s),
                 bwd_weight: o.bwd_weight_us.map(s),
                 batch: o.batch.unwrap_or(1) as f64,
                 curve,
+                host,
+                host_bound,
             };
             t.entry(o.key()).or_default()[o.precision.index()] = Some(m);
             for p in &o.batch_points {
@@ -509,6 +596,8 @@ impl Profile {
                     bwd_weight: p.bwd_weight_us.map(s),
                     batch: p.batch as f64,
                     curve,
+                    host,
+                    host_bound,
                 };
                 t.entry(key).or_default()[o.precision.index()] = Some(m);
             }

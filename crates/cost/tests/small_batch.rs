@@ -366,3 +366,73 @@ fn a_gpus_host_times_reach_the_profile_as_measured() {
     let (p, _) = build_profile(&plain, db.get("h100-sxm").unwrap(), &[]).unwrap();
     assert!(p.ops.iter().all(|o| o.host_us.is_none()));
 }
+
+#[test]
+fn a_profile_that_priced_the_host_charges_each_op_what_issuing_it_costs() {
+    use qsync_cost::calibrate::Worklist;
+    use qsync_cost::calibrate::{build_profile, build_profile_with, fit_host_overhead, Measurements, TrainingRuns};
+    let (g, fc) = symbolic_gemm();
+    let mut w = Worklist::new(8, Default::default());
+    w.add_graph("m", "fam", &g, &Bindings::new().with("batch", 8)).unwrap();
+    // Harness floors on the host: 10 µs a forward call, 60 µs a gradient
+    // call, so a gradient's share in a training backward is its time − 50.
+    let mut m = serde_json::json!({ "schema": "qsync-ops/1", "batch": 8, "models": w.models, "entries": w.entries,
+        "meta": { "method": "CUDA events, back-to-back calls", "harness_floor_fwd_us": "1",
+                  "harness_floor_bwd_input_us": "1", "harness_floor_bwd_weight_us": "1",
+                  "harness_floor_fwd_host_us": "10", "harness_floor_bwd_input_host_us": "60",
+                  "harness_floor_bwd_weight_host_us": "60" } });
+    for e in m["entries"].as_array_mut().unwrap() {
+        // The Gemm: kernels 200 µs, issued in 30; its backward, both
+        // gradients in one call, 400 µs issued in 90 (40 in training). The
+        // Add: 40 µs a call, all of it the host's (host-bound: its kernels
+        // are priced at the rates, at most 40).
+        e["measured"] = if e["op"] == "Gemm" {
+            serde_json::json!({ "fp32": { "fwd_us": 200.0, "fwd_host_us": 30.0, "bwd_input_us": 200.0,
+                "bwd_input_host_us": 80.0, "bwd_weight_us": 200.0, "bwd_weight_host_us": 80.0,
+                "bwd_both_us": 400.0, "bwd_both_host_us": 90.0 } })
+        } else {
+            serde_json::json!({ "fp32": { "fwd_us": 40.0, "fwd_host_us": 39.0 } })
+        };
+    }
+    let m = Measurements::from_json(&m.to_string(), "ops.json").unwrap();
+    let db = DeviceDb::bundled().unwrap();
+    let h100 = db.get("h100-sxm").unwrap();
+    let facts = GraphFacts::new(&g, &Bindings::new().with("batch", 8)).unwrap();
+    // Without the host model nothing reads the host times.
+    let (plain, _) = build_profile(&m, h100, &[]).unwrap();
+    assert!(plain.host.is_none());
+    let c = CostModel::new(h100, Some(&plain)).unwrap().op_cost(&facts, fc, Precision::Fp32).unwrap();
+    assert_eq!((c.host_fwd, c.host_bwd), (0.0, 0.0));
+    // With it, and a host-bound training run whose host issued its forward
+    // in 2 × and its backward in 3 × what the ops add up to (forward
+    // 30 + 39 = 69 µs, backward 40 µs): overheads 2 and 3.
+    let (mut p, _) = build_profile_with(&m, h100, &[], true).unwrap();
+    let runs = serde_json::json!({ "schema": "qsync-iterations/1", "runs": [
+        { "model": "m", "qsync_model": "m.onnx", "family": "fam", "precision": "fp32", "median_ms": 1.0,
+          "kernels": { "kernels_us": 500.0 },
+          "phases_ms": { "forward": 0.138, "backward": 0.120, "optimizer": 0.01 },
+          "host_phases_ms": { "forward": 0.138, "backward": 0.120, "optimizer": 0.01 } },
+        // GPU-bound (kernels 95% of the iteration): its host times are not
+        // the host's own and are left out.
+        { "model": "m", "qsync_model": "m.onnx", "family": "fam", "precision": "fp32", "median_ms": 1.0,
+          "kernels": { "kernels_us": 950.0 },
+          "phases_ms": { "forward": 0.5, "backward": 0.5 }, "host_phases_ms": { "forward": 0.9, "backward": 0.9 } } ] });
+    let runs = TrainingRuns::from_json(&runs.to_string(), "iterations.json").unwrap();
+    let note = fit_host_overhead(&mut p, &m, &runs, &[]).unwrap();
+    let host = p.host.clone().unwrap();
+    assert!(close(host.overhead_fwd, 2.0) && close(host.overhead_bwd, 3.0), "{note}");
+    let cm = CostModel::new(h100, Some(&p)).unwrap();
+    assert!(cm.prices_host());
+    let c = cm.op_cost(&facts, fc, Precision::Fp32).unwrap();
+    assert!(close(c.host_fwd, 60e-6) && close(c.host_bwd, 120e-6), "{c:?}");
+    // The Add's kernels: its 40 µs were the host's pace, so the rates price
+    // them (an 8 × 768 add is far below that), and the host pays 2 × 39.
+    let add = g.schedule().into_iter().find(|&n| g.node(n).name == "shift").unwrap();
+    let c = cm.op_cost(&facts, add, Precision::Fp32).unwrap();
+    assert!(c.fwd < 20e-6 && close(c.host_fwd, 78e-6), "{c:?}");
+    // Fitting the family it predicts is refused by leaving it out: no run
+    // is left, the overheads stay 1.
+    let (mut p, _) = build_profile_with(&m, h100, &[], true).unwrap();
+    let note = fit_host_overhead(&mut p, &m, &runs, &["fam".into()]).unwrap();
+    assert!(note.contains("no host-bound training run"), "{note}");
+}

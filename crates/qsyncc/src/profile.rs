@@ -11,7 +11,7 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use qsync_cost::calibrate::{build_profile, Measurements, Worklist};
+use qsync_cost::calibrate::{build_profile_with, fit_host_overhead, Measurements, TrainingRuns, Worklist};
 
 use crate::simulate::{parse_cluster, prepare};
 
@@ -58,6 +58,13 @@ pub enum ProfileCmd {
         /// Print the fit report as JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Price the host too (measurements that timed it), fitted to
+        /// training runs measured on the same machine (`scripts/gpu/train.py`,
+        /// schema `qsync-iterations/1`): their host-bound phases give how much
+        /// more a training step issues than the isolated ops (the profile's
+        /// `host.overhead_*`; runs of an `--exclude`d family are left out).
+        #[arg(long)]
+        iterations: Option<PathBuf>,
     },
 }
 
@@ -136,20 +143,35 @@ pub fn run(cmd: &ProfileCmd) -> Result<String> {
             let _ = writeln!(out, "{} distinct ops -> {}", list.entries.len(), output.display());
             Ok(out)
         }
-        ProfileCmd::Build { measurements, device, exclude, device_files, output, json } => {
+        ProfileCmd::Build { measurements, device, exclude, device_files, output, json, iterations } => {
             let src = crate::simulate::ClusterSource { targets: device, ..Default::default() };
             let cluster = parse_cluster(device_files, src, &[])?;
             let dev = cluster.db.get(device)?.clone();
             let text = std::fs::read_to_string(measurements)
                 .with_context(|| format!("cannot read {}", measurements.display()))?;
             let m = Measurements::from_json(&text, &measurements.display().to_string())?;
-            let (profile, report) =
-                build_profile(&m, &dev, exclude).with_context(|| measurements.display().to_string())?;
+            let (mut profile, report) = build_profile_with(&m, &dev, exclude, iterations.is_some())
+                .with_context(|| measurements.display().to_string())?;
+            let host_note = match iterations {
+                Some(path) => {
+                    let text =
+                        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+                    let runs = TrainingRuns::from_json(&text, &path.display().to_string())?;
+                    Some(
+                        fit_host_overhead(&mut profile, &m, &runs, exclude)
+                            .with_context(|| format!("{} with {}", measurements.display(), path.display()))?,
+                    )
+                }
+                None => None,
+            };
             write_json(output, &profile)?;
             if *json {
                 return Ok(serde_json::to_string_pretty(&report)? + "\n");
             }
             let mut o = String::new();
+            if let Some(note) = host_note {
+                let _ = writeln!(o, "  {note}");
+            }
             let _ = writeln!(
                 o,
                 "profile for {} from {} ({} op entries, {} cast pairs) -> {}",

@@ -26,6 +26,7 @@
 //! let program = LocalProgram {
 //!     ops: vec![LocalOp::new("fc", OpCost::weighted(10.0, 10.0, 20.0, 1 << 20))],
 //!     optimizer_us: 5.0,
+//!     optimizer_host_us: 0.0,
 //! };
 //! let cluster = Cluster::new(vec![
 //!     DeviceType::new("v100", 16, 8, 32), // 16 GPUs, 8 to a node, batch 32 each

@@ -344,12 +344,17 @@ pub fn optimizer_seconds(device: &Device, tensors: &[f64], optimizer: Optimizer)
 /// when its calibration has one ([`CostModel::optimizer_step`]), else
 /// [`optimizer_seconds`].
 fn step_seconds(model: &CostModel, tensors: &[f64], optimizer: Optimizer) -> f64 {
-    let name = match optimizer {
+    model
+        .optimizer_step(optimizer_name(optimizer), tensors)
+        .unwrap_or_else(|| optimizer_seconds(model.device(), tensors, optimizer))
+}
+
+fn optimizer_name(optimizer: Optimizer) -> &'static str {
+    match optimizer {
         Optimizer::Sgd { momentum: false } => "sgd",
         Optimizer::Sgd { momentum: true } => "momentum",
         Optimizer::Adam => "adam",
-    };
-    model.optimizer_step(name, tensors).unwrap_or_else(|| optimizer_seconds(model.device(), tensors, optimizer))
+    }
 }
 
 /// Seconds the optimizer step adds to rewrite refreshed copies of
@@ -701,7 +706,9 @@ impl<'g> Predictor<'g> {
             let copy_bytes = shared.stored_copies + copies.total();
             let step =
                 step_seconds(&model, &shared.param_tensors, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
-            programs.push(LocalProgram { ops, optimizer_us: us(step) });
+            let optimizer_host_us =
+                us(model.optimizer_host_step(optimizer_name(opts.optimizer), &shared.param_tensors));
+            programs.push(LocalProgram { ops, optimizer_us: us(step), optimizer_host_us });
             let dt = device_type(t, &model, &opts)
                 .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64));
             cluster_types.push(dt);
@@ -749,6 +756,8 @@ impl<'g> Predictor<'g> {
             weight_grad_us: us(c.bwd_weight) + us(w.weight_grad),
             grad_bytes: grad_bytes as u64,
             saved_bytes: 0,
+            host_fwd_us: us(c.host_fwd),
+            host_bwd_us: us(c.host_bwd),
         })
     }
 

@@ -26,6 +26,14 @@ pub struct OpCost {
     /// Activation bytes the forward saves for the backward, freed once the
     /// op's backward has run.
     pub saved_bytes: u64,
+    /// What issuing the forward costs the host (the framework's Python,
+    /// dispatch and launches): the device cannot start the op's kernels
+    /// before the host has issued them (0: the host is never behind).
+    #[serde(default)]
+    pub host_fwd_us: f64,
+    /// What issuing the op's backward (both gradients) costs the host.
+    #[serde(default)]
+    pub host_bwd_us: f64,
 }
 
 impl OpCost {
@@ -36,7 +44,7 @@ impl OpCost {
 
     /// An op with weights: weight-gradient time and gradient bytes too.
     pub fn weighted(fwd_us: f64, input_grad_us: f64, weight_grad_us: f64, grad_bytes: u64) -> OpCost {
-        OpCost { fwd_us, input_grad_us, weight_grad_us, grad_bytes, saved_bytes: 0 }
+        OpCost { fwd_us, input_grad_us, weight_grad_us, grad_bytes, ..OpCost::default() }
     }
 
     /// The same op, saving `bytes` of activations for backward.
@@ -75,6 +83,9 @@ pub struct LocalProgram {
     pub ops: Vec<LocalOp>,
     /// Optimizer step, µs.
     pub optimizer_us: f64,
+    /// What issuing the optimizer step costs the host, µs (0: never behind).
+    #[serde(default)]
+    pub optimizer_host_us: f64,
 }
 
 /// Where the simulator gets costs from. `qsync-cost` implements this; tests
@@ -101,7 +112,7 @@ impl LocalProgram {
                 cost: source.op_cost(graph, n, device),
             })
             .collect();
-        LocalProgram { ops, optimizer_us: source.optimizer_us(graph, device) }
+        LocalProgram { ops, optimizer_us: source.optimizer_us(graph, device), optimizer_host_us: 0.0 }
     }
 
     /// Weight-gradient bytes per iteration.

@@ -14,6 +14,15 @@
 //! and the last collective has ended; the iteration ends with the last
 //! optimizer step.
 //!
+//! **The host.** A GPU runs what its host issues: each step may carry what
+//! issuing it costs the host (Python, the framework's dispatch, launches),
+//! and a step starts when the one before it has ended *and* the host has
+//! issued it, the host issuing the steps back to back. A step shorter than
+//! its issuing leaves the device waiting (a host-bound step); a long kernel
+//! lets the host run ahead. With no host times the stream is the prefix
+//! sum above. The optimizer step ends when both the device has run it and
+//! the host has issued it after the backward.
+//!
 //! **Incremental.** Each timeline keeps its step durations in a sum tree, so
 //! [`Simulator::set_op_cost`] rewrites three steps and the O(log n) sums
 //! above them, and a step's end time is an O(log n) query. The tree's shape
@@ -115,16 +124,43 @@ pub(crate) struct Bucket {
     pub copy_us: Vec<f64>,
 }
 
+/// A range of steps in a [`Timeline`]'s tree: its device time, its host
+/// time, and the most the host's issuing runs ahead of the device within it
+/// (`max_j (H_j − D_{j−1})` over its steps `j`, with `H` and `D` the host's
+/// and the device's sums from the range's start, `H_j` including step `j`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Span {
+    d: f64,
+    h: f64,
+    lead: f64,
+}
+
+impl Span {
+    const EMPTY: Span = Span { d: 0.0, h: 0.0, lead: f64::NEG_INFINITY };
+
+    fn step(d: f64, h: f64) -> Span {
+        Span { d, h, lead: h }
+    }
+
+    /// `self` followed by `next`.
+    fn then(self, next: Span) -> Span {
+        Span { d: self.d + next.d, h: self.h + next.h, lead: self.lead.max(self.h - self.d + next.lead) }
+    }
+}
+
 /// One device type's local DFG.
 #[derive(Debug, Clone)]
 pub(crate) struct Timeline {
     pub program: LocalProgram,
-    /// Step durations, see the module doc for the layout.
+    /// Step durations on the device, see the module doc for the layout.
     pub dur: Vec<f64>,
-    /// Sums of `dur` over aligned power-of-two ranges, as a complete binary
-    /// tree: leaves at `[width, 2·width)` (the steps, padded with zeros),
-    /// node `i` the sum of nodes `2i` and `2i+1`, the root at 1.
-    sums: Vec<f64>,
+    /// What issuing each step costs the host (the forward's on its step,
+    /// an op's whole backward on its input-gradient step).
+    pub host: Vec<f64>,
+    /// [`Span`]s over aligned power-of-two ranges, as a complete binary
+    /// tree: leaves at `[width, 2·width)` (the steps, padded with empty
+    /// steps), node `i` node `2i` then node `2i+1`, the root at 1.
+    tree: Vec<Span>,
     width: usize,
     /// Steps of the weight-gradient kernels that produce gradients, in
     /// production order.
@@ -136,11 +172,14 @@ impl Timeline {
     fn new(program: LocalProgram) -> Timeline {
         let n = program.ops.len();
         let mut dur = vec![0.0; 3 * n];
+        let mut host = vec![0.0; 3 * n];
         let mut grad_steps = Vec::new();
         for (i, op) in program.ops.iter().enumerate() {
             dur[i] = op.cost.fwd_us;
+            host[i] = op.cost.host_fwd_us;
             let (dg, wg) = bwd_steps(n, i);
             dur[dg] = op.cost.input_grad_us;
+            host[dg] = op.cost.host_bwd_us;
             dur[wg] = op.cost.weight_grad_us;
         }
         for i in (0..n).rev() {
@@ -150,22 +189,25 @@ impl Timeline {
         }
         let saved_bytes = program.ops.iter().map(|o| o.cost.saved_bytes).sum();
         let width = dur.len().max(1).next_power_of_two();
-        let mut sums = vec![0.0; 2 * width];
-        sums[width..width + dur.len()].copy_from_slice(&dur);
-        for i in (1..width).rev() {
-            sums[i] = sums[2 * i] + sums[2 * i + 1];
+        let mut tree = vec![Span::step(0.0, 0.0); 2 * width];
+        for (k, (&d, &h)) in dur.iter().zip(&host).enumerate() {
+            tree[width + k] = Span::step(d, h);
         }
-        Timeline { program, dur, sums, width, grad_steps, saved_bytes }
+        for i in (1..width).rev() {
+            tree[i] = tree[2 * i].then(tree[2 * i + 1]);
+        }
+        Timeline { program, dur, host, tree, width, grad_steps, saved_bytes }
     }
 
-    /// Set step `k`'s duration and the sums above it.
-    fn set(&mut self, k: usize, us: f64) {
+    /// Set step `k`'s device and host time and the spans above it.
+    fn set(&mut self, k: usize, us: f64, host_us: f64) {
         self.dur[k] = us;
+        self.host[k] = host_us;
         let mut i = self.width + k;
-        self.sums[i] = us;
+        self.tree[i] = Span::step(us, host_us);
         while i > 1 {
             i /= 2;
-            self.sums[i] = self.sums[2 * i] + self.sums[2 * i + 1];
+            self.tree[i] = self.tree[2 * i].then(self.tree[2 * i + 1]);
         }
     }
 
@@ -173,24 +215,34 @@ impl Timeline {
         self.program.ops.len()
     }
 
-    /// End of step `k`: the sum of steps `0..=k`, added from the largest
-    /// aligned range down — a function of the durations alone, whatever
-    /// order they were set in.
+    /// End of step `k` on the device. Each step starts when the step
+    /// before it has ended and the host has issued it (the host issues the
+    /// steps back to back, from 0): `G_k = max(H_k, G_{k−1}) + d_k`, which
+    /// unrolls to `D_k + max(0, max_{j≤k} (H_j − D_{j−1}))` — with no host
+    /// time, the device's prefix sum. Combined from the largest aligned
+    /// range down, a function of the times alone, whatever order they were
+    /// set in.
     pub fn end(&self, k: usize) -> f64 {
         let (mut node, mut lo, mut hi) = (1, 0, self.width);
-        let mut acc = 0.0;
+        let mut acc = Span::EMPTY;
         while node < self.width {
             let mid = (lo + hi) / 2;
             if k < mid {
                 node *= 2;
                 hi = mid;
             } else {
-                acc += self.sums[2 * node];
+                acc = acc.then(self.tree[2 * node]);
                 node = 2 * node + 1;
                 lo = mid;
             }
         }
-        acc + self.sums[node]
+        let acc = acc.then(self.tree[node]);
+        acc.d + acc.lead.max(0.0)
+    }
+
+    /// When the host has issued every step (forward and backward).
+    pub fn host_end(&self) -> f64 {
+        self.tree[1].h
     }
 
     pub fn forward_end(&self) -> f64 {
@@ -295,9 +347,10 @@ impl Simulator {
             return Err(SimError::GradBytesChanged { device: device.clone(), index: op, op: name.clone(), old, new });
         }
         let (dg, wg) = bwd_steps(n, op);
-        for (k, v) in [(op, cost.fwd_us), (dg, cost.input_grad_us), (wg, cost.weight_grad_us)] {
-            if tl.dur[k].to_bits() != v.to_bits() {
-                tl.set(k, v);
+        let steps = [(op, cost.fwd_us, cost.host_fwd_us), (dg, cost.input_grad_us, cost.host_bwd_us)];
+        for (k, v, h) in steps.into_iter().chain([(wg, cost.weight_grad_us, 0.0)]) {
+            if tl.dur[k].to_bits() != v.to_bits() || tl.host[k].to_bits() != h.to_bits() {
+                tl.set(k, v, h);
             }
         }
         tl.saved_bytes = tl.saved_bytes - tl.program.ops[op].cost.saved_bytes + cost.saved_bytes;
@@ -403,7 +456,11 @@ impl Simulator {
         let mut devices = Vec::with_capacity(self.timelines.len());
         for (((tl, ty), h), back) in self.timelines.iter().zip(&self.cluster.types).zip(&held).zip(&copy_back) {
             let backward_end_us = tl.backward_end() + h;
-            let finish_us = backward_end_us.max(prev_end) + back + tl.program.optimizer_us;
+            // The optimizer's kernels run once the device is free and as
+            // fast as the host issues them, which starts once it has issued
+            // the backward.
+            let finish_us = (backward_end_us.max(prev_end) + back + tl.program.optimizer_us)
+                .max(tl.host_end() + tl.program.optimizer_host_us);
             let peak_memory_bytes = ty.static_memory_bytes + tl.saved_bytes;
             devices.push(DeviceResult {
                 name: ty.name.clone(),
@@ -441,6 +498,8 @@ fn check_cost(device: &str, index: usize, op: &str, c: &OpCost) -> Result<(), Si
         ("forward time", c.fwd_us),
         ("input-gradient time", c.input_grad_us),
         ("weight-gradient time", c.weight_grad_us),
+        ("forward host time", c.host_fwd_us),
+        ("backward host time", c.host_bwd_us),
     ] {
         if !value.is_finite() || value < 0.0 {
             return Err(SimError::BadCost { device: device.to_string(), index, op: op.to_string(), what, value });
@@ -454,8 +513,10 @@ fn check_program(cluster: &Cluster, t: usize, p: &LocalProgram) -> Result<(), Si
     for (i, op) in p.ops.iter().enumerate() {
         check_cost(device, i, &op.name, &op.cost)?;
     }
-    if !p.optimizer_us.is_finite() || p.optimizer_us < 0.0 {
-        return Err(SimError::BadNumber { device: device.clone(), what: "optimizer time", value: p.optimizer_us });
+    for (what, value) in [("optimizer time", p.optimizer_us), ("optimizer host time", p.optimizer_host_us)] {
+        if !value.is_finite() || value < 0.0 {
+            return Err(SimError::BadNumber { device: device.clone(), what, value });
+        }
     }
     Ok(())
 }
@@ -512,10 +573,10 @@ mod tests {
             .map(|(i, &(f, d, w))| LocalOp {
                 name: format!("op{i}"),
                 node: None,
-                cost: OpCost { fwd_us: f, input_grad_us: d, weight_grad_us: w, grad_bytes: 0, saved_bytes: 0 },
+                cost: OpCost { fwd_us: f, input_grad_us: d, weight_grad_us: w, ..OpCost::default() },
             })
             .collect();
-        LocalProgram { ops, optimizer_us: 0.0 }
+        LocalProgram { ops, optimizer_us: 0.0, optimizer_host_us: 0.0 }
     }
 
     /// Durations of awkward magnitudes, so that rounding differs between
@@ -539,7 +600,7 @@ mod tests {
         // max(60, 40+d)..+d. Blocking: op0's backward waits for bucket 0, so
         // bucket 1 is ready at 60+d and ends at 60+2d.
         let op = |n: &str| LocalOp { name: n.into(), node: None, cost: OpCost::weighted(10.0, 10.0, 10.0, 1_000_000) };
-        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0 };
+        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0, optimizer_host_us: 0.0 };
         let cluster = Cluster::new(vec![crate::DeviceType::new("a", 4, 2, 1).with_bandwidth(10.0, 1.0)]);
         let at = |path| {
             let spec = crate::SyncSpec::new(crate::SyncScheme::Fp16, 512).with_path(path);
@@ -568,7 +629,7 @@ mod tests {
             node: None,
             cost: OpCost::weighted(10_000.0, 10_000.0, 10_000.0, 1_000_000),
         };
-        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0 };
+        let program = LocalProgram { ops: vec![op("op0"), op("op1")], optimizer_us: 5.0, optimizer_host_us: 0.0 };
         let ty = crate::DeviceType::new("cpu", 4, 2, 1)
             .with_bandwidth(10.0, 1.0)
             .with_host(k, 10.0)
@@ -658,15 +719,58 @@ mod tests {
         let n = a.len();
         for i in (0..n).map(|i| (i * 11) % n) {
             let (dg, wg) = bwd_steps(n, i);
-            edited.set(i, a[i].0 * 3.0);
-            edited.set(wg, b[i].2);
-            edited.set(i, b[i].0);
-            edited.set(dg, b[i].1);
+            edited.set(i, a[i].0 * 3.0, 0.0);
+            edited.set(wg, b[i].2, 0.0);
+            edited.set(i, b[i].0, 0.0);
+            edited.set(dg, b[i].1, 0.0);
         }
         let fresh = Timeline::new(program(&b));
         for k in 0..fresh.dur.len() {
             assert_eq!(edited.end(k).to_bits(), fresh.end(k).to_bits(), "step {k}");
         }
         assert_eq!(edited.backward_end().to_bits(), fresh.backward_end().to_bits());
+    }
+
+    #[test]
+    fn a_kernel_waits_for_the_host_to_issue_it() {
+        // op0: 10 µs of kernels the host takes 30 µs to issue; op1: 50 µs
+        // issued in 5. By hand: op0 runs 30..40; op1 is issued at 35 and
+        // starts when op0 ends, 40..90. The optimizer's 5 µs of kernels take
+        // the host 100 µs to issue from 35 (the backward has no work here):
+        // the step ends at 135, not 95.
+        let host = |mut p: LocalProgram, h0: f64| {
+            p.ops[0].cost.host_fwd_us = h0;
+            p.ops[1].cost.host_fwd_us = 5.0;
+            p.optimizer_us = 5.0;
+            p.optimizer_host_us = 100.0;
+            p
+        };
+        let p = host(program(&[(10.0, 0.0, 0.0), (50.0, 0.0, 0.0)]), 30.0);
+        let tl = Timeline::new(p.clone());
+        assert_eq!((tl.start(0), tl.end(0), tl.start(1), tl.end(1)), (30.0, 40.0, 40.0, 90.0));
+        assert_eq!((tl.forward_end(), tl.backward_end(), tl.host_end()), (90.0, 90.0, 35.0));
+        let cluster = || Cluster::new(vec![crate::DeviceType::new("h100", 1, 1, 1)]);
+        let mut sim = Simulator::new(cluster(), vec![p], SimConfig::default()).unwrap();
+        assert_eq!(sim.result().iteration_us, 135.0);
+        // A host that is never behind gives the device's sum, 60 + 5.
+        let plain = program(&[(10.0, 0.0, 0.0), (50.0, 0.0, 0.0)]);
+        let plain = LocalProgram { optimizer_us: 5.0, ..plain };
+        let mut fresh = Simulator::new(cluster(), vec![plain], SimConfig::default()).unwrap();
+        assert_eq!(fresh.result().iteration_us, 65.0);
+        // op0 issued at once: op1 is issued at 5, waits for op0 (0..10) and
+        // runs 10..60; the optimizer is issued by 105. Edited equals fresh.
+        let mut c = sim.program(0).unwrap().ops[0].cost;
+        c.host_fwd_us = 0.0;
+        sim.set_op_cost(0, 0, c).unwrap();
+        let fresh = Simulator::new(cluster(), vec![sim.program(0).unwrap().clone()], SimConfig::default());
+        assert_eq!(sim.result().iteration_us, 105.0);
+        assert_eq!(fresh.unwrap().result().iteration_us.to_bits(), sim.result().iteration_us.to_bits());
+        // op1's backward (1 + 1 µs of kernels) takes the host 40 µs to
+        // issue, 35..75: its kernels still wait for op1's forward, 90..92.
+        let mut p = host(program(&[(10.0, 0.0, 0.0), (50.0, 1.0, 1.0)]), 30.0);
+        p.ops[1].cost.host_bwd_us = 40.0;
+        let tl = Timeline::new(p);
+        let (dg, wg) = bwd_steps(2, 1);
+        assert_eq!((tl.start(dg), tl.end(wg), tl.host_end()), (90.0, 92.0, 75.0));
     }
 }

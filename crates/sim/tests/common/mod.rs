@@ -15,6 +15,7 @@ pub fn tiny(scale: f64) -> LocalProgram {
             LocalOp::new("fc2", OpCost::weighted(10.0 * s, 10.0 * s, 20.0 * s, 40_000).saving(4000)),
         ],
         optimizer_us: 10.0 * s,
+        optimizer_host_us: 0.0,
     }
 }
 
@@ -62,7 +63,7 @@ pub fn random_program(rng: &mut Lcg, n: usize, grads: &[u64]) -> LocalProgram {
             LocalOp::new(format!("op{i}"), cost.saving(rng.below(1 << 20)))
         })
         .collect();
-    LocalProgram { ops, optimizer_us: rng.range(0.0, 100.0) }
+    LocalProgram { ops, optimizer_us: rng.range(0.0, 100.0), optimizer_host_us: 0.0 }
 }
 
 /// Gradient sizes for `random_program` with `n` ops.
