@@ -16,7 +16,9 @@ batch, sequence, optimizer and device:
   amp_fp16/bf16 the model planned by `qsyncc opt --passes autocast(dtype=f16|bf16)`
                 (PyTorch autocast's op lists, weights cast per iteration)
 once without and once with `--profile`, the profile `qsyncc profile build
---exclude FAMILY` writes from OPS.json. The error is (predicted - measured) /
+--exclude FAMILY` writes from OPS.json (with `--iterations ITER.json` where
+OPS.json timed the host, so the profile prices it; `--host-model on|off`
+forces either). The error is (predicted - measured) /
 measured. `--full-profile` also writes the profile of every measured model
 (the one to commit under crates/cost/profiles/). Exits 2 with a message when
 an input is missing or malformed or a qsyncc call fails.
@@ -79,8 +81,9 @@ def main():
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     ap.add_argument("--full-profile")
-    ap.add_argument("--host-model", action="store_true",
-                    help="profiles that price the host (`qsyncc profile build --iterations`): needs host times")
+    ap.add_argument("--host-model", choices=["auto", "on", "off"], default="auto",
+                    help="profiles that price the host (`qsyncc profile build --iterations`); auto: where the "
+                         "measurements timed the host")
     ap.add_argument("--statistic", choices=["median", "min", "cpu_median", "cpu_min"], default="median",
                     help="which measured iteration time to compare with (cpu_*: scripts/cpu/train.py's CPU time)")
     a = ap.parse_args()
@@ -101,12 +104,14 @@ def analyze(a):
     devfiles = [x for f in a.device_file for x in ("--device-file", f)]
     os.makedirs(a.out_dir, exist_ok=True)
     measured_families = {m["family"] for m in ops["models"]}
-    # --host-model: the profiles price the host (measurements that timed
-    # it), the training runs of the families a profile keeps fitting its
-    # host overheads (those of the family predicted left out with its ops).
-    host = ["--iterations", a.iterations] if a.host_model else []
-    if a.host_model and "harness_floor_fwd_host_us" not in ops.get("meta", {}):
-        raise Failure(f"{a.ops}: no host times (measured before profile.py timed the host): --host-model needs them")
+    # The host model (by default wherever the measurements timed the host):
+    # the profiles price the host, the training runs of the families a
+    # profile keeps fitting its overheads (those of the family predicted
+    # left out with its ops).
+    timed_host = "harness_floor_fwd_host_us" in ops.get("meta", {})
+    if a.host_model == "on" and not timed_host:
+        raise Failure(f"{a.ops}: no host times (measured before profile.py timed the host): --host-model on needs them")
+    host = ["--iterations", a.iterations] if a.host_model == "on" or (a.host_model == "auto" and timed_host) else []
     profiles, fits = {}, {}
     for fam in sorted({r["family"] for r in its["runs"]}):
         out = os.path.join(a.out_dir, f"profile-without-{fam}.json")

@@ -702,6 +702,23 @@ pub fn fit_rates(
     entries: &[MeasuredItem],
     models: &BTreeSet<String>,
 ) -> (ProfileEfficiency, FitReport) {
+    fit_rates_with(device, entries, models, 1)
+}
+
+/// With the host priced, phases measured at the host's pace leave the fit;
+/// a class left with fewer phases than this keeps its datasheet rate (on
+/// the H200 two or three 16-bit tensor-core phases fitted 0.09–0.17 of
+/// peak and priced VGG-16's convolutions several times too slow).
+pub const MIN_CLASS_PHASES_HOST: usize = 8;
+
+/// [`fit_rates`], a class moving off its datasheet rate only with at least
+/// `min_phases` phases.
+pub fn fit_rates_with(
+    device: &Device,
+    entries: &[MeasuredItem],
+    models: &BTreeSet<String>,
+    min_phases: usize,
+) -> (ProfileEfficiency, FitReport) {
     let mut samples = Vec::new();
     for e in entries {
         let weight: f64 = e.item.uses.iter().filter(|(m, _)| models.contains(*m)).map(|(_, &n)| f64::from(n)).sum();
@@ -760,8 +777,8 @@ pub fn fit_rates(
             e.2 += 1;
         }
         seen = sums.iter().map(|(&k, &(_, m, n))| (k, (n, m))).collect();
-        for (&k, &(pred, meas, _)) in &sums {
-            if pred <= 0.0 || meas <= 0.0 {
+        for (&k, &(pred, meas, n)) in &sums {
+            if pred <= 0.0 || meas <= 0.0 || n < min_phases {
                 continue;
             }
             let v = (get(&rates, k) * pred / meas).clamp(MIN_EFFICIENCY, MAX_PROFILE_EFFICIENCY);
@@ -903,7 +920,8 @@ pub fn build_profile_with(
             });
         }
     }
-    let (efficiency, report) = fit_rates(device, &m.entries, &models);
+    let min_phases = if host_model { MIN_CLASS_PHASES_HOST } else { 1 };
+    let (efficiency, report) = fit_rates_with(device, &m.entries, &models, min_phases);
     let mut meta = m.meta.clone();
     meta.insert("profiled_models".into(), models.iter().cloned().collect::<Vec<_>>().join(","));
     if let Some(f) = floor {

@@ -381,6 +381,12 @@ impl CostModel {
         if f.kind == Kind::Host {
             return Ok(OpCost { fwd: HOST_OP_S, ..OpCost::default() });
         }
+        if f.kind == Kind::View && self.host.is_some() {
+            // No kernel: the view's dispatch is the host's, counted in the
+            // overheads fitted to training runs (the isolated ops' host
+            // times leave views out).
+            return Ok(OpCost { fwd: HOST_OP_S, ..OpCost::default() });
+        }
         if f.kind == Kind::View {
             // The framework's dispatch of the view, forward and (when the
             // graph trains through it) its backward; no kernel, no bytes.
