@@ -16,9 +16,9 @@ batch, sequence, optimizer and device:
   amp_fp16/bf16 the model planned by `qsyncc opt --passes autocast(dtype=f16|bf16)`
                 (PyTorch autocast's op lists, weights cast per iteration)
 once without and once with `--profile`, the profile `qsyncc profile build
---exclude FAMILY` writes from OPS.json (with `--iterations ITER.json` where
-OPS.json timed the host, so the profile prices it; `--host-model on|off`
-forces either). The error is (predicted - measured) /
+--exclude FAMILY` writes from OPS.json (with `--host-model on`, or `auto`
+where OPS.json timed the host, also `--iterations ITER.json`: the profile
+then prices the host). The error is (predicted - measured) /
 measured. `--full-profile` also writes the profile of every measured model
 (the one to commit under crates/cost/profiles/). Exits 2 with a message when
 an input is missing or malformed or a qsyncc call fails.
@@ -81,9 +81,9 @@ def main():
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     ap.add_argument("--full-profile")
-    ap.add_argument("--host-model", choices=["auto", "on", "off"], default="auto",
+    ap.add_argument("--host-model", choices=["auto", "on", "off"], default="off",
                     help="profiles that price the host (`qsyncc profile build --iterations`); auto: where the "
-                         "measurements timed the host")
+                         "measurements timed the host (off by default: see docs/validation.md, H200)")
     ap.add_argument("--statistic", choices=["median", "min", "cpu_median", "cpu_min"], default="median",
                     help="which measured iteration time to compare with (cpu_*: scripts/cpu/train.py's CPU time)")
     a = ap.parse_args()
@@ -104,10 +104,9 @@ def analyze(a):
     devfiles = [x for f in a.device_file for x in ("--device-file", f)]
     os.makedirs(a.out_dir, exist_ok=True)
     measured_families = {m["family"] for m in ops["models"]}
-    # The host model (by default wherever the measurements timed the host):
-    # the profiles price the host, the training runs of the families a
-    # profile keeps fitting its overheads (those of the family predicted
-    # left out with its ops).
+    # --host-model: the profiles price the host, the training runs of the
+    # families a profile keeps fitting its overheads (those of the family
+    # predicted left out with its ops).
     timed_host = "harness_floor_fwd_host_us" in ops.get("meta", {})
     if a.host_model == "on" and not timed_host:
         raise Failure(f"{a.ops}: no host times (measured before profile.py timed the host): --host-model on needs them")
