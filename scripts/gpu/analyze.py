@@ -125,25 +125,14 @@ def analyze(a):
         model = os.path.join(a.models_dir, r["qsync_model"])
         if not os.path.exists(model):
             raise Failure(f"run {r['model']}/{r['precision']}: model file {model} not found")
-        common = ["--targets", device, "--batch", str(r["batch"]), "--optimizer", r["optimizer"], "--json", *devfiles]
-        if r.get("seq"):
-            common += ["--dim", f"seq={r['seq']}"]
-        p = r["precision"]
-        if p in UNIFORM:
-            target, extra = model, ["--precision", f"{device}={UNIFORM[p]}"]
-        elif p in PLANS:
-            target = os.path.join(a.out_dir, f"{r['model']}-{p}.qir")
-            qsyncc(a.qsyncc, "opt", model, "--passes", PLANS[p], "--target", device, "-o", target)
-            extra = []
-        else:
-            raise Failure(f"run {r['model']}: unknown precision `{p}`")
+        target, args = simulate_args(a.qsyncc, r, model, device, a.out_dir, devfiles)
         pred = {}
         for label, cal in (("datasheet", []), ("calibrated", ["--profile", profiles[r["family"]]])):
-            out = json.loads(qsyncc(a.qsyncc, "simulate", target, *common, *extra, *cal))
+            out = json.loads(qsyncc(a.qsyncc, "simulate", target, *args, *cal))
             pred[label] = out["iteration_ms"]
         m = r[f"{a.statistic}_ms"]
         rows.append({
-            "model": r["model"], "precision": p, "batch": r["batch"], "seq": r.get("seq"),
+            "model": r["model"], "precision": r["precision"], "batch": r["batch"], "seq": r.get("seq"),
             "measured_ms": m, "datasheet_ms": pred["datasheet"], "calibrated_ms": pred["calibrated"],
             "datasheet_err": (pred["datasheet"] - m) / m, "calibrated_err": (pred["calibrated"] - m) / m,
             "profile": os.path.basename(profiles[r["family"]]),
@@ -158,6 +147,24 @@ def analyze(a):
             json.dump({"device": device, "meta": its.get("meta", {}), "rows": rows, "fits": fits}, f, indent=1,
                       sort_keys=True)
     return 0
+
+
+def simulate_args(binary, r, model, device, out_dir, devfiles):
+    """The model to simulate and `qsyncc simulate`'s arguments (`--json`
+    included) that predict measured run `r` on `device`: the ONNX model at
+    a uniform precision, or for AMP the model `qsyncc opt` planned with
+    autocast's op lists (written into `out_dir`)."""
+    common = ["--targets", device, "--batch", str(r["batch"]), "--optimizer", r["optimizer"], "--json", *devfiles]
+    if r.get("seq"):
+        common += ["--dim", f"seq={r['seq']}"]
+    p = r["precision"]
+    if p in UNIFORM:
+        return model, [*common, "--precision", f"{device}={UNIFORM[p]}"]
+    if p in PLANS:
+        target = os.path.join(out_dir, f"{r['model']}-{p}.qir")
+        qsyncc(binary, "opt", model, "--passes", PLANS[p], "--target", device, "-o", target)
+        return target, common
+    raise Failure(f"run {r['model']}: unknown precision `{p}`")
 
 
 def table(rows, device, meta, ops_meta):

@@ -21,10 +21,12 @@ for, which no per-operator time shows.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import onnx
+
+# The same simulate call as Table III's (this directory is on the path).
+from analyze import Failure, load, qsyncc, simulate_args  # noqa: E402
 
 # ONNX op type -> kind.
 ONNX_KIND = {
@@ -73,19 +75,8 @@ def predicted(a, run):
     model = os.path.join(a.models_dir, run["qsync_model"])
     kinds = node_kinds(model)
     trace = os.path.join(a.out_dir, f"trace-{run['model']}-{run['precision']}.json")
-    args = ["simulate", "--targets", a.device, "--batch", str(run["batch"]), "--optimizer", run["optimizer"],
-            "--profile", a.profile, "--trace", trace, "--json"]
-    if run.get("seq"):
-        args += ["--dim", f"seq={run['seq']}"]
-    p = run["precision"]
-    if p in ("fp32", "tf32"):
-        target, extra = model, ["--precision", f"{a.device}={p}"]
-    else:
-        dtype = {"amp_fp16": "f16", "amp_bf16": "bf16"}[p]
-        target = os.path.join(a.out_dir, f"{run['model']}-{p}.qir")
-        call(a, "opt", model, "--passes", f"autocast(dtype={dtype})", "--target", a.device, "-o", target)
-        extra = []
-    out = json.loads(call(a, args[0], target, *args[1:], *extra))
+    target, args = simulate_args(a.qsyncc, run, model, a.device, a.out_dir, [])
+    out = json.loads(qsyncc(a.qsyncc, "simulate", target, *args, "--profile", a.profile, "--trace", trace))
     with open(trace) as f:
         events = json.load(f)["traceEvents"]
     phases, per_kind = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}, {k: 0.0 for k in KINDS}
@@ -106,13 +97,6 @@ def predicted(a, run):
     return out["iteration_ms"], phases, per_kind
 
 
-def call(a, *args):
-    r = subprocess.run([a.qsyncc, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"error: qsyncc {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
-    return r.stdout
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", required=True)
@@ -123,9 +107,16 @@ def main():
     ap.add_argument("--out-dir", default="target/gpu-measure/breakdown")
     ap.add_argument("--json")
     a = ap.parse_args()
+    try:
+        return breakdown(a)
+    except Failure as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def breakdown(a):
     os.makedirs(a.out_dir, exist_ok=True)
-    with open(a.iterations) as f:
-        its = json.load(f)
+    its = load(a.iterations, "qsync-iterations/1")
     rows = []
     for run in its["runs"]:
         if "kernels" not in run or "phases_ms" not in run:

@@ -426,7 +426,8 @@ pub struct Times {
     /// host took at least [`HOST_BOUND`] of the measured time, so the GPU
     /// waited for it and the time bounds the kernels from above without
     /// measuring them. Set by [`Measurements::without_harness_floor`] from
-    /// the raw times; the rate fit leaves such phases out.
+    /// the raw times; a fit for a profile that prices the host leaves such
+    /// phases out ([`fit_rates_with`]).
     #[serde(skip)]
     pub host_bound: [bool; 3],
 }
@@ -702,7 +703,7 @@ pub fn fit_rates(
     entries: &[MeasuredItem],
     models: &BTreeSet<String>,
 ) -> (ProfileEfficiency, FitReport) {
-    fit_rates_with(device, entries, models, 1)
+    fit_rates_with(device, entries, models, false)
 }
 
 /// With the host priced, phases measured at the host's pace leave the fit;
@@ -711,14 +712,17 @@ pub fn fit_rates(
 /// peak and priced VGG-16's convolutions several times too slow).
 pub const MIN_CLASS_PHASES_HOST: usize = 8;
 
-/// [`fit_rates`], a class moving off its datasheet rate only with at least
-/// `min_phases` phases.
+/// [`fit_rates`], and with `host_model` (the profile prices the host) the
+/// phases measured at the host's pace ([`Times::host_bound`]) left out and
+/// a class moving off its datasheet rate only with at least
+/// [`MIN_CLASS_PHASES_HOST`] phases.
 pub fn fit_rates_with(
     device: &Device,
     entries: &[MeasuredItem],
     models: &BTreeSet<String>,
-    min_phases: usize,
+    host_model: bool,
 ) -> (ProfileEfficiency, FitReport) {
+    let min_phases = if host_model { MIN_CLASS_PHASES_HOST } else { 1 };
     let mut samples = Vec::new();
     for e in entries {
         let weight: f64 = e.item.uses.iter().filter(|(m, _)| models.contains(*m)).map(|(_, &n)| f64::from(n)).sum();
@@ -742,7 +746,7 @@ pub fn fit_rates_with(
                 for ((w, v), host_bound) in phases.into_iter().zip(t.host_bound) {
                     let work = Work::from(w);
                     // The host's pace says nothing about the device's rates.
-                    if host_bound {
+                    if host_bound && host_model {
                         continue;
                     }
                     if let Some(us) = v.filter(|&us| us > 0.0 && !work.is_empty()) {
@@ -855,12 +859,7 @@ pub fn build_profile_with(
     // A GPU's times lose the harness's own per-call time first (see
     // `HarnessFloor`): the ops and the fit see device time.
     let floor = if m.on_gpu() { m.harness_floor() } else { None };
-    let mut corrected = floor.map(|f| m.without_harness_floor(&f, device.launch_overhead_us));
-    if !host_model {
-        for e in corrected.iter_mut().flat_map(|c| c.entries.iter_mut()) {
-            e.measured.values_mut().for_each(|t| t.host_bound = [false; 3]);
-        }
-    }
+    let corrected = floor.map(|f| m.without_harness_floor(&f, device.launch_overhead_us));
     let m = corrected.as_ref().unwrap_or(m);
     for f in exclude_families {
         if !m.models.iter().any(|x| &x.family == f) {
@@ -920,8 +919,7 @@ pub fn build_profile_with(
             });
         }
     }
-    let min_phases = if host_model { MIN_CLASS_PHASES_HOST } else { 1 };
-    let (efficiency, report) = fit_rates_with(device, &m.entries, &models, min_phases);
+    let (efficiency, report) = fit_rates_with(device, &m.entries, &models, host_model);
     let mut meta = m.meta.clone();
     meta.insert("profiled_models".into(), models.iter().cloned().collect::<Vec<_>>().join(","));
     if let Some(f) = floor {

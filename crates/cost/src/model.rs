@@ -416,10 +416,17 @@ impl CostModel {
                 }
                 _ => (m.fwd, m.bwd_input, m.bwd_weight),
             };
-            // A phase measured at the host's pace bounds its kernels from
-            // above: they run at the fitted rates, at most that long.
-            let take =
-                |analytic: f64, measured: f64, bound: bool| if bound { analytic.min(measured) } else { measured };
+            // With the host priced, a phase measured at the host's pace
+            // bounds its kernels from above: they run at the fitted rates,
+            // at most that long (the host's time is priced apart).
+            let priced = self.host.is_some();
+            let take = |analytic: f64, measured: f64, bound: bool| {
+                if bound && priced {
+                    analytic.min(measured)
+                } else {
+                    measured
+                }
+            };
             c.fwd = take(c.fwd, fwd, m.host_bound[0]);
             c.quant = c.quant.min(c.fwd);
             c.bwd_input = bwd_input.map_or(c.bwd_input, |t| take(c.bwd_input, t, m.host_bound[1]));

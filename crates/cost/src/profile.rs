@@ -116,8 +116,9 @@ pub struct HostTimes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bwd_both_us: Option<f64>,
     /// Per phase (forward, input gradient, weight gradient): the measured
-    /// device time was the host's pace (an upper bound on the kernels), so
-    /// the kernels are priced at the fitted rates, capped by it.
+    /// device time was the host's pace (an upper bound on the kernels); a
+    /// profile that prices the host prices those kernels at the fitted
+    /// rates, capped by it.
     #[serde(default, skip_serializing_if = "is_none_bound")]
     pub host_bound: [bool; 3],
 }

@@ -325,17 +325,24 @@ fn a_gpus_times_lose_the_harness_floor_a_cpus_keep_it() {
     assert_eq!((fwd, at2, note), (40.0, 25.0, None));
 }
 
+/// The symbolic Gemm graph listed at batch 8 as model `m` of `family`: a
+/// measurement file's skeleton (`meta` as given, no times yet).
+fn gemm_measurements(family: &str, meta: serde_json::Value) -> (Graph, NodeId, serde_json::Value) {
+    let (g, fc) = symbolic_gemm();
+    let mut w = qsync_cost::calibrate::Worklist::new(8, Default::default());
+    w.add_graph("m", family, &g, &Bindings::new().with("batch", 8)).unwrap();
+    let m = serde_json::json!({ "schema": "qsync-ops/1", "batch": 8, "models": w.models, "entries": w.entries,
+                                "meta": meta });
+    (g, fc, m)
+}
+
 #[test]
 fn a_gpus_host_times_reach_the_profile_as_measured() {
-    use qsync_cost::calibrate::{build_profile, Measurements, Worklist};
+    use qsync_cost::calibrate::{build_profile, Measurements};
     use qsync_cost::profile::{HostTimes, Profile};
-    let (g, _) = symbolic_gemm();
-    let mut w = Worklist::new(8, Default::default());
-    w.add_graph("m", "m", &g, &Bindings::new().with("batch", 8)).unwrap();
-    let mut m = serde_json::json!({ "schema": "qsync-ops/1", "batch": 8, "models": w.models, "entries": w.entries,
-                                     "meta": { "method": "CUDA events, back-to-back calls" },
-                                     "optimizers": [{ "optimizer": "adam", "tensors": [[1024, 20.0], [4096, 21.0]],
-                                                      "host_tensors": [[1024, 19.5], [4096, 19.8]] }] });
+    let (_, _, mut m) = gemm_measurements("m", serde_json::json!({ "method": "CUDA events, back-to-back calls" }));
+    m["optimizers"] = serde_json::json!([{ "optimizer": "adam", "tensors": [[1024, 20.0], [4096, 21.0]],
+                                           "host_tensors": [[1024, 19.5], [4096, 19.8]] }]);
     for e in m["entries"].as_array_mut().unwrap() {
         // The Gemm: 40 µs of GPU time, 12 µs of host time to issue it; the
         // Add: host-bound (its 9 µs are the host's pace).
@@ -369,18 +376,14 @@ fn a_gpus_host_times_reach_the_profile_as_measured() {
 
 #[test]
 fn a_profile_that_priced_the_host_charges_each_op_what_issuing_it_costs() {
-    use qsync_cost::calibrate::Worklist;
     use qsync_cost::calibrate::{build_profile, build_profile_with, fit_host_overhead, Measurements, TrainingRuns};
-    let (g, fc) = symbolic_gemm();
-    let mut w = Worklist::new(8, Default::default());
-    w.add_graph("m", "fam", &g, &Bindings::new().with("batch", 8)).unwrap();
     // Harness floors on the host: 10 µs a forward call, 60 µs a gradient
     // call, so a gradient's share in a training backward is its time − 50.
-    let mut m = serde_json::json!({ "schema": "qsync-ops/1", "batch": 8, "models": w.models, "entries": w.entries,
-        "meta": { "method": "CUDA events, back-to-back calls", "harness_floor_fwd_us": "1",
+    let meta = serde_json::json!({ "method": "CUDA events, back-to-back calls", "harness_floor_fwd_us": "1",
                   "harness_floor_bwd_input_us": "1", "harness_floor_bwd_weight_us": "1",
                   "harness_floor_fwd_host_us": "10", "harness_floor_bwd_input_host_us": "60",
-                  "harness_floor_bwd_weight_host_us": "60" } });
+                  "harness_floor_bwd_weight_host_us": "60" });
+    let (g, fc, mut m) = gemm_measurements("fam", meta);
     for e in m["entries"].as_array_mut().unwrap() {
         // The Gemm: kernels 200 µs, issued in 30; its backward, both
         // gradients in one call, 400 µs issued in 90 (40 in training). The

@@ -422,34 +422,13 @@ fn profile_build_rejects_bad_input() {
     let its = dir.join("iterations.json");
     std::fs::write(&its, r#"{"schema":"qsync-iterations/1","runs":[]}"#).expect("write");
     let _ = std::fs::remove_file(&out);
-    let o = qsyncc(&[
-        "profile",
-        "build",
-        ops_s,
-        "--device",
-        "h100-sxm",
-        "--iterations",
-        its.to_str().unwrap(),
-        "-o",
-        out_s,
-    ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no host times"), "{}", stderr(&o));
-    assert!(!out.exists());
-    let o = qsyncc(&[
-        "profile",
-        "build",
-        ops_s,
-        "--device",
-        "h100-sxm",
-        "--iterations",
-        bad.to_str().unwrap(),
-        "-o",
-        out_s,
-    ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("bad.json"), "{}", stderr(&o));
-    assert!(!out.exists());
+    for (file, says) in [(&its, "no host times"), (&bad, "bad.json")] {
+        let f = file.to_str().expect("utf8");
+        let o = qsyncc(&["profile", "build", ops_s, "--device", "h100-sxm", "--iterations", f, "-o", out_s]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+        assert!(!out.exists());
+    }
     // A fixed-batch graph the loader cannot rebatch (the TorchScript BERT
     // indexes its samples with a traced `Range(0, 1)`) cannot be listed at
     // another batch; one it can rebatch (VGG-16) is listed at the batch

@@ -750,21 +750,21 @@ mod tests {
         assert_eq!((tl.start(0), tl.end(0), tl.start(1), tl.end(1)), (30.0, 40.0, 40.0, 90.0));
         assert_eq!((tl.forward_end(), tl.backward_end(), tl.host_end()), (90.0, 90.0, 35.0));
         let cluster = || Cluster::new(vec![crate::DeviceType::new("h100", 1, 1, 1)]);
-        let mut sim = Simulator::new(cluster(), vec![p], SimConfig::default()).unwrap();
+        let mut sim = Simulator::new(cluster(), vec![p], SimConfig::default()).expect("valid");
         assert_eq!(sim.result().iteration_us, 135.0);
         // A host that is never behind gives the device's sum, 60 + 5.
         let plain = program(&[(10.0, 0.0, 0.0), (50.0, 0.0, 0.0)]);
         let plain = LocalProgram { optimizer_us: 5.0, ..plain };
-        let mut fresh = Simulator::new(cluster(), vec![plain], SimConfig::default()).unwrap();
+        let mut fresh = Simulator::new(cluster(), vec![plain], SimConfig::default()).expect("valid");
         assert_eq!(fresh.result().iteration_us, 65.0);
         // op0 issued at once: op1 is issued at 5, waits for op0 (0..10) and
         // runs 10..60; the optimizer is issued by 105. Edited equals fresh.
-        let mut c = sim.program(0).unwrap().ops[0].cost;
+        let mut c = sim.program(0).expect("type 0").ops[0].cost;
         c.host_fwd_us = 0.0;
-        sim.set_op_cost(0, 0, c).unwrap();
-        let fresh = Simulator::new(cluster(), vec![sim.program(0).unwrap().clone()], SimConfig::default());
+        sim.set_op_cost(0, 0, c).expect("same gradients");
+        let fresh = Simulator::new(cluster(), vec![sim.program(0).expect("type 0").clone()], SimConfig::default());
         assert_eq!(sim.result().iteration_us, 105.0);
-        assert_eq!(fresh.unwrap().result().iteration_us.to_bits(), sim.result().iteration_us.to_bits());
+        assert_eq!(fresh.expect("valid").result().iteration_us.to_bits(), sim.result().iteration_us.to_bits());
         // op1's backward (1 + 1 µs of kernels) takes the host 40 µs to
         // issue, 35..75: its kernels still wait for op1's forward, 90..92.
         let mut p = host(program(&[(10.0, 0.0, 0.0), (50.0, 1.0, 1.0)]), 30.0);
