@@ -8,9 +8,11 @@ For each link rate: build a 2-node emulated cluster (scripts/netcluster.sh),
 each node's ranks pinned to cores of its own (`run --cpus-per-node`, this
 machine's cores split evenly), and measure what the model needs and does
 not assume —
-  - the hosts' synchronization kernels and the CPU cost of a byte through
-    the TCP stack, on one core (`taskset -c 0 qsyncc host-kernels`): the
-    model shares a node's cores among its ranks (`host_cores_per_node`);
+  - the hosts' synchronization kernels (`qsyncc host-kernels`, as many
+    threads as the job runs ranks at once, one a core: the emulated nodes
+    share this machine's last-level cache and memory) and the CPU cost of
+    a byte through the TCP stack: the model shares a node's cores among
+    its ranks (`host_cores_per_node`);
   - the bandwidth between two ranks of one node (TCP over the namespace's
     loopback: what Open MPI's TCP transport uses inside a node) and the
     one-way latency of a small message across the link and inside a node;
@@ -249,11 +251,16 @@ def link_tcp_cost(a, nodes, k, cores):
 
 def measure_host(a, nodes, k, cores, i):
     """One measurement of what the model is given about the host: the
-    runtime's kernels on one core (16 Mi elements, 64 MiB of f32: buffers
-    beyond the cache, as the larger gradients' are) and the TCP stack's
-    cost per byte across the emulated link (`link_tcp_cost`)."""
-    path = os.path.join(a.out, f"host-kernels-1core-{i}.json")
-    sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(16 << 20), "-o", path])
+    runtime's kernels (16 Mi elements, 64 MiB of f32, and the ladder below
+    it) on as many threads as the emulated cluster runs ranks at once, one
+    a core — the emulated nodes are one machine, whose last-level cache and
+    memory they share, so a kernel alone on the machine would run faster
+    than in the job — and the TCP stack's cost per byte across the
+    emulated link (`link_tcp_cost`)."""
+    running = min(nodes * k, nodes * cores)
+    path = os.path.join(a.out, f"host-kernels-{running}threads-{i}.json")
+    sh(["taskset", "-c", f"0-{nodes * cores - 1}", a.qsyncc, "host-kernels", "--threads", str(running), "--elements",
+        str(16 << 20), "-o", path])
     hk = json.load(open(path))
     hk["link"] = link_tcp_cost(a, nodes, k, cores)
     return hk
@@ -297,8 +304,10 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
         f"{socket_gbit} Gbit/s a direction ({med([t['socket_r'] for t in tcp]) * 1e9:.3f} ns a byte); over "
         f"loopback host-kernels measured {loopback * 1e9:.3f}")
     hk["sources"]["message_s"] = "as tcp_r"
-    hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0 qsyncc host-kernels --threads 1 "
-                                f"--elements 16777216` runs (the fits, and the rates at 1, 2, 4, 8 and 16 Mi elements) "
+    running = min(nodes * k, nodes * cores)
+    hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0-{nodes * cores - 1} qsyncc host-kernels "
+                                f"--threads {running} --elements 16777216` runs (the fits, the rates at 1, 2, 4, 8 and "
+                                f"16 Mi elements and piece by piece; as many threads as the job runs ranks at once) "
                                 f"spread over the validation run")
     host_file = os.path.join(a.out, name)
     json.dump(hk, open(host_file, "w"), indent=1)
@@ -332,6 +341,42 @@ intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP pi
 """
 
 
+def predict(a, rows, device_file, host_file, out):
+    """Each measured row next to `qsyncc simulate`'s prediction for the
+    cluster file of its link (`--out`'s `cluster-RATE.toml`), written to
+    `out` as a line of JSON."""
+    for row in rows:
+        cluster = os.path.join(a.out, f"cluster-{row['rate']}.toml")
+        p = json.loads(sh([a.qsyncc, "simulate", "--cluster", cluster, "--device-file", device_file,
+                           "--host-kernels", host_file, "--gradient", str(row["bytes"]), "--sync", row["scheme"],
+                           "--sync-path", "mpi", "--json"]).stdout)
+        row["predicted_s"] = p["seconds"]
+        # One device type: its parts of the prediction (null for fp32).
+        parts = p.get("per_type_breakdown") or {}
+        row["breakdown"] = next(iter(parts.values()), None)
+        row["error"] = row["predicted_s"] / row["measured_s"] - 1.0
+        print(json.dumps(row), file=out, flush=True)
+        print(f"{row['rate']:>7} {row['size']:>4} {row['scheme']:<14} measured {row['measured_s']:8.4f} s  "
+              f"predicted {row['predicted_s']:8.4f} s ({row['error']:+.1%})", file=sys.stderr, flush=True)
+
+
+def repredict(a):
+    """Predict the rows `--out` holds again with this `qsyncc` (the model
+    changed, the measurements stand): the same cluster files and host
+    description as the run that measured them."""
+    path = os.path.join(a.out, "sync.jsonl")
+    try:
+        rows = [json.loads(l) for l in open(path) if l.strip()]
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"validate: --repredict: cannot read {path}: {e}")
+    for f in ["cpu-device.json", "host-kernels-link.json"] + [f"cluster-{r}.toml" for r in {x["rate"] for x in rows}]:
+        if not os.path.exists(os.path.join(a.out, f)):
+            raise SystemExit(f"validate: --repredict: {os.path.join(a.out, f)} is missing (measure first)")
+    with open(path + ".tmp", "w") as out:
+        predict(a, rows, os.path.join(a.out, "cpu-device.json"), os.path.join(a.out, "host-kernels-link.json"), out)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qsyncc", required=True)
@@ -344,7 +389,11 @@ def main():
     ap.add_argument("--delay-ms", default="0")
     ap.add_argument("--prefix", default="qsv")
     ap.add_argument("--subnet", default="10.88.7")
+    ap.add_argument("--repredict", action="store_true",
+                    help="measure nothing: predict the rows --out holds again with this qsyncc")
     a = ap.parse_args()
+    if a.repredict:
+        return repredict(a)
     os.makedirs(a.out, exist_ok=True)
     nodes, k = 2, a.ranks_per_node
     out = open(os.path.join(a.out, "sync.jsonl"), "w")
@@ -396,7 +445,7 @@ def main():
                     measured = m["f32_allreduce_seconds"] if scheme == "fp32" else m["seconds"]
                     spread = m.get("f32_allreduce_seconds_range" if scheme == "fp32" else "seconds_range")
                     rows.append({"rate": rate, "size": size, "bytes": nbytes, "scheme": scheme, "ranks": nodes * k,
-                                 "cluster": cluster, "measured_s": measured, "measured_range_s": spread,
+                                 "measured_s": measured, "measured_range_s": spread,
                                  "phases": m.get("phases"),
                                  "wire_fraction": m.get("wire_fraction"), "bench_wall_s": round(time.time() - t0, 1)})
                     print(f"{rate:>7} {size:>4} {scheme:<14} measured {measured:8.4f} s", file=sys.stderr, flush=True)
@@ -405,18 +454,7 @@ def main():
     hosts.append(measure_host(a, nodes, k, cores, len(hosts)))
     # Every cell predicted from the same host description: the medians.
     host_file = host_kernels(a, nodes, k, cores, hosts)
-    for row in rows:
-        p = json.loads(sh([a.qsyncc, "simulate", "--cluster", row.pop("cluster"), "--device-file", device_file,
-                           "--host-kernels", host_file, "--gradient", str(row["bytes"]), "--sync", row["scheme"],
-                           "--sync-path", "mpi", "--json"]).stdout)
-        row["predicted_s"] = p["seconds"]
-        # One device type: its parts of the prediction (null for fp32).
-        parts = p.get("per_type_breakdown") or {}
-        row["breakdown"] = next(iter(parts.values()), None)
-        row["error"] = row["predicted_s"] / row["measured_s"] - 1.0
-        print(json.dumps(row), file=out, flush=True)
-        print(f"{row['rate']:>7} {row['size']:>4} {row['scheme']:<14} measured {row['measured_s']:8.4f} s  "
-              f"predicted {row['predicted_s']:8.4f} s ({row['error']:+.1%})", file=sys.stderr, flush=True)
+    predict(a, rows, device_file, host_file, out)
     out.close()
 
 

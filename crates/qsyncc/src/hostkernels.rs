@@ -9,7 +9,11 @@
 //! through the medians at the smallest and largest sizes; the seconds per
 //! element at every size are kept too (`SyncKernels::by_size`), since a
 //! gradient small enough to stay in the caches runs its kernels faster
-//! than the fit, set by the memory-bound sizes, says. Beside the schemes'
+//! than the fit, set by the memory-bound sizes, says. The pipelined
+//! schemes' kernels (16-bit casts, int8/int4 quantize and
+//! dequantize-accumulate) are also timed as the pipeline calls them
+//! (`SyncKernels::pieces`): piece by piece (the runtime's pipeline chunk)
+//! over every size of the ladder, and on one piece alone. Beside the schemes'
 //! kernels: `sum` (f32 `a += b`, what a host engine's all-reduce computes)
 //! and `tcp`, the CPU time to move a byte between two processes through the
 //! kernel's TCP stack over loopback (sender and receiver together: wall
@@ -26,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use qsync_kernels::{Half, QBits, Rounding};
 use qsync_runtime::{HostEngine, KernelEngine};
 use qsync_sim::sync::LADDER;
-use qsync_sim::{SizeRates, SyncKernels};
+use qsync_sim::{PieceKernels, PieceRates, SizeRates, SyncKernels};
 use serde::{Deserialize, Serialize};
 
 /// Schema name of the file.
@@ -109,6 +113,15 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         }
         if ladder.windows(2).any(|w| w[0].elements >= w[1].elements) || ladder[0].elements <= 0.0 {
             bail!("--host-kernels {}: by_size's sizes must grow from a positive first one", path.display());
+        }
+    }
+    if let Some(p) = &k.pieces {
+        let rows = std::iter::once(&p.cached).chain(&p.streamed);
+        if let Some(v) = rows.flat_map(|r| r.values()).find(|v| !(v.is_finite() && *v >= 0.0)) {
+            bail!("--host-kernels {}: pieces holds {v}, not a non-negative number", path.display());
+        }
+        if p.streamed.windows(2).any(|w| w[0].elements >= w[1].elements) || p.cached.elements <= 0.0 {
+            bail!("--host-kernels {}: pieces' sizes must be positive, the streamed ones growing", path.display());
         }
     }
     Ok(k)
@@ -238,25 +251,47 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// timed sharing them (a run shorter than a scheduler slice would otherwise
 /// be timed alone).
 fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result<f64> {
+    measure_in_pieces(kernel, n, 0, threads, repeats)
+}
+
+/// [`measure`] with `kernel` called piece by piece, `piece` elements at a
+/// time (0: one call on all `n`), as the pipelined schemes call it: each
+/// piece's input and output slices of the `n`-element buffers, the
+/// piece's own codes, and whatever the kernel allocates per call.
+fn measure_in_pieces(kernel: &'static str, n: usize, piece: usize, threads: u32, repeats: u32) -> Result<f64> {
+    let piece = if piece == 0 { n } else { piece.min(n) };
+    let ranges: Vec<std::ops::Range<usize>> =
+        (0..n.div_ceil(piece)).map(|i| i * piece..((i + 1) * piece).min(n)).collect();
     let barrier = std::sync::Barrier::new(threads as usize);
     let per_thread: Vec<Result<Vec<f64>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let barrier = &barrier;
+                let (barrier, ranges) = (&barrier, &ranges);
                 s.spawn(move || -> Result<Vec<f64>> {
                     let x = buffer(n);
-                    let coded = if kernel.starts_with("unpack") {
-                        (packed(&x, nbit_width(kernel))?, Vec::new())
-                    } else {
-                        codes(&x, bits_of(kernel))?
-                    };
+                    let coded = ranges
+                        .iter()
+                        .map(|r| {
+                            if kernel.starts_with("unpack") {
+                                Ok((packed(&x[r.clone()], nbit_width(kernel))?, Vec::new()))
+                            } else {
+                                codes(&x[r.clone()], bits_of(kernel))
+                            }
+                        })
+                        .collect::<Result<Vec<_>>>()?;
                     let mut out = vec![0.0f32; n];
-                    run_once(kernel, &x, &coded, &mut out)?; // warm-up
+                    let all = |out: &mut [f32]| -> Result<()> {
+                        for (r, c) in ranges.iter().zip(&coded) {
+                            run_once(kernel, &x[r.clone()], c, &mut out[r.clone()])?;
+                        }
+                        Ok(())
+                    };
+                    all(&mut out)?; // warm-up
                     let mut times = Vec::new();
                     for _ in 0..repeats {
                         barrier.wait();
                         let t = Instant::now();
-                        run_once(kernel, &x, &coded, &mut out)?;
+                        all(&mut out)?;
                         barrier.wait();
                         times.push(t.elapsed().as_secs_f64());
                     }
@@ -399,6 +434,35 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         // Two copies an element: into the bucket and back.
         bucket: 2.0 * copy[i],
     });
+    // The pipelined schemes' kernels as the pipeline calls them: piece by
+    // piece over each size of the ladder (the gradient streamed, each
+    // piece's buffers fresh from the kept free memory), and on one piece
+    // alone (the sum of the ranks' pieces and its re-encoding).
+    let chunk = qsync_runtime::scheme::DEFAULT_PIPELINE_CHUNK;
+    let piece_row = |elements: usize, piece: usize| -> Result<PieceKernels> {
+        let rate = |k: &'static str| -> Result<f64> {
+            Ok(measure_in_pieces(k, elements, piece, a.threads, a.repeats)? / elements as f64)
+        };
+        Ok(PieceKernels {
+            elements: elements as f64,
+            // Two casts a call (narrow, widen-accumulate), as above.
+            cast16: rate("cast16")? / 2.0,
+            bf16: rate("cast_bf16")? / 2.0,
+            quantize: rate("quantize")?,
+            dequantize: rate("dequantize")?,
+            quantize4: rate("quantize4")?,
+            dequantize4: rate("dequantize4")?,
+        })
+    };
+    let cached = piece_row(chunk.min(big), 0)?;
+    let mut streamed = Vec::with_capacity(LADDER);
+    for &n in &sizes {
+        streamed.push(piece_row(n, chunk)?);
+    }
+    let pieces = PieceRates {
+        cached,
+        streamed: streamed.try_into().map_err(|_| anyhow::anyhow!("one row per size of the ladder"))?,
+    };
     let tcp_bytes = (big * 16).clamp(1 << 24, 1 << 30);
     let tcp_r = tcp_cost(tcp_bytes, a.repeats.min(5))?;
     let file = HostKernelsFile {
@@ -431,6 +495,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             // Two copies an element: into the bucket and back.
             bucket_r: Some(2.0 * copy_r),
             by_size: Some(by_size),
+            pieces: Some(pieces),
         },
         measured_s: measured,
         sources: Default::default(),

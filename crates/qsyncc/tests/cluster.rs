@@ -262,11 +262,29 @@ fn host_kernels_measures_what_simulate_reads() {
         }
     }
     assert_eq!(v["measured_s"]["quantize"].as_array().map(Vec::len), Some(5), "{v}");
-    // A ladder whose sizes do not grow is refused, naming the file.
+    // The pipelined schemes' kernels: on one piece (the whole 65536 here,
+    // under the pipeline's chunk) and piece by piece at every size.
+    let pieces = &k["pieces"];
+    assert_eq!(pieces["cached"]["elements"].as_f64(), Some(65536.0), "{v}");
+    let streamed = pieces["streamed"].as_array().unwrap_or_else(|| panic!("pieces.streamed missing: {v}"));
+    let at: Vec<f64> = streamed.iter().map(|r| r["elements"].as_f64().expect("elements")).collect();
+    assert_eq!(at, sizes, "{v}");
+    for row in streamed.iter().chain([&pieces["cached"]]) {
+        for rate in ["cast16", "bf16", "quantize", "dequantize", "quantize4", "dequantize4"] {
+            let r = row[rate].as_f64().unwrap_or_else(|| panic!("{rate} missing: {row}"));
+            assert!(r > 0.0 && r < 1e-6, "{rate} = {r} s an element at {}: {v}", row["elements"]);
+        }
+    }
+    // A ladder whose sizes do not grow is refused, naming the file; so is
+    // a piece rate that is not a number of seconds.
     let mut bad = v.clone();
     bad["kernels"]["by_size"][3]["elements"] = serde_json::json!(1.0);
     let bad_path = dir.join("bad.json");
     std::fs::write(&bad_path, bad.to_string()).expect("write");
+    let mut bad_pieces = v.clone();
+    bad_pieces["kernels"]["pieces"]["cached"]["cast16"] = serde_json::json!(-1.0);
+    let bad_pieces_path = dir.join("bad-pieces.json");
+    std::fs::write(&bad_pieces_path, bad_pieces.to_string()).expect("write");
     // `simulate` of a 64 MiB gradient with `file` as the host kernels.
     let simulate = |file: &std::path::Path, more: &[&str]| {
         let cluster = example("aws-v100-t4.toml");
@@ -277,6 +295,12 @@ fn host_kernels_measures_what_simulate_reads() {
     };
     let o = simulate(&bad_path, &[]);
     assert!(!o.status.success() && stderr(&o).contains("bad.json") && stderr(&o).contains("by_size"), "{}", stderr(&o));
+    let o = simulate(&bad_pieces_path, &[]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("bad-pieces.json") && stderr(&o).contains("pieces holds -1"),
+        "{}",
+        stderr(&o)
+    );
     let o = simulate(&out, &["--sync", "fp16", "--sync-path", "host-staged", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");

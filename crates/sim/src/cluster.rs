@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sync::SyncPath;
 use crate::SimError;
 
 /// One kind of GPU in the cluster, all running the same plan.
@@ -156,15 +157,20 @@ impl DeviceType {
         }
     }
 
-    /// The host kernels as this type's synchronization runs them: with
-    /// their size ladder ([`crate::sync::SyncKernels::at_size`]), except on
-    /// a device that computes on the host's own cores, whose backward pass
-    /// runs beside the kernels and shares the caches, so a bucket does not
-    /// stay cached as a lone gradient does: the memory-bound fits there
-    /// (measured under DDP: docs/validation.md).
-    pub fn host_sync_kernels(&self) -> crate::sync::SyncKernels {
-        if self.compute_on_host {
-            crate::sync::SyncKernels { by_size: None, ..self.host_kernels }
+    /// The host kernels as this type's synchronization runs them, `path`
+    /// saying which: with their size ladder
+    /// ([`crate::sync::SyncKernels::at_size`]) and pieces, except where
+    /// the device computes on the host's own cores and the kernels run
+    /// beside its backward pass (DDP's hooks on the host path, gloo's
+    /// ring, DDP's bucket copies: `path` [`SyncPath::Host`]), which shares
+    /// the caches, so a bucket does not stay cached as a lone gradient
+    /// does: the memory-bound fits there (measured under DDP:
+    /// docs/validation.md). On the MPI path (`sync-bench`, an MPI job's
+    /// synchronization, Open MPI's own all-reduce) the kernels run alone
+    /// between exchanges.
+    pub fn host_sync_kernels(&self, path: SyncPath) -> crate::sync::SyncKernels {
+        if self.compute_on_host && path != SyncPath::Mpi {
+            crate::sync::SyncKernels { by_size: None, pieces: None, ..self.host_kernels }
         } else {
             self.host_kernels
         }
@@ -391,7 +397,7 @@ impl Cluster {
                 if p <= 1 {
                     return 0.0;
                 }
-                let (k, share) = (&ty.host_sync_kernels(), ty.host_share());
+                let (k, share) = (&ty.host_sync_kernels(SyncPath::Host), ty.host_share());
                 let (bw, lat) = if m > 1 {
                     (ty.network_share(1), ty.network_latency_us)
                 } else {
@@ -425,7 +431,7 @@ impl Cluster {
                 // The engine runs on the host: every step's bytes cost the
                 // TCP stack CPU, and each reduce-scatter step sums what it
                 // received, on cores the node's ranks share.
-                let (k, share) = (&ty.host_sync_kernels().at_size(s / 4.0), ty.host_share());
+                let (k, share) = (&ty.host_sync_kernels(SyncPath::Mpi).at_size(s / 4.0), ty.host_share());
                 let mut total = 0.0;
                 let (mut d, mut part) = (1u64, s / 2.0);
                 while d < p {

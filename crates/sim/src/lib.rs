@@ -63,4 +63,6 @@ pub use shard::{
     predict_sharded, CollectiveChoices, GatherPrecision, ReducePrecision, ShardSpec, ShardedResult, Stage, Units,
 };
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
-pub use sync::{SizeRates, SyncBreakdown, SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec};
+pub use sync::{
+    PieceKernels, PieceRates, SizeRates, SyncBreakdown, SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec,
+};

@@ -310,6 +310,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         ring_step_s: None,
         bucket_r: None,
         by_size: None,
+        pieces: None,
     }
 }
 

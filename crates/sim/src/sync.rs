@@ -139,12 +139,111 @@ pub struct SyncKernels {
     /// size). A CPU runs a kernel over a gradient that stays in its caches
     /// at up to twice the rate of one streamed from memory, which the fits,
     /// taken through the largest sizes, do not show; [`SyncKernels::at_size`]
-    /// reads the rates for a gradient's size off this ladder. Not on a
-    /// device that computes on the host's cores: its backward pass runs
-    /// beside the kernels and shares the caches
+    /// reads the rates for a gradient's size off this ladder. Not where a
+    /// device computes on the host's cores and the kernels run beside its
+    /// backward pass, which shares the caches
     /// ([`crate::DeviceType::host_sync_kernels`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_size: Option<[SizeRates; LADDER]>,
+    /// The pipelined schemes' kernels as the pipeline runs them on a
+    /// gradient cut into pieces (the MPI path, [`pipeline_pieces`] > 1):
+    /// the kernels on a piece's own buffers alone, and those that read or
+    /// write the gradient piece by piece (`None`: the whole-gradient rates,
+    /// [`SyncKernels::at_size`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pieces: Option<PieceRates>,
+}
+
+/// Seconds per element of the pipelined schemes' kernels (one cast, one
+/// quantization, one dequantize-accumulate) on buffers of `elements`: one
+/// row of [`PieceRates`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PieceKernels {
+    pub elements: f64,
+    pub cast16: f64,
+    pub bf16: f64,
+    pub quantize: f64,
+    pub dequantize: f64,
+    pub quantize4: f64,
+    pub dequantize4: f64,
+}
+
+impl PieceKernels {
+    /// Every figure, for checks (`elements` first).
+    pub fn values(&self) -> [f64; 7] {
+        [self.elements, self.cast16, self.bf16, self.quantize, self.dequantize, self.quantize4, self.dequantize4]
+    }
+
+    fn cast(&self, bf16: bool) -> f64 {
+        if bf16 {
+            self.bf16
+        } else {
+            self.cast16
+        }
+    }
+
+    fn quantize(&self, bits: u8) -> f64 {
+        if bits == 4 {
+            self.quantize4
+        } else {
+            self.quantize
+        }
+    }
+
+    fn dequantize(&self, bits: u8) -> f64 {
+        if bits == 4 {
+            self.dequantize4
+        } else {
+            self.dequantize
+        }
+    }
+}
+
+/// The pipelined schemes' kernels as the runtime's pipeline runs them. A
+/// rank encodes its gradient piece by piece into a piece-sized send buffer
+/// and decodes the gathered pieces back into it (the gradient streamed
+/// through the caches, the piece's buffers kept in them: `streamed`, per
+/// gradient size), and sums the ranks' pieces of its shard and re-encodes
+/// the sum on buffers of one piece alone (`cached`). Measured by `qsyncc
+/// host-kernels` with the runtime's engine, piece by piece as the pipeline
+/// calls it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PieceRates {
+    /// On one piece's buffers (`elements`: the piece).
+    pub cached: PieceKernels,
+    /// Piece by piece over gradients of [`LADDER`] sizes (`elements`: the
+    /// gradient), smallest first.
+    pub streamed: [PieceKernels; LADDER],
+}
+
+impl PieceRates {
+    /// The streamed rates for a gradient of `elements`, interpolated in
+    /// the logarithm of the size between the two measured around it, the
+    /// nearest end's outside the measured sizes.
+    pub fn streamed_at(&self, elements: f64) -> PieceKernels {
+        let s = &self.streamed;
+        let i = s.iter().position(|r| r.elements > elements).unwrap_or(LADDER);
+        if i == 0 || elements.is_nan() {
+            return s[0];
+        }
+        if i == LADDER {
+            return s[LADDER - 1];
+        }
+        let (a, b) = (s[i - 1], s[i]);
+        let w = (elements.ln() - a.elements.ln()) / (b.elements.ln() - a.elements.ln());
+        let mix = |x: f64, y: f64| x + (y - x) * w;
+        PieceKernels {
+            elements,
+            cast16: mix(a.cast16, b.cast16),
+            bf16: mix(a.bf16, b.bf16),
+            quantize: mix(a.quantize, b.quantize),
+            dequantize: mix(a.dequantize, b.dequantize),
+            quantize4: mix(a.quantize4, b.quantize4),
+            dequantize4: mix(a.dequantize4, b.dequantize4),
+        }
+    }
 }
 
 /// Gradient sizes `qsyncc host-kernels` measures the kernels at: the
@@ -222,6 +321,7 @@ impl Default for SyncKernels {
             ring_step_s: None,
             bucket_r: None,
             by_size: None,
+            pieces: None,
         }
     }
 }
@@ -259,6 +359,7 @@ impl SyncKernels {
             ring_step_s: None,
             bucket_r: None,
             by_size: None,
+            pieces: None,
         }
     }
 
@@ -693,9 +794,40 @@ pub fn pipeline_pieces(spec: &SyncSpec, bytes: f64, p: u64) -> f64 {
 /// Seconds of the kernels `spec` runs on one device for `bytes` of gradient
 /// (at the rates `k` has for a gradient of that size, [`SyncKernels::at_size`]).
 pub fn kernel_seconds(spec: &SyncSpec, k: &SyncKernels, bytes: f64, p: u64, per_node: u64) -> f64 {
+    kernel_seconds_in_pieces(spec, k, bytes, p, per_node, 1.0)
+}
+
+/// [`kernel_seconds`] for a scheme the runtime pipelines in `pieces` pieces
+/// a shard: where `k` measured the pipeline's kernels
+/// ([`SyncKernels::pieces`]) and there is more than one piece, a rank's
+/// encoding of its gradient and decoding of the gathered pieces into it run
+/// at the streamed rates for the gradient's size, and the sum of the ranks'
+/// pieces of its shard (`E` elements in all) and its re-encoding (`E/P`) at
+/// the rates on one piece's buffers.
+pub fn kernel_seconds_in_pieces(
+    spec: &SyncSpec,
+    k: &SyncKernels,
+    bytes: f64,
+    p: u64,
+    per_node: u64,
+    pieces: f64,
+) -> f64 {
     let e = bytes / 4.0;
-    let k = &k.at_size(e);
     let pf = p.max(1) as f64;
+    if let (Some(pr), true) = (k.pieces, pieces > 1.0) {
+        let (s, c) = (pr.streamed_at(e), pr.cached);
+        match spec.scheme {
+            SyncScheme::Fp16 | SyncScheme::Bf16 => {
+                let bf16 = spec.scheme == SyncScheme::Bf16;
+                return (2.0 * s.cast(bf16) + c.cast(bf16)) * e + c.cast(bf16) * e / pf;
+            }
+            SyncScheme::Qgz { intra: b, inter: None, .. } => {
+                return (s.quantize(b) + s.dequantize(b) + c.dequantize(b)) * e + c.quantize(b) * e / pf;
+            }
+            _ => {}
+        }
+    }
+    let k = &k.at_size(e);
     let l = per_node.clamp(1, p.max(1)) as f64;
     match spec.scheme {
         SyncScheme::Fp32 => 0.0,
@@ -770,7 +902,12 @@ impl Cluster {
             return 0.0;
         }
         if spec.scheme == SyncScheme::Fp32 {
-            return crate::cluster::host_ring_cpu_us(p, bytes as f64, &ty.host_sync_kernels(), ty.host_share());
+            return crate::cluster::host_ring_cpu_us(
+                p,
+                bytes as f64,
+                &ty.host_sync_kernels(SyncPath::Host),
+                ty.host_share(),
+            );
         }
         if !matches!(spec.path, SyncPath::Host | SyncPath::Mpi) {
             return 0.0;
@@ -789,7 +926,7 @@ impl Cluster {
             return 0.0;
         }
         let e = bytes as f64 / 4.0;
-        ty.host_sync_kernels().at_size(e).bucket_copies(e) * ty.host_share() * 1e6
+        ty.host_sync_kernels(SyncPath::Host).at_size(e).bucket_copies(e) * ty.host_share() * 1e6
     }
 
     /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
@@ -807,7 +944,7 @@ impl Cluster {
         let off_node = p.saturating_sub(per_node) as f64;
         let pieces = if spec.path == SyncPath::Mpi { pipeline_pieces(spec, bytes as f64, p) } else { 1.0 };
         let kernels = &match spec.path {
-            SyncPath::Host | SyncPath::Mpi | SyncPath::HostStaged => ty.host_sync_kernels(),
+            SyncPath::Host | SyncPath::Mpi | SyncPath::HostStaged => ty.host_sync_kernels(spec.path),
             SyncPath::Device => ty.sync_kernels,
         };
         // Host-side work shares the node's cores among its ranks; the host
@@ -853,7 +990,7 @@ impl Cluster {
                 (2.0 * bytes as f64 + 2.0 * moved) / (ty.host_link_gb_per_s * 1e3)
             }
         };
-        let k = kernel_seconds(spec, kernels, bytes as f64, p, per_node) * share * 1e6;
+        let k = kernel_seconds_in_pieces(spec, kernels, bytes as f64, p, per_node, pieces) * share * 1e6;
         let total_us = if pieces > 1.0 {
             // Pieces on the wire while others are in the kernels: the link
             // against the CPU (kernels and the stack's work on the bytes,
@@ -1148,6 +1285,83 @@ mod tests {
         assert!((mpi - 340.7872).abs() < 1e-6, "{mpi}");
         let ddp = host(true).sync_breakdown(0, bytes, &spec.with_path(SyncPath::Host)).kernel_us;
         assert!((ddp - 851.968).abs() < 1e-6, "{ddp}");
+        // The same cores on the MPI path (sync-bench, an MPI job): the
+        // kernels run alone between exchanges, at the ladder's rates.
+        let alone = host(true).sync_breakdown(0, bytes, &spec.with_path(SyncPath::Mpi)).kernel_us;
+        assert!((alone - 340.7872).abs() < 1e-6, "{alone}");
+    }
+
+    #[test]
+    fn the_pipeline_runs_its_kernels_at_the_pieces_rates() {
+        // Pieces measured on one piece's buffers: f16 cast 0.3 ns, bf16 0.2,
+        // int8 quantize 1.0, dequantize-accumulate 0.5 an element. Piece by
+        // piece over gradients of 2^18..2^22 elements: f16 0.4, 0.5, 0.6,
+        // 0.7, 0.8 ns; quantize 1.1..1.5; dequantize 0.6..1.0.
+        let row = |elements: f64, cast: f64, q: f64, d: f64| PieceKernels {
+            elements,
+            cast16: cast * 1e-9,
+            bf16: (cast - 0.1) * 1e-9,
+            quantize: q * 1e-9,
+            dequantize: d * 1e-9,
+            quantize4: q * 1e-9,
+            dequantize4: d * 1e-9,
+        };
+        let streamed = std::array::from_fn(|i| {
+            let x = 0.1 * i as f64;
+            row((1u64 << (18 + i)) as f64, 0.4 + x, 1.1 + x, 0.6 + x)
+        });
+        let pieces = PieceRates { cached: row(262_144.0, 0.3, 1.0, 0.5), streamed };
+        // The whole-gradient fits: 1 ns an element for every kernel.
+        let k = SyncKernels {
+            cast16_r: 1e-9,
+            quantize_r: 1e-9,
+            dequantize_r: 1e-9,
+            pieces: Some(pieces),
+            ..free_kernels()
+        };
+        let e = (1u64 << 20) as f64;
+        let fp16 = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Mpi);
+        // 2 ranks, E = 2^20: shards of 2^19, 2 pieces each. Encode and
+        // decode stream the gradient at its size's 0.6 ns; the sum of the
+        // ranks' pieces (E) and its re-encoding (E/2) at the piece's 0.3:
+        // (2·0.6 + 0.3 + 0.3/2)·2^20 ns = 1730.1504 µs.
+        assert_eq!(pipeline_pieces(&fp16, 4.0 * e, 2), 2.0);
+        let us = |spec: &SyncSpec, e: f64, pieces: f64| kernel_seconds_in_pieces(spec, &k, 4.0 * e, 2, 1, pieces) * 1e6;
+        assert!((us(&fp16, e, 2.0) - 1730.1504).abs() < 1e-6, "{}", us(&fp16, e, 2.0));
+        // bf16 at its own rates: (2·0.5 + 0.2 + 0.1)·2^20 ns.
+        let bf16 = SyncSpec::new(SyncScheme::Bf16, 512);
+        assert!((us(&bf16, e, 2.0) - 1.3 * e * 1e-3).abs() < 1e-6, "{}", us(&bf16, e, 2.0));
+        // Halfway (in the logarithm) between 2^20 and 2^21: streamed 0.65.
+        let mid = e * 2f64.sqrt();
+        assert!((us(&fp16, mid, 2.0) - (2.0 * 0.65 + 0.45) * mid * 1e-3).abs() < 1e-6);
+        // Outside the measured sizes: the nearest end's (0.4 and 0.8).
+        assert!((us(&fp16, 4.0 * e, 2.0) - (1.6 + 0.45) * 4.0 * e * 1e-3).abs() < 1e-6);
+        assert!((us(&fp16, e / 8.0, 2.0) - (0.8 + 0.45) * e / 8.0 * 1e-3).abs() < 1e-6);
+        // One-shot qgZ int8: quantize and dequantize-accumulate stream,
+        // the sum's dequantize-accumulate and re-quantization on the piece:
+        // (1.3 + 0.8 + 0.5 + 1.0/2)·2^20 ns.
+        let qgz = SyncSpec::new(SyncScheme::parse("qgz-int8").expect("a scheme"), 512);
+        assert!((us(&qgz, e, 2.0) - 3.1 * e * 1e-3).abs() < 1e-6, "{}", us(&qgz, e, 2.0));
+        // One piece (nothing pipelined), and schemes the pipeline does not
+        // run, keep the whole-gradient rates: fp16 3.5·E at 1 ns.
+        assert!((us(&fp16, e, 1.0) - 3.5 * e * 1e-3).abs() < 1e-6);
+        let nbit = SyncSpec::new(SyncScheme::parse("nbit-2").expect("a scheme"), 512);
+        assert_eq!(us(&nbit, e, 2.0), us(&nbit, e, 1.0));
+        // Through the cluster: 2 hosts of one rank and one core. The MPI
+        // path pipelines (1730.1504 µs of kernels); the hooks' host path
+        // sends one piece (3.5·E at 1 ns).
+        let ty = DeviceType::new("cpu", 2, 1, 1).with_host(k, 10.0).with_host_cores(Some(1));
+        let c = Cluster::new(vec![ty]);
+        let b = c.sync_breakdown(0, 4 * (1u64 << 20), &fp16);
+        assert_eq!(b.pieces, 2.0);
+        assert!((b.kernel_us - 1730.1504).abs() < 1e-6, "{}", b.kernel_us);
+        let host = c.sync_breakdown(0, 4 * (1u64 << 20), &fp16.with_path(SyncPath::Host)).kernel_us;
+        assert!((host - 3.5 * e * 1e-3).abs() < 1e-6, "{host}");
+        // Hosts that are the devices (a CPU cluster): the MPI path still
+        // runs its pieces alone.
+        let cpu = Cluster::new(vec![c.types[0].clone().with_compute_on_host(true)]);
+        let b = cpu.sync_breakdown(0, 4 * (1u64 << 20), &fp16);
+        assert!((b.kernel_us - 1730.1504).abs() < 1e-6, "{}", b.kernel_us);
     }
 
     #[test]
