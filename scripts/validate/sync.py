@@ -304,9 +304,8 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
         f"{socket_gbit} Gbit/s a direction ({med([t['socket_r'] for t in tcp]) * 1e9:.3f} ns a byte); over "
         f"loopback host-kernels measured {loopback * 1e9:.3f}")
     hk["sources"]["message_s"] = "as tcp_r"
-    running = min(nodes * k, nodes * cores)
     hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0-{nodes * cores - 1} qsyncc host-kernels "
-                                f"--threads {running} --elements 16777216` runs (the fits, the rates at 1, 2, 4, 8 and "
+                                f"--threads {hk['threads']} --elements 16777216` runs (the fits, the rates at 1, 2, 4, 8 and "
                                 f"16 Mi elements and piece by piece; as many threads as the job runs ranks at once) "
                                 f"spread over the validation run")
     host_file = os.path.join(a.out, name)

@@ -455,10 +455,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         })
     };
     let cached = piece_row(chunk.min(big), 0)?;
-    let mut streamed = Vec::with_capacity(LADDER);
-    for &n in &sizes {
-        streamed.push(piece_row(n, chunk)?);
-    }
+    let streamed = sizes.iter().map(|&n| piece_row(n, chunk)).collect::<Result<Vec<_>>>()?;
     let pieces = PieceRates {
         cached,
         streamed: streamed.try_into().map_err(|_| anyhow::anyhow!("one row per size of the ladder"))?,

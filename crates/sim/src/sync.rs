@@ -223,16 +223,8 @@ impl PieceRates {
     /// the logarithm of the size between the two measured around it, the
     /// nearest end's outside the measured sizes.
     pub fn streamed_at(&self, elements: f64) -> PieceKernels {
-        let s = &self.streamed;
-        let i = s.iter().position(|r| r.elements > elements).unwrap_or(LADDER);
-        if i == 0 || elements.is_nan() {
-            return s[0];
-        }
-        if i == LADDER {
-            return s[LADDER - 1];
-        }
-        let (a, b) = (s[i - 1], s[i]);
-        let w = (elements.ln() - a.elements.ln()) / (b.elements.ln() - a.elements.ln());
+        let (i, j, w) = bracket(self.streamed.map(|r| r.elements), elements);
+        let (a, b) = (self.streamed[i], self.streamed[j]);
         let mix = |x: f64, y: f64| x + (y - x) * w;
         PieceKernels {
             elements,
@@ -243,6 +235,21 @@ impl PieceRates {
             quantize4: mix(a.quantize4, b.quantize4),
             dequantize4: mix(a.dequantize4, b.dequantize4),
         }
+    }
+}
+
+/// The two measured sizes around `elements` among `sizes` (growing) and
+/// the weight of the larger, linear in the size's logarithm; the nearest
+/// end's size alone (weight 0) outside them, and the smallest for a size
+/// that is not a positive number.
+fn bracket(sizes: [f64; LADDER], elements: f64) -> (usize, usize, f64) {
+    if elements.is_nan() || elements <= 0.0 {
+        return (0, 0, 0.0);
+    }
+    match sizes.iter().position(|&n| n > elements) {
+        Some(0) => (0, 0, 0.0),
+        None => (LADDER - 1, LADDER - 1, 0.0),
+        Some(i) => (i - 1, i, (elements.ln() - sizes[i - 1].ln()) / (sizes[i].ln() - sizes[i - 1].ln())),
     }
 }
 
@@ -376,13 +383,8 @@ impl SyncKernels {
         if elements.is_nan() || elements >= ladder[LADDER - 1].elements {
             return *self;
         }
-        let (a, b, w) = match ladder.iter().position(|r| r.elements > elements) {
-            Some(i) if i > 0 && elements > 0.0 => {
-                let (a, b) = (ladder[i - 1], ladder[i]);
-                (a, b, (elements.ln() - a.elements.ln()) / (b.elements.ln() - a.elements.ln()))
-            }
-            _ => (ladder[0], ladder[0], 0.0),
-        };
+        let (i, j, w) = bracket(ladder.map(|r| r.elements), elements);
+        let (a, b) = (ladder[i], ladder[j]);
         let mix = |x: f64, y: f64| x + (y - x) * w;
         let mix4 = |x: [f64; 4], y: [f64; 4]| -> [f64; 4] { std::array::from_fn(|i| mix(x[i], y[i])) };
         let (pack, unpack) = (mix4(a.nbit_pack, b.nbit_pack), mix4(a.nbit_unpack, b.nbit_unpack));
