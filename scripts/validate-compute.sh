@@ -15,8 +15,10 @@
 #                                and 32 (QSYNC_BATCH_POINTS)
 #   4. scripts/gpu/profile.py --device cpu     per-op times (fwd, input and weight gradients) -> DIR/ops.json
 #   5. scripts/cpu/train.py      training iterations of ResNet-18 and BERT-tiny at batches 1, 2, 8, 32
+#                                (and each phase's CPU time, each ATen operator's under torch.profiler)
 #   6. scripts/gpu/analyze.py    per measured model, `qsyncc profile build --exclude FAMILY` (the profile
 #                                never measured that model's family) and `qsyncc simulate` with and without it
+#   7. scripts/gpu/breakdown.py  per run, each phase measured against the leave-one-out prediction
 #
 # Environment: PYTHON (default ~/.cache/qsync/torch-venv/bin/python, with torch, torchvision,
 # transformers and onnx), QSYNCC (default: build target/debug/qsyncc), QSYNC_MODELS (the shared
@@ -70,11 +72,19 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 PYTHONUNBUFFERED=1 "$PY" scripts/gpu/profile.py "$DIR/worklist.json" "$DIR/ops.json" --device cpu --precisions fp32 \
   --reps 3 --target-ms 20 > "$DIR/ops.log" 2>&1 || { tail -20 "$DIR/ops.log" >&2; exit 2; }
 PYTHONUNBUFFERED=1 "$PY" scripts/cpu/train.py "$DIR/iterations.json" --models "$TRAIN_MODELS" --batches "$TRAIN_BATCHES" \
-  | tee "$DIR/train.log"
+  --op-iters 2 | tee "$DIR/train.log"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 "$PY" scripts/gpu/analyze.py --qsyncc "$Q" --ops "$DIR/ops.json" --iterations "$DIR/iterations.json" \
   --models-dir "$DIR/models" --device cpu --device-file "$DIR/cpu.json" --statistic cpu_median \
   --out-dir "$DIR/analysis" --markdown "$DIR/table.md" --json "$DIR/results.json" > /dev/null
+# Where each cell's time goes: every phase's CPU time against the leave-one-out prediction's.
+profiles=()
+for fam in $("$PY" -c "import json,sys; print(' '.join(sorted({r['family'] for r in json.load(open(sys.argv[1]))['runs']})))" "$DIR/iterations.json"); do
+  profiles+=(--profile "$fam=$DIR/analysis/profile-without-$fam.json")
+done
+"$PY" scripts/gpu/breakdown.py --iterations "$DIR/iterations.json" --models-dir "$DIR/models" "${profiles[@]}" \
+  --qsyncc "$Q" --device cpu --device-file "$DIR/cpu.json" --out-dir "$DIR/breakdown" \
+  --phases-markdown "$DIR/phases.md" > "$DIR/breakdown.log"
 
 # The generated section of the doc: the command, the conditions, the device, the table.
 gen=$(mktemp)
@@ -119,6 +129,11 @@ miss = [f"{r['model']} at {r['batch']} ({100 * r['calibrated_err']:+.1f}%)" for 
 print(f"\nLeave-one-out profile: median |error| {100 * median:.1f}% (goal 5%), worst {100 * worst:.1f}% (goal 15%)."
       + (f" Cells beyond 15%: {', '.join(miss)}." if miss else " No cell beyond 15%."))
 EOF
+  echo
+  echo "Where the time goes: CPU time per phase, measured / predicted with the leave-one-out profile (forward with"
+  echo "the loss; the optimizer step with zero_grad; \`$DIR/breakdown.log\` has each kind of operator too):"
+  echo
+  cat "$DIR/phases.md"
   echo
   echo "<!-- generated:end -->"
 } > "$gen"
