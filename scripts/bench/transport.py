@@ -5,15 +5,20 @@ f32 all-reduce of the same tensor, and how long each scheme spends inside
 the transport's calls (the rest is kernels and the runtime's copies).
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 scripts/bench/transport.py \\
-        [--elements 6500000] [--schemes fp16,qgz-int8,nbit-2] [--reps 5] [--nodes 2]
+        [--elements 6500000] [--schemes fp16,qgz-int8,nbit-2] [--reps 5] [--nodes 2] [--beside-compute]
 
 Needs the `qsync` package installed beside PyTorch (`scripts/setup.sh`
 makes the virtual environment; `maturin build` in crates/python, then
 `pip install` the wheel). Rank 0 prints one line per scheme: seconds per
 synchronization (mean of `--reps` after one warm-up), and per transport
-method its calls and seconds per synchronization.
+method its calls and seconds per synchronization. With --beside-compute,
+every rank runs a compute-bound thread (matrix products, as a backward pass
+keeps a core busy) while it synchronizes, and rank 0 also prints the CPU
+time of the synchronizing thread: as in DDP on CPU tensors, where the
+hook's worker thread shares its rank's cores with autograd.
 """
 import argparse
+import threading
 import time
 
 import torch
@@ -25,12 +30,21 @@ from qsync._transport import TorchTransport
 METHODS = ["all_gather", "all_to_all_v", "all_reduce_f32"]
 
 
+def compute(stop):
+    """Matrix products until `stop` is set (torch releases the GIL in each)."""
+    x = torch.randn(128, 128)
+    while not stop.is_set():
+        torch.mm(x, x)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--elements", type=int, default=6_500_000)
     ap.add_argument("--schemes", default="fp16,qgz-int8,nbit-2")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--beside-compute", action="store_true",
+                    help="a compute-bound thread runs in every rank while it synchronizes")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -62,13 +76,21 @@ def main():
         g = x.clone()
         s.all_reduce_mean(g.numpy())
         spent.clear()
-        t = time.perf_counter()
+        stop = threading.Event()
+        busy = threading.Thread(target=compute, args=(stop,)) if a.beside_compute else None
+        if busy:
+            busy.start()
+        t, c = time.perf_counter(), time.thread_time()
         for _ in range(a.reps):
             s.all_reduce_mean(g.numpy())
-        total = (time.perf_counter() - t) / a.reps
+        total, cpu = (time.perf_counter() - t) / a.reps, (time.thread_time() - c) / a.reps
+        if busy:
+            stop.set()
+            busy.join()
         if rank == 0:
             calls = ", ".join(f"{k} {v[0] // a.reps}x {v[1] / a.reps:.4f} s" for k, v in sorted(spent.items()))
-            print(f"{scheme}: {total:.4f} s ({calls})", flush=True)
+            beside = f", beside compute; the synchronizing thread's CPU {cpu:.4f} s" if busy else ""
+            print(f"{scheme}: {total:.4f} s ({calls}{beside})", flush=True)
     dist.destroy_process_group()
 
 

@@ -20,9 +20,9 @@ holds its result until the next call on the same transport.
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
-import time
 
 import numpy
 import torch
@@ -49,17 +49,20 @@ class TorchTransport:
     # ---- plumbing -------------------------------------------------------
 
     def _wait(self, work, op, timeout_s):
-        deadline = time.monotonic() + timeout_s
-        pause = 0.0
-        while not work.is_completed():
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"rank {dist.get_rank()}: {op} did not complete within {timeout_s:.1f} s")
-            time.sleep(pause)
-            pause = min(0.002, pause + 0.0001)
+        # Block in the engine until the work completes or the deadline
+        # passes (torch releases the GIL while it waits). Polling instead
+        # (`is_completed()` and a sleep) answers only at the next poll: a
+        # collective that ends between two polls is seen up to a sleep
+        # later, and every poll takes the core from the backward pass the
+        # hook runs beside.
+        if timeout_s <= 0:
+            raise TimeoutError(f"rank {dist.get_rank()}: {op} did not complete within 0.0 s")
         try:
-            work.wait()
+            work.wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as e:
             text = str(e)
+            if not work.is_completed() and "timed out" in text.lower():
+                raise TimeoutError(f"rank {dist.get_rank()}: {op} did not complete within {timeout_s:.1f} s") from e
             if any(k in text.lower() for k in _LOST_PEER):
                 raise ConnectionError(f"rank {dist.get_rank()}: {op}: {text.splitlines()[0]}") from e
             raise
