@@ -6,6 +6,7 @@
 # written into docs/validation-compute.md (between its `generated` markers).
 #
 #   scripts/validate-compute.sh [DIR]      (DIR defaults to target/validate-compute; ~12 min on 2 cores)
+#   QSYNC_COMPUTE_REPREDICT=1 scripts/validate-compute.sh [DIR]   (measure nothing: predict DIR's runs again)
 #
 # Steps, each a script of its own:
 #   1. scripts/cpu/device.py     this CPU as a device file (lscpu figures, measured rates): DIR/cpu.json
@@ -57,6 +58,13 @@ mkdir -p "$DIR/models"
 cp "$Q" "$DIR/qsyncc"
 Q=$DIR/qsyncc
 
+if [ -n "${QSYNC_COMPUTE_REPREDICT:-}" ]; then
+  # Measure nothing: predict the runs DIR holds again with this qsyncc.
+  for f in cpu.json ops.json iterations.json load.txt models/resnet18_train.onnx; do
+    [ -e "$DIR/$f" ] || { echo "error: QSYNC_COMPUTE_REPREDICT: $DIR/$f is missing (measure first)" >&2; exit 2; }
+  done
+  { read -r load_before; read -r load_after; } < "$DIR/load.txt"
+else
 "$PY" scripts/cpu/device.py "$DIR/cpu.json"
 "$PY" scripts/cpu/export.py "$DIR/models"
 for m in resnet50_train bert_base_train; do
@@ -74,6 +82,8 @@ PYTHONUNBUFFERED=1 "$PY" scripts/gpu/profile.py "$DIR/worklist.json" "$DIR/ops.j
 PYTHONUNBUFFERED=1 "$PY" scripts/cpu/train.py "$DIR/iterations.json" --models "$TRAIN_MODELS" --batches "$TRAIN_BATCHES" \
   --op-iters 2 | tee "$DIR/train.log"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+printf '%s\n%s\n' "$load_before" "$load_after" > "$DIR/load.txt"
+fi
 "$PY" scripts/gpu/analyze.py --qsyncc "$Q" --ops "$DIR/ops.json" --iterations "$DIR/iterations.json" \
   --models-dir "$DIR/models" --device cpu --device-file "$DIR/cpu.json" --statistic cpu_median \
   --out-dir "$DIR/analysis" --markdown "$DIR/table.md" --json "$DIR/results.json" > /dev/null

@@ -42,8 +42,8 @@ use serde_json::Value;
 use crate::facts::{Kind, Work};
 use crate::model::{roofline, tensor_core_eligible, Bound, Rates};
 use crate::profile::{
-    BatchPoint, CastSamples, HostModel, HostTimes, OpSample, OptimizerSamples, ProfileEfficiency,
-    MAX_PROFILE_EFFICIENCY,
+    BatchPoint, CastSamples, HostModel, HostTimes, OpSample, OptimizerSamples, ProfileEfficiency, MAX_KIND_FACTOR,
+    MAX_PROFILE_EFFICIENCY, MIN_KIND_FACTOR,
 };
 use crate::{Bindings, CostError, Device, GraphFacts, Precision, Profile, Result};
 
@@ -333,7 +333,7 @@ impl Worklist {
                 attrs,
                 inputs,
                 outputs,
-                kind: kind_name(f.kind).into(),
+                kind: f.kind.name().into(),
                 gemm_like: f.kind.is_gemm_like(),
                 align_dims: f.align_dims.clone(),
                 fwd: f.fwd.into(),
@@ -346,25 +346,6 @@ impl Worklist {
         }
         self.models.push(ModelRef { name: name.into(), family: family.into(), nodes });
         Ok(())
-    }
-}
-
-fn kind_name(k: Kind) -> &'static str {
-    match k {
-        Kind::Conv => "conv",
-        Kind::Gemm => "gemm",
-        Kind::Norm => "norm",
-        Kind::Softmax => "softmax",
-        Kind::Pool => "pool",
-        Kind::Reduce => "reduce",
-        Kind::Elementwise => "elementwise",
-        Kind::Copy => "copy",
-        Kind::View => "view",
-        Kind::Host => "host",
-        Kind::Dropout => "dropout",
-        Kind::Loss => "loss",
-        Kind::Cast => "cast",
-        Kind::Other => "other",
     }
 }
 
@@ -655,6 +636,8 @@ pub struct FitReport {
 /// A measured phase for the fit.
 struct Sample {
     work: Work,
+    kind: Option<Kind>,
+    forward: bool,
     gemm_like: bool,
     tc: bool,
     p: Precision,
@@ -662,7 +645,19 @@ struct Sample {
     weight: f64,
 }
 
+impl Sample {
+    /// A forward phase of a kind whose work the roofline does not count
+    /// ([`Kind::has_uncounted_work`]): left out of the rate fit, it sets
+    /// its kind's factor instead.
+    fn uncounted(&self) -> bool {
+        self.forward && self.kind.is_some_and(Kind::has_uncounted_work)
+    }
+}
+
 const FIT_ROUNDS: usize = 40;
+/// A kind of operator gets a factor of its own ([`ProfileEfficiency::kinds`])
+/// only from at least this many phases.
+pub const MIN_KIND_PHASES: usize = 4;
 const MIN_EFFICIENCY: f64 = 0.01;
 /// Phases whose time beyond launches is at most this fraction of their
 /// measurement are left out of the fit.
@@ -681,11 +676,12 @@ fn predict(device: &Device, rates: &Rates, s: &Sample) -> (f64, f64, Bound) {
     (t.body, t.launch, t.bound)
 }
 
-fn report_stats(device: &Device, rates: &Rates, samples: &[Sample]) -> (f64, f64) {
+fn report_stats(device: &Device, rates: &Rates, samples: &[Sample], kinds: &BTreeMap<Kind, f64>) -> (f64, f64) {
     let (mut pred, mut meas) = (0.0, 0.0);
     let mut errs: Vec<f64> = Vec::with_capacity(samples.len());
     for s in samples {
         let (body, launch, _) = predict(device, rates, s);
+        let body = body * s.kind.filter(|_| s.forward).and_then(|k| kinds.get(&k)).copied().unwrap_or(1.0);
         pred += (body + launch) * s.weight;
         meas += s.seconds * s.weight;
         errs.push(((body + launch - s.seconds) / s.seconds).abs());
@@ -743,14 +739,23 @@ pub fn fit_rates_with(
             }
             for (fwd, bwd_input, bwd_weight, t) in points {
                 let phases = [(fwd, Some(t.fwd_us)), (bwd_input, t.bwd_input_us), (bwd_weight, t.bwd_weight_us)];
-                for ((w, v), host_bound) in phases.into_iter().zip(t.host_bound) {
+                for (i, ((w, v), host_bound)) in phases.into_iter().zip(t.host_bound).enumerate() {
                     let work = Work::from(w);
                     // The host's pace says nothing about the device's rates.
                     if host_bound && host_model {
                         continue;
                     }
                     if let Some(us) = v.filter(|&us| us > 0.0 && !work.is_empty()) {
-                        samples.push(Sample { work, gemm_like: e.item.gemm_like, tc, p, seconds: us * 1e-6, weight });
+                        samples.push(Sample {
+                            work,
+                            kind: Kind::from_name(&e.item.kind),
+                            forward: i == 0,
+                            gemm_like: e.item.gemm_like,
+                            tc,
+                            p,
+                            seconds: us * 1e-6,
+                            weight,
+                        });
                     }
                 }
             }
@@ -767,7 +772,8 @@ pub fn fit_rates_with(
     for _ in 0..FIT_ROUNDS {
         // Per class: Σ predicted body and Σ measured time beyond launches.
         let mut sums: BTreeMap<(u8, Precision), (f64, f64, usize)> = BTreeMap::new();
-        for s in &samples {
+        // Work the roofline does not count says nothing about the rates.
+        for s in samples.iter().filter(|s| !s.uncounted()) {
             let (body, launch, bound) = predict(device, &rates, s);
             // A phase whose measurement is mostly the assumed launch
             // overhead says nothing about rates (and may be below it).
@@ -793,8 +799,35 @@ pub fn fit_rates_with(
             }
         }
     }
-    let (ratio_before, med_before) = report_stats(device, &start, &samples);
-    let (ratio_after, med_after) = report_stats(device, &rates, &samples);
+    // Per kind of operator whose work the roofline does not count, at the
+    // fitted rates: how much longer its forward phases (where that work is,
+    // left out of the rate fit) ran than their roofline (a kind with too
+    // few phases keeps 1). Every other kind is priced by its
+    // rate class alone: a factor for each moves the memory-bound kinds
+    // against one another by what differs between the measured models
+    // (on the CPU, ResNet-50's DRAM-bound activations gave elementwise ops
+    // 0.55 and BERT-tiny's ran from the caches: docs/validation-compute.md).
+    let mut by_kind: BTreeMap<Kind, (f64, f64, usize)> = BTreeMap::new();
+    for s in &samples {
+        let (body, launch, _) = predict(device, &rates, s);
+        let target = s.seconds - launch;
+        if target <= LAUNCH_DOMINATED * s.seconds || body <= 0.0 {
+            continue;
+        }
+        if let Some(k) = s.kind.filter(|_| s.uncounted()) {
+            let e = by_kind.entry(k).or_default();
+            e.0 += body * s.weight;
+            e.1 += target * s.weight;
+            e.2 += 1;
+        }
+    }
+    let kinds: BTreeMap<Kind, f64> = by_kind
+        .iter()
+        .filter(|(_, &(pred, meas, n))| n >= MIN_KIND_PHASES.max(min_phases) && pred > 0.0 && meas > 0.0)
+        .map(|(&k, &(pred, meas, _))| (k, (meas / pred).clamp(MIN_KIND_FACTOR, MAX_KIND_FACTOR)))
+        .collect();
+    let (ratio_before, med_before) = report_stats(device, &start, &samples, &BTreeMap::new());
+    let (ratio_after, med_after) = report_stats(device, &rates, &samples, &kinds);
     let mut eff = ProfileEfficiency::default();
     let mut classes = Vec::new();
     let mut fitted: BTreeSet<(u8, Precision)> = seen.keys().copied().collect();
@@ -824,6 +857,17 @@ pub fn fit_rates_with(
         };
         let (phases, meas) = seen.get(&k).copied().unwrap_or((0, 0.0));
         classes.push(ClassFit { class, before: get(&start, k), after: v, phases, measured_us: meas * 1e6 });
+    }
+    for (&k, &v) in &kinds {
+        eff.kinds.insert(k.name().to_string(), v);
+        let (_, meas, n) = by_kind[&k];
+        classes.push(ClassFit {
+            class: format!("kind.{}", k.name()),
+            before: 1.0,
+            after: v,
+            phases: n,
+            measured_us: meas * 1e6,
+        });
     }
     let report = FitReport {
         classes,

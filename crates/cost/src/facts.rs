@@ -51,7 +51,7 @@ impl Bindings {
 }
 
 /// How a node is costed.
-#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+#[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub enum Kind {
     /// Convolution (implicit GEMM on Tensor Cores when aligned).
     Conv,
@@ -76,6 +76,57 @@ pub enum Kind {
 }
 
 impl Kind {
+    pub const ALL: [Kind; 14] = [
+        Kind::Conv,
+        Kind::Gemm,
+        Kind::Norm,
+        Kind::Softmax,
+        Kind::Pool,
+        Kind::Reduce,
+        Kind::Elementwise,
+        Kind::Copy,
+        Kind::View,
+        Kind::Host,
+        Kind::Dropout,
+        Kind::Loss,
+        Kind::Cast,
+        Kind::Other,
+    ];
+
+    /// The kind's name in measurement files and profiles (`conv`, `gemm`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Conv => "conv",
+            Kind::Gemm => "gemm",
+            Kind::Norm => "norm",
+            Kind::Softmax => "softmax",
+            Kind::Pool => "pool",
+            Kind::Reduce => "reduce",
+            Kind::Elementwise => "elementwise",
+            Kind::Copy => "copy",
+            Kind::View => "view",
+            Kind::Host => "host",
+            Kind::Dropout => "dropout",
+            Kind::Loss => "loss",
+            Kind::Cast => "cast",
+            Kind::Other => "other",
+        }
+    }
+
+    /// The kind named `name` ([`Kind::name`]).
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether the kind does work per element that the roofline's FLOPs and
+    /// bytes leave out: dropout draws a random number for every element,
+    /// which costs what the generator costs on the device (a CPU's scalar
+    /// generator many times a fused add). Only such kinds get a fitted
+    /// factor of their own in a profile (`ProfileEfficiency::kinds`).
+    pub fn has_uncounted_work(self) -> bool {
+        matches!(self, Kind::Dropout)
+    }
+
     /// Whether the op has a matrix-multiply core (Tensor Core candidate).
     pub fn is_gemm_like(self) -> bool {
         matches!(self, Kind::Conv | Kind::Gemm)

@@ -186,6 +186,12 @@ pub struct CostModel {
     optimizer_fits: BTreeMap<&'static str, LinearModel>,
     optimizer_curves: BTreeMap<&'static str, SizeCurve>,
     host: Option<HostCosts>,
+    /// A profile's factor per kind of operator ([`ProfileEfficiency::kinds`]),
+    /// on the roofline time of the forward phases of the ops it did not
+    /// measure.
+    ///
+    /// [`ProfileEfficiency::kinds`]: crate::profile::ProfileEfficiency::kinds
+    kinds: HashMap<Kind, f64>,
 }
 
 /// What issuing work costs the host, from a profile that measured it
@@ -273,6 +279,10 @@ impl CostModel {
             optimizer_fits,
             optimizer_curves,
             host,
+            kinds: profile
+                .and_then(|p| p.efficiency.as_ref())
+                .map(|e| e.kinds.iter().filter_map(|(k, &v)| Kind::from_name(k).map(|k| (k, v))).collect())
+                .unwrap_or_default(),
         })
     }
 
@@ -450,7 +460,7 @@ impl CostModel {
     fn float_cost(&self, f: &NodeFacts, v: &Scaled, p: Precision) -> OpCost {
         let tc = self.tensor_core_eligible(f, p);
         OpCost {
-            fwd: self.phase(&v.fwd, f.kind, p, tc),
+            fwd: self.forward_phase(&v.fwd, f.kind, p, tc),
             bwd_input: self.phase(&v.bwd_input, f.kind, p, tc),
             bwd_weight: self.phase(&v.bwd_weight, f.kind, p, tc),
             quant: 0.0,
@@ -474,7 +484,7 @@ impl CostModel {
         let tc = self.tensor_core_eligible(f, Precision::Int8);
         if !f.kind.is_gemm_like() {
             // Not a quantized kernel: the forward just moves 1-byte data.
-            c.fwd = self.phase(&v.fwd, f.kind, Precision::Int8, false);
+            c.fwd = self.forward_phase(&v.fwd, f.kind, Precision::Int8, false);
             c.fwd_bytes = bytes(&v.fwd, Precision::Int8);
             c.tensor_core = false;
             return c;
@@ -508,6 +518,21 @@ impl CostModel {
         }
         let t = roofline(&self.device, &self.rates, w, kind.is_gemm_like(), p, tc);
         t.body + t.launch
+    }
+
+    /// A forward phase: [`CostModel::phase`], its body times the profile's
+    /// factor for the kind where it has one (the work the roofline does not
+    /// count, dropout's random numbers, is the forward's; the backward
+    /// applies the saved mask).
+    fn forward_phase(&self, w: &Work, kind: Kind, p: Precision, tc: bool) -> f64 {
+        let Some(&k) = self.kinds.get(&kind) else {
+            return self.phase(w, kind, p, tc);
+        };
+        if w.is_empty() {
+            return 0.0;
+        }
+        let t = roofline(&self.device, &self.rates, w, kind.is_gemm_like(), p, tc);
+        t.body * k + t.launch
     }
 }
 

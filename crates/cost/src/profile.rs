@@ -43,7 +43,8 @@
 //! ```json
 //! {
 //!   "meta": { "gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "torch": "2.11.0", "date": "…" },
-//!   "efficiency": { "tensor_core": { "fp16": 0.71, "bf16": 0.70 }, "cuda_core": { "fp32": 0.83 }, "memory": 0.86 },
+//!   "efficiency": { "tensor_core": { "fp16": 0.71, "bf16": 0.70 }, "cuda_core": { "fp32": 0.83 }, "memory": 0.86,
+//!                   "kinds": { "dropout": 3.5 } },
 //!   "optimizers": [ { "optimizer": "adam", "tensors": [[1024, 40.0], [65536, 95.0], [4194304, 19000.0]] } ]
 //! }
 //! ```
@@ -53,7 +54,11 @@
 //! the device file's they may exceed 1: a fitted "fraction of peak" absorbs
 //! what the roofline does not model (Winograd convolutions doing fewer
 //! multiplications than counted, activations served from a large L2 rather
-//! than DRAM), and is bounded by 4 only to reject nonsense. `optimizers`
+//! than DRAM), and is bounded by 4 only to reject nonsense. `kinds` then
+//! scales, per kind of operator, the roofline time of the ops the profile
+//! did not measure by how much longer that kind's measured ones ran than
+//! their fitted roofline (a random number per element of dropout is work
+//! the roofline's FLOPs and bytes do not count). `optimizers`
 //! time one optimizer step (`sgd`, `momentum`, `adam`). Their `tensors` are
 //! `[elements, microseconds per tensor]`: the step over a group of equal
 //! tensors of that size, divided by the group's count. A model's step is the
@@ -72,6 +77,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::cast::{fit_linear, LinearFit, LinearModel};
+use crate::facts::Kind;
 use crate::{CostError, Precision, Result};
 
 /// One measured operator.
@@ -301,7 +307,20 @@ pub struct ProfileEfficiency {
     /// DRAM bandwidth reached by memory-bound kernels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<f64>,
+    /// Per kind of operator ([`Kind::name`]), how much longer than the
+    /// fitted roofline its measured forward phases ran: the forward time
+    /// beyond launches of an op the profile did not measure is the
+    /// roofline's times this. The
+    /// roofline prices work by FLOPs and bytes; `qsyncc profile build` fits
+    /// a factor for the kinds whose work those leave out
+    /// ([`Kind::has_uncounted_work`]: dropout's random numbers).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kinds: BTreeMap<String, f64>,
 }
+
+/// The largest and smallest per-kind factor a profile may carry.
+pub const MAX_KIND_FACTOR: f64 = 16.0;
+pub const MIN_KIND_FACTOR: f64 = 1.0 / 16.0;
 
 /// The largest fitted efficiency a profile may carry (see the module doc).
 pub const MAX_PROFILE_EFFICIENCY: f64 = 4.0;
@@ -459,6 +478,16 @@ impl Profile {
             for (what, v) in rates.chain(e.memory.map(|v| ("memory".to_string(), v))) {
                 if !(v.is_finite() && v > 0.0 && v <= MAX_PROFILE_EFFICIENCY) {
                     return Err(bad(format!("efficiency.{what} must be in (0, {MAX_PROFILE_EFFICIENCY}], got {v}")));
+                }
+            }
+            for (kind, &v) in &e.kinds {
+                if Kind::from_name(kind).is_none() {
+                    return Err(bad(format!("efficiency.kinds: unknown kind of operator `{kind}`")));
+                }
+                if !(v.is_finite() && (MIN_KIND_FACTOR..=MAX_KIND_FACTOR).contains(&v)) {
+                    return Err(bad(format!(
+                        "efficiency.kinds.{kind} must be in [{MIN_KIND_FACTOR}, {MAX_KIND_FACTOR}], got {v}"
+                    )));
                 }
             }
         }

@@ -439,3 +439,90 @@ fn a_profile_that_priced_the_host_charges_each_op_what_issuing_it_costs() {
     let note = fit_host_overhead(&mut p, &m, &runs, &["fam".into()]).unwrap();
     assert!(note.contains("no host-bound training run"), "{note}");
 }
+
+/// x[batch,262144] → Add(s) → Dropout → y: one elementwise and one dropout
+/// op, listed at batch 8 with batch points 1, 2 and 32.
+fn add_dropout() -> (Graph, NodeId, qsync_cost::calibrate::Worklist) {
+    let mut g = Graph::new("drop");
+    let ty = || TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::from(262_144)]);
+    let x = g.add_input("x", ty());
+    let s = init(&mut g, "s", &[262_144]);
+    let a = g.add_node(NodeSpec::new("shift", Op::Add).input(x).input(s).output("a", ty()));
+    let av = g.node(a).outputs()[0];
+    let d = g.add_node(NodeSpec::new("drop", Op::Dropout).input(av).attr("ratio", Attr::Float(0.1)).output("y", ty()));
+    let y = g.node(d).outputs()[0];
+    g.set_outputs(vec![y]);
+    let mut w = qsync_cost::calibrate::Worklist::new(8, Default::default()).with_batch_points(&[1, 2, 32]);
+    w.add_graph("m", "m", &g, &Bindings::new().with("batch", 8)).unwrap();
+    (g, d, w)
+}
+
+#[test]
+fn a_kind_the_roofline_underprices_carries_its_own_factor() {
+    use qsync_cost::calibrate::{build_profile, Measurements};
+    use qsync_cost::model::{roofline, Rates};
+    let db = DeviceDb::bundled().unwrap();
+    let v100 = db.get("v100").unwrap();
+    let (g, drop, w) = add_dropout();
+    // Every phase measured at its roofline time at the device file's rates
+    // plus one launch: the Add at 1×, the Dropout at 3× (a random number
+    // per element, which its FLOPs and bytes do not count).
+    let dev_rates = Rates::of(v100);
+    let launch = v100.launch_s();
+    let mut m = serde_json::json!({ "schema": "qsync-ops/1", "batch": 8, "models": w.models, "entries": w.entries });
+    for e in m["entries"].as_array_mut().unwrap() {
+        let dropout = e["op"] == "Dropout";
+        let k = if dropout { 3.0 } else { 1.0 };
+        let us = |pw: &serde_json::Value| {
+            let pw: qsync_cost::calibrate::PhaseWork = serde_json::from_value(pw.clone()).unwrap();
+            let t = roofline(v100, &dev_rates, &Work::from(pw), false, Precision::Fp32, false);
+            (k * t.body + launch) * 1e6
+        };
+        e["measured"] = serde_json::json!({ "fp32": { "fwd_us": us(&e["fwd"]) } });
+        let points: Vec<serde_json::Value> = e["at_batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| serde_json::json!({ "batch": a["batch"], "fwd_us": us(&a["fwd"]) }))
+            .collect();
+        e["at_batches_measured"] = serde_json::json!({ "fp32": points });
+    }
+    let m = Measurements::from_json(&m.to_string(), "ops.json").unwrap();
+    let (profile, report) = build_profile(&m, v100, &[]).unwrap();
+    let eff = profile.efficiency.clone().unwrap();
+    // The dropout's forward phases leave the rate fit (their work is not
+    // all counted): the Add alone sets the memory rate, at the device
+    // file's (its phases ran at exactly that roofline), and the dropout
+    // keeps the factor 3 its phases ran at over it.
+    assert!(close(eff.memory.unwrap(), v100.efficiency.memory), "{:?}", eff.memory);
+    let d = eff.kinds["dropout"];
+    assert!(close(d, 3.0), "dropout {d}");
+    assert!(!eff.kinds.contains_key("elementwise"), "{:?}", eff.kinds);
+    assert!(report.classes.iter().any(|c| c.class == "kind.dropout" && c.phases == 4));
+    // A dropout the profile did not measure (batch 3): its forward is the
+    // roofline at the fitted rates times the kind's factor, plus one launch.
+    let cm = CostModel::new(v100, Some(&profile)).unwrap();
+    let at3 = GraphFacts::new(&g, &Bindings::new().with("batch", 3)).unwrap();
+    let c = cm.op_cost(&at3, drop, Precision::Fp32).unwrap();
+    assert!(!c.measured);
+    let fitted = Rates::calibrated(v100, Some(&profile));
+    let t = roofline(v100, &fitted, &at3.node(drop).unwrap().fwd, false, Precision::Fp32, false);
+    assert!(close(c.fwd, d * t.body + t.launch), "{} vs {}", c.fwd, d * t.body + t.launch);
+    // Its backward applies the saved mask, no random numbers: the roofline
+    // alone.
+    let b = roofline(v100, &fitted, &at3.node(drop).unwrap().bwd_input, false, Precision::Fp32, false);
+    assert!(b.body > 0.0 && close(c.bwd_input, b.body + b.launch), "{} vs {}", c.bwd_input, b.body + b.launch);
+    // It round-trips through the profile file; nonsense is refused, naming
+    // the field.
+    let json = serde_json::to_string(&profile).unwrap();
+    assert!(json.contains("\"kinds\":{\"dropout\""), "{json}");
+    assert_eq!(Profile::from_json(&json, "p.json").unwrap().efficiency.unwrap().kinds, eff.kinds);
+    for (bad, says) in [
+        ("{\"nonsense\": 2.0}", "unknown kind of operator `nonsense`"),
+        ("{\"dropout\": 100.0}", "efficiency.kinds.dropout must be in"),
+    ] {
+        let text = format!("{{\"device\": \"v100\", \"efficiency\": {{\"kinds\": {bad}}}, \"ops\": []}}");
+        let e = Profile::from_json(&text, "p.json").unwrap_err().to_string();
+        assert!(e.contains(says) && e.contains("p.json"), "{e}");
+    }
+}
