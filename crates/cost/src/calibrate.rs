@@ -802,19 +802,16 @@ pub fn fit_rates_with(
     // Per kind of operator whose work the roofline does not count, at the
     // fitted rates: how much longer its forward phases (where that work is,
     // left out of the rate fit) ran than their roofline (a kind with too
-    // few phases keeps 1). Every other kind is priced by its
-    // rate class alone: a factor for each moves the memory-bound kinds
-    // against one another by what differs between the measured models
-    // (on the CPU, ResNet-50's DRAM-bound activations gave elementwise ops
-    // 0.55 and BERT-tiny's ran from the caches: docs/validation-compute.md).
+    // few phases keeps 1). Every other kind is priced by its rate class
+    // alone: a factor for each moves the memory-bound kinds against one
+    // another by what differs between the measured models (on the CPU,
+    // ResNet-50's DRAM-bound activations gave elementwise ops 0.55 and
+    // BERT-tiny's ran from the caches: docs/validation-compute.md).
     let mut by_kind: BTreeMap<Kind, (f64, f64, usize)> = BTreeMap::new();
-    for s in &samples {
+    for s in samples.iter().filter(|s| s.uncounted()) {
         let (body, launch, _) = predict(device, &rates, s);
         let target = s.seconds - launch;
-        if target <= LAUNCH_DOMINATED * s.seconds || body <= 0.0 {
-            continue;
-        }
-        if let Some(k) = s.kind.filter(|_| s.uncounted()) {
+        if let Some(k) = s.kind.filter(|_| target > LAUNCH_DOMINATED * s.seconds && body > 0.0) {
             let e = by_kind.entry(k).or_default();
             e.0 += body * s.weight;
             e.1 += target * s.weight;

@@ -513,26 +513,23 @@ impl CostModel {
 
     /// Roofline time of one phase.
     fn phase(&self, w: &Work, kind: Kind, p: Precision, tc: bool) -> f64 {
-        if w.is_empty() {
-            return 0.0;
-        }
-        let t = roofline(&self.device, &self.rates, w, kind.is_gemm_like(), p, tc);
-        t.body + t.launch
+        self.phase_times(w, kind, p, tc, 1.0)
     }
 
-    /// A forward phase: [`CostModel::phase`], its body times the profile's
-    /// factor for the kind where it has one (the work the roofline does not
-    /// count, dropout's random numbers, is the forward's; the backward
-    /// applies the saved mask).
+    /// A forward phase: its roofline body times the profile's factor for
+    /// the kind where it has one (the work the roofline does not count,
+    /// dropout's random numbers, is the forward's; the backward applies the
+    /// saved mask).
     fn forward_phase(&self, w: &Work, kind: Kind, p: Precision, tc: bool) -> f64 {
-        let Some(&k) = self.kinds.get(&kind) else {
-            return self.phase(w, kind, p, tc);
-        };
+        self.phase_times(w, kind, p, tc, self.kinds.get(&kind).copied().unwrap_or(1.0))
+    }
+
+    fn phase_times(&self, w: &Work, kind: Kind, p: Precision, tc: bool, factor: f64) -> f64 {
         if w.is_empty() {
             return 0.0;
         }
         let t = roofline(&self.device, &self.rates, w, kind.is_gemm_like(), p, tc);
-        t.body * k + t.launch
+        t.body * factor + t.launch
     }
 }
 

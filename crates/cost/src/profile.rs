@@ -55,10 +55,11 @@
 //! what the roofline does not model (Winograd convolutions doing fewer
 //! multiplications than counted, activations served from a large L2 rather
 //! than DRAM), and is bounded by 4 only to reject nonsense. `kinds` then
-//! scales, per kind of operator, the roofline time of the ops the profile
-//! did not measure by how much longer that kind's measured ones ran than
-//! their fitted roofline (a random number per element of dropout is work
-//! the roofline's FLOPs and bytes do not count). `optimizers`
+//! scales, per kind of operator, the forward roofline time of the ops the
+//! profile did not measure by how much longer that kind's measured
+//! forwards ran than their fitted roofline (a random number per element of
+//! dropout is work the roofline's FLOPs and bytes do not count; only such
+//! kinds get a factor from `qsyncc profile build`). `optimizers`
 //! time one optimizer step (`sgd`, `momentum`, `adam`). Their `tensors` are
 //! `[elements, microseconds per tensor]`: the step over a group of equal
 //! tensors of that size, divided by the group's count. A model's step is the
@@ -310,10 +311,9 @@ pub struct ProfileEfficiency {
     /// Per kind of operator ([`Kind::name`]), how much longer than the
     /// fitted roofline its measured forward phases ran: the forward time
     /// beyond launches of an op the profile did not measure is the
-    /// roofline's times this. The
-    /// roofline prices work by FLOPs and bytes; `qsyncc profile build` fits
-    /// a factor for the kinds whose work those leave out
-    /// ([`Kind::has_uncounted_work`]: dropout's random numbers).
+    /// roofline's times this. The roofline prices work by FLOPs and bytes;
+    /// `qsyncc profile build` fits a factor for the kinds whose work those
+    /// leave out ([`Kind::has_uncounted_work`]: dropout's random numbers).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kinds: BTreeMap<String, f64>,
 }
