@@ -88,9 +88,11 @@ fi
   --models-dir "$DIR/models" --device cpu --device-file "$DIR/cpu.json" --statistic cpu_median \
   --out-dir "$DIR/analysis" --markdown "$DIR/table.md" --json "$DIR/results.json" > /dev/null
 # Where each cell's time goes: every phase's CPU time against the leave-one-out prediction's.
+# analyze.py wrote one leave-one-out profile per measured family.
 profiles=()
-for fam in $("$PY" -c "import json,sys; print(' '.join(sorted({r['family'] for r in json.load(open(sys.argv[1]))['runs']})))" "$DIR/iterations.json"); do
-  profiles+=(--profile "$fam=$DIR/analysis/profile-without-$fam.json")
+for p in "$DIR"/analysis/profile-without-*.json; do
+  fam=${p##*/profile-without-}
+  profiles+=(--profile "${fam%.json}=$p")
 done
 "$PY" scripts/gpu/breakdown.py --iterations "$DIR/iterations.json" --models-dir "$DIR/models" "${profiles[@]}" \
   --qsyncc "$Q" --device cpu --device-file "$DIR/cpu.json" --out-dir "$DIR/breakdown" \

@@ -681,7 +681,7 @@ fn report_stats(device: &Device, rates: &Rates, samples: &[Sample], kinds: &BTre
     let mut errs: Vec<f64> = Vec::with_capacity(samples.len());
     for s in samples {
         let (body, launch, _) = predict(device, rates, s);
-        let body = body * s.kind.filter(|_| s.forward).and_then(|k| kinds.get(&k)).copied().unwrap_or(1.0);
+        let body = body * s.kind.filter(|_| s.uncounted()).and_then(|k| kinds.get(&k)).copied().unwrap_or(1.0);
         pred += (body + launch) * s.weight;
         meas += s.seconds * s.weight;
         errs.push(((body + launch - s.seconds) / s.seconds).abs());
@@ -820,7 +820,7 @@ pub fn fit_rates_with(
     }
     let kinds: BTreeMap<Kind, f64> = by_kind
         .iter()
-        .filter(|(_, &(pred, meas, n))| n >= MIN_KIND_PHASES.max(min_phases) && pred > 0.0 && meas > 0.0)
+        .filter(|(_, &(_, _, n))| n >= MIN_KIND_PHASES.max(min_phases))
         .map(|(&k, &(pred, meas, _))| (k, (meas / pred).clamp(MIN_KIND_FACTOR, MAX_KIND_FACTOR)))
         .collect();
     let (ratio_before, med_before) = report_stats(device, &start, &samples, &BTreeMap::new());
