@@ -122,6 +122,63 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     return out
 
 
+def predict(a, onnx, cluster, cpu, host_file, hook):
+    """What the model says of `hook` ("ddp": DDP's own all-reduce) on `onnx`
+    over `cluster`: the exposed synchronization and the compute stream (s),
+    and for a compressed scheme where it puts one synchronization of the
+    whole gradient."""
+    scheme = "fp32" if hook == "ddp" else hook
+    p = json.loads(sh([a.qsyncc, "simulate", onnx, "--cluster", cluster, "--device-file", cpu,
+                       "--host-kernels", host_file, "--batch", str(a.batch), "--sync", scheme, "--json"]).stdout)
+    d = p["devices"]["cpu"]
+    out = {"exposed_s": (p["iteration_ms"] - d["compute_ms"]) / 1e3, "compute_s": d["compute_ms"] / 1e3}
+    if scheme != "fp32":
+        # Where the model puts one synchronization of the whole gradient,
+        # set against the hook's measured phases.
+        g = json.loads(sh([a.qsyncc, "simulate", "--gradient", str(p["allreduce_bytes"]), "--cluster", cluster,
+                           "--device-file", cpu, "--host-kernels", host_file, "--sync", scheme, "--json"]).stdout)
+        out["breakdown"] = g["per_type_breakdown"]["cpu"]
+    return out
+
+
+def plan_auto(a, onnx, cluster, cpu, host_file, m, rate):
+    """`qsyncc plan --sync auto` on `onnx` over `cluster`: its JSON report and
+    the plan's manifest."""
+    plan_dir = os.path.join(a.out, f"auto-{m}-{rate}")
+    auto = json.loads(sh([a.qsyncc, onnx, "--cluster", cluster, "--device-file", cpu, "--host-kernels", host_file,
+                          "--batch", str(a.batch), "--sync", "auto", "--sync-error-budget", "1", "--precisions",
+                          "fp32", "--json", "-o", plan_dir]).stdout)
+    return auto, json.load(open(os.path.join(plan_dir, "manifest.json")))
+
+
+def repredict(a):
+    """Predict the rows of `--out`/iterations.jsonl again with this `qsyncc`,
+    from the files the measuring run left beside it (the cluster files, the
+    cpu device, the host kernels, the models), without measuring."""
+    path = os.path.join(a.out, "iterations.jsonl")
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    cpu = os.path.join(a.out, "cpu.json")
+    host_file = os.path.join(a.out, "host-kernels-gloo.json")
+    autos = {}
+    for row in rows:
+        rate, m = row["rate"], row["model"]
+        onnx, cluster = os.path.join(a.out, f"{m}.onnx"), os.path.join(a.out, f"iter-cluster-{rate}.toml")
+        if (rate, m) not in autos:
+            autos[(rate, m)] = plan_auto(a, onnx, cluster, cpu, host_file, m, rate)[0]["sync"]["scheme"]
+        p = predict(a, onnx, cluster, cpu, host_file, row["hook"])
+        row["predicted_exposed_s"] = p["exposed_s"]
+        row["predicted_backward_s"] = row["no_sync_backward_s"] + p["exposed_s"]
+        row["error"] = row["predicted_backward_s"] / row["backward_s"] - 1
+        row["auto"] = autos[(rate, m)]
+        if "breakdown" in p:
+            row["predicted_breakdown"] = p["breakdown"]
+    with open(path + ".tmp", "w") as f:
+        for row in rows:
+            print(json.dumps(row), file=f)
+    os.replace(path + ".tmp", path)
+    print(f"validate: {len(rows)} rows of {path} predicted again", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qsyncc", required=True)
@@ -133,7 +190,11 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--prefix", default="qsi")
     ap.add_argument("--subnet", default="10.88.8")
+    ap.add_argument("--repredict", action="store_true",
+                    help="predict the rows of OUT/iterations.jsonl again, without measuring")
     a = ap.parse_args()
+    if a.repredict:
+        return repredict(a)
     os.makedirs(a.out, exist_ok=True)
     nodes, k = 2, 2
     venv_bin = os.path.dirname(a.python)
@@ -167,12 +228,7 @@ def main():
                 f.write(cluster_toml(f"netcluster-{rate}", "cpu", nodes, k, rate, measure_links(ns, addr, rate, k),
                                      cores))
             for m in a.models.split(","):
-                plan_dir = os.path.join(a.out, f"auto-{m}-{rate}")
-                auto = json.loads(sh([a.qsyncc, onnx[m], "--cluster", cluster, "--device-file", cpu,
-                                      "--host-kernels", host_file, "--batch", str(a.batch), "--sync", "auto",
-                                      "--sync-error-budget", "1", "--precisions", "fp32", "--json",
-                                      "-o", plan_dir]).stdout)
-                manifest = json.load(open(os.path.join(plan_dir, "manifest.json")))
+                auto, manifest = plan_auto(a, onnx[m], cluster, cpu, host_file, m, rate)
                 weighed = [c["scheme"] for c in manifest["sync"]["considered"]]
                 hooks = ["ddp"] + [h for h in weighed if h != "fp32"]
                 outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, f"bench {m} at {rate}",
@@ -180,22 +236,7 @@ def main():
                                        "--hooks", ",".join(hooks), "--batch", str(a.batch), "--reps", str(a.reps)])
                 rows = [json.loads(l) for l in outs[0][0].splitlines() if l.startswith("{")]
                 measured = {r["hook"]: r for r in rows}
-                predicted = {}
-                for h in hooks:
-                    scheme = "fp32" if h == "ddp" else h
-                    p = json.loads(sh([a.qsyncc, "simulate", onnx[m], "--cluster", cluster, "--device-file", cpu,
-                                       "--host-kernels", host_file, "--batch", str(a.batch), "--sync", scheme,
-                                       "--json"]).stdout)
-                    d = p["devices"]["cpu"]
-                    predicted[h] = {"exposed_s": (p["iteration_ms"] - d["compute_ms"]) / 1e3,
-                                    "compute_s": d["compute_ms"] / 1e3}
-                    if scheme != "fp32":
-                        # Where the model puts one synchronization of the whole
-                        # gradient, set against the hook's measured phases.
-                        g = json.loads(sh([a.qsyncc, "simulate", "--gradient", str(p["allreduce_bytes"]),
-                                           "--cluster", cluster, "--device-file", cpu, "--host-kernels", host_file,
-                                           "--sync", scheme, "--json"]).stdout)
-                        predicted[h]["breakdown"] = g["per_type_breakdown"]["cpu"]
+                predicted = {h: predict(a, onnx[m], cluster, cpu, host_file, h) for h in hooks}
                 fastest = min(hooks, key=lambda h: measured[h]["backward_s"])
                 for h in hooks:
                     r = measured[h]

@@ -433,21 +433,30 @@ impl Simulator {
             let ready_us: Vec<f64> =
                 self.timelines.iter().zip(&held).map(|(tl, h)| tl.end(tl.grad_steps[b.last_grad]) + h).collect();
             let start_us = ready_us.iter().fold(prev_end, |a, &r| a.max(r));
-            let end_us = start_us + b.dur_us;
+            // A type that computes on the host's cores shares them with the
+            // synchronization's CPU work. The part of that work done while
+            // its backward pass still runs (the collective's time before the
+            // backward's end, as a fraction of its length) is shared with
+            // the backward: each rank's cores run its backward and its
+            // synchronization side by side, each at half speed, so that
+            // part delays both the backward and the collective, whose end
+            // waits for the type that shared the most.
+            let mut shared = 0.0f64;
+            if !blocking && b.dur_us > 0.0 {
+                for ((h, tl), &cpu) in held.iter_mut().zip(&self.timelines).zip(&b.cpu_us) {
+                    if cpu > 0.0 {
+                        let left = tl.backward_end() + *h - start_us;
+                        let overlapped = cpu * (left / b.dur_us).clamp(0.0, 1.0);
+                        *h += overlapped;
+                        shared = shared.max(overlapped);
+                    }
+                }
+            }
+            let end_us = start_us + b.dur_us + shared;
             prev_end = end_us;
             if blocking {
                 for (h, r) in held.iter_mut().zip(&ready_us) {
                     *h += end_us - r;
-                }
-            }
-            // A type that computes on the host's cores shares them with the
-            // synchronization's CPU work: the part of that work done while
-            // its backward pass still runs (the collective's time before the
-            // backward's end, as a fraction of its length) delays it.
-            for ((h, tl), &cpu) in held.iter_mut().zip(&self.timelines).zip(&b.cpu_us) {
-                if cpu > 0.0 && b.dur_us > 0.0 {
-                    let left = tl.backward_end() + *h - start_us;
-                    *h += cpu * (left / b.dur_us).clamp(0.0, 1.0);
                 }
             }
             collectives.push(CollectiveResult { bytes: b.bytes, ready_us, start_us, end_us });
@@ -649,15 +658,18 @@ mod tests {
         // 2.5e5·1e-9·2 = 500 µs, 6 steps of 500 + 20 = 3120 µs, 3 sums of
         // 62 500 elements: 3·125 = 375; a bucket lasts 3495 µs. Its CPU work:
         // TCP on 1.5e6 B and sums of 1.875e5 elements, twice: 3375 µs.
-        // Bucket 0 runs 40 000..43 495, inside the backward pass: the backward
-        // ends 3375 µs late, at 63 375, when bucket 1 is ready; it ends at
+        // Bucket 0 starts at 40 000, inside the backward pass, which shares
+        // the core with it: both are 3375 µs late. Bucket 0 ends at
+        // 40 000 + 3495 + 3375 = 46 870, the backward at 63 375, when bucket
+        // 1 is ready; it starts after the backward and ends on time, at
         // 66 870, and the optimizer's 5 µs follow.
         let k = crate::SyncKernels { tcp_r: Some(1e-9), sum_r: Some(1e-9), ..crate::SyncKernels::default() };
         let run = |on_host: bool| two_buckets_on_shared_cores(k, on_host);
         let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
         let r = run(true);
-        assert!(near(r.collectives[0].end_us - r.collectives[0].start_us, 3495.0), "{:?}", r.collectives);
+        assert!(near(r.collectives[0].end_us - r.collectives[0].start_us, 6870.0), "{:?}", r.collectives);
         assert!(near(r.devices[0].backward_end_us, 63_375.0), "{:?}", r.devices);
+        assert!(near(r.collectives[1].end_us - r.collectives[1].start_us, 3495.0), "{:?}", r.collectives);
         assert!(near(r.collectives[1].start_us, 63_375.0), "{:?}", r.collectives);
         assert!(near(r.iteration_us, 66_875.0), "{}", r.iteration_us);
         // The same cores, described as a GPU's: the synchronization costs them
@@ -672,8 +684,8 @@ mod tests {
         // bucket and back): a bucket of 1 MB is 2.5e5 elements, 500 µs of
         // CPU, 1000 µs on a core 2 ranks share; half of it as the gradient
         // enters its bucket, half after the last collective.
-        // Bucket 0: ready at 40 000 + 500, runs 40 500..43 995, delaying the
-        // backward by its 3375 µs of CPU as before: the backward ends at
+        // Bucket 0: ready at 40 000 + 500, runs 40 500..47 370 beside the
+        // backward, delaying it by its 3375 µs of CPU as before: it ends at
         // 60 000 + 500 + 500 + 3375 = 64 375, bucket 1 is ready then and
         // ends at 67 870; the two copies back (1000 µs) and the optimizer's
         // 5 µs follow: 68 875.

@@ -19,7 +19,8 @@
 //!   the host's measured rates, on the hook's worker thread, overlapping the
 //!   backward pass — but where the device is the host's own cores
 //!   ([`crate::DeviceType::compute_on_host`]), the synchronization's CPU work
-//!   ([`Cluster::sync_cpu_us`]) takes those cores from the backward pass;
+//!   ([`Cluster::sync_cpu_us`]) shares those cores with the backward pass,
+//!   slowing both;
 //! - [`SyncPath::HostStaged`] — CUDA tensors through qsync's hook with
 //!   `kernels="host"` (the default): the hook copies the f32 bucket to
 //!   pageable host memory and back (`2·S` over the host link), the kernels run
