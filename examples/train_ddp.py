@@ -354,16 +354,20 @@ def cmd_bench(a):
     meds = {name: statistics.median(v) for name, v in times.items()}
     cpu_meds = {name: statistics.median(v) for name, v in cpu.items()}
     gathered = [None] * world
-    dist.all_gather_object(gathered, (meds, phases, cpu_meds))
-    all_meds, all_phases, all_cpu = zip(*gathered)
+    dist.all_gather_object(gathered, (meds, phases, cpu_meds, times))
+    all_meds, all_phases, all_cpu, all_times = zip(*gathered)
     if rank == 0:
         job = {name: max(m[name] for m in all_meds) for name in ddps}
+        # Round by round (every hook once a round), the slowest rank's
+        # backward: hooks compared in the same round met the same machine.
+        rounds = {name: [max(t[name][i] for t in all_times) for i in range(a.reps)] for name in ddps}
         grad_mb = sum(p.numel() for p in ddps["ddp"].parameters()) * 4 / 2**20
         for name in hooks:
             print(json.dumps({
                 "hook": name, "model": a.model, "ranks": world, "device": a.device, "gradient_mib": round(grad_mb, 2),
                 "reps": a.reps, "backward_s": job[name], "no_sync_backward_s": job["no-sync"],
                 "exposed_sync_s": job[name] - job["no-sync"], "backward_vs_ddp": job[name] / job["ddp"],
+                "rounds_s": rounds[name],
                 # the CPU a rank's process used in the backward (median over
                 # backwards, mean over ranks), and the same without synchronization
                 "cpu_s": statistics.mean(c[name] for c in all_cpu),

@@ -248,6 +248,8 @@ def main():
                     row["error"] = row["predicted_backward_s"] / row["backward_s"] - 1
                     if "phases_s" in r:
                         row["phases_s"] = r["phases_s"]
+                    if "rounds_s" in r:
+                        row["rounds_s"] = r["rounds_s"]
                     if "cpu_s" in r:
                         row["cpu_s"], row["no_sync_cpu_s"] = r["cpu_s"], r["no_sync_cpu_s"]
                     if "breakdown" in predicted[h]:

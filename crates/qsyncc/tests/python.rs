@@ -362,6 +362,12 @@ fn hook_bench_times_each_hook_against_ddp_in_one_job() {
         assert!(close("backward_vs_ddp", b / ddp) && close("exposed_sync_s", b - n), "{r}");
         assert_eq!((r["ranks"].as_u64(), r["model"].as_str()), (Some(4), Some("transformer")), "{r}");
         assert!(r["gradient_mib"].as_f64().unwrap_or(0.0) > 0.1, "{r}");
+        // Round by round, the slowest rank's backward: one a rep, and no
+        // rank's median above the slowest round.
+        let rounds: Vec<f64> =
+            r["rounds_s"].as_array().map(|v| v.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default();
+        assert_eq!(rounds.len(), 2, "{r}");
+        assert!(rounds.iter().all(|&t| t > 0.0) && b <= rounds.iter().fold(0.0f64, |a, &t| a.max(t)), "{r}");
     }
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
 }
