@@ -461,7 +461,7 @@ impl Simulator {
             }
             collectives.push(CollectiveResult { bytes: b.bytes, ready_us, start_us, end_us });
         }
-        let comm_us: f64 = self.buckets.iter().map(|b| b.dur_us).sum();
+        let comm_us: f64 = collectives.iter().map(|c: &CollectiveResult| c.end_us - c.start_us).sum();
         let mut devices = Vec::with_capacity(self.timelines.len());
         for (((tl, ty), h), back) in self.timelines.iter().zip(&self.cluster.types).zip(&held).zip(&copy_back) {
             let backward_end_us = tl.backward_end() + h;
@@ -670,6 +670,8 @@ mod tests {
         assert!(near(r.collectives[0].end_us - r.collectives[0].start_us, 6870.0), "{:?}", r.collectives);
         assert!(near(r.devices[0].backward_end_us, 63_375.0), "{:?}", r.devices);
         assert!(near(r.collectives[1].end_us - r.collectives[1].start_us, 3495.0), "{:?}", r.collectives);
+        // The communication stream was busy for both spans.
+        assert!(near(r.devices[0].comm_us, 6870.0 + 3495.0), "{:?}", r.devices);
         assert!(near(r.collectives[1].start_us, 63_375.0), "{:?}", r.collectives);
         assert!(near(r.iteration_us, 66_875.0), "{}", r.iteration_us);
         // The same cores, described as a GPU's: the synchronization costs them
