@@ -156,13 +156,19 @@ def repredict(a):
     from the files the measuring run left beside it (the cluster files, the
     cpu device, the host kernels, the models), without measuring."""
     path = os.path.join(a.out, "iterations.jsonl")
-    rows = [json.loads(l) for l in open(path) if l.strip()]
     cpu = os.path.join(a.out, "cpu.json")
     host_file = os.path.join(a.out, "host-kernels-gloo.json")
+    for f in (path, cpu, host_file):
+        if not os.path.exists(f):
+            raise SystemExit(f"validate: --repredict needs {f}, which a measuring run of iterations.py writes")
+    rows = [json.loads(l) for l in open(path) if l.strip()]
     autos = {}
     for row in rows:
         rate, m = row["rate"], row["model"]
         onnx, cluster = os.path.join(a.out, f"{m}.onnx"), os.path.join(a.out, f"iter-cluster-{rate}.toml")
+        for f in (onnx, cluster):
+            if not os.path.exists(f):
+                raise SystemExit(f"validate: --repredict needs {f} for the {m} rows at {rate}")
         if (rate, m) not in autos:
             autos[(rate, m)] = plan_auto(a, onnx, cluster, cpu, host_file, m, rate)[0]["sync"]["scheme"]
         p = predict(a, onnx, cluster, cpu, host_file, row["hook"])
