@@ -425,6 +425,8 @@ impl Simulator {
         // work there), and every bucket back into its gradients once the
         // last collective is done, before the optimizer.
         let mut copy_back = vec![0.0f64; self.timelines.len()];
+        // The communication stream's busy time: the collectives as they ran.
+        let mut comm_us = 0.0f64;
         for b in &self.buckets {
             for ((h, back), &c) in held.iter_mut().zip(copy_back.iter_mut()).zip(&b.copy_us) {
                 *h += c / 2.0;
@@ -453,6 +455,7 @@ impl Simulator {
                 }
             }
             let end_us = start_us + b.dur_us + shared;
+            comm_us += b.dur_us + shared;
             prev_end = end_us;
             if blocking {
                 for (h, r) in held.iter_mut().zip(&ready_us) {
@@ -461,7 +464,6 @@ impl Simulator {
             }
             collectives.push(CollectiveResult { bytes: b.bytes, ready_us, start_us, end_us });
         }
-        let comm_us: f64 = collectives.iter().map(|c: &CollectiveResult| c.end_us - c.start_us).sum();
         let mut devices = Vec::with_capacity(self.timelines.len());
         for (((tl, ty), h), back) in self.timelines.iter().zip(&self.cluster.types).zip(&held).zip(&copy_back) {
             let backward_end_us = tl.backward_end() + h;
