@@ -5,7 +5,8 @@ f32 all-reduce of the same tensor, and how long each scheme spends inside
 the transport's calls (the rest is kernels and the runtime's copies).
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 scripts/bench/transport.py \\
-        [--elements 6500000] [--schemes fp16,qgz-int8,nbit-2] [--reps 5] [--nodes 2] [--beside-compute]
+        [--elements 6500000] [--schemes fp16,qgz-int8,nbit-2] [--reps 5] [--nodes 2] \\
+        [--beside-compute [--compute-size 128]]
 
 Needs the `qsync` package installed beside PyTorch (`scripts/setup.sh`
 makes the virtual environment; `maturin build` in crates/python, then
@@ -18,6 +19,7 @@ time of the synchronizing thread: as in DDP on CPU tensors, where the
 hook's worker thread shares its rank's cores with autograd.
 """
 import argparse
+import os
 import threading
 import time
 
@@ -30,9 +32,14 @@ from qsync._transport import TorchTransport
 METHODS = ["all_gather", "all_to_all_v", "all_reduce_f32"]
 
 
-def compute(stop):
-    """Matrix products until `stop` is set (torch releases the GIL in each)."""
-    x = torch.randn(128, 128)
+def compute(stop, n, nice=0):
+    """Products of n×n matrices until `stop` is set. Torch releases the GIL
+    inside each product and takes it back between them: small products
+    hold the GIL often (as Python-heavy work does), large ones seldom (as
+    autograd's C++ backward pass does)."""
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    x = torch.randn(n, n)
     while not stop.is_set():
         torch.mm(x, x)
 
@@ -45,6 +52,10 @@ def main():
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--beside-compute", action="store_true",
                     help="a compute-bound thread runs in every rank while it synchronizes")
+    ap.add_argument("--compute-size", type=int, default=128,
+                    help="the compute thread's matrices are N×N (default 128)")
+    ap.add_argument("--compute-nice", type=int, default=0,
+                    help="the compute thread's nice value (default 0, as the synchronizing thread's)")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -77,7 +88,7 @@ def main():
         s.all_reduce_mean(g.numpy())
         spent.clear()
         stop = threading.Event()
-        busy = threading.Thread(target=compute, args=(stop,)) if a.beside_compute else None
+        busy = threading.Thread(target=compute, args=(stop, a.compute_size, a.compute_nice)) if a.beside_compute else None
         if busy:
             busy.start()
         t, c = time.perf_counter(), time.thread_time()
