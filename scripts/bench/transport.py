@@ -15,8 +15,9 @@ synchronization (mean of `--reps` after one warm-up), and per transport
 method its calls and seconds per synchronization. With --beside-compute,
 every rank runs a compute-bound thread (matrix products, as a backward pass
 keeps a core busy) while it synchronizes, and rank 0 also prints the CPU
-time of the synchronizing thread: as in DDP on CPU tensors, where the
-hook's worker thread shares its rank's cores with autograd.
+time of the synchronizing thread and gloo's own all-reduce timed beside the
+same compute: as in DDP on CPU tensors, where the hook's worker thread and
+gloo's threads share the rank's cores with autograd.
 """
 import argparse
 import os
@@ -81,6 +82,20 @@ def main():
         dist.all_reduce(y)
     if rank == 0:
         print(f"gloo fp32 all-reduce: {(time.perf_counter() - t) / a.reps:.4f} s", flush=True)
+    if a.beside_compute:
+        # gloo's own all-reduce beside the same compute: what any gloo
+        # collective pays there, the hook's transport or not.
+        stop = threading.Event()
+        busy = threading.Thread(target=compute, args=(stop, a.compute_size, a.compute_nice))
+        busy.start()
+        t = time.perf_counter()
+        for _ in range(a.reps):
+            dist.all_reduce(y)
+        beside = (time.perf_counter() - t) / a.reps
+        stop.set()
+        busy.join()
+        if rank == 0:
+            print(f"gloo fp32 all-reduce beside compute: {beside:.4f} s", flush=True)
     for scheme in a.schemes.split(","):
         s = _native.GradSync(transport, scheme, nodes=a.nodes, node_of=None, group=512, seed=0, timeout_s=60.0,
                              gather_f32=False)
