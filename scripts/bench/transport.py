@@ -20,6 +20,7 @@ same compute: as in DDP on CPU tensors, where the hook's worker thread and
 gloo's threads share the rank's cores with autograd.
 """
 import argparse
+import contextlib
 import os
 import threading
 import time
@@ -43,6 +44,22 @@ def compute(stop, n, nice=0):
     x = torch.randn(n, n)
     while not stop.is_set():
         torch.mm(x, x)
+
+
+@contextlib.contextmanager
+def beside_compute(a):
+    """With --beside-compute, the compute thread runs for the block."""
+    if not a.beside_compute:
+        yield
+        return
+    stop = threading.Event()
+    busy = threading.Thread(target=compute, args=(stop, a.compute_size, a.compute_nice))
+    busy.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        busy.join()
 
 
 def main():
@@ -85,15 +102,11 @@ def main():
     if a.beside_compute:
         # gloo's own all-reduce beside the same compute: what any gloo
         # collective pays there, the hook's transport or not.
-        stop = threading.Event()
-        busy = threading.Thread(target=compute, args=(stop, a.compute_size, a.compute_nice))
-        busy.start()
-        t = time.perf_counter()
-        for _ in range(a.reps):
-            dist.all_reduce(y)
-        beside = (time.perf_counter() - t) / a.reps
-        stop.set()
-        busy.join()
+        with beside_compute(a):
+            t = time.perf_counter()
+            for _ in range(a.reps):
+                dist.all_reduce(y)
+            beside = (time.perf_counter() - t) / a.reps
         if rank == 0:
             print(f"gloo fp32 all-reduce beside compute: {beside:.4f} s", flush=True)
     for scheme in a.schemes.split(","):
@@ -102,20 +115,14 @@ def main():
         g = x.clone()
         s.all_reduce_mean(g.numpy())
         spent.clear()
-        stop = threading.Event()
-        busy = threading.Thread(target=compute, args=(stop, a.compute_size, a.compute_nice)) if a.beside_compute else None
-        if busy:
-            busy.start()
-        t, c = time.perf_counter(), time.thread_time()
-        for _ in range(a.reps):
-            s.all_reduce_mean(g.numpy())
-        total, cpu = (time.perf_counter() - t) / a.reps, (time.thread_time() - c) / a.reps
-        if busy:
-            stop.set()
-            busy.join()
+        with beside_compute(a):
+            t, c = time.perf_counter(), time.thread_time()
+            for _ in range(a.reps):
+                s.all_reduce_mean(g.numpy())
+            total, cpu = (time.perf_counter() - t) / a.reps, (time.thread_time() - c) / a.reps
         if rank == 0:
             calls = ", ".join(f"{k} {v[0] // a.reps}x {v[1] / a.reps:.4f} s" for k, v in sorted(spent.items()))
-            beside = f", beside compute; the synchronizing thread's CPU {cpu:.4f} s" if busy else ""
+            beside = f", beside compute; the synchronizing thread's CPU {cpu:.4f} s" if a.beside_compute else ""
             print(f"{scheme}: {total:.4f} s ({calls}{beside})", flush=True)
     dist.destroy_process_group()
 

@@ -141,6 +141,17 @@ def predict(a, onnx, cluster, cpu, host_file, hook):
     return out
 
 
+def set_prediction(row, p):
+    """Write prediction `p` (`predict`) into measured `row`: the predicted
+    exposed synchronization and backward, the error, the breakdown."""
+    row["predicted_exposed_s"] = p["exposed_s"]
+    row["predicted_backward_s"] = row["no_sync_backward_s"] + p["exposed_s"]
+    row["error"] = row["predicted_backward_s"] / row["backward_s"] - 1
+    row.pop("predicted_breakdown", None)
+    if "breakdown" in p:
+        row["predicted_breakdown"] = p["breakdown"]
+
+
 def plan_auto(a, onnx, cluster, cpu, host_file, m, rate):
     """`qsyncc plan --sync auto` on `onnx` over `cluster`: its JSON report and
     the plan's manifest."""
@@ -171,13 +182,8 @@ def repredict(a):
                 raise SystemExit(f"validate: --repredict needs {f} for the {m} rows at {rate}")
         if (rate, m) not in autos:
             autos[(rate, m)] = plan_auto(a, onnx, cluster, cpu, host_file, m, rate)[0]["sync"]["scheme"]
-        p = predict(a, onnx, cluster, cpu, host_file, row["hook"])
-        row["predicted_exposed_s"] = p["exposed_s"]
-        row["predicted_backward_s"] = row["no_sync_backward_s"] + p["exposed_s"]
-        row["error"] = row["predicted_backward_s"] / row["backward_s"] - 1
+        set_prediction(row, predict(a, onnx, cluster, cpu, host_file, row["hook"]))
         row["auto"] = autos[(rate, m)]
-        if "breakdown" in p:
-            row["predicted_breakdown"] = p["breakdown"]
     with open(path + ".tmp", "w") as f:
         for row in rows:
             print(json.dumps(row), file=f)
@@ -248,18 +254,14 @@ def main():
                     r = measured[h]
                     row = {"rate": rate, "model": m, "hook": h, "backward_s": r["backward_s"],
                            "no_sync_backward_s": r["no_sync_backward_s"], "exposed_s": r["exposed_sync_s"],
-                           "predicted_exposed_s": predicted[h]["exposed_s"],
-                           "predicted_backward_s": r["no_sync_backward_s"] + predicted[h]["exposed_s"],
                            "auto": auto["sync"]["scheme"], "measured_fastest": "fp32" if fastest == "ddp" else fastest}
-                    row["error"] = row["predicted_backward_s"] / row["backward_s"] - 1
+                    set_prediction(row, predicted[h])
                     if "phases_s" in r:
                         row["phases_s"] = r["phases_s"]
                     if "rounds_s" in r:
                         row["rounds_s"] = r["rounds_s"]
                     if "cpu_s" in r:
                         row["cpu_s"], row["no_sync_cpu_s"] = r["cpu_s"], r["no_sync_cpu_s"]
-                    if "breakdown" in predicted[h]:
-                        row["predicted_breakdown"] = predicted[h]["breakdown"]
                     row["host_share"] = k / cores
                     print(json.dumps(row), file=out, flush=True)
                     print(f"{rate:>8} {m:<12} {h:<9} backward {r['backward_s']:.4f} s (no sync {r['no_sync_backward_s']:.4f})"

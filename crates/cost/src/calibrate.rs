@@ -646,11 +646,15 @@ struct Sample {
 }
 
 impl Sample {
-    /// A forward phase of a kind whose work the roofline does not count
-    /// ([`Kind::has_uncounted_work`]): left out of the rate fit, it sets
-    /// its kind's factor instead.
+    /// The kind, when this is a forward phase of a kind whose work the
+    /// roofline does not count ([`Kind::has_uncounted_work`]): left out of
+    /// the rate fit, it sets its kind's factor instead.
+    fn uncounted_kind(&self) -> Option<Kind> {
+        self.kind.filter(|k| self.forward && k.has_uncounted_work())
+    }
+
     fn uncounted(&self) -> bool {
-        self.forward && self.kind.is_some_and(Kind::has_uncounted_work)
+        self.uncounted_kind().is_some()
     }
 }
 
@@ -681,7 +685,7 @@ fn report_stats(device: &Device, rates: &Rates, samples: &[Sample], kinds: &BTre
     let mut errs: Vec<f64> = Vec::with_capacity(samples.len());
     for s in samples {
         let (body, launch, _) = predict(device, rates, s);
-        let body = body * s.kind.filter(|_| s.uncounted()).and_then(|k| kinds.get(&k)).copied().unwrap_or(1.0);
+        let body = body * s.uncounted_kind().and_then(|k| kinds.get(&k)).copied().unwrap_or(1.0);
         pred += (body + launch) * s.weight;
         meas += s.seconds * s.weight;
         errs.push(((body + launch - s.seconds) / s.seconds).abs());
@@ -808,10 +812,11 @@ pub fn fit_rates_with(
     // ResNet-50's DRAM-bound activations gave elementwise ops 0.55 and
     // BERT-tiny's ran from the caches: docs/validation-compute.md).
     let mut by_kind: BTreeMap<Kind, (f64, f64, usize)> = BTreeMap::new();
-    for s in samples.iter().filter(|s| s.uncounted()) {
+    for s in &samples {
+        let Some(k) = s.uncounted_kind() else { continue };
         let (body, launch, _) = predict(device, &rates, s);
         let target = s.seconds - launch;
-        if let Some(k) = s.kind.filter(|_| target > LAUNCH_DOMINATED * s.seconds && body > 0.0) {
+        if target > LAUNCH_DOMINATED * s.seconds && body > 0.0 {
             let e = by_kind.entry(k).or_default();
             e.0 += body * s.weight;
             e.1 += target * s.weight;
