@@ -36,10 +36,10 @@ const SKIP: &[(&str, &str, &str)] = &[
     ),
     (
         "python.md",
-        "cd crates/python && maturin build --release -o ../../target/wheels && pip install ../../target/wheels/qsync-*.whl",
-        "needs the PyTorch environment scripts/setup.sh makes, a release build of the extension takes minutes, \
-         and pip would reinstall the package under the Python tests; tests/python.rs builds the same wheel with \
-         maturin and installs it with pip (the README's test skips the same command)",
+        "pip install maturin && cd crates/python && maturin build --release -o ../../target/wheels && pip install ../../target/wheels/qsync-*.whl",
+        "installs maturin and the package into the user's Python, outside the repository, and a release build \
+         of the extension takes minutes; tests/python.rs builds the same wheel with maturin and installs it with \
+         pip (the README's test skips the same command)",
     ),
     (
         "python.md",
