@@ -6,20 +6,26 @@ the hook's CPU buckets use) as the runtime drives it
 copies included), `--mib` MiB from every rank in 1 exchange and
 in `--many`, timed on every rank; and gloo's own all-reduce of an f32
 tensor of `--mib` MiB and of `--small-kib` KiB (what DDP's fp32
-synchronization runs). Rank 0 prints one JSON line (the slowest rank's
-median of `--reps` runs of each).
+synchronization runs); then the two all-to-alls again while every rank
+runs a compute thread beside them (`--compute-size`: products of N×N
+matrices, which release Python's lock as a backward pass in autograd's C++
+does), as the hook's exchanges run beside the backward pass. Rank 0 prints
+one JSON line (the slowest rank's median of `--reps` runs of each).
 
-    torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--reps 5]
+    torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--reps 5] [--compute-size 512]
 
 `scripts/validate/iterations.py` runs it across two emulated nodes on a link
 far faster than the CPU can feed and fits the model's `tcp_r` and
 `message_s` for the hook's path from the two all-to-all times, as `sync.py`
-does for Open MPI, and `ring_tcp_r` and `ring_step_s` for gloo's own ring
-from the two all-reduce times.
+does for Open MPI, `ring_tcp_r` and `ring_step_s` for gloo's own ring
+from the two all-reduce times, and `busy_round_s` from the all-to-alls
+beside compute: what an exchange round waits, beyond its work at the
+cores' shared speed, while the rank's cores compute.
 """
 import argparse
 import json
 import statistics
+import threading
 import time
 
 import torch
@@ -36,6 +42,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--small-kib", type=int, default=64, help="the small all-reduce, KiB")
     ap.add_argument("--ring-calls", type=int, default=4, help="all-reduces per timed run")
+    ap.add_argument("--compute-size", type=int, default=512,
+                    help="the compute thread's matrices are N×N (default 512)")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     tr = TorchTransport()
@@ -55,13 +63,16 @@ def main():
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         return mine.item()
 
-    for key, m in (("one_s", 1), ("split_s", a.many)):
-        each = total // m // p  # bytes to each peer in one exchange
-        # Through the runtime's own side of the transport (fresh vectors in
-        # and out, as a synchronization's exchanges are), not the Python
-        # object alone.
-        out[key] = slowest_median(lambda: _native.transport_all_to_all_s(tr, each, m))
-        out[key.replace("_s", "_message_bytes")] = each
+    def all_to_alls(prefix):
+        for key, m in (("one_s", 1), ("split_s", a.many)):
+            each = total // m // p  # bytes to each peer in one exchange
+            # Through the runtime's own side of the transport (fresh vectors
+            # in and out, as a synchronization's exchanges are), not the
+            # Python object alone.
+            out[prefix + key] = slowest_median(lambda: _native.transport_all_to_all_s(tr, each, m))
+            out[key.replace("_s", "_message_bytes")] = each
+
+    all_to_alls("")
 
     def ring(x):
         t = time.perf_counter()
@@ -75,6 +86,24 @@ def main():
         x = torch.ones(nbytes // 4)
         out[f"{key}_s"] = slowest_median(lambda: ring(x))
         out[f"{key}_bytes"] = nbytes
+
+    # The same all-to-alls while a compute thread keeps the rank's cores
+    # busy, as the backward pass does while the hook's worker exchanges.
+    stop = threading.Event()
+
+    def compute():
+        x = torch.randn(a.compute_size, a.compute_size)
+        while not stop.is_set():
+            torch.mm(x, x)
+
+    busy = threading.Thread(target=compute)
+    busy.start()
+    try:
+        all_to_alls("busy_")
+    finally:
+        stop.set()
+        busy.join()
+    out["compute_size"] = a.compute_size
     if tr.rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()

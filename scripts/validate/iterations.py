@@ -69,11 +69,13 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     Open MPI's: the ranks' all-to-all through qsync's TorchTransport (gloo)
     across the emulated nodes on a 40 Gbit/s link, 16 MiB a rank in 1
     exchange and in 32 (`gloo_probe.py`), fitted per byte and per call with
-    the node's ranks sharing its cores; and gloo's own all-reduce (DDP's
-    fp32 ring) at 16 MiB and 64 KiB, fitted per byte and per step. Writes a
+    the node's ranks sharing its cores; gloo's own all-reduce (DDP's
+    fp32 ring) at 16 MiB and 64 KiB, fitted per byte and per step; and the
+    all-to-alls again beside a compute thread in every rank. Writes a
     copy of `host_file` with these `tcp_r` and `message_s` (what the hook
-    path is priced with) and `ring_tcp_r` and `ring_step_s` (what DDP's own
-    all-reduce is priced with) and returns its path."""
+    path is priced with), `ring_tcp_r` and `ring_step_s` (what DDP's own
+    all-reduce is priced with) and `busy_round_s` (what an exchange round
+    waits while the backward pass computes) and returns its path."""
     rate = PROBE_RATE
     ns, addr = probe_cluster_up(a, nodes)
     try:
@@ -113,12 +115,24 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"{r['ring_s'] * 1e3:.2f} ms and {r['ring_small_s'] * 1e3:.3f} ms; fitted as a ring with this host's "
         f"sum_r, per byte {ring_r * 1e9:.3f} ns and per step {ring_step * 1e6:.1f} us of CPU time")
     hk["sources"]["ring_step_s"] = "as ring_tcp_r"
+    # The all-to-alls beside a compute thread in every rank: the work runs
+    # at half its share of the cores (a compute thread beside each
+    # synchronizing thread), and what every further exchange round adds
+    # beyond that is the time its threads wait to be scheduled.
+    busy_round = max(0.0, ((r["busy_split_s"] - r["busy_one_s"]) - 2.0 * (r["split_s"] - r["one_s"])) / (many - 1))
+    hk["kernels"]["busy_round_s"] = busy_round
+    hk["sources"]["busy_round_s"] = (
+        f"scripts/validate/iterations.py: the same all-to-alls while every rank runs a thread of "
+        f"{r['compute_size']}x{r['compute_size']} matrix products: {r['busy_one_s'] * 1e3:.1f} ms in 1 exchange, "
+        f"{r['busy_split_s'] * 1e3:.1f} ms in {many}; each further exchange beyond twice its time alone (the "
+        f"cores shared with the compute thread) waits {busy_round * 1e3:.2f} ms")
     out = os.path.join(a.out, "host-kernels-gloo.json")
     json.dump(hk, open(out, "w"), indent=1)
     print(f"validate: the hook's transport (gloo) costs {byte / share * 1e9:.3f} ns a byte and "
           f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms in 1 exchange, "
           f"{r['split_s'] * 1e3:.1f} ms in {many}); gloo's own ring {ring_r * 1e9:.3f} ns a byte and "
-          f"{ring_step * 1e6:.1f} us a step", file=sys.stderr, flush=True)
+          f"{ring_step * 1e6:.1f} us a step; beside compute an exchange round waits {busy_round * 1e3:.2f} ms more",
+          file=sys.stderr, flush=True)
     return out
 
 
@@ -218,7 +232,11 @@ def main():
     host_file = gloo_transport_cost(a, nodes, k, cores, torchrun, host_file)
     cpu = os.path.join(a.out, "cpu.json")
     if not os.path.exists(cpu):
-        sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"])
+        # The cores one rank computes on: a thread (the ranks run with
+        # OMP_NUM_THREADS=1). The cluster file's host_cores_per_node says
+        # how many ranks share a core.
+        sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"],
+           env={**os.environ, "OMP_NUM_THREADS": "1"})
     # Each model exported to ONNX as train_ddp.py's `plan` exports it.
     onnx = {}
     export = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import train_ddp as t; "

@@ -79,6 +79,25 @@ impl Target {
     pub fn node_network(&self) -> crate::topology::NodeNetwork {
         self.network.clone().unwrap_or_else(|| crate::topology::NodeNetwork::single_nic(self.device.network_gbit_s))
     }
+
+    /// How many ways a device that is the host's own cores (`arch` `cpu`)
+    /// shares them: its node's ranks each compute on the cores its device
+    /// file describes (`occupancy.sm_count`, 1 without), and where the node
+    /// has fewer (`host_cores_per_node`), every rank computes at
+    /// `cores / (ranks · device cores)` of the file's speed. 1 for GPUs
+    /// and where the node's cores are not given.
+    pub fn compute_share(&self) -> f64 {
+        if self.device.arch != "cpu" {
+            return 1.0;
+        }
+        match self.node_network().host_cores {
+            Some(c) if c > 0 => {
+                let device_cores = self.device.occupancy.as_ref().map_or(1, |o| o.sm_count.max(1));
+                (self.per_node.max(1) as f64 * f64::from(device_cores) / f64::from(c)).max(1.0)
+            }
+            _ => 1.0,
+        }
+    }
 }
 
 /// Everything the predictor needs besides the targets.
@@ -308,6 +327,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         message_s: None,
         ring_tcp_r: None,
         ring_step_s: None,
+        busy_round_s: None,
         bucket_r: None,
         by_size: None,
         pieces: None,
@@ -697,8 +717,9 @@ impl<'g> Predictor<'g> {
             let cx = shared.cast_cx(graph, opts.weight_copies);
             let mut ops = Vec::with_capacity(order.len());
             let scale = opts.scale_of(t);
+            let share = t.compute_share();
             for &n in order {
-                let cost = Self::sim_cost(&cx, &model, &resolved, n, scale)?;
+                let cost = Self::sim_cost(&cx, &model, &resolved, n, scale)?.on_shared_cores(share);
                 ops.push(LocalOp { name: graph.node(n).name.clone(), node: Some(n), cost });
             }
             let mut copies = SharedBytes::default();
@@ -715,7 +736,11 @@ impl<'g> Predictor<'g> {
                 step_seconds(&model, &shared.param_tensors, opts.optimizer) + refresh_seconds(&t.device, copy_bytes);
             let optimizer_host_us =
                 us(model.optimizer_host_step(optimizer_name(opts.optimizer), &shared.param_tensors));
-            programs.push(LocalProgram { ops, optimizer_us: us(step), optimizer_host_us });
+            programs.push(LocalProgram {
+                ops,
+                optimizer_us: us(step) * share,
+                optimizer_host_us: optimizer_host_us * share,
+            });
             let dt = device_type(t, &model, &opts)
                 .with_memory(memory.total.max(0.0) as u64, Some(memory.capacity.max(0.0) as u64));
             cluster_types.push(dt);
@@ -811,9 +836,10 @@ impl<'g> Predictor<'g> {
         }
         let cx = shared.cast_cx(g, self.opts.weight_copies);
         let scale = self.opts.scale_of(target);
+        let share = target.compute_share();
         for &m in &recost {
             let Some(i) = shared.index.get(m.index()).copied().flatten() else { continue };
-            let cost = Self::sim_cost(&cx, &ts.model, &ts.resolved, m, scale)?;
+            let cost = Self::sim_cost(&cx, &ts.model, &ts.resolved, m, scale)?.on_shared_cores(share);
             self.sim.set_op_cost(t, i, cost)?;
         }
         if !changed.is_empty() {
@@ -835,7 +861,7 @@ impl<'g> Predictor<'g> {
                 let copies = shared.stored_copies + ts.copies.total();
                 let step = step_seconds(&ts.model, &shared.param_tensors, self.opts.optimizer)
                     + refresh_seconds(&target.device, copies);
-                self.sim.set_optimizer_us(t, us(step))?;
+                self.sim.set_optimizer_us(t, us(step) * share)?;
             }
             ts.memory = memory;
         }

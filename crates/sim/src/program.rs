@@ -37,6 +37,18 @@ pub struct OpCost {
 }
 
 impl OpCost {
+    /// The op on cores shared `share` ways: every time `share` times as long.
+    pub fn on_shared_cores(self, share: f64) -> OpCost {
+        OpCost {
+            fwd_us: self.fwd_us * share,
+            input_grad_us: self.input_grad_us * share,
+            weight_grad_us: self.weight_grad_us * share,
+            host_fwd_us: self.host_fwd_us * share,
+            host_bwd_us: self.host_bwd_us * share,
+            ..self
+        }
+    }
+
     /// An op with forward and input-gradient time and no weights.
     pub fn new(fwd_us: f64, input_grad_us: f64) -> OpCost {
         OpCost { fwd_us, input_grad_us, ..OpCost::default() }

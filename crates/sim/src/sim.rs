@@ -122,6 +122,10 @@ pub(crate) struct Bucket {
     /// cores that type computes on ([`Cluster::bucket_copy_us`]; 0 for
     /// GPUs): on its compute path whatever the overlap.
     pub copy_us: Vec<f64>,
+    /// Per type: what the synchronization's exchange rounds wait, beyond
+    /// their work, if it runs wholly beside that type's backward pass
+    /// ([`Cluster::sync_busy_wait_us`]; 0 for GPUs).
+    pub wait_us: Vec<f64>,
 }
 
 /// A range of steps in a [`Timeline`]'s tree: its device time, its host
@@ -442,15 +446,19 @@ impl Simulator {
             // the backward: each rank's cores run its backward and its
             // synchronization side by side, each at half speed, so that
             // part delays both the backward and the collective, whose end
-            // waits for the type that shared the most.
+            // waits for the type that shared the most. The collective's
+            // exchange rounds in that part also wait for their threads to
+            // be scheduled behind the backward pass (`wait_us`), which
+            // delays the collective alone.
             let mut shared = 0.0f64;
             if !blocking && b.dur_us > 0.0 {
-                for ((h, tl), &cpu) in held.iter_mut().zip(&self.timelines).zip(&b.cpu_us) {
-                    if cpu > 0.0 {
+                for (((h, tl), &cpu), &wait) in held.iter_mut().zip(&self.timelines).zip(&b.cpu_us).zip(&b.wait_us) {
+                    if cpu > 0.0 || wait > 0.0 {
                         let left = tl.backward_end() + *h - start_us;
-                        let overlapped = cpu * (left / b.dur_us).clamp(0.0, 1.0);
+                        let part = (left / b.dur_us).clamp(0.0, 1.0);
+                        let overlapped = cpu * part;
                         *h += overlapped;
-                        shared = shared.max(overlapped);
+                        shared = shared.max(overlapped + wait * part);
                     }
                 }
             }
@@ -565,7 +573,8 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Buc
                 (0..cluster.types.len()).map(|t| cluster.sync_us_and_cpu(t, bytes, &config.sync, config.algo)).unzip();
             let dur_us = times.into_iter().fold(0.0f64, f64::max);
             let copy_us = (0..cluster.types.len()).map(|t| cluster.bucket_copy_us(t, bytes)).collect();
-            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us, copy_us });
+            let wait_us = (0..cluster.types.len()).map(|t| cluster.sync_busy_wait_us(t, bytes, &config.sync)).collect();
+            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us, copy_us, wait_us });
             bytes = 0;
         }
     }
@@ -680,6 +689,33 @@ mod tests {
         // nothing and the backward ends on time.
         let g = run(false);
         assert!(near(g.devices[0].backward_end_us, 60_000.0), "{:?}", g.devices);
+    }
+
+    #[test]
+    fn exchange_rounds_beside_the_backward_pass_wait_to_be_scheduled() {
+        // As above, each exchange round waiting 100 µs more while the
+        // backward pass computes. gloo's ring has 6 rounds: 600 µs. Bucket
+        // 0 runs wholly beside the backward: 40 000 + 3495 + 3375 + 600 =
+        // 47 470. The backward is late by the shared CPU work alone (63 375);
+        // bucket 1 starts after it, waits for nothing and ends at 66 870.
+        let k = crate::SyncKernels {
+            tcp_r: Some(1e-9),
+            sum_r: Some(1e-9),
+            busy_round_s: Some(1e-4),
+            ..crate::SyncKernels::default()
+        };
+        let run = |on_host: bool| two_buckets_on_shared_cores(k, on_host);
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        let r = run(true);
+        assert!(near(r.collectives[0].end_us, 47_470.0), "{:?}", r.collectives);
+        assert!(near(r.devices[0].backward_end_us, 63_375.0), "{:?}", r.devices);
+        assert!(near(r.collectives[1].end_us, 66_870.0), "{:?}", r.collectives);
+        assert!(near(r.devices[0].comm_us, 7470.0 + 3495.0), "{:?}", r.devices);
+        assert!(near(r.iteration_us, 66_875.0), "{}", r.iteration_us);
+        // On a GPU nothing shares its cores and nothing waits.
+        let g = run(false);
+        let without = two_buckets_on_shared_cores(crate::SyncKernels { busy_round_s: None, ..k }, false);
+        assert_eq!(g.collectives, without.collectives);
     }
 
     #[test]

@@ -128,6 +128,17 @@ pub struct SyncKernels {
     /// (`None`: `message_s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring_step_s: Option<f64>,
+    /// Seconds an exchange round of a host transport waits, beyond its
+    /// work at the cores' shared speed, while the rank's cores compute:
+    /// its threads wait to be scheduled behind the backward pass (`None`:
+    /// no wait). Measured with the transport's all-to-all in many rounds
+    /// beside a compute thread in every rank, against the same alone
+    /// (`scripts/validate/gloo_probe.py`); it holds for the ranks and
+    /// cores of the node it was measured on. Applies only where a device
+    /// computes on the host's cores, to the rounds a synchronization runs
+    /// while its backward pass does ([`crate::Cluster::sync_rounds`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_round_s: Option<f64>,
     /// DDP's own copies per gradient element on a device that is the
     /// host's own cores: the gradient into its bucket as the backward pass
     /// produces it, and the synchronized bucket back into the gradient
@@ -327,6 +338,7 @@ impl Default for SyncKernels {
             message_s: None,
             ring_tcp_r: None,
             ring_step_s: None,
+            busy_round_s: None,
             bucket_r: None,
             by_size: None,
             pieces: None,
@@ -365,6 +377,7 @@ impl SyncKernels {
             message_s: None,
             ring_tcp_r: None,
             ring_step_s: None,
+            busy_round_s: None,
             bucket_r: None,
             by_size: None,
             pieces: None,
@@ -918,6 +931,43 @@ impl Cluster {
         self.host_cpu_of(t, spec, &self.sync_breakdown(t, bytes, spec))
     }
 
+    /// Exchange rounds that one synchronization of `bytes` under `spec`
+    /// runs on cores a device of type `t` computes on: none unless the
+    /// device is the host's own cores. Then fp32 (a host engine's ring) has
+    /// its `2(P−1)` steps, and a compressed scheme on the host paths a
+    /// round per phase that reaches a peer, per piece. Each waits
+    /// [`SyncKernels::busy_round_s`] more while the backward pass computes.
+    pub fn sync_rounds(&self, t: usize, bytes: u64, spec: &SyncSpec) -> f64 {
+        let ty = &self.types[t];
+        let p = self.device_count();
+        if !ty.compute_on_host || p <= 1 {
+            return 0.0;
+        }
+        if spec.scheme == SyncScheme::Fp32 {
+            return 2.0 * (p - 1) as f64;
+        }
+        if !matches!(spec.path, SyncPath::Host | SyncPath::Mpi) {
+            return 0.0;
+        }
+        let pieces = if spec.path == SyncPath::Mpi { pipeline_pieces(spec, bytes as f64, p) } else { 1.0 };
+        let phases = phases_on(spec, bytes as f64, p, ty.per_node(), spec.path);
+        phases.iter().filter(|ph| ph.intra_node > 0.0 || ph.inter_node > 0.0).count() as f64 * pieces
+    }
+
+    /// Microseconds one synchronization of `bytes` under `spec` waits on a
+    /// device of type `t` if it runs wholly beside the backward pass: its
+    /// rounds ([`Cluster::sync_rounds`]) times the host's
+    /// [`SyncKernels::busy_round_s`].
+    pub fn sync_busy_wait_us(&self, t: usize, bytes: u64, spec: &SyncSpec) -> f64 {
+        let path = if spec.scheme == SyncScheme::Fp32 { SyncPath::Host } else { spec.path };
+        let wait = self.types[t].host_sync_kernels(path).busy_round_s.unwrap_or(0.0);
+        if wait > 0.0 {
+            self.sync_rounds(t, bytes, spec) * wait * 1e6
+        } else {
+            0.0
+        }
+    }
+
     /// Microseconds that DDP's copies of a bucket of `bytes` (into the
     /// bucket and back, [`SyncKernels::bucket_r`]) take from the cores a
     /// device of type `t` computes on: none unless the device is the host's
@@ -1365,6 +1415,26 @@ mod tests {
         let cpu = Cluster::new(vec![c.types[0].clone().with_compute_on_host(true)]);
         let b = cpu.sync_breakdown(0, 4 * (1u64 << 20), &fp16);
         assert!((b.kernel_us - 1730.1504).abs() < 1e-6, "{}", b.kernel_us);
+    }
+
+    #[test]
+    fn exchange_rounds_are_the_phases_that_reach_a_peer() {
+        // 2 nodes × 2 ranks that compute on the host's cores, on the hooks'
+        // host path: gloo's ring 2(P−1) = 6 steps; fp16 and one-shot qgZ an
+        // all-to-all and an all-gather; hierarchical qgZ an all-to-all
+        // inside the node, one across, and the all-gather; n-bit one
+        // all-gather. Each waits 2 ms beside the backward pass.
+        let k = SyncKernels { busy_round_s: Some(2e-3), ..free_kernels() };
+        let ty = DeviceType::new("cpu", 4, 2, 1).with_host(k, 10.0).with_host_cores(Some(1));
+        let cpu = Cluster::new(vec![ty.clone().with_compute_on_host(true)]);
+        for (name, rounds) in [("fp32", 6.0), ("fp16", 2.0), ("qgz-int8", 2.0), ("qgz-int4-hier", 3.0), ("nbit-2", 1.0)]
+        {
+            let spec = SyncSpec::new(SyncScheme::parse(name).expect("a scheme"), 512).with_path(SyncPath::Host);
+            assert_eq!(cpu.sync_rounds(0, 1 << 22, &spec), rounds, "{name}");
+            assert!((cpu.sync_busy_wait_us(0, 1 << 22, &spec) - rounds * 2000.0).abs() < 1e-9, "{name}");
+            // A GPU's synchronization shares no cores with its backward.
+            assert_eq!(Cluster::new(vec![ty.clone()]).sync_busy_wait_us(0, 1 << 22, &spec), 0.0, "{name}");
+        }
     }
 
     #[test]

@@ -61,7 +61,9 @@ pub struct NodeNetwork {
     pub intra_node_gb_s: Option<f64>,
     pub intra_node_latency_us: f64,
     /// CPU cores the node's ranks share for host-side synchronization work
-    /// (kernels, the TCP stack); `None`: a core per rank at least.
+    /// (kernels, the TCP stack), and, on a device that is the host's own
+    /// cores, for computing ([`crate::Target::compute_share`]); `None`: a
+    /// core per rank at least.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cores: Option<u32>,
 }
@@ -190,7 +192,7 @@ impl ClusterFile {
             return Err(err(format!("{} bytes: a cluster file is at most 1 MiB", meta.len())));
         }
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        ClusterFile::parse(&text).map_err(|reason| err(reason))
+        ClusterFile::parse(&text).map_err(err)
     }
 
     /// Parse and check TOML text; the error is the reason alone.
@@ -334,10 +336,8 @@ mod tests {
         assert_eq!(n.node_gb_per_s(), 12.5);
         assert_eq!(n.nic_latency_us, NIC_LATENCY_US);
         assert_eq!((c.groups[0].network(50.0).host_cores, n.host_cores), (None, Some(16)));
-        assert!(ClusterFile::parse(&format!(
-            "[[group]]\ngpu = \"t4\"\nnodes = 1\ngpus_per_node = 4\nhost_cores_per_node = 0\n"
-        ))
-        .is_err_and(|e| e.contains("host_cores_per_node")));
+        assert!(ClusterFile::parse("[[group]]\ngpu = \"t4\"\nnodes = 1\ngpus_per_node = 4\nhost_cores_per_node = 0\n")
+            .is_err_and(|e| e.contains("host_cores_per_node")));
         assert_eq!(c.fabric.as_ref().map(|f| f.fabric().gb_per_s), Some(1.25));
         assert_eq!(c.unsourced(), vec!["fabric".to_string()]);
         let o = c.with_network(25.0);

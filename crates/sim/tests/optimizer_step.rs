@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use qsync_cost::{Bindings, DeviceDb, GraphFacts, Optimizer, Plan, Profile, SizeCurve};
 use qsync_ir::infer::{infer_shapes, InferOptions};
+use qsync_sim::topology::NodeNetwork;
 use qsync_sim::{optimizer_seconds, PredictOptions, Predictor, Target};
 
 fn close(a: f64, b: f64) -> bool {
@@ -30,8 +31,8 @@ fn device_file_step_launches_per_tensor_on_a_cpu_only() {
     assert!(close(optimizer_seconds(&cpu, &tensors, m), 4000.0 * 20.0 / bw + 6.0 * launch));
 }
 
-#[test]
-fn profile_step_sums_its_curve_over_the_graphs_parameter_tensors() {
+/// BERT-tiny at batch 8 and sequence 32, with its symbolic dims bound.
+fn bert_tiny() -> (qsync_ir::Graph, Bindings) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/bert_tiny.onnx");
     let mut m = qsync_onnx::import_file(&path).expect("import");
     let opset = m.opset();
@@ -46,6 +47,42 @@ fn profile_step_sums_its_curve_over_the_graphs_parameter_tensors() {
             }
         }
     }
+    (g, bindings)
+}
+
+#[test]
+fn ranks_that_share_the_hosts_cores_compute_at_their_share() {
+    // A CPU device file of one core; 4 ranks, 2 a node. With one core a
+    // node, each rank computes at half the file's speed: every op and the
+    // optimizer step take twice as long. With two, or unsaid, at full
+    // speed; a GPU's compute never depends on its host's cores.
+    let (g, bindings) = bert_tiny();
+    let opts = PredictOptions { bindings, optimizer: Optimizer::Adam, ..PredictOptions::default() };
+    let mut cpu = DeviceDb::bundled().expect("db").get("t4").expect("t4").clone();
+    cpu.arch = "cpu".into();
+    cpu.occupancy.as_mut().expect("t4's occupancy").sm_count = 1;
+    let compute_us = |device: &qsync_cost::Device, cores: Option<u32>| {
+        let mut t = Target::new(device.clone(), 4, 8, Plan::new());
+        t.per_node = 2;
+        t.network = Some(NodeNetwork { host_cores: cores, ..NodeNetwork::single_nic(10.0) });
+        let share = match (device.arch.as_str(), cores) {
+            ("cpu", Some(1)) => 2.0,
+            _ => 1.0,
+        };
+        assert_eq!(t.compute_share(), share);
+        Predictor::new(&g, vec![t], opts.clone()).expect("predict").result().devices[0].compute_us
+    };
+    let own = compute_us(&cpu, None);
+    assert!(own > 0.0);
+    assert!(close(compute_us(&cpu, Some(1)), 2.0 * own));
+    assert!(close(compute_us(&cpu, Some(2)), own));
+    let gpu = DeviceDb::bundled().expect("db").get("t4").expect("t4").clone();
+    assert!(close(compute_us(&gpu, Some(1)), compute_us(&gpu, None)));
+}
+
+#[test]
+fn profile_step_sums_its_curve_over_the_graphs_parameter_tensors() {
+    let (g, bindings) = bert_tiny();
     let json =
         r#"{"device": "t4", "optimizers": [{"optimizer": "adam", "tensors": [[1024, 50], [4096, 80], [16384, 200]]}]}"#;
     let profile = Profile::from_json(json, "test").expect("profile");
