@@ -22,7 +22,9 @@ plan --sync auto` on the same cluster file names a scheme; the table says
 whether it is the one that measured fastest among all it weighed.
 
 The compute itself is not the claim here (table 2 checks it): the cpu
-device file is this CPU as `scripts/cpu/device.py` measures it. The host
+device file is one core of this CPU as `scripts/cpu/device.py` measures
+it on one thread, and the cluster file's `host_cores_per_node` has a
+node's two ranks share one core (each computes at half its speed). The host
 is described as for table 1 (kernels on one core, medians of three
 measurements), except the transport: the hooks move their bytes through
 gloo (qsync's TorchTransport), whose cost per byte and per exchange is
@@ -231,12 +233,12 @@ def main():
                              "host-kernels-iterations.json")
     host_file = gloo_transport_cost(a, nodes, k, cores, torchrun, host_file)
     cpu = os.path.join(a.out, "cpu.json")
-    if not os.path.exists(cpu):
-        # The cores one rank computes on: a thread (the ranks run with
-        # OMP_NUM_THREADS=1). The cluster file's host_cores_per_node says
-        # how many ranks share a core.
-        sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"],
-           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # Measured afresh by every measuring run (one left by an earlier run may
+    # describe other threads or another machine): the cores one rank
+    # computes on, a thread (the ranks run with OMP_NUM_THREADS=1). The
+    # cluster file's host_cores_per_node says how many ranks share a core.
+    sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"],
+       env={**os.environ, "OMP_NUM_THREADS": "1"})
     # Each model exported to ONNX as train_ddp.py's `plan` exports it.
     onnx = {}
     export = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import train_ddp as t; "
