@@ -320,6 +320,7 @@ def cmd_bench(a):
     x, y = x[rank * a.batch:(rank + 1) * a.batch].to(device), y[rank * a.batch:(rank + 1) * a.batch].to(device)
     times = {name: [] for name in ddps}
     cpu = {name: [] for name in ddps}  # the process's CPU seconds (every thread) per backward
+    by_thread = {name: {} for name in ddps}  # CPU seconds per thread name, summed over backwards
 
     def backward(name):
         ddp = ddps[name]
@@ -332,15 +333,22 @@ def cmd_bench(a):
             dist.barrier()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            k0 = thread_cpu()
             t0, c0 = time.perf_counter(), time.process_time()
             loss.backward()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            return time.perf_counter() - t0, time.process_time() - c0
+            wall, used = time.perf_counter() - t0, time.process_time() - c0
+            for tid, (comm, s1) in thread_cpu().items():
+                # every thread alive at the end, 0 where it used no tick
+                spent = s1 - k0.get(tid, (comm, 0.0))[1]
+                by_thread[name][comm] = by_thread[name].get(comm, 0.0) + spent
+            return wall, used
 
     for name in ddps:  # warm-up: buckets are rebuilt after the first step
         for _ in range(2):
             backward(name)
+    by_thread = {name: {} for name in ddps}
     for h in qhooks.values():
         h.reset_phases()
     for _ in range(a.reps):
@@ -354,8 +362,8 @@ def cmd_bench(a):
     meds = {name: statistics.median(v) for name, v in times.items()}
     cpu_meds = {name: statistics.median(v) for name, v in cpu.items()}
     gathered = [None] * world
-    dist.all_gather_object(gathered, (meds, phases, cpu_meds, times))
-    all_meds, all_phases, all_cpu, all_times = zip(*gathered)
+    dist.all_gather_object(gathered, (meds, phases, cpu_meds, times, by_thread))
+    all_meds, all_phases, all_cpu, all_times, all_threads = zip(*gathered)
     if rank == 0:
         job = {name: max(m[name] for m in all_meds) for name in ddps}
         # Round by round (every hook once a round), the slowest rank's
@@ -372,6 +380,11 @@ def cmd_bench(a):
                 # backwards, mean over ranks), and the same without synchronization
                 "cpu_s": statistics.mean(c[name] for c in all_cpu),
                 "no_sync_cpu_s": statistics.mean(c["no-sync"] for c in all_cpu),
+                # the same per thread name (the training thread, gloo's
+                # threads, the hook's worker), mean per backward over the
+                # backwards and the ranks; empty without /proc
+                "threads_cpu_s": thread_means(all_threads, name, a.reps),
+                "no_sync_threads_cpu_s": thread_means(all_threads, "no-sync", a.reps),
                 # each phase's largest mean over ranks, seconds per backward
                 **({"phases_s": {k: max(p[name][k] for p in all_phases) for k in all_phases[0][name]}}
                    if name in qhooks else {}),
@@ -380,6 +393,35 @@ def cmd_bench(a):
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
+
+
+def thread_cpu():
+    """{thread id: (name, CPU seconds)} of this process's threads, from
+    /proc (empty where there is none)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        out[tid] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def thread_means(all_threads, name, reps):
+    """Per thread name, CPU seconds per backward of hook `name`, the mean
+    over ranks of each rank's sum over its `reps` backwards."""
+    names = sorted({k for t in all_threads for k in t[name]})
+    return {k: sum(t[name].get(k, 0.0) for t in all_threads) / len(all_threads) / reps for k in names}
 
 
 def main():

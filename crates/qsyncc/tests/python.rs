@@ -368,6 +368,12 @@ fn hook_bench_times_each_hook_against_ddp_in_one_job() {
             r["rounds_s"].as_array().map(|v| v.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default();
         assert_eq!(rounds.len(), 2, "{r}");
         assert!(rounds.iter().all(|&t| t > 0.0) && b <= rounds.iter().fold(0.0f64, |a, &t| a.max(t)), "{r}");
+        // CPU per thread name, read from /proc (this is Linux): every
+        // thread alive, the training thread at least, none negative.
+        for key in ["threads_cpu_s", "no_sync_threads_cpu_s"] {
+            let threads = r[key].as_object().unwrap_or_else(|| panic!("{key} missing: {r}"));
+            assert!(!threads.is_empty() && threads.values().all(|v| v.as_f64().is_some_and(|s| s >= 0.0)), "{r}");
+        }
     }
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
 }
