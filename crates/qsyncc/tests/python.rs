@@ -374,6 +374,11 @@ fn hook_bench_times_each_hook_against_ddp_in_one_job() {
             let threads = r[key].as_object().unwrap_or_else(|| panic!("{key} missing: {r}"));
             assert!(!threads.is_empty() && threads.values().all(|v| v.as_f64().is_some_and(|s| s >= 0.0)), "{r}");
         }
+        // A qsync hook's worker thread carries its own OS name, apart from
+        // the training thread.
+        if r["hook"].as_str().is_some_and(|h| h.starts_with("qgz") || h.starts_with("nbit")) {
+            assert!(r["threads_cpu_s"].get("qsync-hook").is_some(), "{r}");
+        }
     }
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
 }
