@@ -348,7 +348,8 @@ def cmd_bench(a):
     for name in ddps:  # warm-up: buckets are rebuilt after the first step
         for _ in range(2):
             backward(name)
-    by_thread = {name: {} for name in ddps}
+    for counts in by_thread.values():
+        counts.clear()
     for h in qhooks.values():
         h.reset_phases()
     for _ in range(a.reps):
@@ -399,11 +400,11 @@ def thread_cpu():
     """{thread id: (name, CPU seconds)} of this process's threads, from
     /proc (empty where there is none)."""
     out = {}
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return out
+    tick = os.sysconf("SC_CLK_TCK")
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:

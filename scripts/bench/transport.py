@@ -47,13 +47,11 @@ def compute(stop, n, nice=0):
 
 
 @contextlib.contextmanager
-def beside_compute(a):
-    """With --beside-compute, the compute thread runs for the block."""
-    if not a.beside_compute:
-        yield
-        return
+def beside_compute(size, nice=0):
+    """A thread of `size`×`size` matrix products (`compute`) runs for the
+    block."""
     stop = threading.Event()
-    busy = threading.Thread(target=compute, args=(stop, a.compute_size, a.compute_nice))
+    busy = threading.Thread(target=compute, args=(stop, size, nice))
     busy.start()
     try:
         yield
@@ -102,7 +100,7 @@ def main():
     if a.beside_compute:
         # gloo's own all-reduce beside the same compute: what any gloo
         # collective pays there, the hook's transport or not.
-        with beside_compute(a):
+        with beside_compute(a.compute_size, a.compute_nice):
             t = time.perf_counter()
             for _ in range(a.reps):
                 dist.all_reduce(y)
@@ -115,7 +113,7 @@ def main():
         g = x.clone()
         s.all_reduce_mean(g.numpy())
         spent.clear()
-        with beside_compute(a):
+        with beside_compute(a.compute_size, a.compute_nice) if a.beside_compute else contextlib.nullcontext():
             t, c = time.perf_counter(), time.thread_time()
             for _ in range(a.reps):
                 s.all_reduce_mean(g.numpy())

@@ -24,8 +24,9 @@ cores' shared speed, while the rank's cores compute.
 """
 import argparse
 import json
+import os
 import statistics
-import threading
+import sys
 import time
 
 import torch
@@ -33,6 +34,9 @@ import torch.distributed as dist
 
 from qsync import _native
 from qsync._transport import TorchTransport
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from transport import beside_compute  # noqa: E402
 
 
 def main():
@@ -89,20 +93,8 @@ def main():
 
     # The same all-to-alls while a compute thread keeps the rank's cores
     # busy, as the backward pass does while the hook's worker exchanges.
-    stop = threading.Event()
-
-    def compute():
-        x = torch.randn(a.compute_size, a.compute_size)
-        while not stop.is_set():
-            torch.mm(x, x)
-
-    busy = threading.Thread(target=compute)
-    busy.start()
-    try:
+    with beside_compute(a.compute_size):
         all_to_alls("busy_")
-    finally:
-        stop.set()
-        busy.join()
     out["compute_size"] = a.compute_size
     if tr.rank == 0:
         print(json.dumps(out), flush=True)

@@ -897,11 +897,19 @@ impl Cluster {
     /// CPU device).
     fn host_cpu_of(&self, t: usize, spec: &SyncSpec, b: &SyncBreakdown) -> f64 {
         let on_host_path = matches!(spec.path, SyncPath::Host | SyncPath::Mpi);
-        if self.types[t].compute_on_host && on_host_path && self.device_count() > 1 {
+        if self.syncs_on_compute_cores(t) && on_host_path {
             b.kernel_us + b.transport_cpu_us
         } else {
             0.0
         }
+    }
+
+    /// Whether devices of type `t` synchronize on the cores they compute
+    /// on: they are the host's own cores
+    /// ([`crate::DeviceType::compute_on_host`]) and DDP synchronizes (more
+    /// than one device).
+    fn syncs_on_compute_cores(&self, t: usize) -> bool {
+        self.types[t].compute_on_host && self.device_count() > 1
     }
 
     /// CPU microseconds that one synchronization of `bytes` under `spec`
@@ -912,11 +920,10 @@ impl Cluster {
     /// compressed schemes on the host paths (their kernels and transport
     /// work), on cores the node's ranks share.
     pub fn sync_cpu_us(&self, t: usize, bytes: u64, spec: &SyncSpec) -> f64 {
-        let ty = &self.types[t];
-        let p = self.device_count();
-        if !ty.compute_on_host || p <= 1 {
+        if !self.syncs_on_compute_cores(t) {
             return 0.0;
         }
+        let (ty, p) = (&self.types[t], self.device_count());
         if spec.scheme == SyncScheme::Fp32 {
             return crate::cluster::host_ring_cpu_us(
                 p,
@@ -938,11 +945,10 @@ impl Cluster {
     /// round per phase that reaches a peer, per piece. Each waits
     /// [`SyncKernels::busy_round_s`] more while the backward pass computes.
     pub fn sync_rounds(&self, t: usize, bytes: u64, spec: &SyncSpec) -> f64 {
-        let ty = &self.types[t];
-        let p = self.device_count();
-        if !ty.compute_on_host || p <= 1 {
+        if !self.syncs_on_compute_cores(t) {
             return 0.0;
         }
+        let (ty, p) = (&self.types[t], self.device_count());
         if spec.scheme == SyncScheme::Fp32 {
             return 2.0 * (p - 1) as f64;
         }
@@ -974,11 +980,10 @@ impl Cluster {
     /// own cores and DDP synchronizes (more than one device), on cores the
     /// node's ranks share. Whatever the scheme: DDP copies before its hook.
     pub fn bucket_copy_us(&self, t: usize, bytes: u64) -> f64 {
-        let ty = &self.types[t];
-        if !ty.compute_on_host || self.device_count() <= 1 {
+        if !self.syncs_on_compute_cores(t) {
             return 0.0;
         }
-        let e = bytes as f64 / 4.0;
+        let (ty, e) = (&self.types[t], bytes as f64 / 4.0);
         ty.host_sync_kernels(SyncPath::Host).at_size(e).bucket_copies(e) * ty.host_share() * 1e6
     }
 
