@@ -36,16 +36,27 @@ def main():
         agree += same
         rounds = "—"
         if not same and chose and fastest and "rounds_s" in chose and "rounds_s" in fastest:
-            won = sum(c <= f for c, f in zip(chose["rounds_s"], fastest["rounds_s"]))
-            rounds = f"{won} of {len(chose['rounds_s'])}"
+            # Hooks of different jobs (`ddp_rounds_s` beside each): compared
+            # by the ratio to DDP's all-reduce in the same round.
+            c_r, f_r = per_round(chose), per_round(fastest)
+            won = sum(c <= f for c, f in zip(c_r, f_r))
+            rounds = f"{won} of {min(len(c_r), len(f_r))}"
             within += won > 0
         print(f"| {rate} | {model} | {r['auto']} | {r['measured_fastest']} | {'yes' if same else 'no'} | {rounds} |")
     print()
     print(f"`--sync auto` names the scheme that measured fastest in {agree} of {len(cells)} cells"
           + (f"; of the {len(cells) - agree} where it does not, {within} named a scheme that was at least as fast "
-             "as the fastest in some rounds of the same job (every hook runs once a round): there the measurement "
-             "does not tell the two apart" if within else "") + ".")
+             "as the fastest in some rounds (as a ratio to DDP's all-reduce in the same round of its job): there "
+             "the measurement does not tell the two apart" if within else "") + ".")
     where(rows)
+
+
+def per_round(row):
+    """A row's backward in each round, as a ratio to DDP's all-reduce in the
+    same round where the row carries it (`ddp_rounds_s`), else in seconds."""
+    if "ddp_rounds_s" in row:
+        return [t / d for t, d in zip(row["rounds_s"], row["ddp_rounds_s"])]
+    return row["rounds_s"]
 
 
 def where(rows):
@@ -56,7 +67,8 @@ def where(rows):
     (phases plus copies and allocations); the CPU the synchronization adds
     to a rank's process (its CPU seconds in the backward minus those of
     the backward without synchronization) against the model's CPU work
-    per rank (kernels and transport, divided by the ranks sharing a core)."""
+    per rank (kernels and transport, divided by the ranks sharing a core,
+    and DDP's bucket copies)."""
     rows = [r for r in rows if "phases_s" in r and "predicted_breakdown" in r]
     if not rows:
         return
@@ -71,7 +83,7 @@ def where(rows):
         comm = ph["exchange_s"] + ph["wait_s"]
         comm_p = b["total_seconds"] - b["kernel_seconds"]
         cpu_m = r["cpu_s"] - r["no_sync_cpu_s"] if "cpu_s" in r else float("nan")
-        cpu_p = (b["kernel_seconds"] + b["transport_cpu_seconds"]) / share
+        cpu_p = (b["kernel_seconds"] + b["transport_cpu_seconds"]) / share + r.get("predicted_bucket_copy_cpu_s", 0.0)
         calls = ph.get("call_s", float("nan"))
         print(f"| {r['rate']} | {r['model']} | {r['hook']} | {kern:.4f} / {b['kernel_seconds']:.4f} | "
               f"{comm:.4f} / {comm_p:.4f} | {calls:.4f} / {b['total_seconds']:.4f} | "
