@@ -292,15 +292,14 @@ def main():
                     jobs.append(got["ddp"])
                 # DDP's own row: the median over the jobs of its backward and
                 # of the no-sync backward beside it.
-                med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
                 ddp = dict(jobs[0])
                 for f in ("backward_s", "no_sync_backward_s", "cpu_s", "no_sync_cpu_s"):
-                    ddp[f] = med([j[f] for j in jobs])
+                    ddp[f] = statistics.median(j[f] for j in jobs)
                 ddp["exposed_sync_s"] = ddp["backward_s"] - ddp["no_sync_backward_s"]
                 ddp["rounds_s"] = ddp["ddp_rounds_s"] = [t for j in jobs for t in j["rounds_s"]]
                 for f in ("threads_cpu_s", "no_sync_threads_cpu_s"):
                     names = {n for j in jobs for n in j.get(f, {})}
-                    ddp[f] = {n: med([j.get(f, {}).get(n, 0.0) for j in jobs]) for n in sorted(names)}
+                    ddp[f] = {n: statistics.median(j.get(f, {}).get(n, 0.0) for j in jobs) for n in sorted(names)}
                 measured["ddp"] = ddp
                 predicted = {h: predict(a, onnx[m], cluster, cpu, host_file, h) for h in hooks}
                 # Hooks timed in different jobs are compared by their ratio
