@@ -162,10 +162,6 @@ def predict(a, onnx, cluster, cpu, host_file, hook):
         g = json.loads(sh([a.qsyncc, "simulate", "--gradient", str(p["allreduce_bytes"]), "--cluster", cluster,
                            "--device-file", cpu, "--host-kernels", host_file, "--sync", scheme, "--json"]).stdout)
         out["breakdown"] = g["per_type_breakdown"]["cpu"]
-    # DDP's copies of every gradient into its bucket and back, whatever the
-    # scheme, at the host file's rate: CPU seconds per rank.
-    bucket_r = json.load(open(host_file))["kernels"].get("bucket_r") or 0.0
-    out["bucket_copy_cpu_s"] = bucket_r * p["allreduce_bytes"] / 4
     return out
 
 
@@ -176,7 +172,6 @@ def set_prediction(row, p):
     row["predicted_backward_s"] = row["no_sync_backward_s"] + p["exposed_s"]
     row["error"] = row["predicted_backward_s"] / row["backward_s"] - 1
     row.pop("predicted_breakdown", None)
-    row["predicted_bucket_copy_cpu_s"] = p["bucket_copy_cpu_s"]
     if "breakdown" in p:
         row["predicted_breakdown"] = p["breakdown"]
 
@@ -316,7 +311,6 @@ def main():
                     if "phases_s" in r:
                         row["phases_s"] = r["phases_s"]
                     row["rounds_s"], row["ddp_rounds_s"] = r["rounds_s"], r["ddp_rounds_s"]
-                    row["vs_ddp"] = ratio(h)
                     if "cpu_s" in r:
                         row["cpu_s"], row["no_sync_cpu_s"] = r["cpu_s"], r["no_sync_cpu_s"]
                     if "threads_cpu_s" in r:

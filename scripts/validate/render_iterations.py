@@ -83,7 +83,7 @@ def where(rows):
         comm = ph["exchange_s"] + ph["wait_s"]
         comm_p = b["total_seconds"] - b["kernel_seconds"]
         cpu_m = r["cpu_s"] - r["no_sync_cpu_s"] if "cpu_s" in r else float("nan")
-        cpu_p = (b["kernel_seconds"] + b["transport_cpu_seconds"]) / share + r.get("predicted_bucket_copy_cpu_s", 0.0)
+        cpu_p = (b["kernel_seconds"] + b["transport_cpu_seconds"] + b["bucket_copy_seconds"]) / share
         calls = ph.get("call_s", float("nan"))
         print(f"| {r['rate']} | {r['model']} | {r['hook']} | {kern:.4f} / {b['kernel_seconds']:.4f} | "
               f"{comm:.4f} / {comm_p:.4f} | {calls:.4f} / {b['total_seconds']:.4f} | "

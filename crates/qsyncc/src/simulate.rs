@@ -143,6 +143,9 @@ fn breakdown(c: &qsync_sim::Cluster, bytes: u64, spec: &qsync_sim::SyncSpec) -> 
             "latency_seconds": b.latency_us / 1e6,
             "transport_cpu_seconds": b.transport_cpu_us / 1e6,
             "staging_seconds": b.staging_us / 1e6,
+            // DDP's copies into the bucket and back, on the cores a CPU
+            // device computes on (0 elsewhere): whatever the scheme.
+            "bucket_copy_seconds": c.bucket_copy_us(t, bytes) / 1e6,
             "pieces": b.pieces,
             "total_seconds": b.total_us / 1e6,
         });

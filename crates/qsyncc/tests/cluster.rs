@@ -100,6 +100,7 @@ fn sync_predictions_by_hand() {
             assert!(secs(k) > 0.0, "{k} in {v}");
         }
         assert_eq!(secs("transport_cpu_seconds"), 0.0, "no host transport on NCCL's path: {v}");
+        assert_eq!(secs("bucket_copy_seconds"), 0.0, "DDP's bucket copies of a GPU take no host core: {v}");
         v["seconds"].as_f64().expect("seconds") * 1e6
     };
     let e = (1u64 << 24) as f64;
