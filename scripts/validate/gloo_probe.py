@@ -6,7 +6,8 @@ the hook's CPU buckets use) as the runtime drives it
 copies included), `--mib` MiB from every rank in 1 exchange and
 in `--many`, timed on every rank; and gloo's own all-reduce of an f32
 tensor of `--mib` MiB and of `--small-kib` KiB (what DDP's fp32
-synchronization runs); then the two all-to-alls again while every rank
+synchronization runs); the transport's all-gather (gloo's ring) of 8
+bytes a rank; then the two all-to-alls again while every rank
 runs a compute thread beside them (`--compute-size`: products of N×N
 matrices, which release Python's lock as a backward pass in autograd's C++
 does), as the hook's exchanges run beside the backward pass. Rank 0 prints
@@ -18,7 +19,8 @@ one JSON line (the slowest rank's median of `--reps` runs of each).
 far faster than the CPU can feed and fits the model's `tcp_r` and
 `message_s` for the hook's path from the two all-to-all times, as `sync.py`
 does for Open MPI, `ring_tcp_r` and `ring_step_s` for gloo's own ring
-from the two all-reduce times, and `busy_round_s` from the all-to-alls
+from the two all-reduce times, `gather_step_s` from the small
+all-gather, and `busy_round_s` from the all-to-alls
 beside compute: what an exchange round waits, beyond its work at the
 cores' shared speed, while the rank's cores compute.
 """
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--small-kib", type=int, default=64, help="the small all-reduce, KiB")
     ap.add_argument("--ring-calls", type=int, default=4, help="all-reduces per timed run")
+    ap.add_argument("--gather-calls", type=int, default=10, help="small all-gathers per timed run")
     ap.add_argument("--compute-size", type=int, default=512,
                     help="the compute thread's matrices are N×N (default 512)")
     a = ap.parse_args()
@@ -90,6 +93,21 @@ def main():
         x = torch.ones(nbytes // 4)
         out[f"{key}_s"] = slowest_median(lambda: ring(x))
         out[f"{key}_bytes"] = nbytes
+
+    # The transport's all-gather (gloo's ring, the last phase of every
+    # compressed scheme through the hook) of a few bytes a rank: what each
+    # of its P−1 steps costs beyond its bytes, `--gather-calls` back to back
+    # as a synchronization's phases follow each other.
+    few = bytearray(8)
+
+    def gathers():
+        t = time.perf_counter()
+        for _ in range(a.gather_calls):
+            tr.all_gather(few, 60.0)
+        return (time.perf_counter() - t) / a.gather_calls
+
+    out["gather_small_s"] = slowest_median(gathers)
+    out["gather_small_bytes"] = len(few)
 
     # The same all-to-alls while a compute thread keeps the rank's cores
     # busy, as the backward pass does while the hook's worker exchanges.

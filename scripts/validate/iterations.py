@@ -80,11 +80,13 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     across the emulated nodes on a 40 Gbit/s link, 16 MiB a rank in 1
     exchange and in 32 (`gloo_probe.py`), fitted per byte and per call with
     the node's ranks sharing its cores; gloo's own all-reduce (DDP's
-    fp32 ring) at 16 MiB and 64 KiB, fitted per byte and per step; and the
+    fp32 ring) at 16 MiB and 64 KiB, fitted per byte and per step; its
+    all-gather of 8 bytes a rank, per step; and the
     all-to-alls again beside a compute thread in every rank. Writes a
     copy of `host_file` with these `tcp_r` and `message_s` (what the hook
     path is priced with), `ring_tcp_r` and `ring_step_s` (what DDP's own
-    all-reduce is priced with) and `busy_round_s` (what an exchange round
+    all-reduce is priced with), `gather_step_s` (a step of the transport's
+    ring all-gather) and `busy_round_s` (what an exchange round
     waits while the backward pass computes) and returns its path."""
     rate = PROBE_RATE
     ns, addr = probe_cluster_up(a, nodes)
@@ -125,6 +127,16 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"{r['ring_s'] * 1e3:.2f} ms and {r['ring_small_s'] * 1e3:.3f} ms; fitted as a ring with this host's "
         f"sum_r, per byte {ring_r * 1e9:.3f} ns and per step {ring_step * 1e6:.1f} us of CPU time")
     hk["sources"]["ring_step_s"] = "as ring_tcp_r"
+    # gloo's ring all-gather (the hook's last phase): P−1 steps of a few
+    # bytes, each waiting for the one before; per step, as CPU time at one
+    # rank a core (the model multiplies by the ranks sharing a core).
+    gather_step = r["gather_small_s"] / (p - 1) / share
+    hk["kernels"]["gather_step_s"] = gather_step
+    hk["sources"]["gather_step_s"] = (
+        f"scripts/validate/iterations.py: the transport's all-gather (gloo's ring) of {r['gather_small_bytes']} B a "
+        f"rank on the same ranks and link, {r['gather_small_s'] * 1e3:.2f} ms: {p - 1} steps, each "
+        f"{gather_step * 1e6:.0f} us of CPU time with the node's {k} ranks sharing {cores} core(s) "
+        f"(an all-to-all's message: {msg / share * 1e6:.0f} us)")
     # The all-to-alls beside a compute thread in every rank: the work runs
     # at half its share of the cores (a compute thread beside each
     # synchronizing thread), and what every further exchange round adds
@@ -141,7 +153,7 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     print(f"validate: the hook's transport (gloo) costs {byte / share * 1e9:.3f} ns a byte and "
           f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms in 1 exchange, "
           f"{r['split_s'] * 1e3:.1f} ms in {many}); gloo's own ring {ring_r * 1e9:.3f} ns a byte and "
-          f"{ring_step * 1e6:.1f} us a step; beside compute an exchange round waits {busy_round * 1e3:.2f} ms more",
+          f"{ring_step * 1e6:.1f} us a step; its all-gather {gather_step * 1e6:.0f} us a step; beside compute an exchange round waits {busy_round * 1e3:.2f} ms more",
           file=sys.stderr, flush=True)
     return out
 

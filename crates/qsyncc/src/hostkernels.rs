@@ -96,6 +96,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("message_s", k.message_s.unwrap_or(0.0)),
         ("ring_tcp_r", k.ring_tcp_r.unwrap_or(0.0)),
         ("ring_step_s", k.ring_step_s.unwrap_or(0.0)),
+        ("gather_step_s", k.gather_step_s.unwrap_or(0.0)),
         ("busy_round_s", k.busy_round_s.unwrap_or(0.0)),
         ("bucket_r", k.bucket_r.unwrap_or(0.0)),
     ] {
@@ -490,6 +491,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             message_s: None,
             ring_tcp_r: None,
             ring_step_s: None,
+            // Measured with gloo's all-gather (gloo_probe.py), as busy_round_s.
+            gather_step_s: None,
             // Measured beside a compute thread with the engine itself
             // (scripts/validate/gloo_probe.py), not by this command.
             busy_round_s: None,

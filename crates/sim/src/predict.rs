@@ -327,6 +327,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         message_s: None,
         ring_tcp_r: None,
         ring_step_s: None,
+        gather_step_s: None,
         busy_round_s: None,
         bucket_r: None,
         by_size: None,

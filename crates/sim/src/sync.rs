@@ -128,6 +128,15 @@ pub struct SyncKernels {
     /// (`None`: `message_s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring_step_s: Option<f64>,
+    /// Host CPU seconds per step of the host engine's ring all-gather
+    /// (gloo's, the last phase of every compressed scheme through the DDP
+    /// hook: `P−1` steps, each waiting for the step before), beyond its
+    /// bytes' `tcp_r`. Measured with the transport's all-gather of a few
+    /// bytes (`scripts/validate/gloo_probe.py`); gloo's ring answers far
+    /// slower than its all-to-all of the same bytes (`None`: `message_s`
+    /// per peer, as a flat exchange).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gather_step_s: Option<f64>,
     /// Seconds an exchange round of a host transport waits, beyond its
     /// work at the cores' shared speed, while the rank's cores compute:
     /// its threads wait to be scheduled behind the backward pass (`None`:
@@ -338,6 +347,7 @@ impl Default for SyncKernels {
             message_s: None,
             ring_tcp_r: None,
             ring_step_s: None,
+            gather_step_s: None,
             busy_round_s: None,
             bucket_r: None,
             by_size: None,
@@ -377,6 +387,7 @@ impl SyncKernels {
             message_s: None,
             ring_tcp_r: None,
             ring_step_s: None,
+            gather_step_s: None,
             busy_round_s: None,
             bucket_r: None,
             by_size: None,
@@ -1011,7 +1022,8 @@ impl Cluster {
         let tcp = matches!(spec.path, SyncPath::Host | SyncPath::Mpi);
         let (mut link_sum, mut tcp_sum, mut lat_sum, mut serial) = (0.0, 0.0, 0.0, 0.0);
         let phs = phases_on(spec, bytes as f64, p, per_node, spec.path);
-        for ph in &phs {
+        let last = phs.len().saturating_sub(1);
+        for (i, ph) in phs.iter().enumerate() {
             let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
             let mut link = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
             if let Some((fbw, flat)) = fabric {
@@ -1029,11 +1041,14 @@ impl Cluster {
                 (false, true) => (p as f64 / per_node.max(1) as f64).ceil() - 1.0,
                 (false, false) => 0.0,
             };
-            let cpu = if tcp {
-                (kernels.tcp(ph.intra_node + ph.inter_node) + kernels.messages(pieces * peers)) * share * 1e6
-            } else {
-                0.0
+            // Through the hook on gloo the last phase is gloo's ring
+            // all-gather ([`phases_on`]): P−1 steps, each its measured cost.
+            let ring_gather = spec.path == SyncPath::Host && i == last && spec.scheme != SyncScheme::Fp32 && p > 1;
+            let messages = match (ring_gather, kernels.gather_step_s) {
+                (true, Some(step)) => (p as f64 - 1.0) * step,
+                _ => kernels.messages(pieces * peers),
             };
+            let cpu = if tcp { (kernels.tcp(ph.intra_node + ph.inter_node) + messages) * share * 1e6 } else { 0.0 };
             link_sum += link;
             tcp_sum += cpu;
             lat_sum += pieces * lat;
@@ -1243,6 +1258,37 @@ mod tests {
         let hook = phases_on(&spec, 4.0 * 2f64.powi(20), 4, 2, SyncPath::Host);
         assert_eq!(hook[0], mpi[0]);
         assert_eq!(hook[1], PhaseBytes { intra_node: 1.5 * piece, inter_node: 1.5 * piece });
+    }
+
+    #[test]
+    fn the_hooks_ring_all_gather_pays_its_measured_steps() {
+        // n-bit 2 (one phase: the all-gather of packed gradients), 2 nodes
+        // × 2 devices of one core a node (share 2), free kernels, no bytes'
+        // cost, links of 1e5 B/µs inside and out, 20 µs latency; 100 µs a
+        // message, 1 ms a step of the ring all-gather. E = 4000 elements:
+        // 10 + 1000 B a device, so the link time is 0.04 µs, under the CPU.
+        // A flat exchange (the MPI path) receives from 3 peers: 3 · 100 µs
+        // · 2 = 600 µs, + 20 µs latency. Through the hook, gloo's ring: 3
+        // steps of 1 ms · 2 = 6000 µs, + 20. Without a measured step the
+        // hook's ring is priced as the flat exchange's messages.
+        let k = SyncKernels { message_s: Some(1e-4), gather_step_s: Some(1e-3), ..free_kernels() };
+        let ty = |k| {
+            DeviceType::new("cpu", 4, 2, 1).with_bandwidth(100.0, 800.0).with_host(k, 10.0).with_host_cores(Some(1))
+        };
+        let c = Cluster::new(vec![ty(k)]);
+        let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512);
+        let at = |c: &Cluster, path| c.sync_breakdown(0, 16_000, &nbit.with_path(path));
+        let lat = c.types[0].network_latency_us;
+        let (mpi, hook) = (at(&c, SyncPath::Mpi), at(&c, SyncPath::Host));
+        assert!((mpi.transport_cpu_us - 600.0).abs() < 1e-6, "{mpi:?}");
+        assert!((hook.transport_cpu_us - 6000.0).abs() < 1e-6, "{hook:?}");
+        assert!((hook.total_us - (6000.0 + lat)).abs() < 1e-6, "{hook:?}");
+        let unmeasured = Cluster::new(vec![ty(SyncKernels { gather_step_s: None, ..k })]);
+        assert!((at(&unmeasured, SyncPath::Host).transport_cpu_us - 600.0).abs() < 1e-6);
+        // fp16 (two phases): only the last, the all-gather, is the ring.
+        let fp16 = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Host);
+        let b = c.sync_breakdown(0, 16_000, &fp16);
+        assert!((b.transport_cpu_us - (600.0 + 6000.0)).abs() < 1e-6, "{b:?}");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 Each bucket is synchronized by the runtime's `GradSync` (the same code the
 MPI and NCCL jobs run). CPU buckets go through torch.distributed (gloo) as
 the transport, on the hook's worker thread, so a bucket synchronizes while
-autograd computes the next ones (as DDP's own all-reduce does). CUDA buckets
+autograd computes the next ones (as DDP's own all-reduce does); the last
+bucket, ready when nothing is left to compute, runs on the training thread
+itself, after the worker's queue, sparing two thread hand-offs. CUDA buckets
 go through the runtime's own NCCL communicator, whose unique id rank 0 makes
 and shares through a gloo group; that path stages each bucket through host
 memory, where the runtime's schemes quantize (the kernels' arithmetic, so
@@ -72,6 +74,8 @@ class QSyncHook:
         self._cpu = None  # gloo transport, made on first use (collective)
         self._syncs = {}  # (device kind, bucket index) -> GradSync
         self._worker = None  # one thread: CPU buckets synchronize in order, overlapping the backward pass
+        self._queued = None  # the worker's last task (its buckets run in order before the last bucket's)
+        self._failed = None  # the first failed synchronization, if any
         self._base = {}
         self._pinned = {}  # bucket index -> pinned host staging buffer (CUDA buckets)
         self._staging_s = 0.0
@@ -134,9 +138,30 @@ class QSyncHook:
                         buf.copy_(grad)
                     fut.set_result(buf)
                 except BaseException as e:  # handed to DDP, which raises it in the training thread
+                    self._failed = e
                     fut.set_exception(e)
 
-            self._executor().submit(run)
+            if bucket.is_last():
+                # The backward pass has produced every gradient: nothing is
+                # left to overlap, so the last bucket runs here, on the
+                # training thread, once the worker's queue is done. Handing
+                # it to the worker would cost two thread wake-ups (the
+                # worker's, then the training thread's on the future), each
+                # a wait for a core that the node's other ranks are using.
+                if self._queued is not None:
+                    self._queued.result()
+                    self._queued = None
+                if self._failed is not None:
+                    # An earlier bucket's synchronization failed (its future
+                    # carries why): the ranks' collectives no longer line
+                    # up, so this one would only wait out its own deadline.
+                    fut.set_exception(RuntimeError(
+                        f"rank {self.rank}: bucket {index} not synchronized: an earlier bucket's synchronization "
+                        f"failed ({self._failed})"))
+                    return fut
+                run()
+                return fut
+            self._queued = self._executor().submit(run)
             return fut
         sync = self._sync_for(kind, index, grad.device)
         # Staged through a pinned host buffer per bucket (page-locked copies

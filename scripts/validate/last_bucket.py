@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Where a DDP step's last bucket spends its time under the qsync hook, per
+rank: the hook as it runs it (the last bucket in the hook call, on the
+training thread) against the same hook made to hand the last bucket to its
+worker thread too (`worker`), and the backward without synchronization
+(`no-sync`), round-robin in the same job.
+
+Per backward and rank, from the backward's start: when DDP called the hook
+for the last bucket (`call`: that rank's compute is done), when the
+runtime's synchronization started and ended (`start`, `end`) and when the
+future DDP waits on completed (`done`). Rank 0 prints one JSON line per
+variant: medians over rounds, the backward (the slowest rank's median, as
+`examples/train_ddp.py bench` reports it) and what the step took after the
+slowest rank's compute (`after_slowest_ms`: per round, the slowest rank's
+backward minus the latest hook call).
+
+    torchrun ... scripts/validate/last_bucket.py --scheme fp16 [--model transformer] [--reps 30]
+"""
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import qsync
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "examples"))
+import train_ddp  # noqa: E402
+
+
+class _Timed:
+    """A GradSync whose `all_reduce_mean` notes when it starts and ends."""
+
+    def __init__(self, sync, marks):
+        self._sync, self._marks = sync, marks
+
+    def __getattr__(self, name):
+        return getattr(self._sync, name)
+
+    def all_reduce_mean(self, grad):
+        self._marks["start"] = time.perf_counter()
+        out = self._sync.all_reduce_mean(grad)
+        self._marks["end"] = time.perf_counter()
+        return out
+
+
+class _NotLast:
+    """A bucket that never says it is the step's last."""
+
+    def __init__(self, bucket):
+        self._bucket = bucket
+
+    def __getattr__(self, name):
+        return getattr(self._bucket, name)
+
+    def is_last(self):
+        return False
+
+
+def timed_hook(scheme, marks, inline):
+    hook = qsync.comm_hook(scheme)
+    q = hook.qsync
+    make = q._sync_for
+    q._sync_for = lambda *a, **k: _Timed(make(*a, **k), marks)
+
+    def call(state, bucket):
+        marks["call"] = time.perf_counter()
+        fut = hook(state, bucket if inline else _NotLast(bucket))
+
+        def done(f):
+            marks["done"] = time.perf_counter()
+            return f.value()
+
+        return fut.then(done)
+
+    return call
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scheme", default="fp16")
+    ap.add_argument("--model", default="transformer")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    marks = {}
+    ddps = {}
+    for name in ("hook", "worker", "no-sync"):
+        ddp = nn.parallel.DistributedDataParallel(train_ddp.make_model(a.model, 0))
+        if name != "no-sync":
+            ddp.register_comm_hook(None, timed_hook(a.scheme, marks, inline=name == "hook"))
+        ddps[name] = ddp
+    x, y = train_ddp.global_batch(a.model, a.batch * world, 0, 0)
+    x, y = x[rank * a.batch:(rank + 1) * a.batch], y[rank * a.batch:(rank + 1) * a.batch]
+
+    def backward(name):
+        ddp = ddps[name]
+        ddp.zero_grad(set_to_none=True)
+        with ddp.no_sync() if name == "no-sync" else contextlib.nullcontext():
+            loss = F.cross_entropy(ddp(x), y)
+            dist.barrier()
+            marks.clear()
+            t0 = time.perf_counter()
+            loss.backward()
+            t1 = time.perf_counter()
+        return {"wall": t1 - t0, **{k: v - t0 for k, v in marks.items()}}
+
+    for name in ddps:
+        for _ in range(2):
+            backward(name)
+    rec = {name: [] for name in ddps}
+    for _ in range(a.reps):
+        for name in ddps:
+            rec[name].append(backward(name))
+    every = [None] * world
+    dist.all_gather_object(every, rec)
+    if rank == 0:
+        med = statistics.median
+        for name in ddps:
+            rounds = [[every[r][name][i] for r in range(world)] for i in range(a.reps)]
+            out = {"scheme": a.scheme, "model": a.model, "variant": name, "ranks": world,
+                   "backward_ms": max(med(every[r][name][i]["wall"] for i in range(a.reps)) for r in range(world)) * 1e3}
+            if name != "no-sync":
+                for key in ("call", "start", "end", "done"):
+                    out[f"{key}_ms"] = [round(med(every[r][name][i][key] for i in range(a.reps)) * 1e3, 3)
+                                        for r in range(world)]
+                out["after_slowest_ms"] = med(max(x["wall"] for x in rd) - max(x["call"] for x in rd)
+                                              for rd in rounds) * 1e3
+            print(json.dumps(out), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
