@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Where a DDP step's last bucket spends its time under the qsync hook, per
-rank: the hook as it runs it (the last bucket in the hook call, on the
-training thread) against the same hook made to hand the last bucket to its
-worker thread too (`worker`), and the backward without synchronization
-(`no-sync`), round-robin in the same job.
+rank: the last bucket in the hook call, on the training thread
+(`comm_hook(..., last_bucket="call")`, variant `hook`), against handed to
+the hook's worker thread like the others (`last_bucket="worker"`, variant
+`worker`), and the backward without synchronization (`no-sync`),
+round-robin in the same job.
 
 Per backward and rank, from the backward's start: when DDP called the hook
 for the last bucket (`call`: that rank's compute is done), when the
@@ -52,28 +53,15 @@ class _Timed:
         return out
 
 
-class _NotLast:
-    """A bucket that never says it is the step's last."""
-
-    def __init__(self, bucket):
-        self._bucket = bucket
-
-    def __getattr__(self, name):
-        return getattr(self._bucket, name)
-
-    def is_last(self):
-        return False
-
-
 def timed_hook(scheme, marks, inline):
-    hook = qsync.comm_hook(scheme)
+    hook = qsync.comm_hook(scheme, last_bucket="call" if inline else "worker")
     q = hook.qsync
     make = q._sync_for
     q._sync_for = lambda *a, **k: _Timed(make(*a, **k), marks)
 
     def call(state, bucket):
         marks["call"] = time.perf_counter()
-        fut = hook(state, bucket if inline else _NotLast(bucket))
+        fut = hook(state, bucket)
 
         def done(f):
             marks["done"] = time.perf_counter()
