@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The DDP hook's path on real links, step by step, against the model: one
 bucket's synchronization through the hook's machinery apart from DDP
-(`hook_probe.py`: on the training thread, handed to the worker, gloo's bare
+(`hook_probe.py`: on the training thread, every rank starting together; gloo's bare
 collectives) next to `qsyncc simulate --gradient` for that bucket, and the
 last bucket of a DDP step timed per rank (`last_bucket.py`: in the hook call
 against handed to the worker). Root; run after `scripts/validate.sh
@@ -45,7 +45,6 @@ def main():
     nodes, k = 2, a.ranks_per_node
     cores = max(1, (os.cpu_count() or 1) // nodes)
     torchrun = os.path.join(os.path.dirname(a.python), "torchrun")
-    a.out = a.src
     ns = [f"{a.prefix}{i}" for i in range(nodes)]
     addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
     subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
@@ -80,13 +79,13 @@ def main():
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     print(f"\n{a.rate}, 2 nodes x {k} ranks, a bucket of {a.elements} elements (ms):")
-    print("| scheme | training thread | worker | predicted | DDP: after the slowest compute, in the call "
+    print("| scheme | training thread | predicted | DDP: after the slowest compute, in the call "
           "| handed to the worker | backward, in the call | handed to the worker | no-sync backward |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         s = r["scheme"]
         h, w, n = ddp[(s, "hook")], ddp[(s, "worker")], ddp[(s, "no-sync")]
-        print(f"| {s} | {r['direct_s'] * 1e3:.2f} | {r['worker_s'] * 1e3:.2f} | {r['predicted_s'] * 1e3:.2f} "
+        print(f"| {s} | {r['direct_s'] * 1e3:.2f} | {r['predicted_s'] * 1e3:.2f} "
               f"| {h['after_slowest_ms']:.2f} | {w['after_slowest_ms']:.2f} | {h['backward_ms']:.2f} "
               f"| {w['backward_ms']:.2f} | {n['backward_ms']:.2f} |")
 

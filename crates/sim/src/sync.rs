@@ -786,7 +786,7 @@ pub fn phases(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64) -> Vec<PhaseBy
 /// node's devices (`(P−1)·piece/L` across, the rest inside).
 pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncPath) -> Vec<PhaseBytes> {
     let mut v = phases(spec, bytes, p, per_node);
-    if path == SyncPath::Mpi || p <= 1 || spec.scheme == SyncScheme::Fp32 {
+    if !ends_in_ring_gather(spec, p, path) {
         return v;
     }
     let l = per_node.clamp(1, p) as f64;
@@ -797,6 +797,13 @@ pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncP
         *last = PhaseBytes { intra_node: (pf - 1.0) * piece - across, inter_node: across };
     }
     v
+}
+
+/// Whether the last phase of `spec` over `p` devices on `path` is the
+/// transport's ring all-gather (the DDP hook's gloo or NCCL) rather than a
+/// flat exchange ([`phases_on`]).
+fn ends_in_ring_gather(spec: &SyncSpec, p: u64, path: SyncPath) -> bool {
+    path != SyncPath::Mpi && p > 1 && spec.scheme != SyncScheme::Fp32
 }
 
 /// Elements of a shard's piece in the runtime's pipelined schemes (its
@@ -1022,7 +1029,9 @@ impl Cluster {
         let tcp = matches!(spec.path, SyncPath::Host | SyncPath::Mpi);
         let (mut link_sum, mut tcp_sum, mut lat_sum, mut serial) = (0.0, 0.0, 0.0, 0.0);
         let phs = phases_on(spec, bytes as f64, p, per_node, spec.path);
-        let last = phs.len().saturating_sub(1);
+        // The ring all-gather's P−1 steps, each at its measured cost, where
+        // the host measured one; else its messages as a flat exchange's.
+        let ring_step = kernels.gather_step_s.filter(|_| ends_in_ring_gather(spec, p, spec.path));
         for (i, ph) in phs.iter().enumerate() {
             let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
             let mut link = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
@@ -1041,11 +1050,8 @@ impl Cluster {
                 (false, true) => (p as f64 / per_node.max(1) as f64).ceil() - 1.0,
                 (false, false) => 0.0,
             };
-            // Through the hook on gloo the last phase is gloo's ring
-            // all-gather ([`phases_on`]): P−1 steps, each its measured cost.
-            let ring_gather = spec.path == SyncPath::Host && i == last && spec.scheme != SyncScheme::Fp32 && p > 1;
-            let messages = match (ring_gather, kernels.gather_step_s) {
-                (true, Some(step)) => (p as f64 - 1.0) * step,
+            let messages = match ring_step {
+                Some(step) if i + 1 == phs.len() => (p as f64 - 1.0) * step,
                 _ => kernels.messages(pieces * peers),
             };
             let cpu = if tcp { (kernels.tcp(ph.intra_node + ph.inter_node) + messages) * share * 1e6 } else { 0.0 };

@@ -94,7 +94,7 @@ class QSyncHook:
             last_bucket = "call" if _node_shares_cores() else "worker"
         self.last_bucket = last_bucket  # where a CPU step's last bucket synchronizes
         self._queued = None  # the worker's last task (its buckets run in order before the last bucket's)
-        self._failed = None  # the first failed synchronization, if any
+        self._failed = None  # a failed synchronization of this step, if any (read by the last bucket)
         self._base = {}
         self._pinned = {}  # bucket index -> pinned host staging buffer (CUDA buckets)
         self._staging_s = 0.0
@@ -170,13 +170,14 @@ class QSyncHook:
                 if self._queued is not None:
                     self._queued.result()
                     self._queued = None
-                if self._failed is not None:
+                failed, self._failed = self._failed, None  # this step's, if any
+                if failed is not None:
                     # An earlier bucket's synchronization failed (its future
                     # carries why): the ranks' collectives no longer line
                     # up, so this one would only wait out its own deadline.
                     fut.set_exception(RuntimeError(
                         f"rank {self.rank}: bucket {index} not synchronized: an earlier bucket's synchronization "
-                        f"failed ({self._failed})"))
+                        f"failed ({failed})"))
                     return fut
                 run()
                 return fut
