@@ -196,7 +196,15 @@ fn ddp_resnet18_qsync_plan_fp16_layers() {
     let steps = "2";
     let base = train(&["--model", "resnet18", "--batch", "8", "--steps", steps, "--schemes", "ddp"]);
     assert_identical(&base);
-    let schemes = "fp32,fp16,qgz-int8,qgz-int4-hier,nbit-4-sr,nbit-4";
+    // A step of FP16 convolutions takes this CPU about 9 s whatever the
+    // scheme, so the schemes here are those whose path differs from the
+    // transformer test's (the hierarchical form, stochastic rounding over a
+    // 25 MB bucket) beside fp32 and fp16; every scheme trains the
+    // transformer above. (n-bit 4 with round-to-nearest, biased by
+    // construction over one range for the whole bucket, was 6.9% off FP32
+    // DDP on an AMD EPYC and 21.4% on an Intel Xeon here: it is checked on
+    // the transformer, 2%.)
+    let schemes = "fp32,fp16,qgz-int4-hier,nbit-4-sr";
     let recs = train(&["--model", "resnet18", "--plan", d, "--steps", steps, "--schemes", schemes]);
     assert_identical(&recs);
     let first = &recs[0];
@@ -207,17 +215,6 @@ fn ddp_resnet18_qsync_plan_fp16_layers() {
         let r = last_of(&recs, s);
         let l = loss(r);
         assert!(l.is_finite(), "{s}: loss {l}");
-        if s == "nbit-4" {
-            // Round-to-nearest over one min/max range for a whole 25 MB
-            // bucket is biased by construction: every near-zero element
-            // lands on the grid point nearest zero, which is not zero, so
-            // its loss after 2 steps depends on where zero falls in the
-            // grid. Measured with the same code: 6.9% off FP32 DDP on an
-            // AMD EPYC, 21.4% on an Intel Xeon (AVX-512). Its accuracy is
-            // checked where the ranges are tighter (the transformer test,
-            // 2%); here it must train (finite, ranks identical).
-            continue;
-        }
         let rel = (l - reference).abs() / reference;
         // Stated tolerances after 2 steps against FP32 DDP: 5% for FP16
         // layers with fp32/fp16/qgZ sync; 10% for 4-bit n-bit packing with
