@@ -5,8 +5,9 @@ bucket's synchronization through the hook's machinery apart from DDP
 collectives) next to `qsyncc simulate --gradient` for that bucket, and the
 last bucket of a DDP step timed per rank (`last_bucket.py`: in the hook call
 against handed to the worker). Root; run after `scripts/validate.sh
-iterations`, whose host description (`--from`: its `host-kernels-gloo.json`
-and `cpu.json`) it predicts with.
+iterations` (or `scripts/validate/iterations.py --host-only`, which
+measures only that), whose host description (`--from`: its
+`host-kernels-gloo.json` and `cpu.json`) it predicts with.
 
     python3 scripts/validate/hook_paths.py --qsyncc target/release/qsyncc --from target/validate \\
         [--rate 10gbit] [--schemes fp16,qgz-int8,nbit-2] [--elements 118000] [--ranks-per-node 2]
@@ -79,13 +80,15 @@ def main():
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     print(f"\n{a.rate}, 2 nodes x {k} ranks, a bucket of {a.elements} elements (ms):")
-    print("| scheme | training thread | predicted | DDP: after the slowest compute, in the call "
+    print("| scheme | training thread | its all-gather as gloo's ring | predicted "
+          "| DDP: after the slowest compute, in the call "
           "| handed to the worker | backward, in the call | handed to the worker | no-sync backward |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         s = r["scheme"]
         h, w, n = ddp[(s, "hook")], ddp[(s, "worker")], ddp[(s, "no-sync")]
-        print(f"| {s} | {r['direct_s'] * 1e3:.2f} | {r['predicted_s'] * 1e3:.2f} "
+        ring = f"{r['direct_ring_s'] * 1e3:.2f}" if "direct_ring_s" in r else "(the ring)"
+        print(f"| {s} | {r['direct_s'] * 1e3:.2f} | {ring} | {r['predicted_s'] * 1e3:.2f} "
               f"| {h['after_slowest_ms']:.2f} | {w['after_slowest_ms']:.2f} | {h['backward_ms']:.2f} "
               f"| {w['backward_ms']:.2f} | {n['backward_ms']:.2f} |")
 

@@ -9,8 +9,13 @@ For each scheme of `--schemes`, a gradient of `--elements` f32 elements:
   TorchTransport, gloo) called on the training thread;
 - `phases`: the runtime's phases per call (quantize, exchange, wait,
   dequantize);
+- `direct_ring_s`: the same with the transport's all-gather forced to
+  gloo's ring (`TorchTransport.flat_gather = False`), where `direct_s`'s
+  transport chose the all-to-all (`flat`: a group of 2, or one rank a
+  node); else absent;
 - bare collectives through the same transport: an all-gather of 8 bytes a
-  rank and an all-to-all of 8 bytes a peer (`gather8_s`, `a2a8_s`).
+  rank, gloo's ring and as an all-to-all, and an all-to-all of 8 bytes a
+  peer (`gather8_s`, `gather8_flat_s`, `a2a8_s`).
 
 Rank 0 prints one JSON line per scheme: the slowest rank's median of
 `--reps` calls of each.
@@ -57,8 +62,13 @@ def main():
                 times.append(time.perf_counter() - t)
         return slowest_median(times)
 
+    def gather8(flat):
+        tr.flat_gather = flat
+        return timed(lambda: tr.all_gather(bytearray(8), 60.0), a.reps)
+
     bare = {
-        "gather8_s": timed(lambda: tr.all_gather(bytearray(8), 60.0), a.reps),
+        "gather8_s": gather8(False),
+        "gather8_flat_s": gather8(True),
         "a2a8_s": timed(lambda: tr.all_to_all_v(bytearray(8 * tr.size), [8] * tr.size, [8] * tr.size, 60.0), a.reps),
     }
     for name in a.schemes.split(","):
@@ -68,9 +78,15 @@ def main():
         hook.reset_phases()
         direct = timed(lambda: sync.all_reduce_mean(work), a.reps)
         phases = {k: v / (a.reps + 3) for k, v in hook.phases().items()}
+        flat = hook._transport()._gathers_flat()
+        more = {}
+        if flat:
+            hook._transport().flat_gather = False
+            more["direct_ring_s"] = timed(lambda: sync.all_reduce_mean(work), a.reps)
+            hook._transport().flat_gather = None
         if rank == 0:
             print(json.dumps({"scheme": name, "ranks": tr.size, "elements": a.elements, "reps": a.reps,
-                              "direct_s": direct, "phases": phases, **bare}), flush=True)
+                              "direct_s": direct, "flat": flat, **more, "phases": phases, **bare}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -240,6 +240,9 @@ def main():
     ap.add_argument("--subnet", default="10.88.8")
     ap.add_argument("--repredict", action="store_true",
                     help="predict the rows of OUT/iterations.jsonl again, without measuring")
+    ap.add_argument("--host-only", action="store_true",
+                    help="measure the host's description (the kernels, the transport, cpu.json) and stop: "
+                         "what hook_paths.py predicts with")
     a = ap.parse_args()
     if a.repredict:
         return repredict(a)
@@ -259,6 +262,8 @@ def main():
     # cluster file's host_cores_per_node says how many ranks share a core.
     sh([a.python, os.path.join(ROOT, "scripts", "cpu", "device.py"), cpu, "--name", "cpu"],
        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if a.host_only:
+        return
     # Each model exported to ONNX as train_ddp.py's `plan` exports it.
     onnx = {}
     export = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import train_ddp as t; "

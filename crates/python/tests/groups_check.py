@@ -8,6 +8,10 @@ Python threads synchronizing forked `GradSync` siblings at the same time
 (each its own buffer, in opposite orders on different ranks) get the exact
 results, as if each ran alone: the siblings' traffic never meets.
 
+`threads` also checks the transport's all-gather: gloo's ring and the flat
+form (an all-to-all, what a group of 2 uses) give every rank the same
+blocks in rank order, on the group of every rank and on a pair.
+
 `uneven`: two torchrun agents of 2 and 1 ranks (nodes of different sizes).
 `comm_hook` with a hierarchical scheme takes the node of every rank from the
 launcher ([0, 0, 1], not `rank / (world / nodes)`), DDP replicas stay
@@ -88,7 +92,25 @@ def threads():
                 tol = 0.0 if scheme == "fp32" else 0.02 * abs(exact)
                 assert err <= tol, f"{scheme} thread {which} step {k}: error {err} vs exact {exact} (tol {tol})"
             same_on_every_rank(digest(np.stack(results[which])), f"{scheme} thread {which}")
+    gathers(t)
     print(f"OK threads rank {rank}", flush=True)
+
+
+def gathers(t):
+    """`TorchTransport.all_gather` in both forms, on `t` and on a pair."""
+    rank = dist.get_rank()
+    pair = t.split(min(rank, 1), rank, 30.0)  # {0} and {1, 2}: every rank calls split
+    for tr in (t, pair):
+        auto = tr._gathers_flat()
+        assert auto == (tr.size == 2 or os.environ.get("LOCAL_WORLD_SIZE") == "1"), (tr.size, auto)
+        for flat in (None, True, False):
+            tr.flat_gather = flat
+            for n in (1, 9, 70_001):
+                block = lambda r: bytes((r * 37 + i) % 251 for i in range(n))
+                got = bytes(tr.all_gather(bytearray(block(tr.members[tr.rank])), 30.0))
+                want = b"".join(block(m) for m in tr.members)
+                assert got == want, f"all_gather of {n} bytes a rank over {tr.members}, flat_gather={flat}"
+        tr.flat_gather = None
 
 
 class _Plan:

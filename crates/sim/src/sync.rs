@@ -783,10 +783,12 @@ pub fn phases(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64) -> Vec<PhaseBy
 /// pieces along each ring edge, and a node-major ring crosses each node's
 /// NIC once each way — `(P−1)·piece` per node instead of the flat
 /// exchange's `L·(P−L)·piece`. Bytes are per device, averaged over the
-/// node's devices (`(P−1)·piece/L` across, the rest inside).
+/// node's devices (`(P−1)·piece/L` across, the rest inside). On CPU
+/// tensors between 2 devices, or with one device a node, the hook gathers
+/// with an all-to-all instead, which moves the same bytes as the ring there.
 pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncPath) -> Vec<PhaseBytes> {
     let mut v = phases(spec, bytes, p, per_node);
-    if !ends_in_ring_gather(spec, p, path) {
+    if !ends_in_ring_gather(spec, p, per_node, path) {
         return v;
     }
     let l = per_node.clamp(1, p) as f64;
@@ -799,11 +801,15 @@ pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncP
     v
 }
 
-/// Whether the last phase of `spec` over `p` devices on `path` is the
-/// transport's ring all-gather (the DDP hook's gloo or NCCL) rather than a
-/// flat exchange ([`phases_on`]).
-fn ends_in_ring_gather(spec: &SyncSpec, p: u64, path: SyncPath) -> bool {
-    path != SyncPath::Mpi && p > 1 && spec.scheme != SyncScheme::Fp32
+/// Whether the last phase of `spec` over `p` devices, `per_node` to a node,
+/// on `path` is the transport's ring all-gather (the DDP hook's gloo or
+/// NCCL) rather than a flat exchange ([`phases_on`]). On CPU tensors the
+/// hook's transport gathers with an all-to-all where that moves no more
+/// bytes across nodes than the ring: between 2 devices, or with one device
+/// a node (`TorchTransport._gathers_flat`).
+fn ends_in_ring_gather(spec: &SyncSpec, p: u64, per_node: u64, path: SyncPath) -> bool {
+    let flat = path == SyncPath::Host && (p == 2 || per_node <= 1);
+    path != SyncPath::Mpi && p > 1 && spec.scheme != SyncScheme::Fp32 && !flat
 }
 
 /// Elements of a shard's piece in the runtime's pipelined schemes (its
@@ -1031,7 +1037,7 @@ impl Cluster {
         let phs = phases_on(spec, bytes as f64, p, per_node, spec.path);
         // The ring all-gather's P−1 steps, each at its measured cost, where
         // the host measured one; else its messages as a flat exchange's.
-        let ring_step = kernels.gather_step_s.filter(|_| ends_in_ring_gather(spec, p, spec.path));
+        let ring_step = kernels.gather_step_s.filter(|_| ends_in_ring_gather(spec, p, per_node, spec.path));
         for (i, ph) in phs.iter().enumerate() {
             let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
             let mut link = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
@@ -1295,6 +1301,34 @@ mod tests {
         let fp16 = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Host);
         let b = c.sync_breakdown(0, 16_000, &fp16);
         assert!((b.transport_cpu_us - (600.0 + 6000.0)).abs() < 1e-6, "{b:?}");
+    }
+
+    #[test]
+    fn the_hooks_gather_is_flat_where_it_moves_no_more_bytes() {
+        // As the test above, with 100 µs a message and 1 ms a ring step, on
+        // a core a node. 4 nodes × 1 device: the hook's transport gathers
+        // with an all-to-all (one device a node), n-bit 2 pays 3 peers'
+        // messages, 3 · 100 µs, not 3 ring steps; and its bytes are the
+        // flat exchange's, which here are the ring's. 2 devices on one node
+        // (share 2): 1 peer · 100 µs · 2. Over NCCL (the staged path) the
+        // all-gather stays the ring: 3 steps of 1 ms.
+        let k = SyncKernels { message_s: Some(1e-4), gather_step_s: Some(1e-3), ..free_kernels() };
+        let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512).with_path(SyncPath::Host);
+        let ty = |n, per_node| {
+            DeviceType::new("cpu", n, per_node, 1)
+                .with_bandwidth(100.0, 800.0)
+                .with_host(k, 10.0)
+                .with_host_cores(Some(1))
+        };
+        let alone = Cluster::new(vec![ty(4, 1)]);
+        let b = alone.sync_breakdown(0, 16_000, &nbit);
+        assert!((b.transport_cpu_us - 300.0).abs() < 1e-6, "{b:?}");
+        assert_eq!(phases_on(&nbit, 16_000.0, 4, 1, SyncPath::Host), phases(&nbit, 16_000.0, 4, 1));
+        let pair = Cluster::new(vec![ty(2, 2)]);
+        let b = pair.sync_breakdown(0, 16_000, &nbit);
+        assert!((b.transport_cpu_us - 200.0).abs() < 1e-6, "{b:?}");
+        let staged = alone.sync_breakdown(0, 16_000, &nbit.with_path(SyncPath::HostStaged));
+        assert!(staged.transport_cpu_us == 0.0 && ends_in_ring_gather(&nbit, 4, 1, SyncPath::HostStaged));
     }
 
     #[test]
