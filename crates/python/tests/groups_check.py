@@ -15,7 +15,8 @@ blocks in rank order, on the group of every rank and on a pair.
 `uneven`: two torchrun agents of 2 and 1 ranks (nodes of different sizes).
 `comm_hook` with a hierarchical scheme takes the node of every rank from the
 launcher ([0, 0, 1], not `rank / (world / nodes)`), DDP replicas stay
-bitwise identical and track plain FP32 DDP; the node map of a plan follows
+bitwise identical and track plain FP32 DDP (every rank takes the same form
+of the transport's all-gather, though its node's size differs); the node map of a plan follows
 its device types (`a100:4,t4:8` is a node of 4 and a node of 8).
 
 Prints `OK <mode>` on every rank that passed; any failure raises.
@@ -102,7 +103,8 @@ def gathers(t):
     pair = t.split(min(rank, 1), rank, 30.0)  # {0} and {1, 2}: every rank calls split
     for tr in (t, pair):
         auto = tr._gathers_flat()
-        assert auto == (tr.size == 2 or os.environ.get("LOCAL_WORLD_SIZE") == "1"), (tr.size, auto)
+        alone = os.environ.get("GROUP_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+        assert auto == (tr.size == 2 or alone), (tr.size, auto)
         for flat in (None, True, False):
             tr.flat_gather = flat
             for n in (1, 9, 70_001):

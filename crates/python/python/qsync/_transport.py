@@ -112,8 +112,12 @@ class TorchTransport:
     def _gathers_flat(self) -> bool:
         """Whether `all_gather` runs as an all-to-all (`flat_gather`; `None`:
         where that moves no more bytes across nodes than gloo's ring: a
-        group of 2, or every rank of the job alone on its node, as torchrun's
-        `LOCAL_WORLD_SIZE=1` says).
+        group of 2, or every rank of the job alone on its node, as torchrun
+        says with as many agents as ranks, `GROUP_WORLD_SIZE` =
+        `WORLD_SIZE`). Every rank of the group must decide alike, or one
+        would wait in an all-gather its peers never join: hence the
+        job-wide variables, not the node's own `LOCAL_WORLD_SIZE`, which
+        differs between nodes of different sizes.
 
         gloo's all-gather is a ring of `P−1` steps, each a round trip
         through its pair of ranks; its all-to-all sends every block at once.
@@ -125,7 +129,8 @@ class TorchTransport:
         against `L·(P−L)`), so there the ring stays."""
         if self.flat_gather is not None:
             return self.flat_gather
-        return self.size == 2 or os.environ.get("LOCAL_WORLD_SIZE") == "1"
+        nodes, world = os.environ.get("GROUP_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+        return self.size == 2 or (nodes is not None and nodes == world)
 
     def all_to_all_v(self, send, send_counts, recv_counts, timeout_s: float):
         x = self._view(send)
