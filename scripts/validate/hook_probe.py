@@ -78,12 +78,13 @@ def main():
         hook.reset_phases()
         direct = timed(lambda: sync.all_reduce_mean(work), a.reps)
         phases = {k: v / (a.reps + 3) for k, v in hook.phases().items()}
-        flat = hook._transport()._gathers_flat()
+        transport = hook._transport()
+        flat = transport._gathers_flat()
         more = {}
         if flat:
-            hook._transport().flat_gather = False
+            transport.flat_gather = False
             more["direct_ring_s"] = timed(lambda: sync.all_reduce_mean(work), a.reps)
-            hook._transport().flat_gather = None
+            transport.flat_gather = None
         if rank == 0:
             print(json.dumps({"scheme": name, "ranks": tr.size, "elements": a.elements, "reps": a.reps,
                               "direct_s": direct, "flat": flat, **more, "phases": phases, **bare}), flush=True)

@@ -101,10 +101,9 @@ def gathers(t):
     """`TorchTransport.all_gather` in both forms, on `t` and on a pair."""
     rank = dist.get_rank()
     pair = t.split(min(rank, 1), rank, 30.0)  # {0} and {1, 2}: every rank calls split
-    for tr in (t, pair):
-        auto = tr._gathers_flat()
-        alone = os.environ.get("GROUP_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
-        assert auto == (tr.size == 2 or alone), (tr.size, auto)
+    # One torchrun agent of 3 ranks: only the pair {1, 2} gathers flat.
+    for tr, flat_by_layout in ((t, False), (pair, rank != 0)):
+        assert tr._gathers_flat() == flat_by_layout, (tr.members, tr._gathers_flat())
         for flat in (None, True, False):
             tr.flat_gather = flat
             for n in (1, 9, 70_001):

@@ -49,6 +49,8 @@ class TorchTransport:
         # `all_gather` as an all-to-all (True), gloo's ring (False), or
         # where it moves no more bytes (None, `_gathers_flat`).
         self.flat_gather = None
+        nodes, world = os.environ.get("GROUP_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+        self._flat_by_layout = self.size == 2 or (nodes is not None and nodes == world)
 
     # ---- plumbing -------------------------------------------------------
 
@@ -127,10 +129,7 @@ class TorchTransport:
         (docs/validation.md). With several ranks a node the ring crosses a
         node's link fewer times than the flat exchange (`(P−1)` blocks
         against `L·(P−L)`), so there the ring stays."""
-        if self.flat_gather is not None:
-            return self.flat_gather
-        nodes, world = os.environ.get("GROUP_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
-        return self.size == 2 or (nodes is not None and nodes == world)
+        return self._flat_by_layout if self.flat_gather is None else self.flat_gather
 
     def all_to_all_v(self, send, send_counts, recv_counts, timeout_s: float):
         x = self._view(send)
