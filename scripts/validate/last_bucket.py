@@ -13,7 +13,12 @@ future DDP waits on completed (`done`). Rank 0 prints one JSON line per
 variant: medians over rounds, the backward (the slowest rank's median, as
 `examples/train_ddp.py bench` reports it) and what the step took after the
 slowest rank's compute (`after_slowest_ms`: per round, the slowest rank's
-backward minus the latest hook call).
+backward minus the latest hook call). On one clock for every rank
+(`perf_counter` is `CLOCK_MONOTONIC`, shared by the processes of this
+machine, emulated nodes included): how far apart the ranks left the
+barrier that starts each backward (`skew_ms`), the step's end after the
+latest hook call (`after_latest_call_ms`) and the runtime's call from the
+last rank's start to the last rank's end (`sync_ms`).
 
     torchrun ... scripts/validate/last_bucket.py --scheme fp16 [--model transformer] [--reps 30]
 """
@@ -101,7 +106,9 @@ def main():
             t0 = time.perf_counter()
             loss.backward()
             t1 = time.perf_counter()
-        return {"wall": t1 - t0, **{k: v - t0 for k, v in marks.items()}}
+        # perf_counter is CLOCK_MONOTONIC, one clock for every process of
+        # this machine (the emulated nodes included): `t0` lines ranks up.
+        return {"wall": t1 - t0, "t0": t0, **{k: v - t0 for k, v in marks.items()}}
 
     for name in ddps:
         for _ in range(2):
@@ -118,7 +125,14 @@ def main():
             rounds = [[every[r][name][i] for r in range(world)] for i in range(a.reps)]
             out = {"scheme": a.scheme, "model": a.model, "variant": name, "ranks": world,
                    "backward_ms": max(med(every[r][name][i]["wall"] for i in range(a.reps)) for r in range(world)) * 1e3}
+            # how far apart the ranks left the barrier that starts a backward
+            out["skew_ms"] = med(max(x["t0"] for x in rd) - min(x["t0"] for x in rd) for rd in rounds) * 1e3
             if name != "no-sync":
+                # the step's end after the latest hook call, on the one clock
+                out["after_latest_call_ms"] = med(max(x["t0"] + x["wall"] for x in rd) - max(x["t0"] + x["call"] for x in rd)
+                                                  for rd in rounds) * 1e3
+                out["sync_ms"] = med(max(x["t0"] + x["end"] for x in rd) - max(x["t0"] + x["start"] for x in rd)
+                                     for rd in rounds) * 1e3
                 for key in ("call", "start", "end", "done"):
                     out[f"{key}_ms"] = [round(med(every[r][name][i][key] for i in range(a.reps)) * 1e3, 3)
                                         for r in range(world)]
