@@ -13,7 +13,8 @@ future DDP waits on completed (`done`). Rank 0 prints one JSON line per
 variant: medians over rounds, the backward (the slowest rank's median, as
 `examples/train_ddp.py bench` reports it) and what the step took after the
 slowest rank's compute (`after_slowest_ms`: per round, the slowest rank's
-backward minus the latest hook call). On one clock for every rank
+backward minus the latest hook call, each from its own rank's barrier
+exit, so it carries how far apart the ranks left the barrier). On one clock for every rank
 (`perf_counter` is `CLOCK_MONOTONIC`, shared by the processes of this
 machine, emulated nodes included): how far apart the ranks left the
 barrier that starts each backward (`skew_ms`), the step's end after the

@@ -72,20 +72,17 @@ def main():
         return rank_main(a)
     sys.path.insert(0, HERE)
     from iterations import NETCLUSTER, torchrun_nodes
-    from sync import TCP_PAYLOAD_SHARE, parse_rate
+    from sync import TCP_PAYLOAD_SHARE, parse_rate, sh
 
     nodes, k = 2, 2
     cores = max(1, (os.cpu_count() or 1) // nodes)
     ns = [f"{a.prefix}{i}" for i in range(nodes)]
     addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
     subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix], capture_output=True)
-    subprocess.run(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", a.rate, "--prefix", a.prefix,
-                    "--subnet", a.subnet], check=True)
+    sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", a.rate, "--prefix", a.prefix, "--subnet", a.subnet])
 
     def counted():
-        out = subprocess.run(["bash", NETCLUSTER, "stats", "--prefix", a.prefix, "--json"], capture_output=True,
-                             text=True, check=True).stdout
-        return json.loads(out)["nodes"][0]
+        return json.loads(sh(["bash", NETCLUSTER, "stats", "--prefix", a.prefix, "--json"]).stdout)["nodes"][0]
 
     try:
         before = counted()
@@ -106,9 +103,10 @@ def main():
               "gloo_all_reduce_s": 2 * (p - 1) * s / p}
     rate = parse_rate(a.rate) * 1e9 / 8 * TCP_PAYLOAD_SHARE
     for key, b in across.items():
-        r[key.replace("_s", "_link_bytes")] = b
-        r[key.replace("_s", "_link_s")] = b / rate
-        r[key.replace("_s", "_vs_link")] = r[key] / (b / rate)
+        name = key.removesuffix("_s")
+        r[f"{name}_link_bytes"] = b
+        r[f"{name}_link_s"] = b / rate
+        r[f"{name}_vs_link"] = r[key] / (b / rate)
     r["node0_tx_bytes_counted"] = after["tx_bytes"] - before["tx_bytes"]
     r["node0_tx_bytes_expected"] = sum(across.values()) * (a.reps + 1)
     r["rate"] = a.rate
