@@ -19,6 +19,9 @@
 # Both ends of each node's link are shaped (the node's egress inside its
 # namespace, the bridge-side veth's egress towards the node), so a node's
 # upload and download are each limited to RATE, with D ms added each way.
+# Under the rate, packets under 256 bytes (ACKs, control messages) leave
+# before queued bulk data, as a host's fair queueing lets them
+# (NETCLUSTER_FIFO=1 at `up`: one FIFO, as before 2026-11-30).
 # Ranks of one node talk over the namespace's loopback (never the link);
 # ranks of different nodes only over the shaped links. `run --cpus-per-node
 # C` pins node i's ranks to CPUs [i·C, (i+1)·C) (taskset), so each emulated
@@ -117,15 +120,44 @@ shape() {
     "${where[@]}" ip link set dev "$dev" gso_max_size 32768 2>/dev/null && peak_mtu=65536
     peak=(peakrate "$((bps / 100 * 105))bit" mtu "$peak_mtu")
   fi
+  local tbf=1:
   if [ "${DELAY_MS:-0}" != 0 ]; then
     # netem holds packets for the delay; tbf below it sets the rate. The
     # netem queue must hold a full bandwidth-delay product.
     local limit=$(((bps / 8 * DELAY_MS / 1000) / 1500 + 1000))
     "${where[@]}" tc qdisc add dev "$dev" root handle 1: netem delay "${DELAY_MS}ms" limit "$limit"
     "${where[@]}" tc qdisc add dev "$dev" parent 1:1 handle 10: tbf rate "$RATE" burst "$burst" "${peak[@]}" latency 50ms
+    tbf=10:
   else
     "${where[@]}" tc qdisc add dev "$dev" root handle 1: tbf rate "$RATE" burst "$burst" "${peak[@]}" latency 50ms
   fi
+  [ "${NETCLUSTER_FIFO:-0}" = 1 ] || small_first "$dev" "$tbf" "$bps" "$burst" "${where[@]}"
+}
+
+# small_first DEV TBF BPS BURST [netns command...]: the queue under the
+# rate limiter TBF serves packets under 256 bytes (ACKs, gloo's and Open
+# MPI's control messages) before bulk data. tbf alone is one FIFO of up to
+# 50 ms: an ACK (or a "ready to receive") waits behind every other flow's
+# data, so a flow's round trip grows to the queue's depth (15-18 ms
+# measured with `ss` at 200 Mbit/s, 4 flows each way) and a flow left alone
+# at the end of an exchange, its window sized while it shared the link,
+# sends at 0.3-0.45 of the rate. A host's default queue (fq_codel) serves a
+# sparse flow's packets first and keeps a standing queue near 5 ms; this
+# kernel has neither fq_codel nor sfq, only htb, fifos and the u32
+# classifier. Measured (8 MiB a rank, 4 ranks, receives posted first, 8
+# runs): 345 ms median against 359 with one FIFO; the rate allows 351 at
+# the TCP payload share.
+small_first() {
+  local dev=$1 tbf=$2 bps=$3 burst=$4
+  shift 4
+  local where=("$@") fast=$((bps * 4))
+  "${where[@]}" tc qdisc add dev "$dev" parent "${tbf%:}:1" handle 2: htb default 20
+  "${where[@]}" tc class add dev "$dev" parent 2: classid 2:10 htb rate "${fast}bit" prio 0 quantum 60000
+  "${where[@]}" tc class add dev "$dev" parent 2: classid 2:20 htb rate "${fast}bit" prio 1 quantum 60000
+  "${where[@]}" tc qdisc add dev "$dev" parent 2:10 handle 210: pfifo limit 1000
+  "${where[@]}" tc qdisc add dev "$dev" parent 2:20 handle 220: bfifo limit $((bps / 8 / 20 + burst))
+  "${where[@]}" tc filter add dev "$dev" parent 2: protocol ip prio 1 u32 \
+    match u16 0x0000 0xff00 at 2 flowid 2:10
 }
 
 # Whether this kernel has the netem qdisc (some minimal kernels do not).

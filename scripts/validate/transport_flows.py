@@ -2,7 +2,9 @@
 """The hook's transport on a slow emulated link, collective by collective,
 against the link time of the bytes it moves: qsync's TorchTransport (gloo)
 all-to-all of `--bytes` a rank (every rank sending to every peer at once:
-a node's ranks keep 2·(P−L) flows a direction), its ring all-gather of
+a node's ranks keep 2·(P−L) flows a direction; every receive posted
+before any send), gloo's own all-to-all of the same bytes (a send and a
+receive a peer in turn, which the transport replaced), its ring all-gather of
 blocks of `--bytes`/P (one flow a direction at each step) and gloo's own
 ring all-reduce of `--bytes` (DDP's fp32), 2 nodes × 2 ranks under
 torchrun. Root; the interfaces' byte counters are read around the job.
@@ -48,8 +50,10 @@ def rank_main(a):
 
     s = a.bytes - a.bytes % (4 * p)
     send, block, x = bytearray(s), bytearray(s // p), torch.zeros(s // 4)
+    y, got = torch.zeros(s, dtype=torch.uint8), torch.empty(s, dtype=torch.uint8)
     out = {
         "all_to_all_s": timed(lambda: tr.all_to_all_v(send, [s // p] * p, [s // p] * p, 60.0)),
+        "gloo_all_to_all_s": timed(lambda: dist.all_to_all_single(got, y, group=tr.group)),
         "ring_all_gather_s": timed(lambda: tr.all_gather(block, 60.0)),
         "gloo_all_reduce_s": timed(lambda: dist.all_reduce(x)),
     }
@@ -99,7 +103,8 @@ def main():
     # blocks from each of its ranks to each remote peer; the node-major
     # ring's one block a step across each node boundary, P−1 steps (the
     # all-reduce: reduce-scatter and all-gather, 2(P−1)).
-    across = {"all_to_all_s": k * remote * s / p, "ring_all_gather_s": (p - 1) * s / p,
+    across = {"all_to_all_s": k * remote * s / p, "gloo_all_to_all_s": k * remote * s / p,
+              "ring_all_gather_s": (p - 1) * s / p,
               "gloo_all_reduce_s": 2 * (p - 1) * s / p}
     rate = parse_rate(a.rate) * 1e9 / 8 * TCP_PAYLOAD_SHARE
     for key, b in across.items():

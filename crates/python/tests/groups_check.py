@@ -94,6 +94,7 @@ def threads():
                 assert err <= tol, f"{scheme} thread {which} step {k}: error {err} vs exact {exact} (tol {tol})"
             same_on_every_rank(digest(np.stack(results[which])), f"{scheme} thread {which}")
     gathers(t)
+    exchanges(t)
     print(f"OK threads rank {rank}", flush=True)
 
 
@@ -112,6 +113,35 @@ def gathers(t):
                 want = b"".join(block(m) for m in tr.members)
                 assert got == want, f"all_gather of {n} bytes a rank over {tr.members}, flat_gather={flat}"
         tr.flat_gather = None
+
+
+def exchanges(t):
+    """`TorchTransport.all_to_all_v` with blocks of different sizes, some
+    empty (neither sent nor received), repeated on the same transport (its
+    kept output shrinks and grows); a rank that sends itself a block of
+    another size than it expects is refused before anything moves."""
+    rank, p = t.rank, t.size
+
+    def size(src, dst, k):  # bytes `src` sends `dst` in round `k`
+        return 0 if (src + 2 * dst + k) % 4 == 0 else ((src * 7 + dst * 13 + k * 5) % 9) * 4099 + 1
+
+    def block(src, dst, k):
+        return bytes((src * 31 + dst * 7 + k + i) % 251 for i in range(size(src, dst, k)))
+
+    for k in range(4):
+        send = bytearray(b"".join(block(rank, j, k) for j in range(p)))
+        got = bytes(t.all_to_all_v(send, [size(rank, j, k) for j in range(p)], [size(j, rank, k) for j in range(p)], 30.0))
+        want = b"".join(block(j, rank, k) for j in range(p))
+        assert got == want, f"all_to_all_v round {k} on rank {rank}"
+    wrong = [1] * p
+    wrong[rank] = 2  # every rank: refused before any receive is posted
+    try:
+        t.all_to_all_v(bytearray(p), [1] * p, wrong, 30.0)
+    except ValueError as e:
+        assert "sends itself 1 bytes but expects 2" in str(e), e
+    else:
+        raise AssertionError("a self block of the wrong size went unnoticed")
+    dist.barrier()
 
 
 class _Plan:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import time
 
 import numpy
 import torch
@@ -44,8 +45,8 @@ class TorchTransport:
         # World ranks of this group, in group-rank order.
         self.members = list(_members) if _members is not None else list(range(dist.get_world_size()))
         self._splits = {}
+        self._held = []  # the last exchange's works (`_exchange`)
         self._out = torch.empty(0, dtype=torch.uint8)  # kept output (module doc)
-        self._tiled = torch.empty(0, dtype=torch.uint8)  # kept input of a flat all-gather
         # `all_gather` as an all-to-all (True), gloo's ring (False), or
         # where it moves no more bytes (None, `_gathers_flat`).
         self.flat_gather = None
@@ -99,16 +100,11 @@ class TorchTransport:
         if n == 0:
             return b""
         if self._gathers_flat():
-            # Each block straight to every peer: an all-to-all whose input
-            # is the block once per rank (a kept buffer, as the output is).
-            if self._tiled.numel() < n * self.size:
-                self._tiled = torch.empty(n * self.size, dtype=torch.uint8)
-            tiled = self._tiled[: n * self.size]
-            tiled.view(self.size, n).copy_(x.expand(self.size, n))
-            work = dist.all_to_all_single(out, tiled, group=self.group, async_op=True)
+            # The block straight to every peer: an all-to-all whose every
+            # send is the same block.
+            self._exchange(lambda j: x, out, [n] * self.size, "all_gather", timeout_s)
         else:
-            work = dist.all_gather_into_tensor(out, x, group=self.group, async_op=True)
-        self._wait(work, "all_gather", timeout_s)
+            self._wait(dist.all_gather_into_tensor(out, x, group=self.group, async_op=True), "all_gather", timeout_s)
         return out.numpy()
 
     def _gathers_flat(self) -> bool:
@@ -134,16 +130,58 @@ class TorchTransport:
     def all_to_all_v(self, send, send_counts, recv_counts, timeout_s: float):
         x = self._view(send)
         out = self._output(sum(recv_counts))
-        work = dist.all_to_all_single(
-            out,
-            x,
-            output_split_sizes=list(recv_counts),
-            input_split_sizes=list(send_counts),
-            group=self.group,
-            async_op=True,
-        )
-        self._wait(work, "all_to_all", timeout_s)
+        if len(send_counts) != self.size or sum(send_counts) != x.numel():
+            raise ValueError(f"rank {dist.get_rank()}: all_to_all: {len(x)} bytes do not split as {list(send_counts)}")
+        at = [0]
+        for c in send_counts:
+            at.append(at[-1] + c)
+        self._exchange(lambda j: x[at[j] : at[j + 1]], out, list(recv_counts), "all_to_all", timeout_s)
         return out.numpy()
+
+    def _exchange(self, block, out, recv_counts, op, timeout_s):
+        """`block(j)` to rank `j` and rank `j`'s block into `out` (at its
+        offset in `recv_counts`), every receive posted before any send.
+
+        gloo's own all-to-all posts a send and a receive a peer, in turn,
+        and its TCP pairs send only into a receive the peer has announced.
+        A rank that meets an announced receive starts writing that block at
+        once, and its own announcement to the same peer queues behind the
+        block: the peer's data towards this rank waits until the block has
+        crossed. Across two emulated nodes at 200 Mbit/s (8 MiB a rank, 4
+        ranks) a node's link then stood idle for 60-260 ms of an exchange
+        that takes 351 ms at the rate, and the exchange took 1.12-1.33x
+        the link time; with every receive announced first it takes 0.98-1.0x
+        (docs/validation.md, `transport_flows.py`)."""
+        deadline = time.monotonic() + timeout_s
+        me, p = self.rank, self.size
+        at = [0]
+        for c in recv_counts:
+            at.append(at[-1] + c)
+        mine = block(me)
+        if mine.numel() != recv_counts[me]:
+            raise ValueError(f"rank {dist.get_rank()}: {op}: sends itself {mine.numel()} bytes but expects {recv_counts[me]}")
+        # Peers in the order gloo's all-to-all visits them: receive from
+        # rank - i while rank + i receives from this one. A peer's empty
+        # block is neither sent nor received (both ends know its size).
+        works = []
+        for i in range(1, p):
+            j = (me - i) % p
+            if recv_counts[j]:
+                works.append(dist.irecv(out[at[j] : at[j + 1]], group_src=j, group=self.group))
+        for i in range(1, p):
+            j = (me + i) % p
+            b = block(j)
+            if b.numel():
+                works.append(dist.isend(b, group_dst=j, group=self.group))
+        out[at[me] : at[me + 1]].copy_(mine)
+        for w in works:
+            self._wait(w, op, deadline - time.monotonic())
+        # The works live until the next exchange: freeing a gloo send or
+        # receive just after it completes waits for its pair's event loop
+        # to let go of the buffer, a thread wake-up on a core the node's
+        # other rank is using (1.7 ms of a 16 KiB exchange between 2 ranks
+        # on one core; 0.1 ms with the works kept).
+        self._held = works
 
     def all_reduce_f32(self, send, timeout_s: float):
         if not send:
