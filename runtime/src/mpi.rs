@@ -331,7 +331,16 @@ fn to_ints(op: &'static str, v: &[usize]) -> Result<Vec<c_int>, CommError> {
     v.iter().map(|&n| to_int(op, n)).collect()
 }
 
+/// How long a rank waits before it aborts the job. The ranks of a failed
+/// collective fail within moments of each other (its deadline passes for
+/// all of them), and once an abort is under way Open MPI may drop what the
+/// other ranks write: waiting lets each report its own operation first
+/// (an emulated link cut mid-job once lost rank 0's message, 1 run in 15).
+const REPORT_WINDOW: Duration = Duration::from_secs(2);
+
 fn abort_world(code: c_int) -> ! {
+    let _ = std::io::Write::flush(&mut std::io::stderr());
+    std::thread::sleep(REPORT_WINDOW);
     unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
     std::process::exit(code)
 }
