@@ -80,7 +80,7 @@ def main():
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     print(f"\n{a.rate}, 2 nodes x {k} ranks, a bucket of {a.elements} elements (ms):")
-    print("| scheme | training thread | its all-gather as gloo's ring | predicted "
+    print("| scheme | training thread | its all-gather the other way (ring / all-to-all) | predicted "
           "| DDP: after the slowest compute, in the call "
           "| handed to the worker | backward, in the call | handed to the worker | no-sync backward "
           "| ranks leave the barrier apart | in the call: runtime call, last start to last end |")
@@ -88,7 +88,8 @@ def main():
     for r in rows:
         s = r["scheme"]
         h, w, n = ddp[(s, "hook")], ddp[(s, "worker")], ddp[(s, "no-sync")]
-        ring = f"{r['direct_ring_s'] * 1e3:.2f}" if "direct_ring_s" in r else "(the ring)"
+        other = r.get("direct_ring_s", r.get("direct_flat_s"))
+        ring = "—" if other is None else f"{other * 1e3:.2f} ({'ring' if 'direct_ring_s' in r else 'all-to-all'})"
         print(f"| {s} | {r['direct_s'] * 1e3:.2f} | {ring} | {r['predicted_s'] * 1e3:.2f} "
               f"| {h['after_slowest_ms']:.2f} | {w['after_slowest_ms']:.2f} | {h['backward_ms']:.2f} "
               f"| {w['backward_ms']:.2f} | {n['backward_ms']:.2f} | {h['skew_ms']:.2f} | {h['sync_ms']:.2f} |")

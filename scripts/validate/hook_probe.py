@@ -12,7 +12,7 @@ For each scheme of `--schemes`, a gradient of `--elements` f32 elements:
 - `direct_ring_s`: the same with the transport's all-gather forced to
   gloo's ring (`TorchTransport.flat_gather = False`), where `direct_s`'s
   transport chose the all-to-all (`flat`: a group of 2, or one rank a
-  node); else absent;
+  node); else `direct_flat_s`, forced to the all-to-all;
 - bare collectives through the same transport: an all-gather of 8 bytes a
   rank, gloo's ring and as an all-to-all, and an all-to-all of 8 bytes a
   peer (`gather8_s`, `gather8_flat_s`, `a2a8_s`).
@@ -81,10 +81,11 @@ def main():
         transport = hook._transport()
         flat = transport._gathers_flat()
         more = {}
-        if flat:
-            transport.flat_gather = False
-            more["direct_ring_s"] = timed(lambda: sync.all_reduce_mean(work), a.reps)
-            transport.flat_gather = None
+        # The other all-gather, forced: gloo's ring where the transport
+        # chose the all-to-all, the all-to-all where it chose the ring.
+        transport.flat_gather = not flat
+        more["direct_ring_s" if flat else "direct_flat_s"] = timed(lambda: sync.all_reduce_mean(work), a.reps)
+        transport.flat_gather = None
         if rank == 0:
             print(json.dumps({"scheme": name, "ranks": tr.size, "elements": a.elements, "reps": a.reps,
                               "direct_s": direct, "flat": flat, **more, "phases": phases, **bare}), flush=True)
