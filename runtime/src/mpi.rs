@@ -331,16 +331,17 @@ fn to_ints(op: &'static str, v: &[usize]) -> Result<Vec<c_int>, CommError> {
     v.iter().map(|&n| to_int(op, n)).collect()
 }
 
-/// How long a rank waits before it aborts the job. The ranks of a failed
-/// collective fail within moments of each other (its deadline passes for
-/// all of them), and once an abort is under way Open MPI may drop what the
-/// other ranks write: waiting lets each report its own operation first
-/// (an emulated link cut mid-job once lost rank 0's message, 1 run in 15).
+/// How long a rank whose operation failed waits before it aborts the job
+/// ([`Communicator::abort`]). The ranks of a failed collective fail within
+/// moments of each other (its deadline passes for all of them), and once an
+/// abort is under way Open MPI may drop what the other ranks write: waiting
+/// lets each report its own operation first (an emulated link cut mid-job
+/// once lost rank 0's message, 1 run in 15). The panic hook and the
+/// watchdog abort at once: a panic is one rank's, and the watchdog has
+/// already waited [`WATCHDOG_GRACE`] past the deadline.
 const REPORT_WINDOW: Duration = Duration::from_secs(2);
 
 fn abort_world(code: c_int) -> ! {
-    let _ = std::io::Write::flush(&mut std::io::stderr());
-    std::thread::sleep(REPORT_WINDOW);
     unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
     std::process::exit(code)
 }
@@ -594,6 +595,7 @@ impl Communicator for MpiComm {
     }
 
     fn abort(&self, code: i32) -> ! {
+        std::thread::sleep(REPORT_WINDOW);
         abort_world(code)
     }
 }

@@ -21,6 +21,7 @@ holds its result until the next call on the same transport.
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import sys
 import time
@@ -132,9 +133,7 @@ class TorchTransport:
         out = self._output(sum(recv_counts))
         if len(send_counts) != self.size or sum(send_counts) != x.numel():
             raise ValueError(f"rank {dist.get_rank()}: all_to_all: {len(x)} bytes do not split as {list(send_counts)}")
-        at = [0]
-        for c in send_counts:
-            at.append(at[-1] + c)
+        at = list(itertools.accumulate(send_counts, initial=0))
         self._exchange(lambda j: x[at[j] : at[j + 1]], out, list(recv_counts), "all_to_all", timeout_s)
         return out.numpy()
 
@@ -154,9 +153,7 @@ class TorchTransport:
         (docs/validation.md, `transport_flows.py`)."""
         deadline = time.monotonic() + timeout_s
         me, p = self.rank, self.size
-        at = [0]
-        for c in recv_counts:
-            at.append(at[-1] + c)
+        at = list(itertools.accumulate(recv_counts, initial=0))
         mine = block(me)
         if mine.numel() != recv_counts[me]:
             raise ValueError(f"rank {dist.get_rank()}: {op}: sends itself {mine.numel()} bytes but expects {recv_counts[me]}")
