@@ -64,12 +64,15 @@ def main():
 
     def gather8(flat):
         tr.flat_gather = flat
-        return timed(lambda: tr.all_gather(bytearray(8), 60.0), a.reps)
+        return timed(lambda: tr.all_gather(bytearray(8), bytearray(8 * tr.size), [8] * tr.size, 60.0), a.reps)
 
     bare = {
         "gather8_s": gather8(False),
         "gather8_flat_s": gather8(True),
-        "a2a8_s": timed(lambda: tr.all_to_all_v(bytearray(8 * tr.size), [8] * tr.size, [8] * tr.size, 60.0), a.reps),
+        "a2a8_s": timed(
+            lambda: tr.all_to_all_v(bytearray(8 * tr.size), [8] * tr.size, bytearray(8 * tr.size), [8] * tr.size, 60.0),
+            a.reps,
+        ),
     }
     for name in a.schemes.split(","):
         hook = qsync.comm_hook(name).qsync

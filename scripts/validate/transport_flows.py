@@ -49,12 +49,12 @@ def rank_main(a):
         return m.item()
 
     s = a.bytes - a.bytes % (4 * p)
-    send, block, x = bytearray(s), bytearray(s // p), torch.zeros(s // 4)
+    send, recv, block, x = bytearray(s), bytearray(s), bytearray(s // p), torch.zeros(s // 4)
     y, got = torch.zeros(s, dtype=torch.uint8), torch.empty(s, dtype=torch.uint8)
     out = {
-        "all_to_all_s": timed(lambda: tr.all_to_all_v(send, [s // p] * p, [s // p] * p, 60.0)),
+        "all_to_all_s": timed(lambda: tr.all_to_all_v(send, [s // p] * p, recv, [s // p] * p, 60.0)),
         "gloo_all_to_all_s": timed(lambda: dist.all_to_all_single(got, y, group=tr.group)),
-        "ring_all_gather_s": timed(lambda: tr.all_gather(block, 60.0)),
+        "ring_all_gather_s": timed(lambda: tr.all_gather(block, recv, [s // p] * p, 60.0)),
         "gloo_all_reduce_s": timed(lambda: dist.all_reduce(x)),
     }
     if rank == 0:

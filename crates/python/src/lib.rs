@@ -300,11 +300,13 @@ fn nccl_unique_id() -> PyResult<String> {
 
 /// Seconds that `messages` all-to-alls of `bytes_per_peer` bytes to every
 /// rank take through `transport` as the runtime drives it (a collective:
-/// every rank calls it): each from a fresh send vector, started and waited
-/// on as a synchronization does, the received bytes copied into a fresh
-/// vector (`Communicator::start_all_to_all_v`). What a model of the hook's
-/// transport is fitted to (`scripts/validate/gloo_probe.py`); timing the
-/// Python transport alone would leave these copies out.
+/// every rank calls it): each from a fresh send vector into a fresh
+/// receive vector, which gloo reads and fills in place, started and waited
+/// on as a synchronization does (`Communicator::start_all_to_all_v`). What
+/// a model of the hook's transport is fitted to
+/// (`scripts/validate/gloo_probe.py`); timing the Python transport alone
+/// would leave out the fresh vectors' page faults and the calls' crossing
+/// into Python.
 #[pyfunction]
 #[pyo3(signature = (transport, bytes_per_peer, messages, timeout_s = 120.0))]
 fn transport_all_to_all_s(

@@ -4,13 +4,25 @@
 //! unchanged inside a PyTorch job.
 //!
 //! The Python object (`qsync._transport.TorchTransport`) provides byte
-//! collectives only: `all_gather`, `all_to_all_v`,
-//! `all_reduce_f32`, `broadcast`, `barrier`, `split`, `abort`, each taking
-//! the seconds left before the deadline as its last argument and raising
-//! `TimeoutError` when they run out, `ConnectionError` when a peer is gone.
-//! 16-bit sums are done here (an all-gather, then an f32 sum in rank order
-//! rounded once), the same arithmetic as the MPI backend, so no transport
-//! needs 16-bit reductions and every rank gets the same bits.
+//! collectives only: `all_gather(send, recv, counts)`,
+//! `all_to_all_v(send, send_counts, recv, recv_counts)`,
+//! `all_reduce_f32(buf)`, `broadcast(buf, root)`, `barrier()`,
+//! `split(color, key)`, `abort(code)`, each taking the seconds left before
+//! the deadline as its last argument and raising `TimeoutError` when they
+//! run out, `ConnectionError` when a peer is gone. Every buffer is a
+//! writable `memoryview` the transport fills or reads in place; it returns
+//! nothing but `split`'s new transport. 16-bit sums are done here (an
+//! all-gather, then an f32 sum in rank order rounded once), the same
+//! arithmetic as the MPI backend, so no transport needs 16-bit reductions
+//! and every rank gets the same bits.
+//!
+//! Where the runtime hands over its buffers ([`Communicator::start_all_to_all_v`],
+//! [`Communicator::start_all_gather_v`]: every synchronization scheme's
+//! exchanges), the transport reads and writes them in place, through
+//! `memoryview`s of the runtime's own memory: nothing is copied on either
+//! side. A call that fails leaks both buffers, as a [`Pending`] dropped
+//! unfinished does: the engine may still be moving their bytes. Calls on
+//! borrowed buffers go through two `bytearray`s kept here.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -22,7 +34,7 @@ use pyo3::types::{PyByteArray, PyFloat, PyList, PyMemoryView, PySlice, PyTuple};
 use qsync_kernels::reference::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use qsync_runtime::comm::{check_counts, check_gather_counts};
 use qsync_runtime::sync::{f32_bytes, f32_from_bytes, u16_bytes};
-use qsync_runtime::{CommError, Communicator, Deadline, ReduceBuf};
+use qsync_runtime::{CommError, Communicator, Deadline, Done, Pending, ReduceBuf};
 
 const BACKEND: &str = "torch.distributed";
 
@@ -34,12 +46,32 @@ pub struct PyTransport {
     size: usize,
     /// The first failure; every later call fails fast with it.
     poisoned: Mutex<Option<String>>,
-    /// The `bytearray` every call's send bytes are copied into, kept while
-    /// large enough: a fresh one a call would touch new pages, and a page
-    /// fault costs microseconds on a virtual machine (a 16 MiB all-to-all
-    /// through gloo took 37 ms with a fresh output tensor, 13 ms reusing
-    /// one; 4 ranks on 2 cores). It grows to the largest exchange.
+    /// The `bytearray`s a call on borrowed buffers sends from and receives
+    /// into, kept while large enough: a fresh one a call would touch new
+    /// pages, and a page fault costs microseconds on a virtual machine (a
+    /// 16 MiB all-to-all through gloo took 37 ms into a fresh buffer, 13 ms
+    /// reusing one; 4 ranks on 2 cores). They grow to the largest exchange.
     send: Mutex<Option<Py<PyByteArray>>>,
+    recv: Mutex<Option<Py<PyByteArray>>>,
+}
+
+/// A writable `memoryview` of `len` bytes at `ptr`, owned by the caller.
+///
+/// # Safety
+/// The memory must stay valid and unaliased while Python may read or write
+/// it: until the call it is passed to has completed (the transport's calls
+/// return only once their transfers have), or for ever where the call
+/// failed (the caller leaks it).
+#[allow(unsafe_code)]
+unsafe fn raw_view<'py>(py: Python<'py>, ptr: *mut u8, len: usize) -> PyResult<Bound<'py, PyAny>> {
+    let len = pyo3::ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| pyo3::exceptions::PyOverflowError::new_err(format!("a buffer of {len} bytes")))?;
+    // SAFETY: `ptr` points to `len` bytes valid for the view's use (above);
+    // the view does not own them.
+    unsafe {
+        let view = pyo3::ffi::PyMemoryView_FromMemory(ptr.cast(), len, pyo3::ffi::PyBUF_WRITE);
+        Bound::from_owned_ptr_or_err(py, view)
+    }
 }
 
 impl PyTransport {
@@ -50,32 +82,41 @@ impl PyTransport {
         if size == 0 || rank >= size {
             return Err(pyo3::exceptions::PyValueError::new_err(format!("transport says rank {rank} of {size} ranks")));
         }
-        Ok(PyTransport { obj: obj.clone().unbind(), rank, size, poisoned: Mutex::new(None), send: Mutex::new(None) })
+        Ok(PyTransport {
+            obj: obj.clone().unbind(),
+            rank,
+            size,
+            poisoned: Mutex::new(None),
+            send: Mutex::new(None),
+            recv: Mutex::new(None),
+        })
     }
 
-    /// `b` handed to the transport: copied into the kept `bytearray` (a new
-    /// one where it is too small) and passed as a writable `memoryview` of
-    /// its first `b.len()` bytes, which torch views without another copy.
-    /// The transport's calls are sequential and each is over (or the
-    /// communicator poisoned) before the next one writes here.
-    fn staged<'py>(&self, py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyAny>> {
-        let mut slot = self.send.lock().unwrap_or_else(|e| e.into_inner());
-        let kept = slot.as_ref().map(|a| a.bind(py).clone()).filter(|a| a.len() >= b.len());
-        let (buf, fresh) = match kept {
-            Some(a) => (a, false),
+    /// A writable `memoryview` of the first `n` bytes of the `bytearray`
+    /// kept in `slot` (a new, zeroed one where it is too small). The
+    /// transport's calls are sequential and each is over (or the
+    /// communicator poisoned) before the next one uses it.
+    fn kept<'py>(py: Python<'py>, slot: &Mutex<Option<Py<PyByteArray>>>, n: usize) -> PyResult<Bound<'py, PyAny>> {
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let buf = match slot.as_ref().map(|a| a.bind(py).clone()).filter(|a| a.len() >= n) {
+            Some(a) => a,
             None => {
-                let a = PyByteArray::new(py, b);
+                let a = PyByteArray::new_with(py, n, |_| Ok(()))?;
                 *slot = Some(a.clone().unbind());
-                (a, true)
+                a
             }
         };
-        let view = PyMemoryView::from(buf.as_any())?.get_item(PySlice::new(py, 0, b.len() as isize, 1))?;
-        if !fresh {
-            // Through the buffer protocol: Python views of the bytearray
-            // (a finished call's) see new contents in valid memory, as a
-            // bytearray with exports cannot be resized.
-            PyBuffer::<u8>::get(&view)?.copy_from_slice(py, b)?;
-        }
+        PyMemoryView::from(buf.as_any())?.get_item(PySlice::new(py, 0, n as isize, 1))
+    }
+
+    /// `b` copied into the kept send `bytearray`, as a view of its first
+    /// `b.len()` bytes, which torch views without another copy.
+    fn staged<'py>(&self, py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+        let view = Self::kept(py, &self.send, b.len())?;
+        // Through the buffer protocol: Python views of the bytearray (a
+        // finished call's) see new contents in valid memory, as a bytearray
+        // with exports cannot be resized.
+        PyBuffer::<u8>::get(&view)?.copy_from_slice(py, b)?;
         Ok(view)
     }
 
@@ -94,10 +135,18 @@ impl PyTransport {
         e
     }
 
-    /// Calls `method(*args, seconds_left)` on the transport.
-    fn call<F>(&self, op: &'static str, deadline: Deadline, method: &str, args: F) -> Result<Py<PyAny>, CommError>
+    /// Calls `method(*args, seconds_left)` on the transport; `args` builds
+    /// the arguments and may return a value the caller reads after the
+    /// call (the view its result was written to).
+    fn call<T, F>(
+        &self,
+        op: &'static str,
+        deadline: Deadline,
+        method: &str,
+        args: F,
+    ) -> Result<(Py<PyAny>, T), CommError>
     where
-        F: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>>,
+        F: for<'py> FnOnce(Python<'py>) -> PyResult<(Vec<Bound<'py, PyAny>>, T)>,
     {
         self.check()?;
         let left = deadline.at.saturating_duration_since(Instant::now());
@@ -105,11 +154,11 @@ impl PyTransport {
             return Err(self.poison(CommError::Timeout { op, rank: self.rank, timeout: deadline.budget }));
         }
         Python::attach(|py| {
-            let run = || -> PyResult<Py<PyAny>> {
-                let mut a = args(py)?;
+            let run = || -> PyResult<(Py<PyAny>, T)> {
+                let (mut a, keep) = args(py)?;
                 a.push(PyFloat::new(py, left.as_secs_f64()).into_any());
                 let tuple = PyTuple::new(py, a)?;
-                Ok(self.obj.bind(py).call_method1(method, tuple)?.unbind())
+                Ok((self.obj.bind(py).call_method1(method, tuple)?.unbind(), keep))
             };
             run().map_err(|e| self.comm_error(py, op, deadline, e))
         })
@@ -126,24 +175,69 @@ impl PyTransport {
         self.poison(err)
     }
 
-    /// Copies what a transport method returned — any contiguous buffer of
-    /// bytes: `bytes`, or a uint8 array viewing the received tensor — of
-    /// exactly `out.len()` bytes into `out`.
-    fn take_bytes(&self, op: &'static str, obj: Py<PyAny>, out: &mut [u8]) -> Result<(), CommError> {
+    /// Copies a kept view the transport filled into `out`.
+    fn read_back(&self, op: &'static str, view: Py<PyAny>, out: &mut [u8]) -> Result<(), CommError> {
         Python::attach(|py| {
-            let bad = |message: String| self.poison(CommError::Backend { backend: BACKEND, op, code: -1, message });
-            let buf = PyBuffer::<u8>::get(obj.bind(py)).map_err(|e| {
-                bad(format!("the transport returned something other than bytes or a byte buffer ({e})"))
-            })?;
-            if buf.item_count() != out.len() {
-                return Err(bad(format!(
-                    "the transport returned {} bytes, {} were expected",
-                    buf.item_count(),
-                    out.len()
-                )));
-            }
-            buf.copy_to_slice(py, out).map_err(|e| bad(format!("reading the returned buffer: {e}")))
+            PyBuffer::<u8>::get(view.bind(py)).and_then(|b| b.copy_to_slice(py, out)).map_err(|e| {
+                self.poison(CommError::Backend {
+                    backend: BACKEND,
+                    op,
+                    code: -1,
+                    message: format!("reading back: {e}"),
+                })
+            })
         })
+    }
+
+    /// An all-gather of borrowed buffers, through the kept `bytearray`s.
+    fn gather_kept(
+        &self,
+        op: &'static str,
+        send: &[u8],
+        recv: &mut [u8],
+        counts: &[usize],
+        d: Deadline,
+    ) -> Result<(), CommError> {
+        let (_, view) = self.call(op, d, "all_gather", |py| {
+            let r = Self::kept(py, &self.recv, recv.len())?;
+            Ok((vec![self.staged(py, send)?, r.clone(), ints(py, counts)?], r.unbind()))
+        })?;
+        self.read_back(op, view, recv)
+    }
+
+    /// `method` on the runtime's own buffers, in place (module doc): `send`
+    /// is read and a zeroed buffer of `recv_len` bytes filled, returned
+    /// once the call completed; where it failed both are leaked.
+    #[allow(unsafe_code)]
+    fn owned<F>(
+        &self,
+        op: &'static str,
+        d: Deadline,
+        method: &str,
+        send: Vec<u8>,
+        recv_len: usize,
+        extra: F,
+    ) -> Result<Vec<u8>, CommError>
+    where
+        F: for<'py> FnOnce(Python<'py>, Bound<'py, PyAny>, Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>>,
+    {
+        let mut send = std::mem::ManuallyDrop::new(send);
+        let mut recv = std::mem::ManuallyDrop::new(vec![0u8; recv_len]);
+        let (s, r) = ((send.as_mut_ptr(), send.len()), (recv.as_mut_ptr(), recv.len()));
+        let got = self.call(op, d, method, |py| {
+            // SAFETY: both vectors are neither read, moved nor freed until the
+            // call returns, and are leaked where it fails.
+            let (sv, rv) = unsafe { (raw_view(py, s.0, s.1)?, raw_view(py, r.0, r.1)?) };
+            Ok((extra(py, sv, rv)?, ()))
+        });
+        match got {
+            Ok(_) => {
+                drop(std::mem::ManuallyDrop::into_inner(send));
+                Ok(std::mem::ManuallyDrop::into_inner(recv))
+            }
+            // Leaked: a transfer the call gave up on may still use them.
+            Err(e) => Err(e),
+        }
     }
 
     /// Sums 16-bit values across ranks: all-gather, f32 sum in rank order,
@@ -156,8 +250,7 @@ impl PyTransport {
         deadline: Deadline,
     ) -> Result<(), CommError> {
         let send = u16_bytes(buf);
-        let mut all = vec![0u8; send.len() * self.size];
-        self.all_gather(&send, &mut all, deadline)?;
+        let all = self.start_all_gather_v(send, &vec![2 * buf.len(); self.size], deadline)?.wait(deadline)?;
         let n = buf.len();
         for (i, out) in buf.iter_mut().enumerate() {
             let mut acc = 0.0f32;
@@ -193,7 +286,7 @@ impl Communicator for PyTransport {
     }
 
     fn split(&self, color: usize, key: usize, deadline: Deadline) -> Result<Box<dyn Communicator>, CommError> {
-        let obj = self.call("split", deadline, "split", |py| Ok(vec![int(py, color)?, int(py, key)?]))?;
+        let (obj, ()) = self.call("split", deadline, "split", |py| Ok((vec![int(py, color)?, int(py, key)?], ())))?;
         Python::attach(|py| PyTransport::new(obj.bind(py))).map(|t| Box::new(t) as Box<dyn Communicator>).map_err(|e| {
             self.poison(CommError::Backend { backend: BACKEND, op: "split", code: -1, message: e.to_string() })
         })
@@ -206,8 +299,10 @@ impl Communicator for PyTransport {
                 detail: format!("{} send and {} recv bytes for {} ranks", send.len(), recv.len(), self.size),
             });
         }
-        let out = self.call("all_gather", deadline, "all_gather", |py| Ok(vec![self.staged(py, send)?]))?;
-        self.take_bytes("all_gather", out, recv)
+        if send.is_empty() {
+            return Ok(());
+        }
+        self.gather_kept("all_gather", send, recv, &vec![send.len(); self.size], deadline)
     }
 
     fn all_gather_v(
@@ -218,27 +313,10 @@ impl Communicator for PyTransport {
         deadline: Deadline,
     ) -> Result<(), CommError> {
         check_gather_counts("all_gather_v", counts, self.size, self.rank, send.len(), recv.len())?;
-        // An all-gather of equal slices, each rank's padded to the longest,
-        // then unpadded here (torch's gloo all-gather takes equal sizes).
-        let width = counts.iter().copied().max().unwrap_or(0);
-        if width == 0 {
+        if recv.is_empty() {
             return Ok(());
         }
-        if counts.iter().all(|&c| c == width) {
-            let out = self.call("all_gather_v", deadline, "all_gather", |py| Ok(vec![self.staged(py, send)?]))?;
-            return self.take_bytes("all_gather_v", out, recv);
-        }
-        let mut padded = send.to_vec();
-        padded.resize(width, 0);
-        let out = self.call("all_gather_v", deadline, "all_gather", |py| Ok(vec![self.staged(py, &padded)?]))?;
-        let mut all = vec![0u8; width * self.size];
-        self.take_bytes("all_gather_v", out, &mut all)?;
-        let mut at = 0;
-        for (r, &c) in counts.iter().enumerate() {
-            recv[at..at + c].copy_from_slice(&all[r * width..r * width + c]);
-            at += c;
-        }
-        Ok(())
+        self.gather_kept("all_gather_v", send, recv, counts, deadline)
     }
 
     fn all_to_all_v(
@@ -251,20 +329,57 @@ impl Communicator for PyTransport {
     ) -> Result<(), CommError> {
         check_counts("all_to_all_v", send_counts, self.size, send.len())?;
         check_counts("all_to_all_v", recv_counts, self.size, recv.len())?;
-        let out = self.call("all_to_all_v", deadline, "all_to_all_v", |py| {
-            Ok(vec![self.staged(py, send)?, ints(py, send_counts)?, ints(py, recv_counts)?])
+        let (_, view) = self.call("all_to_all_v", deadline, "all_to_all_v", |py| {
+            let r = Self::kept(py, &self.recv, recv.len())?;
+            Ok((vec![self.staged(py, send)?, ints(py, send_counts)?, r.clone(), ints(py, recv_counts)?], r.unbind()))
         })?;
-        self.take_bytes("all_to_all_v", out, recv)
+        self.read_back("all_to_all_v", view, recv)
+    }
+
+    fn start_all_to_all_v(
+        &self,
+        send: Vec<u8>,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        check_counts("all_to_all_v", send_counts, self.size, send.len())?;
+        let total = recv_counts.iter().sum();
+        check_counts("all_to_all_v", recv_counts, self.size, total)?;
+        let recv = self.owned("all_to_all_v", deadline, "all_to_all_v", send, total, |py, s, r| {
+            Ok(vec![s, ints(py, send_counts)?, r, ints(py, recv_counts)?])
+        })?;
+        Ok(Box::new(Done(recv)))
+    }
+
+    fn start_all_gather_v(
+        &self,
+        send: Vec<u8>,
+        counts: &[usize],
+        deadline: Deadline,
+    ) -> Result<Box<dyn Pending>, CommError> {
+        let total = counts.iter().sum();
+        check_gather_counts("all_gather_v", counts, self.size, self.rank, send.len(), total)?;
+        if total == 0 {
+            return Ok(Box::new(Done(Vec::new())));
+        }
+        let recv = self
+            .owned("all_gather_v", deadline, "all_gather", send, total, |py, s, r| Ok(vec![s, r, ints(py, counts)?]))?;
+        Ok(Box::new(Done(recv)))
     }
 
     fn all_reduce_sum(&self, buf: ReduceBuf<'_>, deadline: Deadline) -> Result<(), CommError> {
         match buf {
             ReduceBuf::F32(b) => {
-                let send = f32_bytes(b);
-                let mut out = vec![0u8; send.len()];
-                let got =
-                    self.call("all_reduce", deadline, "all_reduce_f32", |py| Ok(vec![self.staged(py, &send)?]))?;
-                self.take_bytes("all_reduce", got, &mut out)?;
+                if b.is_empty() {
+                    return Ok(());
+                }
+                let (_, view) = self.call("all_reduce", deadline, "all_reduce_f32", |py| {
+                    let v = self.staged(py, &f32_bytes(b))?;
+                    Ok((vec![v.clone()], v.unbind()))
+                })?;
+                let mut out = vec![0u8; 4 * b.len()];
+                self.read_back("all_reduce", view, &mut out)?;
                 b.copy_from_slice(&f32_from_bytes(&out));
                 Ok(())
             }
@@ -280,13 +395,18 @@ impl Communicator for PyTransport {
                 detail: format!("root {root} of {} ranks", self.size),
             });
         }
-        let got =
-            self.call("broadcast", deadline, "broadcast", |py| Ok(vec![self.staged(py, buf)?, int(py, root)?]))?;
-        self.take_bytes("broadcast", got, buf)
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let (_, view) = self.call("broadcast", deadline, "broadcast", |py| {
+            let v = self.staged(py, buf)?;
+            Ok((vec![v.clone(), int(py, root)?], v.unbind()))
+        })?;
+        self.read_back("broadcast", view, buf)
     }
 
     fn barrier(&self, deadline: Deadline) -> Result<(), CommError> {
-        self.call("barrier", deadline, "barrier", |_| Ok(Vec::new())).map(drop)
+        self.call("barrier", deadline, "barrier", |_| Ok((Vec::new(), ()))).map(drop)
     }
 
     fn abort(&self, code: i32) -> ! {

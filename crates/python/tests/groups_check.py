@@ -99,7 +99,9 @@ def threads():
 
 
 def gathers(t):
-    """`TorchTransport.all_gather` in both forms, on `t` and on a pair."""
+    """`TorchTransport.all_gather` in both forms, on `t` and on a pair, with
+    equal blocks and with uneven ones (some empty; gloo's ring pads them),
+    into a `bytearray` and into a `memoryview` of part of one."""
     rank = dist.get_rank()
     pair = t.split(min(rank, 1), rank, 30.0)  # {0} and {1, 2}: every rank calls split
     # One torchrun agent of 3 ranks: only the pair {1, 2} gathers flat.
@@ -107,19 +109,33 @@ def gathers(t):
         assert tr._gathers_flat() == flat_by_layout, (tr.members, tr._gathers_flat())
         for flat in (None, True, False):
             tr.flat_gather = flat
-            for n in (1, 9, 70_001):
-                block = lambda r: bytes((r * 37 + i) % 251 for i in range(n))
-                got = bytes(tr.all_gather(bytearray(block(tr.members[tr.rank])), 30.0))
+            for n in (1, 9, 70_001, None):
+                # `None`: rank r sends (r * 5003) % 7001 bytes (rank 0 none).
+                count = (lambda r: n) if n is not None else (lambda r: (r * 5003) % 7001)
+                counts = [count(m) for m in tr.members]
+                block = lambda r: bytes((r * 37 + i) % 251 for i in range(count(r)))
+                whole = bytearray(sum(counts) + 3)
+                recv = memoryview(whole)[1 : 1 + sum(counts)]
+                tr.all_gather(bytearray(block(tr.members[tr.rank])), recv, counts, 30.0)
                 want = b"".join(block(m) for m in tr.members)
-                assert got == want, f"all_gather of {n} bytes a rank over {tr.members}, flat_gather={flat}"
+                assert bytes(recv) == want, f"all_gather of {counts} bytes over {tr.members}, flat_gather={flat}"
+                assert whole[0] == 0 and whole[-2:] == b"\0\0", "all_gather wrote outside its buffer"
         tr.flat_gather = None
+    for bad, why in ((bytes(3 * t.size), "must be a bytearray or a writable memoryview"),
+                     (bytearray(3 * t.size + 1), "a result buffer of")):
+        try:
+            t.all_gather(bytearray(3), bad, [3] * t.size, 30.0)
+        except (TypeError, ValueError) as e:
+            assert why in str(e), e
+        else:
+            raise AssertionError(f"all_gather into {type(bad).__name__} of {len(bad)} bytes went unnoticed")
 
 
 def exchanges(t):
     """`TorchTransport.all_to_all_v` with blocks of different sizes, some
-    empty (neither sent nor received), repeated on the same transport (its
-    kept output shrinks and grows); a rank that sends itself a block of
-    another size than it expects is refused before anything moves."""
+    empty (neither sent nor received), repeated on the same transport; a
+    rank that sends itself a block of another size than it expects is
+    refused before anything moves."""
     rank, p = t.rank, t.size
 
     def size(src, dst, k):  # bytes `src` sends `dst` in round `k`
@@ -130,13 +146,14 @@ def exchanges(t):
 
     for k in range(4):
         send = bytearray(b"".join(block(rank, j, k) for j in range(p)))
-        got = bytes(t.all_to_all_v(send, [size(rank, j, k) for j in range(p)], [size(j, rank, k) for j in range(p)], 30.0))
+        recv = bytearray(sum(size(j, rank, k) for j in range(p)))
+        t.all_to_all_v(send, [size(rank, j, k) for j in range(p)], recv, [size(j, rank, k) for j in range(p)], 30.0)
         want = b"".join(block(j, rank, k) for j in range(p))
-        assert got == want, f"all_to_all_v round {k} on rank {rank}"
+        assert bytes(recv) == want, f"all_to_all_v round {k} on rank {rank}"
     wrong = [1] * p
     wrong[rank] = 2  # every rank: refused before any receive is posted
     try:
-        t.all_to_all_v(bytearray(p), [1] * p, wrong, 30.0)
+        t.all_to_all_v(bytearray(p), [1] * p, bytearray(p + 1), wrong, 30.0)
     except ValueError as e:
         assert "sends itself 1 bytes but expects 2" in str(e), e
     else:

@@ -7,15 +7,13 @@ deadline as its last argument; it raises `TimeoutError` when they run out and
 `ConnectionError` when the engine reports a lost peer, so the native side can
 tell a stalled job from a dead one.
 
-Bytes cross between the native side and torch without extra copies: the
-native side hands over a writable buffer (a `bytearray` or a `memoryview`
-of one; torch views it), and a collective returns a uint8 array viewing the
-tensor gloo filled (the native side reads it through the buffer protocol).
-Both sides keep their buffers from call to call, growing them to the
-largest exchange: a fresh buffer a call is page-faulted anew, which costs
-more than the copy (a 16 MiB all-to-all of 4 ranks on 2 cores: 37 ms into
-a fresh output tensor, 13 ms into a kept one). So what a collective returns
-holds its result until the next call on the same transport.
+Bytes cross between the native side and torch without copies: every
+collective takes writable buffers (a `bytearray`, or a `memoryview` the
+native side made of its own memory) that torch views, reads and fills in
+place; the collectives return nothing. Where the native side runs an
+exchange on its own buffers (every synchronization scheme's), no byte is
+copied on either side. The buffers must not be read or kept after a call:
+a `memoryview` of native memory is valid only until the call returns.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ import os
 import sys
 import time
 
-import numpy
 import torch
 import torch.distributed as dist
 
@@ -47,7 +44,7 @@ class TorchTransport:
         self.members = list(_members) if _members is not None else list(range(dist.get_world_size()))
         self._splits = {}
         self._held = []  # the last exchange's works (`_exchange`)
-        self._out = torch.empty(0, dtype=torch.uint8)  # kept output (module doc)
+        self._pad = torch.empty(0, dtype=torch.uint8)  # kept (`all_gather` of uneven blocks)
         # `all_gather` as an all-to-all (True), gloo's ring (False), or
         # where it moves no more bytes (None, `_gathers_flat`).
         self.flat_gather = None
@@ -85,28 +82,50 @@ class TorchTransport:
         writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
         return torch.frombuffer(data if writable else bytearray(data), dtype=dtype)
 
-    def _output(self, n: int) -> torch.Tensor:
-        """`n` bytes for a collective to fill: the kept output, grown when
-        too small (module doc)."""
-        if self._out.numel() < n:
-            self._out = torch.empty(n, dtype=torch.uint8)
-        return self._out[:n]
+    @staticmethod
+    def _target(data, op, n, dtype=torch.uint8) -> torch.Tensor:
+        """A view of the writable buffer `data` of `n` bytes, which a
+        collective fills."""
+        writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
+        if not writable:
+            raise TypeError(f"rank {dist.get_rank()}: {op}: the result buffer must be a bytearray or a writable memoryview")
+        if len(data) != n:
+            raise ValueError(f"rank {dist.get_rank()}: {op}: a result buffer of {len(data)} bytes for {n}")
+        return torch.frombuffer(data, dtype=dtype) if n else torch.empty(0, dtype=dtype)
 
     # ---- collectives ----------------------------------------------------
 
-    def all_gather(self, send, timeout_s: float):
+    def all_gather(self, send, recv, counts, timeout_s: float) -> None:
+        """Rank `r`'s block of `counts[r]` bytes (this rank's: `send`) into
+        `recv`, the blocks end to end in rank order."""
+        counts = list(counts)
         x = self._view(send)
-        n = len(send)
-        out = self._output(n * self.size)
-        if n == 0:
-            return b""
+        if len(counts) != self.size or x.numel() != counts[self.rank]:
+            raise ValueError(f"rank {dist.get_rank()}: all_gather: {x.numel()} bytes sent, counts say {counts}")
+        out = self._target(recv, "all_gather", sum(counts))
+        if out.numel() == 0:
+            return
         if self._gathers_flat():
             # The block straight to every peer: an all-to-all whose every
             # send is the same block.
-            self._exchange(lambda j: x, out, [n] * self.size, "all_gather", timeout_s)
-        else:
+            self._exchange(lambda j: x, out, counts, "all_gather", timeout_s)
+            return
+        width = max(counts)
+        if min(counts) == width:
             self._wait(dist.all_gather_into_tensor(out, x, group=self.group, async_op=True), "all_gather", timeout_s)
-        return out.numpy()
+            return
+        # gloo's ring takes equal blocks: each padded to the longest (this
+        # rank's in the kept scratch's first `width` bytes), then unpadded.
+        if self._pad.numel() < width * (self.size + 1):
+            self._pad = torch.empty(width * (self.size + 1), dtype=torch.uint8)
+        mine, gathered = self._pad[:width], self._pad[width : width * (self.size + 1)]
+        mine[: x.numel()].copy_(x)
+        mine[x.numel() :].zero_()
+        self._wait(dist.all_gather_into_tensor(gathered, mine, group=self.group, async_op=True), "all_gather", timeout_s)
+        at = 0
+        for r, c in enumerate(counts):
+            out[at : at + c].copy_(gathered[r * width : r * width + c])
+            at += c
 
     def _gathers_flat(self) -> bool:
         """Whether `all_gather` runs as an all-to-all (`flat_gather`; `None`:
@@ -128,14 +147,15 @@ class TorchTransport:
         against `L·(P−L)`), so there the ring stays."""
         return self._flat_by_layout if self.flat_gather is None else self.flat_gather
 
-    def all_to_all_v(self, send, send_counts, recv_counts, timeout_s: float):
+    def all_to_all_v(self, send, send_counts, recv, recv_counts, timeout_s: float) -> None:
+        """`send_counts[j]` bytes of `send` (end to end in rank order) to
+        rank `j`, and rank `j`'s `recv_counts[j]` bytes into `recv`."""
         x = self._view(send)
-        out = self._output(sum(recv_counts))
         if len(send_counts) != self.size or sum(send_counts) != x.numel():
-            raise ValueError(f"rank {dist.get_rank()}: all_to_all: {len(x)} bytes do not split as {list(send_counts)}")
+            raise ValueError(f"rank {dist.get_rank()}: all_to_all: {x.numel()} bytes do not split as {list(send_counts)}")
+        out = self._target(recv, "all_to_all", sum(recv_counts))
         at = list(itertools.accumulate(send_counts, initial=0))
         self._exchange(lambda j: x[at[j] : at[j + 1]], out, list(recv_counts), "all_to_all", timeout_s)
-        return out.numpy()
 
     def _exchange(self, block, out, recv_counts, op, timeout_s):
         """`block(j)` to rank `j` and rank `j`'s block into `out` (at its
@@ -180,19 +200,17 @@ class TorchTransport:
         # on one core; 0.1 ms with the works kept).
         self._held = works
 
-    def all_reduce_f32(self, send, timeout_s: float):
-        if not send:
-            return b""
-        x = self._view(send, torch.float32)
-        self._wait(dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group, async_op=True), "all_reduce", timeout_s)
-        return x.numpy().view(numpy.uint8)
+    def all_reduce_f32(self, buf, timeout_s: float) -> None:
+        """The sum of every rank's float32 values, into `buf` in place."""
+        x = self._target(buf, "all_reduce", len(buf), torch.float32)
+        if x.numel():
+            self._wait(dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group, async_op=True), "all_reduce", timeout_s)
 
-    def broadcast(self, buf, root: int, timeout_s: float):
-        if not buf:
-            return b""
-        x = self._view(buf)
-        self._wait(dist.broadcast(x, group_src=root, group=self.group, async_op=True), "broadcast", timeout_s)
-        return x.numpy()
+    def broadcast(self, buf, root: int, timeout_s: float) -> None:
+        """Rank `root`'s `buf` into every rank's, in place."""
+        x = self._target(buf, "broadcast", len(buf))
+        if x.numel():
+            self._wait(dist.broadcast(x, group_src=root, group=self.group, async_op=True), "broadcast", timeout_s)
 
     def barrier(self, timeout_s: float) -> None:
         x = torch.zeros(1)
