@@ -99,12 +99,12 @@ def main():
     # compressed scheme through the hook) of a few bytes a rank: what each
     # of its P−1 steps costs beyond its bytes, `--gather-calls` back to back
     # as a synchronization's phases follow each other.
-    few = bytearray(8)
+    few, all_few = bytearray(8), bytearray(8 * p)
 
     def gathers():
         t = time.perf_counter()
         for _ in range(a.gather_calls):
-            tr.all_gather(few, 60.0)
+            tr.all_gather(few, all_few, [len(few)] * p, 60.0)
         return (time.perf_counter() - t) / a.gather_calls
 
     out["gather_small_s"] = slowest_median(gathers)
