@@ -300,13 +300,14 @@ fn nccl_unique_id() -> PyResult<String> {
 
 /// Seconds that `messages` all-to-alls of `bytes_per_peer` bytes to every
 /// rank take through `transport` as the runtime drives it (a collective:
-/// every rank calls it): each from a fresh send vector into a fresh
-/// receive vector, which gloo reads and fills in place, started and waited
-/// on as a synchronization does (`Communicator::start_all_to_all_v`). What
-/// a model of the hook's transport is fitted to
-/// (`scripts/validate/gloo_probe.py`); timing the Python transport alone
-/// would leave out the fresh vectors' page faults and the calls' crossing
-/// into Python.
+/// every rank calls it): each written into a send vector and received into
+/// a vector as a synchronization's exchanges are (the transport's kept
+/// vectors, `Communicator::send_buffer` and `recycle`), which gloo reads
+/// and fills in place, started and waited on
+/// (`Communicator::start_all_to_all_v`). What a model of the hook's
+/// transport is fitted to (`scripts/validate/gloo_probe.py`); timing the
+/// Python transport alone would leave out the vectors and the calls'
+/// crossing into Python.
 #[pyfunction]
 #[pyo3(signature = (transport, bytes_per_peer, messages, timeout_s = 120.0))]
 fn transport_all_to_all_s(
@@ -325,9 +326,10 @@ fn transport_all_to_all_s(
         let t = std::time::Instant::now();
         for m in 0..messages {
             let deadline = Deadline::after(budget);
-            let send = vec![(m % 251) as u8; bytes_per_peer * p];
+            let mut send = comm.send_buffer(bytes_per_peer * p);
+            send.resize(bytes_per_peer * p, (m % 251) as u8);
             let x = comm.start_all_to_all_v(send, &counts, &counts, deadline)?;
-            std::hint::black_box(x.wait(deadline)?);
+            comm.recycle(std::hint::black_box(x.wait(deadline)?));
         }
         Ok::<f64, qsync_runtime::CommError>(t.elapsed().as_secs_f64())
     })

@@ -55,6 +55,52 @@ pub struct PyTransport {
     recv: Mutex<Option<Py<PyByteArray>>>,
 }
 
+/// Vectors kept for the next exchanges ([`Communicator::send_buffer`],
+/// [`Communicator::recycle`], and every exchange's send vector once it
+/// has crossed), shared by every `PyTransport` of the process: a DDP job
+/// synchronizes its buckets one after another, each on a transport of its
+/// own, so one pool serves them all and holds at most [`SPARE_KEPT`]
+/// vectors (the largest it was given). A new vector of a few MiB costs a
+/// page fault every 4 KiB as gloo first writes it: one all-to-all of 16 MiB
+/// a rank (4 ranks, 2 cores, `scripts/validate/gloo_probe.py`) took 29-30 ms
+/// into new vectors, 12.5-14 ms with every vector's pages mapped already.
+static SPARE: Mutex<Spare> = Mutex::new(Spare(Vec::new()));
+const SPARE_KEPT: usize = 4;
+
+/// Kept vectors (`SPARE`).
+#[derive(Debug)]
+struct Spare(Vec<Vec<u8>>);
+
+impl Spare {
+    /// The kept vector of the least capacity that holds `n` bytes, if any.
+    fn take(&mut self, n: usize) -> Option<Vec<u8>> {
+        let v = &mut self.0;
+        let i = (0..v.len()).filter(|&i| v[i].capacity() >= n).min_by_key(|&i| v[i].capacity())?;
+        Some(v.swap_remove(i))
+    }
+
+    /// Keeps `v`, dropping the kept vector of the least capacity past
+    /// [`SPARE_KEPT`].
+    fn keep(&mut self, v: Vec<u8>) {
+        if v.capacity() == 0 {
+            return;
+        }
+        self.0.push(v);
+        if self.0.len() > SPARE_KEPT {
+            let i = (0..self.0.len()).min_by_key(|&i| self.0[i].capacity()).unwrap_or(0);
+            self.0.swap_remove(i);
+        }
+    }
+}
+
+fn take_spare(n: usize) -> Option<Vec<u8>> {
+    SPARE.lock().unwrap_or_else(|e| e.into_inner()).take(n)
+}
+
+fn keep_spare(v: Vec<u8>) {
+    SPARE.lock().unwrap_or_else(|e| e.into_inner()).keep(v);
+}
+
 /// A writable `memoryview` of `len` bytes at `ptr`, owned by the caller.
 ///
 /// # Safety
@@ -206,8 +252,9 @@ impl PyTransport {
     }
 
     /// `method` on the runtime's own buffers, in place (module doc): `send`
-    /// is read and a zeroed buffer of `recv_len` bytes filled, returned
-    /// once the call completed; where it failed both are leaked.
+    /// is read and a vector of `recv_len` bytes (a kept one where one is
+    /// large enough, `SPARE`) filled, returned once the call completed,
+    /// when `send` is kept; where it failed both are leaked.
     #[allow(unsafe_code)]
     fn owned<F>(
         &self,
@@ -222,7 +269,19 @@ impl PyTransport {
         F: for<'py> FnOnce(Python<'py>, Bound<'py, PyAny>, Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>>,
     {
         let mut send = std::mem::ManuallyDrop::new(send);
-        let mut recv = std::mem::ManuallyDrop::new(vec![0u8; recv_len]);
+        let recv = match take_spare(recv_len) {
+            // Every byte of it is written by the call (each rank's block).
+            Some(mut v) if v.len() >= recv_len => {
+                v.truncate(recv_len);
+                v
+            }
+            Some(mut v) => {
+                v.resize(recv_len, 0);
+                v
+            }
+            None => vec![0u8; recv_len],
+        };
+        let mut recv = std::mem::ManuallyDrop::new(recv);
         let (s, r) = ((send.as_mut_ptr(), send.len()), (recv.as_mut_ptr(), recv.len()));
         let got = self.call(op, d, method, |py| {
             // SAFETY: both vectors are neither read, moved nor freed until the
@@ -232,7 +291,7 @@ impl PyTransport {
         });
         match got {
             Ok(_) => {
-                drop(std::mem::ManuallyDrop::into_inner(send));
+                keep_spare(std::mem::ManuallyDrop::into_inner(send));
                 Ok(std::mem::ManuallyDrop::into_inner(recv))
             }
             // Leaked: a transfer the call gave up on may still use them.
@@ -260,6 +319,7 @@ impl PyTransport {
             }
             *out = down(acc);
         }
+        keep_spare(all);
         Ok(())
     }
 }
@@ -368,6 +428,20 @@ impl Communicator for PyTransport {
         Ok(Box::new(Done(recv)))
     }
 
+    fn send_buffer(&self, capacity: usize) -> Vec<u8> {
+        match take_spare(capacity) {
+            Some(mut v) => {
+                v.clear();
+                v
+            }
+            None => Vec::with_capacity(capacity),
+        }
+    }
+
+    fn recycle(&self, buf: Vec<u8>) {
+        keep_spare(buf);
+    }
+
     fn all_reduce_sum(&self, buf: ReduceBuf<'_>, deadline: Deadline) -> Result<(), CommError> {
         match buf {
             ReduceBuf::F32(b) => {
@@ -412,5 +486,29 @@ impl Communicator for PyTransport {
     fn abort(&self, code: i32) -> ! {
         let _ = Python::attach(|py| self.obj.bind(py).call_method1("abort", (code,)).map(drop));
         std::process::exit(if code == 0 { 1 } else { code })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_hands_out_the_tightest_fit_and_keeps_the_largest() {
+        let mut pool = Spare(Vec::new());
+        pool.keep(Vec::new()); // nothing to keep
+        assert!(pool.0.is_empty());
+        for kib in [3, 1, 5, 2, 4] {
+            pool.keep(Vec::with_capacity(kib << 10));
+        }
+        // Five given, four kept: the 1 KiB one went.
+        let mut caps: Vec<usize> = pool.0.iter().map(|v| v.capacity() >> 10).collect();
+        caps.sort();
+        assert_eq!(caps, [2, 3, 4, 5]);
+        // The least capacity that holds 2.5 KiB is 3 KiB; then 4 KiB.
+        assert_eq!(pool.take(2560).map(|v| v.capacity() >> 10), Some(3));
+        assert_eq!(pool.take(2560).map(|v| v.capacity() >> 10), Some(4));
+        assert!(pool.take(6 << 10).is_none(), "no kept vector holds 6 KiB");
+        assert_eq!(pool.0.len(), 2);
     }
 }

@@ -104,6 +104,7 @@ impl GradSync<'_> {
         for j in 0..p {
             eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, grad).map_err(|e| self.decode_error(j, e))?;
         }
+        self.world().recycle(all);
         divide(grad, p);
         self.charge(Phase::Dequantize, t);
         Ok(())

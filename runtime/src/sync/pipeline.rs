@@ -206,7 +206,7 @@ impl GradSync<'_> {
         let mut rs: VecDeque<(usize, Box<dyn Pending>)> = VecDeque::new();
         let mut ag: VecDeque<(usize, Box<dyn Pending>)> = VecDeque::new();
         for c in 0..lay.pieces {
-            let mut send = Vec::with_capacity((0..p).map(|s| codec.rs_len(lay.piece(s, c).len())).sum());
+            let mut send = self.world().send_buffer((0..p).map(|s| codec.rs_len(lay.piece(s, c).len())).sum());
             let mut counts = Vec::with_capacity(p);
             for s in 0..p {
                 let t = Instant::now();
@@ -350,9 +350,10 @@ impl GradSync<'_> {
                 sum.iter_mut().for_each(|v| *v /= pf);
             }
         }
+        self.world().recycle(recv);
         self.charge(Phase::Dequantize, t);
         let t = Instant::now();
-        let mut payload = Vec::with_capacity(codec.ag_len(m));
+        let mut payload = self.world().send_buffer(codec.ag_len(m));
         if m > 0 {
             match codec {
                 // The owner's rounding of the sum is a second quantization site.
@@ -417,6 +418,7 @@ impl GradSync<'_> {
                 }
             }
         }
+        self.world().recycle(all);
         self.charge(Phase::Dequantize, t);
         Ok(())
     }

@@ -111,7 +111,7 @@ impl GradSync<'_> {
         let sh = shards(grad.len(), p);
         let t = Instant::now();
         let x = self.with_residual("first", grad);
-        let mut send = Vec::with_capacity(q.block_len(grad.len()) + 4 * p);
+        let mut send = self.world().send_buffer(q.block_len(grad.len()) + 4 * p);
         let mut send_counts = Vec::with_capacity(p);
         for (s, range) in sh.iter().enumerate() {
             let before = send.len();
@@ -136,6 +136,8 @@ impl GradSync<'_> {
         if m > 0 {
             q.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(p, e))?;
         }
+        drop(blocks);
+        self.world().recycle(recv);
         self.charge(Phase::Dequantize, t);
         Ok(sum)
     }
@@ -159,7 +161,7 @@ impl GradSync<'_> {
         let q1 = self.quantizer(intra_bits);
         let t = Instant::now();
         let x = self.with_residual("first", grad);
-        let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * p);
+        let mut send = self.comm(Hop::Intra).send_buffer(q1.block_len(grad.len()) + 4 * p);
         let mut send_counts = Vec::with_capacity(per_node);
         for j in 0..per_node {
             let before = send.len();
@@ -196,6 +198,7 @@ impl GradSync<'_> {
             offset += len;
             at += m;
         }
+        self.comm(Hop::Intra).recycle(recv);
 
         self.charge(Phase::Dequantize, t);
         // Inter-node all-to-all: each partial goes to its shard's owner. With
@@ -216,7 +219,7 @@ impl GradSync<'_> {
         }
         let mut order: Vec<usize> = (0..mine.len()).collect();
         order.sort_by_key(|&i| index(mine[i]));
-        let mut send = Vec::with_capacity(q2.block_len(y.len()) + 4 * nodes);
+        let mut send = self.comm(hop).send_buffer(q2.block_len(y.len()) + 4 * nodes);
         let mut send_counts = vec![0; size];
         for i in order {
             let (s, at) = (mine[i], starts[i]);
@@ -251,6 +254,8 @@ impl GradSync<'_> {
         if m > 0 {
             q2.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(nodes, e))?;
         }
+        drop(blocks);
+        self.comm(hop).recycle(recv);
         self.charge(Phase::Dequantize, t);
         Ok(sum)
     }
@@ -272,12 +277,13 @@ impl GradSync<'_> {
                 self.charge(Phase::Exchange, t);
                 self.count(Hop::World, &counts);
                 out.copy_from_slice(&f32_from_bytes(&all));
+                self.world().recycle(all);
             }
             Some(bits) => {
                 let t = Instant::now();
                 let q = self.quantizer(bits);
                 let y = self.with_residual("gather", mean);
-                let mut block = Vec::with_capacity(q.block_len(y.len()));
+                let mut block = self.world().send_buffer(q.block_len(y.len()));
                 // The seed of the step this shard was reduced in.
                 self.step -= 1;
                 let seed = self.seed(STAGE_GATHER, me);
@@ -297,6 +303,7 @@ impl GradSync<'_> {
                         .map_err(|e| self.decode_error(j, e))?;
                     at += counts[j];
                 }
+                self.world().recycle(all);
                 self.charge(Phase::Dequantize, t);
             }
         }
