@@ -9,10 +9,11 @@ For each scheme of `--schemes`, a gradient of `--elements` f32 elements:
   TorchTransport, gloo) called on the training thread;
 - `phases`: the runtime's phases per call (quantize, exchange, wait,
   dequantize);
-- `direct_ring_s`: the same with the transport's all-gather forced to
-  gloo's ring (`TorchTransport.flat_gather = False`), where `direct_s`'s
-  transport chose the all-to-all (`flat`: a group of 2, or one rank a
-  node); else `direct_flat_s`, forced to the all-to-all;
+- `direct_ring_s`, `direct_flat_s`: the same with the transport's
+  all-gather forced to gloo's ring and to the all-to-all
+  (`TorchTransport.flat_gather`); `forms`: the form `direct_s`'s transport
+  chose per size class (`true`: the all-to-all; by layout or measured,
+  `TorchTransport._tuned`);
 - bare collectives through the same transport: an all-gather of 8 bytes a
   rank, gloo's ring and as an all-to-all, and an all-to-all of 8 bytes a
   peer (`gather8_s`, `gather8_flat_s`, `a2a8_s`).
@@ -82,16 +83,15 @@ def main():
         direct = timed(lambda: sync.all_reduce_mean(work), a.reps)
         phases = {k: v / (a.reps + 3) for k, v in hook.phases().items()}
         transport = hook._transport()
-        flat = transport._gathers_flat()
-        more = {}
-        # The other all-gather, forced: gloo's ring where the transport
-        # chose the all-to-all, the all-to-all where it chose the ring.
-        transport.flat_gather = not flat
-        more["direct_ring_s" if flat else "direct_flat_s"] = timed(lambda: sync.all_reduce_mean(work), a.reps)
+        more = {"forms": {str(k): v for k, v in sorted(transport.gather_forms.items())}}
+        # Each all-gather form forced: gloo's ring and the all-to-all.
+        for key, flat in (("direct_ring_s", False), ("direct_flat_s", True)):
+            transport.flat_gather = flat
+            more[key] = timed(lambda: sync.all_reduce_mean(work), a.reps)
         transport.flat_gather = None
         if rank == 0:
             print(json.dumps({"scheme": name, "ranks": tr.size, "elements": a.elements, "reps": a.reps,
-                              "direct_s": direct, "flat": flat, **more, "phases": phases, **bare}), flush=True)
+                              "direct_s": direct, **more, "phases": phases, **bare}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

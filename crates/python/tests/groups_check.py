@@ -99,14 +99,16 @@ def threads():
 
 
 def gathers(t):
-    """`TorchTransport.all_gather` in both forms, on `t` and on a pair, with
-    equal blocks and with uneven ones (some empty; gloo's ring pads them),
-    into a `bytearray` and into a `memoryview` of part of one."""
+    """`TorchTransport.all_gather` in both forms and as measured, on `t` and
+    on a pair, with equal blocks and with uneven ones (some empty; gloo's
+    ring pads them), into a `bytearray` and into a `memoryview` of part of
+    one."""
     rank = dist.get_rank()
     pair = t.split(min(rank, 1), rank, 30.0)  # {0} and {1, 2}: every rank calls split
     # One torchrun agent of 3 ranks: only the pair {1, 2} gathers flat.
     for tr, flat_by_layout in ((t, False), (pair, rank != 0)):
-        assert tr._gathers_flat() == flat_by_layout, (tr.members, tr._gathers_flat())
+        # Where the layout does not settle it, the form is measured.
+        assert tr._gathers_flat() == (True if flat_by_layout else None), (tr.members, tr._gathers_flat())
         for flat in (None, True, False):
             tr.flat_gather = flat
             for n in (1, 9, 70_001, None):
@@ -121,6 +123,10 @@ def gathers(t):
                 assert bytes(recv) == want, f"all_gather of {counts} bytes over {tr.members}, flat_gather={flat}"
                 assert whole[0] == 0 and whole[-2:] == b"\0\0", "all_gather wrote outside its buffer"
         tr.flat_gather = None
+    # `t`'s forms were measured, one a size class (1, 9, 70 001 and up to
+    # 7 000 bytes: 1, 4, 17 and 13 bits), and every rank kept the same.
+    assert sorted(t.gather_forms) == [1, 4, 13, 17], t.gather_forms
+    same_on_every_rank(sorted(t.gather_forms.items()), "the all-gather forms kept")
     for bad, why in ((bytes(3 * t.size), "must be a bytearray or a writable memoryview"),
                      (bytearray(3 * t.size + 1), "a result buffer of")):
         try:

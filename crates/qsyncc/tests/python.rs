@@ -519,7 +519,9 @@ mod across_nodes {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", &format!("{prefix}{i}"), "env"])
                     .arg(format!("GLOO_SOCKET_IFNAME={prefix}n{i}"))
-                    .args(["OMP_NUM_THREADS=1", "QSYNC_NODES=2"])
+                    // gloo's ring all-gather, whose bytes the model's are
+                    // checked against (unset, the transport measures both).
+                    .args(["OMP_NUM_THREADS=1", "QSYNC_NODES=2", "QSYNC_ALL_GATHER=ring"])
                     .arg(venv().join("bin/torchrun"))
                     .args(["--nnodes", "2", "--node-rank", &i.to_string(), "--nproc-per-node", "2"])
                     .args(["--master-addr", &format!("{subnet}.2"), "--master-port", port])

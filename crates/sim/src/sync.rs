@@ -785,10 +785,18 @@ pub fn phases(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64) -> Vec<PhaseBy
 /// exchange's `L·(P−L)·piece`. Bytes are per device, averaged over the
 /// node's devices (`(P−1)·piece/L` across, the rest inside). On CPU
 /// tensors between 2 devices, or with one device a node, the hook gathers
-/// with an all-to-all instead, which moves the same bytes as the ring there.
+/// with an all-to-all instead, which moves the same bytes as the ring there
+/// (elsewhere on CPU tensors it runs the faster of the two, which
+/// [`Cluster::sync_breakdown`] prices both of: [`gather_is_measured`]).
 pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncPath) -> Vec<PhaseBytes> {
+    phases_gathering(spec, bytes, p, per_node, ends_in_ring_gather(spec, p, per_node, path))
+}
+
+/// [`phases`] with the last phase as the transport's ring all-gather
+/// (`ring`) or as a flat exchange.
+fn phases_gathering(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, ring: bool) -> Vec<PhaseBytes> {
     let mut v = phases(spec, bytes, p, per_node);
-    if !ends_in_ring_gather(spec, p, per_node, path) {
+    if !ring {
         return v;
     }
     let l = per_node.clamp(1, p) as f64;
@@ -810,6 +818,16 @@ pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncP
 fn ends_in_ring_gather(spec: &SyncSpec, p: u64, per_node: u64, path: SyncPath) -> bool {
     let flat = path == SyncPath::Host && (p == 2 || per_node <= 1);
     path != SyncPath::Mpi && p > 1 && spec.scheme != SyncScheme::Fp32 && !flat
+}
+
+/// Whether the hook's transport chooses its all-gather by measurement
+/// (`TorchTransport._tuned`): on CPU tensors wherever the layout leaves the
+/// ring ([`ends_in_ring_gather`]), since the ring crosses a node's link
+/// with fewer bytes than the all-to-all but takes `P−1` round trips. It
+/// keeps the faster form of the two, so the model prices both and takes
+/// the cheaper.
+pub fn gather_is_measured(spec: &SyncSpec, p: u64, per_node: u64) -> bool {
+    spec.path == SyncPath::Host && ends_in_ring_gather(spec, p, per_node, SyncPath::Host)
 }
 
 /// Elements of a shard's piece in the runtime's pipelined schemes (its
@@ -1015,6 +1033,23 @@ impl Cluster {
     /// (`spec` not fp32, whose all-reduce the engine runs as one call): the
     /// parts that a measured run's phases can be set against.
     pub fn sync_breakdown(&self, t: usize, bytes: u64, spec: &SyncSpec) -> SyncBreakdown {
+        let (p, per_node) = (self.device_count(), self.types[t].per_node());
+        let ring = self.breakdown_gathering(t, bytes, spec, ends_in_ring_gather(spec, p, per_node, spec.path));
+        if !gather_is_measured(spec, p, per_node) {
+            return ring;
+        }
+        // The transport keeps the faster all-gather ([`gather_is_measured`]).
+        let flat = self.breakdown_gathering(t, bytes, spec, false);
+        if flat.total_us < ring.total_us {
+            flat
+        } else {
+            ring
+        }
+    }
+
+    /// [`Cluster::sync_breakdown`] with the last phase as the transport's
+    /// ring all-gather (`ring`) or as a flat exchange.
+    fn breakdown_gathering(&self, t: usize, bytes: u64, spec: &SyncSpec, ring: bool) -> SyncBreakdown {
         let ty = &self.types[t];
         let p = self.device_count();
         // Nodes as the type sees them: its largest node.
@@ -1034,10 +1069,10 @@ impl Cluster {
         let share = if spec.path == SyncPath::Device { 1.0 } else { ty.host_share() };
         let tcp = matches!(spec.path, SyncPath::Host | SyncPath::Mpi);
         let (mut link_sum, mut tcp_sum, mut lat_sum, mut serial) = (0.0, 0.0, 0.0, 0.0);
-        let phs = phases_on(spec, bytes as f64, p, per_node, spec.path);
+        let phs = phases_gathering(spec, bytes as f64, p, per_node, ring);
         // The ring all-gather's P−1 steps, each at its measured cost, where
         // the host measured one; else its messages as a flat exchange's.
-        let ring_step = kernels.gather_step_s.filter(|_| ends_in_ring_gather(spec, p, per_node, spec.path));
+        let ring_step = kernels.gather_step_s.filter(|_| ring);
         for (i, ph) in phs.iter().enumerate() {
             let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
             let mut link = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
@@ -1281,25 +1316,29 @@ mod tests {
         // 10 + 1000 B a device, so the link time is 0.04 µs, under the CPU.
         // A flat exchange (the MPI path) receives from 3 peers: 3 · 100 µs
         // · 2 = 600 µs, + 20 µs latency. Through the hook, gloo's ring: 3
-        // steps of 1 ms · 2 = 6000 µs, + 20. Without a measured step the
-        // hook's ring is priced as the flat exchange's messages.
+        // steps of 1 ms · 2 = 6000 µs, + 20 (the hook's transport then
+        // keeps the all-to-all, and so does the model). Without a measured
+        // step the hook's ring is priced as the flat exchange's messages.
         let k = SyncKernels { message_s: Some(1e-4), gather_step_s: Some(1e-3), ..free_kernels() };
         let ty = |k| {
             DeviceType::new("cpu", 4, 2, 1).with_bandwidth(100.0, 800.0).with_host(k, 10.0).with_host_cores(Some(1))
         };
         let c = Cluster::new(vec![ty(k)]);
         let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512);
-        let at = |c: &Cluster, path| c.sync_breakdown(0, 16_000, &nbit.with_path(path));
+        let ring =
+            |c: &Cluster, spec: &SyncSpec| c.breakdown_gathering(0, 16_000, &spec.with_path(SyncPath::Host), true);
         let lat = c.types[0].network_latency_us;
-        let (mpi, hook) = (at(&c, SyncPath::Mpi), at(&c, SyncPath::Host));
+        let mpi = c.sync_breakdown(0, 16_000, &nbit.with_path(SyncPath::Mpi));
         assert!((mpi.transport_cpu_us - 600.0).abs() < 1e-6, "{mpi:?}");
+        let hook = ring(&c, &nbit);
         assert!((hook.transport_cpu_us - 6000.0).abs() < 1e-6, "{hook:?}");
         assert!((hook.total_us - (6000.0 + lat)).abs() < 1e-6, "{hook:?}");
+        let kept = c.sync_breakdown(0, 16_000, &nbit.with_path(SyncPath::Host));
+        assert!((kept.transport_cpu_us - 600.0).abs() < 1e-6, "{kept:?}");
         let unmeasured = Cluster::new(vec![ty(SyncKernels { gather_step_s: None, ..k })]);
-        assert!((at(&unmeasured, SyncPath::Host).transport_cpu_us - 600.0).abs() < 1e-6);
+        assert!((ring(&unmeasured, &nbit).transport_cpu_us - 600.0).abs() < 1e-6);
         // fp16 (two phases): only the last, the all-gather, is the ring.
-        let fp16 = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Host);
-        let b = c.sync_breakdown(0, 16_000, &fp16);
+        let b = ring(&c, &SyncSpec::new(SyncScheme::Fp16, 512));
         assert!((b.transport_cpu_us - (600.0 + 6000.0)).abs() < 1e-6, "{b:?}");
     }
 
@@ -1329,9 +1368,22 @@ mod tests {
         let b = pair.sync_breakdown(0, 16_000, &nbit);
         assert!((b.transport_cpu_us - 200.0).abs() < 1e-6, "{b:?}");
         assert!(ends_in_ring_gather(&nbit, 4, 1, SyncPath::HostStaged));
-        // With 2 devices a node the hook's gloo gather stays the ring.
+        assert!(!gather_is_measured(&nbit.with_path(SyncPath::HostStaged), 4, 2));
+        // With 2 devices a node the hook's gloo gather is the faster of the
+        // ring (3 steps of 1 ms · 2) and the all-to-all (3 peers' messages,
+        // 100 µs · 2): here the all-to-all, though it crosses the link with
+        // more bytes (free here).
+        assert!(gather_is_measured(&nbit, 4, 2));
         let b = Cluster::new(vec![ty(4, 2)]).sync_breakdown(0, 16_000, &nbit);
-        assert!((b.transport_cpu_us - 3.0 * 1000.0 * 2.0).abs() < 1e-6, "{b:?}");
+        assert!((b.transport_cpu_us - 3.0 * 100.0 * 2.0).abs() < 1e-6, "{b:?}");
+        // With 1 ms a message and 0.1 ms a ring step, the ring.
+        let k = SyncKernels { message_s: Some(1e-3), gather_step_s: Some(1e-4), ..free_kernels() };
+        let slow =
+            DeviceType::new("cpu", 4, 2, 1).with_bandwidth(100.0, 800.0).with_host(k, 10.0).with_host_cores(Some(1));
+        let c = Cluster::new(vec![slow]);
+        let b = c.sync_breakdown(0, 16_000, &nbit);
+        assert_eq!(b, c.breakdown_gathering(0, 16_000, &nbit, true));
+        assert!((b.transport_cpu_us - 3.0 * 100.0 * 2.0).abs() < 1e-6, "{b:?}");
     }
 
     #[test]

@@ -350,7 +350,6 @@ impl GradSync<'_> {
                 sum.iter_mut().for_each(|v| *v /= pf);
             }
         }
-        self.world().recycle(recv);
         self.charge(Phase::Dequantize, t);
         let t = Instant::now();
         let mut payload = self.world().send_buffer(codec.ag_len(m));
@@ -377,6 +376,10 @@ impl GradSync<'_> {
         let x = self.world().start_all_gather_v(payload, &counts, self.deadline())?;
         self.count(Hop::World, &counts);
         self.charge(Phase::Exchange, t);
+        // Given back where it would have been freed, after the sum (see
+        // qgz.rs's `hierarchical_sum`).
+        drop(sum);
+        self.world().recycle(recv);
         Ok(x)
     }
 

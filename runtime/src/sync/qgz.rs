@@ -177,7 +177,7 @@ impl GradSync<'_> {
         let recv_counts = vec![per_peer; per_node];
         self.charge(Phase::Quantize, t);
         let t = Instant::now();
-        let recv = self
+        let first = self
             .comm(Hop::Intra)
             .start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?
             .wait(self.deadline())?;
@@ -191,14 +191,13 @@ impl GradSync<'_> {
         for &s in &mine {
             let (m, len) = (sh[s].len(), q1.block_len(sh[s].len()));
             let blocks: Vec<&[u8]> =
-                (0..per_node).map(|i| &recv[i * per_peer + offset..i * per_peer + offset + len]).collect();
+                (0..per_node).map(|i| &first[i * per_peer + offset..i * per_peer + offset + len]).collect();
             if m > 0 {
                 q1.accumulate(&*eng, &blocks, &mut partial[at..at + m]).map_err(|e| self.decode_error(per_node, e))?;
             }
             offset += len;
             at += m;
         }
-        self.comm(Hop::Intra).recycle(recv);
 
         self.charge(Phase::Dequantize, t);
         // Inter-node all-to-all: each partial goes to its shard's owner. With
@@ -256,6 +255,10 @@ impl GradSync<'_> {
         }
         drop(blocks);
         self.comm(hop).recycle(recv);
+        // Given back where it would have been freed: earlier, the Open MPI
+        // path's allocations above would reuse it, and a later synchronization
+        // then grows the heap into fresh pages (`steady_state_synchronization_touches_no_fresh_memory`).
+        self.comm(Hop::Intra).recycle(first);
         self.charge(Phase::Dequantize, t);
         Ok(sum)
     }

@@ -46,8 +46,14 @@ class TorchTransport:
         self._held = []  # the last exchange's works (`_exchange`)
         self._pad = torch.empty(0, dtype=torch.uint8)  # kept (`all_gather` of uneven blocks)
         # `all_gather` as an all-to-all (True), gloo's ring (False), or
-        # where it moves no more bytes (None, `_gathers_flat`).
-        self.flat_gather = None
+        # by layout and measurement (None, `_gathers_flat`); the
+        # environment's QSYNC_ALL_GATHER (`ring`, `all-to-all`) forces one.
+        forced = os.environ.get("QSYNC_ALL_GATHER", "")
+        forms = {"": None, "ring": False, "all-to-all": True}
+        if forced not in forms:
+            raise ValueError(f"QSYNC_ALL_GATHER={forced!r}: expected `ring` or `all-to-all` (unset: measured)")
+        self.flat_gather = forms[forced]
+        self.gather_forms = {}  # size class -> all-to-all (True) or ring, as tuned (`_tuned`)
         nodes, world = os.environ.get("GROUP_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
         self._flat_by_layout = self.size == 2 or (nodes is not None and nodes == world)
 
@@ -97,7 +103,8 @@ class TorchTransport:
 
     def all_gather(self, send, recv, counts, timeout_s: float) -> None:
         """Rank `r`'s block of `counts[r]` bytes (this rank's: `send`) into
-        `recv`, the blocks end to end in rank order."""
+        `recv`, the blocks end to end in rank order: as an all-to-all or
+        through gloo's ring (`_gathers_flat`, `_tuned`)."""
         counts = list(counts)
         x = self._view(send)
         if len(counts) != self.size or x.numel() != counts[self.rank]:
@@ -105,14 +112,26 @@ class TorchTransport:
         out = self._target(recv, "all_gather", sum(counts))
         if out.numel() == 0:
             return
-        if self._gathers_flat():
-            # The block straight to every peer: an all-to-all whose every
-            # send is the same block.
-            self._exchange(lambda j: x, out, counts, "all_gather", timeout_s)
-            return
+        deadline = time.monotonic() + timeout_s
+        forms = (self._gather_ring, self._gather_flat)
+        flat = self._gathers_flat()
+        if flat is None:
+            flat = self._tuned(max(counts), lambda form: forms[form](x, out, counts, deadline), deadline)
+            if flat is not None:
+                return  # gathered while tuning
+            flat = self.gather_forms[max(counts).bit_length()]
+        forms[flat](x, out, counts, deadline)
+
+    def _gather_flat(self, x, out, counts, deadline):
+        # The block straight to every peer: an all-to-all whose every send
+        # is the same block.
+        self._exchange(lambda j: x, out, counts, "all_gather", deadline - time.monotonic())
+
+    def _gather_ring(self, x, out, counts, deadline):
         width = max(counts)
         if min(counts) == width:
-            self._wait(dist.all_gather_into_tensor(out, x, group=self.group, async_op=True), "all_gather", timeout_s)
+            work = dist.all_gather_into_tensor(out, x, group=self.group, async_op=True)
+            self._wait(work, "all_gather", deadline - time.monotonic())
             return
         # gloo's ring takes equal blocks: each padded to the longest (this
         # rank's in the kept scratch's first `width` bytes), then unpadded.
@@ -121,21 +140,53 @@ class TorchTransport:
         mine, gathered = self._pad[:width], self._pad[width : width * (self.size + 1)]
         mine[: x.numel()].copy_(x)
         mine[x.numel() :].zero_()
-        self._wait(dist.all_gather_into_tensor(gathered, mine, group=self.group, async_op=True), "all_gather", timeout_s)
+        work = dist.all_gather_into_tensor(gathered, mine, group=self.group, async_op=True)
+        self._wait(work, "all_gather", deadline - time.monotonic())
         at = 0
         for r, c in enumerate(counts):
             out[at : at + c].copy_(gathered[r * width : r * width + c])
             at += c
 
-    def _gathers_flat(self) -> bool:
-        """Whether `all_gather` runs as an all-to-all (`flat_gather`; `None`:
-        where that moves no more bytes across nodes than gloo's ring: a
-        group of 2, or every rank of the job alone on its node, as torchrun
-        says with as many agents as ranks, `GROUP_WORLD_SIZE` =
-        `WORLD_SIZE`). Every rank of the group must decide alike, or one
-        would wait in an all-gather its peers never join: hence the
-        job-wide variables, not the node's own `LOCAL_WORLD_SIZE`, which
-        differs between nodes of different sizes.
+    def _tuned(self, width, gather, deadline):
+        """The first all-gather of blocks of `width` bytes' size class (the
+        same power of two) times both forms — ring, all-to-all, ring,
+        all-to-all, each filling the result — and keeps the faster for the
+        class (`gather_forms[class]`: `True` for the all-to-all): the
+        slowest rank's best time of each, agreed through an all-reduce, so
+        every rank of the group keeps the same form. Returns `None` when
+        the class is tuned already, else the form kept.
+
+        Where gloo's ring crosses a node's link with fewer bytes than the
+        all-to-all (several ranks a node), neither is faster everywhere:
+        on a slow link the ring is, by its bytes; where the link outruns
+        the ranks' cores the all-to-all is. Across two emulated nodes at 10
+        Gbit/s, 2 ranks a node, ResNet-18's gradient through fp16: 75.7 ms
+        with the ring, 65.0 with the all-to-all (docs/validation.md)."""
+        key = width.bit_length()
+        if key in self.gather_forms:
+            return None
+        best = [float("inf"), float("inf")]
+        for form in (0, 1, 0, 1):
+            t = time.perf_counter()
+            gather(form)
+            best[form] = min(best[form], time.perf_counter() - t)
+        times = torch.tensor(best, dtype=torch.float64)
+        self._wait(dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.group, async_op=True), "all_gather",
+                   deadline - time.monotonic())
+        ring, flat = times.tolist()
+        self.gather_forms[key] = flat < ring
+        return self.gather_forms[key]
+
+    def _gathers_flat(self):
+        """Whether `all_gather` runs as an all-to-all: `flat_gather` where
+        set; `True` where that moves no more bytes across nodes than gloo's
+        ring (a group of 2, or every rank of the job alone on its node, as
+        torchrun says with as many agents as ranks, `GROUP_WORLD_SIZE` =
+        `WORLD_SIZE`); else `None`: by measurement, per size class
+        (`_tuned`). Every rank of the group must decide alike, or one would
+        wait in an all-gather its peers never join: hence the job-wide
+        variables, not the node's own `LOCAL_WORLD_SIZE`, which differs
+        between nodes of different sizes, and the slowest rank's times.
 
         gloo's all-gather is a ring of `P−1` steps, each a round trip
         through its pair of ranks; its all-to-all sends every block at once.
@@ -144,8 +195,10 @@ class TorchTransport:
         against 3.0–4.6 ms with a node's two ranks on one core
         (docs/validation.md). With several ranks a node the ring crosses a
         node's link fewer times than the flat exchange (`(P−1)` blocks
-        against `L·(P−L)`), so there the ring stays."""
-        return self._flat_by_layout if self.flat_gather is None else self.flat_gather
+        against `L·(P−L)`)."""
+        if self.flat_gather is not None:
+            return self.flat_gather
+        return True if self._flat_by_layout else None
 
     def all_to_all_v(self, send, send_counts, recv, recv_counts, timeout_s: float) -> None:
         """`send_counts[j]` bytes of `send` (end to end in rank order) to
