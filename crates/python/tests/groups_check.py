@@ -107,7 +107,9 @@ def gathers(t):
     pair = t.split(min(rank, 1), rank, 30.0)  # {0} and {1, 2}: every rank calls split
     # One torchrun agent of 3 ranks: only the pair {1, 2} gathers flat.
     for tr, flat_by_layout in ((t, False), (pair, rank != 0)):
-        # Where the layout does not settle it, the form is measured.
+        assert tr._gathers_flat() == flat_by_layout, (tr.members, tr._gathers_flat())
+        # Where the layout does not settle it, the form may be measured.
+        tr.measure_gather = True
         assert tr._gathers_flat() == (True if flat_by_layout else None), (tr.members, tr._gathers_flat())
         for flat in (None, True, False):
             tr.flat_gather = flat

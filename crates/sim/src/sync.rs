@@ -786,8 +786,8 @@ pub fn phases(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64) -> Vec<PhaseBy
 /// node's devices (`(P−1)·piece/L` across, the rest inside). On CPU
 /// tensors between 2 devices, or with one device a node, the hook gathers
 /// with an all-to-all instead, which moves the same bytes as the ring there
-/// (elsewhere on CPU tensors it runs the faster of the two, which the
-/// model prices as the ring: [`gather_is_measured`]).
+/// (elsewhere on CPU tensors the ring, or if told the faster of the two,
+/// which the model prices as the ring: [`gather_is_measured`]).
 pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncPath) -> Vec<PhaseBytes> {
     phases_gathering(spec, bytes, p, per_node, ends_in_ring_gather(spec, p, per_node, path))
 }
@@ -820,8 +820,9 @@ fn ends_in_ring_gather(spec: &SyncSpec, p: u64, per_node: u64, path: SyncPath) -
     path != SyncPath::Mpi && p > 1 && spec.scheme != SyncScheme::Fp32 && !flat
 }
 
-/// Whether the hook's transport chooses its all-gather by measurement
-/// (`TorchTransport._tuned`): on CPU tensors wherever the layout leaves the
+/// Whether the hook's transport may choose its all-gather by measurement
+/// (`TorchTransport._tuned`, with `QSYNC_ALL_GATHER=measured`; by default
+/// it runs the ring there): on CPU tensors wherever the layout leaves the
 /// ring ([`ends_in_ring_gather`]), since the ring crosses a node's link
 /// with fewer bytes than the all-to-all but takes `P−1` round trips. The
 /// model prices the ring there: priced as the cheaper of the two, the

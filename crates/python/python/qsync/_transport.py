@@ -45,14 +45,16 @@ class TorchTransport:
         self._splits = {}
         self._held = []  # the last exchange's works (`_exchange`)
         self._pad = torch.empty(0, dtype=torch.uint8)  # kept (`all_gather` of uneven blocks)
-        # `all_gather` as an all-to-all (True), gloo's ring (False), or
-        # by layout and measurement (None, `_gathers_flat`); the
-        # environment's QSYNC_ALL_GATHER (`ring`, `all-to-all`) forces one.
+        # `all_gather` as an all-to-all (True), gloo's ring (False), or by
+        # layout (None, `_gathers_flat`), and elsewhere measured where
+        # `measure_gather`; the environment's QSYNC_ALL_GATHER (`ring`,
+        # `all-to-all`, `measured`) sets them.
         forced = os.environ.get("QSYNC_ALL_GATHER", "")
-        forms = {"": None, "ring": False, "all-to-all": True}
+        forms = {"": None, "ring": False, "all-to-all": True, "measured": None}
         if forced not in forms:
-            raise ValueError(f"QSYNC_ALL_GATHER={forced!r}: expected `ring` or `all-to-all` (unset: measured)")
+            raise ValueError(f"QSYNC_ALL_GATHER={forced!r}: expected `ring`, `all-to-all` or `measured`")
         self.flat_gather = forms[forced]
+        self.measure_gather = forced == "measured"
         self.gather_forms = {}  # size class -> all-to-all (True) or ring, as tuned (`_tuned`)
         nodes, world = os.environ.get("GROUP_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
         self._flat_by_layout = self.size == 2 or (nodes is not None and nodes == world)
@@ -182,8 +184,8 @@ class TorchTransport:
         set; `True` where that moves no more bytes across nodes than gloo's
         ring (a group of 2, or every rank of the job alone on its node, as
         torchrun says with as many agents as ranks, `GROUP_WORLD_SIZE` =
-        `WORLD_SIZE`); else `None`: by measurement, per size class
-        (`_tuned`). Every rank of the group must decide alike, or one would
+        `WORLD_SIZE`); else the ring, or `None` where `measure_gather`: by
+        measurement, per size class (`_tuned`). Every rank of the group must decide alike, or one would
         wait in an all-gather its peers never join: hence the job-wide
         variables, not the node's own `LOCAL_WORLD_SIZE`, which differs
         between nodes of different sizes, and the slowest rank's times.
@@ -198,7 +200,13 @@ class TorchTransport:
         against `L·(P−L)`)."""
         if self.flat_gather is not None:
             return self.flat_gather
-        return True if self._flat_by_layout else None
+        if self._flat_by_layout:
+            return True
+        # Measured only when asked: in DDP at 200 Mbit/s the transformer's
+        # small bucket synchronized slower with the form measured at its
+        # first step (nbit-1: 9.8-9.9 ms a backward, 5.8 ms with the ring;
+        # docs/validation.md, the twentieth run).
+        return None if self.measure_gather else False
 
     def all_to_all_v(self, send, send_counts, recv, recv_counts, timeout_s: float) -> None:
         """`send_counts[j]` bytes of `send` (end to end in rank order) to
