@@ -269,34 +269,24 @@ impl PyTransport {
         F: for<'py> FnOnce(Python<'py>, Bound<'py, PyAny>, Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>>,
     {
         let mut send = std::mem::ManuallyDrop::new(send);
-        let recv = match take_spare(recv_len) {
-            // Every byte of it is written by the call (each rank's block).
-            Some(mut v) if v.len() >= recv_len => {
-                v.truncate(recv_len);
-                v
-            }
-            Some(mut v) => {
-                v.resize(recv_len, 0);
-                v
-            }
-            None => vec![0u8; recv_len],
-        };
-        let mut recv = std::mem::ManuallyDrop::new(recv);
+        // Every byte of a kept vector is written by the call (each rank's
+        // block); `resize` only zeroes what it grows.
+        let recv = take_spare(recv_len).map(|mut v| {
+            v.resize(recv_len, 0);
+            v
+        });
+        let mut recv = std::mem::ManuallyDrop::new(recv.unwrap_or_else(|| vec![0u8; recv_len]));
         let (s, r) = ((send.as_mut_ptr(), send.len()), (recv.as_mut_ptr(), recv.len()));
-        let got = self.call(op, d, method, |py| {
+        // Where the call fails, `?` leaves both leaked: a transfer the call
+        // gave up on may still use them.
+        self.call(op, d, method, |py| {
             // SAFETY: both vectors are neither read, moved nor freed until the
             // call returns, and are leaked where it fails.
             let (sv, rv) = unsafe { (raw_view(py, s.0, s.1)?, raw_view(py, r.0, r.1)?) };
             Ok((extra(py, sv, rv)?, ()))
-        });
-        match got {
-            Ok(_) => {
-                keep_spare(std::mem::ManuallyDrop::into_inner(send));
-                Ok(std::mem::ManuallyDrop::into_inner(recv))
-            }
-            // Leaked: a transfer the call gave up on may still use them.
-            Err(e) => Err(e),
-        }
+        })?;
+        keep_spare(std::mem::ManuallyDrop::into_inner(send));
+        Ok(std::mem::ManuallyDrop::into_inner(recv))
     }
 
     /// Sums 16-bit values across ranks: all-gather, f32 sum in rank order,
@@ -319,7 +309,7 @@ impl PyTransport {
             }
             *out = down(acc);
         }
-        keep_spare(all);
+        self.recycle(all);
         Ok(())
     }
 }

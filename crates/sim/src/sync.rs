@@ -785,18 +785,10 @@ pub fn phases(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64) -> Vec<PhaseBy
 /// exchange's `L·(P−L)·piece`. Bytes are per device, averaged over the
 /// node's devices (`(P−1)·piece/L` across, the rest inside). On CPU
 /// tensors between 2 devices, or with one device a node, the hook gathers
-/// with an all-to-all instead, which moves the same bytes as the ring there
-/// (elsewhere on CPU tensors the ring, or if told the faster of the two,
-/// which the model prices as the ring: [`gather_is_measured`]).
+/// with an all-to-all instead, which moves the same bytes as the ring there.
 pub fn phases_on(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, path: SyncPath) -> Vec<PhaseBytes> {
-    phases_gathering(spec, bytes, p, per_node, ends_in_ring_gather(spec, p, per_node, path))
-}
-
-/// [`phases`] with the last phase as the transport's ring all-gather
-/// (`ring`) or as a flat exchange.
-fn phases_gathering(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, ring: bool) -> Vec<PhaseBytes> {
     let mut v = phases(spec, bytes, p, per_node);
-    if !ring {
+    if !ends_in_ring_gather(spec, p, per_node, path) {
         return v;
     }
     let l = per_node.clamp(1, p) as f64;
@@ -814,24 +806,16 @@ fn phases_gathering(spec: &SyncSpec, bytes: f64, p: u64, per_node: u64, ring: bo
 /// NCCL) rather than a flat exchange ([`phases_on`]). On CPU tensors the
 /// hook's transport gathers with an all-to-all where that moves no more
 /// bytes across nodes than the ring: between 2 devices, or with one device
-/// a node (`TorchTransport._gathers_flat`).
+/// a node (`TorchTransport._gathers_flat`). Told to
+/// (`QSYNC_ALL_GATHER=measured`), the transport times both forms elsewhere
+/// and keeps the faster; the model still prices the ring there: priced as
+/// the cheaper of the two, the all-to-all's small exchanges (their
+/// messages at the cost fitted from 512 KiB ones) came out below both
+/// forms' measured times, and table 3's median error doubled
+/// (docs/validation.md, the twentieth run).
 fn ends_in_ring_gather(spec: &SyncSpec, p: u64, per_node: u64, path: SyncPath) -> bool {
     let flat = path == SyncPath::Host && (p == 2 || per_node <= 1);
     path != SyncPath::Mpi && p > 1 && spec.scheme != SyncScheme::Fp32 && !flat
-}
-
-/// Whether the hook's transport may choose its all-gather by measurement
-/// (`TorchTransport._tuned`, with `QSYNC_ALL_GATHER=measured`; by default
-/// it runs the ring there): on CPU tensors wherever the layout leaves the
-/// ring ([`ends_in_ring_gather`]), since the ring crosses a node's link
-/// with fewer bytes than the all-to-all but takes `P−1` round trips. The
-/// model prices the ring there: priced as the cheaper of the two, the
-/// all-to-all's price (its messages at the cost fitted from 512 KiB
-/// exchanges) came out below both forms' measured times for small buckets
-/// and at 10 Gbit/s, and table 3's median error doubled (docs/validation.md,
-/// the twentieth run).
-pub fn gather_is_measured(spec: &SyncSpec, p: u64, per_node: u64) -> bool {
-    spec.path == SyncPath::Host && ends_in_ring_gather(spec, p, per_node, SyncPath::Host)
 }
 
 /// Elements of a shard's piece in the runtime's pipelined schemes (its
@@ -1037,13 +1021,6 @@ impl Cluster {
     /// (`spec` not fp32, whose all-reduce the engine runs as one call): the
     /// parts that a measured run's phases can be set against.
     pub fn sync_breakdown(&self, t: usize, bytes: u64, spec: &SyncSpec) -> SyncBreakdown {
-        let (p, per_node) = (self.device_count(), self.types[t].per_node());
-        self.breakdown_gathering(t, bytes, spec, ends_in_ring_gather(spec, p, per_node, spec.path))
-    }
-
-    /// [`Cluster::sync_breakdown`] with the last phase as the transport's
-    /// ring all-gather (`ring`) or as a flat exchange.
-    fn breakdown_gathering(&self, t: usize, bytes: u64, spec: &SyncSpec, ring: bool) -> SyncBreakdown {
         let ty = &self.types[t];
         let p = self.device_count();
         // Nodes as the type sees them: its largest node.
@@ -1063,10 +1040,10 @@ impl Cluster {
         let share = if spec.path == SyncPath::Device { 1.0 } else { ty.host_share() };
         let tcp = matches!(spec.path, SyncPath::Host | SyncPath::Mpi);
         let (mut link_sum, mut tcp_sum, mut lat_sum, mut serial) = (0.0, 0.0, 0.0, 0.0);
-        let phs = phases_gathering(spec, bytes as f64, p, per_node, ring);
+        let phs = phases_on(spec, bytes as f64, p, per_node, spec.path);
         // The ring all-gather's P−1 steps, each at its measured cost, where
         // the host measured one; else its messages as a flat exchange's.
-        let ring_step = kernels.gather_step_s.filter(|_| ring);
+        let ring_step = kernels.gather_step_s.filter(|_| ends_in_ring_gather(spec, p, per_node, spec.path));
         for (i, ph) in phs.iter().enumerate() {
             let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
             let mut link = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
@@ -1318,19 +1295,17 @@ mod tests {
         };
         let c = Cluster::new(vec![ty(k)]);
         let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512);
-        let ring =
-            |c: &Cluster, spec: &SyncSpec| c.breakdown_gathering(0, 16_000, &spec.with_path(SyncPath::Host), true);
+        let at = |c: &Cluster, path| c.sync_breakdown(0, 16_000, &nbit.with_path(path));
         let lat = c.types[0].network_latency_us;
-        let mpi = c.sync_breakdown(0, 16_000, &nbit.with_path(SyncPath::Mpi));
+        let (mpi, hook) = (at(&c, SyncPath::Mpi), at(&c, SyncPath::Host));
         assert!((mpi.transport_cpu_us - 600.0).abs() < 1e-6, "{mpi:?}");
-        let hook = ring(&c, &nbit);
         assert!((hook.transport_cpu_us - 6000.0).abs() < 1e-6, "{hook:?}");
         assert!((hook.total_us - (6000.0 + lat)).abs() < 1e-6, "{hook:?}");
-        assert_eq!(hook, c.sync_breakdown(0, 16_000, &nbit.with_path(SyncPath::Host)));
         let unmeasured = Cluster::new(vec![ty(SyncKernels { gather_step_s: None, ..k })]);
-        assert!((ring(&unmeasured, &nbit).transport_cpu_us - 600.0).abs() < 1e-6);
+        assert!((at(&unmeasured, SyncPath::Host).transport_cpu_us - 600.0).abs() < 1e-6);
         // fp16 (two phases): only the last, the all-gather, is the ring.
-        let b = ring(&c, &SyncSpec::new(SyncScheme::Fp16, 512));
+        let fp16 = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Host);
+        let b = c.sync_breakdown(0, 16_000, &fp16);
         assert!((b.transport_cpu_us - (600.0 + 6000.0)).abs() < 1e-6, "{b:?}");
     }
 
@@ -1360,10 +1335,7 @@ mod tests {
         let b = pair.sync_breakdown(0, 16_000, &nbit);
         assert!((b.transport_cpu_us - 200.0).abs() < 1e-6, "{b:?}");
         assert!(ends_in_ring_gather(&nbit, 4, 1, SyncPath::HostStaged));
-        assert!(!gather_is_measured(&nbit.with_path(SyncPath::HostStaged), 4, 2));
-        // With 2 devices a node the hook's gloo gather is measured, and
-        // priced as the ring: 3 steps of 1 ms · 2.
-        assert!(gather_is_measured(&nbit, 4, 2));
+        // With 2 devices a node the hook's gloo gather stays the ring.
         let b = Cluster::new(vec![ty(4, 2)]).sync_breakdown(0, 16_000, &nbit);
         assert!((b.transport_cpu_us - 3.0 * 1000.0 * 2.0).abs() < 1e-6, "{b:?}");
     }

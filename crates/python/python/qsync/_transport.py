@@ -118,10 +118,12 @@ class TorchTransport:
         forms = (self._gather_ring, self._gather_flat)
         flat = self._gathers_flat()
         if flat is None:
-            flat = self._tuned(max(counts), lambda form: forms[form](x, out, counts, deadline), deadline)
-            if flat is not None:
-                return  # gathered while tuning
-            flat = self.gather_forms[max(counts).bit_length()]
+            key = max(counts).bit_length()  # the size class
+            if key not in self.gather_forms:
+                # Gathered while tuning.
+                self.gather_forms[key] = self._tuned(lambda form: forms[form](x, out, counts, deadline), deadline)
+                return
+            flat = self.gather_forms[key]
         forms[flat](x, out, counts, deadline)
 
     def _gather_flat(self, x, out, counts, deadline):
@@ -149,14 +151,13 @@ class TorchTransport:
             out[at : at + c].copy_(gathered[r * width : r * width + c])
             at += c
 
-    def _tuned(self, width, gather, deadline):
-        """The first all-gather of blocks of `width` bytes' size class (the
-        same power of two) times both forms — ring, all-to-all, ring,
-        all-to-all, each filling the result — and keeps the faster for the
-        class (`gather_forms[class]`: `True` for the all-to-all): the
-        slowest rank's best time of each, agreed through an all-reduce, so
-        every rank of the group keeps the same form. Returns `None` when
-        the class is tuned already, else the form kept.
+    def _tuned(self, gather, deadline):
+        """Whether the all-to-all is the faster form (`gather(form)`: 0 the
+        ring, 1 the all-to-all, each filling the result), timed ring,
+        all-to-all, ring, all-to-all at the first all-gather of a size class
+        (blocks of the same power of two, `gather_forms`): the slowest
+        rank's best time of each, agreed through an all-reduce, so every
+        rank of the group keeps the same form.
 
         Where gloo's ring crosses a node's link with fewer bytes than the
         all-to-all (several ranks a node), neither is faster everywhere:
@@ -164,9 +165,6 @@ class TorchTransport:
         the ranks' cores the all-to-all is. Across two emulated nodes at 10
         Gbit/s, 2 ranks a node, ResNet-18's gradient through fp16: 75.7 ms
         with the ring, 65.0 with the all-to-all (docs/validation.md)."""
-        key = width.bit_length()
-        if key in self.gather_forms:
-            return None
         best = [float("inf"), float("inf")]
         for form in (0, 1, 0, 1):
             t = time.perf_counter()
@@ -176,8 +174,7 @@ class TorchTransport:
         self._wait(dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.group, async_op=True), "all_gather",
                    deadline - time.monotonic())
         ring, flat = times.tolist()
-        self.gather_forms[key] = flat < ring
-        return self.gather_forms[key]
+        return flat < ring
 
     def _gathers_flat(self):
         """Whether `all_gather` runs as an all-to-all: `flat_gather` where
