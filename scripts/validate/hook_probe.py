@@ -12,8 +12,8 @@ For each scheme of `--schemes`, a gradient of `--elements` f32 elements:
 - `direct_ring_s`, `direct_flat_s`: the same with the transport's
   all-gather forced to gloo's ring and to the all-to-all
   (`TorchTransport.flat_gather`); `forms`: the form `direct_s`'s transport
-  chose per size class (`true`: the all-to-all; by layout or measured,
-  `TorchTransport._tuned`);
+  measured per size class (`true`: the all-to-all; only with
+  `QSYNC_ALL_GATHER=measured`, `TorchTransport._tuned`);
 - bare collectives through the same transport: an all-gather of 8 bytes a
   rank, gloo's ring and as an all-to-all, and an all-to-all of 8 bytes a
   peer (`gather8_s`, `gather8_flat_s`, `a2a8_s`).
