@@ -64,5 +64,6 @@ pub use shard::{
 };
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
 pub use sync::{
-    PieceKernels, PieceRates, SizeRates, SyncBreakdown, SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec,
+    MessageCost, PieceKernels, PieceRates, SizeRates, SyncBreakdown, SyncChoice, SyncKernels, SyncPath, SyncScheme,
+    SyncSpec,
 };
