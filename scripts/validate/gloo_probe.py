@@ -4,8 +4,7 @@ all-to-all through `qsync._transport.TorchTransport` (gloo, the transport
 the hook's CPU buckets use) as the runtime drives it
 (`qsync._native.transport_all_to_all_s`: the native side's vectors and
 copies included), `--mib` MiB from every rank in 1 exchange and
-in `--many`, timed on every rank, and in each count of `--ladder` (the
-cost of a message by its size); gloo's own all-reduce of an f32
+in `--many`, timed on every rank; and gloo's own all-reduce of an f32
 tensor of `--mib` MiB and of `--small-kib` KiB (what DDP's fp32
 synchronization runs); the transport's all-gather (gloo's ring) of 8
 bytes a rank; then the two all-to-alls again while every rank
@@ -14,8 +13,7 @@ matrices, which release Python's lock as a backward pass in autograd's C++
 does), as the hook's exchanges run beside the backward pass. Rank 0 prints
 one JSON line (the slowest rank's median of `--reps` runs of each).
 
-    torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--ladder 1,4,16,64,256] [--reps 5]
-        [--compute-size 512]
+    torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--reps 5] [--compute-size 512]
 
 `scripts/validate/iterations.py` runs it across two emulated nodes on a link
 far faster than the CPU can feed and fits the model's `tcp_r` and
@@ -47,8 +45,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=16)
     ap.add_argument("--many", type=int, default=32)
-    ap.add_argument("--ladder", default="1,4,16,64,256",
-                    help="exchange counts the 16 MiB are cut into for the cost of a message by its size")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--small-kib", type=int, default=64, help="the small all-reduce, KiB")
     ap.add_argument("--ring-calls", type=int, default=4, help="all-reduces per timed run")
@@ -85,15 +81,6 @@ def main():
             out[key.replace("_s", "_message_bytes")] = each
 
     all_to_alls("")
-
-    # The same 16 MiB in more and more exchanges, down to the messages a
-    # small bucket sends: what a message costs at each size (the model
-    # reads a message's cost off this ladder, `SyncKernels::tcp_by_message`).
-    out["by_message"] = []
-    for m in (int(x) for x in a.ladder.split(",")):
-        each = total // m // p
-        t = slowest_median(lambda: _native.transport_all_to_all_s(tr, each, m))
-        out["by_message"].append({"exchanges": m, "message_bytes": each, "s": t})
 
     def ring(x):
         t = time.perf_counter()

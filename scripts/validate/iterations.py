@@ -79,8 +79,7 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     Open MPI's: the ranks' all-to-all through qsync's TorchTransport (gloo)
     across the emulated nodes on a 40 Gbit/s link, 16 MiB a rank in 1
     exchange and in 32 (`gloo_probe.py`), fitted per byte and per call with
-    the node's ranks sharing its cores, and in 1 to 256 exchanges, a
-    message's cost by its size (`tcp_by_message`); gloo's own all-reduce (DDP's
+    the node's ranks sharing its cores; gloo's own all-reduce (DDP's
     fp32 ring) at 16 MiB and 64 KiB, fitted per byte and per step; its
     all-gather of 8 bytes a rank, per step; and the
     all-to-alls again beside a compute thread in every rank. Writes a
@@ -110,19 +109,6 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"({r['split_message_bytes']} B a peer): {r['one_s'] * 1e3:.1f} ms and {r['split_s'] * 1e3:.1f} ms; fitted "
         f"per byte {byte / share * 1e9:.3f} ns and per exchange a peer {msg / share * 1e6:.1f} us of CPU time")
     hk["sources"]["message_s"] = "as tcp_r"
-    # A message's cost by its size (`SyncKernels::tcp_by_message`): each
-    # exchange of the ladder over its P−1 messages, at the shared cores.
-    # It replaces the one the host file carries from Open MPI's transport.
-    ladder = sorted(r["by_message"], key=lambda x: x["message_bytes"])  # smallest first
-    hk["kernels"]["tcp_by_message"] = [{"message_bytes": float(x["message_bytes"]),
-                                        "seconds": x["s"] / (x["exchanges"] * (p - 1)) / share} for x in ladder]
-    hk["sources"]["tcp_by_message"] = (
-        f"scripts/validate/iterations.py: the same all-to-all of 16 MiB a rank through the TorchTransport in "
-        + ", ".join(str(x["exchanges"]) for x in ladder) + " exchanges ("
-        + ", ".join(str(x["message_bytes"]) for x in ladder) + " B a peer): "
-        + ", ".join(f"{x['s'] * 1e3:.1f}" for x in ladder) + " ms; per message "
-        + ", ".join(f"{m['seconds'] * 1e6:.0f}" for m in hk["kernels"]["tcp_by_message"])
-        + f" us of CPU time with the node's {k} ranks sharing {cores} core(s)")
     # gloo's own ring (DDP's fp32 all-reduce), CPU-bound on this link:
     # T(S) = share·(2(P−1)·(ring_tcp_r·S/P + ring_step_s) + (P−1)·sum_r·S/(4P)),
     # with this host's measured sum_r; two sizes give the two unknowns

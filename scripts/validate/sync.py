@@ -193,13 +193,6 @@ def exchange_seconds(a, k, cores, nbytes, messages):
 
 
 PROBE_RATE = "40gbit"
-# The all-to-all's ladder: 16 MiB a rank in 1, 4, 16, 64 and 256 exchanges
-# (4 MiB down to 16 KiB a peer), the message sizes the schemes send. A
-# byte costs the stack least in messages of a few hundred KiB: more per
-# byte in larger ones (their buffers leave the caches) and in smaller ones
-# (each message's own work), which no one rate per byte and per message
-# describes (`SyncKernels::tcp_by_message`).
-LADDER_EXCHANGES = (1, 4, 16, 64, 256)
 
 
 def probe_cluster_up(a, nodes):
@@ -236,7 +229,6 @@ def link_tcp_cost(a, nodes, k, cores):
         nbytes, many = 16 << 20, 32
         one = exchange_seconds(a, k, cores, nbytes, 1)
         split = exchange_seconds(a, k, cores, nbytes, many)
-        ladder = [one if m == 1 else exchange_seconds(a, k, cores, nbytes, m) for m in LADDER_EXCHANGES]
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     best = max(runs)
@@ -252,14 +244,7 @@ def link_tcp_cost(a, nodes, k, cores):
         # send pieces (a pipeline chunk a peer), Open MPI's all-reduce
         # segments its own.
         msg, byte = 0.0, split["seconds"] / recv
-    # What a message costs at each size: the CPU time of one exchange (a
-    # message from each of the P−1 peers) over the node's shared cores, per
-    # message received.
-    by_message = [{"message_bytes": float(r["message_bytes"]),
-                   "seconds": r["seconds"] / (m * (p - 1)) / share} for m, r in zip(LADDER_EXCHANGES, ladder)]
-    by_message.sort(key=lambda x: x["message_bytes"])  # smallest first, as the model reads it
-    return {"tcp_r": byte / share, "message_s": msg / share, "by_message": by_message,
-            "socket_r": cores / (best * 1e9),
+    return {"tcp_r": byte / share, "message_s": msg / share, "socket_r": cores / (best * 1e9),
             "socket_gbyte_s": best, "rate": rate, "one_s": one["seconds"], "split_s": split["seconds"],
             "split_message_bytes": split["message_bytes"], "one_message_bytes": one["message_bytes"]}
 
@@ -305,9 +290,6 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
     tcp_r, msg_s = med([t["tcp_r"] for t in tcp]), med([t["message_s"] for t in tcp])
     hk["kernels"]["tcp_r"] = tcp_r
     hk["kernels"]["message_s"] = msg_s
-    hk["kernels"]["tcp_by_message"] = [
-        {"message_bytes": rung["message_bytes"], "seconds": med([t["by_message"][i]["seconds"] for t in tcp])}
-        for i, rung in enumerate(tcp[0]["by_message"])]
     del hk["link"]
     t0 = tcp[0]
     ms = lambda key: ", ".join(f"{t[key] * 1e3:.1f}" for t in tcp)
@@ -322,12 +304,6 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
         f"{socket_gbit} Gbit/s a direction ({med([t['socket_r'] for t in tcp]) * 1e9:.3f} ns a byte); over "
         f"loopback host-kernels measured {loopback * 1e9:.3f}")
     hk["sources"]["message_s"] = "as tcp_r"
-    hk["sources"]["tcp_by_message"] = (
-        f"scripts/validate/sync.py: the same all-to-all of 16 MiB a rank in {', '.join(map(str, LADDER_EXCHANGES))} "
-        f"exchanges ({', '.join(str(int(r['message_bytes'])) for r in tcp[0]['by_message'])} B a peer), each "
-        f"exchange's time over its P−1 messages, as CPU time with the node's {k} ranks sharing {cores} core(s); "
-        f"median of {len(tcp)} measurements over the run: "
-        + ", ".join(f"{r['seconds'] * 1e6:.1f}" for r in hk["kernels"]["tcp_by_message"]) + " us a message")
     hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0-{nodes * cores - 1} qsyncc host-kernels "
                                 f"--threads {hk['threads']} --elements 16777216` runs (the fits, the rates at 1, 2, 4, 8 and "
                                 f"16 Mi elements and piece by piece; as many threads as the job runs ranks at once) "

@@ -117,15 +117,6 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
             bail!("--host-kernels {}: by_size's sizes must grow from a positive first one", path.display());
         }
     }
-    if let Some(rungs) = &k.tcp_by_message {
-        if let Some(v) = rungs.iter().flat_map(|r| [r.message_bytes, r.seconds]).find(|v| !(v.is_finite() && *v >= 0.0))
-        {
-            bail!("--host-kernels {}: tcp_by_message holds {v}, not a non-negative number", path.display());
-        }
-        if rungs.windows(2).any(|w| w[0].message_bytes >= w[1].message_bytes) || rungs[0].message_bytes <= 0.0 {
-            bail!("--host-kernels {}: tcp_by_message's sizes must grow from a positive first one", path.display());
-        }
-    }
     if let Some(p) = &k.pieces {
         let rows = std::iter::once(&p.cached).chain(&p.streamed);
         if let Some(v) = rows.flat_map(|r| r.values()).find(|v| !(v.is_finite() && *v >= 0.0)) {
@@ -498,7 +489,6 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             // Measured per message with the engine itself, under mpirun
             // (sync-bench --collective all-to-all), not by this command.
             message_s: None,
-            tcp_by_message: None,
             ring_tcp_r: None,
             ring_step_s: None,
             // Measured with gloo's all-gather (gloo_probe.py), as busy_round_s.

@@ -64,6 +64,5 @@ pub use shard::{
 };
 pub use sim::{CollectiveResult, DeviceResult, SimConfig, SimResult, Simulator};
 pub use sync::{
-    MessageCost, PieceKernels, PieceRates, SizeRates, SyncBreakdown, SyncChoice, SyncKernels, SyncPath, SyncScheme,
-    SyncSpec,
+    PieceKernels, PieceRates, SizeRates, SyncBreakdown, SyncChoice, SyncKernels, SyncPath, SyncScheme, SyncSpec,
 };

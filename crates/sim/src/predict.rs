@@ -325,7 +325,6 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         sum_r: None,
         tcp_r: None,
         message_s: None,
-        tcp_by_message: None,
         ring_tcp_r: None,
         ring_step_s: None,
         gather_step_s: None,

@@ -116,18 +116,6 @@ pub struct SyncKernels {
     /// sizes (`sync-bench --collective all-to-all --messages K`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_s: Option<f64>,
-    /// Host CPU seconds per message a rank receives through a host
-    /// transport, bytes included, at [`MESSAGE_RUNGS`] message sizes,
-    /// smallest first (`None`: `tcp_r` and `message_s`). A byte costs the
-    /// stack least in messages of a few hundred KiB, more in larger ones
-    /// (their buffers no longer stay in the caches) and in smaller ones
-    /// (each message's own work), so one rate per byte and one per message
-    /// price either the large or the small exchanges wrong. Measured with
-    /// the engine's all-to-all cut into more and more exchanges
-    /// (`scripts/validate/sync.py`); [`SyncKernels::transport_cpu`] reads
-    /// a message's cost off it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_by_message: Option<[MessageCost; MESSAGE_RUNGS]>,
     /// Host CPU seconds per byte of a host engine's own all-reduce (gloo's
     /// ring under DDP's fp32 synchronization), sender and receiver
     /// together, where it differs from the transport the compressed
@@ -290,35 +278,6 @@ fn bracket(sizes: [f64; LADDER], elements: f64) -> (usize, usize, f64) {
 /// largest and 1/2, 1/4, 1/8 and 1/16 of it.
 pub const LADDER: usize = 5;
 
-/// Message sizes [`SyncKernels::tcp_by_message`] holds a cost at.
-pub const MESSAGE_RUNGS: usize = 5;
-
-/// What a host transport's message of `message_bytes` costs a rank's CPU,
-/// its bytes included: one rung of [`SyncKernels::tcp_by_message`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MessageCost {
-    pub message_bytes: f64,
-    pub seconds: f64,
-}
-
-/// Seconds a message of `bytes` costs on `rungs` (sizes growing):
-/// piecewise linear in the size between the rungs, the nearest segment's
-/// line beyond them. Below the smallest rung the line keeps its cost per
-/// message (its value at no bytes) where that is not negative; where it
-/// is, the smallest rung's cost per byte.
-fn message_cost(rungs: &[MessageCost; MESSAGE_RUNGS], bytes: f64) -> f64 {
-    let bytes = bytes.max(0.0);
-    let i = (0..MESSAGE_RUNGS - 2).find(|&i| bytes <= rungs[i + 1].message_bytes).unwrap_or(MESSAGE_RUNGS - 2);
-    let (a, b) = (rungs[i], rungs[i + 1]);
-    let slope = (b.seconds - a.seconds) / (b.message_bytes - a.message_bytes);
-    let at = a.seconds + slope * (bytes - a.message_bytes);
-    if bytes < rungs[0].message_bytes && a.seconds - slope * a.message_bytes < 0.0 {
-        return a.seconds * bytes / a.message_bytes;
-    }
-    at.max(0.0)
-}
-
 /// Seconds per element of each kernel on a gradient of `elements`, as
 /// measured (the whole call's time over its elements, per-call costs
 /// included): one rung of [`SyncKernels::by_size`]. Fields as
@@ -386,7 +345,6 @@ impl Default for SyncKernels {
             sum_r: None,
             tcp_r: None,
             message_s: None,
-            tcp_by_message: None,
             ring_tcp_r: None,
             ring_step_s: None,
             gather_step_s: None,
@@ -427,7 +385,6 @@ impl SyncKernels {
             sum_r: None,
             tcp_r: None,
             message_s: None,
-            tcp_by_message: None,
             ring_tcp_r: None,
             ring_step_s: None,
             gather_step_s: None,
@@ -492,17 +449,6 @@ impl SyncKernels {
     /// beyond their bytes.
     pub fn messages(&self, messages: f64) -> f64 {
         self.message_s.unwrap_or(0.0) * messages.max(0.0)
-    }
-
-    /// CPU seconds for a rank to receive `messages` messages carrying
-    /// `bytes` in all through the host transport: each message at its
-    /// size's cost where [`SyncKernels::tcp_by_message`] is measured, else
-    /// [`SyncKernels::tcp`] on the bytes and [`SyncKernels::messages`].
-    pub fn transport_cpu(&self, bytes: f64, messages: f64) -> f64 {
-        match &self.tcp_by_message {
-            Some(rungs) if messages > 0.0 => messages * message_cost(rungs, bytes / messages),
-            _ => self.tcp(bytes) + self.messages(messages),
-        }
     }
 
     /// CPU seconds of DDP's copies of `elements` gradient elements into
@@ -1116,12 +1062,11 @@ impl Cluster {
                 (false, true) => (p as f64 / per_node.max(1) as f64).ceil() - 1.0,
                 (false, false) => 0.0,
             };
-            let moved = ph.intra_node + ph.inter_node;
-            let cpu_s = match ring_step {
-                Some(step) if i + 1 == phs.len() => kernels.tcp(moved) + (p as f64 - 1.0) * step,
-                _ => kernels.transport_cpu(moved, pieces * peers),
+            let messages = match ring_step {
+                Some(step) if i + 1 == phs.len() => (p as f64 - 1.0) * step,
+                _ => kernels.messages(pieces * peers),
             };
-            let cpu = if tcp { cpu_s * share * 1e6 } else { 0.0 };
+            let cpu = if tcp { (kernels.tcp(ph.intra_node + ph.inter_node) + messages) * share * 1e6 } else { 0.0 };
             link_sum += link;
             tcp_sum += cpu;
             lat_sum += pieces * lat;
@@ -1708,65 +1653,6 @@ mod tests {
         let d = c1.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling)
             - c2.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling);
         assert!((d - 800.0).abs() < 1e-6, "{d}");
-    }
-
-    /// Rungs at 100 KB, 500 KB, 1, 2 and 4 MB.
-    fn rungs(seconds: [f64; MESSAGE_RUNGS]) -> [MessageCost; MESSAGE_RUNGS] {
-        let sizes = [1e5, 5e5, 1e6, 2e6, 4e6];
-        std::array::from_fn(|i| MessageCost { message_bytes: sizes[i], seconds: seconds[i] })
-    }
-
-    #[test]
-    fn a_message_costs_what_its_size_measured() {
-        let k = SyncKernels { tcp_by_message: Some(rungs([50e-6, 250e-6, 400e-6, 900e-6, 2900e-6])), ..free_kernels() };
-        let at = |bytes: f64| k.transport_cpu(bytes, 1.0) * 1e6;
-        // On a rung, its cost; between two, on the line through them.
-        assert!((at(5e5) - 250.0).abs() < 1e-9, "{}", at(5e5));
-        assert!((at(7.5e5) - 325.0).abs() < 1e-9, "{}", at(7.5e5));
-        // Past the largest, the last segment's line: 2900 + 2000/2e6 · 4e6.
-        assert!((at(8e6) - 6900.0).abs() < 1e-9, "{}", at(8e6));
-        // Below the smallest, the first segment's line (0.5 µs a KB, 0 µs a
-        // message): 50 µs at 100 KB, 20 at 40 KB.
-        assert!((at(4e4) - 20.0).abs() < 1e-9, "{}", at(4e4));
-        // Messages are priced each at its own size: 4 of 750 KB.
-        assert!((k.transport_cpu(3e6, 4.0) * 1e6 - 1300.0).abs() < 1e-9);
-        // A line that would go below nothing at no bytes (40 µs at 100 KB,
-        // 240 at 500 KB: −10 µs at 0) gives way to the smallest rung's cost
-        // a byte: 16 µs at 40 KB.
-        let steep = SyncKernels { tcp_by_message: Some(rungs([40e-6, 240e-6, 400e-6, 900e-6, 2900e-6])), ..k };
-        assert!((steep.transport_cpu(4e4, 1.0) * 1e6 - 16.0).abs() < 1e-9);
-        // Above the smallest rung the line holds even where its per-message
-        // part is negative.
-        assert!((steep.transport_cpu(3e5, 1.0) * 1e6 - 140.0).abs() < 1e-9);
-        // Without the ladder: the rate per byte and the cost per message.
-        let flat = SyncKernels { tcp_r: Some(1e-9), message_s: Some(1e-4), ..free_kernels() };
-        assert!((flat.transport_cpu(3e6, 4.0) * 1e6 - 3400.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn the_host_transport_prices_messages_off_the_ladder() {
-        // The cluster of `each_message_costs_the_host_transport` (2 nodes
-        // × 2, a core a node, fp16 of 4e6 B on the MPI path: one piece, two
-        // flat phases, each 3 messages of 5e5 B to a rank, the link 2000 µs
-        // and 20 µs of latency a phase, casts 6500 µs). With a ladder that
-        // prices a 500 KB message at 500 µs, its rate per byte and per
-        // message no longer count: 3 × 500 µs × 2 ranks a core = 3000 µs a
-        // phase, above the link's 2000.
-        let ladder = rungs([50e-6, 500e-6, 900e-6, 1800e-6, 3600e-6]);
-        let k = SyncKernels {
-            cast16_r: 1e-9,
-            tcp_r: Some(1e-9),
-            message_s: Some(1e-4),
-            tcp_by_message: Some(ladder),
-            ..free_kernels()
-        };
-        let ty = DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0).with_host(k, 10.0).with_host_cores(Some(1));
-        let c = Cluster::new(vec![ty]);
-        let spec = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Mpi);
-        let b = c.sync_breakdown(0, 4_000_000, &spec);
-        assert_eq!(b.pieces, 1.0);
-        assert!((b.transport_cpu_us - 6000.0).abs() < 1e-6, "{b:?}");
-        assert!((b.total_us - (2.0 * (3000.0 + 20.0) + 6500.0)).abs() < 1e-6, "{b:?}");
     }
 
     #[test]
