@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Render OUT/iterations.jsonl (scripts/validate/iterations.py) as markdown:
 per link and model, each hook's measured backward (with and without
-synchronization), the measured and predicted exposed synchronization, the
+synchronization; the range of its rounds beside the median, and whether
+the prediction falls in it), the measured and predicted exposed synchronization, the
 predicted backward and its error; then whether `--sync auto` named the
 scheme that measured fastest.
 
@@ -15,16 +16,28 @@ from collections import OrderedDict
 
 def main():
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-    print("| link | model | hook | backward s | no-sync backward s | exposed sync s | predicted exposed s | predicted backward s | error |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| link | model | hook | backward s | rounds s | no-sync backward s | exposed sync s | predicted exposed s "
+          "| predicted backward s | error |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     cells = OrderedDict()
+    inside = []
     for r in rows:
         cells.setdefault((r["rate"], r["model"]), r)
-        print(f"| {r['rate']} | {r['model']} | {r['hook']} | {r['backward_s']:.4f} | {r['no_sync_backward_s']:.4f} | "
-              f"{r['exposed_s']:.4f} | {r['predicted_exposed_s']:.4f} | {r['predicted_backward_s']:.4f} | {r['error']:+.1%} |")
+        spread, mark = "—", ""
+        if r.get("rounds_s"):
+            lo, hi = min(r["rounds_s"]), max(r["rounds_s"])
+            spread = f"{lo:.4f}–{hi:.4f}"
+            if lo <= r["predicted_backward_s"] <= hi:
+                inside.append(r)
+                mark = " ◦"
+        print(f"| {r['rate']} | {r['model']} | {r['hook']} | {r['backward_s']:.4f} | {spread} | "
+              f"{r['no_sync_backward_s']:.4f} | {r['exposed_s']:.4f} | {r['predicted_exposed_s']:.4f} | "
+              f"{r['predicted_backward_s']:.4f}{mark} | {r['error']:+.1%} |")
     errs = [abs(r["error"]) for r in rows]
     print()
-    print(f"Backward time: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}.")
+    print(f"Backward time: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}. "
+          f"The prediction lies within the backward's range over its rounds (`rounds s`: each round's slowest rank; "
+          f"marked ◦) in {len(inside)} of {len(rows)} rows.")
     print()
     print("| link | model | `--sync auto` chose | fastest measured | agree | rounds the choice was at least as fast |")
     print("|---|---|---|---|---|---:|")
