@@ -215,6 +215,7 @@ def cmd_train(a):
     timeout = {"timeout": datetime.timedelta(seconds=a.timeout_s)} if a.timeout_s else {}
     dist.init_process_group(backend_for(a.device), **timeout)
     hook_opts = {"timeout_s": a.timeout_s} if a.timeout_s else {}
+    hook_opts["last_bucket"] = a.last_bucket
     rank, world = dist.get_rank(), dist.get_world_size()
     device = local_device(a.device)
     if device.type == "cuda":
@@ -312,7 +313,7 @@ def cmd_bench(a):
         if name.startswith("torch-"):
             ddp.register_comm_hook(None, torch_hook(name))
         elif name not in ("ddp", "no-sync"):
-            hook = qsync.comm_hook(name, seed=a.seed, kernels=a.kernels)
+            hook = qsync.comm_hook(name, seed=a.seed, kernels=a.kernels, last_bucket=a.last_bucket)
             ddp.register_comm_hook(None, hook)
             qhooks[name] = hook.qsync
         ddps[name] = ddp
@@ -456,6 +457,8 @@ def main():
     t.add_argument("--fail-step", type=int, default=1)
     t.add_argument("--timeout-s", type=float, default=None,
                    help="deadline of every collective, seconds (gloo's and the qsync hook's)")
+    t.add_argument("--last-bucket", choices=["worker", "call"], default="worker",
+                   help="where a CPU step's last bucket synchronizes: the hook's worker thread, or the hook call")
     b = sub.add_parser("bench", help="time each hook's synchronization against DDP's all-reduce (under torchrun)")
     b.add_argument("--model", default="resnet18", choices=["resnet18", "transformer"])
     b.add_argument("--hooks", default="ddp,torch-fp16,fp16,qgz-int8,qgz-int4,nbit-2",
@@ -466,6 +469,7 @@ def main():
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--bucket-mb", type=float, default=25.0)
     b.add_argument("--kernels", choices=["host", "device"], default="host")
+    b.add_argument("--last-bucket", choices=["worker", "call"], default="worker")
     b.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     {"plan": cmd_plan, "train": cmd_train, "bench": cmd_bench}[a.cmd](a)

@@ -10,7 +10,8 @@ measures only that), whose host description (`--from`: its
 `host-kernels-gloo.json` and `cpu.json`) it predicts with.
 
     python3 scripts/validate/hook_paths.py --qsyncc target/release/qsyncc --from target/validate \\
-        [--rate 10gbit] [--schemes fp16,qgz-int8,nbit-2] [--elements 118000] [--ranks-per-node 2]
+        [--rate 10gbit] [--schemes fp16,qgz-int8,nbit-2] [--elements 118000] [--model transformer]
+        [--ranks-per-node 2]
 
 Prints one JSON line per scheme and measurement, then a table.
 """
@@ -34,6 +35,7 @@ def main():
     ap.add_argument("--rate", default="10gbit")
     ap.add_argument("--schemes", default="fp16,qgz-int8,nbit-2")
     ap.add_argument("--elements", type=int, default=118000, help="the bucket (default: the transformer's gradient)")
+    ap.add_argument("--model", default="transformer", help="the model whose last bucket last_bucket.py times")
     ap.add_argument("--ranks-per-node", type=int, default=2)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--prefix", default="qsh")
@@ -71,7 +73,8 @@ def main():
         ddp = {}
         for scheme in a.schemes.split(","):
             outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, f"the last bucket, {scheme}",
-                                  [os.path.join(HERE, "last_bucket.py"), "--scheme", scheme, "--reps", str(a.reps)])
+                                  [os.path.join(HERE, "last_bucket.py"), "--scheme", scheme, "--model", a.model,
+                                   "--reps", str(a.reps)])
             for line in outs[0][0].splitlines():
                 if line.startswith("{"):
                     r = json.loads(line)

@@ -14,6 +14,9 @@ For each scheme of `--schemes`, a gradient of `--elements` f32 elements:
   (`TorchTransport.flat_gather`); `forms`: the form `direct_s`'s transport
   measured per size class (`true`: the all-to-all; only with
   `QSYNC_ALL_GATHER=measured`, `TorchTransport._tuned`);
+- `direct_skew_s`: the same with each node's second rank computing
+  `--skew-ms` before it calls, as in DDP where a node's ranks share a
+  core (the slowest rank's time from the barrier, less the skew);
 - bare collectives through the same transport: an all-gather of 8 bytes a
   rank, gloo's ring and as an all-to-all, and an all-to-all of 8 bytes a
   peer (`gather8_s`, `gather8_flat_s`, `a2a8_s`).
@@ -25,6 +28,8 @@ Rank 0 prints one JSON line per scheme: the slowest rank's median of
 """
 import argparse
 import json
+import os
+import resource
 import statistics
 import time
 
@@ -41,6 +46,8 @@ def main():
     ap.add_argument("--schemes", default="fp16,qgz-int8,nbit-2")
     ap.add_argument("--elements", type=int, default=118000)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--skew-ms", type=float, default=1.4,
+                    help="`direct_skew_s`: each node's second rank computes this long before it calls")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -53,14 +60,19 @@ def main():
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         return mine.item()
 
+    faults = {}
+
     def timed(call, reps):
-        times = []
+        times, flt = [], []
         for i in range(reps + 3):
             tr.barrier(60.0)
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t = time.perf_counter()
             call()
             if i >= 3:
                 times.append(time.perf_counter() - t)
+                flt.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        faults["last"] = statistics.median(flt)
         return slowest_median(times)
 
     def gather8(flat):
@@ -81,6 +93,7 @@ def main():
         work = grad.copy()
         hook.reset_phases()
         direct = timed(lambda: sync.all_reduce_mean(work), a.reps)
+        direct_faults = faults["last"]
         phases = {k: v / (a.reps + 3) for k, v in hook.phases().items()}
         transport = hook._transport()
         more = {"forms": {str(k): v for k, v in sorted(transport.gather_forms.items())}}
@@ -89,9 +102,26 @@ def main():
             transport.flat_gather = flat
             more[key] = timed(lambda: sync.all_reduce_mean(work), a.reps)
         transport.flat_gather = None
+        # As in DDP with a node's ranks on one core: the ranks leave the
+        # barrier together, but each node's second rank still computes
+        # (here: spins) `--skew-ms` before it calls, while the first waits
+        # in the exchange. The slowest rank's time from the barrier to the
+        # call's end, less the skew: what the call takes after the last
+        # rank joins it.
+        late = int(os.environ.get("LOCAL_RANK", "0")) % 2 == 1
+
+        def skewed():
+            if late:
+                until = time.perf_counter() + a.skew_ms / 1e3
+                while time.perf_counter() < until:
+                    pass
+            sync.all_reduce_mean(work)
+
+        more["direct_skew_s"] = timed(skewed, a.reps) - a.skew_ms / 1e3
+        more["skew_ms"] = a.skew_ms
         if rank == 0:
             print(json.dumps({"scheme": name, "ranks": tr.size, "elements": a.elements, "reps": a.reps,
-                              "direct_s": direct, **more, "phases": phases, **bare}), flush=True)
+                              "direct_s": direct, "direct_faults": direct_faults, **more, "phases": phases, **bare}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -53,9 +54,11 @@ class _Timed:
         return getattr(self._sync, name)
 
     def all_reduce_mean(self, grad):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self._marks["start"] = time.perf_counter()
         out = self._sync.all_reduce_mean(grad)
         self._marks["end"] = time.perf_counter()
+        self._marks["faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         return out
 
 
@@ -109,7 +112,7 @@ def main():
             t1 = time.perf_counter()
         # perf_counter is CLOCK_MONOTONIC, one clock for every process of
         # this machine (the emulated nodes included): `t0` lines ranks up.
-        return {"wall": t1 - t0, "t0": t0, **{k: v - t0 for k, v in marks.items()}}
+        return {"wall": t1 - t0, "t0": t0, **{k: v if k == "faults" else v - t0 for k, v in marks.items()}}
 
     for name in ddps:
         for _ in range(2):
@@ -134,6 +137,8 @@ def main():
                                                   for rd in rounds) * 1e3
                 out["sync_ms"] = med(max(x["t0"] + x["end"] for x in rd) - max(x["t0"] + x["start"] for x in rd)
                                      for rd in rounds) * 1e3
+                # the process's minor page faults during the runtime's call
+                out["faults"] = [med(every[r][name][i]["faults"] for i in range(a.reps)) for r in range(world)]
                 for key in ("call", "start", "end", "done"):
                     out[f"{key}_ms"] = [round(med(every[r][name][i][key] for i in range(a.reps)) * 1e3, 3)
                                         for r in range(world)]

@@ -343,8 +343,7 @@ fn hook_bench_times_each_hook_against_ddp_in_one_job() {
     install();
     let hooks = ["ddp", "torch-fp16", "qgz-int8", "nbit-2"];
     // Buckets of 0.1 MiB: the transformer's 0.45 MiB gradient in several,
-    // so the hook's worker thread has buckets to take (the step's last
-    // bucket synchronizes in the hook call itself).
+    // so the hook's worker thread has buckets to take.
     let (out, _) = run_limited(
         &mut torchrun_sub(
             "bench",
@@ -377,13 +376,48 @@ fn hook_bench_times_each_hook_against_ddp_in_one_job() {
             let threads = r[key].as_object().unwrap_or_else(|| panic!("{key} missing: {r}"));
             assert!(!threads.is_empty() && threads.values().all(|v| v.as_f64().is_some_and(|s| s >= 0.0)), "{r}");
         }
-        // A qsync hook's worker thread (every bucket but the step's last)
-        // carries its own OS name, apart from the training thread.
+        // A qsync hook's worker thread carries its own OS name, apart from
+        // the training thread.
         if r["hook"].as_str().is_some_and(|h| h.starts_with("qgz") || h.starts_with("nbit")) {
             assert!(r["threads_cpu_s"].get("qsync-hook").is_some(), "{r}");
         }
     }
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn the_last_bucket_in_the_call_trains_as_on_the_worker() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    install();
+    // The step's last bucket on the training thread (`last_bucket="call"`)
+    // or on the hook's worker like the others: the same schemes, the same
+    // seed, so every step's loss and every replica must come out the same
+    // bits either way (buckets of 0.1 MiB: the worker has buckets too).
+    let run = |last: &str| {
+        train(&[
+            "--model",
+            "transformer",
+            "--batch",
+            "4",
+            "--steps",
+            "3",
+            "--schemes",
+            "qgz-int8,nbit-2",
+            "--bucket-mb",
+            "0.1",
+            "--last-bucket",
+            last,
+        ])
+    };
+    let (call, worker) = (run("call"), run("worker"));
+    assert_eq!(call.len(), 6, "3 steps of 2 schemes: {call:?}");
+    assert_identical(&call);
+    assert_identical(&worker);
+    for (c, w) in call.iter().zip(&worker) {
+        assert_eq!((&c["scheme"], &c["step"]), (&w["scheme"], &w["step"]));
+        assert_eq!(c["loss"].as_f64().map(f64::to_bits), w["loss"].as_f64().map(f64::to_bits), "{c} vs {w}");
+        assert_eq!(c["digests"], w["digests"], "{c} vs {w}");
+    }
 }
 
 #[test]
