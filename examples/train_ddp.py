@@ -457,8 +457,9 @@ def main():
     t.add_argument("--fail-step", type=int, default=1)
     t.add_argument("--timeout-s", type=float, default=None,
                    help="deadline of every collective, seconds (gloo's and the qsync hook's)")
-    t.add_argument("--last-bucket", choices=["worker", "call"], default="worker",
-                   help="where a CPU step's last bucket synchronizes: the hook's worker thread, or the hook call")
+    t.add_argument("--last-bucket", choices=["auto", "worker", "call"], default="auto",
+                   help="where a CPU step's last bucket synchronizes: the hook's worker thread, the hook call, "
+                        "or auto (the call where a node's ranks outnumber its cores)")
     b = sub.add_parser("bench", help="time each hook's synchronization against DDP's all-reduce (under torchrun)")
     b.add_argument("--model", default="resnet18", choices=["resnet18", "transformer"])
     b.add_argument("--hooks", default="ddp,torch-fp16,fp16,qgz-int8,qgz-int4,nbit-2",
@@ -469,7 +470,7 @@ def main():
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--bucket-mb", type=float, default=25.0)
     b.add_argument("--kernels", choices=["host", "device"], default="host")
-    b.add_argument("--last-bucket", choices=["worker", "call"], default="worker")
+    b.add_argument("--last-bucket", choices=["auto", "worker", "call"], default="auto")
     b.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     {"plan": cmd_plan, "train": cmd_train, "bench": cmd_bench}[a.cmd](a)

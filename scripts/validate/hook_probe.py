@@ -8,7 +8,8 @@ For each scheme of `--schemes`, a gradient of `--elements` f32 elements:
 - `direct_s`: the hook's `GradSync` (the native runtime over qsync's
   TorchTransport, gloo) called on the training thread;
 - `phases`: the runtime's phases per call (quantize, exchange, wait,
-  dequantize);
+  dequantize); `direct_faults`: rank 0's process's minor page faults per
+  call (the median);
 - `direct_ring_s`, `direct_flat_s`: the same with the transport's
   all-gather forced to gloo's ring and to the all-to-all
   (`TorchTransport.flat_gather`); `forms`: the form `direct_s`'s transport

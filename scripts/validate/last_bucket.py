@@ -19,7 +19,9 @@ exit, so it carries how far apart the ranks left the barrier). On one clock for 
 machine, emulated nodes included): how far apart the ranks left the
 barrier that starts each backward (`skew_ms`), the step's end after the
 latest hook call (`after_latest_call_ms`) and the runtime's call from the
-last rank's start to the last rank's end (`sync_ms`).
+last rank's start to the last rank's end (`sync_ms`); and each rank's
+median of its process's minor page faults during the runtime's call
+(`faults`).
 
     torchrun ... scripts/validate/last_bucket.py --scheme fp16 [--model transformer] [--reps 30]
 """

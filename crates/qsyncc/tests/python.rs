@@ -343,7 +343,8 @@ fn hook_bench_times_each_hook_against_ddp_in_one_job() {
     install();
     let hooks = ["ddp", "torch-fp16", "qgz-int8", "nbit-2"];
     // Buckets of 0.1 MiB: the transformer's 0.45 MiB gradient in several,
-    // so the hook's worker thread has buckets to take.
+    // so the hook's worker thread has buckets to take (where a node's ranks
+    // share cores, the step's last bucket synchronizes in the hook call).
     let (out, _) = run_limited(
         &mut torchrun_sub(
             "bench",
@@ -376,8 +377,9 @@ fn hook_bench_times_each_hook_against_ddp_in_one_job() {
             let threads = r[key].as_object().unwrap_or_else(|| panic!("{key} missing: {r}"));
             assert!(!threads.is_empty() && threads.values().all(|v| v.as_f64().is_some_and(|s| s >= 0.0)), "{r}");
         }
-        // A qsync hook's worker thread carries its own OS name, apart from
-        // the training thread.
+        // A qsync hook's worker thread (every bucket, or every bucket but
+        // the step's last) carries its own OS name, apart from the training
+        // thread.
         if r["hook"].as_str().is_some_and(|h| h.starts_with("qgz") || h.starts_with("nbit")) {
             assert!(r["threads_cpu_s"].get("qsync-hook").is_some(), "{r}");
         }

@@ -6,9 +6,10 @@
 Each bucket is synchronized by the runtime's `GradSync` (the same code the
 MPI and NCCL jobs run). CPU buckets go through torch.distributed (gloo) as
 the transport, on the hook's worker thread, so a bucket synchronizes while
-autograd computes the next ones (as DDP's own all-reduce does); the last
-bucket too, unless `last_bucket="call"` runs it on the training thread
-itself, after the worker's queue. CUDA buckets
+autograd computes the next ones (as DDP's own all-reduce does); where a
+node's ranks share cores, the last bucket, ready when nothing is left to
+compute, runs on the training thread itself, after the worker's queue,
+sparing two thread hand-offs (`last_bucket`). CUDA buckets
 go through the runtime's own NCCL communicator, whose unique id rank 0 makes
 and shares through a gloo group; that path stages each bucket through host
 memory, where the runtime's schemes quantize (the kernels' arithmetic, so
@@ -37,6 +38,19 @@ from ._manifest import Plan
 from ._transport import TorchTransport
 
 
+def _node_shares_cores():
+    """Whether this node's ranks outnumber the cores this process may run
+    on (the launcher's `LOCAL_WORLD_SIZE` against the process's CPU
+    affinity): then a thread hand-off waits for a core another rank is
+    using."""
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        cores = len(os.sched_getaffinity(0))
+    except (ValueError, AttributeError, OSError):
+        return False
+    return local > cores
+
+
 def _name_os_thread(name):
     """Give the calling thread `name` as its OS name as well (what /proc and
     `top -H` show; this Python leaves every thread with the process's), so a
@@ -53,7 +67,7 @@ class QSyncHook:
     """The hook object: call it as `hook(state, bucket)` (DDP does)."""
 
     def __init__(self, scheme, *, weight=None, nodes=1, node_of=None, group=512, seed=0, timeout_s=60.0,
-                 gather_f32=False, process_group=None, kernels="host", last_bucket="worker"):
+                 gather_f32=False, process_group=None, kernels="host", last_bucket="auto"):
         if not dist.is_initialized():
             raise RuntimeError("qsync.comm_hook needs torch.distributed to be initialized (init_process_group)")
         self.scheme = _native.parse_scheme(scheme)
@@ -74,8 +88,10 @@ class QSyncHook:
         self._cpu = None  # gloo transport, made on first use (collective)
         self._syncs = {}  # (device kind, bucket index) -> GradSync
         self._worker = None  # one thread: CPU buckets synchronize in order, overlapping the backward pass
-        if last_bucket not in ("call", "worker"):
-            raise ValueError(f"last_bucket must be 'call' or 'worker', not {last_bucket!r}")
+        if last_bucket not in ("auto", "call", "worker"):
+            raise ValueError(f"last_bucket must be 'auto', 'call' or 'worker', not {last_bucket!r}")
+        if last_bucket == "auto":
+            last_bucket = "call" if _node_shares_cores() else "worker"
         self.last_bucket = last_bucket  # where a CPU step's last bucket synchronizes
         self._queued = None  # the worker's last task (its buckets run in order before the last bucket's)
         self._failed = None  # a failed synchronization of this step, if any (read by the last bucket)
@@ -260,7 +276,7 @@ def launcher_node_map(process_group=None):
 
 
 def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=None, node_of=None, group=None, seed=0,
-              timeout_s=60.0, gather_f32=False, process_group=None, kernels="host", last_bucket="worker"):
+              timeout_s=60.0, gather_f32=False, process_group=None, kernels="host", last_bucket="auto"):
     """A DDP communication hook for `ddp.register_comm_hook(None, hook)`;
     `hook.qsync` is its `QSyncHook` (scheme, weight scale, wire bytes).
 
@@ -279,13 +295,18 @@ def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=Non
     else one node. `kernels="device"` quantizes CUDA
     buckets with qsync's PTX kernels on the GPU (`$QSYNC_PTX_DIR` holds the
     `qsyncc codegen --all-kernels` output); CPU buckets always use the host.
-    `last_bucket` says where a CPU step's last bucket synchronizes:
-    `"worker"` (default) on the hook's worker thread like the others;
-    `"call"` in the hook call, on the training thread, once the worker's
-    queue is done. Measured on 2 emulated nodes of 2 ranks on one core
-    (docs/validation.md, the twenty-second session): the transformer's one
-    bucket ended the backward 0.7–3.6 ms sooner on the worker in 14 of 15
-    paired runs; ResNet-18's last bucket alike either way (within 5%).
+    `last_bucket` says where a CPU step's last bucket synchronizes: `"call"`
+    in the hook call, on the training thread, once the worker's queue is
+    done; `"worker"` on the hook's worker thread like the others; `"auto"`
+    (default) in the call where the node's ranks outnumber the cores this
+    process may run on, else on the worker. Measured on 2 emulated nodes
+    at 10 Gbit/s (docs/validation.md): on an Intel Xeon VM, with 2 ranks
+    sharing a node's core, the call ended the transformer's step 0.4–2.7
+    ms sooner, and with a core a rank fp16 and qgz-int8 up to 2 ms later
+    in 4 of 6 paired runs; on an AMD EPYC VM, 2 ranks a core, the worker
+    ended the transformer's backward 0.7–3.6 ms sooner in 14 of 15 paired
+    runs, while ResNet-18's was as fast or faster in the call in 4 of 4
+    paired jobs. Neither is faster everywhere.
     """
     if kernels not in ("host", "device"):
         raise ValueError(f"kernels must be 'host' or 'device', not {kernels!r}")
