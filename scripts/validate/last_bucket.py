@@ -21,7 +21,8 @@ barrier that starts each backward (`skew_ms`), the step's end after the
 latest hook call (`after_latest_call_ms`) and the runtime's call from the
 last rank's start to the last rank's end (`sync_ms`); and each rank's
 median of its process's minor page faults during the runtime's call
-(`faults`).
+(`faults`), and the runtime's phases per backward (`phases_ms`: each
+phase's largest mean over the ranks).
 
     torchrun ... scripts/validate/last_bucket.py --scheme fp16 [--model transformer] [--reps 30]
 """
@@ -64,9 +65,11 @@ class _Timed:
         return out
 
 
-def timed_hook(scheme, marks, inline):
+def timed_hook(scheme, marks, inline, hooks=None):
     hook = qsync.comm_hook(scheme, last_bucket="call" if inline else "worker")
     q = hook.qsync
+    if hooks is not None:
+        hooks.append(q)
     make = q._sync_for
     q._sync_for = lambda *a, **k: _Timed(make(*a, **k), marks)
 
@@ -94,10 +97,12 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     marks = {}
     ddps = {}
+    qhooks = {}
     for name in ("hook", "worker", "no-sync"):
         ddp = nn.parallel.DistributedDataParallel(train_ddp.make_model(a.model, 0))
         if name != "no-sync":
-            ddp.register_comm_hook(None, timed_hook(a.scheme, marks, inline=name == "hook"))
+            qhooks[name] = []
+            ddp.register_comm_hook(None, timed_hook(a.scheme, marks, inline=name == "hook", hooks=qhooks[name]))
         ddps[name] = ddp
     x, y = train_ddp.global_batch(a.model, a.batch * world, 0, 0)
     x, y = x[rank * a.batch:(rank + 1) * a.batch], y[rank * a.batch:(rank + 1) * a.batch]
@@ -120,11 +125,17 @@ def main():
         for _ in range(2):
             backward(name)
     rec = {name: [] for name in ddps}
+    for hs in qhooks.values():
+        for h in hs:
+            h.reset_phases()
     for _ in range(a.reps):
         for name in ddps:
             rec[name].append(backward(name))
+    # The runtime's phases per backward, this rank's (the mean over reps).
+    phases = {name: {k: v / a.reps for k, v in hs[0].phases().items()} for name, hs in qhooks.items() if hs}
     every = [None] * world
-    dist.all_gather_object(every, rec)
+    dist.all_gather_object(every, (rec, phases))
+    every, all_phases = [e[0] for e in every], [e[1] for e in every]
     if rank == 0:
         med = statistics.median
         for name in ddps:
@@ -144,6 +155,9 @@ def main():
                 for key in ("call", "start", "end", "done"):
                     out[f"{key}_ms"] = [round(med(every[r][name][i][key] for i in range(a.reps)) * 1e3, 3)
                                         for r in range(world)]
+                # each phase's largest mean over ranks, ms per backward
+                out["phases_ms"] = {k: round(max(p[name][k] for p in all_phases) * 1e3, 3)
+                                    for k in all_phases[0].get(name, {})}
                 out["after_slowest_ms"] = med(max(x["wall"] for x in rd) - max(x["call"] for x in rd)
                                               for rd in rounds) * 1e3
             print(json.dumps(out), flush=True)
