@@ -23,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from iterations import NETCLUSTER, torchrun_nodes  # noqa: E402
+from iterations import NETCLUSTER, nodes_up, torchrun_nodes  # noqa: E402
 from sync import cluster_toml, measure_links, sh  # noqa: E402
 
 
@@ -48,10 +48,7 @@ def main():
     nodes, k = 2, a.ranks_per_node
     cores = max(1, (os.cpu_count() or 1) // nodes)
     torchrun = os.path.join(os.path.dirname(a.python), "torchrun")
-    ns = [f"{a.prefix}{i}" for i in range(nodes)]
-    addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
-    subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
-    sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", a.rate, "--prefix", a.prefix, "--subnet", a.subnet])
+    ns, addr = nodes_up(a, nodes, a.rate)
     rows = []
     try:
         cluster = os.path.join(a.src, f"hook-paths-{a.rate}-{k}.toml")

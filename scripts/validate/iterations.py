@@ -74,6 +74,17 @@ def torchrun_nodes(a, ns, addr, k, cores, torchrun, what, script):
     return outs
 
 
+def nodes_up(a, nodes, rate):
+    """`nodes` emulated nodes at `rate` (`a.prefix`, `a.subnet`), any left
+    by an earlier run taken down first; the caller takes them down. Their
+    namespaces and addresses."""
+    ns = [f"{a.prefix}{i}" for i in range(nodes)]
+    addr = [f"{a.subnet}.{i + 2}" for i in range(nodes)]
+    subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
+    sh(["bash", NETCLUSTER, "up", "--nodes", str(nodes), "--rate", rate, "--prefix", a.prefix, "--subnet", a.subnet])
+    return ns, addr
+
+
 def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     """The hook's own transport, measured as `sync.link_tcp_cost` measures
     Open MPI's: the ranks' all-to-all through qsync's TorchTransport (gloo)
