@@ -21,8 +21,9 @@ barrier that starts each backward (`skew_ms`), the step's end after the
 latest hook call (`after_latest_call_ms`) and the runtime's call from the
 last rank's start to the last rank's end (`sync_ms`); and each rank's
 median of its process's minor page faults during the runtime's call
-(`faults`), and the runtime's phases per backward (`phases_ms`: each
-phase's largest mean over the ranks).
+(`faults`) and how long the calling thread waited runnable for a core
+in it (`runqueue_ms`, the scheduler's account), and the runtime's phases
+per backward (`phases_ms`: each phase's largest mean over the ranks).
 
     torchrun ... scripts/validate/last_bucket.py --scheme fp16 [--model transformer] [--reps 30]
 """
@@ -57,12 +58,24 @@ class _Timed:
         return getattr(self._sync, name)
 
     def all_reduce_mean(self, grad):
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        f0, q0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, _queued_s()
         self._marks["start"] = time.perf_counter()
         out = self._sync.all_reduce_mean(grad)
         self._marks["end"] = time.perf_counter()
         self._marks["faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        self._marks["runqueue"] = _queued_s() - q0
         return out
+
+
+def _queued_s():
+    """Seconds the calling thread has waited runnable for a core, from the
+    scheduler's own account (`/proc/thread-self/schedstat`'s second
+    field); 0 where there is none."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def timed_hook(scheme, marks, inline, hooks=None):
@@ -119,7 +132,8 @@ def main():
             t1 = time.perf_counter()
         # perf_counter is CLOCK_MONOTONIC, one clock for every process of
         # this machine (the emulated nodes included): `t0` lines ranks up.
-        return {"wall": t1 - t0, "t0": t0, **{k: v if k == "faults" else v - t0 for k, v in marks.items()}}
+        return {"wall": t1 - t0, "t0": t0,
+                **{k: v if k in ("faults", "runqueue") else v - t0 for k, v in marks.items()}}
 
     for name in ddps:
         for _ in range(2):
@@ -152,6 +166,9 @@ def main():
                                      for rd in rounds) * 1e3
                 # the process's minor page faults during the runtime's call
                 out["faults"] = [med(every[r][name][i]["faults"] for i in range(a.reps)) for r in range(world)]
+                # ms the calling thread waited runnable for a core during the call
+                out["runqueue_ms"] = [round(med(every[r][name][i]["runqueue"] for i in range(a.reps)) * 1e3, 3)
+                                      for r in range(world)]
                 for key in ("call", "start", "end", "done"):
                     out[f"{key}_ms"] = [round(med(every[r][name][i][key] for i in range(a.reps)) * 1e3, 3)
                                         for r in range(world)]
