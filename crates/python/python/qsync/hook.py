@@ -305,8 +305,8 @@ def comm_hook(plan_or_scheme="fp32", *, device_type=None, scheme=None, nodes=Non
     ms sooner, and with a core a rank fp16 and qgz-int8 up to 2 ms later
     in 4 of 6 paired runs; on an AMD EPYC VM, 2 ranks a core, the worker
     ended the transformer's backward 0.7–3.6 ms sooner in 14 of 15 paired
-    runs, while ResNet-18's was as fast or faster in the call in 4 of 4
-    paired jobs. Neither is faster everywhere.
+    runs, while ResNet-18's was faster in the call in 3 of 4 paired jobs
+    (4 of 4 as a ratio to DDP's all-reduce). Neither is faster everywhere.
     """
     if kernels not in ("host", "device"):
         raise ValueError(f"kernels must be 'host' or 'device', not {kernels!r}")
