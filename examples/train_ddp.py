@@ -214,8 +214,7 @@ def cmd_train(a):
     # dead peer or a cut link ends the job with an error instead of a hang.
     timeout = {"timeout": datetime.timedelta(seconds=a.timeout_s)} if a.timeout_s else {}
     dist.init_process_group(backend_for(a.device), **timeout)
-    hook_opts = {"timeout_s": a.timeout_s} if a.timeout_s else {}
-    hook_opts["last_bucket"] = a.last_bucket
+    hook_opts = {"last_bucket": a.last_bucket, **({"timeout_s": a.timeout_s} if a.timeout_s else {})}
     rank, world = dist.get_rank(), dist.get_world_size()
     device = local_device(a.device)
     if device.type == "cuda":

@@ -61,9 +61,9 @@ def main():
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         return mine.item()
 
-    faults = {}
-
     def timed(call, reps):
+        """The slowest rank's median seconds of `reps` calls (after 3 more),
+        and this rank's median minor page faults a call."""
         times, flt = [], []
         for i in range(reps + 3):
             tr.barrier(60.0)
@@ -73,12 +73,11 @@ def main():
             if i >= 3:
                 times.append(time.perf_counter() - t)
                 flt.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-        faults["last"] = statistics.median(flt)
-        return slowest_median(times)
+        return slowest_median(times), statistics.median(flt)
 
     def gather8(flat):
         tr.flat_gather = flat
-        return timed(lambda: tr.all_gather(bytearray(8), bytearray(8 * tr.size), [8] * tr.size, 60.0), a.reps)
+        return timed(lambda: tr.all_gather(bytearray(8), bytearray(8 * tr.size), [8] * tr.size, 60.0), a.reps)[0]
 
     bare = {
         "gather8_s": gather8(False),
@@ -86,22 +85,24 @@ def main():
         "a2a8_s": timed(
             lambda: tr.all_to_all_v(bytearray(8 * tr.size), [8] * tr.size, bytearray(8 * tr.size), [8] * tr.size, 60.0),
             a.reps,
-        ),
+        )[0],
     }
+    # As in DDP with a node's ranks on one core (`direct_skew_s`): each
+    # node's second rank still computes while the first waits.
+    late = int(os.environ.get("LOCAL_RANK", "0")) % 2 == 1
     for name in a.schemes.split(","):
         hook = qsync.comm_hook(name).qsync
         sync = hook._sync_for("cpu", 0, torch.device("cpu"))
         work = grad.copy()
         hook.reset_phases()
-        direct = timed(lambda: sync.all_reduce_mean(work), a.reps)
-        direct_faults = faults["last"]
+        direct, direct_faults = timed(lambda: sync.all_reduce_mean(work), a.reps)
         phases = {k: v / (a.reps + 3) for k, v in hook.phases().items()}
         transport = hook._transport()
         more = {"forms": {str(k): v for k, v in sorted(transport.gather_forms.items())}}
         # Each all-gather form forced: gloo's ring and the all-to-all.
         for key, flat in (("direct_ring_s", False), ("direct_flat_s", True)):
             transport.flat_gather = flat
-            more[key] = timed(lambda: sync.all_reduce_mean(work), a.reps)
+            more[key] = timed(lambda: sync.all_reduce_mean(work), a.reps)[0]
         transport.flat_gather = None
         # As in DDP with a node's ranks on one core: the ranks leave the
         # barrier together, but each node's second rank still computes
@@ -109,8 +110,6 @@ def main():
         # in the exchange. The slowest rank's time from the barrier to the
         # call's end, less the skew: what the call takes after the last
         # rank joins it.
-        late = int(os.environ.get("LOCAL_RANK", "0")) % 2 == 1
-
         def skewed():
             if late:
                 until = time.perf_counter() + a.skew_ms / 1e3
@@ -118,11 +117,12 @@ def main():
                     pass
             sync.all_reduce_mean(work)
 
-        more["direct_skew_s"] = timed(skewed, a.reps) - a.skew_ms / 1e3
+        more["direct_skew_s"] = timed(skewed, a.reps)[0] - a.skew_ms / 1e3
         more["skew_ms"] = a.skew_ms
         if rank == 0:
             print(json.dumps({"scheme": name, "ranks": tr.size, "elements": a.elements, "reps": a.reps,
-                              "direct_s": direct, "direct_faults": direct_faults, **more, "phases": phases, **bare}), flush=True)
+                              "direct_s": direct, "direct_faults": direct_faults, **more, "phases": phases,
+                              **bare}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -78,11 +78,10 @@ def _queued_s():
         return 0.0
 
 
-def timed_hook(scheme, marks, inline, hooks=None):
+def timed_hook(scheme, marks, inline):
+    """The DDP hook that notes its times in `marks`, and its `QSyncHook`."""
     hook = qsync.comm_hook(scheme, last_bucket="call" if inline else "worker")
     q = hook.qsync
-    if hooks is not None:
-        hooks.append(q)
     make = q._sync_for
     q._sync_for = lambda *a, **k: _Timed(make(*a, **k), marks)
 
@@ -96,7 +95,7 @@ def timed_hook(scheme, marks, inline, hooks=None):
 
         return fut.then(done)
 
-    return call
+    return call, q
 
 
 def main():
@@ -114,8 +113,8 @@ def main():
     for name in ("hook", "worker", "no-sync"):
         ddp = nn.parallel.DistributedDataParallel(train_ddp.make_model(a.model, 0))
         if name != "no-sync":
-            qhooks[name] = []
-            ddp.register_comm_hook(None, timed_hook(a.scheme, marks, inline=name == "hook", hooks=qhooks[name]))
+            call, qhooks[name] = timed_hook(a.scheme, marks, inline=name == "hook")
+            ddp.register_comm_hook(None, call)
         ddps[name] = ddp
     x, y = train_ddp.global_batch(a.model, a.batch * world, 0, 0)
     x, y = x[rank * a.batch:(rank + 1) * a.batch], y[rank * a.batch:(rank + 1) * a.batch]
@@ -139,14 +138,13 @@ def main():
         for _ in range(2):
             backward(name)
     rec = {name: [] for name in ddps}
-    for hs in qhooks.values():
-        for h in hs:
-            h.reset_phases()
+    for q in qhooks.values():
+        q.reset_phases()
     for _ in range(a.reps):
         for name in ddps:
             rec[name].append(backward(name))
     # The runtime's phases per backward, this rank's (the mean over reps).
-    phases = {name: {k: v / a.reps for k, v in hs[0].phases().items()} for name, hs in qhooks.items() if hs}
+    phases = {name: {k: v / a.reps for k, v in q.phases().items()} for name, q in qhooks.items()}
     every = [None] * world
     dist.all_gather_object(every, (rec, phases))
     every, all_phases = [e[0] for e in every], [e[1] for e in every]
@@ -174,7 +172,7 @@ def main():
                                         for r in range(world)]
                 # each phase's largest mean over ranks, ms per backward
                 out["phases_ms"] = {k: round(max(p[name][k] for p in all_phases) * 1e3, 3)
-                                    for k in all_phases[0].get(name, {})}
+                                    for k in all_phases[0][name]}
                 out["after_slowest_ms"] = med(max(x["wall"] for x in rd) - max(x["call"] for x in rd)
                                               for rd in rounds) * 1e3
             print(json.dumps(out), flush=True)

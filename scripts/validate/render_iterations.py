@@ -2,9 +2,9 @@
 """Render OUT/iterations.jsonl (scripts/validate/iterations.py) as markdown:
 per link and model, each hook's measured backward (with and without
 synchronization; the range of its rounds beside the median, and whether
-the prediction falls in it), the measured and predicted exposed synchronization, the
-predicted backward and its error; then whether `--sync auto` named the
-scheme that measured fastest.
+the prediction falls in it), the measured and predicted exposed
+synchronization, the predicted backward and its error; then whether
+`--sync auto` named the scheme that measured fastest.
 
     python3 scripts/validate/render_iterations.py target/validate/iterations.jsonl
 """
@@ -20,7 +20,7 @@ def main():
           "| predicted backward s | error |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     cells = OrderedDict()
-    inside = []
+    inside = 0  # rows whose prediction falls in their rounds' range
     for r in rows:
         cells.setdefault((r["rate"], r["model"]), r)
         spread, mark = "—", ""
@@ -28,7 +28,7 @@ def main():
             lo, hi = min(r["rounds_s"]), max(r["rounds_s"])
             spread = f"{lo:.4f}–{hi:.4f}"
             if lo <= r["predicted_backward_s"] <= hi:
-                inside.append(r)
+                inside += 1
                 mark = " ◦"
         print(f"| {r['rate']} | {r['model']} | {r['hook']} | {r['backward_s']:.4f} | {spread} | "
               f"{r['no_sync_backward_s']:.4f} | {r['exposed_s']:.4f} | {r['predicted_exposed_s']:.4f} | "
@@ -37,7 +37,7 @@ def main():
     print()
     print(f"Backward time: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}. "
           f"The prediction lies within the backward's range over its rounds (`rounds s`: each round's slowest rank; "
-          f"marked ◦) in {len(inside)} of {len(rows)} rows.")
+          f"marked ◦) in {inside} of {len(rows)} rows.")
     print()
     print("| link | model | `--sync auto` chose | fastest measured | agree | rounds the choice was at least as fast |")
     print("|---|---|---|---|---|---:|")

@@ -182,10 +182,11 @@ class TorchTransport:
         ring (a group of 2, or every rank of the job alone on its node, as
         torchrun says with as many agents as ranks, `GROUP_WORLD_SIZE` =
         `WORLD_SIZE`); else the ring, or `None` where `measure_gather`: by
-        measurement, per size class (`_tuned`). Every rank of the group must decide alike, or one would
-        wait in an all-gather its peers never join: hence the job-wide
-        variables, not the node's own `LOCAL_WORLD_SIZE`, which differs
-        between nodes of different sizes, and the slowest rank's times.
+        measurement, per size class (`_tuned`). Every rank of the group must
+        decide alike, or one would wait in an all-gather its peers never
+        join: hence the job-wide variables, not the node's own
+        `LOCAL_WORLD_SIZE`, which differs between nodes of different sizes,
+        and the slowest rank's times.
 
         gloo's all-gather is a ring of `P−1` steps, each a round trip
         through its pair of ranks; its all-to-all sends every block at once.
