@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Predictions checked against real runs on this machine (docs/validation.md).
 #
-#   scripts/validate.sh [sync] [sync-dedicated] [compute] [iterations]   (default: every table)
+#   scripts/validate.sh [sync] [sync-dedicated] [compute] [iterations] [iterations-dedicated]
+#                       (default: every table)
 #
 # sync:    a 2-node cluster of network namespaces joined by tc-shaped links
 #          (scripts/netcluster.sh, root), `qsyncc sync-bench` under mpirun for
@@ -13,12 +14,13 @@
 # iterations: torchrun DDP across the emulated nodes (DDP's all-reduce and the
 #          qsync hooks) against the predicted exposed synchronization, and
 #          `--sync auto`'s choice against the fastest measured.
+# iterations-dedicated: the same with one rank a node, each node on its own core.
 # Each table is written into docs/validation.md between its markers, with
 # the date, the machine and the command that regenerates it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sync sync-dedicated compute iterations)
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sync sync-dedicated compute iterations iterations-dedicated)
 out=target/validate
 mkdir -p "$out"
 cargo build --release --locked -p qsyncc --features full
@@ -46,6 +48,25 @@ sync_table() { # sync_table SECTION DIR LAYOUT: DIR/sync.jsonl rendered into doc
   replace_section "$1" "$out/$1.md"
 }
 
+wheel_installed=
+iterations_table() { # iterations_table SECTION DIR RANKS_PER_NODE LAYOUT: torchrun DDP into docs/validation.md's SECTION
+  venv=${QSYNC_TORCH_VENV:-$HOME/.cache/qsync/torch-venv}
+  if [ -z "$wheel_installed" ]; then
+    (cd crates/python && "$venv/bin/maturin" build --release -q -o ../../target/wheels-validate)
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall target/wheels-validate/qsync-*.whl
+    wheel_installed=1
+  fi
+  mkdir -p "$2"
+  python3 scripts/validate/iterations.py --qsyncc "$qsyncc" --out "$2" --python "$venv/bin/python" \
+    --ranks-per-node "$3" ${VALIDATE_ITER_ARGS:-}
+  {
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $4, batch 2 per rank:"
+    echo
+    python3 scripts/validate/render_iterations.py "$2/iterations.jsonl"
+  } > "$2/$1.md"
+  replace_section "$1" "$2/$1.md"
+}
+
 for part in "${parts[@]}"; do
   case "$part" in
     sync)
@@ -68,18 +89,15 @@ for part in "${parts[@]}"; do
       fi
       ;;
     iterations)
-      venv=${QSYNC_TORCH_VENV:-$HOME/.cache/qsync/torch-venv}
-      (cd crates/python && "$venv/bin/maturin" build --release -q -o ../../target/wheels-validate)
-      "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall target/wheels-validate/qsync-*.whl
-      python3 scripts/validate/iterations.py --qsyncc "$qsyncc" --out "$out" --python "$venv/bin/python" ${VALIDATE_ITER_ARGS:-}
-      {
-        echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, 2 nodes × 2 ranks (gloo), batch 2 per rank:"
-        echo
-        python3 scripts/validate/render_iterations.py "$out/iterations.jsonl"
-      } > "$out/iterations.md"
-      replace_section iterations "$out/iterations.md"
+      iterations_table iterations "$out" 2 "2 nodes × 2 ranks (gloo)"
       ;;
-    *) echo "validate: unknown part '$part' (sync, sync-dedicated, compute, iterations)" >&2; exit 2 ;;
+    iterations-dedicated)
+      # One rank a node, each node on a core of its own, as on a real
+      # cluster: no rank waits for a core another rank computes on.
+      iterations_table iterations-dedicated "$out/dedicated-iterations" 1 \
+        "2 nodes × 1 rank (gloo), each node on a core of its own"
+      ;;
+    *) echo "validate: unknown part '$part' (sync, sync-dedicated, compute, iterations, iterations-dedicated)" >&2; exit 2 ;;
   esac
 done
 echo "validate: tables written to docs/validation.md"

@@ -5,7 +5,7 @@
         [--rates 200mbit,10gbit] [--models transformer,resnet18]
 
 For each link rate, a 2-node emulated cluster (scripts/netcluster.sh), 2
-ranks a node pinned to the node's own cores, gloo bound to each node's
+ranks a node (`--ranks-per-node`) pinned to the node's own cores, gloo bound to each node's
 shaped interface. For each model, `qsyncc plan --sync auto` on a cluster
 file of the same links names a scheme and lists every scheme it weighed;
 then `examples/train_ddp.py bench` under torchrun (one torchrun per node
@@ -104,6 +104,10 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     try:
         outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, "the gloo transport probe",
                               [os.path.join(HERE, "gloo_probe.py"), "--mib", "16", "--many", "32"])
+        # Tiny calls one at a time, for the record: the spread that the
+        # per-round figures below average over (gloo_stalls.py).
+        stalls = torchrun_nodes(a, ns, addr, k, cores, torchrun, "the gloo stall probe",
+                                [os.path.join(HERE, "gloo_stalls.py")])
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     r = json.loads(next(l for l in outs[0][0].splitlines() if l.startswith("{")))
@@ -159,6 +163,11 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"{r['compute_size']}x{r['compute_size']} matrix products: {r['busy_one_s'] * 1e3:.1f} ms in 1 exchange, "
         f"{r['busy_split_s'] * 1e3:.1f} ms in {many}; each further exchange beyond twice its time alone (the "
         f"cores shared with the compute thread) waits {busy_round * 1e3:.2f} ms")
+    spread = json.loads(next(l for l in stalls[0][0].splitlines() if l.startswith("{")))
+    json.dump(spread, open(os.path.join(a.out, "gloo-stalls.json"), "w"), indent=1)
+    print("validate: tiny calls one at a time (median / mean / calls over 1 ms of " + str(spread["socket_ping_pong"]["calls"])
+          + "): " + "; ".join(f"{op} {v['median_us']:.0f} / {v['mean_us']:.0f} us / {v['over_1ms']}"
+                              for op, v in spread.items() if isinstance(v, dict)), file=sys.stderr, flush=True)
     out = os.path.join(a.out, "host-kernels-gloo.json")
     json.dump(hk, open(out, "w"), indent=1)
     print(f"validate: the hook's transport (gloo) costs {byte / share * 1e9:.3f} ns a byte and "
@@ -247,6 +256,8 @@ def main():
     ap.add_argument("--models", default="transformer,resnet18")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ranks-per-node", type=int, default=2,
+                    help="ranks a node (1: each node's one rank on a core of its own, as on a real cluster)")
     ap.add_argument("--prefix", default="qsi")
     ap.add_argument("--subnet", default="10.88.8")
     ap.add_argument("--repredict", action="store_true",
@@ -258,7 +269,9 @@ def main():
     if a.repredict:
         return repredict(a)
     os.makedirs(a.out, exist_ok=True)
-    nodes, k = 2, 2
+    nodes, k = 2, a.ranks_per_node
+    if k < 1:
+        raise SystemExit(f"validate: --ranks-per-node must be at least 1, not {k}")
     venv_bin = os.path.dirname(a.python)
     torchrun = os.path.join(venv_bin, "torchrun")
     cores = max(1, (os.cpu_count() or 1) // nodes)
