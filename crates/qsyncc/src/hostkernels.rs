@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use qsync_kernels::{Half, QBits, Rounding};
+use qsync_runtime::sync::block::Quantizer;
 use qsync_runtime::{HostEngine, KernelEngine};
 use qsync_sim::sync::LADDER;
 use qsync_sim::{PieceKernels, PieceRates, SizeRates, SyncKernels};
@@ -91,6 +92,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("cast16_c", k.cast16_c),
         ("bf16_r", k.bf16_r.unwrap_or(0.0)),
         ("nbit_finish_r", k.nbit_finish_r.unwrap_or(0.0)),
+        ("zero_r", k.zero_r.unwrap_or(0.0)),
         ("sum_r", k.sum_r.unwrap_or(0.0)),
         ("tcp_r", k.tcp_r.unwrap_or(0.0)),
         ("message_s", k.message_s.unwrap_or(0.0)),
@@ -164,12 +166,20 @@ fn bits_of(kernel: &str) -> QBits {
     }
 }
 
-/// Codes and scales of `x` at `bits`: what dequantize-accumulate reads.
-fn codes(x: &[f32], bits: QBits) -> Result<(Vec<u8>, Vec<f32>)> {
-    let e = HostEngine;
-    let (mn, mx) = e.row_min_max(x, GROUP)?;
-    let scales = e.sym_scales(&mn, &mx, bits)?;
-    Ok((e.quantize(x, &scales, GROUP, bits, Rounding::Nearest, 0)?, scales))
+/// qgZ's quantization stage at `bits`, as the schemes configure it.
+fn quantizer(bits: QBits) -> Quantizer {
+    Quantizer { bits, group: GROUP, rounding: Rounding::Nearest }
+}
+
+/// The block of `x` at `bits` (scales, then codes): what a qgZ stage
+/// sends, and what dequantize-accumulate reads. The runtime's own encoder,
+/// so the time is the whole of what a stage does to its input: range per
+/// group, scales, codes, the finiteness check, the block laid out.
+fn block(x: &[f32], bits: QBits) -> Result<Vec<u8>> {
+    let q = quantizer(bits);
+    let mut out = Vec::with_capacity(q.block_len(x.len()));
+    q.encode(&HostEngine, x, 0, &mut out, None)?;
+    Ok(out)
 }
 
 /// n-bit's width in a kernel's name: `pack` / `unpack` are 2-bit, `pack4`
@@ -189,26 +199,29 @@ fn packed(x: &[f32], bits: u8) -> Result<Vec<u8>> {
     Ok(qsync_runtime::sync::nbit::encode(&HostEngine, x, bits, Rounding::Nearest, 0)?)
 }
 
-/// One kernel as the schemes call it, on `x` (`coded`: its codes, for
-/// dequantize-accumulate into `out`).
-fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32]) -> Result<()> {
+/// One kernel as the schemes call it, on `x` (`coded`: its block or its
+/// packed bytes, for dequantize-accumulate and unpack-accumulate into
+/// `out`).
+fn run_once(kernel: &str, x: &[f32], coded: &[u8], out: &mut [f32]) -> Result<()> {
     let e = HostEngine;
     match kernel {
-        // Range per group, scales, codes: what a qgZ stage does to its input.
+        // What a qgZ stage does to its input: its block, by the runtime's
+        // encoder.
         "quantize" | "quantize4" => {
-            std::hint::black_box(codes(x, bits_of(kernel))?);
+            std::hint::black_box(block(x, bits_of(kernel))?);
         }
+        // A received block summed into `out`, by the runtime's decoder.
         "dequantize" | "dequantize4" => {
-            e.dequant_accumulate(&coded.0, &coded.1, x.len(), GROUP, 1, bits_of(kernel), out)?
+            quantizer(bits_of(kernel)).accumulate(&e, &[coded], out).map_err(|e| anyhow::anyhow!("{e:?}"))?
         }
         // What n-bit does per element: range, finiteness, pack; per peer,
-        // unpack-accumulate (coded.0 holds the packed buffer here); and
+        // unpack-accumulate (`coded` holds the packed buffer here); and
         // once, zero the sum and divide it.
         "pack" | "pack1" | "pack4" | "pack8" => {
             std::hint::black_box(packed(x, nbit_width(kernel))?);
         }
         "unpack" | "unpack1" | "unpack4" | "unpack8" => {
-            e.unpack_accumulate(&coded.0, x.len(), nbit_width(kernel), out).map_err(|e| anyhow::anyhow!("{e:?}"))?
+            e.unpack_accumulate(coded, x.len(), nbit_width(kernel), out).map_err(|e| anyhow::anyhow!("{e:?}"))?
         }
         // What the 16-bit schemes do per element, twice: narrow (scaled)
         // into wire bytes, and widen wire bytes into a sum. The fit halves
@@ -218,6 +231,11 @@ fn run_once(kernel: &str, x: &[f32], coded: &(Vec<u8>, Vec<f32>), out: &mut [f32
             let mut wire = vec![0u8; 2 * x.len()];
             e.cast_to_le(half, x, 4.0, &mut wire)?;
             e.accumulate_le(half, &wire, out)?;
+            std::hint::black_box(&*out);
+        }
+        // The sums the schemes accumulate blocks into, zeroed first.
+        "zero" => {
+            out.fill(0.0);
             std::hint::black_box(&*out);
         }
         "finish" => {
@@ -275,9 +293,9 @@ fn measure_in_pieces(kernel: &'static str, n: usize, piece: usize, threads: u32,
                         .iter()
                         .map(|r| {
                             if kernel.starts_with("unpack") {
-                                Ok((packed(&x[r.clone()], nbit_width(kernel))?, Vec::new()))
+                                packed(&x[r.clone()], nbit_width(kernel))
                             } else {
-                                codes(&x[r.clone()], bits_of(kernel))
+                                block(&x[r.clone()], bits_of(kernel))
                             }
                         })
                         .collect::<Result<Vec<_>>>()?;
@@ -419,6 +437,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     }
     let (pack_r, unpack_r) = (nbit_pack_r[1], nbit_unpack_r[1]);
     let ((nbit_finish_r, _), nbit_finish) = fit("finish")?;
+    let ((zero_r, _), _) = fit("zero")?;
     let ((sum_r, _), sum) = fit("sum")?;
     let ((copy_r, _), copy) = fit("copy")?;
     let by_size: [SizeRates; LADDER] = std::array::from_fn(|i| SizeRates {
@@ -484,6 +503,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             nbit_pack_r: Some(nbit_pack_r),
             nbit_unpack_r: Some(nbit_unpack_r),
             nbit_finish_r: Some(nbit_finish_r),
+            zero_r: Some(zero_r),
             sum_r: Some(sum_r),
             tcp_r: Some(tcp_r),
             // Measured per message with the engine itself, under mpirun
@@ -509,7 +529,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     Ok(format!(
         "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
          16-bit cast {:.2} (bf16 {:.2}), n-bit pack {} and unpack-accumulate {} (1, 2, 4, 8 bits) and zero-and-divide {:.2}, \
-         f32 sum {:.2}, f32 copy {:.2}; TCP {:.3} \
+         f32 zero {:.2}, f32 sum {:.2}, f32 copy {:.2}; TCP {:.3} \
          ns of CPU per byte -> {}\n",
         file.cpu,
         a.threads,
@@ -522,6 +542,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         ns_list(&nbit_pack_r),
         ns_list(&nbit_unpack_r),
         nbit_finish_r * 1e9,
+        zero_r * 1e9,
         sum_r * 1e9,
         copy_r * 1e9,
         tcp_r * 1e9,

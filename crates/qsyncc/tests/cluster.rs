@@ -241,6 +241,7 @@ fn host_kernels_measures_what_simulate_reads() {
         "pack_r",
         "unpack_r",
         "nbit_finish_r",
+        "zero_r",
         "sum_r",
     ] {
         let r = k[rate].as_f64().unwrap_or_else(|| panic!("{rate} missing: {v}"));

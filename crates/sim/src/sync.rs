@@ -96,11 +96,17 @@ pub struct SyncKernels {
     pub nbit_pack_r: Option<[f64; 4]>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbit_unpack_r: Option<[f64; 4]>,
-    /// n-bit's passes over the sum besides decoding, per element: zeroing
-    /// it before the unpack-accumulates and dividing it by `P` after
-    /// (`None`: free).
+    /// The passes over a sum besides decoding, per element: zeroing it
+    /// before the accumulates and dividing it by `P` after — n-bit's over
+    /// the whole gradient, qgZ's over a rank's shard (`None`: free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbit_finish_r: Option<f64>,
+    /// Zeroing f32 values, per element: the sums the 16-bit schemes and
+    /// qgZ accumulate a shard's blocks into, and qgZ's decoding of the
+    /// gathered blocks, which zeroes the gradient before it accumulates
+    /// each block into it (`None`: free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_r: Option<f64>,
     /// f32 accumulate (`a += b`), per element: what a host engine's own
     /// all-reduce computes in each reduce-scatter step (`None`: free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -342,6 +348,7 @@ impl Default for SyncKernels {
             nbit_pack_r: None,
             nbit_unpack_r: None,
             nbit_finish_r: None,
+            zero_r: None,
             sum_r: None,
             tcp_r: None,
             message_s: None,
@@ -382,6 +389,7 @@ impl SyncKernels {
             nbit_pack_r: Some(HOST_NBIT_MEASURED[0]),
             nbit_unpack_r: Some(HOST_NBIT_MEASURED[1]),
             nbit_finish_r: None,
+            zero_r: None,
             sum_r: None,
             tcp_r: None,
             message_s: None,
@@ -433,6 +441,17 @@ impl SyncKernels {
             by_size: None,
             ..*self
         }
+    }
+
+    /// Seconds to zero `elements` f32 values ([`SyncKernels::zero_r`]).
+    pub fn zero(&self, elements: f64) -> f64 {
+        self.zero_r.unwrap_or(0.0) * elements.max(0.0)
+    }
+
+    /// Seconds of zeroing a sum of `elements` and dividing it by `P`
+    /// ([`SyncKernels::nbit_finish_r`]).
+    pub fn finish(&self, elements: f64) -> f64 {
+        self.nbit_finish_r.unwrap_or(0.0) * elements.max(0.0)
     }
 
     /// Seconds of `elements` f32 additions.
@@ -862,27 +881,40 @@ pub fn kernel_seconds_in_pieces(
     let pf = p.max(1) as f64;
     if let (Some(pr), true) = (k.pieces, pieces > 1.0) {
         let (s, c) = (pr.streamed_at(e), pr.cached);
+        // The passes besides the kernels, as in the whole-gradient case below.
+        let ks = k.at_size(e);
         match spec.scheme {
             SyncScheme::Fp16 | SyncScheme::Bf16 => {
                 let bf16 = spec.scheme == SyncScheme::Bf16;
-                return (2.0 * s.cast(bf16) + c.cast(bf16)) * e + c.cast(bf16) * e / pf;
+                return (2.0 * s.cast(bf16) + c.cast(bf16)) * e + c.cast(bf16) * e / pf + ks.zero(e / pf);
             }
             SyncScheme::Qgz { intra: b, inter: None, .. } => {
-                return (s.quantize(b) + s.dequantize(b) + c.dequantize(b)) * e + c.quantize(b) * e / pf;
+                return (s.quantize(b) + s.dequantize(b) + c.dequantize(b)) * e
+                    + c.quantize(b) * e / pf
+                    + ks.finish(e / pf)
+                    + ks.zero(e);
             }
             _ => {}
         }
     }
     let k = &k.at_size(e);
     let l = per_node.clamp(1, p.max(1)) as f64;
+    // Besides the kernels: the 16-bit schemes and qgZ sum a shard's blocks
+    // into a zeroed sum (qgZ then divides it by `P`), and qgZ zeroes the
+    // gradient before it accumulates the gathered blocks into it.
     match spec.scheme {
         SyncScheme::Fp32 => 0.0,
         SyncScheme::Fp16 | SyncScheme::Bf16 => {
             let cast = |x| k.cast_half(spec.scheme == SyncScheme::Bf16, x);
-            cast(e) + cast(e) + cast(e / pf) + cast(e)
+            cast(e) + cast(e) + cast(e / pf) + cast(e) + k.zero(e / pf)
         }
         SyncScheme::Qgz { intra: b, inter: None, .. } => {
-            k.quantize(e, b) + k.dequantize(e, b) + k.quantize(e / pf, b) + k.dequantize(e, b)
+            k.quantize(e, b)
+                + k.dequantize(e, b)
+                + k.quantize(e / pf, b)
+                + k.dequantize(e, b)
+                + k.finish(e / pf)
+                + k.zero(e)
         }
         SyncScheme::Qgz { intra: a, inter: Some(b), .. } => {
             k.quantize(e, a)
@@ -891,8 +923,11 @@ pub fn kernel_seconds_in_pieces(
                 + k.dequantize(e / l, b)
                 + k.quantize(e / pf, b)
                 + k.dequantize(e, b)
+                + k.zero(e / l)
+                + k.finish(e / pf)
+                + k.zero(e)
         }
-        SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits) + k.nbit_finish_r.unwrap_or(0.0) * e,
+        SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits) + k.finish(e),
     }
 }
 
@@ -1395,6 +1430,32 @@ mod tests {
         let same = SyncKernels { bf16_r: None, ..k };
         let bf16 = kernel_seconds(&spec(SyncScheme::Bf16), &same, 4.0 * e, 4, 4) * 1e6;
         assert!((bf16 - 3407.872).abs() < 1e-6, "{bf16}");
+    }
+
+    #[test]
+    fn the_schemes_pay_for_zeroing_and_dividing_their_sums() {
+        // 8 devices, 2 a node, E = 2^20 elements, kernels free but zeroing
+        // (1 ns an element) and zero-and-divide (2 ns an element):
+        // - fp16 zeroes the sum of its shard, E/8: 131.072 µs;
+        // - one-shot qgZ zeroes and divides its shard's sum (E/8 at 2 ns,
+        //   262.144 µs) and zeroes the gradient before it decodes the
+        //   gathered blocks into it (E at 1 ns, 1048.576 µs): 1310.72 µs;
+        // - hierarchical qgZ also zeroes its node partial, E/2 (524.288
+        //   µs): 1835.008 µs;
+        // - n-bit zeroes and divides the whole gradient's sum: 2097.152 µs.
+        let e = (1u64 << 20) as f64;
+        let spec = |s| SyncSpec::new(s, 512);
+        let k = SyncKernels { zero_r: Some(1e-9), nbit_finish_r: Some(2e-9), ..free_kernels() };
+        let scheme = |name| SyncScheme::parse(name).expect("a scheme");
+        for (name, want) in
+            [("fp16", 131.072), ("qgz-int8", 1310.72), ("qgz-int8-int4-hier", 1835.008), ("nbit-2", 2097.152)]
+        {
+            let got = kernel_seconds(&spec(scheme(name)), &k, 4.0 * e, 8, 2) * 1e6;
+            assert!((got - want).abs() < 1e-6, "{name}: {got} µs, want {want}");
+        }
+        // Unmeasured, the passes are free.
+        let bare = SyncKernels { zero_r: None, nbit_finish_r: None, ..k };
+        assert_eq!(kernel_seconds(&spec(scheme("qgz-int8")), &bare, 4.0 * e, 8, 2), 0.0);
     }
 
     #[test]
