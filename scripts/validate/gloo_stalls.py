@@ -61,8 +61,8 @@ def ping_pong(rank, calls, port):
         conn, _ = srv.accept()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with conn, srv:
-            while conn.recv(8) and conn.sendall(b"8 bytes!") is None:
-                pass
+            while conn.recv(8):
+                conn.sendall(b"8 bytes!")
     elif rank == 1:
         with socket.create_connection((addr, port)) as c:
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -85,6 +85,8 @@ def main():
     tr = TorchTransport()
     tr.flat_gather = False  # the all-gather through gloo's ring
     p, rank = tr.size, tr.rank
+    if p < 2:
+        raise SystemExit("gloo_stalls: run it on 2 ranks or more (the ping-pong pairs ranks 0 and 1)")
     few, all_few = bytearray(8), bytearray(8 * p)
     send, recv = bytearray(8 * p), bytearray(8 * p)
     x = torch.ones(2)
