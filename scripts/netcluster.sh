@@ -108,16 +108,23 @@ shape() {
     # A NIC never sends faster than its rate, but a full bucket leaves at
     # the veth's speed: after an idle moment, 256 KiB crossed a 200 Mbit/s
     # link in 1.2 ms instead of 10.5, and a synchronization of a few
-    # hundred KiB moves about that much. A second bucket of 64 KiB, filled
-    # 5% above the rate (tbf's peak rate), lets at most that through at
-    # once. It needs super-packets of at most half of it (GSO 32 KiB): a
-    # bucket of one 64 KiB super-packet throttled two streams each way on
-    # 1 Gbit/s to 0.66 of the rate. Above 2.5 Gbit/s the peak bucket cost
-    # 10-15% of what this machine's TCP reaches, and the 1 ms bucket stays.
-    # Where the veth's GSO size cannot be set, a peak bucket of two 64 KiB
+    # hundred KiB moves about that much. A second bucket, filled 5% above
+    # the rate (tbf's peak rate), lets at most its size through at once:
+    # about 0.3 ms of the link (a power of two from 8 to 64 KiB: 8 KiB at
+    # 200 Mbit/s, 32 KiB at 1 Gbit/s, 64 KiB from 2 Gbit/s). With 64 KiB
+    # at every rate, 64 KiB crossed a 200 Mbit/s link after an idle moment
+    # in 0.29 of its link time and 128 KiB in 0.57; with 8 KiB, 0.89 and
+    # 0.93 (`scripts/validate/link_burst.py`). It needs super-packets of at
+    # most half of it (the veth's GSO size): a bucket of one 64 KiB
+    # super-packet throttled two streams each way on 1 Gbit/s to 0.66 of
+    # the rate, and super-packets of 4 KiB a 1 Gbit/s link to 0.65 of it
+    # (16 KiB carry it). Above 2.5 Gbit/s the peak bucket cost 10-15% of
+    # what this machine's TCP reaches, and the 1 ms bucket stays. Where the
+    # veth's GSO size cannot be set, a peak bucket of two 64 KiB
     # super-packets (128 KiB at once after idle) still carries the rate.
-    local peak_mtu=131072
-    "${where[@]}" ip link set dev "$dev" gso_max_size 32768 2>/dev/null && peak_mtu=65536
+    local want=$((bps / 8 * 3 / 10000)) peak_bytes=8192 peak_mtu=131072
+    while ((peak_bytes * 2 <= want && peak_bytes < 65536)); do peak_bytes=$((peak_bytes * 2)); done
+    "${where[@]}" ip link set dev "$dev" gso_max_size "$((peak_bytes / 2))" 2>/dev/null && peak_mtu=$peak_bytes
     peak=(peakrate "$((bps / 100 * 105))bit" mtu "$peak_mtu")
   fi
   local tbf=1:
