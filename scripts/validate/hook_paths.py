@@ -23,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from iterations import NETCLUSTER, nodes_up, torchrun_nodes  # noqa: E402
+from iterations import NETCLUSTER, json_lines, nodes_up, torchrun_nodes  # noqa: E402
 from sync import cluster_toml, measure_links, sh  # noqa: E402
 
 
@@ -58,25 +58,21 @@ def main():
         outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, "the hook probe",
                               [os.path.join(HERE, "hook_probe.py"), "--schemes", a.schemes,
                                "--elements", str(a.elements), "--reps", str(a.reps)])
-        for line in outs[0][0].splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
-                g = json.loads(sh([a.qsyncc, "simulate", "--gradient", str(4 * r["elements"]), "--cluster", cluster,
-                                   "--device-file", cpu, "--host-kernels", host_file, "--sync", r["scheme"],
-                                   "--json"]).stdout)
-                r["predicted_s"] = g["per_type_breakdown"]["cpu"]["total_seconds"]
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+        for r in json_lines(outs):
+            g = json.loads(sh([a.qsyncc, "simulate", "--gradient", str(4 * r["elements"]), "--cluster", cluster,
+                               "--device-file", cpu, "--host-kernels", host_file, "--sync", r["scheme"],
+                               "--json"]).stdout)
+            r["predicted_s"] = g["per_type_breakdown"]["cpu"]["total_seconds"]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
         ddp = {}
         for scheme in a.schemes.split(","):
             outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, f"the last bucket, {scheme}",
                                   [os.path.join(HERE, "last_bucket.py"), "--scheme", scheme, "--model", a.model,
                                    "--reps", str(a.reps)])
-            for line in outs[0][0].splitlines():
-                if line.startswith("{"):
-                    r = json.loads(line)
-                    ddp[(scheme, r["variant"])] = r
-                    print(json.dumps(r), flush=True)
+            for r in json_lines(outs):
+                ddp[(scheme, r["variant"])] = r
+                print(json.dumps(r), flush=True)
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     print(f"\n{a.rate}, 2 nodes x {k} ranks, a bucket of {a.elements} elements (ms):")

@@ -5,8 +5,8 @@
         [--rates 200mbit,10gbit] [--models transformer,resnet18]
 
 For each link rate, a 2-node emulated cluster (scripts/netcluster.sh), 2
-ranks a node (`--ranks-per-node`) pinned to the node's own cores, gloo bound to each node's
-shaped interface. For each model, `qsyncc plan --sync auto` on a cluster
+ranks a node (`--ranks-per-node`) pinned to the node's own cores, gloo
+bound to each node's shaped interface. For each model, `qsyncc plan --sync auto` on a cluster
 file of the same links names a scheme and lists every scheme it weighed;
 then `examples/train_ddp.py bench` under torchrun (one torchrun per node
 namespace) times the backward pass under the qsync hook of each of those
@@ -74,6 +74,12 @@ def torchrun_nodes(a, ns, addr, k, cores, torchrun, what, script):
     return outs
 
 
+def json_lines(outs):
+    """The JSON objects node 0's torchrun printed, one a line (`outs`:
+    `torchrun_nodes`' result)."""
+    return [json.loads(line) for line in outs[0][0].splitlines() if line.startswith("{")]
+
+
 def nodes_up(a, nodes, rate):
     """`nodes` emulated nodes at `rate` (`a.prefix`, `a.subnet`), any left
     by an earlier run taken down first; the caller takes them down. Their
@@ -98,7 +104,10 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     path is priced with), `ring_tcp_r` and `ring_step_s` (what DDP's own
     all-reduce is priced with), `gather_step_s` (a step of the transport's
     ring all-gather) and `busy_round_s` (what an exchange round
-    waits while the backward pass computes) and returns its path."""
+    waits while the backward pass computes) and returns its path. Also
+    records, in OUT/gloo-stalls.json, how tiny calls through the same
+    transport spread when made one at a time (`gloo_stalls.py`), which the
+    per-round figures average over."""
     rate = PROBE_RATE
     ns, addr = probe_cluster_up(a, nodes)
     try:
@@ -110,7 +119,7 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
                                 [os.path.join(HERE, "gloo_stalls.py")])
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
-    r = json.loads(next(l for l in outs[0][0].splitlines() if l.startswith("{")))
+    r = json_lines(outs)[0]
     p, share, many = r["ranks"], k / cores, 32
     recv = r["received_bytes_per_rank"]
     msg = max(0.0, (r["split_s"] - r["one_s"]) / ((many - 1) * (p - 1)))
@@ -163,7 +172,7 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"{r['compute_size']}x{r['compute_size']} matrix products: {r['busy_one_s'] * 1e3:.1f} ms in 1 exchange, "
         f"{r['busy_split_s'] * 1e3:.1f} ms in {many}; each further exchange beyond twice its time alone (the "
         f"cores shared with the compute thread) waits {busy_round * 1e3:.2f} ms")
-    spread = json.loads(next(l for l in stalls[0][0].splitlines() if l.startswith("{")))
+    spread = json_lines(stalls)[0]
     json.dump(spread, open(os.path.join(a.out, "gloo-stalls.json"), "w"), indent=1)
     print("validate: tiny calls one at a time (median / mean / calls over 1 ms of " + str(spread["socket_ping_pong"]["calls"])
           + "): " + "; ".join(f"{op} {v['median_us']:.0f} / {v['mean_us']:.0f} us / {v['over_1ms']}"
@@ -322,7 +331,7 @@ def main():
                     outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, f"bench {m} {h} at {rate}",
                                           [os.path.join(ROOT, "examples", "train_ddp.py"), "bench", "--model", m,
                                            "--hooks", h, "--batch", str(a.batch), "--reps", str(a.reps)])
-                    got = {r["hook"]: r for r in (json.loads(l) for l in outs[0][0].splitlines() if l.startswith("{"))}
+                    got = {r["hook"]: r for r in json_lines(outs)}
                     got[h]["ddp_rounds_s"] = got["ddp"]["rounds_s"]
                     measured[h] = got[h]
                     jobs.append(got["ddp"])

@@ -10,7 +10,6 @@ Root.
     python3 scripts/validate/last_bucket_ab.py [--rate 10gbit] [--model resnet18] [--hooks fp16,nbit-4] [--rounds 2]
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from iterations import NETCLUSTER, nodes_up, torchrun_nodes  # noqa: E402
+from iterations import NETCLUSTER, json_lines, nodes_up, torchrun_nodes  # noqa: E402
 
 
 def main():
@@ -44,7 +43,7 @@ def main():
                                           [os.path.join(ROOT, "examples", "train_ddp.py"), "bench", "--model",
                                            a.model, "--hooks", h, "--batch", "2", "--reps", str(a.reps),
                                            "--last-bucket", last])
-                    got = {r["hook"]: r for r in (json.loads(l) for l in outs[0][0].splitlines() if l.startswith("{"))}
+                    got = {r["hook"]: r for r in json_lines(outs)}
                     print(f"{a.rate} {a.model} {h} {last}: backward {got[h]['backward_s'] * 1e3:.1f} ms, "
                           f"DDP's all-reduce {got['ddp']['backward_s'] * 1e3:.1f} ms, "
                           f"ratio {got[h]['backward_vs_ddp']:.3f}", flush=True)

@@ -21,6 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from iterations import nodes_up  # noqa: E402
 from sync import NETCLUSTER, TCP_PAYLOAD_SHARE, parse_rate  # noqa: E402
 
 SIZES = [16 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20]
@@ -79,16 +80,14 @@ def main():
         return serve(host, a.port)
     if a.role == "send":
         return send(host, a.port, a.reps, parse_rate(a.rate) * 1e9)
-    subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix], check=False)
-    subprocess.run(["bash", NETCLUSTER, "up", "--nodes", "2", "--rate", a.rate, "--prefix", a.prefix,
-                    "--subnet", a.subnet], check=True)
+    ns, _ = nodes_up(a, 2, a.rate)
     try:
         me = [sys.executable, os.path.abspath(__file__), "--subnet", a.subnet, "--port", str(a.port),
               "--reps", str(a.reps), "--rate", a.rate]
-        server = subprocess.Popen(["ip", "netns", "exec", f"{a.prefix}0", *me, "--role", "serve"])
+        server = subprocess.Popen(["ip", "netns", "exec", ns[0], *me, "--role", "serve"])
         time.sleep(0.5)
         print(f"link_burst: {a.rate}, after 50 ms of quiet (median of {a.reps})")
-        subprocess.run(["ip", "netns", "exec", f"{a.prefix}1", *me, "--role", "send"], check=True)
+        subprocess.run(["ip", "netns", "exec", ns[1], *me, "--role", "send"], check=True)
         server.wait(timeout=30)
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix], check=False)

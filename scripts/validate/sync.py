@@ -255,7 +255,7 @@ def measure_host(a, nodes, k, cores, i):
     across the emulated link (`link_tcp_cost`).
 
     One thread, not one a node at once: this VM's two cores slow each other
-    when both compute (on one piece's buffers, in the caches, qGZ's
+    when both compute (on one piece's buffers, in the caches, qgZ's
     quantization took 0.35 ns an element alone and 0.75-0.77 with a thread
     on the other core, the 16-bit cast 0.10 and 0.17-0.23), while the
     jobs' ranks interleave their kernels with their exchanges: with two

@@ -879,25 +879,25 @@ pub fn kernel_seconds_in_pieces(
 ) -> f64 {
     let e = bytes / 4.0;
     let pf = p.max(1) as f64;
+    // The rates for this size (the piece rates, `k.pieces`, carry over).
+    let k = &k.at_size(e);
     if let (Some(pr), true) = (k.pieces, pieces > 1.0) {
         let (s, c) = (pr.streamed_at(e), pr.cached);
-        // The passes besides the kernels, as in the whole-gradient case below.
-        let ks = k.at_size(e);
+        // The passes besides the kernels as in the whole-gradient case below.
         match spec.scheme {
             SyncScheme::Fp16 | SyncScheme::Bf16 => {
                 let bf16 = spec.scheme == SyncScheme::Bf16;
-                return (2.0 * s.cast(bf16) + c.cast(bf16)) * e + c.cast(bf16) * e / pf + ks.zero(e / pf);
+                return (2.0 * s.cast(bf16) + c.cast(bf16)) * e + c.cast(bf16) * e / pf + k.zero(e / pf);
             }
             SyncScheme::Qgz { intra: b, inter: None, .. } => {
                 return (s.quantize(b) + s.dequantize(b) + c.dequantize(b)) * e
                     + c.quantize(b) * e / pf
-                    + ks.finish(e / pf)
-                    + ks.zero(e);
+                    + k.finish(e / pf)
+                    + k.zero(e);
             }
             _ => {}
         }
     }
-    let k = &k.at_size(e);
     let l = per_node.clamp(1, p.max(1)) as f64;
     // Besides the kernels: the 16-bit schemes and qgZ sum a shard's blocks
     // into a zeroed sum (qgZ then divides it by `P`), and qgZ zeroes the
