@@ -39,10 +39,12 @@ use crate::spec::{Half, QBits, Rounding, PACK_HEADER_BYTES};
 macro_rules! multiversion {
     ($(#[$m:meta])* pub fn $name:ident / $base:ident($($a:ident: $t:ty),* $(,)?) $(-> $r:ty)? => $body:ident) => {
         $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
         pub fn $name($($a: $t),*) $(-> $r)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 fn fast($($a: $t),*) $(-> $r)? {
                     $body($($a),*)
                 }
@@ -55,6 +57,7 @@ macro_rules! multiversion {
         }
 
         #[doc = concat!("[`", stringify!($name), "`] compiled for the baseline target only.")]
+        #[allow(clippy::too_many_arguments)]
         pub fn $base($($a: $t),*) $(-> $r)? {
             $body($($a),*)
         }
@@ -77,33 +80,46 @@ fn row_min_max_body(x: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
     }
     x.chunks(cols)
         .map(|row| {
-            // Lane-wise `if v < m { v } else { m }`: the reference's
-            // comparison, so NaN is skipped the same way. Values that compare
-            // equal have equal bits except ±0, where the reference keeps the
-            // first in row order: a row whose extreme is a zero is redone in
-            // order.
-            let (mut mn, mut mx) = ([f32::INFINITY; LANES], [f32::NEG_INFINITY; LANES]);
-            let mut it = row.chunks_exact(LANES);
-            for c in &mut it {
-                for l in 0..LANES {
-                    mn[l] = if c[l] < mn[l] { c[l] } else { mn[l] };
-                    mx[l] = if c[l] > mx[l] { c[l] } else { mx[l] };
-                }
-            }
-            let (mut a, mut b) = (f32::INFINITY, f32::NEG_INFINITY);
-            for &v in mn.iter().chain(it.remainder()) {
-                a = if v < a { v } else { a };
-            }
-            for &v in mx.iter().chain(it.remainder()) {
-                b = if v > b { v } else { b };
-            }
-            if a == 0.0 || b == 0.0 {
-                let (r, s) = reference::row_min_max(row, row.len());
-                return (r[0], s[0]);
-            }
+            let (a, b, _) = row_range(row);
             (a, b)
         })
         .unzip()
+}
+
+/// The reference's min and max of `row`, and whether every value of it is
+/// finite.
+#[inline(always)]
+fn row_range(row: &[f32]) -> (f32, f32, bool) {
+    // Lane-wise `if v < m { v } else { m }`: the reference's comparison, so
+    // NaN is skipped the same way. Values that compare equal have equal bits
+    // except ±0, where the reference keeps the first in row order: a row
+    // whose extreme is a zero is redone in order. `v · 0` is ±0 for a finite
+    // `v` and NaN for a NaN or an infinity, so the lanes' ORs of its bits
+    // (an OR, unlike a sum, adds no chain of latency to the loop) say
+    // whether the row is finite in the same pass.
+    let (mut mn, mut mx, mut bad) = ([f32::INFINITY; LANES], [f32::NEG_INFINITY; LANES], [0u32; LANES]);
+    let mut it = row.chunks_exact(LANES);
+    for c in &mut it {
+        for l in 0..LANES {
+            mn[l] = if c[l] < mn[l] { c[l] } else { mn[l] };
+            mx[l] = if c[l] > mx[l] { c[l] } else { mx[l] };
+            bad[l] |= (c[l] * 0.0).to_bits();
+        }
+    }
+    let (mut a, mut b) = (f32::INFINITY, f32::NEG_INFINITY);
+    for &v in mn.iter().chain(it.remainder()) {
+        a = if v < a { v } else { a };
+    }
+    for &v in mx.iter().chain(it.remainder()) {
+        b = if v > b { v } else { b };
+    }
+    let bad = it.remainder().iter().fold(bad.iter().fold(0, |o, &v| o | v), |o, &v| o | (v * 0.0).to_bits());
+    let finite = bad & 0x7fff_ffff == 0;
+    if a == 0.0 || b == 0.0 {
+        let (r, s) = reference::row_min_max(row, row.len());
+        return (r[0], s[0], finite);
+    }
+    (a, b, finite)
 }
 
 multiversion! {
@@ -151,11 +167,17 @@ fn quantize_codes(
     let group = group.max(1);
     for (g, &s) in scales.iter().enumerate().take(x.len().div_ceil(group)) {
         let r = group_range(g, group, x.len());
-        let inv = 1.0 / s;
-        let (xs, os) = (&x[r.clone()], &mut out[r.clone()]);
-        for ((o, &v), i) in os.iter_mut().zip(xs).zip(r.start as u64..) {
-            *o = code_int(v * inv, lo, hi, rounding, seed, i) as i8 as u8;
-        }
+        code_run(&x[r.clone()], 1.0 / s, lo, hi, rounding, seed, r.start as u64, &mut out[r]);
+    }
+}
+
+/// The codes of one run of a group (`inv` = 1 / its scale), its first
+/// element being element `first` of the tensor.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn code_run(xs: &[f32], inv: f32, lo: f32, hi: f32, rounding: Rounding, seed: u64, first: u64, os: &mut [u8]) {
+    for ((o, &v), i) in os.iter_mut().zip(xs).zip(first..) {
+        *o = code_int(v * inv, lo, hi, rounding, seed, i) as i8 as u8;
     }
 }
 
@@ -190,6 +212,75 @@ multiversion! {
     /// `symmetric = true` (codes as bytes), or [`reference::quantize_i4`].
     pub fn quantize_sym / quantize_sym_baseline(x: &[f32], scales: &[f32], group: usize, bits: QBits, rounding: Rounding, seed: u64) -> Vec<u8>
         => quantize_sym_body
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn encode_block_sym_body(
+    x: &[f32],
+    first: u64,
+    group: usize,
+    bits: QBits,
+    rounding: Rounding,
+    seed: u64,
+    scales_out: &mut [u8],
+    codes_out: &mut [u8],
+) {
+    let group = group.max(1);
+    let (lo, hi) = match bits {
+        QBits::Int8 => (-127.0, 127.0),
+        QBits::Int4 => (-7.0, 7.0),
+    };
+    // Int4: a group's codes go through `tmp`, then two a byte; a code left
+    // over (an odd group) waits for the next group's first.
+    let mut tmp = vec![0u8; if bits == QBits::Int4 { group.min(x.len()) } else { 0 }];
+    let (mut at, mut pending) = (0usize, None::<u8>);
+    for (g, head) in scales_out.chunks_exact_mut(4).enumerate().take(x.len().div_ceil(group)) {
+        let r = group_range(g, group, x.len());
+        let xs = &x[r.clone()];
+        let (mn, mx, finite) = row_range(xs);
+        let s = reference::quant_params(mn, mx, bits, true).0;
+        head.copy_from_slice(&if finite { s } else { f32::NAN }.to_le_bytes());
+        let start = first + r.start as u64;
+        match bits {
+            QBits::Int8 => code_run(xs, 1.0 / s, lo, hi, rounding, seed, start, &mut codes_out[r]),
+            QBits::Int4 => {
+                let cs = &mut tmp[..xs.len()];
+                code_run(xs, 1.0 / s, lo, hi, rounding, seed, start, cs);
+                let mut cs: &[u8] = cs;
+                if let Some(low) = pending.take() {
+                    if let Some((&c, rest)) = cs.split_first() {
+                        codes_out[at] = (low & 0xf) | (c << 4);
+                        at += 1;
+                        cs = rest;
+                    }
+                }
+                let pairs = cs.chunks_exact(2);
+                pending = pairs.remainder().first().copied();
+                for (o, p) in codes_out[at..].iter_mut().zip(pairs) {
+                    *o = (p[0] & 0xf) | (p[1] << 4);
+                }
+                at += cs.len() / 2;
+            }
+        }
+    }
+    if let Some(low) = pending {
+        codes_out[at] = low & 0xf;
+    }
+}
+
+multiversion! {
+    /// One pass of qgZ's block encoder over `x`, group by group while the
+    /// group is in the caches: per group of `group` its range
+    /// ([`reference::row_min_max`]), its symmetric scale
+    /// ([`reference::quant_params`]) written to `scales_out` as 4
+    /// little-endian bytes — NaN instead where the group holds a NaN or an
+    /// infinity — and its codes ([`quantize_sym`]'s bytes) to `codes_out`.
+    /// `x[0]` is element `first` of the tensor (stochastic rounding's
+    /// counter). `scales_out` holds `4·ceil(n/group)` bytes, `codes_out` `n`
+    /// (int8) or `ceil(n/2)` (int4).
+    pub fn encode_block_sym / encode_block_sym_baseline(x: &[f32], first: u64, group: usize, bits: QBits, rounding: Rounding, seed: u64, scales_out: &mut [u8], codes_out: &mut [u8])
+        => encode_block_sym_body
 }
 
 #[inline(always)]

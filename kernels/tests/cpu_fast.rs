@@ -31,12 +31,15 @@ impl Gen {
     }
 }
 
+type EncodeBlock = fn(&[f32], u64, usize, QBits, Rounding, u64, &mut [u8], &mut [u8]);
+
 /// One copy of the fast kernels: the dispatching functions (AVX2+FMA here
 /// when the processor has them) or the baseline ones.
 struct Copy {
     name: &'static str,
     row_min_max: fn(&[f32], usize) -> (Vec<f32>, Vec<f32>),
     quantize_sym: fn(&[f32], &[f32], usize, QBits, Rounding, u64) -> Vec<u8>,
+    encode_block_sym: EncodeBlock,
     dequant_accumulate: fn(&[u8], &[f32], usize, usize, usize, QBits, &mut [f32]),
     pack: fn(&[f32], f32, f32, u8, Rounding, u64) -> Vec<u8>,
     unpack: fn(&[u8], usize, u8) -> Result<Vec<f32>, r::UnpackError>,
@@ -52,6 +55,7 @@ const DISPATCHED: Copy = Copy {
     name: "dispatched",
     row_min_max: cpu::row_min_max,
     quantize_sym: cpu::quantize_sym,
+    encode_block_sym: cpu::encode_block_sym,
     dequant_accumulate: cpu::dequant_accumulate,
     pack: cpu::pack,
     unpack: cpu::unpack,
@@ -80,6 +84,7 @@ const COPIES: [Copy; 3] = [
         name: "baseline",
         row_min_max: cpu::row_min_max_baseline,
         quantize_sym: cpu::quantize_sym_baseline,
+        encode_block_sym: cpu::encode_block_sym_baseline,
         dequant_accumulate: cpu::dequant_accumulate_baseline,
         pack: cpu::pack_baseline,
         unpack: cpu::unpack_baseline,
@@ -238,6 +243,68 @@ fn quantization_matches_for_every_shape() {
                         };
                         let got = (imp.quantize_sym)(&x, &scales, group, bits, rounding, seed);
                         assert_eq!(got, want, "{} n {n} group {group} {bits:?} {rounding:?}", imp.name);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fused block encoder against the reference's three kernels: each
+/// group's scale (NaN where the group holds a NaN or an infinity), then
+/// the codes, for a tensor whose first element is element `first`.
+#[test]
+fn the_fused_block_encoder_is_the_three_kernels() {
+    for imp in &COPIES {
+        let mut g = Gen(7);
+        for n in [0usize, 1, 2, 3, 7, 64, 255, 512, 1000, 1537] {
+            for group in [1usize, 3, 8, 64, 512] {
+                for finite in [true, false] {
+                    let mut x = inputs(&mut g, n, finite);
+                    // Groups of ±0 only, whose range the reference takes in
+                    // order.
+                    if n > 2 * group {
+                        for v in &mut x[group..2 * group] {
+                            *v = if g.next().is_multiple_of(2) { 0.0 } else { -0.0 };
+                        }
+                    }
+                    let (mins, maxs) = r::row_min_max(&x, group);
+                    for bits in [QBits::Int8, QBits::Int4] {
+                        let (scales, _) = r::quant_params_all(&mins, &maxs, bits, true);
+                        for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+                            // A tensor cut at a multiple of 2·group, as the
+                            // threaded engine cuts it; the reference
+                            // quantizes from element 0, so `first` elements
+                            // are padded in front.
+                            let (seed, first) = (g.next(), (2 * group) as u64 * (g.next() % 8));
+                            let mut padded = vec![0.5f32; first as usize];
+                            padded.extend_from_slice(&x);
+                            let mut pad_scales = vec![0.5f32 / 127.0; first as usize / group];
+                            pad_scales.extend_from_slice(&scales);
+                            let all = match bits {
+                                QBits::Int8 => r::quantize_i8(&padded, &pad_scales, &[], group, true, rounding, seed)
+                                    .into_iter()
+                                    .map(|c| c as u8)
+                                    .collect::<Vec<u8>>(),
+                                QBits::Int4 => r::quantize_i4(&padded, &pad_scales, group, rounding, seed),
+                            };
+                            let skip = if bits == QBits::Int8 { first as usize } else { first as usize / 2 };
+                            let codes = &all[skip..];
+                            let mut want: Vec<u8> = Vec::new();
+                            for (chunk, s) in x.chunks(group).zip(&scales) {
+                                let s = if chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
+                                want.extend_from_slice(&s.to_le_bytes());
+                            }
+                            want.extend_from_slice(codes);
+                            let mut got = vec![0xa5u8; want.len()];
+                            let (head, tail) = got.split_at_mut(4 * n.div_ceil(group));
+                            (imp.encode_block_sym)(&x, first, group, bits, rounding, seed, head, tail);
+                            assert_eq!(
+                                got, want,
+                                "{} n {n} group {group} {bits:?} {rounding:?} first {first}",
+                                imp.name
+                            );
+                        }
                     }
                 }
             }

@@ -1,7 +1,7 @@
 //! CPU throughput of the synchronization kernels as the runtime calls them
 //! (the host engine: `qsync_kernels::cpu`, bit for bit the reference), in bytes of f32 input
 //! per second: block quantization (int8/int4, group 512, round-to-nearest
-//! and stochastic), dequantize-and-accumulate of 8 blocks (one-shot qgZ's
+//! and stochastic; int8 also unfused, the three kernels one after the other), dequantize-and-accumulate of 8 blocks (one-shot qgZ's
 //! reduction on 8 ranks), n-bit packing and unpacking, the f16 cast; and
 //! `threaded/`: the same quantize, dequantize-accumulate and cast on one
 //! thread against `ThreadedHostEngine` on every core (what a GPU rank's
@@ -37,6 +37,26 @@ fn quantize(c: &mut Criterion) {
             })
         });
     }
+    // The same block from the three kernels and a finiteness pass, one
+    // after the other over the whole buffer (what the encoder did before
+    // it had a fused kernel): the fused encoder's gain, in the same run.
+    g.bench_function(BenchmarkId::from_parameter("int8-rn-unfused"), |b| {
+        b.iter(|| {
+            let e = HostEngine;
+            let x = black_box(&x);
+            let (mins, maxs) = e.row_min_max(x, 512)?;
+            let scales = e.sym_scales(&mins, &maxs, QBits::Int8)?;
+            let codes = e.quantize(x, &scales, 512, QBits::Int8, Rounding::Nearest, 7)?;
+            let finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
+            let mut out = Vec::with_capacity(4 * scales.len() + codes.len());
+            for (chunk, s) in x.chunks(512).zip(&scales) {
+                let s = if finite || chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+            out.extend_from_slice(&codes);
+            Ok::<_, qsync_runtime::CommError>(out)
+        })
+    });
     g.finish();
 }
 

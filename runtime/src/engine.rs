@@ -117,6 +117,35 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
         out.iter_mut().zip(self.cast_from(h, &le16(bytes))?).for_each(|(a, v)| *a += v);
         Ok(())
     }
+    /// qgZ's block of `x` (see [`crate::sync::block`]) written into `out`:
+    /// per group of `group` its symmetric scale as 4 little-endian bytes,
+    /// NaN where the group holds a NaN or an infinity, then the codes.
+    /// `out` holds `block_len(x.len(), bits, group)` bytes. An engine with
+    /// a fused kernel makes one pass over `x`; this one composes the
+    /// range, scale and quantize kernels and a finiteness check.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_block(
+        &self,
+        x: &[f32],
+        group: usize,
+        bits: QBits,
+        rounding: Rounding,
+        seed: u64,
+        out: &mut [u8],
+    ) -> Result<(), CommError> {
+        let g = group.max(1);
+        let (head, tail) = block_parts(out, x.len(), g, bits)?;
+        let (mins, maxs) = self.row_min_max(x, g)?;
+        let scales = self.sym_scales(&mins, &maxs, bits)?;
+        let codes = self.quantize(x, &scales, g, bits, rounding, seed)?;
+        let all_finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
+        for ((h, chunk), s) in head.chunks_exact_mut(4).zip(x.chunks(g)).zip(&scales) {
+            let s = if all_finite || chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
+            h.copy_from_slice(&s.to_le_bytes());
+        }
+        tail.copy_from_slice(&codes);
+        Ok(())
+    }
     /// Min/max n-bit packing, header included.
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError>;
     /// The values a packed buffer of `n` elements stands for.
@@ -202,6 +231,20 @@ impl KernelEngine for HostEngine {
         Ok(())
     }
 
+    fn encode_block(
+        &self,
+        x: &[f32],
+        group: usize,
+        bits: QBits,
+        rounding: Rounding,
+        seed: u64,
+        out: &mut [u8],
+    ) -> Result<(), CommError> {
+        let (head, codes) = block_parts(out, x.len(), group, bits)?;
+        cpu::encode_block_sym(x, 0, group.max(1), bits, rounding, seed, head, codes);
+        Ok(())
+    }
+
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {
         Ok(cpu::pack(x, mn, mx, bits, rounding, seed))
     }
@@ -216,6 +259,23 @@ impl KernelEngine for HostEngine {
         }
         cpu::unpack_accumulate(buf, n, bits, out).map_err(|e| DecodeError::Malformed(e.to_string()))
     }
+}
+
+/// The scales and codes parts of the block of `n` elements, checked
+/// against the block's length.
+fn block_parts(out: &mut [u8], n: usize, group: usize, bits: QBits) -> Result<(&mut [u8], &mut [u8]), CommError> {
+    let codes = match bits {
+        QBits::Int8 => n,
+        QBits::Int4 => n.div_ceil(2),
+    };
+    let head = 4 * n.div_ceil(group.max(1));
+    if out.len() != head + codes {
+        return Err(CommError::InvalidArgument {
+            op: "encode_block",
+            detail: format!("a block of {n} elements needs {} bytes, the buffer holds {}", head + codes, out.len()),
+        });
+    }
+    Ok(out.split_at_mut(head))
 }
 
 /// Little-endian 16-bit words of `bytes` (an even count).
@@ -430,6 +490,51 @@ impl KernelEngine for ThreadedHostEngine {
         }
         let ranges = self.ranges(out.len(), 1);
         each_part(&ranges, out, 1, &|r, part| cpu::accumulate_le(h, &bytes[2 * r.start..2 * r.end], part));
+        Ok(())
+    }
+
+    fn encode_block(
+        &self,
+        x: &[f32],
+        group: usize,
+        bits: QBits,
+        rounding: Rounding,
+        seed: u64,
+        out: &mut [u8],
+    ) -> Result<(), CommError> {
+        let group = group.max(1);
+        let (head, codes) = block_parts(out, x.len(), group, bits)?;
+        // Ranges of whole pairs of groups: each writes its own run of
+        // scales and of codes (whole bytes of int4 codes).
+        let ranges = self.ranges(x.len(), 2 * group);
+        let mut parts = Vec::with_capacity(ranges.len());
+        let (mut heads, mut tails) = (head, codes);
+        for r in &ranges {
+            let code_len = match bits {
+                QBits::Int8 => r.len(),
+                QBits::Int4 => r.len().div_ceil(2),
+            };
+            let (h, hs) = std::mem::take(&mut heads).split_at_mut(4 * r.len().div_ceil(group));
+            let (c, cs) = std::mem::take(&mut tails).split_at_mut(code_len);
+            parts.push((r.clone(), h, c));
+            (heads, tails) = (hs, cs);
+        }
+        let run = |(r, h, c): (std::ops::Range<usize>, &mut [u8], &mut [u8])| {
+            cpu::encode_block_sym(&x[r.clone()], r.start as u64, group, bits, rounding, seed, h, c)
+        };
+        std::thread::scope(|s| {
+            let mut parts = parts.into_iter();
+            let first = parts.next();
+            let handles: Vec<_> = parts.map(|p| s.spawn(move || run(p))).collect();
+            if let Some(p) = first {
+                run(p);
+            }
+            for h in handles {
+                if let Err(e) = h.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+        });
         Ok(())
     }
 

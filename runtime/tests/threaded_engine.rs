@@ -45,6 +45,28 @@ fn every_kernel_matches_the_single_threaded_engine_bit_for_bit() {
                             .quantize(&x, &scales, group, bits, rounding, 11)
                             .expect("the host kernels do not fail");
                         assert_eq!(a, b, "quantize n={n} g={group} {bits:?} {rounding:?} t={threads}");
+                        // The fused block encoder: the scales (NaN for a
+                        // group with a non-finite value), then these codes.
+                        let mut y = x.clone();
+                        if n > 600 {
+                            y[600] = f32::NAN;
+                            y[n - 1] = f32::NEG_INFINITY;
+                        }
+                        let (ymin, ymax) = one.row_min_max(&y, group).expect("the host kernels do not fail");
+                        let ys = one.sym_scales(&ymin, &ymax, bits).expect("the host kernels do not fail");
+                        let mut want = Vec::new();
+                        for (chunk, s) in y.chunks(group).zip(&ys) {
+                            let s = if chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
+                            want.extend_from_slice(&s.to_le_bytes());
+                        }
+                        want.extend(
+                            one.quantize(&y, &ys, group, bits, rounding, 11).expect("the host kernels do not fail"),
+                        );
+                        let (mut a, mut b) = (vec![0u8; want.len()], vec![0u8; want.len()]);
+                        one.encode_block(&y, group, bits, rounding, 11, &mut a).expect("the host kernels do not fail");
+                        many.encode_block(&y, group, bits, rounding, 11, &mut b).expect("the host kernels do not fail");
+                        assert_eq!(a, want, "encode_block n={n} g={group} {bits:?} {rounding:?}");
+                        assert_eq!(b, want, "encode_block n={n} g={group} {bits:?} {rounding:?} t={threads}");
                     }
                     // Three ranks' chunks, each with its own scales.
                     let k = 3;
@@ -104,6 +126,18 @@ fn every_kernel_matches_the_single_threaded_engine_bit_for_bit() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_block_buffer_of_the_wrong_length_is_an_error() {
+    let x = data(1000, 3);
+    for eng in [&HostEngine as &dyn KernelEngine, &ThreadedHostEngine::new(2)] {
+        let mut short = vec![0u8; 4 * 8 + 999];
+        let err = eng
+            .encode_block(&x, 128, QBits::Int8, Rounding::Nearest, 0, &mut short)
+            .expect_err("a block of 1000 int8 elements needs 1032 bytes");
+        assert!(err.to_string().contains("needs 1032 bytes, the buffer holds 1031"), "{err}");
     }
 }
 

@@ -173,8 +173,9 @@ fn quantizer(bits: QBits) -> Quantizer {
 
 /// The block of `x` at `bits` (scales, then codes): what a qgZ stage
 /// sends, and what dequantize-accumulate reads. The runtime's own encoder,
-/// so the time is the whole of what a stage does to its input: range per
-/// group, scales, codes, the finiteness check, the block laid out.
+/// so the time is the whole of what a stage does to its input: per group
+/// its range and finiteness, scale and codes, written in place in the
+/// block (one pass, `KernelEngine::encode_block`).
 fn block(x: &[f32], bits: QBits) -> Result<Vec<u8>> {
     let q = quantizer(bits);
     let mut out = Vec::with_capacity(q.block_len(x.len()));

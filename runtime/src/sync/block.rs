@@ -80,16 +80,20 @@ impl Quantizer {
         residual: Option<&mut [f32]>,
     ) -> Result<(), CommError> {
         let g = self.group.max(1);
+        let Some(res) = residual else {
+            // No error feedback: the engine's block encoder, in place.
+            let at = out.len();
+            out.resize(at + self.block_len(x.len()), 0);
+            return eng.encode_block(x, g, self.bits, self.rounding, seed, &mut out[at..]);
+        };
         let (mins, maxs) = eng.row_min_max(x, g)?;
         let scales = eng.sym_scales(&mins, &maxs, self.bits)?;
         let codes = eng.quantize(x, &scales, g, self.bits, self.rounding, seed)?;
-        if let Some(res) = residual {
-            let mut deq = vec![0f32; x.len()];
-            eng.dequant_accumulate(&codes, &scales, x.len(), g, 1, self.bits, &mut deq)?;
-            for ((r, &v), d) in res.iter_mut().zip(x).zip(deq) {
-                let e = v - d;
-                *r = if e.is_finite() { e } else { 0.0 };
-            }
+        let mut deq = vec![0f32; x.len()];
+        eng.dequant_accumulate(&codes, &scales, x.len(), g, 1, self.bits, &mut deq)?;
+        for ((r, &v), d) in res.iter_mut().zip(x).zip(deq) {
+            let e = v - d;
+            *r = if e.is_finite() { e } else { 0.0 };
         }
         // A group holding a NaN or an infinity sends a NaN scale. One pass
         // that vectorizes answers for the whole buffer first; only a buffer
