@@ -1120,12 +1120,28 @@ impl Cluster {
         let total_us = if pieces > 1.0 {
             // Pieces on the wire while others are in the kernels: the link
             // against the CPU (kernels and the stack's work on the bytes,
-            // one pool of cores), the longer side, plus one piece of the
-            // shorter of the pipeline's two stages to fill and drain: a
-            // piece's kernels, and its exchange, which streams its bytes
-            // while the stack works on them (the longer of the two).
+            // one pool of cores), the longer side, plus what of one piece
+            // the longer side cannot overlap as the pipeline fills and
+            // drains. Wire-bound: a piece's kernels (the first piece's
+            // encoding before anything can be sent, the last one's decoding
+            // after everything arrived). CPU-bound, on cores a rank has to
+            // itself: a piece of the shorter of the two stages, the kernels
+            // or the exchange (which streams its bytes while the stack
+            // works on them: the longer of the two), as the rank waits for
+            // its first piece's bytes and decodes its last. CPU-bound, on
+            // cores the node's ranks share: the cores stay busy with the
+            // other ranks' work while one rank waits, from the first kernel
+            // to the last, but for the wire time of a piece beyond its
+            // stack time, if any.
             let (wire, cpu) = (link_sum + lat_sum, k + tcp_sum);
-            wire.max(cpu) + k.min(wire.max(tcp_sum)) / pieces + staging
+            let unhidden = if wire >= cpu {
+                k
+            } else if share > 1.0 {
+                (wire - tcp_sum).max(0.0)
+            } else {
+                k.min(wire.max(tcp_sum))
+            };
+            wire.max(cpu) + unhidden / pieces + staging
         } else {
             serial + staging + k
         };
@@ -1397,14 +1413,37 @@ mod tests {
         assert!((mpi - (kern + comm / 4.0)).abs() < 1e-6, "{mpi}");
         // The stack at 10 ns a byte and casts at 0.1 ns an element: the CPU
         // (kernels 1310.72 µs and the stack's 2 × 62914.56) is the longer
-        // side; the pipeline fills and drains with one piece of its
-        // shorter stage, the kernels (a piece's exchange streams its bytes
-        // while the stack works on them: the stack's part is the longer).
+        // side. Each rank on cores of its own: the pipeline fills and
+        // drains with one piece of its shorter stage, the kernels (a
+        // piece's exchange streams its bytes while the stack works on them:
+        // the stack's part is the longer).
         let k = SyncKernels { cast16_r: 1e-10, tcp_r: Some(1e-8), ..free_kernels() };
         let c2 = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(k, 10.0)]);
         let (kern10, stack) = (kern / 10.0, 2.0 * 3.0 * 2f64.powi(21) * 1e-2);
         let mpi = c2.sync_us(0, bytes, &spec.with_path(SyncPath::Mpi), AllReduceAlgo::Ring);
         assert!((mpi - (kern10 + stack + kern10 / 4.0)).abs() < 1e-6, "{mpi}");
+        // The node's 4 ranks on one core: 4× the CPU, which the other
+        // ranks keep busy while one waits; the wire (145.83 µs) never holds
+        // it up, as the stack's work on a piece outlasts its wire time.
+        let c2s = Cluster::new(vec![DeviceType::new("a", 4, 4, 1).with_host(k, 10.0).with_host_cores(Some(1))]);
+        let mpi = c2s.sync_us(0, bytes, &spec.with_path(SyncPath::Mpi), AllReduceAlgo::Ring);
+        assert!((mpi - 4.0 * (kern10 + stack)).abs() < 1e-6, "{mpi}");
+        // Two cores for the 4 ranks, the stack at 0.1 ns a byte (2 ×
+        // 1258.29 µs) and the link at 3200 B/µs (wire 2 × (1966.08 + 20)
+        // µs): the CPU (2 × (1310.72 + 1258.29)) is the longer side, but a
+        // piece's bytes take longer on the wire than the stack's work on
+        // them; the cores wait that difference, a piece's worth, as the
+        // pipeline fills and drains.
+        let k = SyncKernels { cast16_r: 1e-10, tcp_r: Some(1e-10), ..free_kernels() };
+        let c3 = Cluster::new(vec![DeviceType::new("a", 4, 4, 1)
+            .with_bandwidth(3.2, 3.2)
+            .with_host(k, 10.0)
+            .with_host_cores(Some(2))]);
+        let wire = 2.0 * (3.0 * 2f64.powi(21) / 3200.0 + 4.0 * 5.0);
+        let stack = 2.0 * (2.0 * 3.0 * 2f64.powi(21) * 1e-4);
+        assert!(stack < wire && wire < 2.0 * kern10 + stack);
+        let mpi = c3.sync_us(0, bytes, &spec.with_path(SyncPath::Mpi), AllReduceAlgo::Ring);
+        assert!((mpi - (2.0 * kern10 + stack + (wire - stack) / 4.0)).abs() < 1e-6, "{mpi}");
         // On the hook's path (gloo: blocking exchanges) the two add up.
         let host = c.sync_us(0, bytes, &spec.with_path(SyncPath::Host), AllReduceAlgo::Ring);
         assert!((host - (kern + 2.0 * (3.0 * 2f64.powi(21) / 1e5 + 5.0))).abs() < 1e-6, "{host}");
