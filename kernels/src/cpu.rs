@@ -127,6 +127,18 @@ multiversion! {
     pub fn row_min_max / row_min_max_baseline(x: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) => row_min_max_body
 }
 
+#[inline(always)]
+fn range_finite_body(x: &[f32]) -> (f32, f32, bool) {
+    row_range(x)
+}
+
+multiversion! {
+    /// The min and max of `x` as one row ([`reference::row_min_max`] with
+    /// `cols = x.len()`: `(inf, -inf)` for an empty or all-NaN `x`), and
+    /// whether every value of `x` is finite, in one pass.
+    pub fn range_finite / range_finite_baseline(x: &[f32]) -> (f32, f32, bool) => range_finite_body
+}
+
 /// The reference's `code(t, 0, lo, hi, …)` as an integer: `t` rounded,
 /// NaN to 0, clamped to `[lo, hi]`.
 #[inline(always)]

@@ -40,6 +40,7 @@ struct Copy {
     row_min_max: fn(&[f32], usize) -> (Vec<f32>, Vec<f32>),
     quantize_sym: fn(&[f32], &[f32], usize, QBits, Rounding, u64) -> Vec<u8>,
     encode_block_sym: EncodeBlock,
+    range_finite: fn(&[f32]) -> (f32, f32, bool),
     dequant_accumulate: fn(&[u8], &[f32], usize, usize, usize, QBits, &mut [f32]),
     pack: fn(&[f32], f32, f32, u8, Rounding, u64) -> Vec<u8>,
     unpack: fn(&[u8], usize, u8) -> Result<Vec<f32>, r::UnpackError>,
@@ -56,6 +57,7 @@ const DISPATCHED: Copy = Copy {
     row_min_max: cpu::row_min_max,
     quantize_sym: cpu::quantize_sym,
     encode_block_sym: cpu::encode_block_sym,
+    range_finite: cpu::range_finite,
     dequant_accumulate: cpu::dequant_accumulate,
     pack: cpu::pack,
     unpack: cpu::unpack,
@@ -85,6 +87,7 @@ const COPIES: [Copy; 3] = [
         row_min_max: cpu::row_min_max_baseline,
         quantize_sym: cpu::quantize_sym_baseline,
         encode_block_sym: cpu::encode_block_sym_baseline,
+        range_finite: cpu::range_finite_baseline,
         dequant_accumulate: cpu::dequant_accumulate_baseline,
         pack: cpu::pack_baseline,
         unpack: cpu::unpack_baseline,
@@ -244,6 +247,45 @@ fn quantization_matches_for_every_shape() {
                         let got = (imp.quantize_sym)(&x, &scales, group, bits, rounding, seed);
                         assert_eq!(got, want, "{} n {n} group {group} {bits:?} {rounding:?}", imp.name);
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The one-pass range and finiteness against the reference's range of one
+/// row and a check of every value.
+#[test]
+fn range_finite_is_the_reference_range_and_a_finiteness_check() {
+    for imp in &COPIES {
+        let mut g = Gen(8);
+        for n in [0usize, 1, 2, 7, 8, 9, 64, 255, 1000, 1537] {
+            for finite in [true, false] {
+                for zeros in [false, true] {
+                    let mut x = inputs(&mut g, n, finite);
+                    if zeros {
+                        // Zeros at the extremes, whose sign the reference
+                        // takes from the first in order.
+                        for (i, v) in x.iter_mut().enumerate() {
+                            *v = if i % 3 == 0 {
+                                -0.0
+                            } else if v.is_finite() {
+                                v.abs()
+                            } else {
+                                *v
+                            };
+                        }
+                    }
+                    let (mins, maxs) = r::row_min_max(&x, n.max(1));
+                    let [mn, mx, _] = r::tensor_min_max(&mins, &maxs);
+                    let all_finite = x.iter().all(|v| v.is_finite());
+                    let (a, b, f) = (imp.range_finite)(&x);
+                    assert_eq!(
+                        (a.to_bits(), b.to_bits(), f),
+                        (mn.to_bits(), mx.to_bits(), all_finite),
+                        "{} n {n} finite {finite} zeros {zeros}",
+                        imp.name
+                    );
                 }
             }
         }

@@ -146,6 +146,16 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
         tail.copy_from_slice(&codes);
         Ok(())
     }
+    /// The min and max of `x` as one row (`(inf, -inf)` when it holds no
+    /// number) and whether every value of it is finite: n-bit's range. An
+    /// engine with a fused kernel makes one pass.
+    fn range_finite(&self, x: &[f32]) -> Result<(f32, f32, bool), CommError> {
+        let (mins, maxs) = self.row_min_max(x, x.len().max(1))?;
+        let [mn, mx, _] = self.tensor_min_max(&mins, &maxs)?;
+        // A fold without an early exit: it vectorizes, where `all` scans
+        // element by element.
+        Ok((mn, mx, x.iter().fold(true, |ok, v| ok & v.is_finite())))
+    }
     /// Min/max n-bit packing, header included.
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError>;
     /// The values a packed buffer of `n` elements stands for.
@@ -243,6 +253,10 @@ impl KernelEngine for HostEngine {
         let (head, codes) = block_parts(out, x.len(), group, bits)?;
         cpu::encode_block_sym(x, 0, group.max(1), bits, rounding, seed, head, codes);
         Ok(())
+    }
+
+    fn range_finite(&self, x: &[f32]) -> Result<(f32, f32, bool), CommError> {
+        Ok(cpu::range_finite(x))
     }
 
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {
@@ -536,6 +550,10 @@ impl KernelEngine for ThreadedHostEngine {
             }
         });
         Ok(())
+    }
+
+    fn range_finite(&self, x: &[f32]) -> Result<(f32, f32, bool), CommError> {
+        HostEngine.range_finite(x)
     }
 
     fn pack(&self, x: &[f32], mn: f32, mx: f32, bits: u8, rounding: Rounding, seed: u64) -> Result<Vec<u8>, CommError> {

@@ -94,6 +94,21 @@ fn every_kernel_matches_the_single_threaded_engine_bit_for_bit() {
                     );
                 }
             }
+            // n-bit's range in one pass: the two range kernels and a
+            // finiteness check, on either engine.
+            let mut y = x.clone();
+            for bad in [None, Some(f32::NAN), Some(f32::INFINITY)] {
+                if let (Some(v), true) = (bad, n > 3) {
+                    y[n / 2] = v;
+                }
+                let (mins, maxs) = one.row_min_max(&y, n.max(1)).expect("the host kernels do not fail");
+                let [mn, mx, _] = one.tensor_min_max(&mins, &maxs).expect("the host kernels do not fail");
+                let want = (mn.to_bits(), mx.to_bits(), y.iter().all(|v| v.is_finite()));
+                for got in [one.range_finite(&y), many.range_finite(&y)] {
+                    let (a, b, f) = got.expect("the host kernels do not fail");
+                    assert_eq!((a.to_bits(), b.to_bits(), f), want, "range_finite n={n} {bad:?}");
+                }
+            }
             for h in [Half::F16, Half::BF16] {
                 let a = one.cast_to(h, &x).expect("the host kernels do not fail");
                 assert_eq!(a, many.cast_to(h, &x).expect("the host kernels do not fail"), "cast_to n={n}");

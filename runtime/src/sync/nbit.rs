@@ -40,8 +40,8 @@ use crate::error::{CommError, SyncError};
 const STAGE_PACK: u64 = 4;
 
 /// What a rank sends: `x` packed over its range at `bits`, with a NaN
-/// minimum when `x` holds a NaN or an infinity (a pass for the range, one
-/// for finiteness, one to pack). `qsyncc host-kernels` times this.
+/// minimum when `x` holds a NaN or an infinity (a pass for the range and
+/// finiteness, one to pack). `qsyncc host-kernels` times this.
 pub fn encode(
     eng: &dyn KernelEngine,
     x: &[f32],
@@ -49,14 +49,8 @@ pub fn encode(
     rounding: Rounding,
     seed: u64,
 ) -> Result<Vec<u8>, CommError> {
-    let (mins, maxs) = eng.row_min_max(x, x.len().max(1))?;
-    let [mut mn, mx, _] = eng.tensor_min_max(&mins, &maxs)?;
-    // A fold without an early exit: it vectorizes, where `any` scans
-    // element by element.
-    if x.iter().fold(false, |a, v| a | !v.is_finite()) {
-        mn = f32::NAN;
-    }
-    eng.pack(x, mn, mx, bits, rounding, seed)
+    let (mn, mx, finite) = eng.range_finite(x)?;
+    eng.pack(x, if finite { mn } else { f32::NAN }, mx, bits, rounding, seed)
 }
 
 /// The passes over the sum besides decoding: zeroed before the `P`
