@@ -10,7 +10,10 @@ synchronization runs); the transport's all-gather (gloo's ring) of 8
 bytes a rank; then the two all-to-alls again while every rank
 runs a compute thread beside them (`--compute-size`: products of N×N
 matrices, which release Python's lock as a backward pass in autograd's C++
-does), as the hook's exchanges run beside the backward pass. Rank 0 prints
+does), as the hook's exchanges run beside the backward pass; and what DDP
+itself spends on the training thread around a hook (`ddp_bucket_cost`: a
+backward under a hook that hands every bucket straight back, against
+`no_sync`). Rank 0 prints
 one JSON line (the slowest rank's median of `--reps` runs of each).
 
     torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--reps 5] [--compute-size 512]
@@ -49,6 +52,8 @@ def main():
     ap.add_argument("--small-kib", type=int, default=64, help="the small all-reduce, KiB")
     ap.add_argument("--ring-calls", type=int, default=4, help="all-reduces per timed run")
     ap.add_argument("--gather-calls", type=int, default=10, help="small all-gathers per timed run")
+    ap.add_argument("--ddp-layers", type=int, default=12, help="DDP's bucket cost: linear layers")
+    ap.add_argument("--ddp-width", type=int, default=1024, help="DDP's bucket cost: each layer's width")
     ap.add_argument("--compute-size", type=int, default=512,
                     help="the compute thread's matrices are N×N (default 512)")
     a = ap.parse_args()
@@ -115,9 +120,55 @@ def main():
     with beside_compute(a.compute_size):
         all_to_alls("busy_")
     out["compute_size"] = a.compute_size
+
+    out.update(ddp_bucket_cost(a, slowest_median))
     if tr.rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
+
+
+def ddp_bucket_cost(a, slowest_median):
+    """What DDP itself does with the gradient on the training thread, around
+    any hook: a backward pass of a stack of linear layers (`--ddp-layers`
+    of `--ddp-width`², about a ResNet-18's parameters by default) under a
+    comm hook that hands every bucket straight back, against the same
+    backward under `no_sync` (the slowest rank's medians). The difference
+    is DDP's copies of the gradients into their buckets and back and its
+    bookkeeping per bucket."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(a.ddp_width, a.ddp_width) for _ in range(a.ddp_layers)]
+    model = torch.nn.Sequential(*layers)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+
+    def handed_back(_state, bucket):
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, handed_back)
+    x = torch.randn(2, a.ddp_width)
+
+    def backward(sync):
+        ddp.zero_grad(set_to_none=True)
+        with ddp.no_sync() if not sync else _nothing():
+            loss = ddp(x).pow(2).mean()
+            t = time.perf_counter()
+            loss.backward()
+            return time.perf_counter() - t
+
+    backward(True)  # DDP builds its buckets in the first synchronized step
+    elements = sum(q.numel() for q in model.parameters())
+    with_hook = slowest_median(lambda: backward(True))
+    without = slowest_median(lambda: backward(False))
+    return {"ddp_hook_backward_s": with_hook, "ddp_no_sync_backward_s": without, "ddp_elements": elements}
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 if __name__ == "__main__":

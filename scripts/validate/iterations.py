@@ -103,8 +103,10 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     copy of `host_file` with these `tcp_r` and `message_s` (what the hook
     path is priced with), `ring_tcp_r` and `ring_step_s` (what DDP's own
     all-reduce is priced with), `gather_step_s` (a step of the transport's
-    ring all-gather) and `busy_round_s` (what an exchange round
-    waits while the backward pass computes) and returns its path. Also
+    ring all-gather), `busy_round_s` (what an exchange round
+    waits while the backward pass computes) and `bucket_r` (what DDP itself
+    does on the training thread around a hook, per element) and returns
+    its path. Also
     records, in OUT/gloo-stalls.json, how tiny calls through the same
     transport spread when made one at a time (`gloo_stalls.py`), which the
     per-round figures average over."""
@@ -172,6 +174,22 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"{r['compute_size']}x{r['compute_size']} matrix products: {r['busy_one_s'] * 1e3:.1f} ms in 1 exchange, "
         f"{r['busy_split_s'] * 1e3:.1f} ms in {many}; each further exchange beyond twice its time alone (the "
         f"cores shared with the compute thread) waits {busy_round * 1e3:.2f} ms")
+    # DDP's own work on the training thread around a hook (its copies of
+    # the gradients into their buckets and back, its bookkeeping), per
+    # element, as CPU time at one rank a core: what `bucket_r` prices,
+    # measured through DDP itself rather than as two plain copies, at every
+    # size of the ladder alike (DDP's buckets are 25 MiB whatever the model).
+    ddp_r = max(0.0, (r["ddp_hook_backward_s"] - r["ddp_no_sync_backward_s"]) / share / r["ddp_elements"])
+    copies_r = hk["kernels"].get("bucket_r")
+    hk["kernels"]["bucket_r"] = ddp_r
+    for row in hk["kernels"].get("by_size") or []:
+        row["bucket"] = ddp_r
+    hk["sources"]["bucket_r"] = (
+        f"scripts/validate/iterations.py: DDP's backward of {r['ddp_elements']} parameters (linear layers) under a "
+        f"comm hook that hands every bucket straight back, {r['ddp_hook_backward_s'] * 1e3:.2f} ms, against the same "
+        f"backward under no_sync, {r['ddp_no_sync_backward_s'] * 1e3:.2f} ms, on the same ranks: "
+        f"{ddp_r * 1e9:.3f} ns an element of CPU time with the node's {k} ranks sharing {cores} core(s), at every "
+        f"size (host-kernels' two plain copies: {(copies_r or 0.0) * 1e9:.3f} ns)")
     spread = json_lines(stalls)[0]
     json.dump(spread, open(os.path.join(a.out, "gloo-stalls.json"), "w"), indent=1)
     print("validate: tiny calls one at a time (median / mean / calls over 1 ms of " + str(spread["socket_ping_pong"]["calls"])
@@ -182,7 +200,8 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     print(f"validate: the hook's transport (gloo) costs {byte / share * 1e9:.3f} ns a byte and "
           f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms in 1 exchange, "
           f"{r['split_s'] * 1e3:.1f} ms in {many}); gloo's own ring {ring_r * 1e9:.3f} ns a byte and "
-          f"{ring_step * 1e6:.1f} us a step; its all-gather {gather_step * 1e6:.0f} us a step; beside compute an exchange round waits {busy_round * 1e3:.2f} ms more",
+          f"{ring_step * 1e6:.1f} us a step; its all-gather {gather_step * 1e6:.0f} us a step; beside compute an exchange round waits {busy_round * 1e3:.2f} ms more; "
+          f"DDP's buckets {ddp_r * 1e9:.3f} ns an element",
           file=sys.stderr, flush=True)
     return out
 
