@@ -143,6 +143,12 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
             let s = if all_finite || chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
             h.copy_from_slice(&s.to_le_bytes());
         }
+        if codes.len() != tail.len() {
+            return Err(CommError::InvalidArgument {
+                op: "encode_block",
+                detail: format!("the {} engine gave {} code bytes for {} elements", self.name(), codes.len(), x.len()),
+            });
+        }
         tail.copy_from_slice(&codes);
         Ok(())
     }
