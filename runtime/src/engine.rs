@@ -313,8 +313,9 @@ const THREADED_MIN: usize = 1 << 16;
 /// exactly as on one thread — the same operations in the same order (a
 /// dequantize-accumulate adds the chunks in their order). Stochastic
 /// rounding and n-bit packing, whose random draws and bit streams run over
-/// the whole buffer, stay on one thread, as do buffers under 64 Ki
-/// elements. For GPU buckets staged through the host ([`Kernels::Host`] on
+/// the whole buffer, stay on one thread (but for the block encoder, whose
+/// ranges count their draws from the tensor's first element), as do
+/// buffers under 64 Ki elements. For GPU buckets staged through the host ([`Kernels::Host`] on
 /// an NCCL communicator), whose host cores are otherwise idle while the
 /// GPU computes; a CPU rank's cores compute the backward pass, so it keeps
 /// [`HostEngine`].
