@@ -179,11 +179,13 @@ def measure_links(ns, addr, rate, k):
 def exchange_seconds(a, k, cores, nbytes, messages):
     """Median seconds of `sync-bench --collective all-to-all`: `nbytes` from
     every rank in `messages` all-to-alls, the ranks placed and pinned as the
-    validation's jobs are."""
+    validation's jobs are; the median of 15 (of 5 until 2026-11-30, whose
+    fits of the stack's cost per byte spread 0.61-0.68 ns from run to run,
+    and whose one-exchange times spread 15-21 ms within a run)."""
     r = subprocess.run(["bash", NETCLUSTER, "run", "--prefix", a.prefix, "--ranks-per-node", str(k),
                         "--cpus-per-node", str(cores), "--timeout", "300", "--", a.qsyncc, "sync-bench",
                         "--collective", "all-to-all", "--scheme", "fp32", "--bytes", str(nbytes), "--messages",
-                        str(messages), "--nodes", "2", "--iterations", "5", "--warmup", "1", "--json"],
+                        str(messages), "--nodes", "2", "--iterations", "15", "--warmup", "1", "--json"],
                        capture_output=True, text=True)
     line = next((l for l in r.stdout.splitlines() if l.startswith("{")), None)
     if r.returncode != 0 or line is None:
