@@ -13,7 +13,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qsync_kernels::{reference, QBits, Rounding};
-use qsync_runtime::sync::block::Quantizer;
+use qsync_runtime::engine::encode_block_composed;
+use qsync_runtime::sync::block::{self, Quantizer};
 use qsync_runtime::testdata::{gradient, GradKind};
 use qsync_runtime::{HostEngine, KernelEngine, ThreadedHostEngine};
 
@@ -42,19 +43,9 @@ fn quantize(c: &mut Criterion) {
     // it had a fused kernel): the fused encoder's gain, in the same run.
     g.bench_function(BenchmarkId::from_parameter("int8-rn-unfused"), |b| {
         b.iter(|| {
-            let e = HostEngine;
-            let x = black_box(&x);
-            let (mins, maxs) = e.row_min_max(x, 512)?;
-            let scales = e.sym_scales(&mins, &maxs, QBits::Int8)?;
-            let codes = e.quantize(x, &scales, 512, QBits::Int8, Rounding::Nearest, 7)?;
-            let finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
-            let mut out = Vec::with_capacity(4 * scales.len() + codes.len());
-            for (chunk, s) in x.chunks(512).zip(&scales) {
-                let s = if finite || chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
-                out.extend_from_slice(&s.to_le_bytes());
-            }
-            out.extend_from_slice(&codes);
-            Ok::<_, qsync_runtime::CommError>(out)
+            let mut out = vec![0u8; block::block_len(N, QBits::Int8, 512)];
+            encode_block_composed(&HostEngine, black_box(&x), 512, QBits::Int8, Rounding::Nearest, 7, &mut out)
+                .map(|()| out)
         })
     });
     g.finish();

@@ -21,6 +21,7 @@
 use qsync_kernels::{cpu, reference, Half, QBits, Rounding};
 
 use crate::error::CommError;
+use crate::sync::block;
 
 /// Why received bytes could not be decoded.
 #[derive(Debug)]
@@ -123,7 +124,6 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
     /// `out` holds `block_len(x.len(), bits, group)` bytes. An engine with
     /// a fused kernel makes one pass over `x`; this one composes the
     /// range, scale and quantize kernels and a finiteness check.
-    #[allow(clippy::too_many_arguments)]
     fn encode_block(
         &self,
         x: &[f32],
@@ -133,24 +133,7 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
         seed: u64,
         out: &mut [u8],
     ) -> Result<(), CommError> {
-        let g = group.max(1);
-        let (head, tail) = block_parts(out, x.len(), g, bits)?;
-        let (mins, maxs) = self.row_min_max(x, g)?;
-        let scales = self.sym_scales(&mins, &maxs, bits)?;
-        let codes = self.quantize(x, &scales, g, bits, rounding, seed)?;
-        let all_finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
-        for ((h, chunk), s) in head.chunks_exact_mut(4).zip(x.chunks(g)).zip(&scales) {
-            let s = if all_finite || chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
-            h.copy_from_slice(&s.to_le_bytes());
-        }
-        if codes.len() != tail.len() {
-            return Err(CommError::InvalidArgument {
-                op: "encode_block",
-                detail: format!("the {} engine gave {} code bytes for {} elements", self.name(), codes.len(), x.len()),
-            });
-        }
-        tail.copy_from_slice(&codes);
-        Ok(())
+        encode_block_composed(self, x, group, bits, rounding, seed, out)
     }
     /// The min and max of `x` as one row (`(inf, -inf)` when it holds no
     /// number) and whether every value of it is finite: n-bit's range. An
@@ -281,18 +264,72 @@ impl KernelEngine for HostEngine {
     }
 }
 
+/// qgZ's block of `x` made of the plain kernels one after the other
+/// (range, scales, codes, then a finiteness check as the block is laid
+/// out): [`KernelEngine::encode_block`]'s default, and what an engine's
+/// fused kernel must equal.
+pub fn encode_block_composed<E: KernelEngine + ?Sized>(
+    eng: &E,
+    x: &[f32],
+    group: usize,
+    bits: QBits,
+    rounding: Rounding,
+    seed: u64,
+    out: &mut [u8],
+) -> Result<(), CommError> {
+    let g = group.max(1);
+    let (mins, maxs) = eng.row_min_max(x, g)?;
+    let scales = eng.sym_scales(&mins, &maxs, bits)?;
+    let codes = eng.quantize(x, &scales, g, bits, rounding, seed)?;
+    lay_out_block(x, g, bits, &scales, &codes, out)
+}
+
+/// Writes the block of `x` from its groups' `scales` and its `codes` into
+/// `out`: each scale as 4 little-endian bytes, NaN for a group that holds a
+/// NaN or an infinity, then the codes.
+pub(crate) fn lay_out_block(
+    x: &[f32],
+    group: usize,
+    bits: QBits,
+    scales: &[f32],
+    codes: &[u8],
+    out: &mut [u8],
+) -> Result<(), CommError> {
+    let (head, tail) = block_parts(out, x.len(), group, bits)?;
+    if codes.len() != tail.len() || scales.len() * 4 != head.len() {
+        return Err(CommError::InvalidArgument {
+            op: "encode_block",
+            detail: format!(
+                "{} scales and {} code bytes for {} elements in groups of {group}",
+                scales.len(),
+                codes.len(),
+                x.len()
+            ),
+        });
+    }
+    // One pass that vectorizes answers for the whole buffer first; only a
+    // buffer with a non-finite value is looked at group by group.
+    let all_finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
+    for ((h, chunk), s) in head.chunks_exact_mut(4).zip(x.chunks(group.max(1))).zip(scales) {
+        let s = if all_finite || chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
+        h.copy_from_slice(&s.to_le_bytes());
+    }
+    tail.copy_from_slice(codes);
+    Ok(())
+}
+
 /// The scales and codes parts of the block of `n` elements, checked
 /// against the block's length.
 fn block_parts(out: &mut [u8], n: usize, group: usize, bits: QBits) -> Result<(&mut [u8], &mut [u8]), CommError> {
-    let codes = match bits {
-        QBits::Int8 => n,
-        QBits::Int4 => n.div_ceil(2),
-    };
-    let head = 4 * n.div_ceil(group.max(1));
-    if out.len() != head + codes {
+    let head = 4 * block::groups(n, group);
+    if out.len() != block::block_len(n, bits, group) {
         return Err(CommError::InvalidArgument {
             op: "encode_block",
-            detail: format!("a block of {n} elements needs {} bytes, the buffer holds {}", head + codes, out.len()),
+            detail: format!(
+                "a block of {n} elements needs {} bytes, the buffer holds {}",
+                block::block_len(n, bits, group),
+                out.len()
+            ),
         });
     }
     Ok(out.split_at_mut(head))
@@ -353,7 +390,7 @@ impl ThreadedHostEngine {
     }
 }
 
-/// `f(i, range, part)` for each range with its own part of `out` (the
+/// `f(range, part)` for each range with its own part of `out` (the
 /// range scaled by `per` items of `out` an element), the first on the
 /// calling thread and the others on scoped threads.
 fn each_part<T: Send>(
@@ -369,12 +406,18 @@ fn each_part<T: Send>(
         parts.push((r.clone(), part));
         rest = tail;
     }
+    on_threads(parts, &|(r, part)| f(r, part));
+}
+
+/// `f(p)` for each of `parts`, the first on the calling thread and the
+/// others on scoped threads; a panic in any is resumed here.
+fn on_threads<P: Send>(parts: Vec<P>, f: &(dyn Fn(P) + Sync)) {
     std::thread::scope(|s| {
         let mut parts = parts.into_iter();
         let first = parts.next();
-        let handles: Vec<_> = parts.map(|(r, part)| s.spawn(move || f(r, part))).collect();
-        if let Some((r, part)) = first {
-            f(r, part);
+        let handles: Vec<_> = parts.map(|p| s.spawn(move || f(p))).collect();
+        if let Some(p) = first {
+            f(p);
         }
         for h in handles {
             if let Err(e) = h.join() {
@@ -531,30 +574,13 @@ impl KernelEngine for ThreadedHostEngine {
         let mut parts = Vec::with_capacity(ranges.len());
         let (mut heads, mut tails) = (head, codes);
         for r in &ranges {
-            let code_len = match bits {
-                QBits::Int8 => r.len(),
-                QBits::Int4 => r.len().div_ceil(2),
-            };
-            let (h, hs) = std::mem::take(&mut heads).split_at_mut(4 * r.len().div_ceil(group));
-            let (c, cs) = std::mem::take(&mut tails).split_at_mut(code_len);
+            let (h, hs) = std::mem::take(&mut heads).split_at_mut(4 * block::groups(r.len(), group));
+            let (c, cs) = std::mem::take(&mut tails).split_at_mut(block::code_bytes(r.len(), bits));
             parts.push((r.clone(), h, c));
             (heads, tails) = (hs, cs);
         }
-        let run = |(r, h, c): (std::ops::Range<usize>, &mut [u8], &mut [u8])| {
+        on_threads(parts, &|(r, h, c): (std::ops::Range<usize>, &mut [u8], &mut [u8])| {
             cpu::encode_block_sym(&x[r.clone()], r.start as u64, group, bits, rounding, seed, h, c)
-        };
-        std::thread::scope(|s| {
-            let mut parts = parts.into_iter();
-            let first = parts.next();
-            let handles: Vec<_> = parts.map(|p| s.spawn(move || run(p))).collect();
-            if let Some(p) = first {
-                run(p);
-            }
-            for h in handles {
-                if let Err(e) = h.join() {
-                    std::panic::resume_unwind(e);
-                }
-            }
         });
         Ok(())
     }

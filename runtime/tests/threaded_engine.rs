@@ -2,6 +2,7 @@
 //! below and above the threading threshold, odd sizes and odd groups, both
 //! widths, both roundings (stochastic stays on one thread), several chunks.
 use qsync_kernels::{Half, QBits, Rounding};
+use qsync_runtime::engine::encode_block_composed;
 use qsync_runtime::{HostEngine, KernelEngine, ThreadedHostEngine};
 
 /// Deterministic values with some spread (and a few large ones).
@@ -62,7 +63,11 @@ fn every_kernel_matches_the_single_threaded_engine_bit_for_bit() {
                         want.extend(
                             one.quantize(&y, &ys, group, bits, rounding, 11).expect("the host kernels do not fail"),
                         );
-                        let (mut a, mut b) = (vec![0u8; want.len()], vec![0u8; want.len()]);
+                        let (mut a, mut b, mut c) =
+                            (vec![0u8; want.len()], vec![0u8; want.len()], vec![0u8; want.len()]);
+                        encode_block_composed(&one, &y, group, bits, rounding, 11, &mut c)
+                            .expect("the host kernels do not fail");
+                        assert_eq!(c, want, "encode_block_composed n={n} g={group} {bits:?} {rounding:?}");
                         one.encode_block(&y, group, bits, rounding, 11, &mut a).expect("the host kernels do not fail");
                         many.encode_block(&y, group, bits, rounding, 11, &mut b).expect("the host kernels do not fail");
                         assert_eq!(a, want, "encode_block n={n} g={group} {bits:?} {rounding:?}");

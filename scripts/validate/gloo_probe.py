@@ -28,6 +28,7 @@ beside compute: what an exchange round waits, beyond its work at the
 cores' shared speed, while the rank's cores compute.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -150,7 +151,7 @@ def ddp_bucket_cost(a, slowest_median):
 
     def backward(sync):
         ddp.zero_grad(set_to_none=True)
-        with ddp.no_sync() if not sync else _nothing():
+        with ddp.no_sync() if not sync else contextlib.nullcontext():
             loss = ddp(x).pow(2).mean()
             t = time.perf_counter()
             loss.backward()
@@ -161,14 +162,6 @@ def ddp_bucket_cost(a, slowest_median):
     with_hook = slowest_median(lambda: backward(True))
     without = slowest_median(lambda: backward(False))
     return {"ddp_hook_backward_s": with_hook, "ddp_no_sync_backward_s": without, "ddp_elements": elements}
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

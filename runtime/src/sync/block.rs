@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use qsync_kernels::{QBits, Rounding};
 
-use crate::engine::{DecodeError, KernelEngine};
+use crate::engine::{lay_out_block, DecodeError, KernelEngine};
 use crate::error::CommError;
 
 /// The `p` shards of `n` elements: near-equal, the first `n mod p` longer.
@@ -95,16 +95,10 @@ impl Quantizer {
             let e = v - d;
             *r = if e.is_finite() { e } else { 0.0 };
         }
-        // A group holding a NaN or an infinity sends a NaN scale. One pass
-        // that vectorizes answers for the whole buffer first; only a buffer
-        // with such a value is looked at group by group.
-        let all_finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
-        for (chunk, s) in x.chunks(g).zip(&scales) {
-            let s = if all_finite || chunk.iter().all(|v| v.is_finite()) { *s } else { f32::NAN };
-            out.extend_from_slice(&s.to_le_bytes());
-        }
-        out.extend_from_slice(&codes);
-        Ok(())
+        // A group holding a NaN or an infinity sends a NaN scale.
+        let at = out.len();
+        out.resize(at + self.block_len(x.len()), 0);
+        lay_out_block(x, g, self.bits, &scales, &codes, &mut out[at..])
     }
 
     /// `out[i] += Σ_j dequant(blocks[j])[i]` in block order (the kernels'
