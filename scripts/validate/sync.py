@@ -262,12 +262,54 @@ def measure_host(a, nodes, k, cores, i):
     on the other core, the 16-bit cast 0.10 and 0.17-0.23), while the
     jobs' ranks interleave their kernels with their exchanges: with two
     threads at once the MPI path's kernels measured 0.5-0.8 of the model's
-    in every 10 Gbit/s cell (docs/validation.md, table 1)."""
+    in every 10 Gbit/s cell (docs/validation.md, table 1). Beside it,
+    the same kernels on every core at once (`corun_kernels`), which the
+    model gives the kernels that run in lockstep on every node."""
     path = os.path.join(a.out, f"host-kernels-1thread-{i}.json")
     sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(16 << 20), "-o", path])
     hk = json.load(open(path))
+    hk["kernels"]["corun_by_size"] = corun_kernels(a, nodes * cores, i)
     hk["link"] = link_tcp_cost(a, nodes, k, cores)
     return hk
+
+
+def corun_kernels(a, n, i):
+    """The kernels' size ladder with every one of the emulated nodes' `n`
+    cores running them at once, each in a process of its own pinned to its
+    core (as the nodes' ranks are), the median over the processes: what a
+    synchronization that runs its kernels in lockstep on every node meets
+    (`SyncKernels::corun_by_size`). On this VM n-bit's unpack-accumulate
+    ran 1.7-1.8x its rate alone so, its pack 1.17x, qgZ's quantization
+    1.0x; n-bit's decoding at 64 MiB and 10 Gbit/s, a rank a node,
+    measured 14.75 ms against 14.8 predicted with these rates and 8.75
+    with the rates alone (docs/validation.md)."""
+    paths = [os.path.join(a.out, f"host-kernels-corun-{i}-core{c}.json") for c in range(n)]
+    procs = [subprocess.Popen(["taskset", "-c", str(c), a.qsyncc, "host-kernels", "--threads", "1", "--elements",
+                               str(16 << 20), "-o", paths[c]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for c in range(n)]
+    errs = [p.communicate()[1] for p in procs]
+    for p, e in zip(procs, errs):
+        if p.returncode != 0:
+            raise SystemExit(f"validate: host-kernels on every core at once failed:\n{e[-2000:]}")
+    return merged_median([json.load(open(f))["kernels"]["by_size"] for f in paths])
+
+
+def median(v):
+    """The median of `v` (the mean of the middle two of an even count)."""
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def merged_median(values):
+    """The median of several measurements of one structure, field by field
+    through its objects and lists (the n-bit widths, the size ladder's
+    rungs, whose sizes are the same in every measurement)."""
+    first = values[0]
+    if isinstance(first, dict):
+        return {f: merged_median([v[f] for v in values]) for f in first}
+    if isinstance(first, list):
+        return [merged_median([v[i] for v in values]) for i in range(len(first))]
+    return median(values)
 
 
 def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
@@ -275,20 +317,9 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
     of `measured` (`measure_host`), taken at moments spread over the run —
     this machine's single-core rates drift by up to 2x over minutes, so one
     measurement taken before the runs does not describe them."""
-    med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2
+    med = median
     hk = json.loads(json.dumps(measured[0]))
-
-    def merged(values):
-        # Field by field through the n-bit widths' lists and the size
-        # ladder's rungs (whose sizes are the same in every measurement).
-        first = values[0]
-        if isinstance(first, dict):
-            return {f: merged([v[f] for v in values]) for f in first}
-        if isinstance(first, list):
-            return [merged([v[i] for v in values]) for i in range(len(first))]
-        return med(values)
-
-    hk["kernels"] = merged([m["kernels"] for m in measured])
+    hk["kernels"] = merged_median([m["kernels"] for m in measured])
     loopback = hk["kernels"]["tcp_r"]
     tcp = [m["link"] for m in measured]
     tcp_r, msg_s = med([t["tcp_r"] for t in tcp]), med([t["message_s"] for t in tcp])
@@ -311,6 +342,9 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
     hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0 qsyncc host-kernels --threads 1 --elements "
                                 f"16777216` runs (the fits, the rates at 1, 2, 4, 8 and 16 Mi elements and piece by piece; "
                                 f"one core, one thread) spread over the validation run")
+    hk["sources"]["corun_by_size"] = (f"median of {len(measured)} measurements, each the median over "
+                                      f"{nodes * cores} `qsyncc host-kernels --threads 1 --elements 16777216` "
+                                      f"processes at once, one pinned to each of the emulated nodes' cores")
     host_file = os.path.join(a.out, name)
     json.dump(hk, open(host_file, "w"), indent=1)
     print(f"validate: the host transport costs {tcp_r * 1e9:.3f} ns a byte and {msg_s * 1e6:.1f} us a message "

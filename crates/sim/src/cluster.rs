@@ -165,12 +165,16 @@ impl DeviceType {
     /// ring, DDP's bucket copies: `path` [`SyncPath::Host`]), which shares
     /// the caches, so a bucket does not stay cached as a lone gradient
     /// does: the memory-bound fits there (measured under DDP:
-    /// docs/validation.md). On the MPI path (`sync-bench`, an MPI job's
-    /// synchronization, Open MPI's own all-reduce) the kernels run alone
-    /// between exchanges.
+    /// docs/validation.md); the rates measured with every core at once
+    /// ([`crate::sync::SyncKernels::corun_by_size`]) are then their
+    /// largest size's at every size. On the MPI path (`sync-bench`, an MPI
+    /// job's synchronization, Open MPI's own all-reduce) the kernels run
+    /// alone between exchanges.
     pub fn host_sync_kernels(&self, path: SyncPath) -> crate::sync::SyncKernels {
         if self.compute_on_host && path != SyncPath::Mpi {
-            crate::sync::SyncKernels { by_size: None, pieces: None, ..self.host_kernels }
+            let k = self.host_kernels;
+            let corun_by_size = k.corun_by_size.map(|l| [l[crate::sync::LADDER - 1]; crate::sync::LADDER]);
+            crate::sync::SyncKernels { by_size: None, corun_by_size, pieces: None, ..k }
         } else {
             self.host_kernels
         }

@@ -332,6 +332,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         busy_round_s: None,
         bucket_r: None,
         by_size: None,
+        corun_by_size: None,
         pieces: None,
     }
 }

@@ -172,6 +172,18 @@ pub struct SyncKernels {
     /// ([`crate::DeviceType::host_sync_kernels`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_size: Option<[SizeRates; LADDER]>,
+    /// The kernels' seconds per element at [`LADDER`] sizes, as
+    /// [`SyncKernels::by_size`], measured while every core of the host
+    /// runs them at once, each on its own data in a process of its own
+    /// (`None`: as alone). Kernels that stream from memory slow each other
+    /// when the cores sharing the memory run them together. A
+    /// synchronization that is not pipelined runs its kernels in lockstep
+    /// on every rank (each phase starts as a collective ends), so where the
+    /// ranks' cores share a memory system they meet each other's:
+    /// [`SyncKernels::in_lockstep`]. Holds for the cores it was measured on
+    /// (the node's ranks, or emulated nodes sharing one machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corun_by_size: Option<[SizeRates; LADDER]>,
     /// The pipelined schemes' kernels as the pipeline runs them on a
     /// gradient cut into pieces (the MPI path, [`pipeline_pieces`] > 1):
     /// the kernels on a piece's own buffers alone, and those that read or
@@ -358,6 +370,7 @@ impl Default for SyncKernels {
             busy_round_s: None,
             bucket_r: None,
             by_size: None,
+            corun_by_size: None,
             pieces: None,
         }
     }
@@ -399,6 +412,7 @@ impl SyncKernels {
             busy_round_s: None,
             bucket_r: None,
             by_size: None,
+            corun_by_size: None,
             pieces: None,
         }
     }
@@ -416,6 +430,25 @@ impl SyncKernels {
         if elements.is_nan() || elements >= ladder[LADDER - 1].elements {
             return *self;
         }
+        self.on_ladder(&ladder, elements)
+    }
+
+    /// The kernels of a synchronization that runs in lockstep on ranks
+    /// whose cores share a memory system, on a gradient of `elements`: the
+    /// rates [`SyncKernels::corun_by_size`] gives for that size (the
+    /// largest measured size's from there up), or [`SyncKernels::at_size`]'s
+    /// where the host was not measured so. DDP's copies stay as they are
+    /// (measured in place where a device computes on the host's cores).
+    pub fn in_lockstep(&self, elements: f64) -> SyncKernels {
+        match self.corun_by_size {
+            Some(ladder) => SyncKernels { bucket_r: self.bucket_r, by_size: None, ..self.on_ladder(&ladder, elements) },
+            None => self.at_size(elements),
+        }
+    }
+
+    /// `self` with the rates of `ladder` at `elements`, interpolated as
+    /// [`SyncKernels::at_size`] says (the nearest rung's outside it).
+    fn on_ladder(&self, ladder: &[SizeRates; LADDER], elements: f64) -> SyncKernels {
         let (i, j, w) = bracket(ladder.map(|r| r.elements), elements);
         let (a, b) = (ladder[i], ladder[j]);
         let mix = |x: f64, y: f64| x + (y - x) * w;
@@ -880,8 +913,12 @@ pub fn kernel_seconds_in_pieces(
     let e = bytes / 4.0;
     let pf = p.max(1) as f64;
     // The rates for this size (the piece rates, `k.pieces`, carry over).
-    let k = &k.at_size(e);
-    if let (Some(pr), true) = (k.pieces, pieces > 1.0) {
+    // Pipelined, a rank's kernels interleave with the exchanges of its
+    // pieces and rarely meet the other ranks' at the same moment; whole,
+    // every rank runs each kernel over the gradient at once.
+    let pipelined = pieces > 1.0 && k.pieces.is_some();
+    let k = &if pipelined { k.at_size(e) } else { k.in_lockstep(e) };
+    if let (Some(pr), true) = (k.pieces, pipelined) {
         let (s, c) = (pr.streamed_at(e), pr.cached);
         // The passes besides the kernels as in the whole-gradient case below.
         match spec.scheme {
@@ -1554,6 +1591,83 @@ mod tests {
         // kernels run alone between exchanges, at the ladder's rates.
         let alone = host(true).sync_breakdown(0, bytes, &spec.with_path(SyncPath::Mpi)).kernel_us;
         assert!((alone - 340.7872).abs() < 1e-6, "{alone}");
+    }
+
+    #[test]
+    fn kernels_in_lockstep_run_at_the_rates_measured_on_every_core() {
+        // Alone: n-bit pack 0.4 ns an element, unpack-accumulate 0.2, the
+        // sum's zeroing and division 0.3, the f16 cast 1.0, at every size
+        // of the ladder (2^16..2^20) and in the fits. On every core at
+        // once: 0.5, 0.4, 0.45 and 2.0, except pack 0.25 on the smallest
+        // rung.
+        let rung = |i: u32, pack: f64, unpack: f64, finish: f64, cast: f64| SizeRates {
+            elements: (1u64 << (16 + i)) as f64,
+            quantize: 0.0,
+            quantize4: 0.0,
+            dequantize: 0.0,
+            dequantize4: 0.0,
+            cast16: cast * 1e-9,
+            bf16: cast * 1e-9,
+            nbit_pack: [pack * 1e-9; 4],
+            nbit_unpack: [unpack * 1e-9; 4],
+            nbit_finish: finish * 1e-9,
+            sum: 0.0,
+            bucket: 0.0,
+        };
+        let alone = std::array::from_fn(|i| rung(i as u32, 0.4, 0.2, 0.3, 1.0));
+        let corun = std::array::from_fn(|i| rung(i as u32, if i == 0 { 0.25 } else { 0.5 }, 0.4, 0.45, 2.0));
+        let k = SyncKernels {
+            cast16_r: 1e-9,
+            nbit_pack_r: Some([0.4e-9; 4]),
+            nbit_unpack_r: Some([0.2e-9; 4]),
+            nbit_finish_r: Some(0.3e-9),
+            by_size: Some(alone),
+            corun_by_size: Some(corun),
+            ..free_kernels()
+        };
+        // n-bit on 2 ranks, one a node: pack(E) + unpack(2E) + finish(E),
+        // every rank at once: 0.5 + 0.8 + 0.45 = 1.75 ns an element at
+        // 2^18 elements and above the ladder (its largest rung there).
+        let nbit = SyncSpec::new(SyncScheme::NBit { bits: 2, stochastic: false }, 512);
+        for e in [(1u64 << 18) as f64, (1u64 << 22) as f64] {
+            let got = kernel_seconds(&nbit, &k, 4.0 * e, 2, 1) * 1e9;
+            assert!((got - 1.75 * e).abs() < 1e-6 * e, "{e}: {got} ns");
+            // Unmeasured so, the rates alone: 0.4 + 0.4 + 0.3 = 1.1 ns.
+            let got = kernel_seconds(&nbit, &SyncKernels { corun_by_size: None, ..k }, 4.0 * e, 2, 1) * 1e9;
+            assert!((got - 1.1 * e).abs() < 1e-6 * e, "{e}: {got} ns");
+        }
+        // On the smallest rung the pack's own rate there: 0.25 + 0.8 + 0.45.
+        let e = (1u64 << 16) as f64;
+        assert!((kernel_seconds(&nbit, &k, 4.0 * e, 2, 1) * 1e9 - 1.5 * e).abs() < 1e-6 * e);
+        // Where the device computes on those cores (DDP's hook beside the
+        // backward pass), every size at the largest rung's rates, as the
+        // fits alone are: 1.75 ns at 2^16 elements too.
+        let ty = DeviceType::new("cpu", 2, 1, 1).with_host(k, 10.0).with_host_cores(Some(1));
+        let ddp = Cluster::new(vec![ty.with_compute_on_host(true)]);
+        let got = ddp.sync_breakdown(0, 4 * (1u64 << 16), &nbit.with_path(SyncPath::Host)).kernel_us * 1e3;
+        assert!((got - 1.75 * e).abs() < 1e-6 * e, "{got} ns");
+        // A pipelined scheme's kernels interleave with its pieces'
+        // exchanges: at the rates alone. fp16 in 4 pieces over 2 ranks,
+        // the piece rates 1 ns every cast: 3·E + E/2 casts at 1 ns.
+        let row = |elements: f64| PieceKernels {
+            elements,
+            cast16: 1e-9,
+            bf16: 1e-9,
+            quantize: 0.0,
+            dequantize: 0.0,
+            quantize4: 0.0,
+            dequantize4: 0.0,
+        };
+        let pieces =
+            PieceRates { cached: row(65_536.0), streamed: std::array::from_fn(|i| row((1u64 << (16 + i)) as f64)) };
+        let k = SyncKernels { pieces: Some(pieces), ..k };
+        let fp16 = SyncSpec::new(SyncScheme::Fp16, 512);
+        let e = (1u64 << 20) as f64;
+        let got = kernel_seconds_in_pieces(&fp16, &k, 4.0 * e, 2, 1, 4.0) * 1e9;
+        assert!((got - 3.5 * e).abs() < 1e-6 * e, "{got} ns");
+        // Whole (one piece), every rank casts at once: 3.5·E at 2 ns.
+        let got = kernel_seconds_in_pieces(&fp16, &k, 4.0 * e, 2, 1, 1.0) * 1e9;
+        assert!((got - 7.0 * e).abs() < 1e-6 * e, "{got} ns");
     }
 
     #[test]
