@@ -280,9 +280,10 @@ def corun_kernels(a, n, i):
     synchronization that runs its kernels in lockstep on every node meets
     (`SyncKernels::corun_by_size`). On this VM n-bit's unpack-accumulate
     ran 1.7-1.8x its rate alone so, its pack 1.17x, qgZ's quantization
-    1.0x; n-bit's decoding at 64 MiB and 10 Gbit/s, a rank a node,
-    measured 14.75 ms against 14.8 predicted with these rates and 8.75
-    with the rates alone (docs/validation.md)."""
+    1.0x, at some moments, and no slower at others (hence the median over
+    the run's measurements); n-bit's decoding at 64 MiB and 10 Gbit/s, a
+    rank a node, measured 14.75 ms against 14.8 predicted with the slower
+    rates and 8.75 with the rates alone (docs/validation.md)."""
     paths = [os.path.join(a.out, f"host-kernels-corun-{i}-core{c}.json") for c in range(n)]
     procs = [subprocess.Popen(["taskset", "-c", str(c), a.qsyncc, "host-kernels", "--threads", "1", "--elements",
                                str(16 << 20), "-o", paths[c]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

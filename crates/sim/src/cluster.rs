@@ -169,7 +169,8 @@ impl DeviceType {
     /// ([`crate::sync::SyncKernels::corun_by_size`]) are then their
     /// largest size's at every size. On the MPI path (`sync-bench`, an MPI
     /// job's synchronization, Open MPI's own all-reduce) the kernels run
-    /// alone between exchanges.
+    /// between exchanges with nothing else on their cores, at the ladder's
+    /// rates (the co-run ladder's where not pipelined).
     pub fn host_sync_kernels(&self, path: SyncPath) -> crate::sync::SyncKernels {
         if self.compute_on_host && path != SyncPath::Mpi {
             let k = self.host_kernels;

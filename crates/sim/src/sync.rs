@@ -175,11 +175,13 @@ pub struct SyncKernels {
     /// The kernels' seconds per element at [`LADDER`] sizes, as
     /// [`SyncKernels::by_size`], measured while every core of the host
     /// runs them at once, each on its own data in a process of its own
-    /// (`None`: as alone). Kernels that stream from memory slow each other
-    /// when the cores sharing the memory run them together. A
+    /// (`None`: as alone). Cores of one machine that run the same kernels
+    /// together can each run them slower than one alone (on the build VM,
+    /// 2 cores, the accumulating and casting passes 1.5–1.9× at times, at
+    /// times not at all; arithmetic-bound quantization 1.0×). A
     /// synchronization that is not pipelined runs its kernels in lockstep
     /// on every rank (each phase starts as a collective ends), so where the
-    /// ranks' cores share a memory system they meet each other's:
+    /// ranks' cores share a machine they meet each other's:
     /// [`SyncKernels::in_lockstep`]. Holds for the cores it was measured on
     /// (the node's ranks, or emulated nodes sharing one machine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -434,7 +436,7 @@ impl SyncKernels {
     }
 
     /// The kernels of a synchronization that runs in lockstep on ranks
-    /// whose cores share a memory system, on a gradient of `elements`: the
+    /// whose cores share a machine, on a gradient of `elements`: the
     /// rates [`SyncKernels::corun_by_size`] gives for that size (the
     /// largest measured size's from there up), or [`SyncKernels::at_size`]'s
     /// where the host was not measured so. DDP's copies stay as they are
