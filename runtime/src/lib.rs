@@ -18,11 +18,14 @@
 //! reference, or our PTX kernels on the GPU (`cuda.rs`).
 //!
 //! Only the backends (`mpi.rs`, `nccl.rs`), the PTX launcher (`cuda.rs`)
-//! and the allocator setting (`memory.rs`) contain `unsafe` (foreign
-//! calls); everything else is safe Rust.
+//! the allocator setting (`memory.rs`) and the CPU affinity calls
+//! (`affinity.rs`) contain `unsafe` (foreign calls); everything else is
+//! safe Rust.
 
 #![deny(unsafe_code)]
 
+#[cfg(target_os = "linux")]
+pub mod affinity;
 pub mod bench;
 pub mod bound;
 pub mod comm;

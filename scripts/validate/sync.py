@@ -274,25 +274,21 @@ def measure_host(a, nodes, k, cores, i):
 
 
 def corun_kernels(a, n, i):
-    """The kernels' size ladder with every one of the emulated nodes' `n`
-    cores running them at once, each in a process of its own pinned to its
-    core (as the nodes' ranks are), the median over the processes: what a
-    synchronization that runs its kernels in lockstep on every node meets
-    (`SyncKernels::corun_by_size`). On this VM n-bit's unpack-accumulate
-    ran 1.7-1.8x its rate alone so, its pack 1.17x, qgZ's quantization
-    1.0x, at some moments, and no slower at others (hence the median over
-    the run's measurements); n-bit's decoding at 64 MiB and 10 Gbit/s, a
-    rank a node, measured 14.75 ms against 14.8 predicted with the slower
-    rates and 8.75 with the rates alone (docs/validation.md)."""
-    paths = [os.path.join(a.out, f"host-kernels-corun-{i}-core{c}.json") for c in range(n)]
-    procs = [subprocess.Popen(["taskset", "-c", str(c), a.qsyncc, "host-kernels", "--threads", "1", "--elements",
-                               str(16 << 20), "-o", paths[c]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for c in range(n)]
-    errs = [p.communicate()[1] for p in procs]
-    for p, e in zip(procs, errs):
-        if p.returncode != 0:
-            raise SystemExit(f"validate: host-kernels on every core at once failed:\n{e[-2000:]}")
-    return merged_median([json.load(open(f))["kernels"]["by_size"] for f in paths])
+    """The kernels' size ladder timed on every one of the emulated nodes'
+    `n` cores at once, one process pinned to each (as the nodes' ranks
+    are), every repetition of every kernel started in all of them together
+    (`qsyncc host-kernels --corun N`), the medians over the processes:
+    what a synchronization that runs its kernels in lockstep on every node
+    meets (`SyncKernels::corun_by_size`). On this VM n-bit's
+    unpack-accumulate ran 1.7-1.8x its rate alone so, its pack 1.17x,
+    qgZ's quantization 1.0x, at some moments, and no slower at others
+    (hence the median over the run's measurements); n-bit's decoding at 64
+    MiB and 10 Gbit/s, a rank a node, measured 14.75 ms against 14.8
+    predicted with the slower rates and 8.75 with the rates alone
+    (docs/validation.md)."""
+    path = os.path.join(a.out, f"host-kernels-corun-{i}.json")
+    sh([a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(16 << 20), "--corun", str(n), "-o", path])
+    return json.load(open(path))["kernels"]["corun_by_size"]
 
 
 def median(v):
@@ -343,9 +339,10 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
     hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0 qsyncc host-kernels --threads 1 --elements "
                                 f"16777216` runs (the fits, the rates at 1, 2, 4, 8 and 16 Mi elements and piece by piece; "
                                 f"one core, one thread) spread over the validation run")
-    hk["sources"]["corun_by_size"] = (f"median of {len(measured)} measurements, each the median over "
-                                      f"{nodes * cores} `qsyncc host-kernels --threads 1 --elements 16777216` "
-                                      f"processes at once, one pinned to each of the emulated nodes' cores")
+    hk["sources"]["corun_by_size"] = (f"median of {len(measured)} `qsyncc host-kernels --threads 1 --elements "
+                                      f"16777216 --corun {nodes * cores}` runs spread over the validation run: one "
+                                      f"process pinned to each of the emulated nodes' cores, every repetition of "
+                                      f"every kernel started in all of them together, the median over the processes")
     host_file = os.path.join(a.out, name)
     json.dump(hk, open(host_file, "w"), indent=1)
     print(f"validate: the host transport costs {tcp_r * 1e9:.3f} ns a byte and {msg_s * 1e6:.1f} us a message "

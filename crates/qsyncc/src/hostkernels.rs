@@ -52,6 +52,19 @@ pub struct HostKernelsArgs {
     /// Timed repetitions per size (the median is kept).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeats: u32,
+    /// Also time the size ladder in this many processes at once, each on
+    /// one thread pinned to one of the first N cores this process may run
+    /// on, every repetition of every kernel started in all of them
+    /// together: their medians are `kernels.corun_by_size`, what kernels
+    /// that run in lockstep on ranks sharing the machine meet (0: not
+    /// measured).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub corun: u32,
+    /// One of `--corun`'s processes: pinned to this core, it times the
+    /// ladder, starting each repetition when the parent says (a byte each
+    /// way on stdout and stdin), and writes `{"by_size": [...]}`.
+    #[arg(long, hide = true)]
+    pub corun_core: Option<usize>,
 }
 
 /// The file `host-kernels` writes.
@@ -271,15 +284,38 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// lasts until the last of them is done, so threads that share cores are
 /// timed sharing them (a run shorter than a scheduler slice would otherwise
 /// be timed alone).
-fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32) -> Result<f64> {
-    measure_in_pieces(kernel, n, 0, threads, repeats)
+fn measure(kernel: &'static str, n: usize, threads: u32, repeats: u32, together: Option<&Together>) -> Result<f64> {
+    measure_in_pieces(kernel, n, 0, threads, repeats, together)
+}
+
+/// A `--corun` process's side of starting each repetition together with
+/// the other processes: a byte to the parent on stdout, then a byte back
+/// on stdin once every process has sent its own.
+struct Together;
+
+impl Together {
+    fn wait(&self) -> Result<()> {
+        use std::io::{Read, Write};
+        let mut out = std::io::stdout().lock();
+        out.write_all(b"r").and_then(|()| out.flush()).context("corun: telling the parent this process is ready")?;
+        let mut go = [0u8; 1];
+        std::io::stdin().lock().read_exact(&mut go).context("corun: the parent went away")?;
+        Ok(())
+    }
 }
 
 /// [`measure`] with `kernel` called piece by piece, `piece` elements at a
 /// time (0: one call on all `n`), as the pipelined schemes call it: each
 /// piece's input and output slices of the `n`-element buffers, the
 /// piece's own codes, and whatever the kernel allocates per call.
-fn measure_in_pieces(kernel: &'static str, n: usize, piece: usize, threads: u32, repeats: u32) -> Result<f64> {
+fn measure_in_pieces(
+    kernel: &'static str,
+    n: usize,
+    piece: usize,
+    threads: u32,
+    repeats: u32,
+    together: Option<&Together>,
+) -> Result<f64> {
     let piece = if piece == 0 { n } else { piece.min(n) };
     let ranges: Vec<std::ops::Range<usize>> =
         (0..n.div_ceil(piece)).map(|i| i * piece..((i + 1) * piece).min(n)).collect();
@@ -311,6 +347,9 @@ fn measure_in_pieces(kernel: &'static str, n: usize, piece: usize, threads: u32,
                     let mut times = Vec::new();
                     for _ in 0..repeats {
                         barrier.wait();
+                        if let Some(t) = together {
+                            t.wait()?;
+                        }
                         let t = Instant::now();
                         all(&mut out)?;
                         barrier.wait();
@@ -390,6 +429,180 @@ fn tcp_cost(bytes: usize, repeats: u32) -> Result<f64> {
     Ok(median(costs))
 }
 
+/// The size ladder's measurements: every kernel's medians at each size,
+/// its fit through the smallest and largest (`r`, `c`), and the seconds
+/// per element at each size.
+struct Ladder {
+    measured: std::collections::BTreeMap<String, Vec<f64>>,
+    fits: std::collections::BTreeMap<&'static str, (f64, f64)>,
+    by_size: [SizeRates; LADDER],
+}
+
+/// Every kernel at every size of `sizes` on `threads` threads at once
+/// (each repetition started `together` with other processes where given).
+/// The casts' entries are one cast's (their calls time two).
+fn measure_ladder(sizes: &[usize; LADDER], threads: u32, repeats: u32, together: Option<&Together>) -> Result<Ladder> {
+    const KERNELS: [&str; 18] = [
+        "quantize",
+        "dequantize",
+        "cast16",
+        "cast_bf16",
+        "quantize4",
+        "dequantize4",
+        "pack1",
+        "unpack1",
+        "pack",
+        "unpack",
+        "pack4",
+        "unpack4",
+        "pack8",
+        "unpack8",
+        "finish",
+        "zero",
+        "sum",
+        "copy",
+    ];
+    let (small, big) = (sizes[0], sizes[LADDER - 1]);
+    let mut measured = std::collections::BTreeMap::new();
+    let mut fits = std::collections::BTreeMap::new();
+    let mut per = std::collections::BTreeMap::new();
+    for k in KERNELS {
+        let mut t = [0.0; LADDER];
+        for (ti, &n) in t.iter_mut().zip(sizes) {
+            *ti = measure(k, n, threads, repeats, together)?;
+        }
+        measured.insert(k.to_string(), t.to_vec());
+        // cast16 / cast_bf16 time two casts: the rates are one cast's.
+        let calls = if k.starts_with("cast") { 2.0 } else { 1.0 };
+        let r = ((t[LADDER - 1] - t[0]) / (big - small).max(1) as f64).max(0.0);
+        let c = (t[0] - r * small as f64).max(0.0);
+        fits.insert(k, (r / calls, c / calls));
+        per.insert(k, std::array::from_fn::<f64, LADDER, _>(|i| t[i] / sizes[i] as f64 / calls));
+    }
+    let at = |k: &str, i: usize| per[k][i];
+    let by_size = std::array::from_fn(|i| SizeRates {
+        elements: sizes[i] as f64,
+        quantize: at("quantize", i),
+        quantize4: at("quantize4", i),
+        dequantize: at("dequantize", i),
+        dequantize4: at("dequantize4", i),
+        cast16: at("cast16", i),
+        bf16: at("cast_bf16", i),
+        nbit_pack: ["pack1", "pack", "pack4", "pack8"].map(|k| at(k, i)),
+        nbit_unpack: ["unpack1", "unpack", "unpack4", "unpack8"].map(|k| at(k, i)),
+        nbit_finish: at("finish", i),
+        sum: at("sum", i),
+        // Two copies an element: into the bucket and back.
+        bucket: 2.0 * at("copy", i),
+    });
+    Ok(Ladder { measured, fits, by_size })
+}
+
+/// Pins the calling process to `core` (Linux; elsewhere an error).
+fn pin_to(core: usize) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        qsync_runtime::affinity::pin_to_core(core).with_context(|| format!("corun: pinning to core {core}"))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        bail!("corun: pinning a process to core {core} needs Linux")
+    }
+}
+
+/// `--corun N`: the ladder timed in N processes of this command at once,
+/// one pinned to each of the first N cores this process may run on, every
+/// repetition started in all of them together (this process relays one
+/// byte from each to each), and the medians over the processes.
+fn corun_ladder(a: &HostKernelsArgs) -> Result<[SizeRates; LADDER]> {
+    use std::io::{Read, Write};
+    let n = a.corun as usize;
+    let cores = qsync_runtime::affinity::allowed_cores().context("corun: reading this process's cores")?;
+    if cores.len() < n {
+        bail!("--corun {n}: this process may run on {} core(s) ({cores:?}); one process a core needs {n}", cores.len());
+    }
+    let exe = std::env::current_exe().context("corun: locating this program")?;
+    let dir = std::env::temp_dir().join(format!("qsync-corun-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("corun: creating {}", dir.display()))?;
+    let outs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("core{i}.json"))).collect();
+    let mut children = Vec::with_capacity(n);
+    for (out, &core) in outs.iter().zip(&cores) {
+        let child = std::process::Command::new(&exe)
+            .args(["host-kernels", "--threads", "1", "--corun-core", &core.to_string()])
+            .args(["--elements", &a.elements.to_string(), "--repeats", &a.repeats.to_string(), "-o"])
+            .arg(out)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("corun: starting a measuring process")?;
+        children.push(child);
+    }
+    // Relay: once every process has said it is ready, let them all go;
+    // until every one has finished (its stdout closes).
+    let result = (|| -> Result<()> {
+        let mut ins: Vec<_> = children.iter_mut().map(|c| c.stdin.take().expect("piped")).collect();
+        let mut from: Vec<_> = children.iter_mut().map(|c| c.stdout.take().expect("piped")).collect();
+        loop {
+            let mut ready = 0;
+            for f in from.iter_mut() {
+                let mut b = [0u8; 1];
+                if f.read(&mut b).context("corun: reading a measuring process")? == 1 {
+                    ready += 1;
+                }
+            }
+            if ready == 0 {
+                return Ok(());
+            }
+            if ready != n {
+                bail!("corun: {} of {n} measuring processes ended while the others were measuring", n - ready);
+            }
+            for i in ins.iter_mut() {
+                i.write_all(b"g").and_then(|()| i.flush()).context("corun: starting a repetition")?;
+            }
+        }
+    })();
+    let mut failed = Vec::new();
+    for (i, c) in children.iter_mut().enumerate() {
+        match c.wait() {
+            Ok(st) if st.success() => {}
+            Ok(st) => failed.push(format!("the process on core {} exited with {st}", cores[i])),
+            Err(e) => failed.push(format!("the process on core {}: {e}", cores[i])),
+        }
+    }
+    let read = |p: &PathBuf| -> Result<[SizeRates; LADDER]> {
+        #[derive(Deserialize)]
+        struct Out {
+            by_size: [SizeRates; LADDER],
+        }
+        let text = std::fs::read_to_string(p).with_context(|| format!("corun: reading {}", p.display()))?;
+        Ok(serde_json::from_str::<Out>(&text).with_context(|| format!("corun: {}", p.display()))?.by_size)
+    };
+    let ladders = if failed.is_empty() {
+        result.and_then(|()| outs.iter().map(read).collect::<Result<Vec<_>>>())
+    } else {
+        Err(anyhow::anyhow!("corun: {}", failed.join("; ")))
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    let ladders = ladders?;
+    Ok(std::array::from_fn(|i| {
+        let med = |f: fn(&SizeRates) -> f64| median(ladders.iter().map(|l| f(&l[i])).collect());
+        SizeRates {
+            elements: ladders[0][i].elements,
+            quantize: med(|r| r.quantize),
+            quantize4: med(|r| r.quantize4),
+            dequantize: med(|r| r.dequantize),
+            dequantize4: med(|r| r.dequantize4),
+            cast16: med(|r| r.cast16),
+            bf16: med(|r| r.bf16),
+            nbit_pack: std::array::from_fn(|w| median(ladders.iter().map(|l| l[i].nbit_pack[w]).collect())),
+            nbit_unpack: std::array::from_fn(|w| median(ladders.iter().map(|l| l[i].nbit_unpack[w]).collect())),
+            nbit_finish: med(|r| r.nbit_finish),
+            sum: med(|r| r.sum),
+            bucket: med(|r| r.bucket),
+        }
+    }))
+}
+
 fn ns_list(r: &[f64; 4]) -> String {
     r.iter().map(|v| format!("{:.2}", v * 1e9)).collect::<Vec<_>>().join("/")
 }
@@ -403,59 +616,33 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let big = a.elements as usize;
     // The ladder: 1/16, 1/8, 1/4, 1/2 of the largest size and itself.
     let sizes: [usize; LADDER] = std::array::from_fn(|i| (big >> (LADDER - 1 - i)).max(1024));
-    let mut measured = std::collections::BTreeMap::new();
-    // Per kernel: the fit through the smallest and largest sizes, and the
-    // seconds per element at every size.
-    let mut fit = |k: &'static str| -> Result<((f64, f64), [f64; LADDER])> {
-        let mut t = [0.0; LADDER];
-        for (ti, &n) in t.iter_mut().zip(&sizes) {
-            *ti = measure(k, n, a.threads, a.repeats)?;
-        }
-        measured.insert(k.to_string(), t.to_vec());
-        let (small, ts, tb) = (sizes[0], t[0], t[LADDER - 1]);
-        let r = ((tb - ts) / (big - small) as f64).max(0.0);
-        let c = (ts - r * small as f64).max(0.0);
-        Ok(((r, c), std::array::from_fn(|i| t[i] / sizes[i] as f64)))
-    };
-    let ((quantize_r, quantize_c), quantize) = fit("quantize")?;
-    let ((dequantize_r, dequantize_c), dequantize) = fit("dequantize")?;
-    // cast16 / cast_bf16 time two casts: the rates are one cast's.
-    let ((cast16_r, cast16_c), cast16) = fit("cast16")?;
-    let (cast16_r, cast16_c, cast16) = (cast16_r / 2.0, cast16_c / 2.0, cast16.map(|v| v / 2.0));
-    let ((bf16_r, _), bf16) = fit("cast_bf16")?;
-    let (bf16_r, bf16) = (bf16_r / 2.0, bf16.map(|v| v / 2.0));
-    let ((quantize4_r, _), quantize4) = fit("quantize4")?;
-    let ((dequantize4_r, _), dequantize4) = fit("dequantize4")?;
-    let mut nbit_pack_r = [0.0; 4];
-    let mut nbit_unpack_r = [0.0; 4];
-    let mut nbit_pack = [[0.0; LADDER]; 4];
-    let mut nbit_unpack = [[0.0; LADDER]; 4];
-    for (i, (p, u)) in
-        [("pack1", "unpack1"), ("pack", "unpack"), ("pack4", "unpack4"), ("pack8", "unpack8")].into_iter().enumerate()
-    {
-        ((nbit_pack_r[i], _), nbit_pack[i]) = fit(p)?;
-        ((nbit_unpack_r[i], _), nbit_unpack[i]) = fit(u)?;
+    if let Some(core) = a.corun_core {
+        pin_to(core)?;
+        let l = measure_ladder(&sizes, 1, a.repeats, Some(&Together))?;
+        let text = serde_json::to_string(&serde_json::json!({ "by_size": l.by_size }))?;
+        std::fs::write(&a.output, text).with_context(|| format!("writing {}", a.output.display()))?;
+        return Ok(String::new());
     }
+    if a.corun == 1 {
+        bail!("--corun 1: timing the kernels on every core at once needs at least 2 processes");
+    }
+    let l = measure_ladder(&sizes, a.threads, a.repeats, None)?;
+    let fit = |k: &str| l.fits[k];
+    let (quantize_r, quantize_c) = fit("quantize");
+    let (dequantize_r, dequantize_c) = fit("dequantize");
+    let (cast16_r, cast16_c) = fit("cast16");
+    let (bf16_r, _) = fit("cast_bf16");
+    let (quantize4_r, _) = fit("quantize4");
+    let (dequantize4_r, _) = fit("dequantize4");
+    let widths = |kernels: [&str; 4]| kernels.map(|k| fit(k).0);
+    let nbit_pack_r = widths(["pack1", "pack", "pack4", "pack8"]);
+    let nbit_unpack_r = widths(["unpack1", "unpack", "unpack4", "unpack8"]);
     let (pack_r, unpack_r) = (nbit_pack_r[1], nbit_unpack_r[1]);
-    let ((nbit_finish_r, _), nbit_finish) = fit("finish")?;
-    let ((zero_r, _), _) = fit("zero")?;
-    let ((sum_r, _), sum) = fit("sum")?;
-    let ((copy_r, _), copy) = fit("copy")?;
-    let by_size: [SizeRates; LADDER] = std::array::from_fn(|i| SizeRates {
-        elements: sizes[i] as f64,
-        quantize: quantize[i],
-        quantize4: quantize4[i],
-        dequantize: dequantize[i],
-        dequantize4: dequantize4[i],
-        cast16: cast16[i],
-        bf16: bf16[i],
-        nbit_pack: std::array::from_fn(|w| nbit_pack[w][i]),
-        nbit_unpack: std::array::from_fn(|w| nbit_unpack[w][i]),
-        nbit_finish: nbit_finish[i],
-        sum: sum[i],
-        // Two copies an element: into the bucket and back.
-        bucket: 2.0 * copy[i],
-    });
+    let (nbit_finish_r, _) = fit("finish");
+    let (zero_r, _) = fit("zero");
+    let (sum_r, _) = fit("sum");
+    let (copy_r, _) = fit("copy");
+    let corun_by_size = if a.corun >= 2 { Some(corun_ladder(a)?) } else { None };
     // The pipelined schemes' kernels as the pipeline calls them: piece by
     // piece over each size of the ladder (the gradient streamed, each
     // piece's buffers fresh from the kept free memory), and on one piece
@@ -463,7 +650,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let chunk = qsync_runtime::scheme::DEFAULT_PIPELINE_CHUNK;
     let piece_row = |elements: usize, piece: usize| -> Result<PieceKernels> {
         let rate = |k: &'static str| -> Result<f64> {
-            Ok(measure_in_pieces(k, elements, piece, a.threads, a.repeats)? / elements as f64)
+            Ok(measure_in_pieces(k, elements, piece, a.threads, a.repeats, None)? / elements as f64)
         };
         Ok(PieceKernels {
             elements: elements as f64,
@@ -519,13 +706,11 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             busy_round_s: None,
             // Two copies an element: into the bucket and back.
             bucket_r: Some(2.0 * copy_r),
-            by_size: Some(by_size),
-            // Measured by several of these runs at once, one a core
-            // (scripts/validate/sync.py), not by one.
-            corun_by_size: None,
+            by_size: Some(l.by_size),
+            corun_by_size,
             pieces: Some(pieces),
         },
-        measured_s: measured,
+        measured_s: l.measured,
         sources: Default::default(),
     };
     let text = serde_json::to_string_pretty(&file)? + "\n";

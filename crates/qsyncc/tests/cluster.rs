@@ -218,6 +218,67 @@ fn the_planner_doc_cluster_commands_run_as_written() {
     }
 }
 
+/// `qsyncc host-kernels --corun N` times the ladder again in N processes
+/// at once, one a core, and writes their medians as `corun_by_size`, which
+/// `simulate` reads; it refuses fewer than 2 processes, and more than the
+/// cores it may run on, saying why.
+#[test]
+fn host_kernels_times_the_ladder_on_every_core_at_once() {
+    let dir = tmpdir("host-kernels-corun");
+    let before = corun_dirs();
+    let out = dir.join("host.json");
+    let path = out.to_str().expect("utf8");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let o = qsyncc(&["host-kernels", "--elements", "16384", "--repeats", "1", "--corun", "1", "-o", path]);
+    assert!(!o.status.success() && stderr(&o).contains("at least 2"), "{}", stderr(&o));
+    let o = qsyncc(&["host-kernels", "--elements", "16384", "--repeats", "1", "--corun", "256", "-o", path]);
+    assert!(!o.status.success() && stderr(&o).contains("one process a core needs 256"), "{}", stderr(&o));
+    assert!(!out.exists(), "a refused measurement writes no file");
+    if cores < 2 {
+        eprintln!("skipped: timing on every core at once needs 2 cores, this machine gives {cores}");
+        return;
+    }
+    let o = qsyncc(&["host-kernels", "--elements", "16384", "--repeats", "2", "--corun", "2", "-o", path]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("written")).expect("JSON");
+    let k = &v["kernels"];
+    let sizes = |ladder: &serde_json::Value| -> Vec<f64> {
+        ladder
+            .as_array()
+            .unwrap_or_else(|| panic!("a ladder: {v}"))
+            .iter()
+            .map(|r| r["elements"].as_f64().expect("elements"))
+            .collect()
+    };
+    assert_eq!(sizes(&k["corun_by_size"]), sizes(&k["by_size"]), "{v}");
+    for rung in k["corun_by_size"].as_array().expect("ladder") {
+        for rate in ["quantize", "dequantize", "cast16", "bf16", "nbit_finish", "sum", "bucket"] {
+            let r = rung[rate].as_f64().unwrap_or_else(|| panic!("{rate} missing: {rung}"));
+            assert!(r > 0.0 && r < 1e-6, "{rate} = {r} s an element at {}: {v}", rung["elements"]);
+        }
+    }
+    let cluster = example("aws-v100-t4.toml");
+    let o =
+        qsyncc(&["simulate", "--cluster", &cluster, "--gradient", "64MiB", "--sync", "nbit-2", "--host-kernels", path]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The processes' files are gone with them.
+    assert_eq!(corun_dirs(), before, "a qsync-corun-* directory was left in the temporary directory");
+}
+
+/// The `qsync-corun-*` directories in the temporary directory.
+fn corun_dirs() -> Vec<std::ffi::OsString> {
+    let mut v: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .filter(|n| n.to_string_lossy().starts_with("qsync-corun-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// `qsyncc host-kernels` measures every kernel the host paths are priced
 /// with, and `simulate --host-kernels` takes the file as written: each
 /// rate positive and finite (a kernel left unmeasured, or timed as
