@@ -1536,12 +1536,11 @@ mod tests {
         assert_eq!(kernel_seconds(&spec(scheme("qgz-int8")), &bare, 4.0 * e, 8, 2), 0.0);
     }
 
-    #[test]
-    fn a_gradient_in_the_caches_runs_at_its_measured_rate() {
-        // A ladder at 2^16..2^20 elements whose f16 cast costs 0.2, 0.2,
-        // 0.4, 0.8 and 1.0 ns an element; the fit above it: 1 ns an element
-        // and no per-call term (so it meets the ladder at 2^20).
-        let rung = |i: u32, cast: f64| SizeRates {
+    /// A rung of a size ladder at 2^(16+i) elements: n-bit pack,
+    /// unpack-accumulate, zeroing and division and the 16-bit casts at the
+    /// given ns an element (every width alike), the rest free.
+    fn rung(i: u32, pack: f64, unpack: f64, finish: f64, cast: f64) -> SizeRates {
+        SizeRates {
             elements: (1u64 << (16 + i)) as f64,
             quantize: 0.0,
             quantize4: 0.0,
@@ -1549,12 +1548,20 @@ mod tests {
             dequantize4: 0.0,
             cast16: cast * 1e-9,
             bf16: cast * 1e-9,
-            nbit_pack: [0.0; 4],
-            nbit_unpack: [0.0; 4],
-            nbit_finish: 0.0,
+            nbit_pack: [pack * 1e-9; 4],
+            nbit_unpack: [unpack * 1e-9; 4],
+            nbit_finish: finish * 1e-9,
             sum: 0.0,
             bucket: 0.0,
-        };
+        }
+    }
+
+    #[test]
+    fn a_gradient_in_the_caches_runs_at_its_measured_rate() {
+        // A ladder at 2^16..2^20 elements whose f16 cast costs 0.2, 0.2,
+        // 0.4, 0.8 and 1.0 ns an element; the fit above it: 1 ns an element
+        // and no per-call term (so it meets the ladder at 2^20).
+        let rung = |i: u32, cast: f64| rung(i, 0.0, 0.0, 0.0, cast);
         let ladder = [rung(0, 0.2), rung(1, 0.2), rung(2, 0.4), rung(3, 0.8), rung(4, 1.0)];
         let k = SyncKernels { cast16_r: 1e-9, by_size: Some(ladder), ..free_kernels() };
         let spec = SyncSpec::new(SyncScheme::Fp16, 512);
@@ -1602,20 +1609,6 @@ mod tests {
         // of the ladder (2^16..2^20) and in the fits. On every core at
         // once: 0.5, 0.4, 0.45 and 2.0, except pack 0.25 on the smallest
         // rung.
-        let rung = |i: u32, pack: f64, unpack: f64, finish: f64, cast: f64| SizeRates {
-            elements: (1u64 << (16 + i)) as f64,
-            quantize: 0.0,
-            quantize4: 0.0,
-            dequantize: 0.0,
-            dequantize4: 0.0,
-            cast16: cast * 1e-9,
-            bf16: cast * 1e-9,
-            nbit_pack: [pack * 1e-9; 4],
-            nbit_unpack: [unpack * 1e-9; 4],
-            nbit_finish: finish * 1e-9,
-            sum: 0.0,
-            bucket: 0.0,
-        };
         let alone = std::array::from_fn(|i| rung(i as u32, 0.4, 0.2, 0.3, 1.0));
         let corun = std::array::from_fn(|i| rung(i as u32, if i == 0 { 0.25 } else { 0.5 }, 0.4, 0.45, 2.0));
         let k = SyncKernels {
