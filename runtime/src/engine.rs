@@ -321,15 +321,11 @@ pub(crate) fn lay_out_block(
 /// The scales and codes parts of the block of `n` elements, checked
 /// against the block's length.
 fn block_parts(out: &mut [u8], n: usize, group: usize, bits: QBits) -> Result<(&mut [u8], &mut [u8]), CommError> {
-    let head = 4 * block::groups(n, group);
-    if out.len() != block::block_len(n, bits, group) {
+    let (head, len) = (4 * block::groups(n, group), block::block_len(n, bits, group));
+    if out.len() != len {
         return Err(CommError::InvalidArgument {
             op: "encode_block",
-            detail: format!(
-                "a block of {n} elements needs {} bytes, the buffer holds {}",
-                block::block_len(n, bits, group),
-                out.len()
-            ),
+            detail: format!("a block of {n} elements needs {len} bytes, the buffer holds {}", out.len()),
         });
     }
     Ok(out.split_at_mut(head))

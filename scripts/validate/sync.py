@@ -314,12 +314,11 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
     of `measured` (`measure_host`), taken at moments spread over the run —
     this machine's single-core rates drift by up to 2x over minutes, so one
     measurement taken before the runs does not describe them."""
-    med = median
     hk = json.loads(json.dumps(measured[0]))
     hk["kernels"] = merged_median([m["kernels"] for m in measured])
     loopback = hk["kernels"]["tcp_r"]
     tcp = [m["link"] for m in measured]
-    tcp_r, msg_s = med([t["tcp_r"] for t in tcp]), med([t["message_s"] for t in tcp])
+    tcp_r, msg_s = median([t["tcp_r"] for t in tcp]), median([t["message_s"] for t in tcp])
     hk["kernels"]["tcp_r"] = tcp_r
     hk["kernels"]["message_s"] = msg_s
     del hk["link"]
@@ -333,7 +332,7 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
         f"{ms('one_s')} ms and {ms('split_s')} ms ({len(tcp)} times over the run); fitted per byte "
         f"{tcp_r * 1e9:.3f} ns (median) and per message {msg_s * 1e6:.1f} us (message_s), each as CPU time with "
         f"the node's {k} ranks sharing {cores} core(s). For the record: raw TCP, {k} streams each way, carried "
-        f"{socket_gbit} Gbit/s a direction ({med([t['socket_r'] for t in tcp]) * 1e9:.3f} ns a byte); over "
+        f"{socket_gbit} Gbit/s a direction ({median([t['socket_r'] for t in tcp]) * 1e9:.3f} ns a byte); over "
         f"loopback host-kernels measured {loopback * 1e9:.3f}")
     hk["sources"]["message_s"] = "as tcp_r"
     hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0 qsyncc host-kernels --threads 1 --elements "

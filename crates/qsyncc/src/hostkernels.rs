@@ -62,7 +62,7 @@ pub struct HostKernelsArgs {
     pub corun: u32,
     /// One of `--corun`'s processes: pinned to this core, it times the
     /// ladder, starting each repetition when the parent says (a byte each
-    /// way on stdout and stdin), and writes `{"by_size": [...]}`.
+    /// way on stdout and stdin), and writes `{"measured_s": {...}}`.
     #[arg(long, hide = true)]
     pub corun_core: Option<usize>,
 }
@@ -438,41 +438,57 @@ struct Ladder {
     by_size: [SizeRates; LADDER],
 }
 
+/// The kernels of the size ladder, as `measured_s` names them.
+const KERNELS: [&str; 18] = [
+    "quantize",
+    "dequantize",
+    "cast16",
+    "cast_bf16",
+    "quantize4",
+    "dequantize4",
+    "pack1",
+    "unpack1",
+    "pack",
+    "unpack",
+    "pack4",
+    "unpack4",
+    "pack8",
+    "unpack8",
+    "finish",
+    "zero",
+    "sum",
+    "copy",
+];
+
 /// Every kernel at every size of `sizes` on `threads` threads at once
-/// (each repetition started `together` with other processes where given).
-/// The casts' entries are one cast's (their calls time two).
-fn measure_ladder(sizes: &[usize; LADDER], threads: u32, repeats: u32, together: Option<&Together>) -> Result<Ladder> {
-    const KERNELS: [&str; 18] = [
-        "quantize",
-        "dequantize",
-        "cast16",
-        "cast_bf16",
-        "quantize4",
-        "dequantize4",
-        "pack1",
-        "unpack1",
-        "pack",
-        "unpack",
-        "pack4",
-        "unpack4",
-        "pack8",
-        "unpack8",
-        "finish",
-        "zero",
-        "sum",
-        "copy",
-    ];
-    let (small, big) = (sizes[0], sizes[LADDER - 1]);
+/// (each repetition started `together` with other processes where given):
+/// the median seconds, by kernel, smallest size first.
+fn time_ladder(
+    sizes: &[usize; LADDER],
+    threads: u32,
+    repeats: u32,
+    together: Option<&Together>,
+) -> Result<std::collections::BTreeMap<String, Vec<f64>>> {
     let mut measured = std::collections::BTreeMap::new();
+    for k in KERNELS {
+        let t = sizes.iter().map(|&n| measure(k, n, threads, repeats, together)).collect::<Result<Vec<_>>>()?;
+        measured.insert(k.to_string(), t);
+    }
+    Ok(measured)
+}
+
+/// The fits and the per-size rates of the seconds `measured` at `sizes`
+/// ([`time_ladder`]'s). The casts' entries are one cast's (their calls
+/// time two).
+fn ladder_of(sizes: &[usize; LADDER], measured: std::collections::BTreeMap<String, Vec<f64>>) -> Result<Ladder> {
+    let (small, big) = (sizes[0], sizes[LADDER - 1]);
     let mut fits = std::collections::BTreeMap::new();
     let mut per = std::collections::BTreeMap::new();
     for k in KERNELS {
-        let mut t = [0.0; LADDER];
-        for (ti, &n) in t.iter_mut().zip(sizes) {
-            *ti = measure(k, n, threads, repeats, together)?;
-        }
-        measured.insert(k.to_string(), t.to_vec());
-        // cast16 / cast_bf16 time two casts: the rates are one cast's.
+        let t = match measured.get(k) {
+            Some(t) if t.len() == LADDER => t,
+            _ => bail!("the measurement has no {LADDER} sizes of `{k}`"),
+        };
         let calls = if k.starts_with("cast") { 2.0 } else { 1.0 };
         let r = ((t[LADDER - 1] - t[0]) / (big - small).max(1) as f64).max(0.0);
         let c = (t[0] - r * small as f64).max(0.0);
@@ -510,23 +526,31 @@ fn pin_to(core: usize) -> Result<()> {
     }
 }
 
+/// The first `n` cores this process may run on, or why there are fewer.
+fn corun_cores(n: usize) -> Result<Vec<usize>> {
+    #[cfg(target_os = "linux")]
+    let cores = qsync_runtime::affinity::allowed_cores().context("corun: reading this process's cores")?;
+    #[cfg(not(target_os = "linux"))]
+    let cores: Vec<usize> = bail!("--corun: pinning a process to a core needs Linux");
+    if cores.len() < n {
+        bail!("--corun {n}: this process may run on {} core(s) ({cores:?}); one process a core needs {n}", cores.len());
+    }
+    Ok(cores[..n].to_vec())
+}
+
 /// `--corun N`: the ladder timed in N processes of this command at once,
 /// one pinned to each of the first N cores this process may run on, every
 /// repetition started in all of them together (this process relays one
 /// byte from each to each), and the medians over the processes.
-fn corun_ladder(a: &HostKernelsArgs) -> Result<[SizeRates; LADDER]> {
+fn corun_ladder(a: &HostKernelsArgs, sizes: &[usize; LADDER], cores: &[usize]) -> Result<[SizeRates; LADDER]> {
     use std::io::{Read, Write};
-    let n = a.corun as usize;
-    let cores = qsync_runtime::affinity::allowed_cores().context("corun: reading this process's cores")?;
-    if cores.len() < n {
-        bail!("--corun {n}: this process may run on {} core(s) ({cores:?}); one process a core needs {n}", cores.len());
-    }
+    let n = cores.len();
     let exe = std::env::current_exe().context("corun: locating this program")?;
     let dir = std::env::temp_dir().join(format!("qsync-corun-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("corun: creating {}", dir.display()))?;
     let outs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("core{i}.json"))).collect();
     let mut children = Vec::with_capacity(n);
-    for (out, &core) in outs.iter().zip(&cores) {
+    for (out, &core) in outs.iter().zip(cores) {
         let child = std::process::Command::new(&exe)
             .args(["host-kernels", "--threads", "1", "--corun-core", &core.to_string()])
             .args(["--elements", &a.elements.to_string(), "--repeats", &a.repeats.to_string(), "-o"])
@@ -569,38 +593,31 @@ fn corun_ladder(a: &HostKernelsArgs) -> Result<[SizeRates; LADDER]> {
             Err(e) => failed.push(format!("the process on core {}: {e}", cores[i])),
         }
     }
-    let read = |p: &PathBuf| -> Result<[SizeRates; LADDER]> {
+    let read = |p: &PathBuf| -> Result<std::collections::BTreeMap<String, Vec<f64>>> {
         #[derive(Deserialize)]
         struct Out {
-            by_size: [SizeRates; LADDER],
+            measured_s: std::collections::BTreeMap<String, Vec<f64>>,
         }
         let text = std::fs::read_to_string(p).with_context(|| format!("corun: reading {}", p.display()))?;
-        Ok(serde_json::from_str::<Out>(&text).with_context(|| format!("corun: {}", p.display()))?.by_size)
+        Ok(serde_json::from_str::<Out>(&text).with_context(|| format!("corun: {}", p.display()))?.measured_s)
     };
-    let ladders = if failed.is_empty() {
+    let each = if failed.is_empty() {
         result.and_then(|()| outs.iter().map(read).collect::<Result<Vec<_>>>())
     } else {
         Err(anyhow::anyhow!("corun: {}", failed.join("; ")))
     };
     let _ = std::fs::remove_dir_all(&dir);
-    let ladders = ladders?;
-    Ok(std::array::from_fn(|i| {
-        let med = |f: fn(&SizeRates) -> f64| median(ladders.iter().map(|l| f(&l[i])).collect());
-        SizeRates {
-            elements: ladders[0][i].elements,
-            quantize: med(|r| r.quantize),
-            quantize4: med(|r| r.quantize4),
-            dequantize: med(|r| r.dequantize),
-            dequantize4: med(|r| r.dequantize4),
-            cast16: med(|r| r.cast16),
-            bf16: med(|r| r.bf16),
-            nbit_pack: std::array::from_fn(|w| median(ladders.iter().map(|l| l[i].nbit_pack[w]).collect())),
-            nbit_unpack: std::array::from_fn(|w| median(ladders.iter().map(|l| l[i].nbit_unpack[w]).collect())),
-            nbit_finish: med(|r| r.nbit_finish),
-            sum: med(|r| r.sum),
-            bucket: med(|r| r.bucket),
-        }
-    }))
+    let each = each?;
+    // The median over the processes of each kernel's seconds at each size.
+    let mut measured = std::collections::BTreeMap::new();
+    for k in KERNELS {
+        let at = |i: usize| each.iter().map(|m| m.get(k).and_then(|t| t.get(i)).copied()).collect::<Option<Vec<f64>>>();
+        let t = (0..LADDER)
+            .map(|i| at(i).map(median).with_context(|| format!("corun: a process did not time `{k}` at every size")))
+            .collect::<Result<Vec<_>>>()?;
+        measured.insert(k.to_string(), t);
+    }
+    Ok(ladder_of(sizes, measured)?.by_size)
 }
 
 fn ns_list(r: &[f64; 4]) -> String {
@@ -618,15 +635,19 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let sizes: [usize; LADDER] = std::array::from_fn(|i| (big >> (LADDER - 1 - i)).max(1024));
     if let Some(core) = a.corun_core {
         pin_to(core)?;
-        let l = measure_ladder(&sizes, 1, a.repeats, Some(&Together))?;
-        let text = serde_json::to_string(&serde_json::json!({ "by_size": l.by_size }))?;
+        let measured = time_ladder(&sizes, 1, a.repeats, Some(&Together))?;
+        let text = serde_json::to_string(&serde_json::json!({ "measured_s": measured }))?;
         std::fs::write(&a.output, text).with_context(|| format!("writing {}", a.output.display()))?;
         return Ok(String::new());
     }
-    if a.corun == 1 {
-        bail!("--corun 1: timing the kernels on every core at once needs at least 2 processes");
-    }
-    let l = measure_ladder(&sizes, a.threads, a.repeats, None)?;
+    // The cores `--corun` pins its processes to, checked before anything is
+    // timed.
+    let corun_cores = match a.corun {
+        0 => None,
+        1 => bail!("--corun 1: timing the kernels on every core at once needs at least 2 processes"),
+        n => Some(corun_cores(n as usize)?),
+    };
+    let l = ladder_of(&sizes, time_ladder(&sizes, a.threads, a.repeats, None)?)?;
     let fit = |k: &str| l.fits[k];
     let (quantize_r, quantize_c) = fit("quantize");
     let (dequantize_r, dequantize_c) = fit("dequantize");
@@ -642,7 +663,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let (zero_r, _) = fit("zero");
     let (sum_r, _) = fit("sum");
     let (copy_r, _) = fit("copy");
-    let corun_by_size = if a.corun >= 2 { Some(corun_ladder(a)?) } else { None };
+    let corun_by_size = corun_cores.map(|cores| corun_ladder(a, &sizes, &cores)).transpose()?;
     // The pipelined schemes' kernels as the pipeline calls them: piece by
     // piece over each size of the ladder (the gradient streamed, each
     // piece's buffers fresh from the kept free memory), and on one piece

@@ -443,7 +443,7 @@ impl SyncKernels {
     /// (measured in place where a device computes on the host's cores).
     pub fn in_lockstep(&self, elements: f64) -> SyncKernels {
         match self.corun_by_size {
-            Some(ladder) => SyncKernels { bucket_r: self.bucket_r, by_size: None, ..self.on_ladder(&ladder, elements) },
+            Some(ladder) => SyncKernels { bucket_r: self.bucket_r, ..self.on_ladder(&ladder, elements) },
             None => self.at_size(elements),
         }
     }
