@@ -483,6 +483,68 @@ multiversion! {
         => unpack_accumulate_body
 }
 
+/// Elements of the sum [`unpack_mean`] finishes at a time: 8 KiB of f32,
+/// which stay in the first-level cache while every buffer is added into
+/// them (a multiple of [`PACK_BLOCK`], so each slice starts on a byte of
+/// codes at every width).
+pub const MEAN_BLOCK: usize = 2048;
+
+#[inline(always)]
+fn unpack_mean_body(
+    bufs: &[&[u8]],
+    n: usize,
+    bits: u8,
+    div: f32,
+    first: usize,
+    out: &mut [f32],
+) -> Result<(), reference::UnpackError> {
+    let heads = bufs.iter().map(|b| reference::unpack_header(b, n, bits)).collect::<Result<Vec<_>, _>>()?;
+    let len = out.len().min(n.saturating_sub(first));
+    let out = &mut out[..len];
+    if !matches!(bits, 1 | 2 | 4 | 8) || !first.is_multiple_of(PACK_BLOCK) {
+        // Widths the reference alone knows, or a start inside a byte: the
+        // passes one after the other.
+        out.fill(0.0);
+        for b in bufs {
+            let vals = reference::unpack(b, n, bits)?;
+            out.iter_mut().zip(&vals[first..]).for_each(|(o, v)| *o += v);
+        }
+        out.iter_mut().for_each(|v| *v /= div);
+        return Ok(());
+    }
+    for (k, sum) in out.chunks_mut(MEAN_BLOCK).enumerate() {
+        // Codes of elements `at..`: `at` is a multiple of 8, so a whole byte.
+        let at = first + k * MEAN_BLOCK;
+        let byte = PACK_HEADER_BYTES + at * usize::from(bits) / 8;
+        sum.fill(0.0);
+        for (b, &(mn, gap)) in bufs.iter().zip(&heads) {
+            let codes = &b[byte..];
+            match bits {
+                1 => unpack_codes::<1, true>(codes, gap, mn, sum),
+                2 => unpack_codes::<2, true>(codes, gap, mn, sum),
+                4 => unpack_codes::<4, true>(codes, gap, mn, sum),
+                _ => unpack_codes::<8, true>(codes, gap, mn, sum),
+            }
+        }
+        sum.iter_mut().for_each(|v| *v /= div);
+    }
+    Ok(())
+}
+
+multiversion! {
+    /// n-bit's decoding: `out[i] = (Σ_j reference::unpack(bufs[j], n,
+    /// bits)[first + i]) / div`, the sum taken in buffer order starting from
+    /// 0 — bit for bit a zeroed sum, an [`unpack_accumulate`] of each buffer
+    /// in turn and a division, in one pass over `out`: [`MEAN_BLOCK`]
+    /// elements at a time, every buffer added into them while they are in
+    /// the cache (the passes one after the other stream the whole sum from
+    /// memory `P + 2` times). `out` holds elements `first..` (at most up to
+    /// `n`); `first` is a multiple of 256 for the fast path. Every buffer's
+    /// length and width are checked first, as [`reference::unpack`] does.
+    pub fn unpack_mean / unpack_mean_baseline(bufs: &[&[u8]], n: usize, bits: u8, div: f32, first: usize, out: &mut [f32]) -> Result<(), reference::UnpackError>
+        => unpack_mean_body
+}
+
 /// `if c { a } else { b }` without a branch.
 #[inline(always)]
 fn sel(c: bool, a: u32, b: u32) -> u32 {

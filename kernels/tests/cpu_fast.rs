@@ -45,6 +45,7 @@ struct Copy {
     pack: fn(&[f32], f32, f32, u8, Rounding, u64) -> Vec<u8>,
     unpack: fn(&[u8], usize, u8) -> Result<Vec<f32>, r::UnpackError>,
     unpack_accumulate: fn(&[u8], usize, u8, &mut [f32]) -> Result<(), r::UnpackError>,
+    unpack_mean: fn(&[&[u8]], usize, u8, f32, usize, &mut [f32]) -> Result<(), r::UnpackError>,
     cast_to: fn(Half, &[f32]) -> Vec<u16>,
     cast_from: fn(Half, &[u16]) -> Vec<f32>,
     cast_to_le: fn(Half, &[f32], f32, &mut [u8]),
@@ -62,6 +63,7 @@ const DISPATCHED: Copy = Copy {
     pack: cpu::pack,
     unpack: cpu::unpack,
     unpack_accumulate: cpu::unpack_accumulate,
+    unpack_mean: cpu::unpack_mean,
     cast_to: cpu::cast_to,
     cast_from: cpu::cast_from,
     cast_to_le: cpu::cast_to_le,
@@ -92,6 +94,7 @@ const COPIES: [Copy; 3] = [
         pack: cpu::pack_baseline,
         unpack: cpu::unpack_baseline,
         unpack_accumulate: cpu::unpack_accumulate_baseline,
+        unpack_mean: cpu::unpack_mean_baseline,
         cast_to: cpu::cast_to_baseline,
         cast_from: cpu::cast_from_baseline,
         cast_to_le: cpu::cast_to_le_baseline,
@@ -431,6 +434,69 @@ fn packing_matches_for_every_width() {
                         (imp.unpack_accumulate)(&buf, n, other, &mut acc).err(),
                         r::unpack(&buf, n, other).err()
                     );
+                }
+            }
+        }
+    }
+}
+
+/// n-bit's fused decoding against its passes one after the other on the
+/// reference: a zeroed sum, each buffer's values added in order, a
+/// division — for sums shorter and longer than one cache slice
+/// (`cpu::MEAN_BLOCK`), every width, buffers of different ranges (a NaN
+/// minimum among them), a part of the sum starting past the first element,
+/// and malformed buffers refused with the reference's error.
+#[test]
+fn unpack_mean_is_the_zeroed_sum_of_unpacks_divided() {
+    let canon = |v: &[f32]| -> Vec<u32> {
+        v.iter().map(|x| if x.is_nan() { f32::NAN.to_bits() } else { x.to_bits() }).collect()
+    };
+    for imp in &COPIES {
+        let mut g = Gen(11);
+        for n in [0usize, 1, 7, 255, 2048, 2049, 5000, 3 * cpu::MEAN_BLOCK + 300] {
+            for b in [1u8, 2, 4, 8] {
+                for p in [1usize, 2, 3, 4] {
+                    let bufs: Vec<Vec<u8>> = (0..p)
+                        .map(|j| {
+                            let x = inputs(&mut g, n, j != 1 || p < 4);
+                            let (mins, maxs) = r::row_min_max(&x, n.max(1));
+                            let [mn, mx, _] = r::tensor_min_max(&mins, &maxs);
+                            let finite = x.iter().all(|v| v.is_finite());
+                            r::pack(&x, if finite { mn } else { f32::NAN }, mx, b, Rounding::Nearest, g.next())
+                        })
+                        .collect();
+                    let views: Vec<&[u8]> = bufs.iter().map(|v| v.as_slice()).collect();
+                    let mut want = vec![0f32; n];
+                    for v in &views {
+                        let vals = r::unpack(v, n, b).expect("unpack");
+                        want.iter_mut().zip(vals).for_each(|(a, v)| *a += v);
+                    }
+                    want.iter_mut().for_each(|v| *v /= p as f32);
+                    for first in [0usize, 256, 2304] {
+                        if first > n {
+                            continue;
+                        }
+                        let mut got = inputs(&mut g, n - first, false);
+                        (imp.unpack_mean)(&views, n, b, p as f32, first, &mut got).expect("unpack_mean");
+                        assert_eq!(
+                            canon(&got),
+                            canon(&want[first..]),
+                            "{} n {n} bits {b} p {p} first {first}",
+                            imp.name
+                        );
+                    }
+                    if n > 0 {
+                        let short = &bufs[p - 1][..bufs[p - 1].len() - 1];
+                        let mut bad = views.clone();
+                        bad[p - 1] = short;
+                        let mut got = vec![0f32; n];
+                        assert_eq!(
+                            (imp.unpack_mean)(&bad, n, b, p as f32, 0, &mut got).err(),
+                            r::unpack(short, n, b).err(),
+                            "{} n {n} bits {b} p {p}",
+                            imp.name
+                        );
+                    }
                 }
             }
         }

@@ -2,7 +2,9 @@
 //! (the host engine: `qsync_kernels::cpu`, bit for bit the reference), in bytes of f32 input
 //! per second: block quantization (int8/int4, group 512, round-to-nearest
 //! and stochastic; int8 also unfused, the three kernels one after the other), dequantize-and-accumulate of 8 blocks (one-shot qgZ's
-//! reduction on 8 ranks), n-bit packing and unpacking, the f16 cast; and
+//! reduction on 8 ranks), n-bit packing and unpacking, n-bit's decoding of
+//! 4 ranks' buffers in one pass against its passes one after the other,
+//! the f16 cast; and
 //! `threaded/`: the same quantize, dequantize-accumulate and cast on one
 //! thread against `ThreadedHostEngine` on every core (what a GPU rank's
 //! host-staged buckets use), in the same run.
@@ -104,6 +106,43 @@ fn nbit_and_cast(c: &mut Criterion) {
     g.finish();
 }
 
+/// n-bit's decoding of 4 ranks' 2-bit buffers into a 64 MiB sum (larger
+/// than the caches, as a model's gradient is): in one pass (`unpack_mean`, a cache slice at a time) against the passes one
+/// after the other over the whole sum (zero, 4 unpack-accumulates,
+/// divide: what the runtime ran before, and what an engine without the
+/// fused kernel runs), in the same run.
+fn nbit_decode(c: &mut Criterion) {
+    const N: usize = 1 << 24;
+    let bufs: Vec<Vec<u8>> = (0..4)
+        .map(|r| {
+            let x = gradient(GradKind::Normal, N, 5, r);
+            let (mins, maxs) = reference::row_min_max(&x, N);
+            let [mn, mx, _] = reference::tensor_min_max(&mins, &maxs);
+            reference::pack(&x, mn, mx, 2, Rounding::Nearest, 0)
+        })
+        .collect();
+    let refs: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+    let mut g = c.benchmark_group("nbit-decode");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(4 * N as u64));
+    let e = HostEngine;
+    let mut out = vec![0f32; N];
+    g.bench_function("2bit-x4/one-pass", |b| {
+        b.iter(|| e.unpack_mean(black_box(&refs), N, 2, 4.0, &mut out).map_err(|e| format!("{e:?}")))
+    });
+    g.bench_function("2bit-x4/passes", |b| {
+        b.iter(|| -> Result<(), String> {
+            qsync_runtime::sync::nbit::zero(&mut out);
+            for r in &refs {
+                e.unpack_accumulate(black_box(r), N, 2, &mut out).map_err(|e| format!("{e:?}"))?;
+            }
+            qsync_runtime::sync::nbit::divide(&mut out, 4);
+            Ok(())
+        })
+    });
+    g.finish();
+}
+
 fn threaded(c: &mut Criterion) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let x = gradient(GradKind::Normal, N, 4, 0);
@@ -139,5 +178,5 @@ fn threaded(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, quantize, dequantize_accumulate, nbit_and_cast, threaded);
+criterion_group!(benches, quantize, dequantize_accumulate, nbit_and_cast, nbit_decode, threaded);
 criterion_main!(benches);

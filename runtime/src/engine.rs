@@ -155,6 +155,25 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
         out.iter_mut().zip(vals).for_each(|(a, v)| *a += v);
         Ok(())
     }
+    /// n-bit's decoding: `out[i] = (Σ_j unpack(bufs[j], n, bits)[i]) /
+    /// div`, summed in buffer order starting from 0; `out` holds at least
+    /// `n` values. An engine with a fused kernel makes one pass over `out`;
+    /// this one zeroes it, accumulates each buffer in turn and divides.
+    fn unpack_mean(&self, bufs: &[&[u8]], n: usize, bits: u8, div: f32, out: &mut [f32]) -> Result<(), DecodeError> {
+        let out = accumulators(out, n)?;
+        out.fill(0.0);
+        for b in bufs {
+            self.unpack_accumulate(b, n, bits, out)?;
+        }
+        out.iter_mut().for_each(|v| *v /= div);
+        Ok(())
+    }
+}
+
+/// The first `n` of `out`, or the error of a sum too short for them.
+fn accumulators(out: &mut [f32], n: usize) -> Result<&mut [f32], DecodeError> {
+    let len = out.len();
+    out.get_mut(..n).ok_or_else(|| DecodeError::Malformed(format!("{n} values into {len} accumulators")))
 }
 
 /// The kernels on the CPU: `qsync_kernels::cpu` where it has a fast copy
@@ -257,10 +276,13 @@ impl KernelEngine for HostEngine {
     }
 
     fn unpack_accumulate(&self, buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), DecodeError> {
-        if out.len() < n {
-            return Err(DecodeError::Malformed(format!("{n} values into {} accumulators", out.len())));
-        }
+        let out = accumulators(out, n)?;
         cpu::unpack_accumulate(buf, n, bits, out).map_err(|e| DecodeError::Malformed(e.to_string()))
+    }
+
+    fn unpack_mean(&self, bufs: &[&[u8]], n: usize, bits: u8, div: f32, out: &mut [f32]) -> Result<(), DecodeError> {
+        let out = accumulators(out, n)?;
+        cpu::unpack_mean(bufs, n, bits, div, 0, out).map_err(|e| DecodeError::Malformed(e.to_string()))
     }
 }
 
@@ -595,5 +617,23 @@ impl KernelEngine for ThreadedHostEngine {
 
     fn unpack_accumulate(&self, buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), DecodeError> {
         HostEngine.unpack_accumulate(buf, n, bits, out)
+    }
+
+    /// Ranges of whole cache slices (`cpu::MEAN_BLOCK`, whole bytes of codes
+    /// at every width), each decoding every buffer's codes of its elements.
+    fn unpack_mean(&self, bufs: &[&[u8]], n: usize, bits: u8, div: f32, out: &mut [f32]) -> Result<(), DecodeError> {
+        let out = accumulators(out, n)?;
+        let failed = std::sync::Mutex::new(None);
+        each_part(&self.ranges(n, cpu::MEAN_BLOCK), out, 1, &|r, part| {
+            if let Err(e) = cpu::unpack_mean(bufs, n, bits, div, r.start, part) {
+                if let Ok(mut f) = failed.lock() {
+                    f.get_or_insert(e);
+                }
+            }
+        });
+        match failed.into_inner().ok().flatten() {
+            Some(e) => Err(DecodeError::Malformed(e.to_string())),
+            None => Ok(()),
+        }
     }
 }

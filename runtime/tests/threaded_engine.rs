@@ -173,3 +173,48 @@ fn a_gpu_ranks_threads_come_from_the_environment_or_the_cores_it_shares() {
     assert_eq!(ThreadedHostEngine::for_gpu_rank(cores * 2).threads(), 1);
     assert_eq!(ThreadedHostEngine::new(0).threads(), 1);
 }
+
+/// n-bit's one-pass decoding gives the bits of its passes one after the
+/// other (a zeroed sum, each buffer accumulated in turn, a division) on
+/// one thread and on several, at every width, with a rank's NaN minimum
+/// among the buffers; a short buffer or too few accumulators are errors.
+#[test]
+fn nbit_decoding_in_one_pass_is_its_passes_one_after_the_other() {
+    let one = HostEngine;
+    for &n in &SIZES {
+        for bits in [1u8, 2, 4, 8] {
+            let bufs: Vec<Vec<u8>> = (0..3u64)
+                .map(|j| {
+                    let mut x = data(n, 40 + j);
+                    if j == 2 && n > 600 {
+                        x[600] = f32::INFINITY;
+                    }
+                    qsync_runtime::sync::nbit::encode(&one, &x, bits, Rounding::Nearest, j).expect("encode")
+                })
+                .collect();
+            let views: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+            let mut want = data(n, 9);
+            want.iter_mut().for_each(|v| *v = 0.0);
+            for b in &views {
+                one.unpack_accumulate(b, n, bits, &mut want).expect("unpack_accumulate");
+            }
+            want.iter_mut().for_each(|v| *v /= 3.0);
+            let canon =
+                |v: &[f32]| v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
+            let engines: [&dyn KernelEngine; 4] =
+                [&one, &ThreadedHostEngine::new(2), &ThreadedHostEngine::new(3), &ThreadedHostEngine::new(8)];
+            for (i, eng) in engines.into_iter().enumerate() {
+                let mut got = data(n + 5, 7);
+                eng.unpack_mean(&views, n, bits, 3.0, &mut got).expect("unpack_mean");
+                assert_eq!(canon(&got[..n]), canon(&want), "n={n} bits={bits} engine {i}");
+                assert_eq!(canon(&got[n..]), canon(&data(n + 5, 7)[n..]), "past n untouched");
+                if n > 0 {
+                    let mut bad = views.clone();
+                    bad[1] = &bufs[1][..bufs[1].len() - 1];
+                    assert!(eng.unpack_mean(&bad, n, bits, 3.0, &mut got).is_err(), "short buffer n={n}");
+                    assert!(eng.unpack_mean(&views, n, bits, 3.0, &mut got[..n - 1]).is_err(), "n-1 accumulators");
+                }
+            }
+        }
+    }
+}

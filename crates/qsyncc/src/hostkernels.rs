@@ -105,6 +105,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("cast16_c", k.cast16_c),
         ("bf16_r", k.bf16_r.unwrap_or(0.0)),
         ("nbit_finish_r", k.nbit_finish_r.unwrap_or(0.0)),
+        ("nbit_decode_r", k.nbit_decode_r.unwrap_or(0.0)),
         ("zero_r", k.zero_r.unwrap_or(0.0)),
         ("sum_r", k.sum_r.unwrap_or(0.0)),
         ("tcp_r", k.tcp_r.unwrap_or(0.0)),
@@ -228,14 +229,18 @@ fn run_once(kernel: &str, x: &[f32], coded: &[u8], out: &mut [f32]) -> Result<()
         "dequantize" | "dequantize4" => {
             quantizer(bits_of(kernel)).accumulate(&e, &[coded], out).map_err(|e| anyhow::anyhow!("{e:?}"))?
         }
-        // What n-bit does per element: range, finiteness, pack; per peer,
-        // unpack-accumulate (`coded` holds the packed buffer here); and
-        // once, zero the sum and divide it.
+        // What n-bit does per element: range, finiteness, pack; and its
+        // decoding of every rank's packed buffer (`coded` here) into the
+        // sum in one pass, divided: of 4 buffers (`unpack*`) and of one
+        // (`mean`, 2-bit), which [`ladder_of`] fits into what a buffer adds
+        // and what the pass costs beyond them.
         "pack" | "pack1" | "pack4" | "pack8" => {
             std::hint::black_box(packed(x, nbit_width(kernel))?);
         }
-        "unpack" | "unpack1" | "unpack4" | "unpack8" => {
-            e.unpack_accumulate(coded, x.len(), nbit_width(kernel), out).map_err(|e| anyhow::anyhow!("{e:?}"))?
+        "unpack" | "unpack1" | "unpack4" | "unpack8" | "mean" => {
+            let bufs = if kernel == "mean" { vec![coded] } else { vec![coded; UNPACK_BUFFERS] };
+            let div = bufs.len() as f32;
+            e.unpack_mean(&bufs, x.len(), nbit_width(kernel), div, out).map_err(|e| anyhow::anyhow!("{e:?}"))?
         }
         // What the 16-bit schemes do per element, twice: narrow (scaled)
         // into wire bytes, and widen wire bytes into a sum. The fit halves
@@ -329,7 +334,7 @@ fn measure_in_pieces(
                     let coded = ranges
                         .iter()
                         .map(|r| {
-                            if kernel.starts_with("unpack") {
+                            if kernel.starts_with("unpack") || kernel == "mean" {
                                 packed(&x[r.clone()], nbit_width(kernel))
                             } else {
                                 block(&x[r.clone()], bits_of(kernel))
@@ -438,8 +443,26 @@ struct Ladder {
     by_size: [SizeRates; LADDER],
 }
 
+/// The buffers the `unpack*` kernels decode at once (the `mean` kernel:
+/// one).
+const UNPACK_BUFFERS: usize = 4;
+
+/// n-bit's decoding of [`UNPACK_BUFFERS`] buffers and of one took `t4` and
+/// `t1`: fitted as `b·r + d` for `b` buffers, the pass's own cost `d`
+/// (beyond the buffers; not below 0).
+fn decode_pass(t4: f64, t1: f64) -> f64 {
+    let b = UNPACK_BUFFERS as f64;
+    ((b * t1 - t4) / (b - 1.0)).max(0.0)
+}
+
+/// What each of [`UNPACK_BUFFERS`] adds to a decoding of them that took
+/// `t4`, beyond the pass's own `d` (`r` above; not below 0).
+fn per_buffer(t4: f64, d: f64) -> f64 {
+    ((t4 - d) / UNPACK_BUFFERS as f64).max(0.0)
+}
+
 /// The kernels of the size ladder, as `measured_s` names them.
-const KERNELS: [&str; 18] = [
+const KERNELS: [&str; 19] = [
     "quantize",
     "dequantize",
     "cast16",
@@ -454,6 +477,7 @@ const KERNELS: [&str; 18] = [
     "unpack4",
     "pack8",
     "unpack8",
+    "mean",
     "finish",
     "zero",
     "sum",
@@ -496,6 +520,10 @@ fn ladder_of(sizes: &[usize; LADDER], measured: std::collections::BTreeMap<Strin
         per.insert(k, std::array::from_fn::<f64, LADDER, _>(|i| t[i] / sizes[i] as f64 / calls));
     }
     let at = |k: &str, i: usize| per[k][i];
+    // n-bit's decoding: per buffer, and beyond the buffers (fitted at 2
+    // bits, the same pass at every width).
+    let decode = |i: usize| decode_pass(at("unpack", i), at("mean", i));
+    let unpack = |k: &str, i: usize| per_buffer(at(k, i), decode(i));
     let by_size = std::array::from_fn(|i| SizeRates {
         elements: sizes[i] as f64,
         quantize: at("quantize", i),
@@ -505,8 +533,9 @@ fn ladder_of(sizes: &[usize; LADDER], measured: std::collections::BTreeMap<Strin
         cast16: at("cast16", i),
         bf16: at("cast_bf16", i),
         nbit_pack: ["pack1", "pack", "pack4", "pack8"].map(|k| at(k, i)),
-        nbit_unpack: ["unpack1", "unpack", "unpack4", "unpack8"].map(|k| at(k, i)),
+        nbit_unpack: ["unpack1", "unpack", "unpack4", "unpack8"].map(|k| unpack(k, i)),
         nbit_finish: at("finish", i),
+        nbit_decode: Some(decode(i)),
         sum: at("sum", i),
         // Two copies an element: into the bucket and back.
         bucket: 2.0 * at("copy", i),
@@ -657,7 +686,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let (dequantize4_r, _) = fit("dequantize4");
     let widths = |kernels: [&str; 4]| kernels.map(|k| fit(k).0);
     let nbit_pack_r = widths(["pack1", "pack", "pack4", "pack8"]);
-    let nbit_unpack_r = widths(["unpack1", "unpack", "unpack4", "unpack8"]);
+    let nbit_decode_r = decode_pass(fit("unpack").0, fit("mean").0);
+    let nbit_unpack_r = widths(["unpack1", "unpack", "unpack4", "unpack8"]).map(|r| per_buffer(r, nbit_decode_r));
     let (pack_r, unpack_r) = (nbit_pack_r[1], nbit_unpack_r[1]);
     let (nbit_finish_r, _) = fit("finish");
     let (zero_r, _) = fit("zero");
@@ -712,6 +742,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             nbit_pack_r: Some(nbit_pack_r),
             nbit_unpack_r: Some(nbit_unpack_r),
             nbit_finish_r: Some(nbit_finish_r),
+            nbit_decode_r: Some(nbit_decode_r),
             zero_r: Some(zero_r),
             sum_r: Some(sum_r),
             tcp_r: Some(tcp_r),
@@ -738,7 +769,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
     Ok(format!(
         "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
-         16-bit cast {:.2} (bf16 {:.2}), n-bit pack {} and unpack-accumulate {} (1, 2, 4, 8 bits) and zero-and-divide {:.2}, \
+         16-bit cast {:.2} (bf16 {:.2}), n-bit pack {} and decode {} a buffer (1, 2, 4, 8 bits) plus {:.2} a pass, zero-and-divide {:.2}, \
          f32 zero {:.2}, f32 sum {:.2}, f32 copy {:.2}; TCP {:.3} \
          ns of CPU per byte -> {}\n",
         file.cpu,
@@ -751,6 +782,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         bf16_r * 1e9,
         ns_list(&nbit_pack_r),
         ns_list(&nbit_unpack_r),
+        nbit_decode_r * 1e9,
         nbit_finish_r * 1e9,
         zero_r * 1e9,
         sum_r * 1e9,

@@ -101,6 +101,16 @@ pub struct SyncKernels {
     /// the whole gradient, qgZ's over a rank's shard (`None`: free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbit_finish_r: Option<f64>,
+    /// n-bit's decoding, per element of the sum, beyond what its buffers
+    /// add, where the engine decodes in one pass over the sum
+    /// (`KernelEngine::unpack_mean` on the host: each cache-sized slice of
+    /// the sum zeroed, every rank's codes added into it, divided by `P`,
+    /// written once); `nbit_unpack_r` is then what each buffer adds. Both
+    /// are fitted through the decoding of 1 and of 4 buffers (`qsyncc
+    /// host-kernels`). `None`: the passes one after the other, each over
+    /// the whole sum (`nbit_finish_r`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbit_decode_r: Option<f64>,
     /// Zeroing f32 values, per element: the sums the 16-bit schemes and
     /// qgZ accumulate a shard's blocks into, and qgZ's decoding of the
     /// gathered blocks, which zeroes the gradient before it accumulates
@@ -317,6 +327,9 @@ pub struct SizeRates {
     pub nbit_pack: [f64; 4],
     pub nbit_unpack: [f64; 4],
     pub nbit_finish: f64,
+    /// [`SyncKernels::nbit_decode_r`] (absent: the passes one after the other).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbit_decode: Option<f64>,
     pub sum: f64,
     pub bucket: f64,
 }
@@ -339,6 +352,7 @@ impl SizeRates {
         .into_iter()
         .chain(self.nbit_pack)
         .chain(self.nbit_unpack)
+        .chain(self.nbit_decode)
     }
 }
 
@@ -362,6 +376,7 @@ impl Default for SyncKernels {
             nbit_pack_r: None,
             nbit_unpack_r: None,
             nbit_finish_r: None,
+            nbit_decode_r: None,
             zero_r: None,
             sum_r: None,
             tcp_r: None,
@@ -404,6 +419,7 @@ impl SyncKernels {
             nbit_pack_r: Some(HOST_NBIT_MEASURED[0]),
             nbit_unpack_r: Some(HOST_NBIT_MEASURED[1]),
             nbit_finish_r: None,
+            nbit_decode_r: None,
             zero_r: None,
             sum_r: None,
             tcp_r: None,
@@ -471,6 +487,9 @@ impl SyncKernels {
             nbit_pack_r: Some(pack),
             nbit_unpack_r: Some(unpack),
             nbit_finish_r: Some(mix(a.nbit_finish, b.nbit_finish)),
+            // A ladder measured without the one-pass decoding prices the
+            // passes one after the other.
+            nbit_decode_r: a.nbit_decode.zip(b.nbit_decode).map(|(x, y)| mix(x, y)),
             sum_r: Some(mix(a.sum, b.sum)),
             bucket_r: Some(mix(a.bucket, b.bucket)),
             by_size: None,
@@ -487,6 +506,16 @@ impl SyncKernels {
     /// ([`SyncKernels::nbit_finish_r`]).
     pub fn finish(&self, elements: f64) -> f64 {
         self.nbit_finish_r.unwrap_or(0.0) * elements.max(0.0)
+    }
+
+    /// Seconds n-bit's decoding spends on a sum of `elements` beyond adding
+    /// its buffers ([`SyncKernels::nbit_decode_r`], else
+    /// [`SyncKernels::finish`]).
+    pub fn nbit_decode(&self, elements: f64) -> f64 {
+        match self.nbit_decode_r {
+            Some(r) => r * elements.max(0.0),
+            None => self.finish(elements),
+        }
     }
 
     /// Seconds of `elements` f32 additions.
@@ -966,7 +995,7 @@ pub fn kernel_seconds_in_pieces(
                 + k.finish(e / pf)
                 + k.zero(e)
         }
-        SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits) + k.finish(e),
+        SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits) + k.nbit_decode(e),
     }
 }
 
@@ -1551,6 +1580,7 @@ mod tests {
             nbit_pack: [pack * 1e-9; 4],
             nbit_unpack: [unpack * 1e-9; 4],
             nbit_finish: finish * 1e-9,
+            nbit_decode: None,
             sum: 0.0,
             bucket: 0.0,
         }
@@ -1784,6 +1814,25 @@ mod tests {
         // Zeroing the sum and dividing it: once over E, at any width.
         let finish = SyncKernels { nbit_finish_r: Some(7e-10), ..k };
         assert!((secs(&finish, 4) - (3e-9 * e + 2e-9 * 4.0 * e + 7e-10 * e)).abs() < 1e-12);
+        // Decoded in one pass: what the pass costs beyond its buffers
+        // replaces the zeroing and division passes (4-bit: 3E + 4·2E + 0.1E
+        // ns), on the ladder too; a ladder without it keeps the passes.
+        let fused = SyncKernels { nbit_decode_r: Some(1e-10), ..finish };
+        assert!((secs(&fused, 4) - (3e-9 * e + 2e-9 * 4.0 * e + 1e-10 * e)).abs() < 1e-12);
+        let rung = |i: u32, decode: Option<f64>| SizeRates {
+            elements: (1u64 << (16 + i)) as f64,
+            nbit_pack: [3e-9; 4],
+            nbit_unpack: [2e-9; 4],
+            nbit_finish: 7e-10,
+            nbit_decode: decode,
+            ..rung(i, 0.0, 0.0, 0.0, 0.0)
+        };
+        let small = |k: &SyncKernels| kernel_seconds(&nbit(4), k, 4.0 * 65536.0, 4, 4);
+        for (decode, beyond) in [(Some(1e-10), 1e-10), (None, 7e-10)] {
+            let mut k = fused;
+            k.by_size = Some([0, 1, 2, 3, 4].map(|i| rung(i, decode)));
+            assert!((small(&k) - 65536.0 * (3e-9 + 4.0 * 2e-9 + beyond)).abs() < 1e-15, "{decode:?}");
+        }
     }
 
     #[test]

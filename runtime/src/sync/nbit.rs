@@ -5,7 +5,9 @@
 //! `[bits u8][tail u8][min f32][max f32]`, then codes `round((x − min)/gap)`,
 //! `gap = (max − min)/(2^b − 1)`, `8/b` per byte. The packed buffers are
 //! all-gathered; every rank unpacks all `P` (`fma(code, gap, min)`) and sums
-//! them in rank order in f32, then divides by `P`. A rank whose gradient
+//! them in rank order in f32, then divides by `P` — on the host in one pass
+//! over the sum (`KernelEngine::unpack_mean`: a cache-sized slice at a
+//! time, every buffer added into it, then divided). A rank whose gradient
 //! holds a NaN or infinity sends a NaN minimum, so the whole result is NaN on
 //! every rank.
 //!
@@ -34,7 +36,7 @@ use std::time::Instant;
 use qsync_kernels::Rounding;
 
 use super::{GradSync, Hop, Phase};
-use crate::engine::KernelEngine;
+use crate::engine::{DecodeError, KernelEngine};
 use crate::error::{CommError, SyncError};
 
 const STAGE_PACK: u64 = 4;
@@ -53,8 +55,10 @@ pub fn encode(
     eng.pack(x, if finite { mn } else { f32::NAN }, mx, bits, rounding, seed)
 }
 
-/// The passes over the sum besides decoding: zeroed before the `P`
-/// unpack-accumulates, divided by `P` after.
+/// The passes over a sum besides decoding where they run one after the
+/// other over all of it: zeroed before the `P` accumulates, divided by `P`
+/// after (an engine without a one-pass decoder, and qgZ's shard sums;
+/// `qsyncc host-kernels` times them).
 pub fn zero(sum: &mut [f32]) {
     sum.fill(0.0);
 }
@@ -93,13 +97,20 @@ impl GradSync<'_> {
         let t = Instant::now();
         // Summed in place: the gradient's own buffer is the accumulator (a
         // fresh one the size of the gradient would cost its page faults at
-        // every call).
-        zero(grad);
-        for j in 0..p {
-            eng.unpack_accumulate(&all[j * len..(j + 1) * len], n, bits, grad).map_err(|e| self.decode_error(j, e))?;
+        // every call). Every buffer is checked first, so an error names
+        // the rank that sent it.
+        let bufs: Vec<&[u8]> = all.chunks(len.max(1)).take(p).collect();
+        if bufs.len() != p || all.len() != p * len {
+            let detail = format!("the all-gather returned {} bytes, {p} buffers of {len} expected", all.len());
+            return Err(SyncError::BadPayload { rank: me, peer: p, detail });
         }
+        for (j, b) in bufs.iter().enumerate() {
+            qsync_kernels::reference::unpack_header(b, n, bits)
+                .map_err(|e| self.decode_error(j, DecodeError::Malformed(e.to_string())))?;
+        }
+        eng.unpack_mean(&bufs, n, bits, p as f32, grad).map_err(|e| self.decode_error(p, e))?;
+        drop(bufs);
         self.world().recycle(all);
-        divide(grad, p);
         self.charge(Phase::Dequantize, t);
         Ok(())
     }
