@@ -323,6 +323,71 @@ fn dequant_accumulate_body(q: &[u8], scale: &[f32], n: usize, group: usize, k: u
     }
 }
 
+/// Elements of the sum [`dequant_mean`] finishes at a time, at least:
+/// 16 KiB of f32, rounded up to an even number of whole groups.
+pub const DEQUANT_SLICE: usize = 4096;
+
+/// [`dequant_mean`]'s slice for `group`: whole groups, an even number of
+/// them (so int4 codes start on a byte), at least [`DEQUANT_SLICE`]
+/// elements.
+pub fn dequant_slice(group: usize) -> usize {
+    let group = group.max(1);
+    DEQUANT_SLICE.div_ceil(group).max(2).next_multiple_of(2) * group
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dequant_mean_body(
+    heads: &[&[u8]],
+    codes: &[&[u8]],
+    group: usize,
+    bits: QBits,
+    div: f32,
+    first: usize,
+    out: &mut [f32],
+) {
+    let group = group.max(1);
+    let slice = dequant_slice(group);
+    let mut scales = Vec::with_capacity(slice / group);
+    for (k, sum) in out.chunks_mut(slice).enumerate() {
+        // Elements `at..` of every block: whole groups, and a whole byte of
+        // int4 codes (`first` is a multiple of the slice in the fast path).
+        let at = first + k * slice;
+        let (g0, ng) = (at / group, sum.len().div_ceil(group));
+        let c0 = match bits {
+            QBits::Int8 => at,
+            QBits::Int4 => at / 2,
+        };
+        sum.fill(0.0);
+        for (h, c) in heads.iter().zip(codes) {
+            scales.clear();
+            scales
+                .extend(h[4 * g0..4 * (g0 + ng)].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+            dequant_accumulate_body(&c[c0..], &scales, sum.len(), group, 1, bits, sum);
+        }
+        if div != 1.0 {
+            sum.iter_mut().for_each(|v| *v /= div);
+        }
+    }
+}
+
+multiversion! {
+    /// qgZ's decoding of `k` blocks of one slice: `out[i] = (Σ_j
+    /// dequant(block_j)[first + i]) / div`, the sum taken in block order
+    /// starting from 0 (no division when `div` is 1) — bit for bit a zeroed
+    /// sum, a [`dequant_accumulate`] of each block in turn and a division,
+    /// in one pass over `out`: a slice of [`dequant_slice`] elements at a
+    /// time, every block added into it while it is in the cache. Block `j`
+    /// is its scales as little-endian f32 bytes (`heads[j]`, one a group of
+    /// the whole slice) and its codes (`codes[j]`, int8 bytes or int4
+    /// nibbles, low first). `first` is a multiple of `dequant_slice(group)`
+    /// and every block holds `first + out.len()` elements; the caller
+    /// checks the lengths (the runtime's engines do), as for
+    /// [`dequant_accumulate`].
+    pub fn dequant_mean / dequant_mean_baseline(heads: &[&[u8]], codes: &[&[u8]], group: usize, bits: QBits, div: f32, first: usize, out: &mut [f32])
+        => dequant_mean_body
+}
+
 /// The signed code of element `i` of int4 `codes` (low nibble first).
 #[inline(always)]
 fn nibble(codes: &[u8], i: usize) -> f32 {

@@ -46,6 +46,7 @@ struct Copy {
     unpack: fn(&[u8], usize, u8) -> Result<Vec<f32>, r::UnpackError>,
     unpack_accumulate: fn(&[u8], usize, u8, &mut [f32]) -> Result<(), r::UnpackError>,
     unpack_mean: fn(&[&[u8]], usize, u8, f32, usize, &mut [f32]) -> Result<(), r::UnpackError>,
+    dequant_mean: fn(&[&[u8]], &[&[u8]], usize, QBits, f32, usize, &mut [f32]),
     cast_to: fn(Half, &[f32]) -> Vec<u16>,
     cast_from: fn(Half, &[u16]) -> Vec<f32>,
     cast_to_le: fn(Half, &[f32], f32, &mut [u8]),
@@ -64,6 +65,7 @@ const DISPATCHED: Copy = Copy {
     unpack: cpu::unpack,
     unpack_accumulate: cpu::unpack_accumulate,
     unpack_mean: cpu::unpack_mean,
+    dequant_mean: cpu::dequant_mean,
     cast_to: cpu::cast_to,
     cast_from: cpu::cast_from,
     cast_to_le: cpu::cast_to_le,
@@ -95,6 +97,7 @@ const COPIES: [Copy; 3] = [
         unpack: cpu::unpack_baseline,
         unpack_accumulate: cpu::unpack_accumulate_baseline,
         unpack_mean: cpu::unpack_mean_baseline,
+        dequant_mean: cpu::dequant_mean_baseline,
         cast_to: cpu::cast_to_baseline,
         cast_from: cpu::cast_from_baseline,
         cast_to_le: cpu::cast_to_le_baseline,
@@ -496,6 +499,73 @@ fn unpack_mean_is_the_zeroed_sum_of_unpacks_divided() {
                             "{} n {n} bits {b} p {p}",
                             imp.name
                         );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// qgZ's fused decoding against its passes one after the other on the
+/// reference (a zeroed sum, each block dequantize-accumulated in turn, a
+/// division unless by 1): sums shorter and longer than one slice, groups
+/// that divide the slice and groups that do not, odd lengths at int4,
+/// NaN, infinite and zero scales, and a part of the sum starting at a later
+/// slice.
+#[test]
+fn dequant_mean_is_the_zeroed_sum_of_dequantizations_divided() {
+    let canon = |v: &[f32]| -> Vec<u32> {
+        v.iter().map(|x| if x.is_nan() { f32::NAN.to_bits() } else { x.to_bits() }).collect()
+    };
+    for imp in &COPIES {
+        let mut g = Gen(12);
+        for n in [0usize, 1, 5, 511, 4096, 4097, 9000, 3 * 4096 + 777] {
+            for group in [1usize, 5, 512, 3000] {
+                for width in [QBits::Int8, QBits::Int4] {
+                    for k in [1usize, 2, 3] {
+                        let groups = n.div_ceil(group);
+                        let chunk = if width == QBits::Int8 { n } else { n.div_ceil(2) };
+                        let codes: Vec<Vec<u8>> =
+                            (0..k).map(|_| (0..chunk).map(|_| g.next() as u8).collect()).collect();
+                        let scales: Vec<Vec<f32>> = (0..k)
+                            .map(|j| {
+                                (0..groups)
+                                    .map(|i| match (i + j) % 13 {
+                                        4 => f32::NAN,
+                                        7 => f32::INFINITY,
+                                        9 => 0.0,
+                                        _ => g.value(2).abs() + 1e-6,
+                                    })
+                                    .collect()
+                            })
+                            .collect();
+                        let heads: Vec<Vec<u8>> =
+                            scales.iter().map(|s| s.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+                        for div in [1.0f32, k as f32, 3.0] {
+                            let mut want = vec![0f32; n];
+                            for j in 0..k {
+                                r::dequant_accumulate(&codes[j], &scales[j], n, group, 1, width, &mut want);
+                            }
+                            if div != 1.0 {
+                                want.iter_mut().for_each(|v| *v /= div);
+                            }
+                            let h: Vec<&[u8]> = heads.iter().map(|v| v.as_slice()).collect();
+                            let c: Vec<&[u8]> = codes.iter().map(|v| v.as_slice()).collect();
+                            let slice = cpu::dequant_slice(group);
+                            for first in [0, slice] {
+                                if first > n {
+                                    continue;
+                                }
+                                let mut got = inputs(&mut g, n - first, false);
+                                (imp.dequant_mean)(&h, &c, group, width, div, first, &mut got);
+                                assert_eq!(
+                                    canon(&got),
+                                    canon(&want[first..]),
+                                    "{} n {n} group {group} {width:?} k {k} div {div} first {first}",
+                                    imp.name
+                                );
+                            }
+                        }
                     }
                 }
             }

@@ -4,7 +4,7 @@
 //! and stochastic; int8 also unfused, the three kernels one after the other), dequantize-and-accumulate of 8 blocks (one-shot qgZ's
 //! reduction on 8 ranks), n-bit packing and unpacking, n-bit's decoding of
 //! 4 ranks' buffers in one pass against its passes one after the other,
-//! the f16 cast; and
+//! qgZ's decoding of 4 blocks the same way, the f16 cast; and
 //! `threaded/`: the same quantize, dequantize-accumulate and cast on one
 //! thread against `ThreadedHostEngine` on every core (what a GPU rank's
 //! host-staged buckets use), in the same run.
@@ -143,6 +143,39 @@ fn nbit_decode(c: &mut Criterion) {
     g.finish();
 }
 
+/// qgZ's decoding of 4 ranks' int8 blocks (group 512) into a 64 MiB sum,
+/// divided by 4: in one pass (`Quantizer::decode_mean`, a cache slice at a
+/// time) against the passes one after the other over the whole sum (zero,
+/// dequantize-accumulate each block, divide), in the same run.
+fn qgz_decode(c: &mut Criterion) {
+    const N: usize = 1 << 24;
+    let q = Quantizer { bits: QBits::Int8, group: 512, rounding: Rounding::Nearest };
+    let Ok(blocks) = (0..4)
+        .map(|r| {
+            let mut b = Vec::new();
+            q.encode(&HostEngine, &gradient(GradKind::Normal, N, 6, r), 0, &mut b, None).map(|()| b)
+        })
+        .collect::<Result<Vec<Vec<u8>>, _>>()
+    else {
+        return;
+    };
+    let refs: Vec<&[u8]> = blocks.iter().map(|b| b.as_slice()).collect();
+    let mut g = c.benchmark_group("qgz-decode");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(4 * N as u64));
+    let mut out = vec![0f32; N];
+    g.bench_function("int8-x4/one-pass", |b| b.iter(|| q.decode_mean(&HostEngine, black_box(&refs), 4.0, &mut out)));
+    g.bench_function("int8-x4/passes", |b| {
+        b.iter(|| {
+            out.fill(0.0);
+            let r = q.accumulate(&HostEngine, black_box(&refs), &mut out);
+            out.iter_mut().for_each(|v| *v /= 4.0);
+            r
+        })
+    });
+    g.finish();
+}
+
 fn threaded(c: &mut Criterion) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let x = gradient(GradKind::Normal, N, 4, 0);
@@ -178,5 +211,5 @@ fn threaded(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, quantize, dequantize_accumulate, nbit_and_cast, nbit_decode, threaded);
+criterion_group!(benches, quantize, dequantize_accumulate, nbit_and_cast, nbit_decode, qgz_decode, threaded);
 criterion_main!(benches);

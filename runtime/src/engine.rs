@@ -155,6 +155,34 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
         out.iter_mut().zip(vals).for_each(|(a, v)| *a += v);
         Ok(())
     }
+    /// qgZ's decoding of `blocks` ([`crate::sync::block`]'s layout, each
+    /// of `out.len()` elements): `out[i] = (Σ_j dequant(blocks[j])[i]) /
+    /// div`, summed in block order starting from 0, no division when `div`
+    /// is 1. A block of the wrong length is an error naming it. An engine
+    /// with a fused kernel makes one pass over `out`; this one zeroes it,
+    /// dequantize-accumulates each block in turn and divides.
+    fn dequant_mean(
+        &self,
+        blocks: &[&[u8]],
+        group: usize,
+        bits: QBits,
+        div: f32,
+        out: &mut [f32],
+    ) -> Result<(), DecodeError> {
+        let m = out.len();
+        let (heads, codes) = split_blocks(blocks, m, group, bits)?;
+        out.fill(0.0);
+        let mut scales = Vec::new();
+        for (head, codes) in heads.into_iter().zip(codes) {
+            scales.clear();
+            scales.extend(head.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            self.dequant_accumulate(codes, &scales, m, group.max(1), 1, bits, out)?;
+        }
+        if div != 1.0 {
+            out.iter_mut().for_each(|v| *v /= div);
+        }
+        Ok(())
+    }
     /// n-bit's decoding: `out[i] = (Σ_j unpack(bufs[j], n, bits)[i]) /
     /// div`, summed in buffer order starting from 0; `out` holds at least
     /// `n` values. An engine with a fused kernel makes one pass over `out`;
@@ -168,6 +196,26 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
         out.iter_mut().for_each(|v| *v /= div);
         Ok(())
     }
+}
+
+/// The scale bytes of every block, and the codes.
+type SplitBlocks<'a> = (Vec<&'a [u8]>, Vec<&'a [u8]>);
+
+/// Each block of `m` elements split into its scale bytes and its codes, or
+/// the error naming the first block of the wrong length.
+fn split_blocks<'a>(blocks: &[&'a [u8]], m: usize, group: usize, bits: QBits) -> Result<SplitBlocks<'a>, DecodeError> {
+    let (ng, nc) = (block::groups(m, group), block::code_bytes(m, bits));
+    let mut split = (Vec::with_capacity(blocks.len()), Vec::with_capacity(blocks.len()));
+    for (j, b) in blocks.iter().enumerate() {
+        if b.len() != 4 * ng + nc {
+            let detail = format!("block {j} has {} bytes, {m} elements need {}", b.len(), 4 * ng + nc);
+            return Err(DecodeError::Malformed(detail));
+        }
+        let (head, codes) = b.split_at(4 * ng);
+        split.0.push(head);
+        split.1.push(codes);
+    }
+    Ok(split)
 }
 
 /// The first `n` of `out`, or the error of a sum too short for them.
@@ -283,6 +331,19 @@ impl KernelEngine for HostEngine {
     fn unpack_mean(&self, bufs: &[&[u8]], n: usize, bits: u8, div: f32, out: &mut [f32]) -> Result<(), DecodeError> {
         let out = accumulators(out, n)?;
         cpu::unpack_mean(bufs, n, bits, div, 0, out).map_err(|e| DecodeError::Malformed(e.to_string()))
+    }
+
+    fn dequant_mean(
+        &self,
+        blocks: &[&[u8]],
+        group: usize,
+        bits: QBits,
+        div: f32,
+        out: &mut [f32],
+    ) -> Result<(), DecodeError> {
+        let (heads, codes) = split_blocks(blocks, out.len(), group, bits)?;
+        cpu::dequant_mean(&heads, &codes, group.max(1), bits, div, 0, out);
+        Ok(())
     }
 }
 
@@ -617,6 +678,23 @@ impl KernelEngine for ThreadedHostEngine {
 
     fn unpack_accumulate(&self, buf: &[u8], n: usize, bits: u8, out: &mut [f32]) -> Result<(), DecodeError> {
         HostEngine.unpack_accumulate(buf, n, bits, out)
+    }
+
+    /// Ranges of whole slices (`cpu::dequant_slice`: whole groups, whole
+    /// bytes of int4 codes), each summing every block's part of them.
+    fn dequant_mean(
+        &self,
+        blocks: &[&[u8]],
+        group: usize,
+        bits: QBits,
+        div: f32,
+        out: &mut [f32],
+    ) -> Result<(), DecodeError> {
+        let group = group.max(1);
+        let (heads, codes) = split_blocks(blocks, out.len(), group, bits)?;
+        let ranges = self.ranges(out.len(), cpu::dequant_slice(group));
+        each_part(&ranges, out, 1, &|r, part| cpu::dequant_mean(&heads, &codes, group, bits, div, r.start, part));
+        Ok(())
     }
 
     /// Ranges of whole cache slices (`cpu::MEAN_BLOCK`, whole bytes of codes

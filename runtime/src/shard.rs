@@ -753,7 +753,7 @@ impl<'c> ShardComm<'c> {
         let mut sum = vec![0f32; m];
         if m > 0 {
             let blocks: Vec<&[u8]> = recv.chunks(block).collect();
-            q.accumulate(&*self.engine, &blocks, &mut sum).map_err(|e| self.payload(op, p, e))?;
+            q.decode_mean(&*self.engine, &blocks, 1.0, &mut sum).map_err(|e| self.payload(op, p, e))?;
         }
         Ok(sum)
     }
@@ -812,7 +812,7 @@ impl<'c> ShardComm<'c> {
                 let blocks: Vec<&[u8]> =
                     (0..l).map(|i| &recv[i * per_src + offset..i * per_src + offset + len]).collect();
                 let mut partial = vec![0f32; m];
-                q1.accumulate(&*self.engine, &blocks, &mut partial).map_err(|e| self.payload(op, l, e))?;
+                q1.decode_mean(&*self.engine, &blocks, 1.0, &mut partial).map_err(|e| self.payload(op, l, e))?;
                 q2.encode(&*self.engine, &partial, 0, &mut blocks_by_dst[index(s)], None)
                     .map_err(|error| ShardError::Comm { op, error })?;
             }
@@ -837,7 +837,7 @@ impl<'c> ShardComm<'c> {
         let mut sum = vec![0f32; m];
         if m > 0 {
             let blocks: Vec<&[u8]> = from.iter().map(|&f| &recv[starts[f]..starts[f] + block]).collect();
-            q2.accumulate(&*self.engine, &blocks, &mut sum).map_err(|e| self.payload(op, map.nodes(), e))?;
+            q2.decode_mean(&*self.engine, &blocks, 1.0, &mut sum).map_err(|e| self.payload(op, map.nodes(), e))?;
         }
         Ok(sum)
     }

@@ -218,3 +218,54 @@ fn nbit_decoding_in_one_pass_is_its_passes_one_after_the_other() {
         }
     }
 }
+
+/// qgZ's one-pass decoding gives the bits of its passes one after the
+/// other (a zeroed sum, each block dequantize-accumulated in turn, a
+/// division unless by 1), on one thread and on several, both widths, odd
+/// groups, a NaN group; a block of the wrong length is an error naming it.
+#[test]
+fn qgz_decoding_in_one_pass_is_its_passes_one_after_the_other() {
+    use qsync_runtime::sync::block::Quantizer;
+    let one = HostEngine;
+    for &n in &SIZES {
+        for group in [7usize, 512] {
+            for bits in [QBits::Int8, QBits::Int4] {
+                let q = Quantizer { bits, group, rounding: Rounding::Nearest };
+                let blocks: Vec<Vec<u8>> = (0..3u64)
+                    .map(|j| {
+                        let mut x = data(n, 60 + j);
+                        if j == 1 && n > 600 {
+                            x[600] = f32::NAN;
+                        }
+                        let mut b = Vec::new();
+                        q.encode(&one, &x, j, &mut b, None).expect("encode");
+                        b
+                    })
+                    .collect();
+                let views: Vec<&[u8]> = blocks.iter().map(|b| b.as_slice()).collect();
+                let canon =
+                    |v: &[f32]| v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
+                for div in [1.0f32, 3.0] {
+                    let mut want = vec![0f32; n];
+                    q.accumulate(&one, &views, &mut want).expect("accumulate");
+                    if div != 1.0 {
+                        want.iter_mut().for_each(|v| *v /= div);
+                    }
+                    let engines: [&dyn KernelEngine; 3] =
+                        [&one, &ThreadedHostEngine::new(2), &ThreadedHostEngine::new(3)];
+                    for (i, eng) in engines.into_iter().enumerate() {
+                        let mut got = data(n, 8);
+                        q.decode_mean(eng, &views, div, &mut got).expect("decode_mean");
+                        assert_eq!(canon(&got), canon(&want), "n={n} g={group} {bits:?} div={div} engine {i}");
+                        if n > 0 {
+                            let mut bad = views.clone();
+                            bad[2] = &blocks[2][1..];
+                            let err = q.decode_mean(eng, &bad, div, &mut got).expect_err("a short block");
+                            assert!(format!("{err:?}").contains("block 2 has"), "{err:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

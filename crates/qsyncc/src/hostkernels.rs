@@ -106,6 +106,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("bf16_r", k.bf16_r.unwrap_or(0.0)),
         ("nbit_finish_r", k.nbit_finish_r.unwrap_or(0.0)),
         ("nbit_decode_r", k.nbit_decode_r.unwrap_or(0.0)),
+        ("qgz_decode_r", k.qgz_decode_r.unwrap_or(0.0)),
         ("zero_r", k.zero_r.unwrap_or(0.0)),
         ("sum_r", k.sum_r.unwrap_or(0.0)),
         ("tcp_r", k.tcp_r.unwrap_or(0.0)),
@@ -225,9 +226,14 @@ fn run_once(kernel: &str, x: &[f32], coded: &[u8], out: &mut [f32]) -> Result<()
         "quantize" | "quantize4" => {
             std::hint::black_box(block(x, bits_of(kernel))?);
         }
-        // A received block summed into `out`, by the runtime's decoder.
-        "dequantize" | "dequantize4" => {
-            quantizer(bits_of(kernel)).accumulate(&e, &[coded], out).map_err(|e| anyhow::anyhow!("{e:?}"))?
+        // The runtime's decoding of received blocks into a sum in one pass,
+        // divided: of 4 blocks (`dequantize*`, a shard's reduction) and of
+        // one (`qmean*`, a gathered shard's decoding), which [`ladder_of`]
+        // fits into what a block adds and what the pass costs beyond them.
+        "dequantize" | "dequantize4" | "qmean" | "qmean4" => {
+            let blocks = if kernel.starts_with("qmean") { vec![coded] } else { vec![coded; UNPACK_BUFFERS] };
+            let div = blocks.len() as f32;
+            quantizer(bits_of(kernel)).decode_mean(&e, &blocks, div, out).map_err(|e| anyhow::anyhow!("{e:?}"))?
         }
         // What n-bit does per element: range, finiteness, pack; and its
         // decoding of every rank's packed buffer (`coded` here) into the
@@ -443,12 +449,12 @@ struct Ladder {
     by_size: [SizeRates; LADDER],
 }
 
-/// The buffers the `unpack*` kernels decode at once (the `mean` kernel:
-/// one).
+/// The buffers the `unpack*` and `dequantize*` kernels decode at once (the
+/// `mean` and `qmean*` kernels: one).
 const UNPACK_BUFFERS: usize = 4;
 
-/// n-bit's decoding of [`UNPACK_BUFFERS`] buffers and of one took `t4` and
-/// `t1`: fitted as `b·r + d` for `b` buffers, the pass's own cost `d`
+/// A decoding (n-bit's or qgZ's) of [`UNPACK_BUFFERS`] buffers and of one
+/// took `t4` and `t1`: fitted as `b·r + d` for `b` buffers, the pass's own cost `d`
 /// (beyond the buffers; not below 0).
 fn decode_pass(t4: f64, t1: f64) -> f64 {
     let b = UNPACK_BUFFERS as f64;
@@ -462,13 +468,15 @@ fn per_buffer(t4: f64, d: f64) -> f64 {
 }
 
 /// The kernels of the size ladder, as `measured_s` names them.
-const KERNELS: [&str; 19] = [
+const KERNELS: [&str; 21] = [
     "quantize",
     "dequantize",
+    "qmean",
     "cast16",
     "cast_bf16",
     "quantize4",
     "dequantize4",
+    "qmean4",
     "pack1",
     "unpack1",
     "pack",
@@ -524,18 +532,22 @@ fn ladder_of(sizes: &[usize; LADDER], measured: std::collections::BTreeMap<Strin
     // bits, the same pass at every width).
     let decode = |i: usize| decode_pass(at("unpack", i), at("mean", i));
     let unpack = |k: &str, i: usize| per_buffer(at(k, i), decode(i));
+    // qgZ's likewise, each width through its own pair (the pass: int8's).
+    let qgz_pass = |i: usize| decode_pass(at("dequantize", i), at("qmean", i));
+    let qgz_block = |k: &str, one: &str, i: usize| per_buffer(at(k, i), decode_pass(at(k, i), at(one, i)));
     let by_size = std::array::from_fn(|i| SizeRates {
         elements: sizes[i] as f64,
         quantize: at("quantize", i),
         quantize4: at("quantize4", i),
-        dequantize: at("dequantize", i),
-        dequantize4: at("dequantize4", i),
+        dequantize: qgz_block("dequantize", "qmean", i),
+        dequantize4: qgz_block("dequantize4", "qmean4", i),
         cast16: at("cast16", i),
         bf16: at("cast_bf16", i),
         nbit_pack: ["pack1", "pack", "pack4", "pack8"].map(|k| at(k, i)),
         nbit_unpack: ["unpack1", "unpack", "unpack4", "unpack8"].map(|k| unpack(k, i)),
         nbit_finish: at("finish", i),
         nbit_decode: Some(decode(i)),
+        qgz_decode: Some(qgz_pass(i)),
         sum: at("sum", i),
         // Two copies an element: into the bucket and back.
         bucket: 2.0 * at("copy", i),
@@ -679,11 +691,14 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let l = ladder_of(&sizes, time_ladder(&sizes, a.threads, a.repeats, None)?)?;
     let fit = |k: &str| l.fits[k];
     let (quantize_r, quantize_c) = fit("quantize");
-    let (dequantize_r, dequantize_c) = fit("dequantize");
+    // What a block adds (the pass beyond the blocks: `qgz_decode_r`).
+    let qgz_decode_r = decode_pass(fit("dequantize").0, fit("qmean").0);
+    let dequantize_r = per_buffer(fit("dequantize").0, qgz_decode_r);
+    let dequantize_c = fit("dequantize").1;
     let (cast16_r, cast16_c) = fit("cast16");
     let (bf16_r, _) = fit("cast_bf16");
     let (quantize4_r, _) = fit("quantize4");
-    let (dequantize4_r, _) = fit("dequantize4");
+    let dequantize4_r = per_buffer(fit("dequantize4").0, decode_pass(fit("dequantize4").0, fit("qmean4").0));
     let widths = |kernels: [&str; 4]| kernels.map(|k| fit(k).0);
     let nbit_pack_r = widths(["pack1", "pack", "pack4", "pack8"]);
     let nbit_decode_r = decode_pass(fit("unpack").0, fit("mean").0);
@@ -709,9 +724,12 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             cast16: rate("cast16")? / 2.0,
             bf16: rate("cast_bf16")? / 2.0,
             quantize: rate("quantize")?,
-            dequantize: rate("dequantize")?,
+            // One block's whole decoding, piece by piece, as the pipeline
+            // decodes the gathered pieces (its sums of `P` blocks are
+            // priced at the same rate a block, on a piece in the caches).
+            dequantize: rate("qmean")?,
             quantize4: rate("quantize4")?,
-            dequantize4: rate("dequantize4")?,
+            dequantize4: rate("qmean4")?,
         })
     };
     let cached = piece_row(chunk.min(big), 0)?;
@@ -743,6 +761,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             nbit_unpack_r: Some(nbit_unpack_r),
             nbit_finish_r: Some(nbit_finish_r),
             nbit_decode_r: Some(nbit_decode_r),
+            qgz_decode_r: Some(qgz_decode_r),
             zero_r: Some(zero_r),
             sum_r: Some(sum_r),
             tcp_r: Some(tcp_r),
@@ -768,7 +787,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
     let text = serde_json::to_string_pretty(&file)? + "\n";
     std::fs::write(&a.output, &text).with_context(|| format!("writing {}", a.output.display()))?;
     Ok(format!(
-        "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), dequantize-accumulate {:.2} (int4 {:.2}), \
+        "{} ({} thread(s)), ns per element: quantize {:.2} (int4 {:.2}), decode {:.2} a block (int4 {:.2}) plus {:.2} a pass, \
          16-bit cast {:.2} (bf16 {:.2}), n-bit pack {} and decode {} a buffer (1, 2, 4, 8 bits) plus {:.2} a pass, zero-and-divide {:.2}, \
          f32 zero {:.2}, f32 sum {:.2}, f32 copy {:.2}; TCP {:.3} \
          ns of CPU per byte -> {}\n",
@@ -778,6 +797,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
         quantize4_r * 1e9,
         dequantize_r * 1e9,
         dequantize4_r * 1e9,
+        qgz_decode_r * 1e9,
         cast16_r * 1e9,
         bf16_r * 1e9,
         ns_list(&nbit_pack_r),

@@ -313,6 +313,12 @@ fn host_kernels_measures_what_simulate_reads() {
     let d = k["nbit_decode_r"].as_f64().unwrap_or_else(|| panic!("nbit_decode_r missing: {v}"));
     assert!((0.0..1e-6).contains(&d), "nbit_decode_r = {d}: {v}");
     assert_eq!(v["measured_s"]["mean"].as_array().map(Vec::len), Some(5), "{v}");
+    // qgZ's likewise: its blocks decoded 4 at a time and one at a time.
+    let d = k["qgz_decode_r"].as_f64().unwrap_or_else(|| panic!("qgz_decode_r missing: {v}"));
+    assert!((0.0..1e-6).contains(&d), "qgz_decode_r = {d}: {v}");
+    for one in ["qmean", "qmean4"] {
+        assert_eq!(v["measured_s"][one].as_array().map(Vec::len), Some(5), "{one}: {v}");
+    }
     for widths in ["nbit_pack_r", "nbit_unpack_r"] {
         let w = k[widths].as_array().unwrap_or_else(|| panic!("{widths} missing: {v}"));
         assert_eq!(w.len(), 4, "1, 2, 4 and 8 bits: {v}");
@@ -328,7 +334,9 @@ fn host_kernels_measures_what_simulate_reads() {
             let r = rung[rate].as_f64().unwrap_or_else(|| panic!("{rate} missing: {rung}"));
             assert!(r > 0.0 && r < 1e-6, "{rate} = {r} s an element at {}: {v}", rung["elements"]);
         }
-        assert!(rung["nbit_decode"].as_f64().is_some_and(|d| (0.0..1e-6).contains(&d)), "{rung}");
+        for pass in ["nbit_decode", "qgz_decode"] {
+            assert!(rung[pass].as_f64().is_some_and(|d| (0.0..1e-6).contains(&d)), "{pass}: {rung}");
+        }
     }
     assert_eq!(v["measured_s"]["quantize"].as_array().map(Vec::len), Some(5), "{v}");
     // The pipelined schemes' kernels: on one piece (the whole 65536 here,

@@ -322,6 +322,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         nbit_unpack_r: None,
         nbit_finish_r: None,
         nbit_decode_r: None,
+        qgz_decode_r: None,
         zero_r: None,
         // A GPU's own transport (NCCL) spends no host CPU on its bytes.
         sum_r: None,

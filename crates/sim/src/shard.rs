@@ -91,7 +91,9 @@
 //! `s`: qwZ all-gather `quantize(s·E) + dequantize(E)` (its shard in, the
 //! whole unit out); qgZ reduce-scatter `quantize(E) + dequantize(P·s·E)`
 //! (every peer's slice out, `P` blocks of its own shard decoded and
-//! summed; inside a node `P = g`, `s = 1/g`); a BF16 reduce-scatter
+//! summed; inside a node `P = g`, `s = 1/g`), each decoding plus its pass
+//! over the sum where the engine decodes in one pass
+//! ([`crate::SyncKernels::qgz_decode_r`]); a BF16 reduce-scatter
 //! `cast16(E) + cast16(s·E)`; hybrid's qgZ all-reduce across nodes the
 //! one-shot qgZ all-reduce's kernels ([`crate::sync::kernel_seconds`]).
 //! 16-bit gathers and FP32 reduce-scatters run none (the 16-bit weights
@@ -224,7 +226,7 @@ impl GatherPrecision {
     pub fn kernel_seconds(self, k: &crate::SyncKernels, shard: f64, whole: f64) -> f64 {
         let k = &k.at_size(whole);
         match self {
-            GatherPrecision::QwzInt8 => k.quantize(shard, 8) + k.dequantize(whole, 8),
+            GatherPrecision::QwzInt8 => k.quantize(shard, 8) + k.dequantize(whole, 8) + k.qgz_pass(whole),
             _ => 0.0,
         }
     }
@@ -279,8 +281,8 @@ impl ReducePrecision {
         match self {
             ReducePrecision::Fp32 => 0.0,
             ReducePrecision::Bf16 => k.cast_half(true, whole) + k.cast_half(true, shard),
-            ReducePrecision::QgzInt8 => k.quantize(whole, 8) + k.dequantize(members * shard, 8),
-            ReducePrecision::QgzInt4 => k.quantize(whole, 4) + k.dequantize(members * shard, 4),
+            ReducePrecision::QgzInt8 => k.quantize(whole, 8) + k.dequantize(members * shard, 8) + k.qgz_pass(shard),
+            ReducePrecision::QgzInt4 => k.quantize(whole, 4) + k.dequantize(members * shard, 4) + k.qgz_pass(shard),
         }
     }
 

@@ -111,6 +111,17 @@ pub struct SyncKernels {
     /// the whole sum (`nbit_finish_r`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbit_decode_r: Option<f64>,
+    /// qgZ's decoding, per element of the sum, beyond what its blocks
+    /// add, where the engine decodes in one pass over the sum
+    /// (`KernelEngine::dequant_mean` on the host: each cache-sized slice
+    /// zeroed, every block added into it, divided, written once);
+    /// `dequantize_r`, `dequantize4_r` and the ladder's `dequantize` rates
+    /// are then what each block adds, fitted through the decoding of 4
+    /// blocks and of one, and the pieces' rates are one block's whole
+    /// decoding ([`PieceRates`]). `None`: the sums zeroed, and divided, in
+    /// passes of their own (`zero_r`, `nbit_finish_r`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qgz_decode_r: Option<f64>,
     /// Zeroing f32 values, per element: the sums the 16-bit schemes and
     /// qgZ accumulate a shard's blocks into, and qgZ's decoding of the
     /// gathered blocks, which zeroes the gradient before it accumulates
@@ -330,6 +341,9 @@ pub struct SizeRates {
     /// [`SyncKernels::nbit_decode_r`] (absent: the passes one after the other).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbit_decode: Option<f64>,
+    /// [`SyncKernels::qgz_decode_r`] (absent: passes of their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qgz_decode: Option<f64>,
     pub sum: f64,
     pub bucket: f64,
 }
@@ -353,6 +367,7 @@ impl SizeRates {
         .chain(self.nbit_pack)
         .chain(self.nbit_unpack)
         .chain(self.nbit_decode)
+        .chain(self.qgz_decode)
     }
 }
 
@@ -377,6 +392,7 @@ impl Default for SyncKernels {
             nbit_unpack_r: None,
             nbit_finish_r: None,
             nbit_decode_r: None,
+            qgz_decode_r: None,
             zero_r: None,
             sum_r: None,
             tcp_r: None,
@@ -420,6 +436,7 @@ impl SyncKernels {
             nbit_unpack_r: Some(HOST_NBIT_MEASURED[1]),
             nbit_finish_r: None,
             nbit_decode_r: None,
+            qgz_decode_r: None,
             zero_r: None,
             sum_r: None,
             tcp_r: None,
@@ -490,6 +507,7 @@ impl SyncKernels {
             // A ladder measured without the one-pass decoding prices the
             // passes one after the other.
             nbit_decode_r: a.nbit_decode.zip(b.nbit_decode).map(|(x, y)| mix(x, y)),
+            qgz_decode_r: a.qgz_decode.zip(b.qgz_decode).map(|(x, y)| mix(x, y)),
             sum_r: Some(mix(a.sum, b.sum)),
             bucket_r: Some(mix(a.bucket, b.bucket)),
             by_size: None,
@@ -516,6 +534,14 @@ impl SyncKernels {
             Some(r) => r * elements.max(0.0),
             None => self.finish(elements),
         }
+    }
+
+    /// Seconds qgZ's one-pass decoding spends on a sum of `elements` beyond
+    /// adding its blocks ([`SyncKernels::qgz_decode_r`]; 0 where the engine
+    /// decodes in passes, which [`SyncKernels::zero`] and
+    /// [`SyncKernels::finish`] price).
+    pub fn qgz_pass(&self, elements: f64) -> f64 {
+        self.qgz_decode_r.unwrap_or(0.0) * elements.max(0.0)
     }
 
     /// Seconds of `elements` f32 additions.
@@ -958,10 +984,12 @@ pub fn kernel_seconds_in_pieces(
                 return (2.0 * s.cast(bf16) + c.cast(bf16)) * e + c.cast(bf16) * e / pf + k.zero(e / pf);
             }
             SyncScheme::Qgz { intra: b, inter: None, .. } => {
-                return (s.quantize(b) + s.dequantize(b) + c.dequantize(b)) * e
-                    + c.quantize(b) * e / pf
-                    + k.finish(e / pf)
-                    + k.zero(e);
+                // Decoded in one pass, a piece's zeroing and division are in
+                // its rates (one block's decoding: the gathered pieces' as
+                // they run, the sum of `P` blocks' within one pass on a
+                // piece in the caches).
+                let passes = if k.qgz_decode_r.is_some() { 0.0 } else { k.finish(e / pf) + k.zero(e) };
+                return (s.quantize(b) + s.dequantize(b) + c.dequantize(b)) * e + c.quantize(b) * e / pf + passes;
             }
             _ => {}
         }
@@ -969,7 +997,16 @@ pub fn kernel_seconds_in_pieces(
     let l = per_node.clamp(1, p.max(1)) as f64;
     // Besides the kernels: the 16-bit schemes and qgZ sum a shard's blocks
     // into a zeroed sum (qgZ then divides it by `P`), and qgZ zeroes the
-    // gradient before it accumulates the gathered blocks into it.
+    // gradient before it accumulates the gathered blocks into it — qgZ in
+    // passes of their own, or within the one pass that decodes each sum.
+    let fused = k.qgz_decode_r.is_some();
+    let passes = |zero_before: f64, finished: f64, zero_after: f64| {
+        if fused {
+            k.qgz_pass(zero_before) + k.qgz_pass(finished) + k.qgz_pass(zero_after)
+        } else {
+            k.zero(zero_before) + k.finish(finished) + k.zero(zero_after)
+        }
+    };
     match spec.scheme {
         SyncScheme::Fp32 => 0.0,
         SyncScheme::Fp16 | SyncScheme::Bf16 => {
@@ -977,12 +1014,7 @@ pub fn kernel_seconds_in_pieces(
             cast(e) + cast(e) + cast(e / pf) + cast(e) + k.zero(e / pf)
         }
         SyncScheme::Qgz { intra: b, inter: None, .. } => {
-            k.quantize(e, b)
-                + k.dequantize(e, b)
-                + k.quantize(e / pf, b)
-                + k.dequantize(e, b)
-                + k.finish(e / pf)
-                + k.zero(e)
+            k.quantize(e, b) + k.dequantize(e, b) + k.quantize(e / pf, b) + k.dequantize(e, b) + passes(0.0, e / pf, e)
         }
         SyncScheme::Qgz { intra: a, inter: Some(b), .. } => {
             k.quantize(e, a)
@@ -991,9 +1023,7 @@ pub fn kernel_seconds_in_pieces(
                 + k.dequantize(e / l, b)
                 + k.quantize(e / pf, b)
                 + k.dequantize(e, b)
-                + k.zero(e / l)
-                + k.finish(e / pf)
-                + k.zero(e)
+                + passes(e / l, e / pf, e)
         }
         SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits) + k.nbit_decode(e),
     }
@@ -1563,6 +1593,18 @@ mod tests {
         // Unmeasured, the passes are free.
         let bare = SyncKernels { zero_r: None, nbit_finish_r: None, ..k };
         assert_eq!(kernel_seconds(&spec(scheme("qgz-int8")), &bare, 4.0 * e, 8, 2), 0.0);
+        // Decoded in one pass (0.5 ns an element of each sum beyond its
+        // blocks), qgZ pays that pass instead of its zeroing and division:
+        // one-shot over its shard's sum and the gathered gradient, (E/8 + E)
+        // at 0.5 ns = 589.824 µs; hierarchical over its node partial too,
+        // + E/2 at 0.5 ns = 851.968 µs. fp16 and n-bit keep theirs.
+        let fused = SyncKernels { qgz_decode_r: Some(0.5e-9), ..k };
+        for (name, want) in
+            [("fp16", 131.072), ("qgz-int8", 589.824), ("qgz-int8-int4-hier", 851.968), ("nbit-2", 2097.152)]
+        {
+            let got = kernel_seconds(&spec(scheme(name)), &fused, 4.0 * e, 8, 2) * 1e6;
+            assert!((got - want).abs() < 1e-6, "{name} in one pass: {got} µs, want {want}");
+        }
     }
 
     /// A rung of a size ladder at 2^(16+i) elements: n-bit pack,
@@ -1581,6 +1623,7 @@ mod tests {
             nbit_unpack: [unpack * 1e-9; 4],
             nbit_finish: finish * 1e-9,
             nbit_decode: None,
+            qgz_decode: None,
             sum: 0.0,
             bucket: 0.0,
         }

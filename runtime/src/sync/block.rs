@@ -128,10 +128,24 @@ impl Quantizer {
         Ok(())
     }
 
+    /// `out[i] = (Σ_j dequant(blocks[j])[i]) / div`, in block order from 0
+    /// (no division when `div` is 1): bit for bit a zeroed sum, an
+    /// [`Quantizer::accumulate`] and a division, in one pass over `out` on
+    /// the host engines ([`KernelEngine::dequant_mean`]). Every block must
+    /// hold `out.len()` elements.
+    pub fn decode_mean(
+        &self,
+        eng: &dyn KernelEngine,
+        blocks: &[&[u8]],
+        div: f32,
+        out: &mut [f32],
+    ) -> Result<(), DecodeError> {
+        eng.dequant_mean(blocks, self.group.max(1), self.bits, div, out)
+    }
+
     /// Writes the values `block` stands for into `out` (`out.len()` of them).
     pub fn decode_into(&self, eng: &dyn KernelEngine, block: &[u8], out: &mut [f32]) -> Result<(), DecodeError> {
-        out.fill(0.0);
-        self.accumulate(eng, &[block], out)
+        self.decode_mean(eng, &[block], 1.0, out)
     }
 
     /// The values one block stands for.

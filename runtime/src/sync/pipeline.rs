@@ -342,12 +342,11 @@ impl GradSync<'_> {
                 }
             }
             Codec::Qgz { first, .. } => {
+                // Decoded, summed in rank order and divided in one pass.
                 if m > 0 {
                     let blocks: Vec<&[u8]> = (0..p).map(|r| &recv[r * len..(r + 1) * len]).collect();
-                    first.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(p, e))?;
+                    first.decode_mean(&*eng, &blocks, p as f32, &mut sum).map_err(|e| self.decode_error(p, e))?;
                 }
-                let pf = p as f32;
-                sum.iter_mut().for_each(|v| *v /= pf);
             }
         }
         self.charge(Phase::Dequantize, t);
@@ -377,7 +376,7 @@ impl GradSync<'_> {
         self.count(Hop::World, &counts);
         self.charge(Phase::Exchange, t);
         // Given back where it would have been freed, after the sum (see
-        // qgz.rs's `hierarchical_sum`).
+        // qgz.rs's `hierarchical_mean`).
         drop(sum);
         self.world().recycle(recv);
         Ok(x)
@@ -416,8 +415,7 @@ impl GradSync<'_> {
                     }
                 }
                 Codec::Qgz { gather: Some(q), .. } => {
-                    out.fill(0.0);
-                    q.accumulate(&*eng, &[bytes], out).map_err(|e| self.decode_error(j, e))?;
+                    q.decode_into(&*eng, bytes, out).map_err(|e| self.decode_error(j, e))?;
                 }
             }
         }

@@ -91,19 +91,16 @@ impl GradSync<'_> {
     /// This rank's shard (`shards(n, P)[rank]`) of the mean gradient.
     pub fn reduce_scatter_mean(&mut self, grad: &[f32]) -> Result<Vec<f32>, SyncError> {
         let (intra, inter) = self.qgz_bits()?;
-        let mut sum = match inter {
-            None => self.one_shot_sum(grad, intra)?,
-            Some(inter) => self.hierarchical_sum(grad, intra, inter)?,
+        // The sums are divided by P as they are decoded.
+        let mean = match inter {
+            None => self.one_shot_mean(grad, intra)?,
+            Some(inter) => self.hierarchical_mean(grad, intra, inter)?,
         };
-        let t = Instant::now();
-        let pf = self.world().size() as f32;
-        sum.iter_mut().for_each(|v| *v /= pf);
-        self.charge(Phase::Dequantize, t);
         self.step += 1;
-        Ok(sum)
+        Ok(mean)
     }
 
-    fn one_shot_sum(&mut self, grad: &[f32], bits: QBits) -> Result<Vec<f32>, SyncError> {
+    fn one_shot_mean(&mut self, grad: &[f32], bits: QBits) -> Result<Vec<f32>, SyncError> {
         let eng = self.engine.clone();
         let p = self.world().size();
         let me = self.world().rank();
@@ -134,7 +131,7 @@ impl GradSync<'_> {
         let blocks: Vec<&[u8]> = recv.chunks(q.block_len(m).max(1)).take(p).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
-            q.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(p, e))?;
+            q.decode_mean(&*eng, &blocks, p as f32, &mut sum).map_err(|e| self.decode_error(p, e))?;
         }
         drop(blocks);
         self.world().recycle(recv);
@@ -142,7 +139,7 @@ impl GradSync<'_> {
         Ok(sum)
     }
 
-    fn hierarchical_sum(&mut self, grad: &[f32], intra_bits: QBits, inter_bits: QBits) -> Result<Vec<f32>, SyncError> {
+    fn hierarchical_mean(&mut self, grad: &[f32], intra_bits: QBits, inter_bits: QBits) -> Result<Vec<f32>, SyncError> {
         let eng = self.engine.clone();
         let owned_map = self.nodes.clone();
         let map = &owned_map;
@@ -193,7 +190,8 @@ impl GradSync<'_> {
             let blocks: Vec<&[u8]> =
                 (0..per_node).map(|i| &first[i * per_peer + offset..i * per_peer + offset + len]).collect();
             if m > 0 {
-                q1.accumulate(&*eng, &blocks, &mut partial[at..at + m]).map_err(|e| self.decode_error(per_node, e))?;
+                q1.decode_mean(&*eng, &blocks, 1.0, &mut partial[at..at + m])
+                    .map_err(|e| self.decode_error(per_node, e))?;
             }
             offset += len;
             at += m;
@@ -251,7 +249,7 @@ impl GradSync<'_> {
         let blocks: Vec<&[u8]> = from.iter().map(|&f| &recv[starts[f]..starts[f] + block]).collect();
         let mut sum = vec![0f32; m];
         if m > 0 {
-            q2.accumulate(&*eng, &blocks, &mut sum).map_err(|e| self.decode_error(nodes, e))?;
+            q2.decode_mean(&*eng, &blocks, p as f32, &mut sum).map_err(|e| self.decode_error(nodes, e))?;
         }
         drop(blocks);
         self.comm(hop).recycle(recv);
