@@ -454,17 +454,29 @@ struct Ladder {
 const UNPACK_BUFFERS: usize = 4;
 
 /// A decoding (n-bit's or qgZ's) of [`UNPACK_BUFFERS`] buffers and of one
-/// took `t4` and `t1`: fitted as `b·r + d` for `b` buffers, the pass's own cost `d`
-/// (beyond the buffers; not below 0).
+/// took `t4` and `t1`: fitted as `b·r + d` for `b` buffers, the pass's own
+/// cost `d` (beyond the buffers; not below 0). Where the decoding of more
+/// buffers did not take longer (a measurement on a few thousand elements
+/// can be noise and nothing else), 0: the whole time goes to the buffers.
 fn decode_pass(t4: f64, t1: f64) -> f64 {
     let b = UNPACK_BUFFERS as f64;
+    if t4 <= t1 {
+        return 0.0;
+    }
     ((b * t1 - t4) / (b - 1.0)).max(0.0)
 }
 
 /// What each of [`UNPACK_BUFFERS`] adds to a decoding of them that took
-/// `t4`, beyond the pass's own `d` (`r` above; not below 0).
+/// `t4`, beyond the pass's own `d` (`r` above). Positive whenever `t4` is:
+/// where `d` (fitted at another width) leaves nothing, the whole time a
+/// buffer.
 fn per_buffer(t4: f64, d: f64) -> f64 {
-    ((t4 - d) / UNPACK_BUFFERS as f64).max(0.0)
+    let b = UNPACK_BUFFERS as f64;
+    if t4 > d {
+        (t4 - d) / b
+    } else {
+        t4.max(0.0) / b
+    }
 }
 
 /// The kernels of the size ladder, as `measured_s` names them.
