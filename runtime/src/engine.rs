@@ -169,15 +169,8 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
         div: f32,
         out: &mut [f32],
     ) -> Result<(), DecodeError> {
-        let m = out.len();
-        let (heads, codes) = split_blocks(blocks, m, group, bits)?;
         out.fill(0.0);
-        let mut scales = Vec::new();
-        for (head, codes) in heads.into_iter().zip(codes) {
-            scales.clear();
-            scales.extend(head.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
-            self.dequant_accumulate(codes, &scales, m, group.max(1), 1, bits, out)?;
-        }
+        accumulate_blocks(self, blocks, group, bits, out)?;
         if div != 1.0 {
             out.iter_mut().for_each(|v| *v /= div);
         }
@@ -196,6 +189,29 @@ pub trait KernelEngine: std::fmt::Debug + Send + Sync {
         out.iter_mut().for_each(|v| *v /= div);
         Ok(())
     }
+}
+
+/// `out[i] += Σ_j dequant(blocks[j])[i]` in block order, each block of
+/// `out.len()` elements ([`crate::sync::block`]'s layout) checked first and
+/// its scales read from its bytes: one `dequant_accumulate` a block, which
+/// adds block after block element by element — the same sum as one call
+/// over all of them, without copying every block's codes into one buffer.
+pub fn accumulate_blocks<E: KernelEngine + ?Sized>(
+    eng: &E,
+    blocks: &[&[u8]],
+    group: usize,
+    bits: QBits,
+    out: &mut [f32],
+) -> Result<(), DecodeError> {
+    let m = out.len();
+    let (heads, codes) = split_blocks(blocks, m, group, bits)?;
+    let mut scales = Vec::with_capacity(block::groups(m, group));
+    for (head, codes) in heads.into_iter().zip(codes) {
+        scales.clear();
+        scales.extend(head.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        eng.dequant_accumulate(codes, &scales, m, group.max(1), 1, bits, out)?;
+    }
+    Ok(())
 }
 
 /// The scale bytes of every block, and the codes.

@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use qsync_kernels::{QBits, Rounding};
 
-use crate::engine::{lay_out_block, DecodeError, KernelEngine};
+use crate::engine::{accumulate_blocks, lay_out_block, DecodeError, KernelEngine};
 use crate::error::CommError;
 
 /// The `p` shards of `n` elements: near-equal, the first `n mod p` longer.
@@ -104,28 +104,7 @@ impl Quantizer {
     /// `out[i] += Σ_j dequant(blocks[j])[i]` in block order (the kernels'
     /// `dequant_accumulate`). Every block must hold `out.len()` elements.
     pub fn accumulate(&self, eng: &dyn KernelEngine, blocks: &[&[u8]], out: &mut [f32]) -> Result<(), DecodeError> {
-        let m = out.len();
-        let (ng, nc) = (groups(m, self.group), code_bytes(m, self.bits));
-        for (j, b) in blocks.iter().enumerate() {
-            if b.len() != 4 * ng + nc {
-                return Err(DecodeError::Malformed(format!(
-                    "block {j} has {} bytes, {m} elements need {}",
-                    b.len(),
-                    4 * ng + nc
-                )));
-            }
-        }
-        // One block at a time, in order: the kernel adds block after block
-        // into `out` element by element, so this is the same sum as one call
-        // over all of them, without copying every block's codes into one
-        // buffer first.
-        let mut scales = Vec::with_capacity(ng);
-        for b in blocks {
-            scales.clear();
-            scales.extend(b[..4 * ng].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
-            eng.dequant_accumulate(&b[4 * ng..], &scales, m, self.group.max(1), 1, self.bits, out)?;
-        }
-        Ok(())
+        accumulate_blocks(eng, blocks, self.group, self.bits, out)
     }
 
     /// `out[i] = (Σ_j dequant(blocks[j])[i]) / div`, in block order from 0

@@ -99,11 +99,11 @@ impl GradSync<'_> {
         // fresh one the size of the gradient would cost its page faults at
         // every call). Every buffer is checked first, so an error names
         // the rank that sent it.
-        let bufs: Vec<&[u8]> = all.chunks(len.max(1)).take(p).collect();
-        if bufs.len() != p || all.len() != p * len {
+        if all.len() != p * len {
             let detail = format!("the all-gather returned {} bytes, {p} buffers of {len} expected", all.len());
             return Err(SyncError::BadPayload { rank: me, peer: p, detail });
         }
+        let bufs: Vec<&[u8]> = all.chunks(len).collect();
         for (j, b) in bufs.iter().enumerate() {
             qsync_kernels::reference::unpack_header(b, n, bits)
                 .map_err(|e| self.decode_error(j, DecodeError::Malformed(e.to_string())))?;
