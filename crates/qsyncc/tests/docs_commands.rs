@@ -17,6 +17,13 @@ use doc_commands::{root, shown, Session};
 const SKIP: &[(&str, &str, &str)] = &[
     (
         "calibration.md",
+        "cargo build --release -p qsyncc && taskset -c 0 target/release/qsyncc host-kernels --threads 1 --elements 16777216 -o crates/sim/data/host-kernels.json",
+        "rewrites the built-in host measurement, a tracked file, with this machine's timings (a release build \
+         first); qsync-sim's the_built_in_host_is_the_committed_measurement checks the committed file, and \
+         tests/cluster.rs's host_kernels_* tests run the command itself",
+    ),
+    (
+        "calibration.md",
         "scripts/gpu-measure.sh prepare      # here: models at a symbolic batch, target/gpu-measure/worklist.json",
         "builds qsyncc with cargo (features full) unless $QSYNCC names one, then rebatches every shared model \
          (~30 s); tests/gpu_measure.rs runs `scripts/gpu-measure.sh prepare DIR` with QSYNCC set to this build \

@@ -651,7 +651,14 @@ mod tests {
         // 2·(25 + 2020) = 4090 µs — half the ring's bytes across nodes
         // (with a host whose TCP stack and sums cost nothing: the bytes
         // alone; `host_work_shares_the_node_cores` prices the CPU side).
-        let free = crate::sync::SyncKernels { sum_r: None, tcp_r: None, ..crate::sync::SyncKernels::host() };
+        let free = crate::sync::SyncKernels {
+            sum_r: None,
+            tcp_r: None,
+            by_size: None,
+            corun_by_size: None,
+            pieces: None,
+            ..crate::sync::SyncKernels::host()
+        };
         let c = Cluster::new(vec![DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0).with_host(free, 10.0)]);
         assert_eq!(c.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling), 4090.0);
         // One device a node: its pair alone on the NIC, one direction at a

@@ -416,40 +416,28 @@ impl Default for SyncKernels {
 pub const HOST_LINK_GB_PER_S: f64 = 8.0;
 
 impl SyncKernels {
-    /// The runtime's CPU kernels on one core of a host, as measured by
-    /// `qsyncc host-kernels` on this project's build machine; replace with
-    /// your hosts' own measurement (`--host-kernels FILE`).
+    /// The runtime's CPU kernels on one core of a host: what `qsyncc
+    /// host-kernels --threads 1` measured on this project's build machine
+    /// ([`HOST_MEASURED`], the file it wrote: every kernel's rate per
+    /// element, its ladder of sizes and the pipeline's pieces), without the
+    /// transport's costs (`tcp_r`, `message_s`, the ring's and the
+    /// all-gather's steps, `busy_round_s`), which depend on the cluster's
+    /// network stack and are measured on it. Replace with your hosts' own
+    /// measurement (`--host-kernels FILE`).
     pub fn host() -> SyncKernels {
-        SyncKernels {
-            quantize_r: HOST_MEASURED[0],
-            quantize_c: HOST_MEASURED[1],
-            dequantize_r: HOST_MEASURED[2],
-            dequantize_c: HOST_MEASURED[3],
-            cast16_r: HOST_MEASURED[4],
-            cast16_c: HOST_MEASURED[5],
-            bf16_r: None,
-            quantize4_r: Some(HOST_MEASURED[6]),
-            dequantize4_r: Some(HOST_MEASURED[7]),
-            pack_r: Some(HOST_MEASURED[8]),
-            unpack_r: Some(HOST_MEASURED[9]),
-            nbit_pack_r: Some(HOST_NBIT_MEASURED[0]),
-            nbit_unpack_r: Some(HOST_NBIT_MEASURED[1]),
-            nbit_finish_r: None,
-            nbit_decode_r: None,
-            qgz_decode_r: None,
-            zero_r: None,
-            sum_r: None,
-            tcp_r: None,
-            message_s: None,
-            ring_tcp_r: None,
-            ring_step_s: None,
-            gather_step_s: None,
-            busy_round_s: None,
-            bucket_r: None,
-            by_size: None,
-            corun_by_size: None,
-            pieces: None,
-        }
+        static HOST: std::sync::OnceLock<SyncKernels> = std::sync::OnceLock::new();
+        *HOST.get_or_init(|| {
+            let k = builtin_host_measurement().kernels;
+            SyncKernels {
+                tcp_r: None,
+                message_s: None,
+                ring_tcp_r: None,
+                ring_step_s: None,
+                gather_step_s: None,
+                busy_round_s: None,
+                ..k
+            }
+        })
     }
 
     /// The kernels as they run on a gradient (or bucket) of `elements`:
@@ -629,21 +617,28 @@ fn width_rate(table: Option<[f64; 4]>, bits: u8) -> Option<f64> {
     table.map(|t| t[i])
 }
 
-/// `qsyncc host-kernels --threads 1` (release build) on the build machine
-/// (AMD EPYC, 2 cores, the AVX2+FMA copies of the kernels; 2026-11-26, the
-/// machine otherwise idle): seconds per element and per call of quantize
-/// (ranges, scales, int8 codes), dequantize-accumulate and the f32 → f16
-/// cast; the per-call terms fitted to zero.
-/// Then per element: int4 quantize and dequantize-accumulate, n-bit (2-bit)
-/// pack and unpack-accumulate (the medians of three `host-kernels` runs of
-/// `scripts/validate.sh`, 16 Mi elements, after the n-bit kernels moved to
-/// blocks of byte codes).
-const HOST_MEASURED: [f64; 10] = [8.5e-10, 0.0, 3.7e-10, 0.0, 9.4e-10, 0.0, 1.79e-9, 1.72e-9, 1.127e-9, 5.69e-10];
+/// The built-in host measurement: `qsyncc host-kernels --threads 1
+/// --elements 16777216` (release build) on one core of the build machine,
+/// nothing else running (docs/calibration.md has the command that rewrites
+/// it). Embedded, so every build prices the same rates.
+const HOST_MEASURED: &str = include_str!("../data/host-kernels.json");
 
-/// n-bit pack and unpack-accumulate per element at 1, 2, 4 and 8 bits, as
-/// [`HOST_MEASURED`]'s n-bit figures (the same three runs, medians).
-const HOST_NBIT_MEASURED: [[f64; 4]; 2] =
-    [[1.315e-9, 1.127e-9, 1.125e-9, 1.228e-9], [6.64e-10, 5.69e-10, 4.95e-10, 6.02e-10]];
+/// What [`HOST_MEASURED`] holds that the model reads (the file's other
+/// fields, the raw timings, are for the record).
+#[derive(Deserialize)]
+struct HostMeasurement {
+    schema: String,
+    kernels: SyncKernels,
+}
+
+/// [`HOST_MEASURED`], parsed. A file that does not parse fails the build's
+/// tests (`the_built_in_host_is_the_committed_measurement`), not a user.
+fn builtin_host_measurement() -> HostMeasurement {
+    let m: HostMeasurement = serde_json::from_str(HOST_MEASURED)
+        .unwrap_or_else(|e| panic!("crates/sim/data/host-kernels.json is not a host-kernels file: {e}"));
+    assert_eq!(m.schema, "qsync-host-kernels/1", "crates/sim/data/host-kernels.json: schema");
+    m
+}
 
 /// A scheme, as far as its cost and error go (names as in `qsync-runtime`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -1017,13 +1012,15 @@ pub fn kernel_seconds_in_pieces(
             k.quantize(e, b) + k.dequantize(e, b) + k.quantize(e / pf, b) + k.dequantize(e, b) + passes(0.0, e / pf, e)
         }
         SyncScheme::Qgz { intra: a, inter: Some(b), .. } => {
-            k.quantize(e, a)
-                + k.dequantize(e, a)
+            // A device alone on its node sends its gradient on as the node's
+            // partial: no intra-node quantization, decoding or sum.
+            let (intra, partial) = if l > 1.0 { (k.quantize(e, a) + k.dequantize(e, a), e / l) } else { (0.0, 0.0) };
+            intra
                 + k.quantize(e / l, b)
                 + k.dequantize(e / l, b)
                 + k.quantize(e / pf, b)
                 + k.dequantize(e, b)
-                + passes(e / l, e / pf, e)
+                + passes(partial, e / pf, e)
         }
         SyncScheme::NBit { bits, .. } => k.pack(e, bits) + k.unpack(e * pf, bits) + k.nbit_decode(e),
     }
@@ -1178,6 +1175,12 @@ impl Cluster {
         // the host measured one; else its messages as a flat exchange's.
         let ring_step = kernels.gather_step_s.filter(|_| ends_in_ring_gather(spec, p, per_node, spec.path));
         for (i, ph) in phs.iter().enumerate() {
+            // A phase with nobody to reach (hierarchical qgZ's intra-node
+            // phase with one device a node, its inter-node one on one
+            // node) sends nothing and waits for nobody.
+            if ph.intra_node == 0.0 && ph.inter_node == 0.0 {
+                continue;
+            }
             let mut lat = if ph.inter_node > 0.0 { ty.network_latency_us } else { ty.intra_node_latency_us };
             let mut link = (ph.intra_node / intra_bw).max(ph.inter_node / net_bw);
             if let Some((fbw, flat)) = fabric {
@@ -1337,6 +1340,45 @@ pub fn choose(
 mod tests {
     use super::*;
     use crate::DeviceType;
+
+    #[test]
+    fn the_built_in_host_is_the_committed_measurement() {
+        let file = builtin_host_measurement().kernels;
+        let k = SyncKernels::host();
+        // Every kernel `host-kernels` measures is there, a positive rate.
+        let rates = [
+            ("quantize_r", Some(k.quantize_r)),
+            ("dequantize_r", Some(k.dequantize_r)),
+            ("cast16_r", Some(k.cast16_r)),
+            ("bf16_r", k.bf16_r),
+            ("quantize4_r", k.quantize4_r),
+            ("dequantize4_r", k.dequantize4_r),
+            ("pack_r", k.pack_r),
+            ("unpack_r", k.unpack_r),
+            ("nbit_finish_r", k.nbit_finish_r),
+            ("nbit_decode_r", k.nbit_decode_r),
+            ("qgz_decode_r", k.qgz_decode_r),
+            ("zero_r", k.zero_r),
+            ("sum_r", k.sum_r),
+            ("bucket_r", k.bucket_r),
+        ];
+        for (what, r) in rates {
+            let r = r.unwrap_or_else(|| panic!("{what} missing from the built-in host"));
+            assert!(r.is_finite() && r > 0.0 && r < 1e-7, "{what} = {r}");
+        }
+        for table in [k.nbit_pack_r, k.nbit_unpack_r] {
+            assert!(table.expect("n-bit rates by width").iter().all(|r| r.is_finite() && *r > 0.0));
+        }
+        let ladder = k.by_size.expect("the size ladder");
+        assert!(ladder.windows(2).all(|w| w[0].elements < w[1].elements));
+        assert!(k.pieces.is_some());
+        // As measured, but for the transport's costs, which are the
+        // cluster's (the file's `tcp_r` is this machine's loopback).
+        assert!(file.tcp_r.is_some());
+        assert_eq!(k, SyncKernels { tcp_r: None, ..file });
+        assert!(k.message_s.is_none() && k.ring_tcp_r.is_none() && k.ring_step_s.is_none());
+        assert!(k.gather_step_s.is_none() && k.busy_round_s.is_none() && k.corun_by_size.is_none());
+    }
 
     /// Kernels that cost nothing, so a test prices communication alone.
     fn free_kernels() -> SyncKernels {
@@ -1605,6 +1647,49 @@ mod tests {
             let got = kernel_seconds(&spec(scheme(name)), &fused, 4.0 * e, 8, 2) * 1e6;
             assert!((got - want).abs() < 1e-6, "{name} in one pass: {got} µs, want {want}");
         }
+    }
+
+    #[test]
+    fn a_device_alone_on_its_node_skips_the_intra_node_stage() {
+        // qgz-int8-int4-hier, E = 2^20 elements, quantize 1 ns an element
+        // at either width, decode 2 ns an element of the blocks, the rest
+        // free. With 2 devices a node of 8 it pays E at int8 both ways
+        // (3 ns·E), its partial E/2 (3 ns·E/2), its shard's re-encoding E/8
+        // (1 ns·E/8) and the gathered decoding E (2 ns·E): 6.625 ns·E =
+        // 6946.816 µs. Alone on its node there is no int8 stage and the
+        // partial is the whole gradient: 3 + 0.125 + 2 = 5.125 ns·E =
+        // 5373.952 µs, one-shot int4's own.
+        let e = (1u64 << 20) as f64;
+        let k = SyncKernels {
+            quantize_r: 1e-9,
+            quantize4_r: Some(1e-9),
+            dequantize_r: 2e-9,
+            dequantize4_r: Some(2e-9),
+            ..free_kernels()
+        };
+        let hier = SyncSpec::new(SyncScheme::parse("qgz-int8-int4-hier").expect("a scheme"), 512);
+        let flat = SyncSpec::new(SyncScheme::parse("qgz-int4").expect("a scheme"), 512);
+        let us = |spec: &SyncSpec, per_node| kernel_seconds(spec, &k, 4.0 * e, 8, per_node) * 1e6;
+        assert!((us(&hier, 2) - 6946.816).abs() < 1e-6, "{}", us(&hier, 2));
+        assert!((us(&hier, 1) - 5373.952).abs() < 1e-6, "{}", us(&hier, 1));
+        assert_eq!(us(&hier, 1), us(&flat, 1));
+        // The whole synchronization too, on the hook's path (no pipeline):
+        // the intra-node phase reaches nobody, so it costs no latency.
+        let c = |per_node| {
+            Cluster::new(vec![DeviceType::new("a", 8, per_node, 1)
+                .with_bandwidth(100.0, 1.0)
+                .with_latency(5.0, 20.0)
+                .with_host(k, 10.0)])
+        };
+        let on = |s: SyncSpec| s.with_path(SyncPath::Host);
+        assert_eq!(
+            c(1).sync_us(0, 1 << 22, &on(hier), AllReduceAlgo::Ring),
+            c(1).sync_us(0, 1 << 22, &on(flat), AllReduceAlgo::Ring)
+        );
+        assert!(
+            c(2).sync_us(0, 1 << 22, &on(hier), AllReduceAlgo::Ring)
+                != c(2).sync_us(0, 1 << 22, &on(flat), AllReduceAlgo::Ring)
+        );
     }
 
     /// A rung of a size ladder at 2^(16+i) elements: n-bit pack,
