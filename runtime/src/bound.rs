@@ -166,17 +166,24 @@ pub fn reference_on(cfg: &SyncConfig, map: &NodeMap, n: usize, grad: &dyn Fn(usi
                 let mut slop1 = vec![0.0f64; n];
                 let members = map.members(node);
                 let l = members.len();
+                // A rank alone on its node sends its gradient on as the
+                // node's partial, unquantized: no intra-node error.
+                let quantized = l > 1;
                 for &r in members {
                     let x = as64(r);
-                    let a = per_group(&x, p, g, absmax);
-                    for i in 0..n {
-                        partial[i] += x[i];
-                        e1[i] += q_err(a[i] / qm1, rounding);
-                        slop1[i] += a[i] + a[i] / qm1;
+                    if quantized {
+                        let a = per_group(&x, p, g, absmax);
+                        for i in 0..n {
+                            e1[i] += q_err(a[i] / qm1, rounding);
+                            slop1[i] += a[i] + a[i] / qm1;
+                        }
                     }
+                    partial.iter_mut().zip(&x).for_each(|(s, v)| *s += v);
                 }
-                for i in 0..n {
-                    e1[i] += (l as f64 + 1.0) * EPS * slop1[i];
+                if quantized {
+                    for i in 0..n {
+                        e1[i] += (l as f64 + 1.0) * EPS * slop1[i];
+                    }
                 }
                 let b: Vec<f64> = per_group(&partial, p, g, absmax)
                     .into_iter()

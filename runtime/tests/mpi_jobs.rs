@@ -49,6 +49,14 @@ fn three_ranks_on_uneven_nodes() {
     }
 }
 
+/// Every rank alone on its node: hierarchical qgZ has no intra-node stage
+/// and is the one-shot scheme at its inter-node width, bit for bit, within
+/// a bound without intra-node error.
+#[test]
+fn two_ranks_each_alone_on_its_node() {
+    expect_pass(2, 2, "bounds");
+}
+
 #[test]
 fn eight_ranks_one_node() {
     expect_pass(8, 1, "bounds");

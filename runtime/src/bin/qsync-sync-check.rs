@@ -238,8 +238,17 @@ const SCHEMES: [&str; 16] = [
 fn bounds_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<()> {
     let (p, me) = (world.size(), world.rank());
     let shape = nodes_of(a, p)?;
+    // With every rank alone on its node, a hierarchical scheme has no
+    // intra-node stage: rounded to nearest, it is the one-shot scheme at its
+    // inter-node width, bit for bit.
+    let alone = (0..shape.nodes()).all(|n| shape.members(n).len() == 1);
     let mut case = 0u64;
     for name in SCHEMES {
+        let flat_twin = name
+            .strip_suffix("-hier")
+            .filter(|_| alone && p > 1)
+            .and_then(|s| s.rsplit('-').next())
+            .map(|bits| format!("qgz-{bits}"));
         let mut worst = 0.0f64;
         for (n, group) in [(1usize, 64usize), (13, 4), (1000, 64), (4099, 512)] {
             for kind in GradKind::ALL {
@@ -252,6 +261,12 @@ fn bounds_suite(world: &dyn Communicator, a: &Args, rep: &mut Report) -> Result<
                 let what = format!("{name} n={n} group={group} {kind} ranks={p} nodes={}", a.nodes);
                 rep.check(d.iter().all(|&x| x == d[0]), || format!("{what}: ranks disagree: {d:x?}"));
                 rep.check(digest(&again) == digest(&out), || format!("{what}: a repeated run differs"));
+                if let Some(twin) = &flat_twin {
+                    let flat = all_reduce(world, &config(twin, a.nodes, group, case, a.timeout)?, &grad)?;
+                    rep.check(digest(&flat) == digest(&out), || {
+                        format!("{what}: differs from {twin} with every rank alone on its node")
+                    });
+                }
                 if me == 0 {
                     let reference = bound::reference_on(&cfg, &shape, n, &|r| gradient(kind, n, case, r));
                     let (violations, err, b, ratio) = bound::compare(&out, &reference);

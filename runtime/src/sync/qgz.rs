@@ -16,7 +16,10 @@
 //! (the node partials); each partial is requantized at the inter-node width
 //! and sent over the inter-node group (same `l` on every node) to node `n`,
 //! so rank `n·L + l` ends with exactly its own shard. Inter-node traffic is
-//! `1/L` of the one-shot scheme's.
+//! `1/L` of the one-shot scheme's. A rank alone on its node (`L_m = 1`)
+//! has nothing to exchange inside it: its gradient is its node's partial,
+//! never quantized at the intra-node width (the scheme is then one-shot at
+//! the inter-node width, but for the stage its rounding seeds come from).
 //!
 //! **Nodes of any size.** The nodes come from the rank → node map
 //! ([`crate::NodeMap`]: `SyncConfig::node_of`, or `nodes` equal node-major
@@ -47,6 +50,7 @@
 //! hierarchical:  E1_m = Σ_{r∈m} q(A_r/qmax) + (L+1)·ε·Σ_{r∈m}(A_r + A_r/qmax)
 //!                B_m  = absmax_g(exact node partial) + max_g E1_m
 //!                E = Σ_m (E1_m + q'(B_m/qmax')) + (N+1)·ε·Σ_m (B_m + B_m/qmax')
+//!                (a node of one rank: E1_m = 0, its gradient is its partial)
 //! mean:          E_rs = E/P + |mean|·ε
 //! all-gather:    E_rs + q''((absmax_g(mean) + max_g E_rs)/qmax'') + ε·(absmax_g(mean) + max_g E_rs)
 //! ```
@@ -54,6 +58,7 @@
 //! (f32 gather: `E_rs`). The bound is `(1/P)·Σ scale/2` per quantization
 //! stage up to rounding terms — the form DeepSpeed's analysis uses.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use qsync_kernels::QBits;
@@ -154,50 +159,60 @@ impl GradSync<'_> {
         // nodes, n·L + j for every node n).
         let handled_by = |j: usize| (0..p).filter(move |&s| map.local_of(s) % per_node == j);
 
-        // Intra-node all-to-all, slices reordered so peer j gets its shards.
-        let q1 = self.quantizer(intra_bits);
-        let t = Instant::now();
-        let x = self.with_residual("first", grad);
-        let mut send = self.comm(Hop::Intra).send_buffer(q1.block_len(grad.len()) + 4 * p);
-        let mut send_counts = Vec::with_capacity(per_node);
-        for j in 0..per_node {
-            let before = send.len();
-            for s in handled_by(j) {
-                let seed = self.seed(STAGE_FIRST, s);
-                let res = self.residual_mut("first").map(|r| &mut r[sh[s].clone()]);
-                q1.encode(&*eng, &x[sh[s].clone()], seed, &mut send, res)?;
-            }
-            send_counts.push(send.len() - before);
-        }
+        // A rank alone on its node is its node's partial: the shards it
+        // handles are every shard, in order, so its partial is its gradient,
+        // and quantizing it for an exchange with nobody would only add
+        // error and time.
         let mine: Vec<usize> = handled_by(local).collect();
-        let per_peer: usize = mine.iter().map(|&s| q1.block_len(sh[s].len())).sum();
-        let recv_counts = vec![per_peer; per_node];
-        self.charge(Phase::Quantize, t);
-        let t = Instant::now();
-        let first = self
-            .comm(Hop::Intra)
-            .start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?
-            .wait(self.deadline())?;
-        self.charge(Phase::Exchange, t);
-        self.count(Hop::Intra, &recv_counts);
-        let t = Instant::now();
-
-        // Node partials of the shards this rank handles, concatenated.
-        let mut partial = vec![0f32; mine.iter().map(|&s| sh[s].len()).sum()];
-        let (mut offset, mut at) = (0, 0);
-        for &s in &mine {
-            let (m, len) = (sh[s].len(), q1.block_len(sh[s].len()));
-            let blocks: Vec<&[u8]> =
-                (0..per_node).map(|i| &first[i * per_peer + offset..i * per_peer + offset + len]).collect();
-            if m > 0 {
-                q1.decode_mean(&*eng, &blocks, 1.0, &mut partial[at..at + m])
-                    .map_err(|e| self.decode_error(per_node, e))?;
+        let mut first = None;
+        let partial: Cow<'_, [f32]> = if per_node == 1 {
+            Cow::Borrowed(grad)
+        } else {
+            // Intra-node all-to-all, slices reordered so peer j gets its shards.
+            let q1 = self.quantizer(intra_bits);
+            let t = Instant::now();
+            let x = self.with_residual("first", grad);
+            let mut send = self.comm(Hop::Intra).send_buffer(q1.block_len(grad.len()) + 4 * p);
+            let mut send_counts = Vec::with_capacity(per_node);
+            for j in 0..per_node {
+                let before = send.len();
+                for s in handled_by(j) {
+                    let seed = self.seed(STAGE_FIRST, s);
+                    let res = self.residual_mut("first").map(|r| &mut r[sh[s].clone()]);
+                    q1.encode(&*eng, &x[sh[s].clone()], seed, &mut send, res)?;
+                }
+                send_counts.push(send.len() - before);
             }
-            offset += len;
-            at += m;
-        }
+            let per_peer: usize = mine.iter().map(|&s| q1.block_len(sh[s].len())).sum();
+            let recv_counts = vec![per_peer; per_node];
+            self.charge(Phase::Quantize, t);
+            let t = Instant::now();
+            let received = self
+                .comm(Hop::Intra)
+                .start_all_to_all_v(send, &send_counts, &recv_counts, self.deadline())?
+                .wait(self.deadline())?;
+            self.charge(Phase::Exchange, t);
+            self.count(Hop::Intra, &recv_counts);
+            let t = Instant::now();
 
-        self.charge(Phase::Dequantize, t);
+            // Node partials of the shards this rank handles, concatenated.
+            let mut partial = vec![0f32; mine.iter().map(|&s| sh[s].len()).sum()];
+            let (mut offset, mut at) = (0, 0);
+            for &s in &mine {
+                let (m, len) = (sh[s].len(), q1.block_len(sh[s].len()));
+                let blocks: Vec<&[u8]> =
+                    (0..per_node).map(|i| &received[i * per_peer + offset..i * per_peer + offset + len]).collect();
+                if m > 0 {
+                    q1.decode_mean(&*eng, &blocks, 1.0, &mut partial[at..at + m])
+                        .map_err(|e| self.decode_error(per_node, e))?;
+                }
+                offset += len;
+                at += m;
+            }
+            self.charge(Phase::Dequantize, t);
+            first = Some(received);
+            Cow::Owned(partial)
+        };
         // Inter-node all-to-all: each partial goes to its shard's owner. With
         // equal nodes over the group of this local index (owner of shard s at
         // group rank node_of(s)); otherwise over the world (owner s itself),
@@ -256,7 +271,9 @@ impl GradSync<'_> {
         // Given back where it would have been freed: earlier, the Open MPI
         // path's allocations above would reuse it, and a later synchronization
         // then grows the heap into fresh pages (`steady_state_synchronization_touches_no_fresh_memory`).
-        self.comm(Hop::Intra).recycle(first);
+        if let Some(first) = first {
+            self.comm(Hop::Intra).recycle(first);
+        }
         self.charge(Phase::Dequantize, t);
         Ok(sum)
     }
