@@ -774,30 +774,37 @@ impl<'c> ShardComm<'c> {
         let per_peer: Vec<Vec<usize>> = (0..l).map(|j| handled(&map, node, j)).collect();
         let mine = &per_peer[map.local_of(me) % l];
 
-        // Intra-node: each local peer gets the blocks of the shards it handles.
+        // Intra-node: each local peer gets the blocks of the shards it
+        // handles. A rank alone on its node has nobody to send to: its
+        // gradient is its node's partial, not quantized at `bits`.
         let q1 = self.quantizer(bits);
-        let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * p);
-        let mut send_counts = Vec::with_capacity(l);
-        for ss in &per_peer {
-            let before = send.len();
-            for &s in ss {
-                if !sh[s].is_empty() {
-                    q1.encode(&*self.engine, &grad[sh[s].clone()], 0, &mut send, None)
-                        .map_err(|error| ShardError::Comm { op, error })?;
-                }
-            }
-            send_counts.push(send.len() - before);
-        }
-        let per_src: usize = mine.iter().map(|&s| q1.block_len(counts[s])).sum();
-        let recv_counts = vec![per_src; l];
         let d = self.deadline();
-        let recv = self
-            .groups
-            .intra
-            .start_all_to_all_v(send, &send_counts, &recv_counts, d)
-            .and_then(|p| p.wait(d))
-            .map_err(|error| ShardError::Comm { op, error })?;
-        self.count(Hop::Intra, &recv_counts);
+        let intra = if l == 1 {
+            None
+        } else {
+            let mut send = Vec::with_capacity(q1.block_len(grad.len()) + 4 * p);
+            let mut send_counts = Vec::with_capacity(l);
+            for ss in &per_peer {
+                let before = send.len();
+                for &s in ss {
+                    if !sh[s].is_empty() {
+                        q1.encode(&*self.engine, &grad[sh[s].clone()], 0, &mut send, None)
+                            .map_err(|error| ShardError::Comm { op, error })?;
+                    }
+                }
+                send_counts.push(send.len() - before);
+            }
+            let per_src: usize = mine.iter().map(|&s| q1.block_len(counts[s])).sum();
+            let recv_counts = vec![per_src; l];
+            let recv = self
+                .groups
+                .intra
+                .start_all_to_all_v(send, &send_counts, &recv_counts, d)
+                .and_then(|p| p.wait(d))
+                .map_err(|error| ShardError::Comm { op, error })?;
+            self.count(Hop::Intra, &recv_counts);
+            Some((recv, per_src))
+        };
 
         // Node partials, requantized at the inter-node width, to each owner.
         let q2 = self.quantizer(inter_bits);
@@ -809,10 +816,17 @@ impl<'c> ShardComm<'c> {
         for &s in mine {
             let (m, len) = (counts[s], q1.block_len(counts[s]));
             if m > 0 {
-                let blocks: Vec<&[u8]> =
-                    (0..l).map(|i| &recv[i * per_src + offset..i * per_src + offset + len]).collect();
-                let mut partial = vec![0f32; m];
-                q1.decode_mean(&*self.engine, &blocks, 1.0, &mut partial).map_err(|e| self.payload(op, l, e))?;
+                let partial = match &intra {
+                    None => std::borrow::Cow::Borrowed(&grad[sh[s].clone()]),
+                    Some((recv, per_src)) => {
+                        let blocks: Vec<&[u8]> =
+                            (0..l).map(|i| &recv[i * per_src + offset..i * per_src + offset + len]).collect();
+                        let mut partial = vec![0f32; m];
+                        q1.decode_mean(&*self.engine, &blocks, 1.0, &mut partial)
+                            .map_err(|e| self.payload(op, l, e))?;
+                        std::borrow::Cow::Owned(partial)
+                    }
+                };
                 q2.encode(&*self.engine, &partial, 0, &mut blocks_by_dst[index(s)], None)
                     .map_err(|error| ShardError::Comm { op, error })?;
             }
@@ -947,17 +961,24 @@ pub fn reduce_scatter_reference(
                 let mut partial = vec![0.0f64; n];
                 let mut e1 = vec![0.0f64; n];
                 let mut slop1 = vec![0.0f64; n];
+                // A rank alone on its node is its node's partial, never
+                // quantized at the intra-node width.
+                let quantized = members.len() > 1;
                 for &r in members {
                     let x = as64(r);
-                    let a = per_group(&x, counts, group, absmax);
-                    for i in 0..n {
-                        partial[i] += x[i];
-                        e1[i] += q_err(a[i] / qm1);
-                        slop1[i] += a[i] + a[i] / qm1;
+                    if quantized {
+                        let a = per_group(&x, counts, group, absmax);
+                        for i in 0..n {
+                            e1[i] += q_err(a[i] / qm1);
+                            slop1[i] += a[i] + a[i] / qm1;
+                        }
                     }
+                    partial.iter_mut().zip(&x).for_each(|(s, v)| *s += v);
                 }
-                let lf = members.len() as f64;
-                (0..n).for_each(|i| e1[i] += (lf + 1.0) * EPS * slop1[i]);
+                if quantized {
+                    let lf = members.len() as f64;
+                    (0..n).for_each(|i| e1[i] += (lf + 1.0) * EPS * slop1[i]);
+                }
                 let b: Vec<f64> = per_group(&partial, counts, group, absmax)
                     .into_iter()
                     .zip(per_group(&e1, counts, group, maxof))
