@@ -216,8 +216,12 @@ impl GradSync<'_> {
         // Inter-node all-to-all: each partial goes to its shard's owner. With
         // equal nodes over the group of this local index (owner of shard s at
         // group rank node_of(s)); otherwise over the world (owner s itself),
-        // every pair that has nothing to exchange sending zero bytes.
-        let equal = self.groups.as_ref().is_some_and(|g| g.inter.is_some());
+        // every pair that has nothing to exchange sending zero bytes. With
+        // every rank alone on its node the group of local index 0 is the
+        // world: the exchange runs on the world's own connections, which the
+        // all-gather uses next (on gloo every group has connections of its
+        // own).
+        let equal = nodes < p && self.groups.as_ref().is_some_and(|g| g.inter.is_some());
         let (hop, size) = if equal { (Hop::Inter, nodes) } else { (Hop::World, p) };
         let index = |world_rank: usize| if equal { map.node_of(world_rank) } else { world_rank };
         let t = Instant::now();
