@@ -426,18 +426,23 @@ impl SyncKernels {
     /// measurement (`--host-kernels FILE`).
     pub fn host() -> SyncKernels {
         static HOST: std::sync::OnceLock<SyncKernels> = std::sync::OnceLock::new();
-        *HOST.get_or_init(|| {
-            let k = builtin_host_measurement().kernels;
-            SyncKernels {
-                tcp_r: None,
-                message_s: None,
-                ring_tcp_r: None,
-                ring_step_s: None,
-                gather_step_s: None,
-                busy_round_s: None,
-                ..k
-            }
-        })
+        *HOST.get_or_init(|| builtin_host_measurement().kernels.without_transport())
+    }
+
+    /// These kernels without the host transport's costs (`tcp_r`,
+    /// `message_s`, the engine's ring and all-gather steps,
+    /// `busy_round_s`): what a host measured alone says of a cluster whose
+    /// network stack was not measured.
+    pub fn without_transport(self) -> SyncKernels {
+        SyncKernels {
+            tcp_r: None,
+            message_s: None,
+            ring_tcp_r: None,
+            ring_step_s: None,
+            gather_step_s: None,
+            busy_round_s: None,
+            ..self
+        }
     }
 
     /// The kernels as they run on a gradient (or bucket) of `elements`:
@@ -1375,8 +1380,8 @@ mod tests {
         // As measured, but for the transport's costs, which are the
         // cluster's (the file's `tcp_r` is this machine's loopback).
         assert!(file.tcp_r.is_some());
-        assert_eq!(k, SyncKernels { tcp_r: None, ..file });
-        assert!(k.message_s.is_none() && k.ring_tcp_r.is_none() && k.ring_step_s.is_none());
+        assert_eq!(k, file.without_transport());
+        assert!(k.tcp_r.is_none() && k.message_s.is_none() && k.ring_tcp_r.is_none() && k.ring_step_s.is_none());
         assert!(k.gather_step_s.is_none() && k.busy_round_s.is_none() && k.corun_by_size.is_none());
     }
 
