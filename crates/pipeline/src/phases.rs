@@ -627,8 +627,12 @@ fn resolve_sync(
         Some(p) => vec![p],
         None => exist.clone(),
     };
+    // Where the host kernels' rates come from: the caller's measurement
+    // (`--host-kernels`), or the built-in one.
+    let host_rates =
+        if req.host_kernels.is_some() { "given (--host-kernels)" } else { qsync_sim::SyncKernels::host_source() };
     let describe = |spec: &SyncSpec| {
-        json!({
+        let mut path = json!({
             "name": spec.path.name(),
             "overlaps_backward": spec.path.overlaps(spec.scheme),
             "kernels": match (spec.scheme, spec.path) {
@@ -636,7 +640,11 @@ fn resolve_sync(
                 (_, qsync_sim::SyncPath::Device) => "device (qsync's PTX kernels)",
                 _ => "host",
             },
-        })
+        });
+        if path["kernels"] == "host" {
+            path["host_kernels"] = json!(host_rates);
+        }
+        path
     };
     let SyncChoice::Given(scheme) = req.sync else {
         return resolve_auto_sync(req, g, targets, popts, &exist, &paths, &describe);

@@ -383,4 +383,21 @@ fn host_kernels_measures_what_simulate_reads() {
     let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     let kernels = p["per_type_breakdown"].as_object().expect("parts").values().map(|t| t["kernel_seconds"].as_f64());
     assert!(kernels.into_iter().all(|s| s.is_some_and(|s| s > 0.0)), "the casts are priced from the file: {p}");
+    // A plan names where its host kernels' rates come from: the file, or
+    // the built-in measurement.
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/squeezenet1_1.onnx");
+    for (file, source) in [(Some(&out), "given (--host-kernels)"), (None, "built-in: `qsyncc host-kernels`")] {
+        let plan = dir.join(if file.is_some() { "plan-given" } else { "plan-built-in" });
+        let mut args = vec![model.to_str().expect("utf8"), "--targets", "v100:8,t4:8", "--sync", "qgz-int8"];
+        args.extend(["-o", plan.to_str().expect("utf8")]);
+        if let Some(f) = file {
+            args.extend(["--host-kernels", f.to_str().expect("utf8")]);
+        }
+        let o = qsyncc(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let path = &check_plan_dir(&plan)["sync"]["path"];
+        assert_eq!(path["kernels"], "host", "{path}");
+        let named = path["host_kernels"].as_str().unwrap_or_else(|| panic!("no host_kernels: {path}"));
+        assert!(named.starts_with(source), "{named}");
+    }
 }

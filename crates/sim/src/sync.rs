@@ -429,6 +429,22 @@ impl SyncKernels {
         *HOST.get_or_init(|| builtin_host_measurement().kernels.without_transport())
     }
 
+    /// Where [`SyncKernels::host`]'s rates come from, in words (a plan's
+    /// manifest names it beside every price that reads them).
+    pub fn host_source() -> &'static str {
+        static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        SOURCE.get_or_init(|| {
+            let m = builtin_host_measurement();
+            format!(
+                "built-in: `qsyncc host-kernels` on the project's build machine ({}, {} thread(s), up to {} elements); \
+                 measure your hosts with it and pass --host-kernels",
+                m.cpu,
+                m.threads,
+                m.elements.last().copied().unwrap_or(0)
+            )
+        })
+    }
+
     /// These kernels without the host transport's costs (`tcp_r`,
     /// `message_s`, the engine's ring and all-gather steps,
     /// `busy_round_s`): what a host measured alone says of a cluster whose
@@ -633,6 +649,9 @@ const HOST_MEASURED: &str = include_str!("../data/host-kernels.json");
 #[derive(Deserialize)]
 struct HostMeasurement {
     schema: String,
+    cpu: String,
+    threads: u32,
+    elements: Vec<u64>,
     kernels: SyncKernels,
 }
 
@@ -1381,6 +1400,9 @@ mod tests {
         // cluster's (the file's `tcp_r` is this machine's loopback).
         assert!(file.tcp_r.is_some());
         assert_eq!(k, file.without_transport());
+        let m = builtin_host_measurement();
+        assert!(SyncKernels::host_source().contains(&m.cpu) && m.threads == 1, "{}", SyncKernels::host_source());
+        assert_eq!(m.elements.last(), Some(&16_777_216), "the ladder tops out at 64 MiB of f32");
         assert!(k.tcp_r.is_none() && k.message_s.is_none() && k.ring_tcp_r.is_none() && k.ring_step_s.is_none());
         assert!(k.gather_step_s.is_none() && k.busy_round_s.is_none() && k.corun_by_size.is_none());
     }
