@@ -429,8 +429,9 @@ impl SyncKernels {
         *HOST.get_or_init(|| builtin_host_measurement().kernels.without_transport())
     }
 
-    /// Where [`SyncKernels::host`]'s rates come from, in words (a plan's
-    /// manifest names it beside every price that reads them).
+    /// Where [`SyncKernels::host`]'s rates come from, in words (what a
+    /// plan's manifest writes in `sync.path.host_kernels` when it prices
+    /// host kernels at them).
     pub fn host_source() -> &'static str {
         static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         SOURCE.get_or_init(|| {
