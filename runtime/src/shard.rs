@@ -808,9 +808,7 @@ impl<'c> ShardComm<'c> {
 
         // Node partials, requantized at the inter-node width, to each owner.
         let q2 = self.quantizer(inter_bits);
-        // With every rank alone on its node, over the world's own
-        // connections (as `GradSync`'s hierarchical reduce-scatter).
-        let equal = map.nodes() < p && self.groups.inter.is_some();
+        let equal = self.groups.inter.is_some();
         let (hop, size) = if equal { (Hop::Inter, map.nodes()) } else { (Hop::World, p) };
         let index = |r: usize| if equal { map.node_of(r) } else { r };
         let mut blocks_by_dst: Vec<Vec<u8>> = vec![Vec::new(); size];

@@ -632,17 +632,18 @@ fn resolve_sync(
     let host_rates =
         if req.host_kernels.is_some() { "given (--host-kernels)" } else { qsync_sim::SyncKernels::host_source() };
     let describe = |spec: &SyncSpec| {
+        let (kernels, rates) = match (spec.scheme, spec.path) {
+            (SyncScheme::Fp32, _) => ("none (the engine's own all-reduce)", None),
+            (_, qsync_sim::SyncPath::Device) => ("device (qsync's PTX kernels)", None),
+            _ => ("host", Some(host_rates)),
+        };
         let mut path = json!({
             "name": spec.path.name(),
             "overlaps_backward": spec.path.overlaps(spec.scheme),
-            "kernels": match (spec.scheme, spec.path) {
-                (SyncScheme::Fp32, _) => "none (the engine's own all-reduce)",
-                (_, qsync_sim::SyncPath::Device) => "device (qsync's PTX kernels)",
-                _ => "host",
-            },
+            "kernels": kernels,
         });
-        if path["kernels"] == "host" {
-            path["host_kernels"] = json!(host_rates);
+        if let Some(rates) = rates {
+            path["host_kernels"] = json!(rates);
         }
         path
     };

@@ -425,25 +425,14 @@ impl SyncKernels {
     /// network stack and are measured on it. Replace with your hosts' own
     /// measurement (`--host-kernels FILE`).
     pub fn host() -> SyncKernels {
-        static HOST: std::sync::OnceLock<SyncKernels> = std::sync::OnceLock::new();
-        *HOST.get_or_init(|| builtin_host_measurement().kernels.without_transport())
+        builtin_host().0
     }
 
     /// Where [`SyncKernels::host`]'s rates come from, in words (what a
     /// plan's manifest writes in `sync.path.host_kernels` when it prices
     /// host kernels at them).
     pub fn host_source() -> &'static str {
-        static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        SOURCE.get_or_init(|| {
-            let m = builtin_host_measurement();
-            format!(
-                "built-in: `qsyncc host-kernels` on the project's build machine ({}, {} thread(s), up to {} elements); \
-                 measure your hosts with it and pass --host-kernels",
-                m.cpu,
-                m.threads,
-                m.elements.last().copied().unwrap_or(0)
-            )
-        })
+        &builtin_host().1
     }
 
     /// These kernels without the host transport's costs (`tcp_r`,
@@ -654,6 +643,24 @@ struct HostMeasurement {
     threads: u32,
     elements: Vec<u64>,
     kernels: SyncKernels,
+}
+
+/// The built-in host's kernels (the measurement without the transport's
+/// figures) and where they come from, in words: [`HOST_MEASURED`] parsed
+/// once.
+fn builtin_host() -> &'static (SyncKernels, String) {
+    static HOST: std::sync::OnceLock<(SyncKernels, String)> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        let m = builtin_host_measurement();
+        let source = format!(
+            "built-in: `qsyncc host-kernels` on the project's build machine ({}, {} thread(s), up to {} elements); \
+             measure your hosts with it and pass --host-kernels",
+            m.cpu,
+            m.threads,
+            m.elements.last().copied().unwrap_or(0)
+        );
+        (m.kernels.without_transport(), source)
+    })
 }
 
 /// [`HOST_MEASURED`], parsed. A file that does not parse fails the build's

@@ -164,9 +164,8 @@ impl GradSync<'_> {
         // and quantizing it for an exchange with nobody would only add
         // error and time.
         let mine: Vec<usize> = handled_by(local).collect();
-        let mut first = None;
-        let partial: Cow<'_, [f32]> = if per_node == 1 {
-            Cow::Borrowed(grad)
+        let (partial, first): (Cow<'_, [f32]>, _) = if per_node == 1 {
+            (Cow::Borrowed(grad), None)
         } else {
             // Intra-node all-to-all, slices reordered so peer j gets its shards.
             let q1 = self.quantizer(intra_bits);
@@ -210,18 +209,14 @@ impl GradSync<'_> {
                 at += m;
             }
             self.charge(Phase::Dequantize, t);
-            first = Some(received);
-            Cow::Owned(partial)
+            (Cow::Owned(partial), Some(received))
         };
         // Inter-node all-to-all: each partial goes to its shard's owner. With
         // equal nodes over the group of this local index (owner of shard s at
         // group rank node_of(s)); otherwise over the world (owner s itself),
-        // every pair that has nothing to exchange sending zero bytes. With
-        // every rank alone on its node the group of local index 0 is the
-        // world: the exchange runs on the world's own connections, which the
-        // all-gather uses next (on gloo every group has connections of its
-        // own).
-        let equal = nodes < p && self.groups.as_ref().is_some_and(|g| g.inter.is_some());
+        // every pair that has nothing to exchange sending zero bytes (and
+        // so where every rank is alone on its node: `NodeGroups`).
+        let equal = self.groups.as_ref().is_some_and(|g| g.inter.is_some());
         let (hop, size) = if equal { (Hop::Inter, nodes) } else { (Hop::World, p) };
         let index = |world_rank: usize| if equal { map.node_of(world_rank) } else { world_rank };
         let t = Instant::now();
