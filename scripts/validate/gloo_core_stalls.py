@@ -2,7 +2,7 @@
 """Whether gloo's exchanges stall when each emulated node has one core (root).
 
     python3 scripts/validate/gloo_core_stalls.py [--rate 10gbit] [--bytes 32768]
-        [--cores own|shared] [--no-shaping] [--iterations 60]
+        [--cores own|shared] [--no-shaping] [--iterations 60] [--loop batch|default]
 
 Brings up 2 emulated nodes (scripts/netcluster.sh), one rank each under
 torchrun with gloo bound to the node's interface, and times all-to-alls of
@@ -11,7 +11,9 @@ barrier and 20 ms of quiet, two in a row, on the same process group (even
 iterations) or on two groups (odd ones). `--cores own` pins each node to a
 core of its own (as `scripts/validate.sh iterations-dedicated` runs),
 `shared` lets both processes use every core; `--no-shaping` removes the
-links' qdiscs after `up`. Prints one JSON line: the median milliseconds of
+links' qdiscs after `up`. `--loop` sets `QSYNC_GLOO_LOOP`: the policy of
+the event-loop threads of the groups the transport makes (`batch`, the
+default: no preemption on wake-up; `default`: as gloo starts them). Prints one JSON line: the median milliseconds of
 each of the four timed calls, and how many calls took over 1 ms. Needs the
 `qsync` wheel installed in the PyTorch environment (scripts/validate.sh
 installs it). Takes the nodes down at the end, also on failure.
@@ -34,8 +36,7 @@ def worker():
 
     dist.init_process_group("gloo")
     p = dist.get_world_size()
-    a = TorchTransport(dist.new_group(backend="gloo"))
-    b = TorchTransport(dist.new_group(backend="gloo"))
+    a, b = TorchTransport(), TorchTransport()
     n = int(os.environ["QGC_BYTES"])
     send, recv = bytearray(n * p), bytearray(n * p)
 
@@ -66,6 +67,7 @@ def main():
     ap.add_argument("--cores", choices=["own", "shared"], default="own")
     ap.add_argument("--no-shaping", action="store_true")
     ap.add_argument("--iterations", type=int, default=60)
+    ap.add_argument("--loop", choices=["batch", "default"], default="batch")
     ap.add_argument("--torchrun", default=os.path.expanduser("~/.cache/qsync/torch-venv/bin/torchrun"))
     a = ap.parse_args()
     nc = os.path.join(HERE, "..", "netcluster.sh")
@@ -82,7 +84,7 @@ def main():
         for i in range(2):
             cpus = str(i) if a.cores == "own" else f"0-{os.cpu_count() - 1}"
             env = [f"GLOO_SOCKET_IFNAME={PREFIX}n{i}", "OMP_NUM_THREADS=1", f"QGC_BYTES={a.bytes}",
-                   f"QGC_ITERATIONS={a.iterations}", "QGC_WORKER=1", f"PATH={os.environ['PATH']}",
+                   f"QGC_ITERATIONS={a.iterations}", "QGC_WORKER=1", f"QSYNC_GLOO_LOOP={a.loop}", f"PATH={os.environ['PATH']}",
                    f"HOME={os.environ.get('HOME', '/root')}"]
             cmd = ["ip", "netns", "exec", f"{PREFIX}{i}", "taskset", "-c", cpus, "env", *env, a.torchrun,
                    "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1", "--master-addr", f"{SUBNET}.2",
@@ -93,7 +95,7 @@ def main():
             sys.exit("gloo_core_stalls: a node failed:\n" + "\n".join(o[1][-2000:] for o in outs))
         line = next(x for x in outs[0][0].splitlines() if x.startswith("{"))
         result = json.loads(line)
-        result.update(rate=a.rate, bytes=a.bytes, cores=a.cores, shaped=not a.no_shaping)
+        result.update(rate=a.rate, bytes=a.bytes, cores=a.cores, shaped=not a.no_shaping, loop=a.loop)
         print(json.dumps(result))
     finally:
         subprocess.run(["bash", nc, "down", "--prefix", PREFIX], capture_output=True)

@@ -55,6 +55,14 @@ def threads():
     d = t.split(0, rank, 30.0)
     assert d is not t and d.group is not t.group, "split with one color must give a new group"
     assert d.members == t.members and d.size == world and d.rank == rank
+    # The event-loop threads of the groups qsync makes do not preempt the
+    # thread that wakes them; those of the default group (DDP's, made by
+    # init_process_group) stay as gloo starts them.
+    ours = set(t.loop_threads) | set(d.loop_threads)
+    assert t.loop_threads and d.loop_threads, (t.loop_threads, d.loop_threads)
+    assert all(os.sched_getscheduler(tid) == os.SCHED_BATCH for tid in ours), ours
+    theirs = qsync._transport._loop_threads() - ours
+    assert theirs and all(os.sched_getscheduler(tid) == os.SCHED_OTHER for tid in theirs), theirs
 
     for scheme in ["fp32", "qgz-int8"]:
         base = _native.GradSync(TorchTransport(), scheme, group=64, timeout_s=60.0)

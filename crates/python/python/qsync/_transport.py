@@ -29,15 +29,76 @@ import torch.distributed as dist
 
 _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "socket")
 
+_LOOP_POLICIES = ("batch", "default")
+
+
+def _loop_threads() -> set[int]:
+    """This process's gloo event-loop threads (torch names them
+    `gloo_tcp_loop`), by thread id; none where /proc cannot tell."""
+    found = set()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "gloo_tcp_loop":
+                    found.add(int(tid))
+        except OSError:  # the thread has exited
+            pass
+    return found
+
+
+def new_gloo_group(**kwargs):
+    """`dist.new_group(backend="gloo", **kwargs)`, its event-loop threads
+    (the ones the new group started) set not to preempt the thread that
+    wakes them: `SCHED_BATCH`, the same share of the CPU as before, no
+    preemption on wake-up. Returns the group and those threads' ids.
+
+    gloo's event loop handles a socket's events only under its pair's
+    lock, taken with a try-lock; when the lock is held it returns to
+    `epoll_wait`, which answers at once while the data is unread. A
+    rank's thread that sends or posts a receive holds that lock while its
+    write wakes the loop thread; on the same core the loop thread preempts
+    it and spins until the scheduler's next tick (4 ms at 250 Hz) lets
+    the lock's holder finish. Two emulated nodes, one rank a core, 32 KiB
+    all-to-alls: 117-119 of 192 calls over 1 ms, medians up to 3.6 ms;
+    with the loop threads in `SCHED_BATCH`, 0-1 calls over 1 ms, medians
+    0.08-0.36 ms (docs/validation.md, `gloo_core_stalls.py`).
+
+    The environment's `QSYNC_GLOO_LOOP=default` leaves the threads as
+    gloo starts them. Groups qsync does not create (DDP's own) are left
+    alone. Where the policy cannot be set, one line says so on stderr."""
+    policy = os.environ.get("QSYNC_GLOO_LOOP", "batch") or "batch"
+    if policy not in _LOOP_POLICIES:
+        raise ValueError(f"QSYNC_GLOO_LOOP={policy!r}: expected one of {', '.join(_LOOP_POLICIES)}")
+    before = _loop_threads()
+    group = dist.new_group(backend="gloo", **kwargs)
+    started = sorted(_loop_threads() - before)
+    if policy == "batch" and started and hasattr(os, "sched_setscheduler"):
+        for tid in started:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+            except OSError as e:
+                if not getattr(new_gloo_group, "_warned", False):
+                    new_gloo_group._warned = True
+                    print(f"qsync: rank {dist.get_rank()}: gloo's event-loop thread {tid} left in its policy "
+                          f"(SCHED_BATCH refused: {e}); exchanges may stall on busy cores", file=sys.stderr)
+    return group, started
+
 
 class TorchTransport:
     """Collectives on `group` (a gloo process group; `None`: a new gloo group
     over every rank, so qsync's traffic never interleaves with DDP's own)."""
 
-    def __init__(self, group=None, *, _members=None):
+    def __init__(self, group=None, *, _members=None, _loop_threads=()):
         if group is None:
-            group = dist.new_group(backend="gloo")
+            group, _loop_threads = new_gloo_group()
         self.group = group
+        # The event-loop threads this group started, where qsync made the
+        # group (`new_gloo_group`).
+        self.loop_threads = list(_loop_threads)
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         # World ranks of this group, in group-rank order.
@@ -301,20 +362,22 @@ class TorchTransport:
             # synchronization may run on another thread at the same time).
             members = parts[colors[0]]
             if self.size == dist.get_world_size():
-                group = dist.new_group(ranks=list(members), backend="gloo")
+                group, loops = new_gloo_group(ranks=list(members))
             else:
                 # Only this group's ranks call split: they alone synchronize.
-                group = dist.new_group(ranks=list(members), backend="gloo", use_local_synchronization=True)
-            return TorchTransport(group, _members=members)
+                group, loops = new_gloo_group(ranks=list(members), use_local_synchronization=True)
+            return TorchTransport(group, _members=members, _loop_threads=loops)
         if self.size != dist.get_world_size():
             raise ValueError("only the group of every rank can be split into several groups")
         key_all = tuple(parts[c] for c in colors)
         if key_all not in self._splits:
-            # Every rank creates every group, in the same order.
-            made = {members: dist.new_group(ranks=list(members), backend="gloo") for members in key_all}
+            # Every rank creates every group, in the same order (a rank's
+            # event-loop threads are those of the groups it belongs to).
+            made = {members: new_gloo_group(ranks=list(members)) for members in key_all}
             self._splits[key_all] = made
         members = parts[color]
-        return TorchTransport(self._splits[key_all][members], _members=members)
+        group, loops = self._splits[key_all][members]
+        return TorchTransport(group, _members=members, _loop_threads=loops)
 
     def abort(self, code: int) -> None:
         sys.stderr.flush()

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from . import _native
 from ._manifest import Plan
-from ._transport import TorchTransport
+from ._transport import TorchTransport, new_gloo_group
 
 
 def _node_shares_cores():
@@ -105,7 +105,8 @@ class QSyncHook:
             members = None
             if self._pg is not None:
                 members = [dist.get_global_rank(self._pg, r) for r in range(self.world)]
-            self._cpu = TorchTransport(dist.new_group(ranks=members, backend="gloo"), _members=members)
+            group, loops = new_gloo_group(ranks=members)
+            self._cpu = TorchTransport(group, _members=members, _loop_threads=loops)
         return self._cpu
 
     def _sync_for(self, kind, index, device):
