@@ -30,6 +30,7 @@ import torch.distributed as dist
 _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "socket")
 
 _LOOP_POLICIES = ("batch", "default")
+_loop_policy_refused = False  # said once a process (`new_gloo_group`)
 
 
 def _loop_threads() -> set[int]:
@@ -63,13 +64,14 @@ def new_gloo_group(**kwargs):
     write wakes the loop thread; on the same core the loop thread preempts
     it and spins until the scheduler's next tick (4 ms at 250 Hz) lets
     the lock's holder finish. Two emulated nodes, one rank a core, 32 KiB
-    all-to-alls: 117-119 of 192 calls over 1 ms, medians up to 3.6 ms;
-    with the loop threads in `SCHED_BATCH`, 0-1 calls over 1 ms, medians
-    0.08-0.36 ms (docs/validation.md, `gloo_core_stalls.py`).
+    all-to-alls: 84 and 88 of 192 calls over 1 ms, medians up to 3.0 ms;
+    with the loop threads in `SCHED_BATCH`, 1 and 4 calls over 1 ms,
+    medians up to 0.52 ms (docs/validation.md, `gloo_core_stalls.py`).
 
     The environment's `QSYNC_GLOO_LOOP=default` leaves the threads as
     gloo starts them. Groups qsync does not create (DDP's own) are left
     alone. Where the policy cannot be set, one line says so on stderr."""
+    global _loop_policy_refused
     policy = os.environ.get("QSYNC_GLOO_LOOP", "batch") or "batch"
     if policy not in _LOOP_POLICIES:
         raise ValueError(f"QSYNC_GLOO_LOOP={policy!r}: expected one of {', '.join(_LOOP_POLICIES)}")
@@ -81,8 +83,8 @@ def new_gloo_group(**kwargs):
             try:
                 os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
             except OSError as e:
-                if not getattr(new_gloo_group, "_warned", False):
-                    new_gloo_group._warned = True
+                if not _loop_policy_refused:
+                    _loop_policy_refused = True
                     print(f"qsync: rank {dist.get_rank()}: gloo's event-loop thread {tid} left in its policy "
                           f"(SCHED_BATCH refused: {e}); exchanges may stall on busy cores", file=sys.stderr)
     return group, started
