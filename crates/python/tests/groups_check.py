@@ -55,14 +55,34 @@ def threads():
     d = t.split(0, rank, 30.0)
     assert d is not t and d.group is not t.group, "split with one color must give a new group"
     assert d.members == t.members and d.size == world and d.rank == rank
-    # The event-loop threads of the groups qsync makes do not preempt the
-    # thread that wakes them; those of the default group (DDP's, made by
-    # init_process_group) stay as gloo starts them.
+    # The event-loop threads of the groups qsync makes take the policy
+    # `loop_policy` names (`batch`: no preemption on wake-up); those of the
+    # default group (DDP's, made by init_process_group) stay as gloo starts
+    # them.
+    from qsync._transport import _loop_threads, loop_policy
+
     ours = set(t.loop_threads) | set(d.loop_threads)
     assert t.loop_threads and d.loop_threads, (t.loop_threads, d.loop_threads)
-    assert all(os.sched_getscheduler(tid) == os.SCHED_BATCH for tid in ours), ours
-    theirs = qsync._transport._loop_threads() - ours
+    want = {"batch": os.SCHED_BATCH, "default": os.SCHED_OTHER}[loop_policy()]
+    assert all(os.sched_getscheduler(tid) == want for tid in ours), (loop_policy(), ours)
+    theirs = _loop_threads() - ours
     assert theirs and all(os.sched_getscheduler(tid) == os.SCHED_OTHER for tid in theirs), theirs
+    # `auto` by layout: batch where each of a node's ranks has a core.
+    saved = {k: os.environ.get(k) for k in ("QSYNC_GLOO_LOOP", "LOCAL_WORLD_SIZE")}
+    try:
+        os.environ.pop("QSYNC_GLOO_LOOP", None)
+        os.environ["LOCAL_WORLD_SIZE"] = "1"
+        assert loop_policy() == "batch"
+        os.environ["LOCAL_WORLD_SIZE"] = str(len(os.sched_getaffinity(0)) + 1)
+        assert loop_policy() == "default"
+        os.environ["QSYNC_GLOO_LOOP"] = "batch"
+        assert loop_policy() == "batch"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
     for scheme in ["fp32", "qgz-int8"]:
         base = _native.GradSync(TorchTransport(), scheme, group=64, timeout_s=60.0)

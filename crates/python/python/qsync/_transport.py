@@ -29,8 +29,35 @@ import torch.distributed as dist
 
 _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "socket")
 
-_LOOP_POLICIES = ("batch", "default")
+_LOOP_POLICIES = ("auto", "batch", "default")
 _loop_policy_refused = False  # said once a process (`new_gloo_group`)
+
+
+def node_shares_cores() -> bool:
+    """Whether this node's ranks outnumber the cores this process may run
+    on (the launcher's `LOCAL_WORLD_SIZE` against the process's CPU
+    affinity): then a thread hand-off waits for a core another rank is
+    using."""
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        cores = len(os.sched_getaffinity(0))
+    except (ValueError, AttributeError, OSError):
+        return False
+    return local > cores
+
+
+def loop_policy() -> str:
+    """The policy `new_gloo_group` gives its groups' event-loop threads:
+    the environment's `QSYNC_GLOO_LOOP` (`batch`, `default`, or `auto`,
+    the default): `auto` is `batch` where each of the node's ranks has a
+    core of its own and `default` where they share cores
+    (`node_shares_cores`)."""
+    policy = os.environ.get("QSYNC_GLOO_LOOP", "auto") or "auto"
+    if policy not in _LOOP_POLICIES:
+        raise ValueError(f"QSYNC_GLOO_LOOP={policy!r}: expected one of {', '.join(_LOOP_POLICIES)}")
+    if policy == "auto":
+        return "default" if node_shares_cores() else "batch"
+    return policy
 
 
 def _loop_threads() -> set[int]:
@@ -68,13 +95,16 @@ def new_gloo_group(**kwargs):
     with the loop threads in `SCHED_BATCH`, 1 and 4 calls over 1 ms,
     medians up to 0.52 ms (docs/validation.md, `gloo_core_stalls.py`).
 
-    The environment's `QSYNC_GLOO_LOOP=default` leaves the threads as
-    gloo starts them. Groups qsync does not create (DDP's own) are left
+    Where a node's ranks share cores, the loop threads keep gloo's policy
+    (`loop_policy`): there the exchanges of large buckets run beside
+    another rank's backward pass, and a batch thread, which waits for the
+    running one's turn to end, moved them slower. ResNet-18 at 10 Gbit/s,
+    2 ranks a core: the hooks' backward took 1.3-1.9x as long
+    (docs/validation.md, table 3's notes). `QSYNC_GLOO_LOOP=batch` or
+    `default` chooses. Groups qsync does not create (DDP's own) are left
     alone. Where the policy cannot be set, one line says so on stderr."""
     global _loop_policy_refused
-    policy = os.environ.get("QSYNC_GLOO_LOOP", "batch") or "batch"
-    if policy not in _LOOP_POLICIES:
-        raise ValueError(f"QSYNC_GLOO_LOOP={policy!r}: expected one of {', '.join(_LOOP_POLICIES)}")
+    policy = loop_policy()
     before = _loop_threads()
     group = dist.new_group(backend="gloo", **kwargs)
     started = sorted(_loop_threads() - before)

@@ -35,20 +35,7 @@ import torch.distributed as dist
 
 from . import _native
 from ._manifest import Plan
-from ._transport import TorchTransport, new_gloo_group
-
-
-def _node_shares_cores():
-    """Whether this node's ranks outnumber the cores this process may run
-    on (the launcher's `LOCAL_WORLD_SIZE` against the process's CPU
-    affinity): then a thread hand-off waits for a core another rank is
-    using."""
-    try:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        cores = len(os.sched_getaffinity(0))
-    except (ValueError, AttributeError, OSError):
-        return False
-    return local > cores
+from ._transport import TorchTransport, new_gloo_group, node_shares_cores
 
 
 def _name_os_thread(name):
@@ -91,7 +78,7 @@ class QSyncHook:
         if last_bucket not in ("auto", "call", "worker"):
             raise ValueError(f"last_bucket must be 'auto', 'call' or 'worker', not {last_bucket!r}")
         if last_bucket == "auto":
-            last_bucket = "call" if _node_shares_cores() else "worker"
+            last_bucket = "call" if node_shares_cores() else "worker"
         self.last_bucket = last_bucket  # where a CPU step's last bucket synchronizes
         self._queued = None  # the worker's last task (its buckets run in order before the last bucket's)
         self._failed = None  # a failed synchronization of this step, if any (read by the last bucket)
