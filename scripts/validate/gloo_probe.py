@@ -13,7 +13,9 @@ matrices, which release Python's lock as a backward pass in autograd's C++
 does), as the hook's exchanges run beside the backward pass; and what DDP
 itself spends on the training thread around a hook (`ddp_bucket_cost`: a
 backward under a hook that hands every bucket straight back, against
-`no_sync`). Rank 0 prints
+`no_sync`), and what qsync's hook adds to a bucket beyond the runtime's
+call (`hook_cost`: a one-bucket backward under `qsync.comm_hook`, against
+the hand-back hook, less the call). Rank 0 prints
 one JSON line (the slowest rank's median of `--reps` runs of each).
 
     torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--reps 5] [--compute-size 512]
@@ -51,10 +53,12 @@ def main():
     ap.add_argument("--many", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--small-kib", type=int, default=64, help="the small all-reduce, KiB")
-    ap.add_argument("--ring-calls", type=int, default=4, help="all-reduces per timed run")
+    ap.add_argument("--ring-calls", type=int, default=5, help="all-reduces per timed run (their median)")
     ap.add_argument("--gather-calls", type=int, default=10, help="small all-gathers per timed run")
     ap.add_argument("--ddp-layers", type=int, default=12, help="DDP's bucket cost: linear layers")
     ap.add_argument("--ddp-width", type=int, default=1024, help="DDP's bucket cost: each layer's width")
+    ap.add_argument("--hook-width", type=int, default=256, help="the hook's cost: one linear layer's width")
+    ap.add_argument("--hook-scheme", default="fp16", help="the hook's cost: the scheme the hook runs")
     ap.add_argument("--compute-size", type=int, default=512,
                     help="the compute thread's matrices are N×N (default 512)")
     a = ap.parse_args()
@@ -89,10 +93,16 @@ def main():
     all_to_alls("")
 
     def ring(x):
-        t = time.perf_counter()
+        # The median call, not the mean: a stall of gloo's loop on DDP's
+        # own group (its loop threads are left as gloo starts them, and
+        # spin on a busy core until the scheduler's tick, docs/validation.md)
+        # lands in a few calls, and DDP's median step meets the median call.
+        times = []
         for _ in range(a.ring_calls):
+            t = time.perf_counter()
             dist.all_reduce(x)
-        return (time.perf_counter() - t) / a.ring_calls
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
 
     # gloo's own all-reduce, as DDP's fp32 synchronization calls it (the
     # tensor handed over in place), at the same size and at a small one.
@@ -123,9 +133,61 @@ def main():
     out["compute_size"] = a.compute_size
 
     out.update(ddp_bucket_cost(a, slowest_median))
+    out.update(hook_cost(a, tr))
     if tr.rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
+
+
+def handed_back(_state, bucket):
+    """A DDP comm hook that hands every bucket straight back."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def hook_cost(a, tr):
+    """What qsync's DDP hook adds to a bucket beyond the runtime's call
+    (its `call_s`): handing the bucket to its worker thread (or running it
+    in the call, as `last_bucket="auto"` decides for this layout) and the
+    result back through the future DDP waits on, and the hook's Python
+    around the call. A backward of one linear layer (`--hook-width`², one
+    bucket) under `qsync.comm_hook(--hook-scheme)` less its call, against
+    the same layer's backward under a hook that hands the bucket straight
+    back, every rank after a barrier; each rank's medians over `--reps`
+    (at least 20), the slowest rank's difference."""
+    import qsync
+
+    reps = max(a.reps, 20)
+    torch.manual_seed(0)
+    hook = qsync.comm_hook(a.hook_scheme)
+    models = {}
+    for name, h in (("hook", hook), ("back", handed_back)):
+        m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(a.hook_width, a.hook_width))
+        m.register_comm_hook(None, h)
+        models[name] = m
+    x = torch.randn(2, a.hook_width)
+
+    def backward(m):
+        m.zero_grad(set_to_none=True)
+        loss = m(x).pow(2).mean()
+        t = time.perf_counter()
+        loss.backward()
+        return time.perf_counter() - t
+
+    times = {"hook": [], "back": []}
+    for i in range(reps + 2):
+        for name, m in models.items():
+            tr.barrier(120.0)
+            hook.qsync.reset_phases()
+            t = backward(m)
+            if name == "hook":
+                t -= hook.qsync.phases()["call_s"]
+            if i >= 2:  # the first steps build DDP's buckets and the hook's state
+                times[name].append(t)
+    mine = torch.tensor([statistics.median(times["hook"]) - statistics.median(times["back"])], dtype=torch.float64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return {"hook_overhead_s": mine.item(), "hook_scheme": a.hook_scheme, "hook_elements": a.hook_width ** 2 + a.hook_width}
 
 
 def ddp_bucket_cost(a, slowest_median):
@@ -140,12 +202,6 @@ def ddp_bucket_cost(a, slowest_median):
     layers = [torch.nn.Linear(a.ddp_width, a.ddp_width) for _ in range(a.ddp_layers)]
     model = torch.nn.Sequential(*layers)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-
-    def handed_back(_state, bucket):
-        fut = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-
     ddp.register_comm_hook(None, handed_back)
     x = torch.randn(2, a.ddp_width)
 

@@ -190,6 +190,15 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"backward under no_sync, {r['ddp_no_sync_backward_s'] * 1e3:.2f} ms, on the same ranks: "
         f"{ddp_r * 1e9:.3f} ns an element of CPU time with the node's {k} ranks sharing {cores} core(s), at every "
         f"size (host-kernels' two plain copies: {(copies_r or 0.0) * 1e9:.3f} ns)")
+    # What qsync's hook adds to a bucket beyond the runtime's call, as
+    # wall time on these ranks and cores (`hook_call_s`).
+    hook = max(0.0, r["hook_overhead_s"])
+    hk["kernels"]["hook_call_s"] = hook
+    hk["sources"]["hook_call_s"] = (
+        f"scripts/validate/iterations.py: a backward of one linear layer ({r['hook_elements']} parameters, one "
+        f"bucket) under qsync.comm_hook({r['hook_scheme']!r}) less the runtime's call, against the same under a hook "
+        f"that hands the bucket straight back, on the same ranks: {r['hook_overhead_s'] * 1e6:.0f} us a bucket "
+        f"(the slowest rank's difference of medians)")
     spread = json_lines(stalls)[0]
     json.dump(spread, open(os.path.join(a.out, "gloo-stalls.json"), "w"), indent=1)
     print("validate: tiny calls one at a time (median / mean / calls over 1 ms of " + str(spread["socket_ping_pong"]["calls"])

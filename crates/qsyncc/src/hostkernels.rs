@@ -115,6 +115,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("ring_step_s", k.ring_step_s.unwrap_or(0.0)),
         ("gather_step_s", k.gather_step_s.unwrap_or(0.0)),
         ("busy_round_s", k.busy_round_s.unwrap_or(0.0)),
+        ("hook_call_s", k.hook_call_s.unwrap_or(0.0)),
         ("bucket_r", k.bucket_r.unwrap_or(0.0)),
     ] {
         if !(v.is_finite() && v >= 0.0) {
@@ -791,6 +792,7 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             // Measured beside a compute thread with the engine itself
             // (scripts/validate/gloo_probe.py), not by this command.
             busy_round_s: None,
+            hook_call_s: None,
             // Two copies an element: into the bucket and back.
             bucket_r: Some(2.0 * copy_r),
             by_size: Some(l.by_size),

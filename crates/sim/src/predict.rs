@@ -332,6 +332,7 @@ fn sync_kernels(model: &CostModel) -> crate::SyncKernels {
         ring_step_s: None,
         gather_step_s: None,
         busy_round_s: None,
+        hook_call_s: None,
         bucket_r: None,
         by_size: None,
         corun_by_size: None,

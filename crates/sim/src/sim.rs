@@ -569,8 +569,14 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64]) -> Vec<Buc
     for (k, &g) in grads.iter().enumerate() {
         bytes += g;
         if bytes >= config.bucket_cap_bytes || k + 1 == grads.len() {
-            let (times, cpu_us): (Vec<f64>, Vec<f64>) =
-                (0..cluster.types.len()).map(|t| cluster.sync_us_and_cpu(t, bytes, &config.sync, config.algo)).unzip();
+            // A type's synchronization of the bucket, and what its DDP
+            // hook adds to it (on host cores, under a compressed scheme).
+            let (times, cpu_us): (Vec<f64>, Vec<f64>) = (0..cluster.types.len())
+                .map(|t| {
+                    let (us, cpu) = cluster.sync_us_and_cpu(t, bytes, &config.sync, config.algo);
+                    (us + cluster.hook_us(t, &config.sync), cpu)
+                })
+                .unzip();
             let dur_us = times.into_iter().fold(0.0f64, f64::max);
             let copy_us = (0..cluster.types.len()).map(|t| cluster.bucket_copy_us(t, bytes)).collect();
             let wait_us = (0..cluster.types.len()).map(|t| cluster.sync_busy_wait_us(t, bytes, &config.sync)).collect();
@@ -646,6 +652,10 @@ mod tests {
     /// on 2 nodes × 2 ranks sharing one core a node (NIC 1 GB/s, 10 µs),
     /// host kernels `k`; the device the host's own cores or not.
     fn two_buckets_on_shared_cores(k: crate::SyncKernels, on_host: bool) -> SimResult {
+        two_buckets_on_shared_cores_under(k, on_host, crate::SyncSpec::default())
+    }
+
+    fn two_buckets_on_shared_cores_under(k: crate::SyncKernels, on_host: bool, sync: crate::SyncSpec) -> SimResult {
         let op = |n: &str| LocalOp {
             name: n.into(),
             node: None,
@@ -657,9 +667,39 @@ mod tests {
             .with_host(k, 10.0)
             .with_host_cores(Some(1))
             .with_compute_on_host(on_host);
-        let config = SimConfig { bucket_cap_bytes: 1, ..SimConfig::default() };
+        let config = SimConfig { bucket_cap_bytes: 1, sync, ..SimConfig::default() };
         let mut sim = Simulator::new(Cluster::new(vec![ty]), vec![program], config).expect("sim");
         sim.result().clone()
+    }
+
+    #[test]
+    fn the_hook_adds_its_own_time_to_every_bucket() {
+        // The two buckets above under fp16 on the host path, the hook's
+        // machinery at 300 µs a bucket: each collective lasts 300 µs more,
+        // the first one's beside the backward pass (which it does not
+        // delay: it is time, not CPU work), the last one's after it, so the
+        // iteration ends 300 µs later. fp32 is DDP's own all-reduce: no
+        // hook. On a GPU's cores nothing is added (not measured there).
+        let k = crate::SyncKernels { tcp_r: Some(1e-9), cast16_r: 1e-9, ..crate::SyncKernels::default() };
+        let hooked = crate::SyncKernels { hook_call_s: Some(3e-4), ..k };
+        let fp16 = crate::SyncSpec::new(crate::SyncScheme::Fp16, 512).with_path(crate::SyncPath::Host);
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        let (a, b) =
+            (two_buckets_on_shared_cores_under(k, true, fp16), two_buckets_on_shared_cores_under(hooked, true, fp16));
+        for (x, y) in a.collectives.iter().zip(&b.collectives) {
+            assert!(near(y.end_us - y.start_us, x.end_us - x.start_us + 300.0), "{x:?} {y:?}");
+        }
+        assert!(near(b.devices[0].backward_end_us, a.devices[0].backward_end_us), "{:?}", b.devices);
+        assert!(near(b.iteration_us, a.iteration_us + 300.0), "{} {}", a.iteration_us, b.iteration_us);
+        let fp32 = crate::SyncSpec::default();
+        assert_eq!(
+            two_buckets_on_shared_cores_under(hooked, true, fp32).collectives,
+            two_buckets_on_shared_cores_under(k, true, fp32).collectives
+        );
+        assert_eq!(
+            two_buckets_on_shared_cores_under(hooked, false, fp16).collectives,
+            two_buckets_on_shared_cores_under(k, false, fp16).collectives
+        );
     }
 
     #[test]

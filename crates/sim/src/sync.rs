@@ -175,6 +175,17 @@ pub struct SyncKernels {
     /// while its backward pass does ([`crate::Cluster::sync_rounds`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_round_s: Option<f64>,
+    /// Seconds the DDP hook's own machinery adds to each bucket it
+    /// synchronizes on a device that is the host's own cores, beyond the
+    /// synchronization: handing the bucket to the hook's worker thread (or
+    /// running it in the call) and the result back to DDP through a
+    /// future, and the hook's Python around the runtime's call. Measured
+    /// with a one-bucket model's backward under the hook against the same
+    /// under a hook that hands the bucket straight back, less the
+    /// runtime's call (`scripts/validate/gloo_probe.py`); it holds for the
+    /// ranks and cores of the node it was measured on (`None`: nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook_call_s: Option<f64>,
     /// DDP's own copies per gradient element on a device that is the
     /// host's own cores: the gradient into its bucket as the backward pass
     /// produces it, and the synchronized bucket back into the gradient
@@ -401,6 +412,7 @@ impl Default for SyncKernels {
             ring_step_s: None,
             gather_step_s: None,
             busy_round_s: None,
+            hook_call_s: None,
             bucket_r: None,
             by_size: None,
             corun_by_size: None,
@@ -437,8 +449,8 @@ impl SyncKernels {
 
     /// These kernels without the host transport's costs (`tcp_r`,
     /// `message_s`, the engine's ring and all-gather steps,
-    /// `busy_round_s`): what a host measured alone says of a cluster whose
-    /// network stack was not measured.
+    /// `busy_round_s`, the hook's `hook_call_s`): what a host measured
+    /// alone says of a cluster whose network stack was not measured.
     pub fn without_transport(self) -> SyncKernels {
         SyncKernels {
             tcp_r: None,
@@ -447,6 +459,7 @@ impl SyncKernels {
             ring_step_s: None,
             gather_step_s: None,
             busy_round_s: None,
+            hook_call_s: None,
             ..self
         }
     }
@@ -1164,6 +1177,18 @@ impl Cluster {
         } else {
             0.0
         }
+    }
+
+    /// Microseconds the DDP hook's own machinery adds to each bucket a
+    /// device of type `t` synchronizes under `spec`
+    /// ([`SyncKernels::hook_call_s`]): none unless the device is the
+    /// host's own cores, DDP synchronizes, and `spec` is a compressed
+    /// scheme (fp32 is DDP's own all-reduce, no hook).
+    pub fn hook_us(&self, t: usize, spec: &SyncSpec) -> f64 {
+        if !self.syncs_on_compute_cores(t) || spec.scheme == SyncScheme::Fp32 {
+            return 0.0;
+        }
+        self.types[t].host_sync_kernels(spec.path).hook_call_s.unwrap_or(0.0).max(0.0) * 1e6
     }
 
     /// Microseconds that DDP's copies of a bucket of `bytes` (into the
