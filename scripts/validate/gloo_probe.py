@@ -4,8 +4,9 @@ all-to-all through `qsync._transport.TorchTransport` (gloo, the transport
 the hook's CPU buckets use) as the runtime drives it
 (`qsync._native.transport_all_to_all_s`: the native side's vectors and
 copies included), `--mib` MiB from every rank in 1 exchange and
-in `--many`, timed on every rank; and gloo's own all-reduce of an f32
-tensor of `--mib` MiB and of `--small-kib` KiB (what DDP's fp32
+in `--many`, and `--tiny-kib` KiB in `--many`, timed on every rank; and
+gloo's own all-reduce of an f32 tensor of `--mib` MiB and of
+`--small-kib` KiB (what DDP's fp32
 synchronization runs); the transport's all-gather (gloo's ring) of 8
 bytes a rank; then the two all-to-alls again while every rank
 runs a compute thread beside them (`--compute-size`: products of N×N
@@ -22,7 +23,7 @@ one JSON line (the slowest rank's median of `--reps` runs of each).
 
 `scripts/validate/iterations.py` runs it across two emulated nodes on a link
 far faster than the CPU can feed and fits the model's `tcp_r` and
-`message_s` for the hook's path from the two all-to-all times, as `sync.py`
+`message_s` for the hook's path from the split and tiny all-to-alls, as `sync.py`
 does for Open MPI, `ring_tcp_r` and `ring_step_s` for gloo's own ring
 from the two all-reduce times, `gather_step_s` from the small
 all-gather, and `busy_round_s` from the all-to-alls
@@ -51,6 +52,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=16)
     ap.add_argument("--many", type=int, default=32)
+    ap.add_argument("--tiny-kib", type=int, default=1024,
+                    help="the small all-to-alls: KiB a rank in --many exchanges (default 1024)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--small-kib", type=int, default=64, help="the small all-reduce, KiB")
     ap.add_argument("--ring-calls", type=int, default=5, help="all-reduces per timed run (their median)")
@@ -81,16 +84,19 @@ def main():
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         return mine.item()
 
-    def all_to_alls(prefix):
-        for key, m in (("one_s", 1), ("split_s", a.many)):
-            each = total // m // p  # bytes to each peer in one exchange
+    def all_to_alls(prefix, runs=(("one_s", total, 1), ("split_s", total, a.many))):
+        for key, size, m in runs:
+            each = size // m // p  # bytes to each peer in one exchange
             # Through the runtime's own side of the transport (fresh vectors
             # in and out, as a synchronization's exchanges are), not the
             # Python object alone.
             out[prefix + key] = slowest_median(lambda: _native.transport_all_to_all_s(tr, each, m))
             out[key.replace("_s", "_message_bytes")] = each
 
-    all_to_alls("")
+    # And `--tiny-kib` in as many exchanges: where the messages' own cost
+    # shows beside their bytes (with the split run, the fit per message).
+    all_to_alls("", (("one_s", total, 1), ("split_s", total, a.many), ("tiny_s", a.tiny_kib << 10, a.many)))
+    out["tiny_received_bytes_per_rank"] = (a.tiny_kib << 10) * (p - 1) // p
 
     def ring(x):
         # The median call, not the mean: a stall of gloo's loop on DDP's

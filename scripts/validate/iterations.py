@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
 sys.path.insert(0, HERE)
-from sync import (PROBE_RATE, cluster_toml, host_kernels, measure_host, measure_links,  # noqa: E402
+from sync import (PROBE_RATE, cluster_toml, fit_messages, host_kernels, measure_host, measure_links,  # noqa: E402
                   probe_cluster_up, sh)
 
 
@@ -95,8 +95,8 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     """The hook's own transport, measured as `sync.link_tcp_cost` measures
     Open MPI's: the ranks' all-to-all through qsync's TorchTransport (gloo)
     across the emulated nodes on a 40 Gbit/s link, 16 MiB a rank in 1
-    exchange and in 32 (`gloo_probe.py`), fitted per byte and per call with
-    the node's ranks sharing its cores; gloo's own all-reduce (DDP's
+    exchange and 1 MiB in 32 (`gloo_probe.py`), fitted per byte and per
+    call with the node's ranks sharing its cores; gloo's own all-reduce (DDP's
     fp32 ring) at 16 MiB and 64 KiB, fitted per byte and per step; its
     all-gather of 8 bytes a rank, per step; and the
     all-to-alls again beside a compute thread in every rank. Writes a
@@ -124,16 +124,22 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     r = json_lines(outs)[0]
     p, share, many = r["ranks"], k / cores, 32
     recv = r["received_bytes_per_rank"]
-    msg = max(0.0, (r["split_s"] - r["one_s"]) / ((many - 1) * (p - 1)))
-    byte = max(0.0, (r["one_s"] - (p - 1) * msg) / recv)
+    # Per byte and per message from the regimes the hook runs in: a bucket
+    # goes in one exchange a phase, large (16 MiB in 1 exchange) or small
+    # (1 MiB in 32: where the messages' own cost shows). The 32 exchanges of
+    # 16 MiB are for the record: through gloo they cost less a message
+    # than small ones do (the wait on each overlaps the bytes), and a fit
+    # from them priced a tiny exchange at nothing.
+    msg, byte = fit_messages(r["one_s"], recv, p - 1, r["tiny_s"], r["tiny_received_bytes_per_rank"], many * (p - 1))
     hk = json.load(open(host_file))
     hk["kernels"]["tcp_r"], hk["kernels"]["message_s"] = byte / share, msg / share
     hk.setdefault("sources", {})["tcp_r"] = (
         f"scripts/validate/iterations.py: the ranks' all-to-all through qsync's TorchTransport (gloo, the DDP "
-        f"hook's transport) of 16 MiB a rank between 2 emulated nodes on a {rate} link, {k} ranks a node pinned "
-        f"to {cores} core(s), in 1 exchange ({r['one_message_bytes']} B a peer) and in {many} "
-        f"({r['split_message_bytes']} B a peer): {r['one_s'] * 1e3:.1f} ms and {r['split_s'] * 1e3:.1f} ms; fitted "
-        f"per byte {byte / share * 1e9:.3f} ns and per exchange a peer {msg / share * 1e6:.1f} us of CPU time")
+        f"hook's transport) between 2 emulated nodes on a {rate} link, {k} ranks a node pinned to {cores} core(s), "
+        f"16 MiB a rank in 1 exchange ({r['one_message_bytes']} B a peer) and 1 MiB in {many} "
+        f"({r['tiny_message_bytes']} B a peer): {r['one_s'] * 1e3:.1f} ms and {r['tiny_s'] * 1e3:.2f} ms (16 MiB "
+        f"in {many}, for the record: {r['split_s'] * 1e3:.1f} ms); fitted per byte {byte / share * 1e9:.3f} ns "
+        f"and per exchange a peer {msg / share * 1e6:.1f} us of CPU time")
     hk["sources"]["message_s"] = "as tcp_r"
     # gloo's own ring (DDP's fp32 all-reduce), CPU-bound on this link:
     # T(S) = share·(2(P−1)·(ring_tcp_r·S/P + ring_step_s) + (P−1)·sum_r·S/(4P)),
@@ -207,8 +213,8 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     out = os.path.join(a.out, "host-kernels-gloo.json")
     json.dump(hk, open(out, "w"), indent=1)
     print(f"validate: the hook's transport (gloo) costs {byte / share * 1e9:.3f} ns a byte and "
-          f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms in 1 exchange, "
-          f"{r['split_s'] * 1e3:.1f} ms in {many}); gloo's own ring {ring_r * 1e9:.3f} ns a byte and "
+          f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms for 16 MiB in 1 exchange, "
+          f"{r['tiny_s'] * 1e3:.2f} ms for 1 MiB in {many}; 16 MiB in {many}: {r['split_s'] * 1e3:.1f} ms); gloo's own ring {ring_r * 1e9:.3f} ns a byte and "
           f"{ring_step * 1e6:.1f} us a step; its all-gather {gather_step * 1e6:.0f} us a step; beside compute an exchange round waits {busy_round * 1e3:.2f} ms more; "
           f"DDP's buckets {ddp_r * 1e9:.3f} ns an element",
           file=sys.stderr, flush=True)

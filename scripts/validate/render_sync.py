@@ -14,6 +14,7 @@ has no measured order to match.
     python3 scripts/validate/render_sync.py target/validate/sync.jsonl
 """
 import json
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -100,7 +101,36 @@ def main():
         out.append(f"Pairs of schemes the measurement tells apart (timing ranges disjoint): {apart}; "
                    f"ordered as measured by the prediction: {apart - len(wrong)}"
                    + (f"; the other way round (measured faster first): {'; '.join(wrong)}" if wrong else "") + ".")
+    drift = host_drift(os.path.dirname(os.path.abspath(sys.argv[1])))
+    if drift:
+        out.append("")
+        out.append(drift)
     print("\n".join(out))
+
+
+def host_drift(folder):
+    """A line on how this machine's kernels moved over the run: the rates of
+    the host measurements `sync.py` spread over it (`host-kernels-1thread-N.json`
+    beside the rows), in the order taken, of which the model got the
+    medians; None where they are not there."""
+    runs = []
+    for i in range(16):
+        path = os.path.join(folder, f"host-kernels-1thread-{i}.json")
+        if not os.path.exists(path):
+            break
+        runs.append(json.load(open(path))["kernels"])
+    if len(runs) < 2:
+        return None
+    shown = [("quantize_r", "qgZ's int8 quantization"), ("cast16_r", "the 16-bit cast"), ("sum_r", "the f32 sum")]
+    parts = []
+    for key, name in shown:
+        v = [r[key] * 1e9 for r in runs if r.get(key)]
+        if len(v) == len(runs):
+            parts.append(f"{name} {', '.join(f'{x:.2f}' for x in v)} ns an element ({max(v) / min(v):.2f}x apart)")
+    if not parts:
+        return None
+    return (f"The host's kernels, measured {len(runs)} times over the run (one core alone; the model is given "
+            f"their medians): " + "; ".join(parts) + ".")
 
 
 if __name__ == "__main__":

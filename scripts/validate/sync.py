@@ -213,11 +213,16 @@ def link_tcp_cost(a, nodes, k, cores):
 
     Per byte and per message, with the engine itself: the ranks' all-to-all
     (`sync-bench --collective all-to-all`, the exchange the flat schemes are
-    made of) sending 16 MiB a rank in 1 and in 32 exchanges. A rank's time
-    is T(m) = (m·(P−1)·msg + recv·byte)·k/cores (its node's k ranks share
-    the cores); two message counts give `msg` and `byte` (or, where the
-    pieces went faster than one large message, no `msg` and the pieces'
-    rate per byte).
+    made of) in 32 exchanges of two sizes, 16 MiB a rank (512 KiB an
+    exchange, a pipeline piece's size) and 1 MiB (32 KiB an exchange,
+    where the messages' own cost shows). A rank's time is
+    T = (32·(P−1)·msg + recv·byte)·k/cores (its node's k ranks share the
+    cores); the two sizes give `byte` from their difference and `msg` from
+    what the small one leaves. (Until 2026-12-01 the two runs were 16 MiB
+    in 1 exchange and in 32: their difference, 93 messages against
+    run-to-run noise of a few ms in 35, fitted `msg` at 0 in every
+    measurement of a slower day, and the small exchanges went unpriced.)
+    One exchange of 16 MiB is still timed, for the record.
 
     For the record, raw TCP: `k` streams each way between the two nodes;
     each node's cores send and receive every byte of its streams, so
@@ -227,27 +232,38 @@ def link_tcp_cost(a, nodes, k, cores):
     try:
         pin = [f"{i * cores}-{(i + 1) * cores - 1}" for i in range(nodes)]
         runs = [bulk_both_ways(ns, addr, k, 256 << 20, 49000 + os.getpid() % 1000 + 20 * r, pin) for r in range(3)]
-        nbytes, many = 16 << 20, 32
+        nbytes, small, many = 16 << 20, 1 << 20, 32
         one = exchange_seconds(a, k, cores, nbytes, 1)
         split = exchange_seconds(a, k, cores, nbytes, many)
+        tiny = exchange_seconds(a, k, cores, small, many)
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     best = max(runs)
-    p, share = one["ranks"], k / cores
-    recv = one["received_bytes_per_rank"]
-    if split["seconds"] >= one["seconds"]:
-        msg = (split["seconds"] - one["seconds"]) / ((many - 1) * (p - 1))
-        byte = max(0.0, (one["seconds"] - (p - 1) * msg) / recv)
-    else:
-        # Pieces went faster than one large message a peer (Open MPI's TCP
-        # transport streams a large message less well): no cost per message
-        # shows, and the byte rate is the pieces' — the compressed schemes
-        # send pieces (a pipeline chunk a peer), Open MPI's all-reduce
-        # segments its own.
-        msg, byte = 0.0, split["seconds"] / recv
+    p, share = split["ranks"], k / cores
+    msg, byte = fit_messages(split["seconds"], split["received_bytes_per_rank"], many * (p - 1), tiny["seconds"],
+                             tiny["received_bytes_per_rank"], many * (p - 1))
     return {"tcp_r": byte / share, "message_s": msg / share, "socket_r": cores / (best * 1e9),
             "socket_gbyte_s": best, "rate": rate, "one_s": one["seconds"], "split_s": split["seconds"],
-            "split_message_bytes": split["message_bytes"], "one_message_bytes": one["message_bytes"]}
+            "tiny_s": tiny["seconds"], "split_message_bytes": split["message_bytes"],
+            "one_message_bytes": one["message_bytes"], "tiny_message_bytes": tiny["message_bytes"]}
+
+
+def fit_messages(big_s, big_bytes, big_messages, small_s, small_bytes, small_messages):
+    """Seconds per message and per byte from two runs, a rank receiving
+    `big_bytes` in `big_messages` messages in `big_s` and `small_bytes` in
+    `small_messages` in `small_s`: T = messages·msg + bytes·byte, solved
+    for both. Each at least 0: where noise makes one negative, the other
+    is the run that holds the most of it alone (no cost per message: the
+    big run's rate a byte; none per byte: the small run's cost a
+    message)."""
+    det = big_messages * small_bytes - big_bytes * small_messages
+    msg = (big_s * small_bytes - big_bytes * small_s) / det
+    byte = (big_messages * small_s - small_messages * big_s) / det
+    if msg < 0:
+        return 0.0, max(0.0, big_s / big_bytes)
+    if byte < 0:
+        return max(0.0, small_s / small_messages), 0.0
+    return msg, byte
 
 
 def measure_host(a, nodes, k, cores, i):
@@ -327,9 +343,10 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
     socket_gbit = ", ".join(f"{t['socket_gbyte_s'] * 8:.3f}" for t in tcp)
     hk.setdefault("sources", {})["tcp_r"] = (
         f"scripts/validate/sync.py: the engine's all-to-all (sync-bench --collective all-to-all) of 16 MiB a rank "
-        f"between 2 emulated nodes on a {t0['rate']} link, {k} ranks a node pinned to {cores} core(s), in 1 "
-        f"exchange ({t0['one_message_bytes']} B a peer) and in 32 ({t0['split_message_bytes']} B a peer): "
-        f"{ms('one_s')} ms and {ms('split_s')} ms ({len(tcp)} times over the run); fitted per byte "
+        f"between 2 emulated nodes on a {t0['rate']} link, {k} ranks a node pinned to {cores} core(s), in 32 "
+        f"exchanges ({t0['split_message_bytes']} B a peer), and 1 MiB a rank in 32 ({t0['tiny_message_bytes']} B "
+        f"a peer): {ms('split_s')} ms and {ms('tiny_s')} ms ({len(tcp)} times over the run; 16 MiB in 1 exchange, "
+        f"for the record: {ms('one_s')} ms); fitted per byte "
         f"{tcp_r * 1e9:.3f} ns (median) and per message {msg_s * 1e6:.1f} us (message_s), each as CPU time with "
         f"the node's {k} ranks sharing {cores} core(s). For the record: raw TCP, {k} streams each way, carried "
         f"{socket_gbit} Gbit/s a direction ({median([t['socket_r'] for t in tcp]) * 1e9:.3f} ns a byte); over "

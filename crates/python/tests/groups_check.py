@@ -59,13 +59,13 @@ def threads():
     # `loop_policy` names (`batch`: no preemption on wake-up); those of the
     # default group (DDP's, made by init_process_group) stay as gloo starts
     # them.
-    from qsync._transport import _loop_threads, loop_policy
+    from qsync._transport import _gloo_loop_tids, loop_policy
 
     ours = set(t.loop_threads) | set(d.loop_threads)
     assert t.loop_threads and d.loop_threads, (t.loop_threads, d.loop_threads)
     want = {"batch": os.SCHED_BATCH, "default": os.SCHED_OTHER}[loop_policy()]
     assert all(os.sched_getscheduler(tid) == want for tid in ours), (loop_policy(), ours)
-    theirs = _loop_threads() - ours
+    theirs = _gloo_loop_tids() - ours
     assert theirs and all(os.sched_getscheduler(tid) == os.SCHED_OTHER for tid in theirs), theirs
     # `auto` by layout: batch where each of a node's ranks has a core.
     saved = {k: os.environ.get(k) for k in ("QSYNC_GLOO_LOOP", "LOCAL_WORLD_SIZE")}

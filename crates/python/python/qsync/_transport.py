@@ -60,7 +60,7 @@ def loop_policy() -> str:
     return policy
 
 
-def _loop_threads() -> set[int]:
+def _gloo_loop_tids() -> set[int]:
     """This process's gloo event-loop threads (torch names them
     `gloo_tcp_loop`), by thread id; none where /proc cannot tell."""
     found = set()
@@ -105,9 +105,9 @@ def new_gloo_group(**kwargs):
     alone. Where the policy cannot be set, one line says so on stderr."""
     global _loop_policy_refused
     policy = loop_policy()
-    before = _loop_threads()
+    before = _gloo_loop_tids()
     group = dist.new_group(backend="gloo", **kwargs)
-    started = sorted(_loop_threads() - before)
+    started = sorted(_gloo_loop_tids() - before)
     if policy == "batch" and started and hasattr(os, "sched_setscheduler"):
         for tid in started:
             try:
