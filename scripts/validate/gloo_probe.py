@@ -23,7 +23,7 @@ one JSON line (the slowest rank's median of `--reps` runs of each).
 
 `scripts/validate/iterations.py` runs it across two emulated nodes on a link
 far faster than the CPU can feed and fits the model's `tcp_r` and
-`message_s` for the hook's path from the split and tiny all-to-alls, as `sync.py`
+`message_s` for the hook's path from the one-exchange and tiny all-to-alls, as `sync.py`
 does for Open MPI, `ring_tcp_r` and `ring_step_s` for gloo's own ring
 from the two all-reduce times, `gather_step_s` from the small
 all-gather, and `busy_round_s` from the all-to-alls

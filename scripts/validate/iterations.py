@@ -127,9 +127,11 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     # Per byte and per message from the regimes the hook runs in: a bucket
     # goes in one exchange a phase, large (16 MiB in 1 exchange) or small
     # (1 MiB in 32: where the messages' own cost shows). The 32 exchanges of
-    # 16 MiB are for the record: through gloo they cost less a message
-    # than small ones do (the wait on each overlaps the bytes), and a fit
-    # from them priced a tiny exchange at nothing.
+    # 16 MiB are for the record: through gloo each costs less beyond its
+    # bytes than a small exchange does (its wait overlaps the bytes). A fit
+    # from them and the small ones priced a byte at a sixth of what one
+    # large exchange measures; one from them and the one exchange (until
+    # 2026-12-01) priced a small exchange at nothing on a slow day.
     msg, byte = fit_messages(r["one_s"], recv, p - 1, r["tiny_s"], r["tiny_received_bytes_per_rank"], many * (p - 1))
     hk = json.load(open(host_file))
     hk["kernels"]["tcp_r"], hk["kernels"]["message_s"] = byte / share, msg / share

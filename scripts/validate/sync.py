@@ -220,8 +220,8 @@ def link_tcp_cost(a, nodes, k, cores):
     cores); the two sizes give `byte` from their difference and `msg` from
     what the small one leaves. (Until 2026-12-01 the two runs were 16 MiB
     in 1 exchange and in 32: their difference, 93 messages against
-    run-to-run noise of a few ms in 35, fitted `msg` at 0 in every
-    measurement of a slower day, and the small exchanges went unpriced.)
+    run-to-run noise of a few ms in runs of 25-38 ms, fitted `msg` at 0 in
+    every measurement of a slower day, and small exchanges went unpriced.)
     One exchange of 16 MiB is still timed, for the record.
 
     For the record, raw TCP: `k` streams each way between the two nodes;
