@@ -93,9 +93,11 @@ def main():
             out[prefix + key] = slowest_median(lambda: _native.transport_all_to_all_s(tr, each, m))
             out[key.replace("_s", "_message_bytes")] = each
 
+    all_to_alls("")
     # And `--tiny-kib` in as many exchanges: where the messages' own cost
-    # shows beside their bytes (with the split run, the fit per message).
-    all_to_alls("", (("one_s", total, 1), ("split_s", total, a.many), ("tiny_s", a.tiny_kib << 10, a.many)))
+    # shows beside their bytes (with the one large exchange, the fit per
+    # message, `iterations.py`).
+    all_to_alls("", (("tiny_s", a.tiny_kib << 10, a.many),))
     out["tiny_received_bytes_per_rank"] = (a.tiny_kib << 10) * (p - 1) // p
 
     def ring(x):
