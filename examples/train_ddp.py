@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -374,6 +375,7 @@ def cmd_bench(a):
         for name in hooks:
             print(json.dumps({
                 "hook": name, "model": a.model, "ranks": world, "device": a.device, "gradient_mib": round(grad_mb, 2),
+                "gradient_tensors": len(list(ddps["ddp"].parameters())),
                 "reps": a.reps, "backward_s": job[name], "no_sync_backward_s": job["no-sync"],
                 "exposed_sync_s": job[name] - job["no-sync"], "backward_vs_ddp": job[name] / job["ddp"],
                 "rounds_s": rounds[name],
@@ -381,6 +383,11 @@ def cmd_bench(a):
                 # backwards, mean over ranks), and the same without synchronization
                 "cpu_s": statistics.mean(c[name] for c in all_cpu),
                 "no_sync_cpu_s": statistics.mean(c["no-sync"] for c in all_cpu),
+                # each rank's median backward and CPU, in rank order (the
+                # job's backward is the slowest rank's)
+                "ranks_backward_s": [m[name] for m in all_meds],
+                "ranks_cpu_s": [c[name] for c in all_cpu],
+                "ranks_no_sync_cpu_s": [c["no-sync"] for c in all_cpu],
                 # the same per thread name (the training thread, gloo's
                 # threads, the hook's worker), mean per backward over the
                 # backwards and the ranks; empty without /proc
@@ -398,23 +405,33 @@ def cmd_bench(a):
 
 def thread_cpu():
     """{thread id: (name, CPU seconds)} of this process's threads, from
-    /proc (empty where there is none)."""
+    /proc (empty where there is none): the scheduler's nanoseconds on a
+    core (`schedstat`) where the kernel keeps them, else the clock ticks of
+    `stat` (10 ms each). The thread that called this (the one running the
+    backward pass) is named `training`; the others carry their OS names."""
     out = {}
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return out
+    me = str(threading.get_native_id())
     tick = os.sysconf("SC_CLK_TCK")
     for tid in tids:
+        base = f"/proc/self/task/{tid}"
         try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/self/task/{tid}/comm") as f:
+            with open(f"{base}/comm") as f:
                 comm = f.read().strip()
+            try:
+                with open(f"{base}/schedstat") as f:
+                    seconds = int(f.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                with open(f"{base}/stat") as f:
+                    stat = f.read()
+                fields = stat[stat.rfind(")") + 2:].split()
+                seconds = (int(fields[11]) + int(fields[12])) / tick
         except OSError:  # the thread ended meanwhile
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        out[tid] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+        out[tid] = ("training" if tid == me else comm, seconds)
     return out
 
 

@@ -14,7 +14,8 @@ matrices, which release Python's lock as a backward pass in autograd's C++
 does), as the hook's exchanges run beside the backward pass; and what DDP
 itself spends on the training thread around a hook (`ddp_bucket_cost`: a
 backward under a hook that hands every bucket straight back, against
-`no_sync`), and what qsync's hook adds to a bucket beyond the runtime's
+`no_sync`, with large layers and with many small ones: per element and
+per parameter), and what qsync's hook adds to a bucket beyond the runtime's
 call (`hook_cost`: a one-bucket backward under `qsync.comm_hook`, against
 the hand-back hook, less the call). Rank 0 prints
 one JSON line (the slowest rank's median of `--reps` runs of each).
@@ -60,6 +61,9 @@ def main():
     ap.add_argument("--gather-calls", type=int, default=10, help="small all-gathers per timed run")
     ap.add_argument("--ddp-layers", type=int, default=12, help="DDP's bucket cost: linear layers")
     ap.add_argument("--ddp-width", type=int, default=1024, help="DDP's bucket cost: each layer's width")
+    ap.add_argument("--ddp-small-layers", type=int, default=192,
+                    help="DDP's cost per parameter: as many small linear layers (default 192)")
+    ap.add_argument("--ddp-small-width", type=int, default=32, help="DDP's cost per parameter: their width")
     ap.add_argument("--hook-width", type=int, default=256, help="the hook's cost: one linear layer's width")
     ap.add_argument("--hook-scheme", default="fp16", help="the hook's cost: the scheme the hook runs")
     ap.add_argument("--compute-size", type=int, default=512,
@@ -206,27 +210,33 @@ def ddp_bucket_cost(a, slowest_median):
     comm hook that hands every bucket straight back, against the same
     backward under `no_sync` (the slowest rank's medians). The difference
     is DDP's copies of the gradients into their buckets and back and its
-    bookkeeping per bucket."""
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(a.ddp_width, a.ddp_width) for _ in range(a.ddp_layers)]
-    model = torch.nn.Sequential(*layers)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    ddp.register_comm_hook(None, handed_back)
-    x = torch.randn(2, a.ddp_width)
+    work per parameter tensor (its autograd hook, its bookkeeping). The
+    same again with many small layers (`--ddp-small-layers` of
+    `--ddp-small-width`²: few elements, many tensors) tells the two apart
+    (`iterations.py` fits one a element and one a tensor)."""
+    out = {}
+    for prefix, n, width in (("ddp", a.ddp_layers, a.ddp_width), ("ddp_small", a.ddp_small_layers, a.ddp_small_width)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(n)])
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(None, handed_back)
+        x = torch.randn(2, width)
 
-    def backward(sync):
-        ddp.zero_grad(set_to_none=True)
-        with ddp.no_sync() if not sync else contextlib.nullcontext():
-            loss = ddp(x).pow(2).mean()
-            t = time.perf_counter()
-            loss.backward()
-            return time.perf_counter() - t
+        def backward(sync):
+            ddp.zero_grad(set_to_none=True)
+            with ddp.no_sync() if not sync else contextlib.nullcontext():
+                loss = ddp(x).pow(2).mean()
+                t = time.perf_counter()
+                loss.backward()
+                return time.perf_counter() - t
 
-    backward(True)  # DDP builds its buckets in the first synchronized step
-    elements = sum(q.numel() for q in model.parameters())
-    with_hook = slowest_median(lambda: backward(True))
-    without = slowest_median(lambda: backward(False))
-    return {"ddp_hook_backward_s": with_hook, "ddp_no_sync_backward_s": without, "ddp_elements": elements}
+        backward(True)  # DDP builds its buckets in the first synchronized step
+        params = list(model.parameters())
+        out[f"{prefix}_hook_backward_s"] = slowest_median(lambda: backward(True))
+        out[f"{prefix}_no_sync_backward_s"] = slowest_median(lambda: backward(False))
+        out[f"{prefix}_elements"] = sum(q.numel() for q in params)
+        out[f"{prefix}_tensors"] = len(params)
+    return out
 
 
 if __name__ == "__main__":

@@ -187,17 +187,28 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
     # element, as CPU time at one rank a core: what `bucket_r` prices,
     # measured through DDP itself rather than as two plain copies, at every
     # size of the ladder alike (DDP's buckets are 25 MiB whatever the model).
-    ddp_r = max(0.0, (r["ddp_hook_backward_s"] - r["ddp_no_sync_backward_s"]) / share / r["ddp_elements"])
+    # Per element and per parameter tensor, from a stack of large layers
+    # (most of it per element) and one of many small ones (most of it per
+    # tensor): T = elements·bucket_r + tensors·bucket_tensor_s, as
+    # fit_messages solves it.
+    big_d = r["ddp_hook_backward_s"] - r["ddp_no_sync_backward_s"]
+    small_d = r["ddp_small_hook_backward_s"] - r["ddp_small_no_sync_backward_s"]
+    per_tensor, ddp_r = fit_messages(big_d / share, r["ddp_elements"], r["ddp_tensors"],
+                                     small_d / share, r["ddp_small_elements"], r["ddp_small_tensors"])
     copies_r = hk["kernels"].get("bucket_r")
-    hk["kernels"]["bucket_r"] = ddp_r
+    hk["kernels"]["bucket_r"], hk["kernels"]["bucket_tensor_s"] = ddp_r, per_tensor
     for row in hk["kernels"].get("by_size") or []:
         row["bucket"] = ddp_r
     hk["sources"]["bucket_r"] = (
-        f"scripts/validate/iterations.py: DDP's backward of {r['ddp_elements']} parameters (linear layers) under a "
-        f"comm hook that hands every bucket straight back, {r['ddp_hook_backward_s'] * 1e3:.2f} ms, against the same "
-        f"backward under no_sync, {r['ddp_no_sync_backward_s'] * 1e3:.2f} ms, on the same ranks: "
-        f"{ddp_r * 1e9:.3f} ns an element of CPU time with the node's {k} ranks sharing {cores} core(s), at every "
-        f"size (host-kernels' two plain copies: {(copies_r or 0.0) * 1e9:.3f} ns)")
+        f"scripts/validate/iterations.py: DDP's backward of {r['ddp_elements']} elements in {r['ddp_tensors']} "
+        f"parameters (linear layers) under a comm hook that hands every bucket straight back, "
+        f"{r['ddp_hook_backward_s'] * 1e3:.2f} ms, against the same backward under no_sync, "
+        f"{r['ddp_no_sync_backward_s'] * 1e3:.2f} ms; of {r['ddp_small_elements']} elements in "
+        f"{r['ddp_small_tensors']} parameters, {r['ddp_small_hook_backward_s'] * 1e3:.2f} ms against "
+        f"{r['ddp_small_no_sync_backward_s'] * 1e3:.2f} ms, on the same ranks: {ddp_r * 1e9:.3f} ns an element and "
+        f"{per_tensor * 1e6:.2f} us a parameter tensor of CPU time with the node's {k} ranks sharing {cores} core(s), "
+        f"at every size (host-kernels' two plain copies: {(copies_r or 0.0) * 1e9:.3f} ns)")
+    hk["sources"]["bucket_tensor_s"] = "as bucket_r"
     # What qsync's hook adds to a bucket beyond the runtime's call, as
     # wall time on these ranks and cores (`hook_call_s`).
     hook = max(0.0, r["hook_overhead_s"])
@@ -218,7 +229,7 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
           f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms for 16 MiB in 1 exchange, "
           f"{r['tiny_s'] * 1e3:.2f} ms for 1 MiB in {many}; 16 MiB in {many}: {r['split_s'] * 1e3:.1f} ms); gloo's own ring {ring_r * 1e9:.3f} ns a byte and "
           f"{ring_step * 1e6:.1f} us a step; its all-gather {gather_step * 1e6:.0f} us a step; beside compute an exchange round waits {busy_round * 1e3:.2f} ms more; "
-          f"DDP's buckets {ddp_r * 1e9:.3f} ns an element",
+          f"DDP's buckets {ddp_r * 1e9:.3f} ns an element and {per_tensor * 1e6:.2f} us a parameter tensor",
           file=sys.stderr, flush=True)
     return out
 

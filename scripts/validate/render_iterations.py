@@ -62,6 +62,7 @@ def main():
              "as the fastest in some rounds (as a ratio to DDP's all-reduce in the same round of its job): there "
              "the measurement does not tell the two apart" if within else "") + ".")
     where(rows)
+    account(rows)
 
 
 def per_round(row):
@@ -81,7 +82,7 @@ def where(rows):
     to a rank's process (its CPU seconds in the backward minus those of
     the backward without synchronization) against the model's CPU work
     per rank (kernels and transport, divided by the ranks sharing a core,
-    and DDP's bucket copies)."""
+    and DDP's bucket copies and work per parameter tensor)."""
     rows = [r for r in rows if "phases_s" in r and "predicted_breakdown" in r]
     if not rows:
         return
@@ -96,11 +97,66 @@ def where(rows):
         comm = ph["exchange_s"] + ph["wait_s"]
         comm_p = b["total_seconds"] - b["kernel_seconds"]
         cpu_m = r["cpu_s"] - r["no_sync_cpu_s"] if "cpu_s" in r else float("nan")
-        cpu_p = (b["kernel_seconds"] + b["transport_cpu_seconds"] + b["bucket_copy_seconds"]) / share
+        tensors = r.get("gradient_tensors", 0) * b.get("bucket_tensor_seconds", 0.0)
+        cpu_p = (b["kernel_seconds"] + b["transport_cpu_seconds"] + b["bucket_copy_seconds"] + tensors) / share
         calls = ph.get("call_s", float("nan"))
         print(f"| {r['rate']} | {r['model']} | {r['hook']} | {kern:.4f} / {b['kernel_seconds']:.4f} | "
               f"{comm:.4f} / {comm_p:.4f} | {calls:.4f} / {b['total_seconds']:.4f} | "
               f"{r['exposed_s']:.4f} / {r['predicted_exposed_s']:.4f} | {cpu_m:.4f} / {cpu_p:.4f} |")
+
+
+def account(rows):
+    """Each hook row's error on the exposed synchronization, split three
+    ways (seconds per backward, measured / predicted), each from the rank's
+    threads' CPU with synchronization less without (`threads_cpu_s`, the
+    mean over ranks):
+    - the training thread (the one running the backward pass): DDP's copies
+      of the gradients into their buckets and back, its work per parameter
+      tensor, and the hook's calls, against the model's bucket copies and
+      work per tensor (the row's `gradient_tensors` of them);
+    - every other thread (the hook's worker: kernels and transport; gloo's
+      threads), against the model's kernels and transport work;
+    - waiting: the exposed synchronization less both (times the ranks
+      sharing a core: each rank's CPU holds the core from all of them),
+      the time the rank's cores did not work for it (the link, the peers,
+      the scheduler), against the model's exposed synchronization less its
+      CPU work.
+    The three differences (the CPU ones times the ranks sharing a core)
+    add up to the row's error in seconds."""
+    rows = [r for r in rows if "predicted_breakdown" in r and "training" in r.get("threads_cpu_s", {})]
+    if not rows:
+        return
+    print()
+    print("Where each row's error lies (seconds per backward; measured / predicted; the last column names the "
+          "part that differs most, and by how much):")
+    print()
+    print("| link | model | hook | training thread CPU | other threads CPU | waiting | exposed | most of the error |")
+    print("|---|---|---|---:|---:|---:|---:|---|")
+    totals = {"training thread": 0.0, "other threads": 0.0, "waiting": 0.0}
+    for r in rows:
+        b, share = r["predicted_breakdown"], r.get("host_share", 1.0)
+        on, off = r["threads_cpu_s"], r.get("no_sync_threads_cpu_s", {})
+        added = {n: t - off.get(n, 0.0) for n, t in on.items()}
+        train_m = added.pop("training")
+        other_m = sum(added.values())
+        wait_m = r["exposed_s"] - (train_m + other_m) * share
+        tensors = r.get("gradient_tensors", 0) * b.get("bucket_tensor_seconds", 0.0)
+        train_p = (b["bucket_copy_seconds"] + tensors) / share
+        other_p = (b["kernel_seconds"] + b["transport_cpu_seconds"]) / share
+        wait_p = r["predicted_exposed_s"] - (train_p + other_p) * share
+        miss = {"training thread": (train_p - train_m) * share, "other threads": (other_p - other_m) * share,
+                "waiting": wait_p - wait_m}
+        for k, v in miss.items():
+            totals[k] += abs(v)
+        worst = max(miss, key=lambda k: abs(miss[k]))
+        print(f"| {r['rate']} | {r['model']} | {r['hook']} | {train_m:.4f} / {train_p:.4f} | "
+              f"{other_m:.4f} / {other_p:.4f} | {wait_m:.4f} / {wait_p:.4f} | "
+              f"{r['exposed_s']:.4f} / {r['predicted_exposed_s']:.4f} | {worst}, {miss[worst] * 1e3:+.1f} ms |")
+    whole = sum(totals.values())
+    if whole > 0:
+        print()
+        print("Of the rows' differences (the sum of their sizes over these rows): "
+              + ", ".join(f"{k} {v / whole:.0%}" for k, v in totals.items()) + ".")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("busy_round_s", k.busy_round_s.unwrap_or(0.0)),
         ("hook_call_s", k.hook_call_s.unwrap_or(0.0)),
         ("bucket_r", k.bucket_r.unwrap_or(0.0)),
+        ("bucket_tensor_s", k.bucket_tensor_s.unwrap_or(0.0)),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             bail!("--host-kernels {}: {what} = {v} is not a non-negative number", path.display());
@@ -795,6 +796,9 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             hook_call_s: None,
             // Two copies an element: into the bucket and back.
             bucket_r: Some(2.0 * copy_r),
+            // DDP's own work per parameter: measured through DDP itself
+            // (scripts/validate/gloo_probe.py), not by this command.
+            bucket_tensor_s: None,
             by_size: Some(l.by_size),
             corun_by_size,
             pieces: Some(pieces),

@@ -144,8 +144,11 @@ fn breakdown(c: &qsync_sim::Cluster, bytes: u64, spec: &qsync_sim::SyncSpec) -> 
             "transport_cpu_seconds": b.transport_cpu_us / 1e6,
             "staging_seconds": b.staging_us / 1e6,
             // DDP's copies into the bucket and back, on the cores a CPU
-            // device computes on (0 elsewhere): whatever the scheme.
-            "bucket_copy_seconds": c.bucket_copy_us(t, bytes) / 1e6,
+            // device computes on (0 elsewhere): whatever the scheme; and
+            // its work for each parameter tensor (a gradient alone does
+            // not say how many tensors it holds).
+            "bucket_copy_seconds": c.bucket_copy_us(t, bytes, 0) / 1e6,
+            "bucket_tensor_seconds": (c.bucket_copy_us(t, bytes, 1) - c.bucket_copy_us(t, bytes, 0)) / 1e6,
             "pieces": b.pieces,
             "total_seconds": b.total_us / 1e6,
         });

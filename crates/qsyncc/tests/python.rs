@@ -372,10 +372,12 @@ fn hook_bench_times_each_hook_against_ddp_in_one_job() {
         assert_eq!(rounds.len(), 2, "{r}");
         assert!(rounds.iter().all(|&t| t > 0.0) && b <= rounds.iter().fold(0.0f64, |a, &t| a.max(t)), "{r}");
         // CPU per thread name, read from /proc (this is Linux): every
-        // thread alive, the training thread at least, none negative.
+        // thread alive, none negative.
         for key in ["threads_cpu_s", "no_sync_threads_cpu_s"] {
             let threads = r[key].as_object().unwrap_or_else(|| panic!("{key} missing: {r}"));
             assert!(!threads.is_empty() && threads.values().all(|v| v.as_f64().is_some_and(|s| s >= 0.0)), "{r}");
+            // The thread that ran the backward pass, under its own name.
+            assert!(threads.get("training").is_some(), "{key} has no training thread: {r}");
         }
         // A qsync hook's worker thread (every bucket, or every bucket but
         // the step's last) carries its own OS name, apart from the training

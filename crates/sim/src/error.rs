@@ -38,6 +38,11 @@ pub enum SimError {
          rebuild the simulator instead"
     )]
     GradBytesChanged { device: String, index: usize, op: String, old: u64, new: u64 },
+    #[error(
+        "device type `{device}`, op {index} (`{op}`): a change may not alter the parameter tensors of its \
+         gradient ({old} -> {new}); rebuild the simulator instead"
+    )]
+    GradTensorsChanged { device: String, index: usize, op: String, old: u64, new: u64 },
     #[error("bucket capacity must be positive")]
     ZeroBucketCap,
 }

@@ -758,14 +758,8 @@ impl<'g> Predictor<'g> {
             Some(w) => (qsync_cost::OpCost::default(), w),
             None => (model.op_cost_at(facts, n, resolved.compute(n), op_scale)?, cx.work(model, resolved, n, scale)),
         };
-        let weight_elems: f64 = graph
-            .node(n)
-            .inputs()
-            .iter()
-            .flatten()
-            .filter(|v| facts.is_param(**v))
-            .filter_map(|&v| facts.elements(v))
-            .sum();
+        let params: Vec<_> = graph.node(n).inputs().iter().flatten().filter(|v| facts.is_param(**v)).collect();
+        let weight_elems: f64 = params.iter().filter_map(|&&v| facts.elements(v)).sum();
         // Weight gradients are all-reduced in FP32, whatever the compute precision.
         let grad_bytes = 4.0 * weight_elems;
         Ok(OpCost {
@@ -773,6 +767,7 @@ impl<'g> Predictor<'g> {
             input_grad_us: us(c.bwd_input) + us(w.input_grad),
             weight_grad_us: us(c.bwd_weight) + us(w.weight_grad),
             grad_bytes: grad_bytes as u64,
+            grad_tensors: params.len() as u64,
             saved_bytes: 0,
             host_fwd_us: us(c.host_fwd),
             host_bwd_us: us(c.host_bwd),

@@ -23,6 +23,11 @@ pub struct OpCost {
     pub weight_grad_us: f64,
     /// Bytes of weight gradient the op hands to the all-reduce (0 without weights).
     pub grad_bytes: u64,
+    /// How many parameter tensors those bytes belong to (a weight and a
+    /// bias: 2): DDP does some work per tensor
+    /// ([`crate::SyncKernels::bucket_tensor_s`]). 0 prices none.
+    #[serde(default)]
+    pub grad_tensors: u64,
     /// Activation bytes the forward saves for the backward, freed once the
     /// op's backward has run.
     pub saved_bytes: u64,
@@ -57,6 +62,12 @@ impl OpCost {
     /// An op with weights: weight-gradient time and gradient bytes too.
     pub fn weighted(fwd_us: f64, input_grad_us: f64, weight_grad_us: f64, grad_bytes: u64) -> OpCost {
         OpCost { fwd_us, input_grad_us, weight_grad_us, grad_bytes, ..OpCost::default() }
+    }
+
+    /// The same op, its gradient bytes belonging to `tensors` parameters.
+    pub fn with_tensors(mut self, tensors: u64) -> OpCost {
+        self.grad_tensors = tensors;
+        self
     }
 
     /// The same op, saving `bytes` of activations for backward.

@@ -193,6 +193,15 @@ pub struct SyncKernels {
     /// taken to be on a GPU, whose device memory copies them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket_r: Option<f64>,
+    /// DDP's own work per gradient tensor on a device that is the host's
+    /// own cores, beyond [`SyncKernels::bucket_r`]'s per element: the
+    /// autograd hook that marks each parameter's gradient ready, and its
+    /// bookkeeping when the bucket comes back, on the training thread
+    /// (`None`: nothing). It is what makes a model of many small
+    /// parameters cost more than its elements say
+    /// (`scripts/validate/gloo_probe.py` measures it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_tensor_s: Option<f64>,
     /// The kernels' seconds per element measured at [`LADDER`] gradient
     /// sizes, smallest first (`None`: the `r·elements + c` fits at every
     /// size). A CPU runs a kernel over a gradient that stays in its caches
@@ -414,6 +423,7 @@ impl Default for SyncKernels {
             busy_round_s: None,
             hook_call_s: None,
             bucket_r: None,
+            bucket_tensor_s: None,
             by_size: None,
             corun_by_size: None,
             pieces: None,
@@ -572,10 +582,11 @@ impl SyncKernels {
         self.message_s.unwrap_or(0.0) * messages.max(0.0)
     }
 
-    /// CPU seconds of DDP's copies of `elements` gradient elements into
-    /// their bucket and back ([`SyncKernels::bucket_r`]).
-    pub fn bucket_copies(&self, elements: f64) -> f64 {
-        self.bucket_r.unwrap_or(0.0) * elements.max(0.0)
+    /// CPU seconds of DDP's copies of `elements` gradient elements of
+    /// `tensors` parameters into their bucket and back, and its work per
+    /// tensor ([`SyncKernels::bucket_r`], [`SyncKernels::bucket_tensor_s`]).
+    pub fn bucket_copies(&self, elements: f64, tensors: f64) -> f64 {
+        self.bucket_r.unwrap_or(0.0) * elements.max(0.0) + self.bucket_tensor_s.unwrap_or(0.0) * tensors.max(0.0)
     }
 
     /// CPU seconds of one step of the host engine's own all-reduce that
@@ -1191,17 +1202,19 @@ impl Cluster {
         self.types[t].host_sync_kernels(spec.path).hook_call_s.unwrap_or(0.0).max(0.0) * 1e6
     }
 
-    /// Microseconds that DDP's copies of a bucket of `bytes` (into the
-    /// bucket and back, [`SyncKernels::bucket_r`]) take from the cores a
-    /// device of type `t` computes on: none unless the device is the host's
-    /// own cores and DDP synchronizes (more than one device), on cores the
-    /// node's ranks share. Whatever the scheme: DDP copies before its hook.
-    pub fn bucket_copy_us(&self, t: usize, bytes: u64) -> f64 {
+    /// Microseconds that DDP's copies of a bucket of `bytes` holding the
+    /// gradients of `tensors` parameters (into the bucket and back,
+    /// [`SyncKernels::bucket_r`], and its work per tensor,
+    /// [`SyncKernels::bucket_tensor_s`]) take from the cores a device of
+    /// type `t` computes on: none unless the device is the host's own cores
+    /// and DDP synchronizes (more than one device), on cores the node's
+    /// ranks share. Whatever the scheme: DDP copies before its hook.
+    pub fn bucket_copy_us(&self, t: usize, bytes: u64, tensors: u64) -> f64 {
         if !self.syncs_on_compute_cores(t) {
             return 0.0;
         }
         let (ty, e) = (&self.types[t], bytes as f64 / 4.0);
-        ty.host_sync_kernels(SyncPath::Host).at_size(e).bucket_copies(e) * ty.host_share() * 1e6
+        ty.host_sync_kernels(SyncPath::Host).at_size(e).bucket_copies(e, tensors as f64) * ty.host_share() * 1e6
     }
 
     /// Where [`Cluster::sync_us`] puts the time of a compressed scheme
