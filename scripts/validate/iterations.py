@@ -413,6 +413,9 @@ def main():
                     if "threads_cpu_s" in r:
                         row["threads_cpu_s"] = r["threads_cpu_s"]
                         row["no_sync_threads_cpu_s"] = r["no_sync_threads_cpu_s"]
+                    for f in ("gradient_tensors", "ranks_backward_s", "ranks_cpu_s", "ranks_no_sync_cpu_s"):
+                        if f in r:
+                            row[f] = r[f]
                     row["host_share"] = k / cores
                     print(json.dumps(row), file=out, flush=True)
                     print(f"{rate:>8} {m:<12} {h:<9} backward {r['backward_s']:.4f} s (no sync {r['no_sync_backward_s']:.4f})"
