@@ -183,11 +183,11 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"{r['busy_split_s'] * 1e3:.1f} ms in {many}; each further exchange beyond twice its time alone (the "
         f"cores shared with the compute thread) waits {busy_round * 1e3:.2f} ms")
     # DDP's own work on the training thread around a hook (its copies of
-    # the gradients into their buckets and back, its bookkeeping), per
-    # element, as CPU time at one rank a core: what `bucket_r` prices,
-    # measured through DDP itself rather than as two plain copies, at every
-    # size of the ladder alike (DDP's buckets are 25 MiB whatever the model).
-    # Per element and per parameter tensor, from a stack of large layers
+    # the gradients into their buckets and back, its bookkeeping), as CPU
+    # time at one rank a core, measured through DDP itself rather than as
+    # two plain copies: per element (`bucket_r`, at every size of the
+    # ladder alike: DDP's buckets are 25 MiB whatever the model) and per
+    # parameter tensor (`bucket_tensor_s`), from a stack of large layers
     # (most of it per element) and one of many small ones (most of it per
     # tensor): T = elements·bucket_r + tensors·bucket_tensor_s, as
     # fit_messages solves it.

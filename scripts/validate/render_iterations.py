@@ -97,12 +97,22 @@ def where(rows):
         comm = ph["exchange_s"] + ph["wait_s"]
         comm_p = b["total_seconds"] - b["kernel_seconds"]
         cpu_m = r["cpu_s"] - r["no_sync_cpu_s"] if "cpu_s" in r else float("nan")
-        tensors = r.get("gradient_tensors", 0) * b.get("bucket_tensor_seconds", 0.0)
-        cpu_p = (b["kernel_seconds"] + b["transport_cpu_seconds"] + b["bucket_copy_seconds"] + tensors) / share
+        cpu_p = sum(predicted_cpu(r))
         calls = ph.get("call_s", float("nan"))
         print(f"| {r['rate']} | {r['model']} | {r['hook']} | {kern:.4f} / {b['kernel_seconds']:.4f} | "
               f"{comm:.4f} / {comm_p:.4f} | {calls:.4f} / {b['total_seconds']:.4f} | "
               f"{r['exposed_s']:.4f} / {r['predicted_exposed_s']:.4f} | {cpu_m:.4f} / {cpu_p:.4f} |")
+
+
+def predicted_cpu(r):
+    """The model's CPU per rank for row `r`'s synchronization of the whole
+    gradient: on the training thread (DDP's copies and its work for each
+    of the row's `gradient_tensors`), and on the other threads (kernels and
+    transport), each divided by the ranks sharing a core."""
+    b, share = r["predicted_breakdown"], r.get("host_share", 1.0)
+    tensors = r.get("gradient_tensors", 0) * b.get("bucket_tensor_seconds", 0.0)
+    return ((b["bucket_copy_seconds"] + tensors) / share,
+            (b["kernel_seconds"] + b["transport_cpu_seconds"]) / share)
 
 
 def account(rows):
@@ -134,15 +144,13 @@ def account(rows):
     print("|---|---|---|---:|---:|---:|---:|---|")
     totals = {"training thread": 0.0, "other threads": 0.0, "waiting": 0.0}
     for r in rows:
-        b, share = r["predicted_breakdown"], r.get("host_share", 1.0)
+        share = r.get("host_share", 1.0)
         on, off = r["threads_cpu_s"], r.get("no_sync_threads_cpu_s", {})
         added = {n: t - off.get(n, 0.0) for n, t in on.items()}
         train_m = added.pop("training")
         other_m = sum(added.values())
         wait_m = r["exposed_s"] - (train_m + other_m) * share
-        tensors = r.get("gradient_tensors", 0) * b.get("bucket_tensor_seconds", 0.0)
-        train_p = (b["bucket_copy_seconds"] + tensors) / share
-        other_p = (b["kernel_seconds"] + b["transport_cpu_seconds"]) / share
+        train_p, other_p = predicted_cpu(r)
         wait_p = r["predicted_exposed_s"] - (train_p + other_p) * share
         miss = {"training thread": (train_p - train_m) * share, "other threads": (other_p - other_m) * share,
                 "waiting": wait_p - wait_m}

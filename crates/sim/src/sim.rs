@@ -305,7 +305,7 @@ impl Simulator {
         for (t, p) in programs.iter().enumerate().skip(1) {
             check_same_grads(&cluster, t, &grads, p)?;
         }
-        let buckets = make_buckets(&cluster, &config, &grads, &grad_tensors(&programs[0]));
+        let buckets = make_buckets(&cluster, &config, &programs[0]);
         let timelines = programs.into_iter().map(Timeline::new).collect();
         let mut sim = Simulator { cluster, config, timelines, buckets, result: None };
         let r = sim.merge();
@@ -401,8 +401,7 @@ impl Simulator {
         if let Some(other) = self.timelines.get(reference) {
             check_same_grads(&self.cluster, t, &grad_sequence(&other.program), &program)?;
         } else {
-            let grads = grad_sequence(&program);
-            self.buckets = make_buckets(&self.cluster, &self.config, &grads, &grad_tensors(&program));
+            self.buckets = make_buckets(&self.cluster, &self.config, &program);
         }
         self.timelines[t] = Timeline::new(program);
         self.result = None;
@@ -549,11 +548,6 @@ fn grad_sequence(p: &LocalProgram) -> Vec<u64> {
     p.ops.iter().rev().map(|o| o.cost.grad_bytes).filter(|&b| b > 0).collect()
 }
 
-/// The parameter tensors of each gradient of [`grad_sequence`], in the same order.
-fn grad_tensors(p: &LocalProgram) -> Vec<u64> {
-    p.ops.iter().rev().filter(|o| o.cost.grad_bytes > 0).map(|o| o.cost.grad_tensors).collect()
-}
-
 fn check_same_grads(cluster: &Cluster, t: usize, reference: &[u64], p: &LocalProgram) -> Result<(), SimError> {
     let found = grad_sequence(p);
     if found == reference {
@@ -572,13 +566,15 @@ fn check_same_grads(cluster: &Cluster, t: usize, reference: &[u64], p: &LocalPro
 
 /// DDP bucketing: take gradients in production order, close a bucket as soon
 /// as it holds at least the capacity, and close the last one at the end.
-/// `tensors[k]`: the parameter tensors of gradient `k` (DDP's work per tensor).
-fn make_buckets(cluster: &Cluster, config: &SimConfig, grads: &[u64], tensors: &[u64]) -> Vec<Bucket> {
+/// The gradients are `program`'s ([`grad_sequence`]'s order), each with its
+/// parameter tensors (DDP's work per tensor).
+fn make_buckets(cluster: &Cluster, config: &SimConfig, program: &LocalProgram) -> Vec<Bucket> {
+    let grads: Vec<&OpCost> = program.ops.iter().rev().map(|o| &o.cost).filter(|c| c.grad_bytes > 0).collect();
     let mut buckets = Vec::new();
     let (mut bytes, mut held) = (0u64, 0u64);
-    for (k, &g) in grads.iter().enumerate() {
-        bytes += g;
-        held += tensors.get(k).copied().unwrap_or(0);
+    for (k, g) in grads.iter().enumerate() {
+        bytes += g.grad_bytes;
+        held += g.grad_tensors;
         if bytes >= config.bucket_cap_bytes || k + 1 == grads.len() {
             // A type's synchronization of the bucket, and what its DDP
             // hook adds to it (on host cores, under a compressed scheme).
