@@ -17,7 +17,9 @@ backward under a hook that hands every bucket straight back, against
 `no_sync`, with large layers and with many small ones: per element and
 per parameter), and what qsync's hook adds to a bucket beyond the runtime's
 call (`hook_cost`: a one-bucket backward under `qsync.comm_hook`, against
-the hand-back hook, less the call). Rank 0 prints
+the hand-back hook, less the call), and what interleaving on a core adds
+to a synchronization and a backward pass (`interleave_cost`: the runtime's
+all-reduce beside a thread of backward passes, against each alone). Rank 0 prints
 one JSON line (the slowest rank's median of `--reps` runs of each).
 
     torchrun ... scripts/validate/gloo_probe.py [--mib 16] [--many 32] [--reps 5] [--compute-size 512]
@@ -27,9 +29,9 @@ far faster than the CPU can feed and fits the model's `tcp_r` and
 `message_s` for the hook's path from the one-exchange and tiny all-to-alls, as `sync.py`
 does for Open MPI, `ring_tcp_r` and `ring_step_s` for gloo's own ring
 from the two all-reduce times, `gather_step_s` from the small
-all-gather, and `busy_round_s` from the all-to-alls
+all-gather, `busy_round_s` from the all-to-alls
 beside compute: what an exchange round waits, beyond its work at the
-cores' shared speed, while the rank's cores compute.
+cores' shared speed, while the rank's cores compute, and `interleave_r`.
 """
 import argparse
 import contextlib
@@ -68,6 +70,10 @@ def main():
     ap.add_argument("--hook-scheme", default="fp16", help="the hook's cost: the scheme the hook runs")
     ap.add_argument("--compute-size", type=int, default=512,
                     help="the compute thread's matrices are N×N (default 512)")
+    ap.add_argument("--interleave-elements", type=int, default=6_553_600,
+                    help="the interleaving's cost: the bucket the runtime all-reduces (default 25 MiB of f32)")
+    ap.add_argument("--interleave-scheme", default="qgz-int8", help="the interleaving's cost: the runtime's scheme")
+    ap.add_argument("--interleave-calls", type=int, default=8, help="the interleaving's cost: all-reduces a run")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     tr = TorchTransport()
@@ -146,9 +152,85 @@ def main():
 
     out.update(ddp_bucket_cost(a, slowest_median))
     out.update(hook_cost(a, tr))
+    out.update(interleave_cost(a, tr))
     if tr.rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
+
+
+def interleave_cost(a, tr):
+    """What a synchronization and a backward pass cost beyond their work
+    alone where they interleave on one core, as the hook's worker and the
+    training thread do: the runtime's all-reduce (`--interleave-scheme`)
+    of a bucket (`--interleave-elements`) `--interleave-calls` times, alone;
+    forward and backward passes of a stack of 4 linear layers of 1024²
+    (16 MiB of weights, their gradients written every pass), alone; then
+    both at once, a thread running whole passes until the all-reduces are
+    done. The process's CPU over the run beside, less the calls' CPU alone
+    and the passes' (as many as the thread ran) alone, is what interleaving
+    added to both; per CPU second of synchronization alone, each rank's
+    median over `--reps` (at least 5) runs, the mean over ranks
+    (`interleave_r`)."""
+    import threading
+
+    from qsync._transport import new_gloo_group
+
+    group, loops = new_gloo_group()
+    sync = _native.GradSync(TorchTransport(group, _loop_threads=loops), a.interleave_scheme)
+    buf = torch.randn(a.interleave_elements).numpy()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
+    x = torch.randn(2, 1024)
+
+    def one_pass():
+        net.zero_grad(set_to_none=True)
+        net(x).sum().backward()
+
+    def syncs():
+        tr.barrier(120.0)
+        c = time.process_time()
+        for _ in range(a.interleave_calls):
+            sync.all_reduce_mean(buf)
+        return time.process_time() - c
+
+    for _ in range(2):
+        one_pass()
+    syncs()
+    runs = []
+    for _ in range(max(a.reps, 5)):
+        alone_sync = syncs()
+        c = time.process_time()
+        for _ in range(8):
+            one_pass()
+        alone_pass = (time.process_time() - c) / 8
+        stop, passes = threading.Event(), [0]
+
+        def compute():
+            while not stop.is_set():
+                one_pass()
+                passes[0] += 1
+
+        tr.barrier(120.0)
+        c = time.process_time()
+        worker = threading.Thread(target=compute)
+        worker.start()
+        for _ in range(a.interleave_calls):
+            sync.all_reduce_mean(buf)
+        stop.set()
+        worker.join()  # its last pass runs to the end, alone
+        total = time.process_time() - c
+        if alone_sync > 0:
+            extra = total - alone_sync - passes[0] * alone_pass
+            runs.append((extra / alone_sync, alone_sync, total, alone_pass, passes[0]))
+    mine = statistics.median(r[0] for r in runs) if runs else 0.0
+    both = torch.tensor([mine], dtype=torch.float64)
+    dist.all_reduce(both)
+    med = lambda i: statistics.median(r[i] for r in runs) if runs else 0.0
+    return {"interleave_r": both[0].item() / tr.size, "interleave_scheme": a.interleave_scheme,
+            "interleave_elements": a.interleave_elements, "interleave_calls": a.interleave_calls,
+            # rank 0's medians, for the record
+            "interleave_rank0": {"tax": med(0), "syncs_alone_s": med(1), "beside_s": med(2), "pass_alone_s": med(3),
+                                 "passes": med(4)}}
 
 
 def handed_back(_state, bucket):

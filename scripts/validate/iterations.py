@@ -218,6 +218,17 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
         f"bucket) under qsync.comm_hook({r['hook_scheme']!r}) less the runtime's call, against the same under a hook "
         f"that hands the bucket straight back, on the same ranks: {r['hook_overhead_s'] * 1e6:.0f} us a bucket "
         f"(the slowest rank's difference of medians)")
+    # What interleaving with the backward pass on a core adds to the
+    # synchronization's CPU work and the backward's (`interleave_r`).
+    hk["kernels"]["interleave_r"] = max(0.0, r["interleave_r"])
+    i0 = r["interleave_rank0"]
+    hk["sources"]["interleave_r"] = (
+        f"scripts/validate/gloo_probe.py: the runtime's {r['interleave_scheme']} all-reduce of "
+        f"{r['interleave_elements']} elements, {r['interleave_calls']} calls, beside a thread of forward and backward "
+        f"passes of 4 linear layers of 1024², against each alone, on the same ranks and cores: the CPU both added, "
+        f"per CPU second of the synchronization alone, {r['interleave_r']:.3f} (mean over ranks of each rank's median; "
+        f"rank 0: {i0['syncs_alone_s'] * 1e3:.0f} ms of calls alone, {i0['passes']:.0f} passes of "
+        f"{i0['pass_alone_s'] * 1e3:.1f} ms alone, {i0['beside_s'] * 1e3:.0f} ms of CPU both together)")
     spread = json_lines(stalls)[0]
     json.dump(spread, open(os.path.join(a.out, "gloo-stalls.json"), "w"), indent=1)
     print("validate: tiny calls one at a time (median / mean / calls over 1 ms of " + str(spread["socket_ping_pong"]["calls"])
@@ -229,7 +240,8 @@ def gloo_transport_cost(a, nodes, k, cores, torchrun, host_file):
           f"{msg / share * 1e6:.1f} us a message ({r['one_s'] * 1e3:.1f} ms for 16 MiB in 1 exchange, "
           f"{r['tiny_s'] * 1e3:.2f} ms for 1 MiB in {many}; 16 MiB in {many}: {r['split_s'] * 1e3:.1f} ms); gloo's own ring {ring_r * 1e9:.3f} ns a byte and "
           f"{ring_step * 1e6:.1f} us a step; its all-gather {gather_step * 1e6:.0f} us a step; beside compute an exchange round waits {busy_round * 1e3:.2f} ms more; "
-          f"DDP's buckets {ddp_r * 1e9:.3f} ns an element and {per_tensor * 1e6:.2f} us a parameter tensor",
+          f"DDP's buckets {ddp_r * 1e9:.3f} ns an element and {per_tensor * 1e6:.2f} us a parameter tensor; "
+          f"interleaving with the backward adds {r['interleave_r']:.3f} of the synchronization's CPU",
           file=sys.stderr, flush=True)
     return out
 

@@ -115,6 +115,7 @@ pub fn load(path: &Path) -> Result<SyncKernels> {
         ("ring_step_s", k.ring_step_s.unwrap_or(0.0)),
         ("gather_step_s", k.gather_step_s.unwrap_or(0.0)),
         ("busy_round_s", k.busy_round_s.unwrap_or(0.0)),
+        ("interleave_r", k.interleave_r.unwrap_or(0.0)),
         ("hook_call_s", k.hook_call_s.unwrap_or(0.0)),
         ("bucket_r", k.bucket_r.unwrap_or(0.0)),
         ("bucket_tensor_s", k.bucket_tensor_s.unwrap_or(0.0)),
@@ -793,6 +794,8 @@ pub fn run(a: &HostKernelsArgs) -> Result<String> {
             // Measured beside a compute thread with the engine itself
             // (scripts/validate/gloo_probe.py), not by this command.
             busy_round_s: None,
+            // Measured beside a backward pass (gloo_probe.py), as busy_round_s.
+            interleave_r: None,
             hook_call_s: None,
             // Two copies an element: into the bucket and back.
             bucket_r: Some(2.0 * copy_r),

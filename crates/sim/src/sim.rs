@@ -118,6 +118,10 @@ pub(crate) struct Bucket {
     /// Per type: CPU time the synchronization takes from the cores that
     /// type computes on ([`Cluster::sync_cpu_us`]; 0 for GPUs).
     pub cpu_us: Vec<f64>,
+    /// Per type: the fraction that work grows by, with the backward's
+    /// beside it, in the part that interleaves with the backward pass
+    /// ([`Cluster::sync_interleave`]; 0 for GPUs).
+    pub interleave: Vec<f64>,
     /// Per type: DDP's copies of the bucket into place and back, on the
     /// cores that type computes on ([`Cluster::bucket_copy_us`]; 0 for
     /// GPUs): on its compute path whatever the overlap.
@@ -455,11 +459,15 @@ impl Simulator {
             // delays the collective alone.
             let mut shared = 0.0f64;
             if !blocking && b.dur_us > 0.0 {
-                for (((h, tl), &cpu), &wait) in held.iter_mut().zip(&self.timelines).zip(&b.cpu_us).zip(&b.wait_us) {
+                let per_type = b.cpu_us.iter().zip(&b.interleave).zip(&b.wait_us);
+                for ((h, tl), ((&cpu, &tax), &wait)) in held.iter_mut().zip(&self.timelines).zip(per_type) {
                     if cpu > 0.0 || wait > 0.0 {
                         let left = tl.backward_end() + *h - start_us;
                         let part = (left / b.dur_us).clamp(0.0, 1.0);
-                        let overlapped = cpu * part;
+                        // Interleaved, the synchronization's threads and the
+                        // backward's each refill what the other evicted: the
+                        // window both share lasts that much longer.
+                        let overlapped = cpu * part * (1.0 + tax);
                         *h += overlapped;
                         shared = shared.max(overlapped + wait * part);
                     }
@@ -587,7 +595,8 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, program: &LocalProgram) -
             let dur_us = times.into_iter().fold(0.0f64, f64::max);
             let copy_us = (0..cluster.types.len()).map(|t| cluster.bucket_copy_us(t, bytes, held)).collect();
             let wait_us = (0..cluster.types.len()).map(|t| cluster.sync_busy_wait_us(t, bytes, &config.sync)).collect();
-            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us, copy_us, wait_us });
+            let interleave = (0..cluster.types.len()).map(|t| cluster.sync_interleave(t, &config.sync)).collect();
+            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us, interleave, copy_us, wait_us });
             (bytes, held) = (0, 0);
         }
     }
@@ -770,6 +779,32 @@ mod tests {
         let g = run(false);
         let without = two_buckets_on_shared_cores(crate::SyncKernels { busy_round_s: None, ..k }, false);
         assert_eq!(g.collectives, without.collectives);
+    }
+
+    #[test]
+    fn interleaving_with_the_backward_pass_costs_both_more() {
+        // As above, the synchronization's CPU work and the backward's growing
+        // by 0.4 of the former where they interleave on the core: bucket
+        // 0's 3375 µs of shared work become 3375·1.4 = 4725, which delay the
+        // backward and the collective alike. Bucket 0 ends at 40 000 + 3495 +
+        // 4725 = 48 220, the backward at 64 725, when bucket 1 is ready; it
+        // runs after the backward, alone on the core, at its own price:
+        // 64 725 + 3495 = 68 220, and the optimizer's 5 µs follow.
+        let k = crate::SyncKernels {
+            tcp_r: Some(1e-9),
+            sum_r: Some(1e-9),
+            interleave_r: Some(0.4),
+            ..crate::SyncKernels::default()
+        };
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        let r = two_buckets_on_shared_cores(k, true);
+        assert!(near(r.collectives[0].end_us, 48_220.0), "{:?}", r.collectives);
+        assert!(near(r.devices[0].backward_end_us, 64_725.0), "{:?}", r.devices);
+        assert!(near(r.collectives[1].end_us - r.collectives[1].start_us, 3495.0), "{:?}", r.collectives);
+        assert!(near(r.iteration_us, 68_225.0), "{}", r.iteration_us);
+        // On a GPU's cores nothing interleaves with the backward pass.
+        let without = crate::SyncKernels { interleave_r: None, ..k };
+        assert_eq!(two_buckets_on_shared_cores(k, false), two_buckets_on_shared_cores(without, false));
     }
 
     #[test]

@@ -175,6 +175,19 @@ pub struct SyncKernels {
     /// while its backward pass does ([`crate::Cluster::sync_rounds`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_round_s: Option<f64>,
+    /// CPU seconds added per CPU second of synchronization work that runs
+    /// interleaved with the backward pass on the same cores, the two
+    /// threads' extra together: each takes the core back with its caches
+    /// and TLB refilled from what the other evicted, so the synchronization's
+    /// kernels and the backward's both run slower than alone (`None`: no
+    /// extra). Measured with the runtime's all-reduce of a bucket beside a
+    /// backward pass on the same core, against each alone
+    /// (`scripts/validate/gloo_probe.py`); it holds for the cores it was
+    /// measured on. Applies only where a device computes on the host's
+    /// cores, to the part of the synchronization's CPU work that runs
+    /// while its backward pass does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interleave_r: Option<f64>,
     /// Seconds the DDP hook's own machinery adds to each bucket it
     /// synchronizes on a device that is the host's own cores, beyond the
     /// synchronization: handing the bucket to the hook's worker thread (or
@@ -421,6 +434,7 @@ impl Default for SyncKernels {
             ring_step_s: None,
             gather_step_s: None,
             busy_round_s: None,
+            interleave_r: None,
             hook_call_s: None,
             bucket_r: None,
             bucket_tensor_s: None,
@@ -469,6 +483,7 @@ impl SyncKernels {
             ring_step_s: None,
             gather_step_s: None,
             busy_round_s: None,
+            interleave_r: None,
             hook_call_s: None,
             ..self
         }
@@ -1188,6 +1203,18 @@ impl Cluster {
         } else {
             0.0
         }
+    }
+
+    /// The fraction by which a synchronization's CPU work on the cores a
+    /// device of type `t` computes on grows, with the backward's work
+    /// beside it, where the two interleave ([`SyncKernels::interleave_r`]):
+    /// 0 unless the device is the host's own cores and DDP synchronizes.
+    pub fn sync_interleave(&self, t: usize, spec: &SyncSpec) -> f64 {
+        if !self.syncs_on_compute_cores(t) {
+            return 0.0;
+        }
+        let path = if spec.scheme == SyncScheme::Fp32 { SyncPath::Host } else { spec.path };
+        self.types[t].host_sync_kernels(path).interleave_r.unwrap_or(0.0).max(0.0)
     }
 
     /// Microseconds the DDP hook's own machinery adds to each bucket a
