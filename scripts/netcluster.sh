@@ -122,12 +122,11 @@ shape() {
     # what this machine's TCP reaches, and the 1 ms bucket stays. Where the
     # veth's GSO size cannot be set, a peak bucket of two 64 KiB
     # super-packets (128 KiB at once after idle) still carries the rate.
-    # The price is CPU: each small segment crosses the qdiscs and the stack
-    # on its own, charged to the process whose sockets move it. A stream
-    # both ways cost its core 2.2 ns a byte at 1 Gbit/s (16 KiB segments)
-    # and 12-15 at 200 Mbit/s (4 KiB), against 0.4-0.5 with 64 KiB
-    # segments at 10 and 40 Gbit/s (scripts/validate/link_cpu.py), which
-    # a NIC's offloads keep near the latter.
+    # The price is CPU, charged to the process whose sockets move the
+    # bytes: a stream both ways cost its core 2.2 ns a byte at 1 Gbit/s
+    # (16 KiB segments) and 12-15 at 200 Mbit/s (4 KiB), against 0.4-0.5
+    # at 10 and 40 Gbit/s (scripts/validate/link_cpu.py); a plain tbf at
+    # 1 Gbit/s cost 1.5 with 64 KiB segments and 3.1 with 16 KiB.
     local want=$((bps / 8 * 3 / 10000)) peak_bytes=8192 peak_mtu=131072
     while ((peak_bytes * 2 <= want && peak_bytes < 65536)); do peak_bytes=$((peak_bytes * 2)); done
     "${where[@]}" ip link set dev "$dev" gso_max_size "$((peak_bytes / 2))" 2>/dev/null && peak_mtu=$peak_bytes

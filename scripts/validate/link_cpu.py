@@ -15,10 +15,10 @@ them when its rank's own sockets move bytes on that core at that rate),
 and 5 times with both ends of the stream on core 1 (what the bytes cost
 a core whose sockets do not move them).
 
-The cost a byte is the link's as emulated (tc shaping, the veth's GSO
-size, which netcluster.sh lowers on slow links), not a NIC's: a NIC paces
-in hardware and hands the host large segments. Run as root; it builds and
-removes its own namespaces (prefix `qlc`, 10.88.11.0/24).
+The cost a byte is the link's as emulated (tc's rate limit, and the
+veth's GSO size, which netcluster.sh lowers on slow links), not
+necessarily a NIC's, which paces and segments in hardware. Run as root;
+it builds and removes its own namespaces (prefix `qlc`, 10.88.11.0/24).
 """
 import argparse
 import json
