@@ -18,7 +18,8 @@ a core whose sockets do not move them).
 The cost a byte is the link's as emulated (tc's rate limit, and the
 veth's GSO size, which netcluster.sh lowers on slow links), not
 necessarily a NIC's, which paces and segments in hardware. Run as root;
-it builds and removes its own namespaces (prefix `qlc`, 10.88.11.0/24).
+it builds and removes its own namespaces (`--prefix qlc`, `--subnet
+10.88.11`).
 """
 import argparse
 import json
@@ -33,8 +34,11 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NETCLUSTER = os.path.join(os.path.dirname(HERE), "netcluster.sh")
-PREFIX, SUBNET, PORT = "qlc", "10.88.11", 29611
+sys.path.insert(0, HERE)
+from iterations import NETCLUSTER, nodes_up  # noqa: E402
+from sync import sh  # noqa: E402
+
+PORT = 29611
 KERNELS = ["quantize_r", "cast16_r", "sum_r", "nbit_pack_r"]
 
 
@@ -92,24 +96,45 @@ def core_ticks(core):
     raise SystemExit(f"link_cpu: no cpu{core} in /proc/stat")
 
 
-def start_stream(secs, cores=(0, 1)):
-    """Both ends of the stream, node 0's on core `cores[0]` and node 1's on
-    core `cores[1]`."""
+def start_stream(ns, addr, secs, cores=(0, 1)):
+    """Both ends of the stream (`ns`, `addr`: `nodes_up`'s), node 0's on
+    core `cores[0]` and node 1's on core `cores[1]`; the processes and the
+    moment the stream ends (time.monotonic)."""
     me = os.path.abspath(__file__)
-    srv = subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}0", "taskset", "-c", str(cores[0]), sys.executable, me,
-                            "--stream", "server", f"{SUBNET}.2", f"{SUBNET}.3", str(secs)],
-                           stdout=subprocess.PIPE, text=True)
-    cli = subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}1", "taskset", "-c", str(cores[1]), sys.executable, me,
-                            "--stream", "client", f"{SUBNET}.3", f"{SUBNET}.2", str(secs)],
-                           stdout=subprocess.PIPE, text=True)
-    return srv, cli
+    ends = [("server", addr[0], addr[1]), ("client", addr[1], addr[0])]
+    procs = [subprocess.Popen(["ip", "netns", "exec", ns[i], "taskset", "-c", str(cores[i]), sys.executable, me,
+                               "--stream", role, mine, peer, str(secs)], stdout=subprocess.PIPE, text=True)
+             for i, (role, mine, peer) in enumerate(ends)]
+    return procs, time.monotonic() + secs
 
 
 def finish(procs):
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    """The stream's two JSON lines (server first), once both ends exit."""
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise SystemExit("link_cpu: the stream did not end within 120 s")
     if any(p.returncode != 0 for p in procs):
         raise SystemExit("link_cpu: the stream failed")
     return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def kernels_beside(a, ns, addr, cores, alone_s, tag, tmp):
+    """`kernels` while the stream runs with its ends on `cores`, the stream
+    lasting 4 times the `alone_s` the same kernels took alone, and 2 s;
+    refused if the kernels outlasted it."""
+    secs = 2.0 + 4.0 * alone_s
+    procs, stream_end = start_stream(ns, addr, secs, cores)
+    time.sleep(1.0)
+    rates = kernels(a, 5, tag, tmp)
+    late = time.monotonic() > stream_end
+    finish(procs)
+    if late:
+        raise SystemExit(f"link_cpu: {tag}: the kernels took over 4 times as long as alone, "
+                         f"and outlasted the stream ({secs:.0f} s)")
+    return rates
 
 
 def kernels(a, n, tag, tmp):
@@ -118,45 +143,36 @@ def kernels(a, n, tag, tmp):
     runs = []
     for i in range(n):
         path = os.path.join(tmp, f"{tag}-{i}.json")
-        subprocess.run(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements",
-                        str(2 << 20), "-o", path], check=True, capture_output=True)
+        sh(["taskset", "-c", "0", a.qsyncc, "host-kernels", "--threads", "1", "--elements", str(2 << 20), "-o", path])
         runs.append(json.load(open(path))["kernels"])
     rate = lambda k: k if isinstance(k, (int, float)) else statistics.median(k)
     return {k: statistics.median(rate(r[k]) for r in runs) * 1e9 for k in KERNELS}
 
 
 def one_rate(a, rate, tmp):
-    subprocess.run(["bash", NETCLUSTER, "down", "--prefix", PREFIX], capture_output=True)
-    subprocess.run(["bash", NETCLUSTER, "up", "--nodes", "2", "--rate", rate, "--prefix", PREFIX,
-                    "--subnet", SUBNET], check=True, capture_output=True)
+    ns, addr = nodes_up(a, 2, rate)
     try:
-        gso = subprocess.run(["ip", "netns", "exec", f"{PREFIX}0", "ip", "-d", "-j", "link", "show"],
-                             check=True, capture_output=True, text=True).stdout
+        gso = sh(["ip", "netns", "exec", ns[0], "ip", "-d", "-j", "link", "show"]).stdout
         gso = max((l.get("gso_max_size", 0) for l in json.loads(gso) if l.get("ifname") != "lo"), default=0)
         b0, t0, _ = core_ticks(0)
         time.sleep(a.seconds)
         b1, t1, _ = core_ticks(0)
         idle_share = (b1 - b0) / max(1, t1 - t0)
         b0, t0, s0 = core_ticks(0)
-        procs = start_stream(a.seconds)
-        ends = finish(procs)
+        ends = finish(start_stream(ns, addr, a.seconds)[0])
         b1, t1, s1 = core_ticks(0)
         busy = ((b1 - b0) - idle_share * (t1 - t0)) / os.sysconf("SC_CLK_TCK")
         srv = ends[0]
         moved = srv["sent"] + srv["received"]
+        t = time.monotonic()
         alone = kernels(a, 5, f"alone-{rate}", tmp)
-        procs = start_stream(a.seconds + 10)
-        time.sleep(1.0)
-        beside = kernels(a, 5, f"beside-{rate}", tmp)
-        finish(procs)
+        alone_s = time.monotonic() - t
+        beside = kernels_beside(a, ns, addr, (0, 1), alone_s, f"beside-{rate}", tmp)
         # Both ends on core 1: what the bytes cost a core whose sockets
         # do not move them (interrupts, softirqs landing elsewhere).
-        procs = start_stream(a.seconds + 10, cores=(1, 1))
-        time.sleep(1.0)
-        elsewhere = kernels(a, 5, f"elsewhere-{rate}", tmp)
-        finish(procs)
+        elsewhere = kernels_beside(a, ns, addr, (1, 1), alone_s, f"elsewhere-{rate}", tmp)
     finally:
-        subprocess.run(["bash", NETCLUSTER, "down", "--prefix", PREFIX], capture_output=True)
+        subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix], capture_output=True)
     return {"rate": rate, "seconds": a.seconds, "gso_max_size": gso,
             "gbit_s_each_way": [srv["sent"] * 8 / a.seconds / 1e9, srv["received"] * 8 / a.seconds / 1e9],
             "core_busy_s": busy, "core_softirq_s": (s1 - s0) / os.sysconf("SC_CLK_TCK"),
@@ -175,6 +191,8 @@ def main():
     ap.add_argument("--rates", default="200mbit,1gbit,10gbit")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--out", default="target/validate/link-cpu.jsonl")
+    ap.add_argument("--prefix", default="qlc")
+    ap.add_argument("--subnet", default="10.88.11")
     a = ap.parse_args()
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("link_cpu: needs 2 cores (one a node)")

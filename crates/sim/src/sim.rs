@@ -118,10 +118,6 @@ pub(crate) struct Bucket {
     /// Per type: CPU time the synchronization takes from the cores that
     /// type computes on ([`Cluster::sync_cpu_us`]; 0 for GPUs).
     pub cpu_us: Vec<f64>,
-    /// Per type: the fraction that work grows by, with the backward's
-    /// beside it, in the part that interleaves with the backward pass
-    /// ([`Cluster::sync_interleave`]; 0 for GPUs).
-    pub interleave: Vec<f64>,
     /// Per type: DDP's copies of the bucket into place and back, on the
     /// cores that type computes on ([`Cluster::bucket_copy_us`]; 0 for
     /// GPUs): on its compute path whatever the overlap.
@@ -438,6 +434,10 @@ impl Simulator {
         let mut copy_back = vec![0.0f64; self.timelines.len()];
         // The communication stream's busy time: the collectives as they ran.
         let mut comm_us = 0.0f64;
+        // Per type: what the synchronization's CPU work grows by where it
+        // interleaves with the backward pass (the same for every bucket).
+        let interleave: Vec<f64> =
+            (0..self.cluster.types.len()).map(|t| self.cluster.sync_interleave(t, &self.config.sync)).collect();
         for b in &self.buckets {
             for ((h, back), &c) in held.iter_mut().zip(copy_back.iter_mut()).zip(&b.copy_us) {
                 *h += c / 2.0;
@@ -459,7 +459,7 @@ impl Simulator {
             // delays the collective alone.
             let mut shared = 0.0f64;
             if !blocking && b.dur_us > 0.0 {
-                let per_type = b.cpu_us.iter().zip(&b.interleave).zip(&b.wait_us);
+                let per_type = b.cpu_us.iter().zip(&interleave).zip(&b.wait_us);
                 for ((h, tl), ((&cpu, &tax), &wait)) in held.iter_mut().zip(&self.timelines).zip(per_type) {
                     if cpu > 0.0 || wait > 0.0 {
                         let left = tl.backward_end() + *h - start_us;
@@ -595,8 +595,7 @@ fn make_buckets(cluster: &Cluster, config: &SimConfig, program: &LocalProgram) -
             let dur_us = times.into_iter().fold(0.0f64, f64::max);
             let copy_us = (0..cluster.types.len()).map(|t| cluster.bucket_copy_us(t, bytes, held)).collect();
             let wait_us = (0..cluster.types.len()).map(|t| cluster.sync_busy_wait_us(t, bytes, &config.sync)).collect();
-            let interleave = (0..cluster.types.len()).map(|t| cluster.sync_interleave(t, &config.sync)).collect();
-            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us, interleave, copy_us, wait_us });
+            buckets.push(Bucket { bytes, last_grad: k, dur_us, cpu_us, copy_us, wait_us });
             (bytes, held) = (0, 0);
         }
     }
