@@ -96,6 +96,12 @@ pub struct BenchReport {
     /// touched for the first time — a fresh buffer the size of the gradient
     /// costs its pages at every call.
     pub page_faults_per_sync: Option<f64>,
+    /// The MPI engine's TCP eager limit as the library holds it
+    /// (`btl_tcp_eager_limit`, [`crate::mpi::TCP_EAGER_LIMIT`]): messages
+    /// above it wait for the receiver's answer. `None`: another engine, or
+    /// not reported by the library. Set by the caller.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_eager_limit_bytes: Option<u64>,
 }
 
 /// [`Phases`] of one mean iteration, with the unaccounted rest.
@@ -294,6 +300,7 @@ pub fn run(world: &dyn Communicator, opts: &BenchOptions) -> Result<BenchReport,
         } else {
             faults_all.iter().max().map(|&f| f as f64 / opts.iterations.max(1) as f64)
         },
+        tcp_eager_limit_bytes: None,
     })
 }
 
@@ -329,6 +336,12 @@ pub struct ExchangeReport {
     pub iterations: usize,
     /// Median seconds of one iteration, bracketed by barriers.
     pub seconds: f64,
+    /// The MPI engine's TCP eager limit as the library holds it
+    /// (`btl_tcp_eager_limit`, [`crate::mpi::TCP_EAGER_LIMIT`]): messages
+    /// above it wait for the receiver's answer. `None`: another engine, or
+    /// not reported by the library. Set by the caller.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_eager_limit_bytes: Option<u64>,
 }
 
 /// Times `messages` all-to-alls one after another, together sending
@@ -392,5 +405,6 @@ pub fn exchange(
         received_bytes_per_rank: bytes / p * (p - 1),
         iterations,
         seconds: median(times),
+        tcp_eager_limit_bytes: None,
     })
 }

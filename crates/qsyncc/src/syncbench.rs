@@ -53,6 +53,11 @@ pub struct SyncBenchArgs {
     /// Elements per quantization group (one f32 scale each).
     #[arg(long, default_value_t = 512)]
     pub group: usize,
+    /// Elements per piece of a shard in the pipelined schemes (16-bit and
+    /// one-shot qgZ over MPI); 0: one piece a shard (no pipeline). Default:
+    /// the runtime's, 256 Ki.
+    #[arg(long)]
+    pub pipeline_chunk: Option<usize>,
     /// How qgZ's all-reduce gathers reduced shards: `quantized` or `f32`.
     #[arg(long, default_value = "quantized", value_parser = ["quantized", "f32"])]
     pub gather: String,
@@ -114,6 +119,9 @@ fn options(args: &SyncBenchArgs) -> Result<BenchOptions> {
     config.nodes = args.nodes;
     config.seed = args.seed;
     config.group = args.group;
+    if let Some(c) = args.pipeline_chunk {
+        config.pipeline_chunk = c;
+    }
     config.gather = if args.gather == "f32" { Gather::F32 } else { Gather::Quantized };
     if !(args.timeout > 0.0 && args.timeout.is_finite()) {
         bail!("--timeout must be a positive number of seconds");
@@ -224,7 +232,7 @@ fn run_mpi(args: &SyncBenchArgs, opts: &BenchOptions) -> Result<Option<String>> 
         qsync_runtime::memory::retain_freed_memory();
     }
     let world = qsync_runtime::mpi::MpiComm::init()?;
-    on_rank(&world, opts, args.json)
+    on_rank(&world, opts, args.json, qsync_runtime::mpi::control_variable("btl_tcp_eager_limit"))
 }
 
 /// `--collective all-to-all` under mpirun.
@@ -239,6 +247,7 @@ fn run_exchange(args: &SyncBenchArgs) -> Result<Option<String>> {
     qsync_runtime::memory::retain_freed_memory();
     let world = qsync_runtime::mpi::MpiComm::init()?;
     let timeout = Duration::from_secs_f64(args.timeout);
+    let eager = qsync_runtime::mpi::control_variable("btl_tcp_eager_limit");
     let r = match qsync_runtime::bench::exchange(
         &world,
         args.bytes,
@@ -248,7 +257,7 @@ fn run_exchange(args: &SyncBenchArgs) -> Result<Option<String>> {
         args.warmup,
         timeout,
     ) {
-        Ok(r) => r,
+        Ok(r) => qsync_runtime::bench::ExchangeReport { tcp_eager_limit_bytes: eager, ..r },
         Err(e) => {
             eprintln!("error: {e}");
             qsync_runtime::Communicator::abort(&world, 2);
@@ -285,9 +294,14 @@ fn run_nccl(_: &SyncBenchArgs, _: &BenchOptions) -> Result<Option<String>> {
 
 /// The benchmark on one rank of a started job; the world is aborted on error.
 #[cfg(any(feature = "mpi", feature = "nccl"))]
-fn on_rank(world: &dyn qsync_runtime::Communicator, opts: &BenchOptions, json: bool) -> Result<Option<String>> {
+fn on_rank(
+    world: &dyn qsync_runtime::Communicator,
+    opts: &BenchOptions,
+    json: bool,
+    tcp_eager_limit_bytes: Option<u64>,
+) -> Result<Option<String>> {
     let report = match qsync_runtime::bench::run(world, opts) {
-        Ok(r) => r,
+        Ok(r) => qsync_runtime::bench::BenchReport { tcp_eager_limit_bytes, ..r },
         Err(e) => {
             // The error names the rank (world rank) itself.
             eprintln!("error: {e}");
@@ -307,7 +321,7 @@ fn run_nccl(args: &SyncBenchArgs, opts: &BenchOptions) -> Result<Option<String>>
     use qsync_runtime::nccl::{probe, spawn_local, NcclComm, RankEnv};
     if RankEnv::present() {
         let world = NcclComm::from_env(opts.config.timeout)?;
-        return on_rank(&world, opts, args.json);
+        return on_rank(&world, opts, args.json, None);
     }
     if args.ranks == 0 {
         bail!("--ranks must be at least 1");

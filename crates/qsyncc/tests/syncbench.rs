@@ -16,10 +16,16 @@ use std::time::{Duration, Instant};
 static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn mpirun(ranks: usize, args: &[&str], limit: Duration) -> (Output, Duration) {
+    mpirun_with(&[], ranks, args, limit)
+}
+
+/// [`mpirun`] with `mpirun_args` (e.g. `--mca` settings) before the program.
+fn mpirun_with(mpirun_args: &[&str], ranks: usize, args: &[&str], limit: Duration) -> (Output, Duration) {
     let _guard = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let start = Instant::now();
     let out = Command::new("timeout")
         .args(["-k", "5", &limit.as_secs().to_string(), "mpirun", "-n", &ranks.to_string(), "--bind-to", "none"])
+        .args(mpirun_args)
         .arg(env!("CARGO_BIN_EXE_qsyncc"))
         .arg("sync-bench")
         .args(args)
@@ -260,4 +266,23 @@ fn the_all_to_all_probe_moves_and_checks_its_bytes() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && took < Duration::from_secs(100), "{:?} after {took:?}", out.status);
     assert!(stderr.contains("--bytes 65536 in --messages 3"), "{stderr}");
+}
+
+#[test]
+fn pipeline_pieces_leave_eagerly_unless_the_user_says_otherwise() {
+    // Over TCP, the engine raises Open MPI's eager limit to the pipeline's
+    // largest piece (4 bytes × 256 Ki elements, and room for headers), so a
+    // piece does not wait for its receiver's answer; `--mca` (or the
+    // environment) keeps the user's value. Read back from the library
+    // itself (MPI_T), as it will use it.
+    let args = ["--scheme", "fp16", "--bytes", "1M", "--nodes", "2", "--iterations", "1", "--warmup", "0", "--json"];
+    for (mca, want) in [(vec![], 4 * 262_144 + 4096), (vec!["--mca", "btl_tcp_eager_limit", "65536"], 65_536)] {
+        let mpirun_args: Vec<&str> = ["--mca", "btl", "tcp,self"].into_iter().chain(mca.iter().copied()).collect();
+        let (out, _) = mpirun_with(&mpirun_args, 2, &args, Duration::from_secs(120));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        let line = stdout.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON report:\n{stdout}"));
+        let r: serde_json::Value = serde_json::from_str(line).expect("JSON report");
+        assert_eq!(r["tcp_eager_limit_bytes"], want, "{mca:?}: {r}");
+    }
 }
