@@ -270,13 +270,13 @@ fn the_all_to_all_probe_moves_and_checks_its_bytes() {
 
 #[test]
 fn pipeline_pieces_leave_eagerly_unless_the_user_says_otherwise() {
-    // Over TCP, the engine raises Open MPI's eager limit to the pipeline's
-    // largest piece (4 bytes × 256 Ki elements, and room for headers), so a
-    // piece does not wait for its receiver's answer; `--mca` (or the
+    // Over TCP, the engine raises Open MPI's eager limit to a pipeline
+    // piece of 16-bit values (2 bytes × 256 Ki elements, and 64 KiB of room
+    // for headers), so a piece does not wait for its receiver's answer; `--mca` (or the
     // environment) keeps the user's value. Read back from the library
     // itself (MPI_T), as it will use it.
     let args = ["--scheme", "fp16", "--bytes", "1M", "--nodes", "2", "--iterations", "1", "--warmup", "0", "--json"];
-    for (mca, want) in [(vec![], 4 * 262_144 + 4096), (vec!["--mca", "btl_tcp_eager_limit", "65536"], 65_536)] {
+    for (mca, want) in [(vec![], 2 * 262_144 + 65_536), (vec!["--mca", "btl_tcp_eager_limit", "65536"], 65_536)] {
         let mpirun_args: Vec<&str> = ["--mca", "btl", "tcp,self"].into_iter().chain(mca.iter().copied()).collect();
         let (out, _) = mpirun_with(&mpirun_args, 2, &args, Duration::from_secs(120));
         let stdout = String::from_utf8_lossy(&out.stdout);
