@@ -111,8 +111,8 @@ def main():
 def host_drift(folder):
     """A line on how this machine's kernels moved over the run: the rates of
     the host measurements `sync.py` spread over it (`host-kernels-1thread-N.json`
-    beside the rows), in the order taken, of which the model got the
-    medians; None where they are not there."""
+    beside the rows), in the order taken, each link's cells predicted from
+    the two around them; None where they are not there."""
     runs = []
     for i in range(16):
         path = os.path.join(folder, f"host-kernels-1thread-{i}.json")
@@ -129,8 +129,9 @@ def host_drift(folder):
             parts.append(f"{name} {', '.join(f'{x:.2f}' for x in v)} ns an element ({max(v) / min(v):.2f}x apart)")
     if not parts:
         return None
-    return (f"The host's kernels, measured {len(runs)} times over the run (one core alone; the model is given "
-            f"their medians): " + "; ".join(parts) + ".")
+    return (f"The host's kernels, measured {len(runs)} times over the run (one core alone; each link's cells "
+            f"are given the mean of the measurements just before and just after them, as is the transport's "
+            f"cost): " + "; ".join(parts) + ".")
 
 
 if __name__ == "__main__":

@@ -194,6 +194,8 @@ def exchange_seconds(a, k, cores, nbytes, messages):
 
 
 PROBE_RATE = "40gbit"
+# Jobs of each size a transport measurement runs (`link_tcp_cost`).
+TRANSPORT_JOBS = 5
 
 
 def probe_cluster_up(a, nodes):
@@ -222,7 +224,9 @@ def link_tcp_cost(a, nodes, k, cores):
     in 1 exchange and in 32: their difference, 93 messages against
     run-to-run noise of a few ms in runs of 25-38 ms, fitted `msg` at 0 in
     every measurement of a slower day, and small exchanges went unpriced.)
-    One exchange of 16 MiB is still timed, for the record.
+    One exchange of 16 MiB is still timed, for the record. Each size runs
+    in `TRANSPORT_JOBS` jobs, alternating, whose times the run pools
+    (`pooled_transport_fit`).
 
     For the record, raw TCP: `k` streams each way between the two nodes;
     each node's cores send and receive every byte of its streams, so
@@ -234,18 +238,42 @@ def link_tcp_cost(a, nodes, k, cores):
         runs = [bulk_both_ways(ns, addr, k, 256 << 20, 49000 + os.getpid() % 1000 + 20 * r, pin) for r in range(3)]
         nbytes, small, many = 16 << 20, 1 << 20, 32
         one = exchange_seconds(a, k, cores, nbytes, 1)
-        split = exchange_seconds(a, k, cores, nbytes, many)
-        tiny = exchange_seconds(a, k, cores, small, many)
+        splits, tinies = [], []
+        for _ in range(TRANSPORT_JOBS):
+            splits.append(exchange_seconds(a, k, cores, nbytes, many))
+            tinies.append(exchange_seconds(a, k, cores, small, many))
     finally:
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     best = max(runs)
+    split, tiny = splits[0], tinies[0]
     p, share = split["ranks"], k / cores
-    msg, byte = fit_messages(split["seconds"], split["received_bytes_per_rank"], many * (p - 1), tiny["seconds"],
+    split_jobs, tiny_jobs = [s["seconds"] for s in splits], [t["seconds"] for t in tinies]
+    msg, byte = fit_messages(median(split_jobs), split["received_bytes_per_rank"], many * (p - 1), median(tiny_jobs),
                              tiny["received_bytes_per_rank"], many * (p - 1))
     return {"tcp_r": byte / share, "message_s": msg / share, "socket_r": cores / (best * 1e9),
-            "socket_gbyte_s": best, "rate": rate, "one_s": one["seconds"], "split_s": split["seconds"],
-            "tiny_s": tiny["seconds"], "split_message_bytes": split["message_bytes"],
+            "socket_gbyte_s": best, "rate": rate, "one_s": one["seconds"], "split_s": median(split_jobs),
+            "tiny_s": median(tiny_jobs), "split_jobs_s": split_jobs, "tiny_jobs_s": tiny_jobs,
+            "split_received_bytes": split["received_bytes_per_rank"],
+            "tiny_received_bytes": tiny["received_bytes_per_rank"], "messages": many * (p - 1), "share": share,
+            "split_message_bytes": split["message_bytes"],
             "one_message_bytes": one["message_bytes"], "tiny_message_bytes": tiny["message_bytes"]}
+
+
+def pooled_transport_fit(tcp):
+    """`tcp_r` and `message_s` from every job of every measurement of the
+    run (`link_tcp_cost`), pooled: the median of all the large runs and of
+    all the small ones, then one fit. A job's time (itself a median of 15
+    exchanges) moves by up to 2x from one job to the next on this VM
+    (16 MiB in 32 exchanges at 40 Gbit/s, a rank a node: 5.9-11.9 ms in 8
+    jobs in a row; 2 ranks a node: 17-33 ms), so a fit from one job a
+    measurement, three a run, swung the 10 Gbit/s rows of a table by 20-30
+    points from run to run."""
+    t0 = tcp[0]
+    split = median([s for t in tcp for s in t["split_jobs_s"]])
+    tiny = median([s for t in tcp for s in t["tiny_jobs_s"]])
+    msg, byte = fit_messages(split, t0["split_received_bytes"], t0["messages"], tiny, t0["tiny_received_bytes"],
+                             t0["messages"])
+    return byte / t0["share"], msg / t0["share"], split, tiny
 
 
 def fit_messages(big_s, big_bytes, big_messages, small_s, small_bytes, small_messages):
@@ -325,16 +353,17 @@ def merged_median(values):
     return median(values)
 
 
-def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
+def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json",
+                 when="spread over the validation run"):
     """The host-kernels file the model is given: the median, field by field,
-    of `measured` (`measure_host`), taken at moments spread over the run —
-    this machine's single-core rates drift by up to 2x over minutes, so one
+    of `measured` (`measure_host`), taken at moments `when` — this
+    machine's single-core rates drift by up to 2x over minutes, so one
     measurement taken before the runs does not describe them."""
     hk = json.loads(json.dumps(measured[0]))
     hk["kernels"] = merged_median([m["kernels"] for m in measured])
     loopback = hk["kernels"]["tcp_r"]
     tcp = [m["link"] for m in measured]
-    tcp_r, msg_s = median([t["tcp_r"] for t in tcp]), median([t["message_s"] for t in tcp])
+    tcp_r, msg_s, split_s, tiny_s = pooled_transport_fit(tcp)
     hk["kernels"]["tcp_r"] = tcp_r
     hk["kernels"]["message_s"] = msg_s
     del hk["link"]
@@ -345,18 +374,20 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json"):
         f"scripts/validate/sync.py: the engine's all-to-all (sync-bench --collective all-to-all) of 16 MiB a rank "
         f"between 2 emulated nodes on a {t0['rate']} link, {k} ranks a node pinned to {cores} core(s), in 32 "
         f"exchanges ({t0['split_message_bytes']} B a peer), and 1 MiB a rank in 32 ({t0['tiny_message_bytes']} B "
-        f"a peer): {ms('split_s')} ms and {ms('tiny_s')} ms ({len(tcp)} times over the run; 16 MiB in 1 exchange, "
-        f"for the record: {ms('one_s')} ms); fitted per byte "
-        f"{tcp_r * 1e9:.3f} ns (median) and per message {msg_s * 1e6:.1f} us (message_s), each as CPU time with "
+        f"a peer), {len(tcp[0]['split_jobs_s'])} jobs of each at each of {len(tcp)} moments of the run: "
+        f"{ms('split_s')} ms and {ms('tiny_s')} ms (the medians of each moment's jobs; of all "
+        f"{sum(len(t['split_jobs_s']) for t in tcp)}: {split_s * 1e3:.1f} and {tiny_s * 1e3:.2f} ms; 16 MiB in 1 "
+        f"exchange, for the record: {ms('one_s')} ms); fitted from the medians of all jobs, per byte "
+        f"{tcp_r * 1e9:.3f} ns and per message {msg_s * 1e6:.1f} us (message_s), each as CPU time with "
         f"the node's {k} ranks sharing {cores} core(s). For the record: raw TCP, {k} streams each way, carried "
         f"{socket_gbit} Gbit/s a direction ({median([t['socket_r'] for t in tcp]) * 1e9:.3f} ns a byte); over "
         f"loopback host-kernels measured {loopback * 1e9:.3f}")
     hk["sources"]["message_s"] = "as tcp_r"
     hk["sources"]["kernels"] = (f"median of {len(measured)} `taskset -c 0 qsyncc host-kernels --threads 1 --elements "
                                 f"16777216` runs (the fits, the rates at 1, 2, 4, 8 and 16 Mi elements and piece by piece; "
-                                f"one core, one thread) spread over the validation run")
+                                f"one core, one thread) {when}")
     hk["sources"]["corun_by_size"] = (f"median of {len(measured)} `qsyncc host-kernels --threads 1 --elements "
-                                      f"16777216 --corun {nodes * cores}` runs spread over the validation run: one "
+                                      f"16777216 --corun {nodes * cores}` runs {when}: one "
                                       f"process pinned to each of the emulated nodes' cores, every repetition of "
                                       f"every kernel started in all of them together, the median over the processes")
     host_file = os.path.join(a.out, name)
@@ -391,12 +422,14 @@ intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP pi
 """
 
 
-def predict(a, rows, device_file, host_file, out):
+def predict(a, rows, device_file, host_files, out):
     """Each measured row next to `qsyncc simulate`'s prediction for the
-    cluster file of its link (`--out`'s `cluster-RATE.toml`), written to
+    cluster file of its link (`--out`'s `cluster-RATE.toml`) and the host
+    as measured around its link's cells (`host_files[rate]`), written to
     `out` as a line of JSON."""
     for row in rows:
         cluster = os.path.join(a.out, f"cluster-{row['rate']}.toml")
+        host_file = host_files[row["rate"]]
         p = json.loads(sh([a.qsyncc, "simulate", "--cluster", cluster, "--device-file", device_file,
                            "--host-kernels", host_file, "--gradient", str(row["bytes"]), "--sync", row["scheme"],
                            "--sync-path", "mpi", "--json"]).stdout)
@@ -419,11 +452,13 @@ def repredict(a):
         rows = [json.loads(l) for l in open(path) if l.strip()]
     except (OSError, ValueError) as e:
         raise SystemExit(f"validate: --repredict: cannot read {path}: {e}")
-    for f in ["cpu-device.json", "host-kernels-link.json"] + [f"cluster-{r}.toml" for r in {x["rate"] for x in rows}]:
+    rates = sorted({x["rate"] for x in rows})
+    for f in ["cpu-device.json"] + [f"cluster-{r}.toml" for r in rates] + [f"host-kernels-link-{r}.json" for r in rates]:
         if not os.path.exists(os.path.join(a.out, f)):
             raise SystemExit(f"validate: --repredict: {os.path.join(a.out, f)} is missing (measure first)")
+    host_files = {r: os.path.join(a.out, f"host-kernels-link-{r}.json") for r in rates}
     with open(path + ".tmp", "w") as out:
-        predict(a, rows, os.path.join(a.out, "cpu-device.json"), os.path.join(a.out, "host-kernels-link.json"), out)
+        predict(a, rows, os.path.join(a.out, "cpu-device.json"), host_files, out)
     os.replace(path + ".tmp", path)
 
 
@@ -502,9 +537,18 @@ def main():
         finally:
             subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     hosts.append(measure_host(a, nodes, k, cores, len(hosts)))
-    # Every cell predicted from the same host description: the medians.
-    host_file = host_kernels(a, nodes, k, cores, hosts)
-    predict(a, rows, device_file, host_file, out)
+    # Each link's cells ran between two host measurements, the one just
+    # before them and the one just after (hosts[i], hosts[i + 1]), and are
+    # predicted from those two: over a run this machine's transport drifted
+    # by up to 1.7x between moments (16 MiB in 32 exchanges at 40 Gbit/s,
+    # the median of 5 jobs a moment: 20.3, 33.4 and 30.3 ms, 2 ranks a
+    # node), so the medians over the whole run, which every cell was given
+    # until 2026-12-02, priced the 10 Gbit/s cells with the fast start of
+    # a run whose 10 Gbit/s cells ran slow.
+    host_files = {rate: host_kernels(a, nodes, k, cores, hosts[i:i + 2], name=f"host-kernels-link-{rate}.json",
+                                     when=f"taken just before and just after the {rate} cells")
+                  for i, rate in enumerate(a.rates.split(","))}
+    predict(a, rows, device_file, host_files, out)
     out.close()
 
 
