@@ -189,7 +189,9 @@ pub struct MpiComm {
 impl MpiComm {
     /// Initializes MPI (thread level `MPI_THREAD_MULTIPLE`, so the watchdog
     /// may call `MPI_Abort`), installs the failure handling described in the
-    /// module doc and returns the world communicator.
+    /// module doc and returns the world communicator. Before `MPI_Init` it
+    /// sets [`TCP_EAGER_LIMIT_VAR`] in the process environment unless the
+    /// user did: call it before starting threads that read the environment.
     pub fn init() -> Result<MpiComm, CommError> {
         raise_tcp_eager_limit();
         let (universe, level) = mpi::initialize_with_threading(Threading::Multiple).ok_or(CommError::Backend {

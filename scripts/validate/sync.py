@@ -260,9 +260,9 @@ def link_tcp_cost(a, nodes, k, cores):
 
 
 def pooled_transport_fit(tcp):
-    """`tcp_r` and `message_s` from every job of every measurement of the
-    run (`link_tcp_cost`), pooled: the median of all the large runs and of
-    all the small ones, then one fit. A job's time (itself a median of 15
+    """`tcp_r` and `message_s` from every job of the measurements `tcp`
+    (`link_tcp_cost`; those around one link's cells), pooled: the median
+    of all the large runs and of all the small ones, then one fit. A job's time (itself a median of 15
     exchanges) moves by up to 2x from one job to the next on this VM
     (16 MiB in 32 exchanges at 40 Gbit/s, a rank a node: 5.9-11.9 ms in 8
     jobs in a row; 2 ranks a node: 17-33 ms), so a fit from one job a
