@@ -51,7 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
 sys.path.insert(0, HERE)
 from sync import (PROBE_RATE, cluster_toml, fit_messages, host_kernels, measure_host, measure_links,  # noqa: E402
-                  probe_cluster_up, sh)
+                  median, probe_cluster_up, sh)
 
 
 
@@ -344,8 +344,11 @@ def main():
     torchrun = os.path.join(venv_bin, "torchrun")
     cores = max(1, (os.cpu_count() or 1) // nodes)
     # Three measurements back to back; the model is given their medians.
-    host_file = host_kernels(a, nodes, k, cores, [measure_host(a, nodes, k, cores, i) for i in range(3)],
-                             "host-kernels-iterations.json")
+    measured = [measure_host(a, nodes, k, cores, i) for i in range(3)]
+    host_file = host_kernels(a, nodes, k, cores, measured, "host-kernels-iterations.json")
+    # What a byte costs a node's core at PROBE_RATE, against which each
+    # link's own cost is measured (the cluster files' nic_cpu_ns_per_byte).
+    probe_ns = median([m["link"]["stream_ns_per_byte"] for m in measured])
     host_file = gloo_transport_cost(a, nodes, k, cores, torchrun, host_file)
     cpu = os.path.join(a.out, "cpu.json")
     # Measured afresh by every measuring run (one left by an earlier run may
@@ -375,7 +378,7 @@ def main():
             cluster = os.path.join(a.out, f"iter-cluster-{rate}.toml")
             with open(cluster, "w") as f:
                 f.write(cluster_toml(f"netcluster-{rate}", "cpu", nodes, k, rate, measure_links(ns, addr, rate, k),
-                                     cores))
+                                     cores, probe_ns))
             for m in a.models.split(","):
                 auto, manifest = plan_auto(a, onnx[m], cluster, cpu, host_file, m, rate)
                 weighed = [c["scheme"] for c in manifest["sync"]["considered"]]

@@ -149,21 +149,34 @@ def kernels(a, n, tag, tmp):
     return {k: statistics.median(rate(r[k]) for r in runs) * 1e9 for k in KERNELS}
 
 
+def stream_cpu(ns, addr, secs):
+    """What the stream costs core 0 on the emulated nodes `ns` (`addr`
+    their addresses) over `secs`: core 0's busy time (/proc/stat, less
+    what the same span measured idle just before), its softirq time, the
+    bytes node 0 moved (sent and received) and the busy ns a byte moved;
+    the stream's two ends pinned to cores 0 and 1 (`start_stream`)."""
+    b0, t0, _ = core_ticks(0)
+    time.sleep(secs)
+    b1, t1, _ = core_ticks(0)
+    idle_share = (b1 - b0) / max(1, t1 - t0)
+    b0, t0, s0 = core_ticks(0)
+    ends = finish(start_stream(ns, addr, secs)[0])
+    b1, t1, s1 = core_ticks(0)
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = ((b1 - b0) - idle_share * (t1 - t0)) / tick
+    moved = ends[0]["sent"] + ends[0]["received"]
+    return {"server": ends[0], "core_busy_s": busy, "core_softirq_s": (s1 - s0) / tick, "moved_bytes": moved,
+            "core_ns_per_byte": busy / max(1, moved) * 1e9}
+
+
 def one_rate(a, rate, tmp):
     ns, addr = nodes_up(a, 2, rate)
     try:
         gso = sh(["ip", "netns", "exec", ns[0], "ip", "-d", "-j", "link", "show"]).stdout
         gso = max((l.get("gso_max_size", 0) for l in json.loads(gso) if l.get("ifname") != "lo"), default=0)
-        b0, t0, _ = core_ticks(0)
-        time.sleep(a.seconds)
-        b1, t1, _ = core_ticks(0)
-        idle_share = (b1 - b0) / max(1, t1 - t0)
-        b0, t0, s0 = core_ticks(0)
-        ends = finish(start_stream(ns, addr, a.seconds)[0])
-        b1, t1, s1 = core_ticks(0)
-        busy = ((b1 - b0) - idle_share * (t1 - t0)) / os.sysconf("SC_CLK_TCK")
-        srv = ends[0]
-        moved = srv["sent"] + srv["received"]
+        m = stream_cpu(ns, addr, a.seconds)
+        srv, busy, moved = m["server"], m["core_busy_s"], m["moved_bytes"]
+        s1, s0 = m["core_softirq_s"], 0.0
         t = time.monotonic()
         alone = kernels(a, 5, f"alone-{rate}", tmp)
         alone_s = time.monotonic() - t
@@ -175,7 +188,7 @@ def one_rate(a, rate, tmp):
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix], capture_output=True)
     return {"rate": rate, "seconds": a.seconds, "gso_max_size": gso,
             "gbit_s_each_way": [srv["sent"] * 8 / a.seconds / 1e9, srv["received"] * 8 / a.seconds / 1e9],
-            "core_busy_s": busy, "core_softirq_s": (s1 - s0) / os.sysconf("SC_CLK_TCK"),
+            "core_busy_s": busy, "core_softirq_s": s1 - s0,
             "process_cpu_s": srv["user_s"] + srv["sys_s"],
             "core_ns_per_byte": busy / moved * 1e9, "process_ns_per_byte": (srv["user_s"] + srv["sys_s"]) / moved * 1e9,
             "kernels_alone_ns": alone, "kernels_beside_ns": beside, "kernels_elsewhere_ns": elsewhere,

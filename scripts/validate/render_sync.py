@@ -101,11 +101,39 @@ def main():
         out.append(f"Pairs of schemes the measurement tells apart (timing ranges disjoint): {apart}; "
                    f"ordered as measured by the prediction: {apart - len(wrong)}"
                    + (f"; the other way round (measured faster first): {'; '.join(wrong)}" if wrong else "") + ".")
+    jobs = [r["measured_jobs_s"] for r in rows if len(r.get("measured_jobs_s") or []) > 1]
+    if jobs:
+        spread = sorted(max(j) / min(j) for j in jobs)
+        out.append("")
+        out.append(f"Each row is the median of {len(jobs[0])} jobs' medians, the schemes taking turns; a row's "
+                   f"slowest job over its fastest: median {statistics.median(spread):.2f}x, largest "
+                   f"{spread[-1]:.2f}x.")
+    nic = nic_costs(os.path.dirname(os.path.abspath(sys.argv[1])))
+    if nic:
+        out.append("")
+        out.append(nic)
     drift = host_drift(os.path.dirname(os.path.abspath(sys.argv[1])))
     if drift:
         out.append("")
         out.append(drift)
     print("\n".join(out))
+
+
+def nic_costs(folder):
+    """A line on what each link cost the nodes' cores beyond the transport
+    (the cluster files' `nic_cpu_ns_per_byte`, sync.py), or None."""
+    parts = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("cluster-") and name.endswith(".toml"):
+            for line in open(os.path.join(folder, name)):
+                if line.startswith("[group.sources]"):
+                    break
+                if line.startswith("nic_cpu_ns_per_byte"):
+                    parts.append(f"{name[8:-5]} {float(line.split('=')[1]):.2f} ns")
+    if not parts:
+        return None
+    return ("What each link cost a node's core a byte sent or received beyond the host transport, as measured "
+            "beside the cells and given to the model (`nic_cpu_ns_per_byte`): " + ", ".join(parts) + ".")
 
 
 def host_drift(folder):

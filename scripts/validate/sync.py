@@ -170,10 +170,30 @@ def measure_links(ns, addr, rate, k):
     # this machine the kernel's TCP work, not the shaped rate, can be the
     # limit (its two cores also run the ranks).
     both = bulk_both_ways(ns, addr, k, min(128 << 20, int(gbit * 1e9 / 8)), 48000 + os.getpid() % 1000)
+    # What the link's bytes cost a node's core at this rate (the NIC's
+    # work, as emulated), against the same at PROBE_RATE (`link_tcp_cost`).
+    stream = stream_cpu_ns_per_byte(ns, addr)
     # The NIC is the shaped rate: what the stack's CPU work adds is the
     # model's to price (the host's TCP cost and cores), not the link's.
-    return {"gbit": gbit, "nic_gbit": gbit * TCP_PAYLOAD_SHARE, "both": both,
+    return {"gbit": gbit, "nic_gbit": gbit * TCP_PAYLOAD_SHARE, "both": both, "stream_ns_per_byte": stream,
             "intra_lat": intra_lat, "intra_gb": intra_gb, "inter_lat": inter_lat, "inter_gb": inter_gb}
+
+
+STREAM_SECONDS = 4.0
+
+
+def stream_cpu_ns_per_byte(ns, addr):
+    """Core 0's busy ns per byte node 0 moves (sent and received) while one
+    TCP stream runs both ways between node 0's process on core 0 and node
+    1's on core 1, for STREAM_SECONDS (`link_cpu.stream_cpu`): on a link
+    the CPU cannot fill (PROBE_RATE) what the stack costs; on a shaped
+    link, what it costs at that rate. Their difference is what the link
+    itself costs the node's cores beyond the transport the model measures
+    at PROBE_RATE (the cluster file's `nic_cpu_ns_per_byte`): on these
+    emulated links the rate limiter's timers and netcluster.sh's small
+    segments on slow links (docs/validation.md, table 1b's notes)."""
+    from link_cpu import stream_cpu
+    return stream_cpu(ns, addr, STREAM_SECONDS)["core_ns_per_byte"]
 
 
 def exchange_seconds(a, k, cores, nbytes, messages):
@@ -236,6 +256,7 @@ def link_tcp_cost(a, nodes, k, cores):
     try:
         pin = [f"{i * cores}-{(i + 1) * cores - 1}" for i in range(nodes)]
         runs = [bulk_both_ways(ns, addr, k, 256 << 20, 49000 + os.getpid() % 1000 + 20 * r, pin) for r in range(3)]
+        stream = stream_cpu_ns_per_byte(ns, addr)
         nbytes, small, many = 16 << 20, 1 << 20, 32
         one = exchange_seconds(a, k, cores, nbytes, 1)
         splits, tinies = [], []
@@ -250,6 +271,7 @@ def link_tcp_cost(a, nodes, k, cores):
     # The fit itself is the caller's, over the jobs of every measurement it
     # pools (`pooled_transport_fit`).
     return {"socket_r": cores / (best * 1e9), "socket_gbyte_s": best, "rate": rate, "one_s": one["seconds"],
+            "stream_ns_per_byte": stream,
             "split_s": median(split_jobs), "tiny_s": median(tiny_jobs), "split_jobs_s": split_jobs,
             "tiny_jobs_s": tiny_jobs, "split_received_bytes": split["received_bytes_per_rank"],
             "tiny_received_bytes": tiny["received_bytes_per_rank"], "messages": many * (split["ranks"] - 1),
@@ -396,8 +418,20 @@ def host_kernels(a, nodes, k, cores, measured, name="host-kernels-link.json",
     return host_file
 
 
-def cluster_toml(name, gpu, nodes, k, rate, m, cores):
-    """A cluster file of the emulated cluster, every figure with its source."""
+def cluster_toml(name, gpu, nodes, k, rate, m, cores, probe_ns=None):
+    """A cluster file of the emulated cluster, every figure with its source;
+    `probe_ns` the stream's core ns a byte at PROBE_RATE, measured around
+    the link's cells (`link_tcp_cost`), the median (None: the link's own
+    cost is left out, `nic_cpu_ns_per_byte` at its default 0)."""
+    nic = ""
+    if probe_ns is not None:
+        nic_ns = max(0.0, m["stream_ns_per_byte"] - probe_ns)
+        nic = f"nic_cpu_ns_per_byte = {nic_ns:.4f}\n"
+        nic_source = (f"nic_cpu_ns_per_byte = \"measured: core 0's busy ns a byte node 0 moved while a TCP stream ran "
+                      f"both ways between the nodes (node 0's end on core 0, node 1's on core 1; /proc/stat, less the "
+                      f"span idle), {STREAM_SECONDS:.0f} s: {m['stream_ns_per_byte']:.3f} at {rate}, less "
+                      f"{probe_ns:.3f} at {PROBE_RATE} (the median around the cells), where the host transport is "
+                      f"measured; at least 0\"\n")
     return f"""# The emulated cluster of scripts/netcluster.sh at {rate}, as measured by scripts/validate/sync.py.
 name = "{name}"
 [[group]]
@@ -411,10 +445,10 @@ intra_node = "loopback"
 intra_node_gb_s = {m['intra_gb']:.4f}
 intra_node_latency_us = {m['intra_lat']:.1f}
 host_cores_per_node = {cores}
-[group.sources]
+{nic}[group.sources]
 nic_gbit_s = "tc tbf rate {rate} times the TCP payload share of a 1514-byte frame (1448/1514); for the record, {k} TCP streams each way at once between the unpinned nodes carried {m['both'] * 8:.3f} Gbit/s a direction"
 host_cores_per_node = "netcluster.sh run --cpus-per-node {cores}: the node's ranks are pinned to {cores} core(s) of their own"
-nic_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong between the nodes ({m['inter_gb']:.3f} GB/s bulk measured)"
+{nic_source if nic else ''}nic_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong between the nodes ({m['inter_gb']:.3f} GB/s bulk measured)"
 intra_node_gb_s = "measured: best of 3 bulk TCP transfers of 512 MiB between two processes of one node (loopback)"
 intra_node_latency_us = "measured: half the median round trip of a 1-byte TCP ping-pong inside one node"
 """
@@ -460,6 +494,58 @@ def repredict(a):
     os.replace(path + ".tmp", path)
 
 
+def bench_job(a, rate, size, scheme, k, cores, nodes):
+    """One `sync-bench` job of `scheme` on the emulated cluster (fp32: the
+    engine's own f32 all-reduce, timed in an fp16 job; the other schemes'
+    jobs skip it): its median, its fastest and slowest iteration, its
+    phases."""
+    bench_scheme = "fp16" if scheme == "fp32" else scheme
+    r = subprocess.run(["bash", NETCLUSTER, "run", "--prefix", a.prefix, "--ranks-per-node", str(k),
+                        "--cpus-per-node", str(cores), "--timeout", "900", "--", a.qsyncc, "sync-bench", "--scheme",
+                        bench_scheme, "--bytes", size, "--nodes", str(nodes), "--iterations", str(a.iterations),
+                        "--warmup", "1", "--json"] + ([] if scheme == "fp32" else ["--skip-f32"]),
+                       capture_output=True, text=True)
+    line = next((l for l in r.stdout.splitlines() if l.startswith("{")), None)
+    if r.returncode != 0 or line is None:
+        raise SystemExit(f"validate: sync-bench {scheme} {size} at {rate} failed:\n{r.stdout}\n{r.stderr}")
+    m = json.loads(line)
+    fp32 = scheme == "fp32"
+    return {"s": m["f32_allreduce_seconds"] if fp32 else m["seconds"],
+            "range": m.get("f32_allreduce_seconds_range" if fp32 else "seconds_range"),
+            "phases": m.get("phases"), "wire_fraction": m.get("wire_fraction")}
+
+
+def measure_cell(a, rate, size, k, cores, nodes):
+    """Every scheme of one cell (`rate`, `size`), in `--rounds` rounds of
+    one job a scheme, the schemes in the same order in every round: a row
+    a scheme, its time the median of its jobs' medians, its range the
+    fastest and the slowest iteration of all its jobs, its phases those of
+    its median job. One job a scheme (until 2026-12-02) left a row to the
+    moment it ran: n-bit 4-bit at 8 MiB and 10 Gbit/s, one rank a node,
+    measured 16.5 ms in a validation run and 4.9 ms in each of 3 jobs
+    right after it, on the same links (docs/validation.md, table 1b)."""
+    schemes = a.schemes.split(",")
+    jobs = {s: [] for s in schemes}
+    t0 = time.time()
+    for rnd in range(a.rounds):
+        for scheme in schemes:
+            job = bench_job(a, rate, size, scheme, k, cores, nodes)
+            jobs[scheme].append(job)
+            print(f"{rate:>7} {size:>4} {scheme:<14} round {rnd + 1}/{a.rounds}: {job['s']:8.4f} s",
+                  file=sys.stderr, flush=True)
+    rows = []
+    for scheme in schemes:
+        js = sorted(jobs[scheme], key=lambda j: j["s"])
+        mid = js[(len(js) - 1) // 2]
+        ranges = [j["range"] for j in js if j["range"]]
+        rows.append({"rate": rate, "size": size, "bytes": parse_size(size), "scheme": scheme, "ranks": nodes * k,
+                     "measured_s": median([j["s"] for j in js]), "measured_jobs_s": [j["s"] for j in jobs[scheme]],
+                     "measured_range_s": [min(r[0] for r in ranges), max(r[1] for r in ranges)] if ranges else None,
+                     "phases": mid["phases"], "wire_fraction": mid["wire_fraction"],
+                     "cell_wall_s": round(time.time() - t0, 1)})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qsyncc", required=True)
@@ -469,6 +555,8 @@ def main():
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--ranks-per-node", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="jobs a scheme in every cell, the schemes taking turns (a row is the median job)")
     ap.add_argument("--delay-ms", default="0")
     ap.add_argument("--prefix", default="qsv")
     ap.add_argument("--subnet", default="10.88.7")
@@ -497,7 +585,7 @@ def main():
                                        "intra_node", "network_gbit_s", "launch_overhead_us", "workspace_bytes",
                                        "efficiency"]}
     json.dump(dev, open(device_file, "w"), indent=1)
-    rows = []
+    rows, links = [], {}
     for i, rate in enumerate(a.rates.split(",")):
         if i > 0:
             hosts.append(measure_host(a, nodes, k, cores, len(hosts)))
@@ -507,31 +595,9 @@ def main():
         try:
             ns0, ns1 = f"{a.prefix}0", f"{a.prefix}1"
             addr0 = f"{a.subnet}.2"  # node 0 (netcluster.sh: node i is SUBNET.(i+2))
-            cluster = os.path.join(a.out, f"cluster-{rate}.toml")
-            links = measure_links([ns0, ns1], [addr0, f"{a.subnet}.3"], rate, k)
-            with open(cluster, "w") as f:
-                f.write(cluster_toml(f"netcluster-{rate}", "cpu-host", nodes, k, rate, links, cores))
+            links[rate] = measure_links([ns0, ns1], [addr0, f"{a.subnet}.3"], rate, k)
             for size in a.sizes.split(","):
-                nbytes = parse_size(size)
-                for scheme in a.schemes.split(","):
-                    bench_scheme = "fp16" if scheme == "fp32" else scheme
-                    t0 = time.time()
-                    r = subprocess.run(["bash", NETCLUSTER, "run", "--prefix", a.prefix, "--ranks-per-node", str(k),
-                                        "--cpus-per-node", str(cores),
-                                        "--timeout", "900", "--", a.qsyncc, "sync-bench", "--scheme", bench_scheme,
-                                        "--bytes", size, "--nodes", str(nodes), "--iterations", str(a.iterations),
-                                        "--warmup", "1", "--json"], capture_output=True, text=True)
-                    line = next((l for l in r.stdout.splitlines() if l.startswith("{")), None)
-                    if r.returncode != 0 or line is None:
-                        raise SystemExit(f"validate: sync-bench {scheme} {size} at {rate} failed:\n{r.stdout}\n{r.stderr}")
-                    m = json.loads(line)
-                    measured = m["f32_allreduce_seconds"] if scheme == "fp32" else m["seconds"]
-                    spread = m.get("f32_allreduce_seconds_range" if scheme == "fp32" else "seconds_range")
-                    rows.append({"rate": rate, "size": size, "bytes": nbytes, "scheme": scheme, "ranks": nodes * k,
-                                 "measured_s": measured, "measured_range_s": spread,
-                                 "phases": m.get("phases"),
-                                 "wire_fraction": m.get("wire_fraction"), "bench_wall_s": round(time.time() - t0, 1)})
-                    print(f"{rate:>7} {size:>4} {scheme:<14} measured {measured:8.4f} s", file=sys.stderr, flush=True)
+                rows += measure_cell(a, rate, size, k, cores, nodes)
         finally:
             subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix])
     hosts.append(measure_host(a, nodes, k, cores, len(hosts)))
@@ -543,6 +609,10 @@ def main():
     # node), so the medians over the whole run, which every cell was given
     # until 2026-12-02, priced the 10 Gbit/s cells with the fast start of
     # a run whose 10 Gbit/s cells ran slow.
+    for i, rate in enumerate(a.rates.split(",")):
+        probe_ns = median([h["link"]["stream_ns_per_byte"] for h in hosts[i:i + 2]])
+        with open(os.path.join(a.out, f"cluster-{rate}.toml"), "w") as f:
+            f.write(cluster_toml(f"netcluster-{rate}", "cpu-host", nodes, k, rate, links[rate], cores, probe_ns))
     host_files = {rate: host_kernels(a, nodes, k, cores, hosts[i:i + 2], name=f"host-kernels-link-{rate}.json",
                                      when=f"taken just before and just after the {rate} cells")
                   for i, rate in enumerate(a.rates.split(","))}

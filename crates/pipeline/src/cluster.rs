@@ -36,7 +36,8 @@ impl ClusterSpec {
 
     /// The cluster as planned, for manifests and `--json`: per type its
     /// nodes, GPUs and NICs per node, NIC rate and latency, the link
-    /// inside the node; and the fabric.
+    /// inside the node, the host's cores and the NIC's work on them where
+    /// given; and the fabric.
     pub fn describe(&self) -> serde_json::Value {
         let groups: Vec<serde_json::Value> = self
             .specs
@@ -47,7 +48,7 @@ impl ClusterSpec {
                     qsync_sim::topology::NodeNetwork::single_nic(d.map_or(0.0, |d| d.network_gbit_s))
                 });
                 let intra = net.intra_node_gb_s.or(d.map(|d| d.intra_node_bytes_per_s() / 1e9));
-                serde_json::json!({
+                let mut g = serde_json::json!({
                     "device": name,
                     "count": count,
                     "gpus_per_node": per_node,
@@ -57,7 +58,15 @@ impl ClusterSpec {
                     "nic_latency_us": net.nic_latency_us,
                     "intra_node_gb_s": intra,
                     "intra_node_latency_us": net.intra_node_latency_us,
-                })
+                });
+                // The host's figures, where the cluster file gave them.
+                if let Some(c) = net.host_cores {
+                    g["host_cores_per_node"] = c.into();
+                }
+                if net.nic_cpu_ns_per_byte > 0.0 {
+                    g["nic_cpu_ns_per_byte"] = net.nic_cpu_ns_per_byte.into();
+                }
+                g
             })
             .collect();
         serde_json::json!({

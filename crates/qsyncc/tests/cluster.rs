@@ -62,6 +62,82 @@ fn simulate_records_the_cluster_and_the_nic_is_shared() {
 }
 
 #[test]
+fn a_nic_whose_work_lands_on_the_host_is_recorded_and_priced() {
+    // Two nodes of one CPU rank each, 10 Gbit/s between them, one core a
+    // node, free kernels, the TCP stack at 1 ns a byte (a host-kernels
+    // file); then the same with the link's own work on the cores at 2 ns a
+    // byte sent or received. fp16 of 64 MiB (E = 2^24) over MPI receives
+    // 2·E/P = 2^24 B a phase from the other node, two phases, and sends as
+    // much: the stack's 2^25 ns, and the NIC's 2·2^25·2 ns = 134.2 ms more,
+    // all of it CPU that outlasts the wire (2^25 B at 1.25 GB/s = 26.8 ms):
+    // the call takes the CPU's time.
+    let dir = tmpdir("niccpu");
+    let host = dir.join("host.json");
+    std::fs::write(
+        &host,
+        r#"{"schema":"qsync-host-kernels/1","cpu":"hand","threads":1,"elements":[1,2],
+            "kernels":{"quantize_r":0,"quantize_c":0,"dequantize_r":0,"dequantize_c":0,"cast16_r":0,"cast16_c":0,
+                       "tcp_r":1e-9},
+            "measured_s":{}}"#,
+    )
+    .expect("write");
+    // The host's cores as a device (as scripts/validate/sync.py describes
+    // them): only its network and kernels matter to a synchronization.
+    let device = dir.join("cpu-host.json");
+    let why = "not used: a synchronization is priced from the cluster file and --host-kernels";
+    let fields = ["arch", "memory_bytes", "memory_bandwidth_gb_s", "cuda_core_tflops.fp32", "intra_node"];
+    let sources: serde_json::Map<String, serde_json::Value> = fields
+        .iter()
+        .chain(&["network_gbit_s", "launch_overhead_us", "workspace_bytes", "efficiency"])
+        .map(|k| (k.to_string(), why.into()))
+        .collect();
+    let dev = serde_json::json!({
+        "name": "cpu-host", "full_name": "a host's CPU", "arch": "cpu", "memory_bytes": 1u64 << 34,
+        "memory_bandwidth_gb_s": 10, "cuda_core_tflops": {"fp32": 0.1}, "supported_precisions": ["fp32"],
+        "intra_node": {"kind": "pcie", "bandwidth_gb_s": 10}, "network_gbit_s": 1, "launch_overhead_us": 5,
+        "workspace_bytes": 0, "efficiency": {"tensor_core": 1, "cuda_core": 1, "memory": 1}, "sources": sources,
+    });
+    std::fs::write(&device, dev.to_string()).expect("write");
+    let file = |extra: &str| {
+        let p = dir.join(format!("c{}.toml", extra.len()));
+        std::fs::write(
+            &p,
+            format!("[[group]]\ngpu = \"cpu-host\"\nnodes = 2\ngpus_per_node = 1\nnic_gbit_s = 10\nhost_cores_per_node = 1\n{extra}"),
+        )
+        .expect("write");
+        p
+    };
+    let run = |p: &std::path::Path| {
+        json(&qsyncc(&[
+            "simulate",
+            "--cluster",
+            p.to_str().expect("utf8"),
+            "--gradient",
+            "64MiB",
+            "--sync",
+            "fp16",
+            "--sync-path",
+            "mpi",
+            "--host-kernels",
+            host.to_str().expect("utf8"),
+            "--device-file",
+            device.to_str().expect("utf8"),
+            "--json",
+        ]))
+    };
+    let (plain, nic) = (run(&file("")), run(&file("nic_cpu_ns_per_byte = 2\n")));
+    assert!(plain["cluster"]["groups"][0].get("nic_cpu_ns_per_byte").is_none(), "{plain}");
+    assert_eq!(nic["cluster"]["groups"][0]["nic_cpu_ns_per_byte"], 2.0);
+    assert_eq!(nic["cluster"]["groups"][0]["host_cores_per_node"], 1);
+    let cpu =
+        |v: &serde_json::Value| v["per_type_breakdown"]["cpu-host"]["transport_cpu_seconds"].as_f64().expect("cpu");
+    let more = cpu(&nic) - cpu(&plain);
+    let (stack, want) = (f64::from(1u32 << 25) * 1e-9, 2.0 * f64::from(1u32 << 25) * 2.0 * 1e-9);
+    assert!((more - want).abs() < 1e-9, "{more} vs {want}: {nic}");
+    assert!((nic["seconds"].as_f64().expect("seconds") - (stack + want)).abs() < 1e-9, "{nic}");
+}
+
+#[test]
 fn sync_predictions_by_hand() {
     // One fp16 synchronization of 64 MiB (E = 2^24 elements) on the DGX file:
     // 2 nodes x 8 H100, 8 NICs of 400 Gbit/s = 400 GB/s a node, 50 GB/s per

@@ -60,6 +60,12 @@ pub struct DeviceType {
     /// (`None`: at least a core per rank).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cores: Option<u32>,
+    /// Host CPU seconds per byte the node's NICs send or receive, beyond
+    /// the host transport's own cost (`host_kernels.tcp_r`); charged with
+    /// it, on the cores the node's ranks share, to every byte that crosses
+    /// nodes on a host transport ([`crate::topology::NodeNetwork::nic_cpu_ns_per_byte`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nic_cpu_s_per_byte: f64,
     /// Host time of one FSDP unit's hooks per collective it takes part in,
     /// µs ([`crate::shard::FSDP_UNIT_HOST_US`] unless the device file
     /// measured it).
@@ -121,6 +127,7 @@ impl DeviceType {
             host_kernels: crate::sync::SyncKernels::host(),
             host_link_gb_per_s: crate::sync::HOST_LINK_GB_PER_S,
             host_cores: None,
+            nic_cpu_s_per_byte: 0.0,
             fsdp_unit_host_us: crate::shard::FSDP_UNIT_HOST_US,
             collective_launch_us: crate::shard::COLLECTIVE_LAUNCH_US,
             compute_on_host: false,
@@ -145,6 +152,19 @@ impl DeviceType {
     pub fn with_host_cores(mut self, cores: Option<u32>) -> DeviceType {
         self.host_cores = cores;
         self
+    }
+
+    /// Set the host CPU seconds per byte the node's NICs move
+    /// ([`DeviceType::nic_cpu_s_per_byte`]).
+    pub fn with_nic_cpu(mut self, s_per_byte: f64) -> DeviceType {
+        self.nic_cpu_s_per_byte = s_per_byte.max(0.0);
+        self
+    }
+
+    /// CPU µs a rank's share of its node's cores spends on the NIC's work
+    /// for `bytes` it sends to and `bytes` it receives from other nodes.
+    pub fn nic_cpu_us(&self, bytes: f64) -> f64 {
+        2.0 * bytes.max(0.0) * self.nic_cpu_s_per_byte * self.host_share() * 1e6
     }
 
     /// How many of a node's ranks share one of its cores when all of them
@@ -237,6 +257,10 @@ impl DeviceType {
     pub fn network_share(&self, g: u64) -> f64 {
         self.network_gb_per_s * 1e3 / g.max(1) as f64
     }
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn one() -> u32 {
@@ -408,11 +432,14 @@ impl Cluster {
                 } else {
                     (intra_bw, ty.intra_node_latency_us)
                 };
+                // Across nodes, each step's chunk leaves and enters a node
+                // through its NIC.
+                let nic = if m > 1 { ty.nic_cpu_us(s / p as f64) } else { 0.0 };
                 match fabric {
                     Some((fbw, flat)) if m > 1 => {
-                        host_ring(p, s, bw, lat.max(flat), k, share).max(ring(p, s, fbw, lat.max(flat)))
+                        host_ring(p, s, bw, lat.max(flat), k, share, nic).max(ring(p, s, fbw, lat.max(flat)))
                     }
-                    _ => host_ring(p, s, bw, lat, k, share),
+                    _ => host_ring(p, s, bw, lat, k, share, nic),
                 }
             }
             AllReduceAlgo::Ring => {
@@ -461,7 +488,7 @@ impl Cluster {
                         // pair is alone on the NIC; with more, the other
                         // pairs fill the idle direction.
                         let directions = if l == 1 { 2.0 } else { 1.0 };
-                        directions * t.max(cpu) + lat
+                        directions * t.max(cpu + ty.nic_cpu_us(part)) + lat
                     };
                     // The reduce-scatter's step and the all-gather's mirror.
                     total += 2.0 * step + k.sum(part / 4.0) * share * 1e6;
@@ -488,15 +515,16 @@ impl Cluster {
 /// Ring all-reduce of `s` bytes among `p` members on a host transport: each
 /// of the `2(p−1)` steps moves `s/p` bytes, lasting the longer of the link's
 /// time and the CPU's (`k`'s TCP work on the bytes and one message, on cores
-/// shared `share` ways), plus a latency; each of the `p−1` reduce-scatter
-/// steps then sums `s/4p` elements. Without host costs in `k`, [`ring`].
-fn host_ring(p: u64, s: f64, bw: f64, lat: f64, k: &crate::sync::SyncKernels, share: f64) -> f64 {
+/// shared `share` ways, and `nic` µs of the NIC's work on them), plus a
+/// latency; each of the `p−1` reduce-scatter steps then sums `s/4p`
+/// elements. Without host costs in `k`, [`ring`].
+fn host_ring(p: u64, s: f64, bw: f64, lat: f64, k: &crate::sync::SyncKernels, share: f64, nic: f64) -> f64 {
     if p <= 1 {
         return 0.0;
     }
     let (cpu, sum) = host_ring_step_cpu(p, s, k, share);
     let steps = (p - 1) as f64;
-    2.0 * steps * ((s / p as f64 / bw).max(cpu) + lat) + steps * sum
+    2.0 * steps * ((s / p as f64 / bw).max(cpu + nic) + lat) + steps * sum
 }
 
 /// CPU µs of one step of a host ring of `p` members over `s` bytes (`k`'s
@@ -511,15 +539,15 @@ fn host_ring_step_cpu(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64) 
     (k.ring_step(part) * share * 1e6, k.sum(part / 4.0) * share * 1e6)
 }
 
-/// All the CPU µs a host ring takes: its `2(p−1)` steps and `p−1` sums
-/// ([`host_ring`] without the link).
-pub(crate) fn host_ring_cpu_us(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64) -> f64 {
+/// All the CPU µs a host ring takes: its `2(p−1)` steps (each with `nic`
+/// µs of the NIC's work) and `p−1` sums ([`host_ring`] without the link).
+pub(crate) fn host_ring_cpu_us(p: u64, s: f64, k: &crate::sync::SyncKernels, share: f64, nic: f64) -> f64 {
     if p <= 1 {
         return 0.0;
     }
     let (cpu, sum) = host_ring_step_cpu(p, s, k, share);
     let steps = (p - 1) as f64;
-    2.0 * steps * cpu + steps * sum
+    2.0 * steps * (cpu + nic) + steps * sum
 }
 
 /// Ring all-reduce of `s` bytes among `p` members: `2(p−1)/p · s/bw + 2(p−1)·lat`.

@@ -280,6 +280,7 @@ fn device_type(t: &Target, model: &CostModel, opts: &PredictOptions) -> DeviceTy
         .with_sync_kernels(sync_kernels(model))
         .with_host(opts.host_kernels, opts.host_link_gb_per_s)
         .with_host_cores(net.host_cores)
+        .with_nic_cpu(net.nic_cpu_ns_per_byte * 1e-9)
         .with_compute_on_host(t.device.arch == "cpu")
         .with_fsdp_fixed(
             t.device.fsdp_unit_host_us.unwrap_or(crate::shard::FSDP_UNIT_HOST_US),

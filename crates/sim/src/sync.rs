@@ -1156,11 +1156,13 @@ impl Cluster {
         }
         let (ty, p) = (&self.types[t], self.device_count());
         if spec.scheme == SyncScheme::Fp32 {
+            let nic = if self.node_count() > 1 { ty.nic_cpu_us(bytes as f64 / p as f64) } else { 0.0 };
             return crate::cluster::host_ring_cpu_us(
                 p,
                 bytes as f64,
                 &ty.host_sync_kernels(SyncPath::Host),
                 ty.host_share(),
+                nic,
             );
         }
         if !matches!(spec.path, SyncPath::Host | SyncPath::Mpi) {
@@ -1299,7 +1301,14 @@ impl Cluster {
                 Some(step) if i + 1 == phs.len() => (p as f64 - 1.0) * step,
                 _ => kernels.messages(pieces * peers),
             };
-            let cpu = if tcp { (kernels.tcp(ph.intra_node + ph.inter_node) + messages) * share * 1e6 } else { 0.0 };
+            // The NIC's own work on the bytes crossing nodes, where it lands
+            // on the host's cores (`nic_cpu_s_per_byte`; 0 for a NIC that
+            // offloads it).
+            let cpu = if tcp {
+                (kernels.tcp(ph.intra_node + ph.inter_node) + messages) * share * 1e6 + ty.nic_cpu_us(ph.inter_node)
+            } else {
+                0.0
+            };
             link_sum += link;
             tcp_sum += cpu;
             lat_sum += pieces * lat;
@@ -2139,6 +2148,53 @@ mod tests {
         let d = c1.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling)
             - c2.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling);
         assert!((d - 800.0).abs() < 1e-6, "{d}");
+    }
+
+    #[test]
+    fn a_nic_whose_work_lands_on_the_host_costs_its_cores() {
+        // The cluster of `host_work_shares_the_node_cores` (2 nodes × 2, a
+        // 1 GB/s NIC a node, one core a node shared by its 2 ranks), the
+        // TCP stack at 1 ns a byte, and the NIC's own work at 0.5 ns a byte
+        // sent or received. fp16 of S = 4e6 B: two flat phases, each
+        // receiving 5e5 B inside and 1e6 B across (and sending as much).
+        // The stack: 1.5e6 ns × 2 = 3000 µs a phase, as before; the NIC:
+        // (1e6 sent + 1e6 received) × 0.5 ns × 2 ranks a core = 2000 µs
+        // more: 5000 µs a phase, + 20 latency; casts 6500 µs.
+        let k = SyncKernels { cast16_r: 1e-9, tcp_r: Some(1e-9), ..free_kernels() };
+        let ty = DeviceType::new("a", 4, 2, 1).with_bandwidth(100.0, 1.0).with_host(k, 10.0).with_host_cores(Some(1));
+        let spec = SyncSpec::new(SyncScheme::Fp16, 512).with_path(SyncPath::Mpi);
+        let nic = Cluster::new(vec![ty.clone().with_nic_cpu(0.5e-9)]);
+        let b = nic.sync_breakdown(0, 4_000_000, &spec);
+        assert!((b.transport_cpu_us - 2.0 * 5000.0).abs() < 1e-6, "{b:?}");
+        assert!((b.total_us - (2.0 * (5000.0 + 20.0) + 6500.0)).abs() < 1e-6, "{b:?}");
+        // A GPU's own path moves no bytes through the host's stack: no NIC
+        // work on its cores either.
+        let plain = Cluster::new(vec![ty.clone()]);
+        let dev = spec.with_path(SyncPath::Device);
+        assert_eq!(
+            nic.sync_us(0, 4_000_000, &dev, AllReduceAlgo::Ring),
+            plain.sync_us(0, 4_000_000, &dev, AllReduceAlgo::Ring)
+        );
+        // Open MPI's f32 all-reduce (halving and doubling, f32 sums at 1 ns
+        // an element): only its step across nodes (1e6 B each way) pays
+        // the NIC, 2e6 B × 0.5 ns × 2 = 2000 µs beside the stack's 2000,
+        // longer than the link's 2000: (4000 + 20) twice instead of (2000
+        // + 20) twice.
+        let f = SyncKernels { sum_r: Some(1e-9), tcp_r: Some(1e-9), ..free_kernels() };
+        let (with, without) = (
+            Cluster::new(vec![ty.clone().with_host(f, 10.0).with_nic_cpu(0.5e-9)]),
+            Cluster::new(vec![ty.clone().with_host(f, 10.0)]),
+        );
+        let d = with.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling)
+            - without.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling);
+        assert!((d - 2.0 * 2000.0).abs() < 1e-6, "{d}");
+        // One node: nothing crosses a NIC, nothing changes.
+        let one = DeviceType::new("a", 2, 2, 1).with_host(k, 10.0).with_host_cores(Some(1));
+        let (a, b) = (Cluster::new(vec![one.clone().with_nic_cpu(0.5e-9)]), Cluster::new(vec![one]));
+        assert_eq!(
+            a.sync_us(0, 4_000_000, &spec, AllReduceAlgo::Ring),
+            b.sync_us(0, 4_000_000, &spec, AllReduceAlgo::Ring)
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! intra_node_gb_s = 300  # per GPU and direction (default: the device file's)
 //! intra_node_latency_us = 3
 //! host_cores_per_node = 64  # CPU cores the node's ranks share (host paths)
+//! nic_cpu_ns_per_byte = 0   # host CPU per byte the NICs move (default 0)
 //! [group.sources]        # where each figure comes from, or the assumption
 //! nic_gbit_s = "..."
 //!
@@ -66,6 +67,17 @@ pub struct NodeNetwork {
     /// core per rank at least.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cores: Option<u32>,
+    /// CPU time, ns, the node's cores spend on each byte its NICs send or
+    /// receive, beyond what the host transport's own measured cost
+    /// (`--host-kernels`' `tcp_r`) already holds: 0 for a NIC that
+    /// segments and paces in hardware; more where the network's work lands
+    /// on the host's cores (a software-shaped link, an emulated node).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nic_cpu_ns_per_byte: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl NodeNetwork {
@@ -79,6 +91,7 @@ impl NodeNetwork {
             intra_node_gb_s: None,
             intra_node_latency_us: INTRA_NODE_LATENCY_US,
             host_cores: None,
+            nic_cpu_ns_per_byte: 0.0,
         }
     }
 
@@ -111,6 +124,9 @@ pub struct Group {
     /// CPU cores of a node shared by its ranks' host-side work.
     #[serde(default)]
     pub host_cores_per_node: Option<u32>,
+    /// Host CPU ns per byte the node's NICs move ([`NodeNetwork::nic_cpu_ns_per_byte`]).
+    #[serde(default)]
+    pub nic_cpu_ns_per_byte: Option<f64>,
     /// Field name → where the figure comes from.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
@@ -127,6 +143,7 @@ impl Group {
             intra_node_gb_s: self.intra_node_gb_s,
             intra_node_latency_us: self.intra_node_latency_us.unwrap_or(INTRA_NODE_LATENCY_US),
             host_cores: self.host_cores_per_node,
+            nic_cpu_ns_per_byte: self.nic_cpu_ns_per_byte.unwrap_or(0.0),
         }
     }
 
@@ -148,6 +165,7 @@ impl Group {
         put("intra_node_gb_s", self.intra_node_gb_s);
         put("intra_node_latency_us", self.intra_node_latency_us);
         put("host_cores_per_node", self.host_cores_per_node.map(f64::from));
+        put("nic_cpu_ns_per_byte", self.nic_cpu_ns_per_byte);
         v
     }
 }
@@ -225,7 +243,7 @@ impl ClusterFile {
                 }
             }
             for (k, v) in g.figures() {
-                let positive = !k.ends_with("latency_us");
+                let positive = !(k.ends_with("latency_us") || k == "nic_cpu_ns_per_byte");
                 if !v.is_finite() || v < 0.0 || (positive && v == 0.0) || v > 1e9 {
                     return Err(format!(
                         "{at}: {k} = {v} is not a {} number",
@@ -338,6 +356,17 @@ mod tests {
         assert_eq!((c.groups[0].network(50.0).host_cores, n.host_cores), (None, Some(16)));
         assert!(ClusterFile::parse("[[group]]\ngpu = \"t4\"\nnodes = 1\ngpus_per_node = 4\nhost_cores_per_node = 0\n")
             .is_err_and(|e| e.contains("host_cores_per_node")));
+        // The NIC's work on the host's cores: 0 unless given, 0 allowed,
+        // negative refused.
+        assert_eq!(n.nic_cpu_ns_per_byte, 0.0);
+        let g = "[[group]]\ngpu = \"cpu\"\nnodes = 2\ngpus_per_node = 1\nnic_cpu_ns_per_byte = ";
+        for (v, want) in [("0", Some(0.0)), ("1.75", Some(1.75)), ("-1", None)] {
+            let got = ClusterFile::parse(&format!("{g}{v}\n")).map(|c| c.groups[0].network(1.0).nic_cpu_ns_per_byte);
+            match want {
+                Some(w) => assert_eq!(got, Ok(w)),
+                None => assert!(got.is_err_and(|e| e.contains("nic_cpu_ns_per_byte"))),
+            }
+        }
         assert_eq!(c.fabric.as_ref().map(|f| f.fabric().gb_per_s), Some(1.25));
         assert_eq!(c.unsourced(), vec!["fabric".to_string()]);
         let o = c.with_network(25.0);

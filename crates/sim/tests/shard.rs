@@ -61,6 +61,7 @@ fn target_nic(count: u32, per_node: u32, batch: u32, gbit: f64) -> Target {
         intra_node_gb_s: Some(100.0),
         intra_node_latency_us: 5.0,
         host_cores: None,
+        nic_cpu_ns_per_byte: 0.0,
     });
     t
 }
