@@ -180,12 +180,18 @@ def measure_links(ns, addr, rate, k):
 
 
 STREAM_SECONDS = 4.0
+# Streams a measurement of the link's cost takes the median of: one
+# stream's cost at 10 Gbit/s less one at 40 Gbit/s came out 0.19 ns a byte
+# in one run and 0.01 in the next (2026-12-02), a fifth of the transport's
+# own cost either way.
+STREAMS = 3
 
 
 def stream_cpu_ns_per_byte(ns, addr):
     """Core 0's busy ns per byte node 0 moves (sent and received) while one
     TCP stream runs both ways between node 0's process on core 0 and node
-    1's on core 1, for STREAM_SECONDS (`link_cpu.stream_cpu`): on a link
+    1's on core 1, for STREAM_SECONDS, the median of STREAMS such streams
+    (`link_cpu.stream_cpu`): on a link
     the CPU cannot fill (PROBE_RATE) what the stack costs; on a shaped
     link, what it costs at that rate. Their difference is what the link
     itself costs the node's cores beyond the transport the model measures
@@ -193,7 +199,7 @@ def stream_cpu_ns_per_byte(ns, addr):
     emulated links the rate limiter's timers and netcluster.sh's small
     segments on slow links (docs/validation.md, table 1b's notes)."""
     from link_cpu import stream_cpu
-    return stream_cpu(ns, addr, STREAM_SECONDS)["core_ns_per_byte"]
+    return median([stream_cpu(ns, addr, STREAM_SECONDS)["core_ns_per_byte"] for _ in range(STREAMS)])
 
 
 def exchange_seconds(a, k, cores, nbytes, messages):
@@ -429,7 +435,7 @@ def cluster_toml(name, gpu, nodes, k, rate, m, cores, probe_ns=None):
         nic = f"nic_cpu_ns_per_byte = {nic_ns:.4f}\n"
         nic_source = (f"nic_cpu_ns_per_byte = \"measured: core 0's busy ns a byte node 0 moved while a TCP stream ran "
                       f"both ways between the nodes (node 0's end on core 0, node 1's on core 1; /proc/stat, less the "
-                      f"span idle), {STREAM_SECONDS:.0f} s: {m['stream_ns_per_byte']:.3f} at {rate}, less "
+                      f"span idle), {STREAM_SECONDS:.0f} s, the median of {STREAMS}: {m['stream_ns_per_byte']:.3f} at {rate}, less "
                       f"{probe_ns:.3f} at {PROBE_RATE} (the median around the cells), where the host transport is "
                       f"measured; at least 0\"\n")
     return f"""# The emulated cluster of scripts/netcluster.sh at {rate}, as measured by scripts/validate/sync.py.
