@@ -167,6 +167,19 @@ impl DeviceType {
         2.0 * bytes.max(0.0) * self.nic_cpu_s_per_byte * self.host_share() * 1e6
     }
 
+    /// CPU µs a rank's share of its node's cores spends, each step of a
+    /// flat ring over `nodes` nodes that moves `chunk` bytes a member, on
+    /// the NIC's work: a node-major ring crosses each node's NIC once each
+    /// way a step, one chunk out and one in for all the node's ranks
+    /// (0 on one node).
+    pub fn ring_nic_cpu_us(&self, chunk: f64, nodes: u64) -> f64 {
+        if nodes > 1 {
+            self.nic_cpu_us(chunk) / self.per_node() as f64
+        } else {
+            0.0
+        }
+    }
+
     /// How many of a node's ranks share one of its cores when all of them
     /// work on the host at once: `per_node / cores`, at least 1. Host-side
     /// work (kernels measured on one core, TCP) takes this much longer.
@@ -432,9 +445,7 @@ impl Cluster {
                 } else {
                     (intra_bw, ty.intra_node_latency_us)
                 };
-                // Across nodes, each step's chunk leaves and enters a node
-                // through its NIC.
-                let nic = if m > 1 { ty.nic_cpu_us(s / p as f64) } else { 0.0 };
+                let nic = ty.ring_nic_cpu_us(s / p as f64, m);
                 match fabric {
                     Some((fbw, flat)) if m > 1 => {
                         host_ring(p, s, bw, lat.max(flat), k, share, nic).max(ring(p, s, fbw, lat.max(flat)))

@@ -1156,7 +1156,7 @@ impl Cluster {
         }
         let (ty, p) = (&self.types[t], self.device_count());
         if spec.scheme == SyncScheme::Fp32 {
-            let nic = if self.node_count() > 1 { ty.nic_cpu_us(bytes as f64 / p as f64) } else { 0.0 };
+            let nic = ty.ring_nic_cpu_us(bytes as f64 / p as f64, self.node_count());
             return crate::cluster::host_ring_cpu_us(
                 p,
                 bytes as f64,
@@ -2188,6 +2188,25 @@ mod tests {
         let d = with.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling)
             - without.allreduce_us(0, 4_000_000, AllReduceAlgo::HalvingDoubling);
         assert!((d - 2.0 * 2000.0).abs() < 1e-6, "{d}");
+        // A device that is the host's own cores runs fp32 as gloo's flat
+        // ring: 4 members, 3·2 steps of 1e6 B a member, the stack's 1e6 ns
+        // × 2 ranks a core = 2000 µs a step against a link of 1 µs. The
+        // ring crosses each node's NIC once each way a step: 1e6 B out
+        // and in for the node's 2 ranks, 2e6 × 0.5 ns = 1000 µs of its
+        // core, 1000 µs more a step: 6000 µs, in the time and in the CPU
+        // the synchronization takes from the backward pass.
+        let gloo = DeviceType::new("a", 4, 2, 1)
+            .with_bandwidth(100.0, 1000.0)
+            .with_host(f, 10.0)
+            .with_host_cores(Some(1))
+            .with_compute_on_host(true);
+        let (with, without) = (Cluster::new(vec![gloo.clone().with_nic_cpu(0.5e-9)]), Cluster::new(vec![gloo]));
+        let d = with.allreduce_us(0, 4_000_000, AllReduceAlgo::Ring)
+            - without.allreduce_us(0, 4_000_000, AllReduceAlgo::Ring);
+        assert!((d - 6000.0).abs() < 1e-6, "{d}");
+        let fp32 = SyncSpec::new(SyncScheme::Fp32, 512);
+        let d = with.sync_cpu_us(0, 4_000_000, &fp32) - without.sync_cpu_us(0, 4_000_000, &fp32);
+        assert!((d - 6000.0).abs() < 1e-6, "{d}");
         // One node: nothing crosses a NIC, nothing changes.
         let one = DeviceType::new("a", 2, 2, 1).with_host(k, 10.0).with_host_cores(Some(1));
         let (a, b) = (Cluster::new(vec![one.clone().with_nic_cpu(0.5e-9)]), Cluster::new(vec![one]));
