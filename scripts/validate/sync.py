@@ -571,6 +571,8 @@ def main():
     a = ap.parse_args()
     if a.repredict:
         return repredict(a)
+    if a.rounds < 1 or a.iterations < 1:
+        raise SystemExit(f"validate: --rounds and --iterations must be at least 1 (got {a.rounds}, {a.iterations})")
     os.makedirs(a.out, exist_ok=True)
     nodes, k = 2, a.ranks_per_node
     out = open(os.path.join(a.out, "sync.jsonl"), "w")
