@@ -53,8 +53,8 @@ def main():
     try:
         cluster = os.path.join(a.src, f"hook-paths-{a.rate}-{k}.toml")
         with open(cluster, "w") as f:
-            f.write(cluster_toml(f"netcluster-{a.rate}", "cpu", nodes, k, a.rate, measure_links(ns, addr, a.rate, k),
-                                 cores))
+            links = measure_links(ns, addr, a.rate, k, link_cost=False)
+            f.write(cluster_toml(f"netcluster-{a.rate}", "cpu", nodes, k, a.rate, links, cores))
         outs = torchrun_nodes(a, ns, addr, k, cores, torchrun, "the hook probe",
                               [os.path.join(HERE, "hook_probe.py"), "--schemes", a.schemes,
                                "--elements", str(a.elements), "--reps", str(a.reps)])

@@ -175,8 +175,7 @@ def one_rate(a, rate, tmp):
         gso = sh(["ip", "netns", "exec", ns[0], "ip", "-d", "-j", "link", "show"]).stdout
         gso = max((l.get("gso_max_size", 0) for l in json.loads(gso) if l.get("ifname") != "lo"), default=0)
         m = stream_cpu(ns, addr, a.seconds)
-        srv, busy, moved = m["server"], m["core_busy_s"], m["moved_bytes"]
-        s1, s0 = m["core_softirq_s"], 0.0
+        srv = m["server"]
         t = time.monotonic()
         alone = kernels(a, 5, f"alone-{rate}", tmp)
         alone_s = time.monotonic() - t
@@ -188,9 +187,9 @@ def one_rate(a, rate, tmp):
         subprocess.run(["bash", NETCLUSTER, "down", "--prefix", a.prefix], capture_output=True)
     return {"rate": rate, "seconds": a.seconds, "gso_max_size": gso,
             "gbit_s_each_way": [srv["sent"] * 8 / a.seconds / 1e9, srv["received"] * 8 / a.seconds / 1e9],
-            "core_busy_s": busy, "core_softirq_s": s1 - s0,
-            "process_cpu_s": srv["user_s"] + srv["sys_s"],
-            "core_ns_per_byte": busy / moved * 1e9, "process_ns_per_byte": (srv["user_s"] + srv["sys_s"]) / moved * 1e9,
+            "core_busy_s": m["core_busy_s"], "core_softirq_s": m["core_softirq_s"],
+            "process_cpu_s": srv["user_s"] + srv["sys_s"], "core_ns_per_byte": m["core_ns_per_byte"],
+            "process_ns_per_byte": (srv["user_s"] + srv["sys_s"]) / m["moved_bytes"] * 1e9,
             "kernels_alone_ns": alone, "kernels_beside_ns": beside, "kernels_elsewhere_ns": elsewhere,
             "slowdown": {k: beside[k] / alone[k] for k in KERNELS},
             "slowdown_elsewhere": {k: elsewhere[k] / alone[k] for k in KERNELS}}

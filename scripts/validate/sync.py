@@ -160,9 +160,11 @@ def bulk_both_ways(ns, addr, flows, nbytes, port0, pin=None):
     return min(flows * nbytes / t for t in worst.values()) / 1e9
 
 
-def measure_links(ns, addr, rate, k):
+def measure_links(ns, addr, rate, k, link_cost=True):
     """The emulated links as the model needs them: latencies and bandwidth
-    inside a node and between nodes, measured with sockets."""
+    inside a node and between nodes, measured with sockets; with
+    `link_cost`, what a byte costs a node's core at this rate
+    (`stream_ns_per_byte`, for `cluster_toml`'s `probe_ns`)."""
     gbit = parse_rate(rate)
     intra_lat, intra_gb = probe(ns[0], ns[0], addr[0], 512 << 20)
     inter_lat, inter_gb = probe(ns[0], ns[1], addr[0], min(256 << 20, int(gbit * 1e9 / 8 * 2)))
@@ -172,7 +174,7 @@ def measure_links(ns, addr, rate, k):
     both = bulk_both_ways(ns, addr, k, min(128 << 20, int(gbit * 1e9 / 8)), 48000 + os.getpid() % 1000)
     # What the link's bytes cost a node's core at this rate (the NIC's
     # work, as emulated), against the same at PROBE_RATE (`link_tcp_cost`).
-    stream = stream_cpu_ns_per_byte(ns, addr)
+    stream = stream_cpu_ns_per_byte(ns, addr) if link_cost else None
     # The NIC is the shaped rate: what the stack's CPU work adds is the
     # model's to price (the host's TCP cost and cores), not the link's.
     return {"gbit": gbit, "nic_gbit": gbit * TCP_PAYLOAD_SHARE, "both": both, "stream_ns_per_byte": stream,

@@ -85,12 +85,20 @@ fn a_nic_whose_work_lands_on_the_host_is_recorded_and_priced() {
     // them): only its network and kernels matter to a synchronization.
     let device = dir.join("cpu-host.json");
     let why = "not used: a synchronization is priced from the cluster file and --host-kernels";
-    let fields = ["arch", "memory_bytes", "memory_bandwidth_gb_s", "cuda_core_tflops.fp32", "intra_node"];
-    let sources: serde_json::Map<String, serde_json::Value> = fields
-        .iter()
-        .chain(&["network_gbit_s", "launch_overhead_us", "workspace_bytes", "efficiency"])
-        .map(|k| (k.to_string(), why.into()))
-        .collect();
+    let sources: serde_json::Map<String, serde_json::Value> = [
+        "arch",
+        "memory_bytes",
+        "memory_bandwidth_gb_s",
+        "cuda_core_tflops.fp32",
+        "intra_node",
+        "network_gbit_s",
+        "launch_overhead_us",
+        "workspace_bytes",
+        "efficiency",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), why.into()))
+    .collect();
     let dev = serde_json::json!({
         "name": "cpu-host", "full_name": "a host's CPU", "arch": "cpu", "memory_bytes": 1u64 << 34,
         "memory_bandwidth_gb_s": 10, "cuda_core_tflops": {"fp32": 0.1}, "supported_precisions": ["fp32"],

@@ -64,7 +64,7 @@ pub struct DeviceType {
     /// the host transport's own cost (`host_kernels.tcp_r`); charged with
     /// it, on the cores the node's ranks share, to every byte that crosses
     /// nodes on a host transport ([`crate::topology::NodeNetwork::nic_cpu_ns_per_byte`]).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::topology::is_zero")]
     pub nic_cpu_s_per_byte: f64,
     /// Host time of one FSDP unit's hooks per collective it takes part in,
     /// µs ([`crate::shard::FSDP_UNIT_HOST_US`] unless the device file
@@ -270,10 +270,6 @@ impl DeviceType {
     pub fn network_share(&self, g: u64) -> f64 {
         self.network_gb_per_s * 1e3 / g.max(1) as f64
     }
-}
-
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
 }
 
 fn one() -> u32 {

@@ -76,7 +76,8 @@ pub struct NodeNetwork {
     pub nic_cpu_ns_per_byte: f64,
 }
 
-fn is_zero(x: &f64) -> bool {
+/// `skip_serializing_if` for figures whose default is 0.
+pub(crate) fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
 
